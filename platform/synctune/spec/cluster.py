@@ -1,0 +1,349 @@
+"""Cluster spec: nodes, their devices and links (AutoDist §2.1 "R"; presets from AutoDist Table 1).
+
+A node is an instance of a catalog type (g4dn.12xlarge, g3.4xlarge, a cluster-A TITAN X
+node, a local CPU "node" of worker processes); any field of the type can be overridden per
+node. Bandwidths are in Gbit/s: ``nic_gbps`` (the node's NIC), ``single_flow_gbps`` (what one
+TCP flow gets; 10 on AWS whatever the NIC), ``intra_node_gbps`` (device to device inside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ._util import is_int, is_number, require, sha256_hex, write_text_atomic
+from .errors import SpecError
+from .registry import Registry
+
+__all__ = [
+    "InstanceType",
+    "INSTANCE_TYPES",
+    "NodeSpec",
+    "ClusterSpec",
+    "CLUSTER_PRESETS",
+    "cluster_preset",
+    "load_cluster_spec",
+    "resolve_cluster",
+    "device_id",
+]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceType:
+    """A catalog entry: what one node of this type has."""
+
+    name: str
+    device_kind: str  # "gpu" or "cpu"
+    device_model: str
+    num_devices: int
+    nic_gbps: float
+    single_flow_gbps: float
+    intra_node_gbps: float
+    device_memory_bytes: int
+    description: str = ""
+
+
+#: The instance types of the papers' testbeds (AutoDist §3 "Testbeds") plus local CPU nodes.
+INSTANCE_TYPES: Registry[InstanceType] = Registry("instance type")
+for _it in (
+    # AWS caps one TCP flow at 10 Gbit/s whatever the NIC (AutoDist §3); T4/M60 talk over PCIe 3.0.
+    InstanceType(name="g4dn.2xlarge", device_kind="gpu", device_model="T4", num_devices=1, nic_gbps=25.0,
+                 single_flow_gbps=10.0, intra_node_gbps=80.0, device_memory_bytes=16 * GIB,
+                 description="AWS g4dn.2xlarge: 1x NVIDIA T4, up to 25 GbE"),
+    InstanceType(name="g4dn.12xlarge", device_kind="gpu", device_model="T4", num_devices=4, nic_gbps=50.0,
+                 single_flow_gbps=10.0, intra_node_gbps=80.0, device_memory_bytes=16 * GIB,
+                 description="AWS g4dn.12xlarge: 4x NVIDIA T4, 50 GbE"),
+    InstanceType(name="g3.4xlarge", device_kind="gpu", device_model="M60", num_devices=1, nic_gbps=10.0,
+                 single_flow_gbps=10.0, intra_node_gbps=80.0, device_memory_bytes=8 * GIB,
+                 description="AWS g3.4xlarge: 1x NVIDIA Tesla M60, up to 10 GbE"),
+    InstanceType(name="g3.16xlarge", device_kind="gpu", device_model="M60", num_devices=4, nic_gbps=25.0,
+                 single_flow_gbps=10.0, intra_node_gbps=80.0, device_memory_bytes=8 * GIB,
+                 description="AWS g3.16xlarge: 4x NVIDIA Tesla M60, 25 GbE"),
+    InstanceType(name="titanx-40gbe", device_kind="gpu", device_model="TITAN X", num_devices=1, nic_gbps=40.0,
+                 single_flow_gbps=40.0, intra_node_gbps=80.0, device_memory_bytes=12 * GIB,
+                 description="AutoDist cluster A node: 1x GeForce TITAN X, 40 GbE switch"),
+    # Loopback gloo all-reduce runs at about 1 GB/s on the reference 2-core machine.
+    InstanceType(name="local-cpu", device_kind="cpu", device_model="cpu", num_devices=1, nic_gbps=8.0,
+                 single_flow_gbps=8.0, intra_node_gbps=8.0, device_memory_bytes=0,
+                 description="worker processes on this machine, one per device, gloo over loopback"),
+):
+    INSTANCE_TYPES.register(_it.name, _it)
+
+_NODE_FIELDS = ("name", "instance_type", "device_kind", "device_model", "num_devices", "nic_gbps",
+                "single_flow_gbps", "intra_node_gbps", "device_memory_bytes")
+
+
+def device_id(node_name: str, index: int) -> str:
+    """The id of device ``index`` of node ``node_name`` as strategies write it: ``"node0:1"``."""
+    return f"{node_name}:{index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """One node of a cluster; every field is explicit once built (catalog defaults filled in)."""
+
+    name: str
+    instance_type: str
+    device_kind: str
+    device_model: str
+    num_devices: int
+    nic_gbps: float
+    single_flow_gbps: float
+    intra_node_gbps: float
+    device_memory_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        where = f"node {self.name!r}"
+        require(isinstance(self.name, str) and bool(self.name) and ":" not in self.name,
+                "node name", "a non-empty string without ':'", self.name)
+        require(isinstance(self.instance_type, str) and bool(self.instance_type), f"{where}: instance_type",
+                "a non-empty string", self.instance_type)
+        require(self.device_kind in ("gpu", "cpu"), f"{where}: device_kind", "'gpu' or 'cpu'", self.device_kind)
+        require(isinstance(self.device_model, str) and bool(self.device_model), f"{where}: device_model",
+                "a non-empty string", self.device_model)
+        require(is_int(self.num_devices) and self.num_devices > 0, f"{where}: num_devices", "a positive integer",
+                self.num_devices)
+        for key in ("nic_gbps", "single_flow_gbps", "intra_node_gbps"):
+            value = getattr(self, key)
+            require(is_number(value) and value > 0, f"{where}: {key}", "a positive number (Gbit/s)", value)
+        require(self.single_flow_gbps <= self.nic_gbps, f"{where}: single_flow_gbps",
+                f"at most nic_gbps ({self.nic_gbps})", self.single_flow_gbps)
+        require(is_int(self.device_memory_bytes) and self.device_memory_bytes >= 0, f"{where}: device_memory_bytes",
+                "a non-negative integer (0 = shared host memory)", self.device_memory_bytes)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Device ids of this node, ``name:0`` .. ``name:num_devices-1``."""
+        return tuple(device_id(self.name, i) for i in range(self.num_devices))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form with every field spelled out."""
+        return {k: getattr(self, k) for k in _NODE_FIELDS}
+
+
+def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> NodeSpec:
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+    unknown = set(data) - set(_NODE_FIELDS) - {"count"}
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(_NODE_FIELDS)}, count")
+    if "instance_type" not in data:
+        raise SpecError(f"{where}: missing key 'instance_type' (one of {', '.join(INSTANCE_TYPES)} or your own)")
+    type_name = data["instance_type"]
+    values: dict[str, Any] = {"name": data.get("name", default_name), "instance_type": type_name}
+    if type_name in INSTANCE_TYPES:
+        it = INSTANCE_TYPES.get(type_name)
+        for key in _NODE_FIELDS[2:]:
+            values[key] = getattr(it, key)
+    else:
+        missing = [k for k in _NODE_FIELDS[2:] if k not in data and k != "device_memory_bytes"]
+        if missing:
+            raise SpecError(
+                f"{where}: instance_type {type_name!r} is not in the catalog ({', '.join(INSTANCE_TYPES)}), "
+                f"so these keys are required: {', '.join(missing)}"
+            )
+    for key in _NODE_FIELDS[2:]:
+        if key in data:
+            values[key] = data[key]
+    try:
+        return NodeSpec(**values)
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """A set of nodes. ``scale`` records how much the link speeds were scaled down (lab presets)."""
+
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    description: str = ""
+    scale: float = 1.0
+    _devices: dict[str, NodeSpec] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name), "cluster name", "a non-empty string", self.name)
+        if isinstance(self.nodes, list):
+            object.__setattr__(self, "nodes", tuple(self.nodes))
+        require(len(self.nodes) > 0, f"cluster {self.name!r}: nodes", "at least one node", 0)
+        require(is_number(self.scale) and self.scale > 0, f"cluster {self.name!r}: scale", "a positive number",
+                self.scale)
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.name in seen:
+                raise SpecError(f"cluster {self.name!r}: node name {node.name!r} appears twice")
+            seen.add(node.name)
+            for dev in node.devices:
+                self._devices[dev] = node
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """All device ids, node by node."""
+        return tuple(self._devices)
+
+    @property
+    def num_devices(self) -> int:
+        """Total number of devices."""
+        return len(self._devices)
+
+    def node_of(self, device: str) -> NodeSpec:
+        """The node that holds ``device``."""
+        try:
+            return self._devices[device]
+        except KeyError:
+            raise SpecError(f"cluster {self.name!r} has no device {device!r}") from None
+
+    def has_device(self, device: str) -> bool:
+        """Whether ``device`` exists in this cluster."""
+        return device in self._devices
+
+    def node(self, name: str) -> NodeSpec:
+        """The node called ``name``."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise SpecError(f"cluster {self.name!r} has no node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
+
+    @property
+    def device_kind(self) -> str:
+        """``gpu``, ``cpu`` or ``mixed``."""
+        kinds = {n.device_kind for n in self.nodes}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def gpu_distribution(self) -> list[int]:
+        """Devices per node, as AutoDist Table 1 writes it (``[4, 4]``)."""
+        return [n.num_devices for n in self.nodes]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form with every node field spelled out."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "scale": self.scale,
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "cluster spec") -> "ClusterSpec":
+        """Build from plain data; nodes may name a catalog type and override fields, or use ``count``."""
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"name", "description", "scale", "nodes"}
+        if unknown:
+            raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; valid: name, description, scale, nodes")
+        for key in ("name", "nodes"):
+            if key not in data:
+                raise SpecError(f"{where}: missing key {key!r}")
+        raw_nodes = data["nodes"]
+        if not isinstance(raw_nodes, list) or not raw_nodes:
+            raise SpecError(f"{where}: nodes: expected a non-empty list, got {raw_nodes!r}")
+        nodes: list[NodeSpec] = []
+        for i, raw in enumerate(raw_nodes):
+            node_where = f"{where}: nodes[{i}]"
+            if isinstance(raw, Mapping) and "name" in raw:
+                node_where += f" ({raw['name']!r})"
+            count = raw.get("count", 1) if isinstance(raw, Mapping) else 1
+            require(is_int(count) and count > 0, f"{node_where}: count", "a positive integer", count)
+            if count > 1 and isinstance(raw, Mapping) and "name" in raw:
+                raise SpecError(f"{node_where}: 'name' and 'count' > 1 cannot be combined (names must be unique)")
+            for _ in range(count):
+                nodes.append(_node_from_dict(raw, node_where, default_name=f"node{len(nodes)}"))
+        try:
+            return cls(
+                name=data["name"],
+                description=data.get("description", ""),
+                scale=data.get("scale", 1.0),
+                nodes=tuple(nodes),
+            )
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+
+    @property
+    def hash(self) -> str:
+        """sha256 of nodes and scale (not the name or description)."""
+        return sha256_hex({"nodes": [n.to_dict() for n in self.nodes], "scale": self.scale})
+
+    def save(self, path: str | Path) -> None:
+        """Write as YAML, atomically."""
+        import yaml
+
+        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+def _build(name: str, description: str, groups: list[tuple[str, int]], **overrides: Any) -> ClusterSpec:
+    nodes = []
+    for type_name, count in groups:
+        it = INSTANCE_TYPES.get(type_name)
+        for _ in range(count):
+            values = {k: getattr(it, k) for k in _NODE_FIELDS[2:]}
+            values.update(overrides)
+            nodes.append(NodeSpec(name=f"node{len(nodes)}", instance_type=type_name, **values))
+    return ClusterSpec(name=name, description=description, nodes=tuple(nodes))
+
+
+#: AutoDist Table 1 (A1, A2, B1–B12) and local presets for one machine (CPU processes).
+CLUSTER_PRESETS: Registry[ClusterSpec] = Registry("cluster preset")
+for _name, _desc, _groups in (
+    ("A1", "16x Cluster A nodes, [1] x 16, 40GbE", [("titanx-40gbe", 16)]),
+    ("A2", "11x Cluster A nodes, [1] x 11, 40GbE", [("titanx-40gbe", 11)]),
+    ("B1", "2x g3.16, [4] x 2, 25 GbE", [("g3.16xlarge", 2)]),
+    ("B2", "3x g3.16, [4] x 3, 25 GbE", [("g3.16xlarge", 3)]),
+    ("B3", "4x g3.16, [4] x 4, 25 GbE", [("g3.16xlarge", 4)]),
+    ("B4", "1x g4dn.12, [4] x 1, 50 GbE", [("g4dn.12xlarge", 1)]),
+    ("B5", "2x g4dn.12, [4] x 2, 50 GbE", [("g4dn.12xlarge", 2)]),
+    ("B6", "3x g4dn.12, [4] x 3, 50 GbE", [("g4dn.12xlarge", 3)]),
+    ("B7", "4x g4dn.12, [4] x 4, 50 GbE", [("g4dn.12xlarge", 4)]),
+    ("B8", "8x g4dn.12, [4] x 8, 50 GbE", [("g4dn.12xlarge", 8)]),
+    ("B9", "1x g3.4, 1x g3.16, [1, 4], 10/25 GbE", [("g3.4xlarge", 1), ("g3.16xlarge", 1)]),
+    ("B10", "1x g3.16, 1x g4dn.12, [4] x 2, 25/50 GbE", [("g3.16xlarge", 1), ("g4dn.12xlarge", 1)]),
+    ("B11", "2x g3.16, 2x g4dn.12, [4] x 4, 25/50 GbE", [("g3.16xlarge", 2), ("g4dn.12xlarge", 2)]),
+    ("B12", "1x g4dn.2, 1x g4dn.12, [1, 4], 25/50 GbE", [("g4dn.2xlarge", 1), ("g4dn.12xlarge", 1)]),
+):
+    CLUSTER_PRESETS.register(_name, _build(_name, "AutoDist Table 1: " + _desc, _groups))
+for _nodes, _per in ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1)):
+    _name = f"local-{_nodes}x{_per}"
+    CLUSTER_PRESETS.register(
+        _name,
+        _build(_name, f"{_nodes} local node(s) x {_per} CPU worker process(es), gloo over loopback",
+               [("local-cpu", _nodes)], num_devices=_per),
+    )
+
+
+def cluster_preset(name: str) -> ClusterSpec:
+    """The preset called ``name`` (``A1``, ``B7``, ``local-2x2``, ...)."""
+    return CLUSTER_PRESETS.get(name)
+
+
+def load_cluster_spec(path: str | Path) -> ClusterSpec:
+    """Read a cluster spec from a YAML (or JSON) file; errors name the file, node and field."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such cluster spec file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise SpecError(f"{path}: malformed YAML{at}: {problem}") from None
+    return ClusterSpec.from_dict(data, where=str(path))
+
+
+def resolve_cluster(name_or_path: str) -> ClusterSpec:
+    """A preset by name, else a cluster spec file by path; one clear error if neither."""
+    if name_or_path in CLUSTER_PRESETS:
+        return CLUSTER_PRESETS.get(name_or_path)
+    if Path(name_or_path).suffix.lower() in (".yaml", ".yml", ".json") or Path(name_or_path).exists():
+        return load_cluster_spec(name_or_path)
+    raise SpecError(
+        f"unknown cluster {name_or_path!r}: not a preset ({', '.join(CLUSTER_PRESETS)}) nor a .yaml file"
+    )
+

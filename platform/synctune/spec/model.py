@@ -1,0 +1,262 @@
+"""Model spec: the trainable variables of a model in backward order (AutoDist §2.2, the G of R/S/G).
+
+A model spec is what every other layer sees of a model: strategies name its variables,
+the simulator featurizes them, the dataset stores it as JSON. It is extracted from an
+``nn.Module`` built on the ``meta`` device, so a 340M-parameter model costs no memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ._util import is_int, require, sha256_hex
+from .errors import SpecError
+
+__all__ = ["DTYPE_BYTES", "VariableSpec", "ModelSpec", "extract_model_spec"]
+
+#: Bytes per element of the dtypes a variable may have (names as torch prints them, minus ``torch.``).
+DTYPE_BYTES: Mapping[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariableSpec:
+    """One trainable variable: its name, shape, dtype and whether its gradient is sparse.
+
+    ``sparse`` means the gradient arrives as rows of an embedding (indices + values), as
+    with ``nn.Embedding(sparse=True)``; such variables can be partitioned on axis 0 only.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    sparse: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"variable {self.name!r}"
+        require(isinstance(self.name, str) and bool(self.name), "variable name", "a non-empty string", self.name)
+        if isinstance(self.shape, list):
+            object.__setattr__(self, "shape", tuple(self.shape))
+        require(
+            isinstance(self.shape, tuple) and all(is_int(d) and d > 0 for d in self.shape),
+            f"{where}: shape",
+            "a list of positive integers",
+            self.shape,
+        )
+        require(self.dtype in DTYPE_BYTES, f"{where}: dtype", f"one of {sorted(DTYPE_BYTES)}", self.dtype)
+        require(isinstance(self.sparse, bool), f"{where}: sparse", "true or false", self.sparse)
+        if self.sparse:
+            require(len(self.shape) == 2, f"{where}: shape of a sparse variable", "2 dimensions (rows, width)", self.shape)
+
+    @property
+    def num_elements(self) -> int:
+        """Number of scalars in the variable."""
+        return math.prod(self.shape)
+
+    @property
+    def num_bytes(self) -> int:
+        """Size of the variable (and of its dense gradient) in bytes."""
+        return self.num_elements * DTYPE_BYTES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON/YAML/Parquet friendly)."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "sparse": self.sparse}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "variable") -> "VariableSpec":
+        """Inverse of :meth:`to_dict`, with errors that name ``where`` and the key."""
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"name", "shape", "dtype", "sparse"}
+        if unknown:
+            raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; expected name, shape, dtype, sparse")
+        if "name" not in data or "shape" not in data:
+            raise SpecError(f"{where}: missing key {'name' if 'name' not in data else 'shape'!r}")
+        shape = data["shape"]
+        require(isinstance(shape, (list, tuple)), f"{where}: shape", "a list of positive integers", shape)
+        return cls(
+            name=data["name"],
+            shape=tuple(shape),
+            dtype=data.get("dtype", "float32"),
+            sparse=data.get("sparse", False),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The trainable variables of a model, in the order their gradients become ready in backward.
+
+    ``batch_size`` is the default per-device batch of the model (the papers' settings);
+    builders use it for the graph-level batch split. ``compute_profile`` is optional
+    per-variable forward+backward FLOPs for the simulator's compute term.
+    """
+
+    name: str
+    variables: tuple[VariableSpec, ...]
+    batch_size: int = 32
+    family: str = ""
+    compute_profile: tuple[float, ...] | None = None
+    _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name), "model name", "a non-empty string", self.name)
+        if isinstance(self.variables, list):
+            object.__setattr__(self, "variables", tuple(self.variables))
+        require(len(self.variables) > 0, f"model {self.name!r}: variables", "at least one trainable variable", 0)
+        require(is_int(self.batch_size) and self.batch_size > 0, f"model {self.name!r}: batch_size", "a positive integer", self.batch_size)
+        index: dict[str, int] = {}
+        for i, var in enumerate(self.variables):
+            if var.name in index:
+                raise SpecError(f"model {self.name!r}: variable {var.name!r} appears twice")
+            index[var.name] = i
+        self._index.update(index)
+        if self.compute_profile is not None:
+            require(
+                len(self.compute_profile) == len(self.variables),
+                f"model {self.name!r}: compute_profile",
+                f"{len(self.variables)} entries (one per variable)",
+                len(self.compute_profile),
+            )
+
+    def __getitem__(self, name: str) -> VariableSpec:
+        try:
+            return self.variables[self._index[name]]
+        except KeyError:
+            raise SpecError(f"model {self.name!r} has no variable {name!r}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def position(self, name: str) -> int:
+        """Index of variable ``name`` in backward order."""
+        return self._index[name]
+
+    @property
+    def num_parameters(self) -> int:
+        """Total trainable scalars."""
+        return sum(v.num_elements for v in self.variables)
+
+    @property
+    def num_bytes(self) -> int:
+        """Total size of the trainable variables in bytes."""
+        return sum(v.num_bytes for v in self.variables)
+
+    @property
+    def num_sparse(self) -> int:
+        """Number of variables with sparse gradients."""
+        return sum(1 for v in self.variables if v.sparse)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form; ``hash`` is not stored but recomputed on load."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "family": self.family,
+            "batch_size": self.batch_size,
+            "variables": [v.to_dict() for v in self.variables],
+        }
+        if self.compute_profile is not None:
+            out["compute_profile"] = list(self.compute_profile)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "model spec") -> "ModelSpec":
+        """Inverse of :meth:`to_dict`."""
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+        for key in ("name", "variables"):
+            if key not in data:
+                raise SpecError(f"{where}: missing key {key!r}")
+        variables = data["variables"]
+        require(isinstance(variables, list), f"{where}: variables", "a list", type(variables).__name__)
+        profile = data.get("compute_profile")
+        return cls(
+            name=data["name"],
+            family=data.get("family", ""),
+            batch_size=data.get("batch_size", 32),
+            variables=tuple(VariableSpec.from_dict(v, f"{where}: variables[{i}]") for i, v in enumerate(variables)),
+            compute_profile=tuple(profile) if profile is not None else None,
+        )
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the variables and batch size (not the name): equal content, equal hash."""
+        return sha256_hex({"variables": [v.to_dict() for v in self.variables], "batch_size": self.batch_size})
+
+
+def _sparse_parameter_names(module: Any) -> set[str]:
+    import torch.nn as nn
+
+    names = set()
+    for mod_name, mod in module.named_modules():
+        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.sparse:
+            names.add(f"{mod_name}.weight" if mod_name else "weight")
+    return names
+
+
+def _backward_order(module: Any, params: Sequence[tuple[str, Any]], run_step: Callable[[Any], Any]) -> list[str] | None:
+    """Names in the order autograd accumulates their gradients during one meta-device step.
+
+    Returns None when the step cannot run on ``meta`` (then callers fall back to the
+    reverse registration order, the same guess torch DDP makes for its buckets).
+    """
+    order: list[str] = []
+    handles = []
+    try:
+        for name, p in params:
+            handles.append(p.register_post_accumulate_grad_hook(lambda _p, _n=name: order.append(_n)))
+        loss = run_step(module)
+        loss.backward()
+    except Exception:  # noqa: BLE001 - any op without a meta kernel means "unknown order"
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+        for _, p in params:
+            p.grad = None
+    seen = set(order)
+    # Parameters that got no gradient in the step go last, in reverse registration order.
+    rest = [n for n, _ in reversed(params) if n not in seen]
+    deduped = list(dict.fromkeys(order))
+    return deduped + rest
+
+
+def extract_model_spec(
+    module: Any,
+    *,
+    name: str,
+    batch_size: int = 32,
+    family: str = "",
+    run_step: Callable[[Any], Any] | None = None,
+) -> ModelSpec:
+    """Build a :class:`ModelSpec` from an ``nn.Module`` (best built on ``torch.device('meta')``).
+
+    ``run_step(module) -> loss`` runs one forward pass on meta tensors; if given, the
+    variable order is the real order of gradient accumulation in backward (what the
+    engine's hooks will see); otherwise it is the reverse of registration order.
+    """
+    import torch
+
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not params:
+        raise SpecError(f"model {name!r}: it has no trainable parameters")
+    sparse = _sparse_parameter_names(module)
+    order = None
+    if run_step is not None:
+        with torch.enable_grad():
+            order = _backward_order(module, params, run_step)
+    if order is None:
+        order = [n for n, _ in reversed(params)]
+    by_name = dict(params)
+    variables = []
+    for n in order:
+        p = by_name[n]
+        dtype = str(p.dtype).removeprefix("torch.")
+        variables.append(VariableSpec(name=n, shape=tuple(int(d) for d in p.shape), dtype=dtype, sparse=n in sparse))
+    return ModelSpec(name=name, variables=tuple(variables), batch_size=batch_size, family=family)
+

@@ -1,0 +1,435 @@
+"""Hand-optimised strategy builders: (model spec, cluster spec) -> strategy (AutoDist §3.1).
+
+Each reproduces a known system with the defaults of the AutoDist reference implementation:
+AllReduce(chunk=128), Horovod-like fusion (64 MiB), PS on one server, load-balanced PS
+(greedy least bytes, "TF-PS-LB"), partitioned PS (axis 0, smallest divisor > 1), uneven
+partitioned PS (smallest non-divisor), partitioned and random-axis partitioned AllReduce,
+and Parallax (sparse -> load-balanced PS, dense -> AllReduce).
+
+PS servers are one per node, on the node's first device (AutoDist puts them on each node's
+CPU; in a PyTorch process group the server is a rank). Sparse gradients under all-reduce
+builders go through all-gather, as Horovod does with ``IndexedSlices``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..spec._util import is_int
+from ..spec.cluster import ClusterSpec
+from ..spec.model import ModelSpec, VariableSpec
+from ..spec.registry import Registry
+from .schema import (
+    ALLREDUCE_ALGORITHMS,
+    AllGatherSynchronizer,
+    AllReduceSynchronizer,
+    Compressor,
+    PSSynchronizer,
+    ShardPlan,
+    Strategy,
+    StrategyError,
+    VariablePlan,
+)
+
+__all__ = [
+    "BuilderInfo",
+    "BUILDERS",
+    "build_strategy",
+    "parse_builder_options",
+    "AllReduceOptions",
+    "HorovodOptions",
+    "PSOptions",
+    "PartitionedPSOptions",
+    "PartitionedAllReduceOptions",
+    "RandomAxisOptions",
+    "ParallaxOptions",
+]
+
+MIB = 1024**2
+
+
+def _positive(value: Any, field: str, builder: str) -> None:
+    if not (is_int(value) and value > 0):
+        raise StrategyError(f"builder {builder}: option {field}: expected a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllReduceOptions:
+    """``chunk`` adjacent variables (backward order) share one merge group (AutoDist Fig. 7)."""
+
+    chunk: int = 128
+    algorithm: str = "auto"
+    compressor: str = "none"
+    powersgd_rank: int = 4
+
+    def __post_init__(self) -> None:
+        _positive(self.chunk, "chunk", "allreduce")
+        _positive(self.powersgd_rank, "powersgd_rank", "allreduce")
+        if self.algorithm not in ALLREDUCE_ALGORITHMS:
+            raise StrategyError(f"builder allreduce: option algorithm: expected one of {ALLREDUCE_ALGORITHMS}, "
+                                f"got {self.algorithm!r}")
+        if self.compressor not in ("none", "fp16", "bf16", "powersgd"):
+            raise StrategyError(f"builder allreduce: option compressor: expected none, fp16, bf16 or powersgd, "
+                                f"got {self.compressor!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HorovodOptions:
+    """Tensor fusion: adjacent gradients are fused until the buffer would exceed the threshold."""
+
+    fusion_threshold_bytes: int = 64 * MIB
+
+    def __post_init__(self) -> None:
+        _positive(self.fusion_threshold_bytes, "fusion_threshold_bytes", "horovod")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PSOptions:
+    """``local_aggregation`` reduces within each node before going to the server."""
+
+    local_aggregation: bool = False
+    staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.local_aggregation, bool):
+            raise StrategyError(f"builder ps: option local_aggregation: expected true or false, "
+                                f"got {self.local_aggregation!r}")
+        if not (is_int(self.staleness) and self.staleness >= 0):
+            raise StrategyError(f"builder ps: option staleness: expected a non-negative integer, got {self.staleness!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionedPSOptions:
+    """``max_shards`` caps the shard count when the first axis has no small divisor (a prime row count)."""
+
+    local_aggregation: bool = False
+    max_shards: int = 16
+
+    def __post_init__(self) -> None:
+        _positive(self.max_shards, "max_shards", "partitioned-ps")
+        if not isinstance(self.local_aggregation, bool):
+            raise StrategyError(f"builder partitioned-ps: option local_aggregation: expected true or false, "
+                                f"got {self.local_aggregation!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionedAllReduceOptions:
+    """Shards (counted in backward order) are merged ``chunk`` at a time; ``max_shards`` as for PS."""
+
+    chunk: int = 128
+    max_shards: int = 16
+
+    def __post_init__(self) -> None:
+        _positive(self.chunk, "chunk", "partitioned-allreduce")
+        _positive(self.max_shards, "max_shards", "partitioned-allreduce")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomAxisOptions:
+    """The axis is drawn per variable from a generator seeded with ``seed`` (reproducible)."""
+
+    chunk: int = 128
+    seed: int = 0
+    max_shards: int = 16
+
+    def __post_init__(self) -> None:
+        _positive(self.chunk, "chunk", "random-axis-allreduce")
+        _positive(self.max_shards, "max_shards", "random-axis-allreduce")
+        if not is_int(self.seed):
+            raise StrategyError(f"builder random-axis-allreduce: option seed: expected an integer, got {self.seed!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallaxOptions:
+    """Dense variables all-reduce in chunks of ``chunk``; sparse ones go to load-balanced PS."""
+
+    chunk: int = 128
+
+    def __post_init__(self) -> None:
+        _positive(self.chunk, "chunk", "parallax")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuilderInfo:
+    """A registered builder: its function, its options type and what it reproduces."""
+
+    name: str
+    fn: Callable[[ModelSpec, ClusterSpec, Any], Strategy]
+    options: type
+    description: str
+
+
+BUILDERS: Registry[BuilderInfo] = Registry("builder")
+
+
+def _register(name: str, options: type, description: str):
+    def deco(fn):
+        BUILDERS.register(name, BuilderInfo(name=name, fn=fn, options=options, description=description))
+        return fn
+
+    return deco
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _strategy(model: ModelSpec, cluster: ClusterSpec, plans: list[VariablePlan]) -> Strategy:
+    replicas = cluster.devices
+    return Strategy(
+        model={"name": model.name, "hash": model.hash},
+        cluster={"name": cluster.name, "hash": cluster.hash},
+        replicas=replicas,
+        batch_split=tuple(model.batch_size for _ in replicas),
+        plans=tuple(plans),
+    )
+
+
+def _unpartitioned(var: VariableSpec, shard: ShardPlan) -> VariablePlan:
+    return VariablePlan(variable=var.name, partition=(1,) * len(var.shape), shards=(shard,))
+
+
+def _servers(cluster: ClusterSpec) -> list[str]:
+    return [node.devices[0] for node in cluster.nodes]
+
+
+class _GreedyLoads:
+    """Least-loaded server placement by bytes, ties broken by server order (TF's GreedyLoadBalancer)."""
+
+    def __init__(self, servers: list[str]) -> None:
+        self.loads = {s: 0.0 for s in servers}
+
+    def place(self, num_bytes: float, count: int = 1) -> list[str]:
+        order = sorted(self.loads, key=self.loads.__getitem__)
+        # More shards than servers: round-robin in greedy order, as the reference builder does.
+        chosen = [order[i % len(order)] for i in range(count)]
+        for s in chosen:
+            self.loads[s] += num_bytes / count
+        return chosen
+
+
+def _smallest_divisor(n: int, max_shards: int) -> int:
+    """Smallest d > 1 dividing n, if one is at most ``max_shards``; else 0."""
+    for d in range(2, min(n, max_shards) + 1):
+        if n % d == 0:
+            return d
+    return 0
+
+
+def _even_shards(n: int, max_shards: int, fallback: int) -> int:
+    """Shard count for partitioned builders: smallest divisor of ``n`` > 1 (reference behaviour),
+    else (prime or divisor above ``max_shards``) an uneven split into ``fallback`` pieces."""
+    if n < 2:
+        return 1
+    d = _smallest_divisor(n, max_shards)
+    return d if d else max(2, min(n, fallback, max_shards))
+
+
+def _is_norm(var: VariableSpec) -> bool:
+    lowered = var.name.lower()
+    return "norm" in lowered or ".bn" in lowered or lowered.startswith("bn")
+
+
+def _dense_or_gather(var: VariableSpec, group: int, opts: AllReduceOptions | None = None) -> ShardPlan:
+    if var.sparse:
+        return ShardPlan(synchronizer=AllGatherSynchronizer())
+    algorithm = opts.algorithm if opts else "auto"
+    comp = Compressor()
+    if opts and opts.compressor != "none":
+        if opts.compressor == "powersgd":
+            if len(var.shape) >= 2:
+                cols = 1
+                for d in var.shape[1:]:
+                    cols *= d
+                rank = min(opts.powersgd_rank, var.shape[0], cols)
+                comp = Compressor(kind="powersgd", rank=rank)
+        else:
+            comp = Compressor(kind=opts.compressor)
+    return ShardPlan(synchronizer=AllReduceSynchronizer(group=group, algorithm=algorithm), compressor=comp)
+
+
+# --------------------------------------------------------------------------------------- builders
+
+
+@_register("allreduce", AllReduceOptions, "AllReduce(chunk): every `chunk` adjacent variables form one merge group")
+def _allreduce(model: ModelSpec, cluster: ClusterSpec, opts: AllReduceOptions) -> Strategy:
+    plans = []
+    # A merge group is one collective with one encoding, so chunks are split further by the
+    # encoding each variable can take (PowerSGD leaves vectors uncompressed, clips its rank).
+    group_ids: dict[tuple[int, str], int] = {}
+    for i, var in enumerate(model.variables):
+        shard = _dense_or_gather(var, 0, opts)
+        if isinstance(shard.synchronizer, AllReduceSynchronizer):
+            gid = group_ids.setdefault((i // opts.chunk, shard.compressor.label), len(group_ids))
+            shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(shard.synchronizer, group=gid))
+        plans.append(_unpartitioned(var, shard))
+    return _strategy(model, cluster, plans)
+
+
+@_register("horovod", HorovodOptions, "Horovod-like: tensor fusion of adjacent gradients up to a byte threshold")
+def _horovod(model: ModelSpec, cluster: ClusterSpec, opts: HorovodOptions) -> Strategy:
+    plans = []
+    group, filled = 0, 0
+    for var in model.variables:
+        if var.sparse:
+            plans.append(_unpartitioned(var, _dense_or_gather(var, 0)))
+            continue
+        if filled and filled + var.num_bytes > opts.fusion_threshold_bytes:
+            group, filled = group + 1, 0
+        filled += var.num_bytes
+        plans.append(_unpartitioned(var, _dense_or_gather(var, group)))
+    return _strategy(model, cluster, plans)
+
+
+@_register("ps", PSOptions, "PS: every variable on one parameter server (the first node)")
+def _ps(model: ModelSpec, cluster: ClusterSpec, opts: PSOptions) -> Strategy:
+    server = _servers(cluster)[0]
+    sync = PSSynchronizer(placement=server, local_aggregation=opts.local_aggregation, staleness=opts.staleness)
+    return _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=sync)) for v in model.variables])
+
+
+@_register("ps-lb", PSOptions, "TF-PS-LB: each variable to the least-loaded server (one per node), by bytes")
+def _ps_lb(model: ModelSpec, cluster: ClusterSpec, opts: PSOptions) -> Strategy:
+    loads = _GreedyLoads(_servers(cluster))
+    plans = []
+    for var in model.variables:
+        (server,) = loads.place(var.num_bytes)
+        sync = PSSynchronizer(placement=server, local_aggregation=opts.local_aggregation, staleness=opts.staleness)
+        plans.append(_unpartitioned(var, ShardPlan(synchronizer=sync)))
+    return _strategy(model, cluster, plans)
+
+
+def _partitioned_ps(model: ModelSpec, cluster: ClusterSpec, opts: PartitionedPSOptions, shards_of) -> Strategy:
+    servers = _servers(cluster)
+    loads = _GreedyLoads(servers)
+    plans = []
+    for var in model.variables:
+        n = var.shape[0] if var.shape else 1
+        k = 1 if (not var.shape or _is_norm(var)) else shards_of(n, len(servers))
+        placements = loads.place(var.num_bytes, k)
+        shard_plans = tuple(
+            ShardPlan(synchronizer=PSSynchronizer(placement=p, local_aggregation=opts.local_aggregation))
+            for p in placements
+        )
+        partition = (k,) + (1,) * (len(var.shape) - 1) if var.shape else ()
+        plans.append(VariablePlan(variable=var.name, partition=partition, shards=shard_plans))
+    return _strategy(model, cluster, plans)
+
+
+@_register("partitioned-ps", PartitionedPSOptions,
+           "Partitioned PS: axis 0 cut by its smallest divisor > 1, shards placed greedily by bytes")
+def _partitioned_ps_even(model: ModelSpec, cluster: ClusterSpec, opts: PartitionedPSOptions) -> Strategy:
+    return _partitioned_ps(model, cluster, opts, lambda n, servers: _even_shards(n, opts.max_shards, servers))
+
+
+@_register("uneven-partitioned-ps", PartitionedPSOptions,
+           "Uneven partitioned PS: axis 0 cut by its smallest non-divisor (uneven shards); no cut on one node")
+def _partitioned_ps_uneven(model: ModelSpec, cluster: ClusterSpec, opts: PartitionedPSOptions) -> Strategy:
+    def shards_of(n: int, servers: int) -> int:
+        if servers < 2 or n < 2:
+            return 1
+        for d in range(2, min(n, opts.max_shards) + 1):
+            if n % d:
+                return d
+        return min(n, opts.max_shards)
+
+    return _partitioned_ps(model, cluster, opts, shards_of)
+
+
+def _partitioned_allreduce(model: ModelSpec, cluster: ClusterSpec, chunk: int, axis_of, max_shards: int) -> Strategy:
+    plans = []
+    counter = 0
+    for var in model.variables:
+        axis = axis_of(var)
+        k = 1 if axis is None else _even_shards(var.shape[axis], max_shards, len(cluster.nodes))
+        shards = tuple(_dense_or_gather(var, (counter + i) // chunk) for i in range(k))
+        counter += k
+        partition = tuple(k if a == axis else 1 for a in range(len(var.shape)))
+        plans.append(VariablePlan(variable=var.name, partition=partition, shards=shards))
+    return _strategy(model, cluster, plans)
+
+
+@_register("partitioned-allreduce", PartitionedAllReduceOptions,
+           "Partitioned AllReduce: axis 0 cut by its smallest divisor, shards all-reduced in chunks")
+def _partitioned_ar(model: ModelSpec, cluster: ClusterSpec, opts: PartitionedAllReduceOptions) -> Strategy:
+    return _partitioned_allreduce(model, cluster, opts.chunk,
+                                  lambda v: 0 if v.shape and v.shape[0] > 1 else None, opts.max_shards)
+
+
+@_register("random-axis-allreduce", RandomAxisOptions,
+           "Random-axis partitioned AllReduce: a random axis of length > 1 (axis 0 if sparse) per variable")
+def _random_axis_ar(model: ModelSpec, cluster: ClusterSpec, opts: RandomAxisOptions) -> Strategy:
+    rng = random.Random(opts.seed)
+
+    def axis_of(var: VariableSpec) -> int | None:
+        candidates = [a for a, d in enumerate(var.shape) if d > 1]
+        if not candidates:
+            return None
+        if var.sparse:
+            return 0 if var.shape[0] > 1 else None
+        return rng.choice(candidates)
+
+    return _partitioned_allreduce(model, cluster, opts.chunk, axis_of, opts.max_shards)
+
+
+@_register("parallax", ParallaxOptions, "Parallax: sparse variables on load-balanced PS, dense ones AllReduce")
+def _parallax(model: ModelSpec, cluster: ClusterSpec, opts: ParallaxOptions) -> Strategy:
+    loads = _GreedyLoads(_servers(cluster))
+    plans = []
+    for i, var in enumerate(model.variables):
+        if var.sparse:
+            (server,) = loads.place(var.num_bytes)
+            plans.append(_unpartitioned(var, ShardPlan(synchronizer=PSSynchronizer(placement=server))))
+        else:
+            plans.append(_unpartitioned(var, _dense_or_gather(var, i // opts.chunk)))
+    return _strategy(model, cluster, plans)
+
+
+# ------------------------------------------------------------------------------------------ entry
+
+
+def parse_builder_options(builder: str, raw: Mapping[str, str]) -> Any:
+    """Turn ``{"chunk": "64"}`` (CLI text) into the builder's options dataclass, typed."""
+    info = BUILDERS.get(builder)
+    fields = {f.name: f for f in dataclasses.fields(info.options)}
+    values: dict[str, Any] = {}
+    for key, text in raw.items():
+        if key not in fields:
+            valid = ", ".join(fields) or "none"
+            raise StrategyError(f"builder {builder}: unknown option {key!r}; valid: {valid}")
+        default = fields[key].default
+        try:
+            if isinstance(default, bool):
+                lowered = str(text).lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                values[key] = lowered in ("true", "1", "yes")
+            elif isinstance(default, int):
+                values[key] = int(text)
+            else:
+                values[key] = str(text)
+        except ValueError:
+            raise StrategyError(
+                f"builder {builder}: option {key}: expected {type(default).__name__}, got {text!r}"
+            ) from None
+    return info.options(**values)
+
+
+def build_strategy(builder: str, model: ModelSpec, cluster: ClusterSpec, options: Any = None, **kwargs: Any) -> Strategy:
+    """Run builder ``builder`` (a name from :data:`BUILDERS`) on a model and a cluster.
+
+    ``options`` is the builder's options dataclass; keyword arguments build one instead.
+    """
+    info = BUILDERS.get(builder)
+    if options is None:
+        try:
+            options = info.options(**kwargs)
+        except TypeError as exc:
+            raise StrategyError(f"builder {builder}: {exc}") from None
+    elif kwargs:
+        raise TypeError("pass either options or keyword options, not both")
+    if not isinstance(options, info.options):
+        raise TypeError(f"builder {builder} takes {info.options.__name__}, got {type(options).__name__}")
+    return info.fn(model, cluster, options)

@@ -1,0 +1,435 @@
+"""The strategy representation of AutoDist §2.2, as plain data.
+
+Graph level: which devices hold a replica and the per-replica batch. Variable level: one
+:class:`VariablePlan` per variable: a partition (shards per axis, AutoDist's vector p_i) and,
+per shard, a synchronizer (``ps``: reduce to a placement, update there, broadcast back;
+``allreduce``: merged by group id; ``allgather``: sparse gradients) wrapped by a compressor.
+
+Structure is checked here, on construction (types, known kinds); consistency with a model and
+a cluster is :func:`synctune.strategy.validate`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+from ..spec._util import canonical_json, is_int, require, sha256_hex
+from ..spec.errors import SpecError
+from ..spec.registry import Registry
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "StrategyError",
+    "CompressorInfo",
+    "COMPRESSORS",
+    "ALLREDUCE_ALGORITHMS",
+    "Compressor",
+    "PSSynchronizer",
+    "AllReduceSynchronizer",
+    "AllGatherSynchronizer",
+    "Synchronizer",
+    "ShardPlan",
+    "VariablePlan",
+    "Strategy",
+    "load_strategy",
+]
+
+#: Version of the strategy JSON schema; bump on any incompatible change.
+SCHEMA_VERSION = 1
+
+
+class StrategyError(SpecError):
+    """A strategy that is malformed or inconsistent with its model/cluster spec."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompressorInfo:
+    """What a compressor kind is: lossless or lossy, and which parameters it takes."""
+
+    name: str
+    lossless: bool
+    params: tuple[str, ...] = ()
+    description: str = ""
+
+
+#: Known compressor kinds. Lossy ones are declared so: the engine's conformance suite holds
+#: lossless ones to bit-exactness and lossy ones to a declared tolerance.
+COMPRESSORS: Registry[CompressorInfo] = Registry("compressor")
+for _info in (
+    CompressorInfo(name="none", lossless=True, description="send gradients as they are"),
+    CompressorInfo(name="fp16", lossless=False, description="cast to float16 for the wire, back to float32 after"),
+    CompressorInfo(name="bf16", lossless=False, description="cast to bfloat16 for the wire (NCCL only in torch hooks)"),
+    CompressorInfo(name="powersgd", lossless=False, params=("rank",),
+                   description="PowerSGD low-rank approximation with error feedback (Vogels et al. 2019)"),
+):
+    COMPRESSORS.register(_info.name, _info)
+
+#: Collective algorithms an all-reduce group may ask for; ``auto`` lets the backend choose.
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree")
+
+
+def _check_keys(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise StrategyError(f"{where}: expected a mapping, got {type(data).__name__}")
+    unknown = set(data) - set(required) - set(optional)
+    if unknown:
+        raise StrategyError(f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(required + optional)}")
+    for key in required:
+        if key not in data:
+            raise StrategyError(f"{where}: missing key {key!r}")
+    return data
+
+
+def _req(cond: bool, where: str, expected: str, actual: Any) -> None:
+    try:
+        require(cond, where, expected, actual)
+    except SpecError as exc:
+        raise StrategyError(str(exc)) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compressor:
+    """How a gradient message is encoded for the wire (AutoDist §2.2 "message encoding")."""
+
+    kind: str = "none"
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in COMPRESSORS:
+            raise StrategyError(f"unknown compressor {self.kind!r}; valid: {', '.join(COMPRESSORS)}")
+        if self.kind == "powersgd":
+            _req(is_int(self.rank) and self.rank >= 1, "compressor powersgd: rank", "a positive integer", self.rank)
+        else:
+            _req(self.rank is None, f"compressor {self.kind}: rank", "no rank (only powersgd takes one)", self.rank)
+
+    @property
+    def lossless(self) -> bool:
+        """Whether decoding gives back exactly what was encoded."""
+        return COMPRESSORS.get(self.kind).lossless
+
+    @property
+    def label(self) -> str:
+        """Short text form, e.g. ``powersgd(4)``."""
+        return f"powersgd({self.rank})" if self.kind == "powersgd" else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": self.rank} if self.kind == "powersgd" else {"kind": self.kind}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Compressor":
+        d = _check_keys(data, where, ("kind",), ("rank",))
+        try:
+            return cls(kind=d["kind"], rank=d.get("rank"))
+        except StrategyError as exc:
+            raise StrategyError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PSSynchronizer:
+    """Parameter server: reduce to ``placement``, update there, broadcast back.
+
+    ``local_aggregation`` reduces inside each node first (AutoDist's two-level hierarchy);
+    ``staleness`` bounds how many steps the fastest replica may run ahead (0 = synchronous).
+    """
+
+    placement: str
+    local_aggregation: bool = False
+    staleness: int = 0
+    kind: str = "ps"
+
+    def __post_init__(self) -> None:
+        _req(self.kind == "ps", "synchronizer kind", "'ps'", self.kind)
+        _req(isinstance(self.placement, str) and bool(self.placement), "ps: placement", "a device id like 'node0:0'",
+             self.placement)
+        _req(isinstance(self.local_aggregation, bool), "ps: local_aggregation", "true or false", self.local_aggregation)
+        _req(is_int(self.staleness) and self.staleness >= 0, "ps: staleness", "a non-negative integer", self.staleness)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "ps", "placement": self.placement, "local_aggregation": self.local_aggregation,
+                "staleness": self.staleness}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllReduceSynchronizer:
+    """All-reduce among all replicas; plans with the same ``group`` are fused into one collective."""
+
+    group: int = 0
+    algorithm: str = "auto"
+    kind: str = "allreduce"
+
+    def __post_init__(self) -> None:
+        _req(self.kind == "allreduce", "synchronizer kind", "'allreduce'", self.kind)
+        _req(is_int(self.group) and self.group >= 0, "allreduce: group", "a non-negative integer", self.group)
+        _req(self.algorithm in ALLREDUCE_ALGORITHMS, "allreduce: algorithm", f"one of {ALLREDUCE_ALGORITHMS}",
+             self.algorithm)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "allreduce", "group": self.group, "algorithm": self.algorithm}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllGatherSynchronizer:
+    """All-gather of (indices, values) of a sparse gradient, summed locally by every replica."""
+
+    kind: str = "allgather"
+
+    def __post_init__(self) -> None:
+        _req(self.kind == "allgather", "synchronizer kind", "'allgather'", self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "allgather"}
+
+
+Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer]
+_SYNC_KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "ps": (PSSynchronizer, ("placement", "local_aggregation", "staleness")),
+    "allreduce": (AllReduceSynchronizer, ("group", "algorithm")),
+    "allgather": (AllGatherSynchronizer, ()),
+}
+
+
+def _sync_from_dict(data: Any, where: str) -> Synchronizer:
+    if not isinstance(data, Mapping):
+        raise StrategyError(f"{where}: expected a mapping, got {type(data).__name__}")
+    kind = data.get("kind")
+    if kind not in _SYNC_KEYS:
+        raise StrategyError(f"{where}: kind: expected one of {', '.join(_SYNC_KEYS)}, got {kind!r}")
+    cls, optional = _SYNC_KEYS[kind]
+    d = _check_keys(data, where, ("kind",), optional)
+    try:
+        return cls(**{k: d[k] for k in optional if k in d})
+    except (StrategyError, TypeError) as exc:
+        raise StrategyError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPlan:
+    """How one shard (or the whole unpartitioned variable) is synchronized and encoded."""
+
+    synchronizer: Synchronizer
+    compressor: Compressor = Compressor()
+
+    def __post_init__(self) -> None:
+        _req(isinstance(self.synchronizer, (PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer)),
+             "shard: synchronizer", "a ps, allreduce or allgather synchronizer", self.synchronizer)
+        _req(isinstance(self.compressor, Compressor), "shard: compressor", "a Compressor", self.compressor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"synchronizer": self.synchronizer.to_dict(), "compressor": self.compressor.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "ShardPlan":
+        d = _check_keys(data, where, ("synchronizer",), ("compressor",))
+        comp = Compressor.from_dict(d["compressor"], f"{where}.compressor") if "compressor" in d else Compressor()
+        return cls(synchronizer=_sync_from_dict(d["synchronizer"], f"{where}.synchronizer"), compressor=comp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariablePlan:
+    """The node config of one variable: its partition (shards per axis) and one plan per shard.
+
+    Shards are numbered in row-major order over the partition grid; along an axis of length
+    n cut into k pieces the first ``n % k`` pieces are one longer (``torch.tensor_split``).
+    """
+
+    variable: str
+    partition: tuple[int, ...]
+    shards: tuple[ShardPlan, ...]
+
+    def __post_init__(self) -> None:
+        where = f"variable {self.variable!r}"
+        _req(isinstance(self.variable, str) and bool(self.variable), "plan: variable", "a variable name", self.variable)
+        if isinstance(self.partition, list):
+            object.__setattr__(self, "partition", tuple(self.partition))
+        if isinstance(self.shards, list):
+            object.__setattr__(self, "shards", tuple(self.shards))
+        _req(isinstance(self.partition, tuple) and all(is_int(p) and p >= 1 for p in self.partition),
+             f"{where}: partition", "a list of positive integers (shards per axis)", self.partition)
+        _req(len(self.shards) == self.num_shards, f"{where}: shards",
+             f"{self.num_shards} shard plan(s) (product of partition {list(self.partition)})", len(self.shards))
+
+    @property
+    def num_shards(self) -> int:
+        """Product of the partition vector."""
+        return math.prod(self.partition)
+
+    @property
+    def is_partitioned(self) -> bool:
+        return self.num_shards > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variable": self.variable, "partition": list(self.partition),
+                "shards": [s.to_dict() for s in self.shards]}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "VariablePlan":
+        d = _check_keys(data, where, ("variable", "partition", "shards"))
+        name = d["variable"]
+        where = f"{where} (variable {name!r})"
+        _req(isinstance(d["partition"], list), f"{where}: partition", "a list of positive integers", d["partition"])
+        _req(isinstance(d["shards"], list), f"{where}: shards", "a list of shard plans", d["shards"])
+        shards = tuple(ShardPlan.from_dict(s, f"{where}: shards[{i}]") for i, s in enumerate(d["shards"]))
+        try:
+            return cls(variable=name, partition=tuple(d["partition"]), shards=shards)
+        except StrategyError as exc:
+            raise StrategyError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """A complete synchronization strategy for one (model, cluster) domain.
+
+    ``model`` and ``cluster`` are references ``{"name", "hash"}`` to the specs it was built
+    for; ``replicas`` are device ids; ``batch_split[i]`` is the batch of ``replicas[i]``;
+    ``plans`` hold one :class:`VariablePlan` per model variable, in backward order.
+    """
+
+    model: Mapping[str, str]
+    cluster: Mapping[str, str]
+    replicas: tuple[str, ...]
+    batch_split: tuple[int, ...]
+    plans: tuple[VariablePlan, ...]
+    schema: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        for key in ("replicas", "batch_split", "plans"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+        _req(self.schema == SCHEMA_VERSION, "strategy: schema", f"{SCHEMA_VERSION}", self.schema)
+        for key in ("model", "cluster"):
+            ref = getattr(self, key)
+            _req(isinstance(ref, Mapping) and set(ref) == {"name", "hash"} and all(isinstance(v, str) for v in ref.values()),
+                 f"strategy: {key}", "{name, hash} strings", ref)
+        _req(all(isinstance(r, str) for r in self.replicas), "strategy: replicas", "a list of device ids", self.replicas)
+        _req(all(is_int(b) for b in self.batch_split), "strategy: batch_split", "a list of integers", self.batch_split)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form; ``json.dumps(sort_keys=True)`` of it is the canonical form."""
+        return {
+            "schema": self.schema,
+            "model": dict(self.model),
+            "cluster": dict(self.cluster),
+            "replicas": list(self.replicas),
+            "batch_split": list(self.batch_split),
+            "plans": [p.to_dict() for p in self.plans],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """JSON text with sorted keys (indented for people; ``indent=None`` gives the canonical form)."""
+        if indent is None:
+            return canonical_json(self.to_dict())
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "strategy") -> "Strategy":
+        """Parse plain data; errors name the plan, variable and field."""
+        d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"))
+        _req(d["schema"] == SCHEMA_VERSION, f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema)",
+             d["schema"])
+        for key in ("replicas", "batch_split", "plans"):
+            _req(isinstance(d[key], list), f"{where}: {key}", "a list", type(d[key]).__name__)
+        plans = tuple(VariablePlan.from_dict(p, f"{where}: plans[{i}]") for i, p in enumerate(d["plans"]))
+        try:
+            return cls(model=d["model"], cluster=d["cluster"], replicas=tuple(d["replicas"]),
+                       batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"])
+        except StrategyError as exc:
+            raise StrategyError(f"{where}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "strategy") -> "Strategy":
+        """Parse JSON text; malformed JSON is reported with its line and column."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StrategyError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        return cls.from_dict(data, where)
+
+    @property
+    def hash(self) -> str:
+        """``strategy_hash``: sha256 of the canonical form."""
+        return sha256_hex(self.to_dict())
+
+    @property
+    def global_batch_size(self) -> int:
+        return sum(self.batch_split)
+
+    def plan_for(self, variable: str) -> VariablePlan:
+        for p in self.plans:
+            if p.variable == variable:
+                return p
+        raise StrategyError(f"strategy has no plan for variable {variable!r}")
+
+    def iter_shards(self):
+        """Yield ``(plan, shard_index, shard_plan)`` for every shard of every variable."""
+        for plan in self.plans:
+            for i, shard in enumerate(plan.shards):
+                yield plan, i, shard
+
+    def stats(self) -> dict[str, Any]:
+        """Summary numbers of the strategy (dataset summary columns, one-line summary)."""
+        kinds = {"ps": 0, "allreduce": 0, "allgather": 0}
+        groups: set[int] = set()
+        servers: set[str] = set()
+        compressors: set[str] = set()
+        local_agg = 0
+        max_staleness = 0
+        for _plan, _i, shard in self.iter_shards():
+            sync = shard.synchronizer
+            kinds[sync.kind] += 1
+            compressors.add(shard.compressor.label)
+            if isinstance(sync, AllReduceSynchronizer):
+                groups.add(sync.group)
+            elif isinstance(sync, PSSynchronizer):
+                servers.add(sync.placement)
+                local_agg += sync.local_aggregation
+                max_staleness = max(max_staleness, sync.staleness)
+        return {
+            "num_replicas": len(self.replicas),
+            "global_batch_size": self.global_batch_size,
+            "num_variables": len(self.plans),
+            "num_partitioned": sum(1 for p in self.plans if p.is_partitioned),
+            "num_shards": sum(p.num_shards for p in self.plans),
+            "num_ps_shards": kinds["ps"],
+            "num_allreduce_shards": kinds["allreduce"],
+            "num_allgather_shards": kinds["allgather"],
+            "num_merge_groups": len(groups),
+            "num_ps_servers": len(servers),
+            "num_local_aggregation": local_agg,
+            "max_staleness": max_staleness,
+            "compressors": sorted(compressors),
+        }
+
+    def summary(self) -> str:
+        """One line: replicas and batch, synchronizer mix, partitioning, compressors."""
+        s = self.stats()
+        batch = sorted(set(self.batch_split))
+        batch_txt = f"batch {self.batch_split[0]} each" if len(batch) == 1 else f"batch {s['global_batch_size']} uneven"
+        parts = [
+            f"{self.model['name']} on {self.cluster['name']}: {s['num_replicas']} replicas, {batch_txt}",
+            f"ps {s['num_ps_shards']} on {s['num_ps_servers']} server(s)"
+            + (f" ({s['num_local_aggregation']} locally aggregated)" if s["num_local_aggregation"] else ""),
+            f"allreduce {s['num_allreduce_shards']} in {s['num_merge_groups']} group(s)",
+            f"allgather {s['num_allgather_shards']}",
+            (f"{s['num_partitioned']} partitioned into {s['num_shards'] - s['num_variables'] + s['num_partitioned']} shards"
+             if s["num_partitioned"] else "unpartitioned"),
+            "compressors " + ",".join(s["compressors"]),
+        ]
+        if s["max_staleness"]:
+            parts.append(f"staleness<={s['max_staleness']}")
+        return " | ".join(parts)
+
+
+def load_strategy(path: str | Path) -> Strategy:
+    """Read a strategy JSON file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise StrategyError(f"{path}: no such strategy file") from None
+    except OSError as exc:
+        raise StrategyError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return Strategy.from_json(text, where=str(path))

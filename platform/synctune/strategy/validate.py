@@ -1,0 +1,156 @@
+"""Validation of a strategy against a model spec and a cluster spec (AutoDist §2.2 semantics).
+
+Every inconsistency is a :class:`StrategyError` whose message names the variable (or the
+graph-level field), the field, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+from ..spec.cluster import ClusterSpec
+from ..spec.model import ModelSpec, VariableSpec
+from .schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy, StrategyError
+
+__all__ = ["validate", "shard_shapes"]
+
+
+def _split_sizes(length: int, pieces: int) -> list[int]:
+    base, extra = divmod(length, pieces)
+    return [base + 1 if i < extra else base for i in range(pieces)]
+
+
+def shard_shapes(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Shapes of the shards of a variable of ``shape`` cut by ``partition``, in row-major order.
+
+    Uneven cuts follow ``torch.tensor_split``: the first ``n % k`` pieces are one longer.
+    """
+    shapes: list[tuple[int, ...]] = [()]
+    for length, pieces in zip(shape, partition):
+        sizes = _split_sizes(length, pieces)
+        shapes = [prefix + (s,) for prefix in shapes for s in sizes]
+    return shapes
+
+
+def _check_plan_shape(var: VariableSpec, partition: tuple[int, ...], where: str) -> None:
+    if len(partition) != len(var.shape):
+        raise StrategyError(
+            f"{where}: partition: expected {len(var.shape)} entries (one per axis of shape {list(var.shape)}), "
+            f"got {list(partition)}"
+        )
+    for axis, (pieces, length) in enumerate(zip(partition, var.shape)):
+        if pieces > length:
+            raise StrategyError(
+                f"{where}: partition: axis {axis} has length {length}, cannot cut it into {pieces} shards"
+            )
+        if var.sparse and axis > 0 and pieces > 1:
+            raise StrategyError(
+                f"{where}: partition: a sparse variable can be partitioned on axis 0 (rows) only, got {list(partition)}"
+            )
+
+
+def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, check_refs: bool = True) -> None:
+    """Raise :class:`StrategyError` on the first inconsistency of ``strategy`` with the specs.
+
+    Checks: the model/cluster references (when ``check_refs``), replicas (exist, unique),
+    batch split (one positive entry per replica), exactly one plan per model variable, the
+    partition (one entry per axis, at most the axis length, sparse on axis 0 only), the
+    shard synchronizers (PS placement is a replica device; all-gather only for sparse
+    gradients; all-reduce groups agree on algorithm and compressor) and compressors
+    (lossy ones not on sparse gradients; PowerSGD on matrices with a rank that fits).
+    """
+    if check_refs:
+        for key, spec in (("model", model), ("cluster", cluster)):
+            ref = strategy.to_dict()[key]
+            if ref["name"] != spec.name or ref["hash"] != spec.hash:
+                raise StrategyError(
+                    f"strategy: {key}: built for {ref['name']!r} (hash {ref['hash'][:12]}), "
+                    f"validated against {spec.name!r} (hash {spec.hash[:12]})"
+                )
+    if not strategy.replicas:
+        raise StrategyError("strategy: replicas: expected at least one device, got []")
+    seen: set[str] = set()
+    for i, dev in enumerate(strategy.replicas):
+        if not cluster.has_device(dev):
+            raise StrategyError(
+                f"strategy: replicas[{i}]: device {dev!r} does not exist in cluster {cluster.name!r} "
+                f"(devices: {', '.join(cluster.devices[:8])}{', ...' if cluster.num_devices > 8 else ''})"
+            )
+        if dev in seen:
+            raise StrategyError(f"strategy: replicas[{i}]: device {dev!r} is listed twice")
+        seen.add(dev)
+    if len(strategy.batch_split) != len(strategy.replicas):
+        raise StrategyError(
+            f"strategy: batch_split: expected {len(strategy.replicas)} entries (one per replica), "
+            f"got {len(strategy.batch_split)}"
+        )
+    for i, b in enumerate(strategy.batch_split):
+        if b <= 0:
+            raise StrategyError(f"strategy: batch_split[{i}]: expected a positive batch size, got {b}")
+
+    planned: set[str] = set()
+    groups: dict[int, tuple[str, str, str]] = {}
+    for i, plan in enumerate(strategy.plans):
+        where = f"variable {plan.variable!r}"
+        if plan.variable not in model:
+            raise StrategyError(f"strategy: plans[{i}]: {where} is not a variable of model {model.name!r}")
+        if plan.variable in planned:
+            raise StrategyError(f"strategy: plans[{i}]: {where} has more than one plan")
+        planned.add(plan.variable)
+        var = model[plan.variable]
+        _check_plan_shape(var, plan.partition, where)
+        shapes = shard_shapes(var.shape, plan.partition)
+        for j, shard in enumerate(plan.shards):
+            swhere = f"{where}: shards[{j}]"
+            sync = shard.synchronizer
+            comp = shard.compressor
+            if isinstance(sync, PSSynchronizer):
+                if not cluster.has_device(sync.placement):
+                    raise StrategyError(
+                        f"{swhere}.synchronizer.placement: device {sync.placement!r} does not exist in cluster "
+                        f"{cluster.name!r}"
+                    )
+                if sync.placement not in seen:
+                    raise StrategyError(
+                        f"{swhere}.synchronizer.placement: device {sync.placement!r} holds no replica; "
+                        f"a PS placement must be one of the replicas"
+                    )
+            elif isinstance(sync, AllGatherSynchronizer) and not var.sparse:
+                raise StrategyError(
+                    f"{swhere}.synchronizer: allgather is for sparse gradients, and this variable's gradient is dense "
+                    f"(use allreduce or ps)"
+                )
+            if not comp.lossless and var.sparse:
+                raise StrategyError(
+                    f"{swhere}.compressor: lossy compressor {comp.label!r} on a sparse gradient; "
+                    f"sparse variables take 'none'"
+                )
+            if comp.kind == "powersgd":
+                shape = shapes[j]
+                if len(shape) < 2:
+                    raise StrategyError(
+                        f"{swhere}.compressor: powersgd needs a shard of 2 or more dimensions, got shape {list(shape)}"
+                    )
+                cols = 1
+                for d in shape[1:]:
+                    cols *= d
+                if comp.rank > min(shape[0], cols):
+                    raise StrategyError(
+                        f"{swhere}.compressor: powersgd rank {comp.rank} exceeds min(rows, cols) = "
+                        f"{min(shape[0], cols)} of shard shape {list(shape)}"
+                    )
+            if isinstance(sync, AllReduceSynchronizer):
+                key = (sync.algorithm, comp.label, "sparse" if var.sparse else "dense")
+                first = groups.setdefault(sync.group, key + (plan.variable,))
+                if first[:3] != key:
+                    raise StrategyError(
+                        f"{swhere}.synchronizer.group: group {sync.group} mixes "
+                        f"(algorithm {key[0]}, compressor {key[1]}, {key[2]}) with "
+                        f"(algorithm {first[0]}, compressor {first[1]}, {first[2]}) of variable {first[3]!r}; "
+                        f"a merge group is one collective"
+                    )
+    missing = [v.name for v in model.variables if v.name not in planned]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise StrategyError(
+            f"strategy: plans: no plan for variable(s) {', '.join(repr(m) for m in missing[:3])}{more} "
+            f"of model {model.name!r}"
+        )

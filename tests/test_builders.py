@@ -1,0 +1,132 @@
+"""Builders: every builder's output validates for every zoo model on every preset, and each
+reproduces the system it is named after."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from synctune.spec import CLUSTER_PRESETS, SpecError, cluster_preset
+from synctune.strategy import BUILDERS, StrategyError, build_strategy, parse_builder_options, validate
+
+
+@pytest.mark.parametrize("builder", list(BUILDERS))
+def test_every_builder_validates_on_every_model_and_preset(builder, zoo_specs):
+    for model in zoo_specs.values():
+        for preset in CLUSTER_PRESETS:
+            cluster = cluster_preset(preset)
+            strategy = build_strategy(builder, model, cluster)
+            validate(strategy, model, cluster)
+            assert len(strategy.replicas) == cluster.num_devices
+            assert set(strategy.batch_split) == {model.batch_size}
+
+
+def _syncs(strategy):
+    return [(plan.variable, i, shard.synchronizer) for plan, i, shard in strategy.iter_shards()]
+
+
+def test_parallax_sends_sparse_to_ps_and_dense_to_allreduce(zoo_specs):
+    model, cluster = zoo_specs["lm1b"], cluster_preset("B7")
+    strategy = build_strategy("parallax", model, cluster)
+    for var, _i, sync in _syncs(strategy):
+        assert sync.kind == ("ps" if model[var].sparse else "allreduce"), var
+    # Three sparse variables of similar size spread over three different servers (load balancing).
+    assert len({s.placement for _v, _i, s in _syncs(strategy) if s.kind == "ps"}) == 3
+
+
+def test_allreduce_chunks_adjacent_variables(zoo_specs):
+    model = zoo_specs["bert-base"]
+    strategy = build_strategy("allreduce", model, cluster_preset("B5"), chunk=64)
+    groups = [s.group for _v, _i, s in _syncs(strategy)]
+    assert groups == [i // 64 for i in range(len(model.variables))]
+
+
+def test_allreduce_uses_allgather_for_sparse(zoo_specs):
+    strategy = build_strategy("allreduce", zoo_specs["ncf-small"], cluster_preset("local-2x2"))
+    kinds = {v: s.kind for v, _i, s in _syncs(strategy)}
+    assert kinds["user_embedding.weight"] == "allgather" and kinds["output.weight"] == "allreduce"
+
+
+def test_horovod_fusion_respects_threshold(zoo_specs):
+    model = zoo_specs["vgg16"]
+    threshold = 64 * 2**20
+    strategy = build_strategy("horovod", model, cluster_preset("B7"))
+    sizes = Counter()
+    for var, _i, sync in _syncs(strategy):
+        sizes[sync.group] += model[var].num_bytes
+    # A group only exceeds the threshold when one variable alone does (VGG16's 392 MiB fc6).
+    for group, size in sizes.items():
+        members = [v for v, _i, s in _syncs(strategy) if s.group == group]
+        assert size <= threshold or len(members) == 1
+    groups = [s.group for _v, _i, s in _syncs(strategy)]
+    assert groups == sorted(groups)  # adjacent in backward order
+
+
+def test_ps_puts_everything_on_one_server(zoo_specs):
+    strategy = build_strategy("ps", zoo_specs["resnet50"], cluster_preset("B7"))
+    assert {s.placement for _v, _i, s in _syncs(strategy)} == {"node0:0"}
+
+
+def test_ps_lb_balances_bytes(zoo_specs):
+    model = zoo_specs["bert-large"]
+    strategy = build_strategy("ps-lb", model, cluster_preset("B7"))
+    loads = Counter()
+    for var, _i, sync in _syncs(strategy):
+        loads[sync.placement] += model[var].num_bytes
+    assert len(loads) == 4
+    largest = max(v.num_bytes for v in model.variables)
+    assert max(loads.values()) - min(loads.values()) <= largest  # greedy bound
+
+
+def test_partitioned_ps_uses_smallest_divisor_on_axis_0(zoo_specs):
+    model = zoo_specs["bert-base"]
+    strategy = build_strategy("partitioned-ps", model, cluster_preset("B5"))
+    plan = strategy.plan_for("word_embeddings.weight")  # 30522 = 2 x 15261
+    assert plan.partition == (2, 1)
+    assert [s.synchronizer.placement for s in plan.shards] == sorted({s.synchronizer.placement for s in plan.shards})
+    assert strategy.plan_for("embedding_norm.weight").partition == (1,)  # norms stay whole
+
+
+def test_uneven_partitioned_ps_makes_uneven_shards(zoo_specs):
+    model = zoo_specs["bert-base"]
+    strategy = build_strategy("uneven-partitioned-ps", model, cluster_preset("B5"))
+    plan = strategy.plan_for("word_embeddings.weight")
+    assert plan.partition[0] == 4 and 30522 % 4  # smallest non-divisor of 30522
+    single_node = build_strategy("uneven-partitioned-ps", model, cluster_preset("B4"))
+    assert all(not p.is_partitioned for p in single_node.plans)
+
+
+def test_random_axis_is_reproducible_and_random(zoo_specs):
+    model, cluster = zoo_specs["bert-base"], cluster_preset("B7")
+    a = build_strategy("random-axis-allreduce", model, cluster, seed=1)
+    b = build_strategy("random-axis-allreduce", model, cluster, seed=1)
+    c = build_strategy("random-axis-allreduce", model, cluster, seed=2)
+    assert a.hash == b.hash != c.hash
+    axes = {tuple(p.partition).index(max(p.partition)) for p in a.plans if p.is_partitioned and len(p.partition) == 2}
+    assert axes == {0, 1}
+
+
+def test_partitioned_allreduce_counts_shards_into_groups(zoo_specs):
+    model = zoo_specs["bert-tiny"]
+    strategy = build_strategy("partitioned-allreduce", model, cluster_preset("local-2x2"), chunk=4)
+    groups = [s.synchronizer.group for _p, _i, s in strategy.iter_shards() if s.synchronizer.kind == "allreduce"]
+    assert groups == [i // 4 for i in range(len(groups))]
+
+
+def test_allreduce_with_powersgd_keeps_groups_uniform(zoo_specs):
+    model, cluster = zoo_specs["bert-tiny"], cluster_preset("local-2x2")
+    strategy = build_strategy("allreduce", model, cluster, compressor="powersgd", powersgd_rank=2)
+    validate(strategy, model, cluster)
+    assert "powersgd(2)" in strategy.stats()["compressors"]
+
+
+def test_builder_options_are_typed_and_checked():
+    assert parse_builder_options("allreduce", {"chunk": "64"}).chunk == 64
+    assert parse_builder_options("ps-lb", {"local_aggregation": "true"}).local_aggregation is True
+    with pytest.raises(StrategyError, match="unknown option 'chunks'; valid: chunk"):
+        parse_builder_options("allreduce", {"chunks": "2"})
+    with pytest.raises(StrategyError, match="option chunk: expected a positive integer, got 0"):
+        parse_builder_options("allreduce", {"chunk": "0"})
+    with pytest.raises(SpecError, match="unknown builder 'horovd'; valid: allreduce, horovod"):
+        build_strategy("horovd", None, None)

@@ -1,0 +1,70 @@
+"""The model zoo: parameter counts against the published figures; small models train on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from synctune.models import MODELS, build_model, get_model, make_batch
+
+PAPER_COUNTS = {
+    # The figures the issue and the papers quote, independent of the zoo's own table.
+    "vgg16": 138_000_000,
+    "bert-large": 340_000_000,
+    "ncf-dense": 122_000_000,
+    "bert-base": 110_000_000,
+    "resnet50": 25_600_000,
+    "resnet101": 44_500_000,
+    "densenet121": 8_000_000,
+    "inceptionv3": 23_900_000,
+    "bert-3l": 11_000_000,
+    "transformer": 65_000_000,
+    "lm1b": 830_000_000,
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parameter_count_within_two_percent_of_published(name, zoo_specs):
+    entry = get_model(name)
+    count = zoo_specs[name].num_parameters
+    assert abs(count / entry.published_params - 1) <= 0.02, (name, count, entry.published_params)
+    if name in PAPER_COUNTS:
+        assert abs(count / PAPER_COUNTS[name] - 1) <= 0.02, (name, count)
+
+
+def test_sparse_variables_where_the_papers_have_them(zoo_specs):
+    assert {v.name for v in zoo_specs["lm1b"].variables if v.sparse} == {
+        "embedding.weight", "softmax_w.weight", "softmax_b.weight"}
+    assert zoo_specs["ncf-small"].num_sparse == 2
+    assert zoo_specs["ncf-dense"].num_sparse == 0
+    assert len(zoo_specs["ncf-dense"].variables) == 10  # "a 10-variable model" (AutoDist §3.3)
+
+
+def test_every_model_has_a_small_variant_family():
+    small = {e.family for _, e in MODELS.items() if e.small}
+    assert {"bert", "cnn", "ncf", "lm", "transformer"} <= small
+
+
+@pytest.mark.parametrize("name", [n for n, e in MODELS.items() if e.small])
+def test_small_models_train_on_cpu(name):
+    torch.manual_seed(0)
+    model = build_model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1)
+    batch = make_batch(name, get_model(name).batch_size, generator=gen)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        loss = model(*batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0], losses  # fitting one fixed batch must make progress
+
+
+def test_sparse_models_really_produce_sparse_gradients():
+    model = build_model("ncf-small")
+    model(*make_batch("ncf-small", 4, generator=torch.Generator().manual_seed(0))).backward()
+    assert model.user_embedding.weight.grad.is_sparse
+    assert not model.output.weight.grad.is_sparse
