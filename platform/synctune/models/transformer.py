@@ -17,6 +17,17 @@ import torch.nn.functional as F
 __all__ = ["BertPretraining", "TransformerSeq2Seq"]
 
 
+def _init_normal(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: N(0, std) weights, zero biases, unit LayerNorm (Devlin et al. 2019)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            if m.weight.is_meta:
+                continue
+            nn.init.normal_(m.weight, std=std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
 class _Attention(nn.Module):
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
@@ -84,6 +95,7 @@ class BertPretraining(nn.Module):
         self.mlm_norm = nn.LayerNorm(hidden, eps=eps)
         self.mlm_bias = nn.Parameter(torch.zeros(vocab))
         self.nsp = nn.Linear(hidden, 2)
+        _init_normal(self, 0.02)
 
     def forward(self, tokens: torch.Tensor, segments: torch.Tensor, mlm_labels: torch.Tensor,
                 nsp_labels: torch.Tensor) -> torch.Tensor:
@@ -137,6 +149,8 @@ class TransformerSeq2Seq(nn.Module):
         self.embedding = nn.Embedding(vocab, hidden)
         self.encoder = nn.ModuleList(_EncoderLayer(hidden, heads, inner, F.relu, 1e-5) for _ in range(layers))
         self.decoder = nn.ModuleList(_DecoderLayer(hidden, heads, inner) for _ in range(layers))
+        # The embedding is scaled by sqrt(hidden) on input and tied to the output (Vaswani §3.4).
+        _init_normal(self, hidden ** -0.5)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embedding(ids) * math.sqrt(self.hidden) + _sinusoid(ids.shape[1], self.hidden, ids.device)

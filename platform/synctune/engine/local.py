@@ -1,0 +1,168 @@
+"""Run a function on N local worker processes joined in a torch.distributed process group.
+
+The caller never hangs: every wait is bounded. A worker that raises, dies (killed, crashed)
+or a group that outlives ``timeout_s`` ends the run with a :class:`WorkerFailure` whose
+``status`` is ``failed``, ``oom`` or ``timeout`` and whose message says which rank and why;
+all other workers are then killed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+__all__ = ["WorkerFailure", "run_local", "free_port", "report", "classify_error"]
+
+
+class WorkerFailure(Exception):
+    """A run that ended without every rank's result."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def classify_error(exc: BaseException) -> str:
+    """``oom``, ``timeout`` or ``failed`` for an exception raised inside a worker."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError) or "out of memory" in text:
+        return "oom"
+    if "timed out" in text or "timeout" in text and ("gloo" in text or "nccl" in text or "wait" in text):
+        return "timeout"
+    return "failed"
+
+
+_REPORTER: Callable[[Any], None] | None = None
+
+
+def report(message: Any) -> None:
+    """Send a progress message from inside a worker to the launcher (no-op when none listens)."""
+    if _REPORTER is not None:
+        _REPORTER(message)
+
+
+def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collective_timeout_s: float,
+           threads: int | None, env: dict[str, str]) -> None:
+    global _REPORTER
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    if threads:
+        torch.set_num_threads(threads)
+    _REPORTER = lambda msg: q.put(("progress", rank, msg))  # noqa: E731
+    code = 0
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        value = fn(rank, world, *args)
+        # torch.save, not the queue's pickler: tensors would otherwise travel as shared-memory
+        # handles that die with this process. The launcher loads with weights_only=True.
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        q.put(("result", rank, buf.getvalue()))
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the launcher
+        q.put(("error", rank, classify_error(exc), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        code = 1
+    finally:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+    q.close()
+    q.join_thread()
+    sys.exit(code)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (possibly out of memory)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
+              timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
+              on_progress: Callable[[int, Any], None] | None = None, threads: int | None = None,
+              env: dict[str, str] | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return results by rank.
+
+    ``fn`` and ``args`` must be picklable (a module-level function); its result may hold tensors,
+    lists, dicts and plain values (what ``torch.load(weights_only=True)`` accepts). Raises
+    :class:`WorkerFailure` on the first error, death or timeout.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, q, collective_timeout_s,
+                                              threads, dict(env or {})), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    dead_since: dict[int, float] = {}
+    try:
+        while len(results) < world_size:
+            try:
+                msg = q.get(timeout=0.1)
+            except queue.Empty:
+                msg = None
+            if msg is not None:
+                kind, rank = msg[0], msg[1]
+                if kind == "result":
+                    import torch
+
+                    results[rank] = torch.load(io.BytesIO(msg[2]), weights_only=True)
+                elif kind == "progress":
+                    if on_progress is not None:
+                        on_progress(rank, msg[2])
+                elif kind == "error":
+                    raise WorkerFailure(msg[2], f"rank {rank}: {msg[3]}")
+                continue
+            now = time.monotonic()
+            for rank, p in enumerate(procs):
+                if rank in results or p.exitcode is None:
+                    continue
+                # A worker that exited may still have its last message in the queue: allow it a moment.
+                first = dead_since.setdefault(rank, now)
+                if p.exitcode != 0 or now - first > 5.0:
+                    raise WorkerFailure("failed", f"rank {rank} {_describe_exit(p.exitcode)} before reporting a "
+                                                  f"result")
+            if now > deadline:
+                raise WorkerFailure("timeout", f"no result from rank(s) "
+                                               f"{sorted(set(range(world_size)) - set(results))} after {timeout_s:g} s")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=10)
+        q.close()
+        q.cancel_join_thread()
+    return [results[r] for r in range(world_size)]

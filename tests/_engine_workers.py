@@ -1,0 +1,164 @@
+"""Worker functions for the engine tests (run inside spawned gloo processes) and the
+single-process references they are compared with."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from synctune.models import build_model, make_batch, model_spec
+from synctune.spec import ClusterSpec
+from synctune.strategy import (
+    AllGatherSynchronizer,
+    AllReduceSynchronizer,
+    Compressor,
+    PSSynchronizer,
+    ShardPlan,
+    Strategy,
+    VariablePlan,
+)
+
+
+def batches(model: str, split, step: int, seed: int = 0):
+    """The per-rank batches of one step: rank r's batch depends on (seed, step, r) only."""
+    out = []
+    for r, n in enumerate(split):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + r)
+        out.append(make_batch(model, n, generator=gen))
+    return out
+
+
+def make_optimizer(name: str, params, lr: float):
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr)
+
+
+def reference_training(model: str, split, optimizer: str, lr: float, steps: int, seed: int = 0,
+                       fixed_batch: bool = False) -> dict:
+    """Single-process training on the concatenation of every rank's batch (``fixed_batch``:
+    the step-0 batches every step, a memorisation task)."""
+    torch.manual_seed(seed)
+    module = build_model(model)
+    opt = make_optimizer(optimizer, module.parameters(), lr)
+    for step in range(steps):
+        parts = batches(model, split, 0 if fixed_batch else step, seed)
+        joined = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))]
+        opt.zero_grad()
+        module(*joined).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Train every case with the engine (and, when asked, with torch DDP) on this rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from synctune.engine.core import StrategyEngine
+
+    out = []
+    for case in cases:
+        strategy = Strategy.from_dict(case["strategy"])
+        cluster = ClusterSpec.from_dict(case["cluster"])
+        name = strategy.model["name"]
+        torch.manual_seed(case.get("seed", 0))
+        module = build_model(name)
+        engine = StrategyEngine(module, strategy, model_spec(name), cluster,
+                                lambda ps: make_optimizer(case["optimizer"], ps, case["lr"]))
+        for step in range(case["steps"]):
+            batch = batches(name, strategy.batch_split, 0 if case.get("fixed_batch") else step,
+                            case.get("seed", 0))[rank]
+            module(*batch).backward()
+            engine.step()
+            engine.zero_grad()
+        engine.close()
+        result = {"params": {k: v.detach().clone() for k, v in module.state_dict().items()}}
+        if case.get("ddp"):
+            torch.manual_seed(case.get("seed", 0))
+            plain = build_model(name)
+            ddp = DDP(plain, bucket_cap_mb=case.get("bucket_cap_mb", 25))
+            opt = make_optimizer(case["optimizer"], ddp.parameters(), case["lr"])
+            for step in range(case["steps"]):
+                batch = batches(name, strategy.batch_split, step, case.get("seed", 0))[rank]
+                opt.zero_grad()
+                ddp(*batch).backward()
+                opt.step()
+            result["ddp"] = {k: v.detach().clone() for k, v in plain.state_dict().items()}
+        out.append(result)
+    return out
+
+
+def random_strategy(model: str, cluster: ClusterSpec, rng: random.Random, compressors=("none",)) -> Strategy:
+    """A random valid composed strategy: partitions on random axes, mixed PS (with and without
+    local aggregation) / all-reduce groups / all-gather, uneven batch split."""
+    spec = model_spec(model)
+    devices = cluster.devices
+    plans = []
+    for var in spec.variables:
+        partition = [1] * len(var.shape)
+        axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)]
+        if axes and rng.random() < 0.5:
+            axis = rng.choice(axes)
+            partition[axis] = rng.randint(2, min(3, var.shape[axis]))
+        shards = []
+        for _ in range(max(1, int(torch.tensor(partition).prod()))):
+            roll = rng.random()
+            if var.sparse and roll < 0.4:
+                sync = AllGatherSynchronizer()
+            elif roll < 0.6:
+                sync = PSSynchronizer(placement=rng.choice(devices), local_aggregation=rng.random() < 0.5)
+            else:
+                # Sparse and dense gradients never share a merge group.
+                sync = AllReduceSynchronizer(group=rng.randint(0, 2) + (10 if var.sparse else 0))
+            comp = Compressor()
+            if (not var.sparse and isinstance(sync, AllReduceSynchronizer) and "fp16" in compressors):
+                comp = Compressor(kind="fp16")
+            shards.append(ShardPlan(synchronizer=sync, compressor=comp))
+        plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
+    split = tuple(rng.randint(1, 4) for _ in devices)
+    return Strategy(model={"name": spec.name, "hash": spec.hash}, cluster={"name": cluster.name, "hash": cluster.hash},
+                    replicas=devices, batch_split=split, plans=tuple(plans))
+
+
+class Probe(torch.nn.Module):
+    """Parameters of given shapes; the loss is sum(p * x_p), so each parameter's gradient on a
+    rank is exactly that rank's input x_p (the conformance suite's known gradients)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self.names = list(shapes)
+        for name, shape in shapes.items():
+            self.register_parameter(name, torch.nn.Parameter(torch.zeros(shape)))
+
+    def forward(self, *xs):
+        return sum((getattr(self, n) * x).sum() for n, x in zip(self.names, xs))
+
+
+def conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """For each case, one SGD step (lr=1, from zero) of the probe with known per-rank gradients:
+    the resulting parameters are minus the synchronized mean gradient."""
+    from synctune.engine.core import StrategyEngine
+    from synctune.spec import ModelSpec, VariableSpec
+
+    out = []
+    for case in cases:
+        shapes = {k: tuple(v) for k, v in case["shapes"].items()}
+        spec = ModelSpec(name="probe", variables=tuple(VariableSpec(name=k, shape=s) for k, s in shapes.items()),
+                         batch_size=1)
+        strategy = Strategy.from_dict(case["strategy"])
+        cluster = ClusterSpec.from_dict(case["cluster"])
+        module = Probe(shapes)
+        engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=1.0))
+        results = []
+        for step, xs in enumerate(case["inputs"][rank]):
+            module(*xs).backward()
+            engine.step()
+            engine.zero_grad()
+            results.append({k: -v.detach().clone() for k, v in module.state_dict().items()})
+            with torch.no_grad():
+                for p in module.parameters():
+                    p.zero_()
+        engine.close()
+        out.append({"steps": results})
+    return out
