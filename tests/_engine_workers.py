@@ -162,3 +162,23 @@ def conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
         engine.close()
         out.append({"steps": results})
     return out
+
+
+def hang_worker(rank: int, world: int, sleep_s: float) -> int:
+    """Rank 1 never joins the collective the others wait in (a hung peer)."""
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(sleep_s)
+        return rank
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return rank
+
+
+def failing_worker(rank: int, world: int) -> int:
+    if rank == 1:
+        raise MemoryError("simulated allocation failure")
+    return rank

@@ -102,6 +102,18 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _dead_peer(procs, failed_rank: int, results: dict, grace_s: float = 1.0) -> str | None:
+    """Describe a rank other than ``failed_rank`` that was killed or crashed (waiting up to ``grace_s``)."""
+    until = time.monotonic() + grace_s
+    while True:
+        for rank, p in enumerate(procs):
+            if rank != failed_rank and rank not in results and p.exitcode not in (None, 0, 1):
+                return f"rank {rank} {_describe_exit(p.exitcode)}"
+        if time.monotonic() > until:
+            return None
+        time.sleep(0.05)
+
+
 def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
               timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
               on_progress: Callable[[int, Any], None] | None = None, threads: int | None = None,
@@ -143,6 +155,10 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
                     if on_progress is not None:
                         on_progress(rank, msg[2])
                 elif kind == "error":
+                    dead = _dead_peer(procs, rank, results)
+                    if dead is not None:
+                        # A peer's death surfaces on the others as transport errors: name the cause.
+                        raise WorkerFailure("failed", f"{dead}; rank {rank} then failed: {msg[3][:300]}")
                     raise WorkerFailure(msg[2], f"rank {rank}: {msg[3]}")
                 continue
             now = time.monotonic()

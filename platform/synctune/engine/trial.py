@@ -119,12 +119,16 @@ def _peak_memory_bytes(device) -> int:
 
 def trial_worker(rank: int, world: int, payload: dict) -> dict:
     """The body of one rank of a trial (runs inside a process of the group)."""
+    import os
+
     import torch
     import torch.distributed as dist
 
     from ..models.zoo import build_model, make_batch, model_spec
     from .core import StrategyEngine
     from .local import report
+
+    report({"event": "started", "rank": rank, "pid": os.getpid()})
 
     strategy = Strategy.from_dict(payload["strategy"])
     cluster = ClusterSpec.from_dict(payload["cluster"])
@@ -166,7 +170,7 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
         else:
             engine.take_comm_bytes()
         if rank == 0:
-            report({"iteration": it + 1, "total": total, "loss": float(loss.detach())})
+            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss.detach())})
     t = torch.tensor(times, dtype=torch.float64)
     gathered = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(gathered, t)

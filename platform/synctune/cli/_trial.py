@@ -1,0 +1,113 @@
+"""``synctune trial``: run one strategy for real and print what it measured."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..spec.errors import SpecError
+from . import cli
+from ._common import echo_err, resolve_cluster_arg, resolve_model
+from ._strategy import _parse_options
+
+
+def _progress_bar(total_hint: int, label: str):
+    """A tqdm bar on stderr (hidden when stderr is not a terminal) fed by trial progress events."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_hint, desc=label, unit="it", disable=None, leave=False, dynamic_ncols=True)
+    state = {"started": 0}
+
+    def on_progress(msg: dict) -> None:
+        if msg.get("event") == "started":
+            state["started"] += 1
+            bar.set_postfix_str(f"{state['started']} worker(s) up")
+        elif msg.get("event") == "iteration":
+            bar.total = msg["total"]
+            bar.n = msg["iteration"]
+            bar.set_postfix_str(f"loss {msg['loss']:.4g}")
+            bar.refresh()
+
+    return bar, on_progress
+
+
+@cli.command("trial")
+@click.option("--model", "-m", required=True, help="Zoo model name.")
+@click.option("--cluster", "-c", required=True, help="Cluster preset name or cluster spec YAML file.")
+@click.option("--builder", "-b", help="Build the strategy with this builder ...")
+@click.option("--strategy", "-s", "strategy_file", help="... or read it from this JSON file.")
+@click.option("--option", "-O", "options", multiple=True, metavar="KEY=VALUE", help="Builder option.")
+@click.option("--warmup", default=10, show_default=True, help="Warm-up iterations (not timed).")
+@click.option("--iters", default=40, show_default=True, help="Timed iterations.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
+@click.option("--lr", default=0.01, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds before the trial is a timeout.")
+@click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
+@click.option("--ray-address", default="local", show_default=True,
+              help="With --launcher ray: 'local' starts Ray on this machine, 'auto' joins a running cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str | None, options: tuple[str, ...],
+              warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
+              ray_address: str, as_json: bool) -> None:
+    """Run one trial: WARMUP + ITERS iterations of MODEL on CLUSTER under a strategy, timed.
+
+    Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
+    memory (the result says why), 2 on bad input.
+    """
+    from ..engine.trial import TrialConfig, run_trial_local
+    from ..strategy import build_strategy, load_strategy, parse_builder_options, validate
+
+    if (builder is None) == (strategy_file is None):
+        raise SpecError("give exactly one of --builder and --strategy")
+    config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
+    model_spec = resolve_model(model)
+    cluster_spec = resolve_cluster_arg(cluster)
+    if builder is not None:
+        strategy = build_strategy(builder, model_spec, cluster_spec, parse_builder_options(builder, _parse_options(options)))
+    else:
+        if options:
+            raise SpecError("--option applies to --builder only")
+        strategy = load_strategy(strategy_file)
+    validate(strategy, model_spec, cluster_spec)
+    label = f"{strategy.model['name']}@{cluster_spec.name}"
+    bar, on_progress = _progress_bar(warmup + iters, label)
+    try:
+        if launcher == "local":
+            result = run_trial_local(strategy, cluster_spec, config, on_progress=on_progress)
+        else:
+            import ray
+
+            from ..cluster.workers import RayWorkerGroup
+
+            if not ray.is_initialized():
+                kwargs = {"address": ray_address, "log_to_driver": False}
+                if ray_address == "local":
+                    kwargs.update(num_cpus=max(cluster_spec.num_devices, 1), include_dashboard=False)
+                ray.init(**kwargs)
+            with RayWorkerGroup(cluster_spec) as group:
+                result = group.run_trial(strategy, config, on_progress=on_progress)
+    finally:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        _print_result(result, strategy)
+    if result.status != "ok":
+        echo_err(f"synctune: trial {result.status}: {result.error}")
+        raise SystemExit(1)
+
+
+def _print_result(result, strategy) -> None:
+    click.echo(strategy.summary())
+    click.echo(f"status {result.status} ({result.launcher}, {result.num_workers} workers, {result.backend or '-'}, "
+               f"{result.wall_s:.1f} s wall)")
+    if result.status == "ok":
+        click.echo(f"iteration  mean {result.mean_s * 1e3:.1f} ms  median {result.median_s * 1e3:.1f} ms  "
+                   f"std {result.std_s * 1e3:.1f} ms  over {len(result.iteration_times_s)} iterations")
+        click.echo(f"throughput {result.samples_per_s:.1f} samples/s (global batch {result.global_batch_size})")
+        click.echo(f"traffic    {result.comm_bytes_per_iter / 2**20:.1f} MiB handed to collectives per iteration "
+                   f"(all ranks)")
+        click.echo(f"memory     {result.peak_memory_bytes / 2**20:.0f} MiB peak (largest rank)")

@@ -1,0 +1,249 @@
+"""A Ray worker group: one actor per device of a cluster spec, placed by a placement group with
+one bundle per node, joined in a torch.distributed process group that stays up across trials.
+
+Plain actors rather than Ray Train: a trial needs a heterogeneous slice (nodes of different
+types and device counts), and keeping one process group alive for many consecutive trials
+pays the start-up cost (Ray scheduling, imports, rendezvous) once per slice, not per trial.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Callable
+
+from ..engine.trial import TrialConfig, TrialResult, failed_result, result_from_rank0
+from ..spec.cluster import ClusterSpec
+from ..spec.errors import SpecError
+from ..strategy.schema import Strategy
+
+__all__ = ["RayWorkerGroup", "node_type_resource"]
+
+
+def node_type_resource(instance_type: str) -> str:
+    """The custom Ray resource a node of ``instance_type`` advertises (one unit per node)."""
+    return f"synctune-node:{instance_type}"
+
+
+class _Worker:
+    """The actor body (wrapped with ``ray.remote`` lazily, so importing this module needs no Ray)."""
+
+    def __init__(self, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.rank = -1
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        from ..engine.local import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init_group(self, rank: int, world: int, master: str, port: int, backend: str, timeout_s: float) -> int:
+        import datetime
+        import os
+
+        import torch.distributed as dist
+
+        self.rank = rank
+        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        return os.getpid()
+
+    def run(self, payload: dict, progress) -> dict:
+        import torch.distributed as dist
+
+        from ..engine import local
+        from ..engine.trial import trial_worker
+
+        local._REPORTER = (lambda msg: progress.put_nowait(msg)) if progress is not None else None
+        try:
+            return trial_worker(self.rank, dist.get_world_size(), payload)
+        finally:
+            local._REPORTER = None
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayWorkerGroup:
+    """Workers for one slice of a Ray cluster that matches ``cluster``, reused across trials.
+
+    ``placement`` is ``"auto"`` (STRICT_SPREAD when the Ray cluster has at least as many
+    alive nodes as the spec, else PACK, as on one machine), or a Ray strategy name. Node
+    types are requested as custom resources (:func:`node_type_resource`) when the Ray
+    cluster advertises them. Call :meth:`shutdown` (or use ``with``) to release the slice.
+    """
+
+    def __init__(self, cluster: ClusterSpec, *, placement: str = "auto", collective_timeout_s: float = 120.0,
+                 startup_timeout_s: float = 300.0) -> None:
+        self.cluster = cluster
+        self.placement = placement
+        self.collective_timeout_s = collective_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self.pg = None
+        self.backend = "nccl" if cluster.device_kind == "gpu" else "gloo"
+        if cluster.device_kind == "mixed":
+            raise SpecError(f"cluster {cluster.name!r} mixes GPU and CPU nodes; one process group needs one backend")
+        self.starts = 0
+
+    def __enter__(self) -> "RayWorkerGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.actors)
+
+    def _bundles(self, available: dict[str, float]) -> list[dict[str, float]]:
+        bundles = []
+        for node in self.cluster.nodes:
+            bundle: dict[str, float] = {"CPU": float(node.num_devices)}
+            if node.device_kind == "gpu":
+                bundle["GPU"] = float(node.num_devices)
+            key = node_type_resource(node.instance_type)
+            if key in available:
+                bundle[key] = 1.0
+            bundles.append(bundle)
+        return bundles
+
+    def start(self) -> None:
+        """Reserve the slice, start one actor per device and form the process group."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self.actors:
+            return
+        if not ray.is_initialized():
+            raise RuntimeError("ray is not initialized: call ray.init() (address='local' for this machine) first")
+        available = ray.cluster_resources()
+        strategy = self.placement
+        if strategy == "auto":
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            strategy = "STRICT_SPREAD" if len(alive) >= len(self.cluster.nodes) > 1 else "PACK"
+        self.pg = placement_group(self._bundles(available), strategy=strategy, name=f"synctune-{self.cluster.name}")
+        ready, _ = ray.wait([self.pg.ready()], timeout=self.startup_timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(self.pg)
+            self.pg = None
+            raise SpecError(f"cluster {self.cluster.name!r}: Ray could not reserve a matching slice "
+                            f"({strategy}, bundles {self._bundles(available)}) within {self.startup_timeout_s:g} s; "
+                            f"available: {dict(available)}")
+        remote = ray.remote(_Worker)
+        ranks = []
+        for bundle_index, node in enumerate(self.cluster.nodes):
+            for _ in range(node.num_devices):
+                opts: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=bundle_index)}
+                if node.device_kind == "gpu":
+                    opts["num_gpus"] = 1
+                ranks.append(remote.options(**opts).remote(1))
+        self.actors = ranks
+        try:
+            master, port = ray.get(self.actors[0].address.remote(), timeout=self.startup_timeout_s)
+            world = len(self.actors)
+            self.pids = ray.get([a.init_group.remote(r, world, master, port, self.backend, self.collective_timeout_s)
+                                 for r, a in enumerate(self.actors)], timeout=self.startup_timeout_s)
+        except Exception:
+            self.shutdown()
+            raise
+        self.starts += 1
+
+    def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *,
+                  on_progress: Callable[[dict], None] | None = None) -> TrialResult:
+        """Run one trial on the group; a worker that dies or hangs ends it as failed/timeout
+        (and the group is torn down, to be restarted by the next trial)."""
+        import ray
+        from ray.util.queue import Queue
+
+        from ..engine.core import check_supported
+        from ..models.zoo import model_spec
+        from ..strategy.validate import validate
+
+        spec = model_spec(strategy.model["name"])
+        validate(strategy, spec, self.cluster)
+        check_supported(strategy, spec)
+        if list(strategy.replicas) != list(self.cluster.devices):
+            raise SpecError("the Ray worker group runs strategies whose replicas are every device of its cluster, "
+                            "in order")
+        start = time.monotonic()
+        self.start()
+        payload = {"strategy": strategy.to_dict(), "cluster": self.cluster.to_dict(), "config": asdict(config),
+                   "gpu_per_rank": False}
+        progress = Queue(actor_options={"num_cpus": 0}) if on_progress else None
+        refs = [a.run.remote(payload, progress) for a in self.actors]
+        deadline = start + config.timeout_s
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.2)
+                if progress is not None:
+                    for msg in progress.get_nowait_batch(progress.qsize()):
+                        on_progress(msg)
+                for ref in done:
+                    ray.get(ref)  # raises if that worker failed or died
+                if pending and time.monotonic() > deadline:
+                    self.shutdown()
+                    return failed_result("timeout", f"no result from {len(pending)} worker(s) after "
+                                         f"{config.timeout_s:g} s", strategy, self.cluster, config, "ray",
+                                         time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001 - a trial failure is a result, not an error
+            status, message = _describe_failure(exc, refs)
+            # A peer's death reaches the survivors as transport errors, often first: look for it.
+            ray.wait(refs, num_returns=len(refs), timeout=2.0)
+            for rank, ref in enumerate(refs):
+                try:
+                    ray.get(ref, timeout=0.1)
+                except ray.exceptions.RayActorError as died:
+                    status, message = "failed", f"rank {rank}: {_describe_failure(died, refs)[1]}; {message[:300]}"
+                    break
+                except Exception:  # noqa: BLE001 - other ranks' own errors or still running
+                    continue
+            self.shutdown()
+            return failed_result(status, message, strategy, self.cluster, config, "ray", time.monotonic() - start)
+        finally:
+            if progress is not None:
+                progress.shutdown()
+        out = ray.get(refs[0])
+        return result_from_rank0(out, strategy, self.cluster, config, "ray", time.monotonic() - start)
+
+    def shutdown(self) -> None:
+        """Kill the actors and release the placement group."""
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors = []
+        self.pids = []
+        if self.pg is not None:
+            try:
+                ray.util.remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001
+                pass
+            self.pg = None
+
+
+def _describe_failure(exc: BaseException, refs: list) -> tuple[str, str]:
+    from ray.exceptions import RayActorError, RayTaskError
+
+    from ..engine.local import classify_error
+
+    if isinstance(exc, RayActorError):
+        return "failed", f"a worker died: {str(exc).splitlines()[0][:500]}"
+    if isinstance(exc, RayTaskError):
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        return classify_error(cause), f"{type(cause).__name__}: {str(cause).splitlines()[0][:500]}"
+    return classify_error(exc), f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,103 @@
+"""Trials on local processes: results, and bounded failure when workers die, fail or hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from _engine_workers import failing_worker, hang_worker
+from synctune.cli import cli
+from synctune.engine import TrialConfig, run_trial_local
+from synctune.engine.local import WorkerFailure, classify_error, run_local
+from synctune.models import model_spec
+from synctune.spec import SpecError, cluster_preset
+from synctune.strategy import build_strategy
+
+
+def test_cli_trial_json_has_40_timed_iterations():
+    result = CliRunner().invoke(cli, ["trial", "--model", "bert-tiny", "--cluster", "local-2x2", "--builder", "ps-lb",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "ok" and data["launcher"] == "local" and data["num_workers"] == 4
+    times = data["iteration_times_s"]
+    assert len(times) == 40 and all(t > 0 for t in times)
+    assert data["mean_s"] == pytest.approx(sum(times) / 40)
+    assert min(times) <= data["median_s"] <= max(times)
+    assert data["samples_per_s"] == pytest.approx(32 / data["mean_s"])
+    assert data["comm_bytes_per_iter"] > 0 and data["peak_memory_bytes"] > 0
+
+
+def test_uneven_batch_split_and_progress_events():
+    cluster = cluster_preset("local-1x2")
+    strategy = build_strategy("allreduce", model_spec("cnn-small"), cluster)
+    strategy = type(strategy)(**{**strategy.__dict__, "batch_split": (3, 9)})
+    events = []
+    result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=3), on_progress=events.append)
+    assert result.status == "ok" and result.global_batch_size == 12
+    assert result.samples_per_s == pytest.approx(12 / result.mean_s)
+    assert sorted(e["rank"] for e in events if e["event"] == "started") == [0, 1]
+    assert [e["iteration"] for e in events if e["event"] == "iteration"] == [1, 2, 3, 4]
+
+
+def test_killed_worker_fails_the_trial_quickly():
+    cluster = cluster_preset("local-1x2")
+    strategy = build_strategy("ps-lb", model_spec("cnn-small"), cluster)
+    pids = {}
+
+    def on_progress(msg):
+        if msg["event"] == "started":
+            pids[msg["rank"]] = msg["pid"]
+        elif msg["event"] == "iteration" and msg["iteration"] == 3:
+            os.kill(pids[1], signal.SIGKILL)
+
+    start = time.monotonic()
+    result = run_trial_local(strategy, cluster, TrialConfig(warmup=2, iters=10_000, timeout_s=300),
+                             on_progress=on_progress)
+    assert result.status == "failed"
+    assert "rank 1 killed by SIGKILL" in result.error
+    assert time.monotonic() - start < 60
+
+
+def test_hung_peer_is_a_timeout_not_a_hang():
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        run_local(hang_worker, 2, (120.0,), timeout_s=8, collective_timeout_s=60)
+    assert info.value.status == "timeout"
+    assert "after 8 s" in info.value.message
+    assert time.monotonic() - start < 30
+
+
+def test_worker_exception_is_reported_with_its_rank_and_kind():
+    with pytest.raises(WorkerFailure) as info:
+        run_local(failing_worker, 2, (), timeout_s=60)
+    assert info.value.status == "oom"
+    assert info.value.message == "rank 1: MemoryError: simulated allocation failure"
+
+
+def test_classify_error():
+    assert classify_error(RuntimeError("CUDA out of memory. Tried to allocate")) == "oom"
+    assert classify_error(RuntimeError("[/gloo/transport/tcp/pair.cc] Timed out waiting 5000ms")) == "timeout"
+    assert classify_error(ValueError("bad shape")) == "failed"
+
+
+def test_unsupported_strategy_is_rejected_before_launch(tmp_path):
+    cluster = cluster_preset("local-1x2")
+    strategy = build_strategy("ps", model_spec("cnn-small"), cluster, staleness=1)
+    with pytest.raises(SpecError, match="staleness: 1 is not supported"):
+        run_trial_local(strategy, cluster)
+    path = tmp_path / "s.json"
+    path.write_text(strategy.to_json())
+    result = CliRunner().invoke(cli, ["trial", "-m", "cnn-small", "-c", "local-1x2", "-s", str(path)])
+    assert result.exit_code == 2 and "staleness: 1 is not supported" in result.stderr
+
+
+def test_gpu_preset_without_gpus_is_a_clear_error():
+    result = CliRunner().invoke(cli, ["trial", "-m", "cnn-small", "-c", "B4", "-b", "allreduce"])
+    assert result.exit_code == 2
+    assert "needs 4 GPU worker(s) and this machine has 0 GPU(s)" in result.stderr
