@@ -16,3 +16,18 @@ def zoo_specs():
     from synctune.models import MODELS, model_spec
 
     return {name: model_spec(name) for name in MODELS}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_data_home(tmp_path_factory):
+    """Tests never write into the user's synctune data folder or MLflow store."""
+    home = tmp_path_factory.mktemp("synctune-home")
+    saved = {k: os.environ.get(k) for k in ("SYNCTUNE_HOME", "MLFLOW_TRACKING_URI")}
+    os.environ["SYNCTUNE_HOME"] = str(home)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield home
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

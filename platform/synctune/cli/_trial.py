@@ -48,10 +48,13 @@ def _progress_bar(total_hint: int, label: str):
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
 @click.option("--ray-address", default="local", show_default=True,
               help="With --launcher ray: 'local' starts Ray on this machine, 'auto' joins a running cluster.")
+@click.option("--record/--no-record", default=True, show_default=True,
+              help="Log the trial to MLflow and append it to the dataset.")
+@click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str | None, options: tuple[str, ...],
               warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
-              ray_address: str, as_json: bool) -> None:
+              ray_address: str, record: bool, experiment: str, as_json: bool) -> None:
     """Run one trial: WARMUP + ITERS iterations of MODEL on CLUSTER under a strategy, timed.
 
     Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
@@ -91,6 +94,8 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
                 result = group.run_trial(strategy, config, on_progress=on_progress)
     finally:
         bar.close()
+    if record:
+        _record(result, strategy, model_spec, cluster_spec, builder or f"file:{strategy_file}", experiment)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
@@ -111,3 +116,16 @@ def _print_result(result, strategy) -> None:
         click.echo(f"traffic    {result.comm_bytes_per_iter / 2**20:.1f} MiB handed to collectives per iteration "
                    f"(all ranks)")
         click.echo(f"memory     {result.peak_memory_bytes / 2**20:.0f} MiB peak (largest rank)")
+
+
+def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str) -> None:
+    """MLflow first (for the run id), then the dataset row, which lands even if MLflow is down."""
+    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir
+
+    rec = TrialRecord.from_trial(result.to_dict(), strategy, model_spec, cluster_spec, origin=origin,
+                                 experiment=experiment)
+    run_id = MlflowLogger(experiment).log_trial(rec)
+    if run_id:
+        rec = type(rec)(**{**rec.__dict__, "mlflow_run_id": run_id})
+    TrialDataset(dataset_dir()).append([rec])
+    echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

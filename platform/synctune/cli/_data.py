@@ -1,0 +1,157 @@
+"""``synctune dataset ...``, ``synctune mlflow sync`` and ``synctune ui``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..spec.errors import SpecError
+from . import cli
+from ._common import echo_err, table
+
+
+def _dataset(path: str | None):
+    from ..data import TrialDataset, dataset_dir
+
+    return TrialDataset(path or dataset_dir())
+
+
+_data_option = click.option("--data", "data_path", metavar="DIR",
+                            help="Dataset folder (default: the dataset in the synctune data folder).")
+
+
+@cli.group("dataset")
+def dataset_group() -> None:
+    """The (model, cluster, strategy, runtime) dataset: stats, export, publish and pull."""
+
+
+@dataset_group.command("path")
+@_data_option
+def path_cmd(data_path: str | None) -> None:
+    """Print where the dataset and the MLflow store are."""
+    from ..data import default_tracking_uri
+
+    click.echo(f"dataset  {_dataset(data_path).root}")
+    click.echo(f"mlflow   {default_tracking_uri()}")
+
+
+@dataset_group.command("stats")
+@_data_option
+def stats_cmd(data_path: str | None) -> None:
+    """Rows per model x cluster, statuses, and the best mean iteration time per domain."""
+    ds = _dataset(data_path)
+    stats = ds.stats()
+    if stats.empty:
+        click.echo(f"{ds.root}: no records")
+        return
+    rows = [[r.model, r.cluster, r.rows, r.ok, r.failed, r.timeout, r.oom,
+             f"{r.best_mean_s * 1e3:.1f}" if r.best_mean_s == r.best_mean_s and r.best_mean_s is not None else "-",
+             r.best_origin] for r in stats.itertuples()]
+    click.echo(table(["model", "cluster", "rows", "ok", "failed", "timeout", "oom", "best ms", "best origin"], rows,
+                     right=[2, 3, 4, 5, 6, 7]))
+    click.echo(f"{int(stats['rows'].sum())} rows in {len(stats)} domain(s) at {ds.root}")
+
+
+@dataset_group.command("export")
+@_data_option
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), required=True)
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="File to write.")
+@click.option("--model", help="Only this model.")
+@click.option("--cluster", help="Only this cluster.")
+@click.option("--status", type=click.Choice(["ok", "failed", "timeout", "oom"]), help="Only this status.")
+def export_cmd(data_path, fmt, output, model, cluster, status) -> None:
+    """Write the (filtered) dataset to one CSV or Parquet file."""
+    import json
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from ..spec._util import write_text_atomic
+
+    ds = _dataset(data_path)
+    tbl = ds.table(model=model, cluster=cluster, status=status)
+    out = Path(output)
+    if not out.parent.is_dir():
+        raise SpecError(f"{output}: folder {out.parent} does not exist")
+    if fmt == "parquet":
+        tmp = out.with_name(f".tmp-{out.name}")
+        pq.write_table(tbl, tmp)
+        tmp.replace(out)
+    else:
+        df = tbl.to_pandas()
+        for col in ("compressors", "iteration_times_s"):
+            df[col] = [json.dumps(list(v) if v is not None else []) for v in df[col]]
+        write_text_atomic(out, df.to_csv(index=False))
+    echo_err(f"wrote {tbl.num_rows} rows to {output}")
+
+
+@dataset_group.command("push")
+@_data_option
+@click.argument("dest")
+@click.option("--name", help="Release name recorded in the manifest (default: release-<date>).")
+def push_cmd(data_path: str | None, dest: str, name: str | None) -> None:
+    """Publish the dataset as a release (Parquet files + manifest.json) to DEST: a folder or s3://."""
+    from ..data import push_release
+
+    manifest = push_release(_dataset(data_path), dest, name=name)
+    click.echo(f"pushed {manifest['total_rows']} rows in {len(manifest['files'])} file(s) to {dest} "
+               f"(release {manifest['name']})")
+
+
+@dataset_group.command("pull")
+@_data_option
+@click.argument("source")
+def pull_cmd(data_path: str | None, source: str) -> None:
+    """Verify the release at SOURCE (folder, http(s)://, s3://) and merge it into the dataset."""
+    from ..data import pull_release
+
+    counts = pull_release(source, _dataset(data_path))
+    click.echo(f"pulled {counts['rows']} rows in {counts['files']} file(s) from {source}: "
+               f"{counts['new_rows']} new, {counts['rows'] - counts['new_rows']} already present")
+
+
+@cli.group("mlflow")
+def mlflow_group() -> None:
+    """MLflow housekeeping."""
+
+
+@mlflow_group.command("sync")
+@_data_option
+@click.option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or the SQLite store).")
+def sync_cmd(data_path: str | None, tracking_uri: str | None) -> None:
+    """Log to MLflow every dataset record that has no run there yet (e.g. after an outage)."""
+    from ..data import sync_records
+
+    try:
+        counts = sync_records(_dataset(data_path).records(), tracking_uri)
+    except ConnectionError as exc:
+        raise SpecError(str(exc)) from None
+    click.echo(f"logged {counts['logged']} run(s); {counts['present']} were already in MLflow")
+
+
+@cli.command("ui")
+@click.option("--port", default=5000, show_default=True)
+@click.option("--tracking-uri", help="Backend store (default: $MLFLOW_TRACKING_URI or the SQLite store).")
+def ui_cmd(port: int, tracking_uri: str | None) -> None:
+    """Start the MLflow UI for synctune's store on 127.0.0.1 (Ctrl-C stops it)."""
+    from ..data import artifact_root, default_tracking_uri
+
+    uri = tracking_uri or default_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        raise SpecError(f"{uri} is a tracking server already: open it in a browser")
+    artifact_root().mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+            "--port", str(port), "--artifacts-destination", str(artifact_root())]
+    echo_err(f"MLflow UI for {uri} at http://127.0.0.1:{port}")
+    sys.stdout.flush()
+    os.execv(sys.executable, args)
+
+
+@dataset_group.command("compact")
+@_data_option
+def compact_cmd(data_path: str | None) -> None:
+    """Rewrite each partition as one file without duplicates (safe while others read or append)."""
+    counts = _dataset(data_path).compact()
+    click.echo(f"{counts['rows']} rows: {counts['files_before']} file(s) -> {counts['files_after']}")

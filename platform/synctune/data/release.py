@@ -1,0 +1,194 @@
+"""Dataset releases: Parquet files plus ``manifest.json`` (schema version, row counts, sha256 of
+every file), pushed to and pulled from a local folder, ``http(s)://`` (pull) or ``s3://``.
+
+A pull downloads into a temporary folder, verifies every file's checksum and row count, and
+only then merges the rows into the local dataset (without duplicates): a corrupted or
+tampered release is refused and the local dataset stays exactly as it was. A push writes the
+data files first and the manifest last, so a reader never sees a manifest naming missing files.
+
+S3 locations take pyarrow's options in the query string, e.g.
+``s3://bucket/releases/v0.1?endpoint_override=127.0.0.1:9000&scheme=http``; credentials come
+from the usual AWS environment variables.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..spec.errors import SpecError
+from .record import RECORD_SCHEMA_VERSION
+from .store import TrialDataset
+
+__all__ = ["MANIFEST", "FORMAT", "push_release", "pull_release", "read_manifest"]
+
+MANIFEST = "manifest.json"
+FORMAT = "synctune-dataset-release"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _Location:
+    """Read/write bytes under a local folder, an http(s) URL (read-only) or an S3 prefix."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        parts = urlsplit(where)
+        self.kind = parts.scheme if parts.scheme in ("http", "https", "s3") else "local"
+        if self.kind == "s3":
+            from pyarrow import fs
+
+            try:
+                self.fs, self.base = fs.FileSystem.from_uri(where)
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types here
+                raise SpecError(f"{where}: not a usable S3 location: {exc}") from None
+            self.base = self.base.rstrip("/")
+        elif self.kind in ("http", "https"):
+            self.base = where.split("?", 1)[0].rstrip("/")
+        else:
+            self.base = str(Path(where))
+
+    def read(self, rel: str, timeout_s: float = 60.0) -> bytes:
+        try:
+            if self.kind == "local":
+                return (Path(self.base) / rel).read_bytes()
+            if self.kind == "s3":
+                with self.fs.open_input_stream(f"{self.base}/{rel}") as fh:
+                    return fh.read()
+            import urllib.error
+            import urllib.request
+
+            try:
+                with urllib.request.urlopen(f"{self.base}/{rel}", timeout=timeout_s) as resp:  # noqa: S310
+                    return resp.read()
+            except urllib.error.HTTPError as exc:
+                raise SpecError(f"{self.base}/{rel}: HTTP {exc.code} {exc.reason}") from None
+            except urllib.error.URLError as exc:
+                raise SpecError(f"{self.base}/{rel}: cannot connect: {exc.reason}") from None
+        except FileNotFoundError:
+            raise SpecError(f"{self.where}: no file {rel!r}") from None
+        except OSError as exc:
+            raise SpecError(f"{self.where}: cannot read {rel!r}: {exc}") from None
+
+    def write(self, rel: str, data: bytes) -> None:
+        if self.kind in ("http", "https"):
+            raise SpecError(f"{self.where}: cannot push to http(s); push to a folder or s3:// and serve that")
+        try:
+            if self.kind == "local":
+                path = Path(self.base) / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".tmp-{path.name}")
+                tmp.write_bytes(data)
+                tmp.replace(path)
+            else:
+                with self.fs.open_output_stream(f"{self.base}/{rel}") as fh:
+                    fh.write(data)
+        except OSError as exc:
+            raise SpecError(f"{self.where}: cannot write {rel!r}: {exc}") from None
+
+
+def read_manifest(source: str) -> dict[str, Any]:
+    """The validated manifest of the release at ``source``."""
+    loc = _Location(source)
+    try:
+        manifest = json.loads(loc.read(MANIFEST))
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{source}: {MANIFEST} is malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SpecError(f"{source}: {MANIFEST} is not a synctune dataset manifest (format {FORMAT!r})")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > RECORD_SCHEMA_VERSION:
+        raise SpecError(f"{source}: release schema version {version!r} is newer than this synctune's "
+                        f"({RECORD_SCHEMA_VERSION}); upgrade synctune")
+    files = manifest.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, dict) and {"path", "rows", "sha256"} <= set(f)
+                                               for f in files):
+        raise SpecError(f"{source}: {MANIFEST}: files: expected a list of {{path, rows, sha256}}")
+    for f in files:
+        if f["path"].startswith("/") or ".." in Path(f["path"]).parts:
+            raise SpecError(f"{source}: {MANIFEST}: file path {f['path']!r} leaves the release")
+    return manifest
+
+
+def push_release(dataset: TrialDataset, dest: str, *, name: str | None = None) -> dict[str, Any]:
+    """Write the dataset as a release at ``dest``; returns the manifest."""
+    import pyarrow.parquet as pq
+
+    table = dataset.table()
+    if table.num_rows == 0:
+        raise SpecError(f"{dataset.root}: the dataset is empty, nothing to push")
+    loc = _Location(dest)
+    files = []
+    pairs = sorted(set(zip(table.column("model_name").to_pylist(), table.column("cluster_name").to_pylist())))
+    import pyarrow.compute as pc
+
+    from .store import _segment
+
+    for model, cluster in pairs:
+        part = table.filter(pc.and_(pc.equal(table.column("model_name"), model),
+                                    pc.equal(table.column("cluster_name"), cluster)))
+        buf = io.BytesIO()
+        pq.write_table(part, buf)
+        data = buf.getvalue()
+        rel = f"data/{_segment('model', model)}/{_segment('cluster', cluster)}/part-0.parquet"
+        loc.write(rel, data)
+        files.append({"path": rel, "rows": part.num_rows, "bytes": len(data), "sha256": _sha256(data),
+                      "model": model, "cluster": cluster})
+    manifest = {
+        "format": FORMAT,
+        "name": name or f"release-{datetime.date.today().isoformat()}",
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "total_rows": table.num_rows,
+        "files": files,
+    }
+    loc.write(MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
+    """Verify the release at ``source`` and merge it into ``dataset``.
+
+    Returns ``{"files", "rows", "new_rows"}``. Raises :class:`SpecError` naming the file on
+    any checksum, size or format problem, before anything is merged.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = read_manifest(source)
+    loc = _Location(source)
+    staging = Path(tempfile.mkdtemp(prefix="synctune-pull-"))
+    try:
+        tables = []
+        for entry in manifest["files"]:
+            data = loc.read(entry["path"])
+            digest = _sha256(data)
+            if digest != entry["sha256"]:
+                raise SpecError(f"{source}: {entry['path']}: checksum mismatch (manifest sha256 "
+                                f"{entry['sha256'][:16]}..., file {digest[:16]}...); refused, the local dataset "
+                                f"is unchanged")
+            local = staging / entry["path"]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(data)
+            try:
+                table = pq.read_table(local)
+            except Exception as exc:  # noqa: BLE001 - any Parquet decoding error
+                raise SpecError(f"{source}: {entry['path']}: not a readable Parquet file: {exc}") from None
+            if table.num_rows != entry["rows"]:
+                raise SpecError(f"{source}: {entry['path']}: {table.num_rows} rows, manifest says {entry['rows']}; "
+                                f"refused, the local dataset is unchanged")
+            tables.append(table)
+        merged = pa.concat_tables(tables, promote_options="default") if tables else None
+        new_rows = dataset.append_table(merged, skip_existing=True) if merged is not None else 0
+        return {"files": len(tables), "rows": sum(t.num_rows for t in tables), "new_rows": new_rows}
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,283 @@
+"""The Parquet dataset: concurrent appends, crash safety, dedup, schema evolution, filters,
+stats and export; releases pushed and pulled over a folder, http and S3, with checksums."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import http.server
+import json
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from synctune.cli import cli
+from synctune.data import RECORD_SCHEMA_VERSION, TrialDataset, TrialRecord, pull_release, push_release
+from synctune.engine.local import free_port
+from synctune.models import model_spec
+from synctune.spec import SpecError, cluster_preset
+from synctune.strategy import build_strategy
+
+BUILDERS = ("ps-lb", "allreduce", "parallax", "ps")
+
+
+@functools.lru_cache(maxsize=None)
+def _template(model: str, cluster: str, builder: str) -> TrialRecord:
+    spec, cl = model_spec(model), cluster_preset(cluster)
+    strategy = build_strategy(builder, spec, cl)
+    result = {"status": "ok", "iteration_times_s": [0.1, 0.12, 0.11], "mean_s": 0.11, "median_s": 0.11,
+              "std_s": 0.008, "samples_per_s": 290.0, "comm_bytes_per_iter": 4096, "peak_memory_bytes": 2**28,
+              "backend": "gloo", "device_kind": "cpu", "launcher": "local", "warmup": 1, "iters": 3}
+    return TrialRecord.from_trial(result, strategy, spec, cl, origin=builder, search_id="s", trial_id="t")
+
+
+def make_records(n: int, *, writer: int = 0, model: str = "cnn-small", cluster: str = "local-1x2",
+                 status: str = "ok") -> list[TrialRecord]:
+    """Distinct records (trial ids differ) around the template of a real strategy."""
+    out = []
+    for i in range(n):
+        base = _template(model, cluster, BUILDERS[i % len(BUILDERS)])
+        out.append(dataclasses.replace(base, record_id=f"w{writer}-r{i}", search_id=f"search-{writer}",
+                                       trial_id=f"trial-{i}", mean_s=0.1 + i * 1e-3, status=status,
+                                       created_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+                                       + datetime.timedelta(seconds=i)))
+    return out
+
+
+def _writer(root: str, writer: int, n: int) -> None:
+    ds = TrialDataset(root)
+    for rec in make_records(n, writer=writer):  # one append per record: many small files, many races
+        ds.append([rec])
+
+
+def test_ten_concurrent_writers_leave_exactly_1000_rows(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 100)) for w in range(10)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    ds = TrialDataset(tmp_path)
+    df = ds.read()
+    assert len(df) == 1000
+    assert df["record_id"].nunique() == 1000
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def _slow_writer(root: str) -> None:
+    ds = TrialDataset(root)
+    batch = 0
+    while True:
+        ds.append(make_records(500, writer=1000 + batch))
+        batch += 1
+
+
+def test_writer_killed_mid_append_leaves_a_readable_dataset(tmp_path):
+    ds = TrialDataset(tmp_path)
+    ds.append(make_records(50, writer=1))
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_slow_writer, args=(str(tmp_path),))
+    proc.start()
+    until = time.monotonic() + 120
+    while not ds.files()[1:] and time.monotonic() < until:  # let it commit at least one batch
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=30)
+    df = TrialDataset(tmp_path).read()
+    assert len(df) >= 550 and (len(df) - 50) % 500 == 0  # whole batches only, never a partial file
+    assert set(make_records(50, writer=1)[0].record_id for _ in [0]) <= set(df["record_id"])
+
+
+def test_duplicates_are_skipped_and_filters_work(tmp_path):
+    ds = TrialDataset(tmp_path)
+    recs = make_records(8) + make_records(4, model="ncf-small", cluster="local-2x2", status="failed")
+    assert ds.append(recs) == 12
+    assert ds.append(recs[:5] + recs[:5]) == 5  # deduplicated within the batch
+    assert len(ds.read()) == 12  # and on read
+    assert ds.append(recs[:5], skip_existing=True) == 0
+    assert ds.compact() == {"files_before": 3, "files_after": 2, "rows": 12}
+    assert len(ds.read()) == 12 and len(ds.table().to_pylist()) == 12
+    assert len(ds.read(model="ncf-small")) == 4
+    assert len(ds.read(cluster="local-1x2", status="ok")) == 8
+    assert ds.read(status="oom").empty
+    back = ds.records(model="cnn-small")
+    assert sorted(r.record_id for r in back) == sorted(r.record_id for r in recs[:8])
+    assert back[0].iteration_times_s == (0.1, 0.12, 0.11)
+    stats = ds.stats().set_index("model")
+    assert stats.loc["ncf-small", "failed"] == 4 and stats.loc["cnn-small", "best_mean_s"] == pytest.approx(0.1)
+    paths = {p.relative_to(tmp_path).parts[:2] for p in ds.files()}
+    assert paths == {("model=cnn-small", "cluster=local-1x2"), ("model=ncf-small", "cluster=local-2x2")}
+
+
+def test_older_schema_rows_read_with_nulls(tmp_path):
+    """Schema evolution: a file written before a column existed still reads, the column null."""
+    ds = TrialDataset(tmp_path)
+    table = pa.Table.from_pylist([r.to_row() for r in make_records(3)])
+    old = table.drop_columns(["predicted_time_s", "experiment"]).set_column(
+        table.schema.get_field_index("schema_version") - 2, "schema_version", pa.array([0, 0, 0], pa.int32()))
+    assert ds.append_table(old) == 3
+    ds.append(make_records(2, writer=9))
+    df = ds.read()
+    assert len(df) == 5
+    assert df["predicted_time_s"].isna().all()
+    assert sorted(df["schema_version"].tolist()) == [0, 0, 0, 1, 1]
+    newer = old.set_column(old.schema.get_field_index("schema_version"), "schema_version",
+                           pa.array([RECORD_SCHEMA_VERSION + 1] * 3, pa.int32()))
+    with pytest.raises(SpecError, match="newer than this synctune"):
+        ds.append_table(newer)
+
+
+def test_export_csv_and_parquet(tmp_path):
+    home = tmp_path / "ds"
+    TrialDataset(home).append(make_records(5))
+    runner = CliRunner()
+    out = tmp_path / "all.csv"
+    res = runner.invoke(cli, ["dataset", "export", "--data", str(home), "--format", "csv", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = out.read_text().splitlines()
+    assert len(lines) == 6 and "iteration_times_s" in lines[0] and "[0.1, 0.12, 0.11]" in lines[1]
+    pq_out = tmp_path / "ok.parquet"
+    res = runner.invoke(cli, ["dataset", "export", "--data", str(home), "--format", "parquet", "-o", str(pq_out),
+                              "--status", "ok"])
+    assert res.exit_code == 0 and pq.read_table(pq_out).num_rows == 5
+
+
+# ----------------------------------------------------------------------------------- releases
+
+
+def _populated(tmp_path) -> TrialDataset:
+    ds = TrialDataset(tmp_path / "source")
+    ds.append(make_records(6) + make_records(3, model="bert-tiny", cluster="local-2x2"))
+    return ds
+
+
+def _stats_rows(ds: TrialDataset) -> list:
+    return ds.stats().to_dict("records")
+
+
+def test_push_and_pull_through_a_folder(tmp_path):
+    src = _populated(tmp_path)
+    manifest = push_release(src, str(tmp_path / "rel"), name="v-test")
+    assert manifest["total_rows"] == 9 and len(manifest["files"]) == 2
+    on_disk = json.loads((tmp_path / "rel" / "manifest.json").read_text())
+    assert on_disk == manifest
+    dst = TrialDataset(tmp_path / "empty")
+    assert pull_release(str(tmp_path / "rel"), dst) == {"files": 2, "rows": 9, "new_rows": 9}
+    assert _stats_rows(dst) == _stats_rows(src)
+    assert pull_release(str(tmp_path / "rel"), dst)["new_rows"] == 0  # merging twice adds nothing
+
+
+def test_tampered_release_is_refused_and_local_data_unchanged(tmp_path):
+    src = _populated(tmp_path)
+    manifest = push_release(src, str(tmp_path / "rel"))
+    dst = TrialDataset(tmp_path / "local")
+    dst.append(make_records(2, writer=7))
+    before = sorted(p.name for p in dst.files())
+    victim = tmp_path / "rel" / manifest["files"][1]["path"]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01  # flip one bit
+    victim.write_bytes(bytes(data))
+    with pytest.raises(SpecError, match=r"part-0.parquet: checksum mismatch .* the local dataset is unchanged"):
+        pull_release(str(tmp_path / "rel"), dst)
+    assert sorted(p.name for p in dst.files()) == before and len(dst.read()) == 2
+    res = CliRunner().invoke(cli, ["dataset", "pull", "--data", str(dst.root), str(tmp_path / "rel")])
+    assert res.exit_code == 2 and res.stderr.startswith("synctune: error: ") and "checksum mismatch" in res.stderr
+
+
+def test_bad_manifests_are_refused(tmp_path):
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    ds = TrialDataset(tmp_path / "d")
+    with pytest.raises(SpecError, match="no file 'manifest.json'"):
+        pull_release(str(rel), ds)
+    (rel / "manifest.json").write_text("{oops")
+    with pytest.raises(SpecError, match="malformed JSON"):
+        pull_release(str(rel), ds)
+    (rel / "manifest.json").write_text(json.dumps({"format": "synctune-dataset-release", "schema_version": 1,
+                                                   "files": [{"path": "../../etc/passwd", "rows": 1, "sha256": "x"}]}))
+    with pytest.raises(SpecError, match="leaves the release"):
+        pull_release(str(rel), ds)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_pull_over_http(tmp_path):
+    src = _populated(tmp_path)
+    push_release(src, str(tmp_path / "rel"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/rel"
+        dst = TrialDataset(tmp_path / "dst")
+        res = CliRunner().invoke(cli, ["dataset", "pull", "--data", str(dst.root), url])
+        assert res.exit_code == 0, res.output
+        assert "9 rows in 2 file(s)" in res.output and _stats_rows(dst) == _stats_rows(src)
+        res = CliRunner().invoke(cli, ["dataset", "pull", "--data", str(dst.root), url + "/missing"])
+        assert res.exit_code == 2 and "HTTP 404" in res.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture()
+def s3_server(monkeypatch):
+    moto_server = pytest.importorskip("moto.server", reason="moto is not installed")
+    boto3 = pytest.importorskip("boto3")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    endpoint = f"127.0.0.1:{port}"
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1")
+    client.create_bucket(Bucket="synctune-releases")
+    try:
+        yield endpoint, client
+    finally:
+        server.stop()
+
+
+def test_push_to_s3_pull_into_empty_dir_and_tamper(tmp_path, s3_server):
+    endpoint, client = s3_server
+    src = _populated(tmp_path)
+    uri = f"s3://synctune-releases/v0.1?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+    runner = CliRunner()
+    res = runner.invoke(cli, ["dataset", "push", "--data", str(src.root), uri, "--name", "v0.1"])
+    assert res.exit_code == 0, res.output
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="synctune-releases")["Contents"])
+    assert "v0.1/manifest.json" in keys and len(keys) == 3
+
+    dst = TrialDataset(tmp_path / "fresh")
+    res = runner.invoke(cli, ["dataset", "pull", "--data", str(dst.root), uri])
+    assert res.exit_code == 0, res.output
+    assert _stats_rows(dst) == _stats_rows(src)
+    stats_before = runner.invoke(cli, ["dataset", "stats", "--data", str(dst.root)]).output
+    assert stats_before == runner.invoke(cli, ["dataset", "stats", "--data", str(src.root)]).output.replace(
+        str(src.root), str(dst.root))
+
+    key = next(k for k in keys if k.endswith(".parquet"))
+    body = bytearray(client.get_object(Bucket="synctune-releases", Key=key)["Body"].read())
+    body[100] ^= 0xFF
+    client.put_object(Bucket="synctune-releases", Key=key, Body=bytes(body))
+    other = TrialDataset(tmp_path / "other")
+    other.append(make_records(1, writer=5))
+    res = runner.invoke(cli, ["dataset", "pull", "--data", str(other.root), uri])
+    assert res.exit_code == 2 and "checksum mismatch" in res.stderr
+    assert len(other.read()) == 1
+    assert runner.invoke(cli, ["dataset", "stats", "--data", str(dst.root)]).output == stats_before
