@@ -155,3 +155,64 @@ def compact_cmd(data_path: str | None) -> None:
     """Rewrite each partition as one file without duplicates (safe while others read or append)."""
     counts = _dataset(data_path).compact()
     click.echo(f"{counts['rows']} rows: {counts['files_before']} file(s) -> {counts['files_after']}")
+
+
+@dataset_group.command("collect")
+@_data_option
+@click.option("--model", "-m", "models", multiple=True, required=True, help="Zoo model (repeatable).")
+@click.option("--cluster", "-c", "clusters", multiple=True, required=True,
+              help="Local (CPU) cluster preset or spec file (repeatable).")
+@click.option("--random", "num_random", default=50, show_default=True, help="Random strategies per domain.")
+@click.option("--builders/--no-builders", default=True, show_default=True, help="Also run every builder.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--warmup", default=3, show_default=True)
+@click.option("--iters", default=10, show_default=True)
+@click.option("--mlflow/--no-mlflow", "use_mlflow", default=False, show_default=True,
+              help="Also log every trial to MLflow (experiment collect-<model>@<cluster>).")
+def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup, iters, use_mlflow) -> None:
+    """Measure builders and random strategies for real on local clusters and add them to the dataset.
+
+    Trials of one domain share one process group (start-up paid once); each row lands as soon
+    as its trial ends, so an interrupted collection keeps what it measured.
+    """
+    from tqdm import tqdm
+
+    from ..data import MlflowLogger, TrialRecord
+    from ..engine.trial import TrialConfig, run_trials_local
+    from ..search.sampler import RandomSampler
+    from ..strategy import BUILDERS, build_strategy
+    from ._common import resolve_cluster_arg, resolve_model
+
+    ds = _dataset(data_path)
+    config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
+    for model_name in models:
+        spec = resolve_model(model_name)
+        for cluster_name in clusters:
+            cluster = resolve_cluster_arg(cluster_name)
+            strategies, origins = [], []
+            if builders:
+                for b in BUILDERS:
+                    strategies.append(build_strategy(b, spec, cluster))
+                    origins.append(b)
+            strategies += RandomSampler(spec, cluster, seed=seed).sample_many(num_random)
+            origins += ["random"] * num_random
+            search_id = f"collect-{spec.name}@{cluster.name}-seed{seed}"
+            logger = MlflowLogger(f"collect-{spec.name}@{cluster.name}") if use_mlflow else None
+            parent = logger.start_search(search_id, {"model": spec.name, "cluster": cluster.name}) if logger else ""
+            bar = tqdm(total=len(strategies), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
+
+            def on_result(i, result, spec=spec, cluster=cluster, search_id=search_id, logger=logger, parent=parent,
+                          bar=bar, strategies=strategies, origins=origins):
+                rec = TrialRecord.from_trial(result.to_dict(), strategies[i], spec, cluster, origin=origins[i],
+                                             search_id=search_id, trial_id=f"{i:04d}",
+                                             experiment=logger.experiment if logger else "")
+                if logger:
+                    run_id = logger.log_trial(rec, parent_run_id=parent)
+                    rec = type(rec)(**{**rec.__dict__, "mlflow_run_id": run_id})
+                ds.append([rec])
+                bar.update(1)
+
+            results = run_trials_local(strategies, cluster, config, on_result=on_result)
+            bar.close()
+            ok = sum(r.status == "ok" for r in results)
+            click.echo(f"{spec.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")

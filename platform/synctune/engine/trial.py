@@ -19,7 +19,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..strategy.schema import Strategy
 
-__all__ = ["TrialConfig", "TrialResult", "run_trial_local", "trial_worker", "STATUSES"]
+__all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "STATUSES"]
 
 #: Every trial ends in one of these.
 STATUSES = ("ok", "failed", "timeout", "oom")
@@ -121,6 +121,32 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     """The body of one rank of a trial (runs inside a process of the group)."""
     import os
 
+    from .local import report
+
+    report({"event": "started", "rank": rank, "pid": os.getpid()})
+    return _measure(rank, world, Strategy.from_dict(payload["strategy"]), ClusterSpec.from_dict(payload["cluster"]),
+                    TrialConfig(**payload["config"]), payload.get("gpu_per_rank", True))
+
+
+def trials_worker(rank: int, world: int, payload: dict) -> int:
+    """Several trials in one process group, one after another; rank 0 reports each result as it
+    completes (event ``trial_done``), so finished trials survive a later failure."""
+    import os
+
+    from .local import report
+
+    report({"event": "started", "rank": rank, "pid": os.getpid()})
+    cluster = ClusterSpec.from_dict(payload["cluster"])
+    config = TrialConfig(**payload["config"])
+    for index, strategy in enumerate(payload["strategies"]):
+        out = _measure(rank, world, Strategy.from_dict(strategy), cluster, config, True, progress=False)
+        if rank == 0:
+            report({"event": "trial_done", "index": payload["first_index"] + index, "out": out})
+    return len(payload["strategies"])
+
+
+def _measure(rank: int, world: int, strategy: Strategy, cluster: ClusterSpec, config: TrialConfig,
+             gpu_per_rank: bool, progress: bool = True) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -128,19 +154,13 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     from .core import StrategyEngine
     from .local import report
 
-    report({"event": "started", "rank": rank, "pid": os.getpid()})
-
-    strategy = Strategy.from_dict(payload["strategy"])
-    cluster = ClusterSpec.from_dict(payload["cluster"])
-    config = TrialConfig(**payload["config"])
     name = strategy.model["name"]
     spec = model_spec(name)
     node = cluster.node_of(strategy.replicas[rank])
     if node.device_kind == "gpu":
         # Local launches own every GPU of the machine (rank r takes GPU r); a Ray actor sees only
         # the GPU Ray gave it, as index 0.
-        index = rank if payload.get("gpu_per_rank", True) else 0
-        device = torch.device("cuda", index)
+        device = torch.device("cuda", rank if gpu_per_rank else 0)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -169,7 +189,7 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
             comm.append(engine.take_comm_bytes())
         else:
             engine.take_comm_bytes()
-        if rank == 0:
+        if rank == 0 and progress:
             report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss.detach())})
     t = torch.tensor(times, dtype=torch.float64)
     gathered = [torch.zeros_like(t) for _ in range(world)]
@@ -245,3 +265,55 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
                              time.monotonic() - start)
     return result_from_rank0(outs[0], strategy, cluster, config, "local", time.monotonic() - start)
 
+
+
+def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,
+                     on_result: Callable[[int, TrialResult], None] | None = None) -> list[TrialResult]:
+    """Run many trials of one cluster on one local process group, in order.
+
+    Start-up (spawn, imports, rendezvous) is paid once per group, not per trial. If a trial
+    fails, it gets its failure as result and the remaining trials continue in a fresh group.
+    ``on_result(index, result)`` is called as each trial finishes.
+    """
+    from ..models.zoo import model_spec
+    from ..strategy.validate import validate
+    from .core import check_supported
+    from .local import WorkerFailure, run_local
+
+    if any(cluster.node_of(d).device_kind != "cpu" for s in strategies for d in s.replicas):
+        raise SpecError("run_trials_local runs CPU clusters; use run_trial_local or a Ray worker group for GPUs")
+    for s in strategies:
+        spec = model_spec(s.model["name"])
+        validate(s, spec, cluster)
+        check_supported(s, spec)
+    results: dict[int, TrialResult] = {}
+    pending = list(range(len(strategies)))
+    while pending:
+        first = pending[0]
+        group = [strategies[i] for i in pending]
+        start = time.monotonic()
+        last = [start]
+
+        def on_progress(_rank, msg):
+            if msg.get("event") == "trial_done":
+                i = msg["index"]
+                now = time.monotonic()
+                results[i] = result_from_rank0(msg["out"], strategies[i], cluster, config, "local", now - last[0])
+                last[0] = now
+                if on_result:
+                    on_result(i, results[i])
+
+        payload = {"strategies": [s.to_dict() for s in group], "cluster": cluster.to_dict(),
+                   "config": asdict(config), "first_index": first}
+        world = len(group[0].replicas)
+        try:
+            run_local(trials_worker, world, (payload,), timeout_s=config.timeout_s * len(group),
+                      collective_timeout_s=config.collective_timeout_s, on_progress=on_progress)
+        except WorkerFailure as failure:
+            culprit = next(i for i in pending if i not in results)
+            results[culprit] = failed_result(failure.status, failure.message, strategies[culprit], cluster, config,
+                                             "local", time.monotonic() - last[0])
+            if on_result:
+                on_result(culprit, results[culprit])
+        pending = [i for i in pending if i not in results]
+    return [results[i] for i in range(len(strategies))]

@@ -257,4 +257,5 @@ def model_spec(name: str) -> ModelSpec:
     def run_step(m):
         return m(*entry.batch(2, None, "meta"))
 
-    return extract_model_spec(module, name=name, batch_size=entry.batch_size, family=entry.family, run_step=run_step)
+    return extract_model_spec(module, name=name, batch_size=entry.batch_size, family=entry.family, run_step=run_step,
+                              step_batch=2)

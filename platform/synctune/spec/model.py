@@ -102,6 +102,7 @@ class ModelSpec:
     batch_size: int = 32
     family: str = ""
     compute_profile: tuple[float, ...] | None = None
+    flops_per_sample: float | None = None
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +163,8 @@ class ModelSpec:
         }
         if self.compute_profile is not None:
             out["compute_profile"] = list(self.compute_profile)
+        if self.flops_per_sample is not None:
+            out["flops_per_sample"] = self.flops_per_sample
         return out
 
     @classmethod
@@ -181,6 +184,7 @@ class ModelSpec:
             batch_size=data.get("batch_size", 32),
             variables=tuple(VariableSpec.from_dict(v, f"{where}: variables[{i}]") for i, v in enumerate(variables)),
             compute_profile=tuple(profile) if profile is not None else None,
+            flops_per_sample=data.get("flops_per_sample"),
         )
 
     @property
@@ -233,12 +237,15 @@ def extract_model_spec(
     batch_size: int = 32,
     family: str = "",
     run_step: Callable[[Any], Any] | None = None,
+    step_batch: int = 0,
 ) -> ModelSpec:
     """Build a :class:`ModelSpec` from an ``nn.Module`` (best built on ``torch.device('meta')``).
 
     ``run_step(module) -> loss`` runs one forward pass on meta tensors; if given, the
     variable order is the real order of gradient accumulation in backward (what the
-    engine's hooks will see); otherwise it is the reverse of registration order.
+    engine's hooks will see); otherwise it is the reverse of registration order. With
+    ``step_batch`` (the batch size ``run_step`` uses), the step's FLOPs are counted and stored
+    as ``flops_per_sample`` (the simulator's compute term).
     """
     import torch
 
@@ -247,9 +254,15 @@ def extract_model_spec(
         raise SpecError(f"model {name!r}: it has no trainable parameters")
     sparse = _sparse_parameter_names(module)
     order = None
+    flops = None
     if run_step is not None:
-        with torch.enable_grad():
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with torch.enable_grad(), counter:
             order = _backward_order(module, params, run_step)
+        if order is not None and step_batch > 0:
+            flops = float(counter.get_total_flops()) / step_batch
     if order is None:
         order = [n for n, _ in reversed(params)]
     by_name = dict(params)
@@ -258,5 +271,6 @@ def extract_model_spec(
         p = by_name[n]
         dtype = str(p.dtype).removeprefix("torch.")
         variables.append(VariableSpec(name=n, shape=tuple(int(d) for d in p.shape), dtype=dtype, sparse=n in sparse))
-    return ModelSpec(name=name, variables=tuple(variables), batch_size=batch_size, family=family)
+    return ModelSpec(name=name, variables=tuple(variables), batch_size=batch_size, family=family,
+                     flops_per_sample=flops or None)
 

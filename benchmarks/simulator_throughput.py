@@ -1,0 +1,77 @@
+"""Simulator throughput: strategies scored per second, analytic and RNN, VGG16 and BERT-large on B7.
+
+Strategies come from the random sampler. Scoring runs on pre-encoded batches (the search keeps
+proposals encoded), and the encoding rate from Strategy objects is printed separately. For the
+analytic model, 1,000 distinct strategies are encoded once and tiled to 30,000 proposals (the
+papers' scale per round). Its throughput does not depend on its
+weights: it is fitted briefly on analytic estimates so its normalisation is realistic. It scores
+proposals in batches of 1,024 (a search round scores thousands at once).
+Goals: analytic >= 50,000 strategies/s and RNN >= 500 strategies/s on BERT-large.
+
+    python benchmarks/simulator_throughput.py [--proposals 30000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def tile(batch, reps: int):
+    from synctune.simulator.features import StrategyBatch
+
+    shards = batch.offsets[-1]
+    return StrategyBatch(
+        offsets=np.concatenate([[0], (batch.offsets[1:][None, :] + (np.arange(reps) * shards)[:, None]).ravel()]),
+        sid=(batch.sid[None, :] + (np.arange(reps) * batch.size)[:, None]).ravel(),
+        ngroups=np.tile(batch.ngroups, reps),
+        **{k: np.tile(getattr(batch, k), reps) for k in ("var", "frac", "nshards", "axis", "kind", "node", "local",
+                                                          "group", "comp", "ratio", "nbytes", "wire")})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--proposals", type=int, default=30_000)
+    parser.add_argument("--cluster", default="B7")
+    args = parser.parse_args()
+
+    import torch
+
+    from synctune.models import model_spec
+    from synctune.search import RandomSampler
+    from synctune.simulator import Domain, DomainContext, RNNSimulator, analytic_time, encode
+    from synctune.spec import cluster_preset
+
+    torch.set_num_threads(2)
+    cluster = cluster_preset(args.cluster)
+    print(f"cluster {cluster.name}, {torch.get_num_threads()} torch threads")
+    print(f"{'model':<12}{'shards/strategy':>16}{'encode/s':>10}{'analytic/s':>12}{'rnn/s':>9}")
+    for name in ("vgg16", "bert-large"):
+        spec = model_spec(name)
+        ctx = DomainContext(spec, cluster)
+        strategies = RandomSampler(spec, cluster, seed=0).sample_many(1000)
+        t0 = time.perf_counter()
+        batch = encode(strategies, ctx)
+        encode_rate = len(strategies) / (time.perf_counter() - t0)
+        big = tile(batch, max(1, args.proposals // batch.size))
+        analytic_time(big, ctx)  # warm
+        t0 = time.perf_counter()
+        analytic_time(big, ctx)
+        analytic_rate = big.size / (time.perf_counter() - t0)
+
+        labels = analytic_time(batch, ctx)
+        rnn = RNNSimulator(epochs=1, batch=32)
+        rnn.fit([Domain(ctx, strategies[:64], labels[:64])])
+        sub = encode(strategies[:1000], ctx)
+        rnn._predict_batch(sub, ctx)  # warm
+        t0 = time.perf_counter()
+        rnn._predict_batch(sub, ctx)
+        rnn_rate = sub.size / (time.perf_counter() - t0)
+        per = batch.offsets[-1] / batch.size
+        print(f"{name:<12}{per:>16.0f}{encode_rate:>10.0f}{analytic_rate:>12.0f}{rnn_rate:>9.0f}")
+
+
+if __name__ == "__main__":
+    main()

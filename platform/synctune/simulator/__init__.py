@@ -1,0 +1,42 @@
+"""The simulator: scores strategies without running them (AutoSync §3, AutoDist §2.4).
+
+Importing this package imports numpy only; the learned models import torch when used.
+"""
+
+from .evaluate import evaluate, kendall_tau, pairwise_accuracy, split_domains, top_k_recall
+from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode
+from .models import (
+    SIMULATORS,
+    AnalyticSimulator,
+    Domain,
+    GATSimulator,
+    LinearSimulator,
+    RNNSimulator,
+    Simulator,
+    domains_from_records,
+    load_simulator,
+    make_simulator,
+)
+
+__all__ = [
+    "SIMULATORS",
+    "AnalyticConstants",
+    "AnalyticSimulator",
+    "Domain",
+    "DomainContext",
+    "GATSimulator",
+    "LinearSimulator",
+    "RNNSimulator",
+    "Simulator",
+    "StrategyBatch",
+    "analytic_time",
+    "domains_from_records",
+    "encode",
+    "evaluate",
+    "kendall_tau",
+    "load_simulator",
+    "make_simulator",
+    "pairwise_accuracy",
+    "split_domains",
+    "top_k_recall",
+]

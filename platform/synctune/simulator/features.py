@@ -1,0 +1,366 @@
+"""Features of (model, cluster, strategy) for the simulator (AutoSync §3.1).
+
+A batch of strategies of one domain is encoded as flat arrays over their shards
+(:class:`StrategyBatch`), so features and the analytic estimate are computed with numpy for
+thousands of strategies at once.
+
+Predefined per-shard features follow AutoSync Eq. 2 for PS (network transfer to and from the
+server over per-flow bandwidth, coefficients of the network overhead phi and kernel latency
+delta, plus the server NIC and intra-node terms) and the analogous ring all-reduce (per merge
+group) and all-gather costs, honouring single-flow bandwidth, local aggregation, partitioning
+and compression. Global features are elementwise max and mean per synchronizer kind. All
+times are divided by the domain's reference time (model bytes over the slowest flow) and
+counts by the device count, so features do not grow with model or cluster size and learned
+models transfer between domains (§3.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..spec.cluster import ClusterSpec
+from ..spec.model import ModelSpec
+from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy
+from ..strategy.validate import shard_shapes
+
+__all__ = ["AnalyticConstants", "DomainContext", "StrategyBatch", "encode", "shard_features", "global_features",
+           "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
+
+GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+KIND_PS, KIND_AR, KIND_AG = 0, 1, 2
+COMPRESSOR_CODES = {"none": 0, "fp16": 1, "bf16": 2, "powersgd": 3}
+#: Peak dense float32 throughput per device model (FLOP/s), for the compute term.
+DEVICE_FLOPS = {"T4": 8.1e12, "M60": 4.8e12, "TITAN X": 11e12, "cpu": 5e10}
+
+
+@dataclass(frozen=True)
+class AnalyticConstants:
+    """phi: per-message network overhead (s); delta: per-shard kernel latency (s);
+    sparse_rows_per_sample: rows of an embedding one sample touches (sparse message size)."""
+
+    phi: float = 5e-5
+    delta: float = 2e-5
+    sparse_rows_per_sample: float = 32.0
+    compute_flops_per_param_sample: float = 6.0
+
+
+@dataclass
+class DomainContext:
+    """Per-(model, cluster) arrays the encoders and features share."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    constants: AnalyticConstants = field(default_factory=AnalyticConstants)
+
+    def __post_init__(self) -> None:
+        m, c = self.model, self.cluster
+        self.var_index = {v.name: i for i, v in enumerate(m.variables)}
+        self.var_bytes = np.array([v.num_bytes for v in m.variables], dtype=np.float64)
+        self.var_ndims = np.array([len(v.shape) for v in m.variables], dtype=np.float64)
+        self.var_sparse = np.array([v.sparse for v in m.variables], dtype=bool)
+        self.var_rows = np.array([v.shape[0] if v.shape else 1 for v in m.variables], dtype=np.float64)
+        self.num_vars = len(m.variables)
+        self.model_bytes = float(self.var_bytes.sum())
+        self.node_names = [n.name for n in c.nodes]
+        self.node_of_device = {d: i for i, n in enumerate(c.nodes) for d in n.devices}
+        self.r = np.array([n.num_devices for n in c.nodes], dtype=np.float64)
+        self.nic = np.array([n.nic_gbps for n in c.nodes]) * GBIT
+        self.flow = np.array([n.single_flow_gbps for n in c.nodes]) * GBIT
+        self.intra = np.array([n.intra_node_gbps for n in c.nodes]) * GBIT
+        self.W = len(c.nodes)
+        self.N = float(self.r.sum())
+        w = self.W
+        # Per server node j and hierarchical flag ip: sum over other nodes k of the messages
+        # they send (1 with local aggregation, r_k without) over the j-k per-flow bandwidth.
+        b = np.minimum(self.flow[:, None], self.flow[None, :])
+        other = 1.0 - np.eye(w)
+        self.ps_flow_coef = np.stack([(other * self.r[None, :] / b).sum(1), (other / b).sum(1)], axis=1)
+        self.ps_phi_coef = np.stack([(other * self.r[None, :]).sum(1), other.sum(1)], axis=1)
+        self.ps_nic_coef = self.ps_phi_coef / self.nic[:, None]
+        within = np.maximum(self.r - 1, 0) / self.intra
+        self.ps_intra_coef = np.stack([within, np.full(w, within.max())], axis=1)
+        self.ring_bw = float(self.flow.min()) if w > 1 else float(self.intra.min())
+        self.t_ref = self.model_bytes / float(self.flow.min())
+        flops = DEVICE_FLOPS.get(c.nodes[0].device_model, DEVICE_FLOPS["cpu"])
+        per_sample = m.flops_per_sample or self.constants.compute_flops_per_param_sample * m.num_parameters
+        self.t_comp = per_sample * m.batch_size / flops
+        # Flat lookup tables: coefficient of server node j with hierarchical flag ip at j*2+ip.
+        self.ps_flow_flat = self.ps_flow_coef.reshape(-1)
+        self.ps_nic_flat = self.ps_nic_coef.reshape(-1)
+
+        self.sparse_density = np.minimum(1.0, m.batch_size * self.constants.sparse_rows_per_sample
+                                         / np.maximum(self.var_rows, 1.0))
+
+
+@dataclass
+class StrategyBatch:
+    """Shards of many strategies of one domain as flat arrays (shards in backward order)."""
+
+    offsets: np.ndarray  # (n+1,) shard range of each strategy
+    sid: np.ndarray  # (S,) strategy index of each shard
+    var: np.ndarray  # (S,) variable index
+    frac: np.ndarray  # (S,) share of the variable's elements
+    nshards: np.ndarray  # (S,) shards of its variable
+    axis: np.ndarray  # (S,) partition axis (0 when whole)
+    kind: np.ndarray  # (S,) 0 ps, 1 allreduce, 2 allgather
+    node: np.ndarray  # (S,) PS placement node (-1 otherwise)
+    local: np.ndarray  # (S,) local aggregation
+    group: np.ndarray  # (S,) merge group renumbered 0.. per strategy (-1 otherwise)
+    comp: np.ndarray  # (S,) compressor code
+    ratio: np.ndarray  # (S,) wire bytes / shard bytes
+    ngroups: np.ndarray | None = None  # (n,) merge groups per strategy
+    nbytes: np.ndarray | None = None  # (S,) bytes a shard's gradient carries (sparse: rows touched)
+    wire: np.ndarray | None = None  # (S,) the same after the compressor
+
+    @property
+    def size(self) -> int:
+        return len(self.offsets) - 1
+
+
+def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
+    """Encode strategies of ``ctx``'s domain (they must validate against it)."""
+    cols: dict[str, list] = {k: [] for k in ("sid", "var", "frac", "nshards", "axis", "kind", "node", "local",
+                                              "group", "comp", "ratio")}
+    offsets = [0]
+    ngroups: list[int] = []
+    model = ctx.model
+    for si, s in enumerate(strategies):
+        groups: dict[int, int] = {}
+        plans = sorted(s.plans, key=lambda p: ctx.var_index[p.variable])
+        for plan in plans:
+            vi = ctx.var_index[plan.variable]
+            var = model.variables[vi]
+            k = plan.num_shards
+            axis = next((a for a, p in enumerate(plan.partition) if p > 1), 0)
+            shapes = shard_shapes(var.shape, plan.partition) if k > 1 else [var.shape]
+            total = max(1, var.num_elements)
+            for shard, shape in zip(plan.shards, shapes):
+                sync = shard.synchronizer
+                n_el = math.prod(shape) if shape else 1
+                cols["sid"].append(si)
+                cols["var"].append(vi)
+                cols["frac"].append(n_el / total)
+                cols["nshards"].append(k)
+                cols["axis"].append(axis)
+                comp = shard.compressor
+                cols["comp"].append(COMPRESSOR_CODES[comp.kind])
+                if comp.kind in ("fp16", "bf16"):
+                    ratio = 0.5
+                elif comp.kind == "powersgd":
+                    rows = shape[0]
+                    cols_ = n_el // max(1, rows)
+                    ratio = min(1.0, comp.rank * (rows + cols_) / max(1, n_el))
+                else:
+                    ratio = 1.0
+                cols["ratio"].append(ratio)
+                if isinstance(sync, PSSynchronizer):
+                    cols["kind"].append(KIND_PS)
+                    cols["node"].append(ctx.node_of_device[sync.placement])
+                    cols["local"].append(sync.local_aggregation)
+                    cols["group"].append(-1)
+                elif isinstance(sync, AllReduceSynchronizer):
+                    cols["kind"].append(KIND_AR)
+                    cols["node"].append(-1)
+                    cols["local"].append(False)
+                    cols["group"].append(groups.setdefault(sync.group, len(groups)))
+                else:
+                    assert isinstance(sync, AllGatherSynchronizer)
+                    cols["kind"].append(KIND_AG)
+                    cols["node"].append(-1)
+                    cols["local"].append(False)
+                    cols["group"].append(-1)
+        offsets.append(len(cols["sid"]))
+        ngroups.append(len(groups))
+    ints = {"sid", "var", "nshards", "axis", "kind", "node", "group", "comp"}
+    arrays = {k: np.asarray(v, dtype=np.int64 if k in ints else (bool if k == "local" else np.float64))
+              for k, v in cols.items()}
+    var, frac = arrays["var"], arrays["frac"]
+    nbytes = ctx.var_bytes[var] * frac
+    nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
+    return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
+                         nbytes=nbytes, wire=nbytes * arrays["ratio"], **arrays)
+
+
+PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")
+
+
+def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+    """Per-shard predefined features in seconds/counts (S, 9), and per-shard wire bytes."""
+    m = ctx.var_bytes[b.var] * b.frac
+    sparse = ctx.var_sparse[b.var]
+    m_eff = np.where(sparse, m * ctx.sparse_density[b.var], m)
+    wire = m_eff * b.ratio
+    ps = b.kind == KIND_PS
+    node = np.where(ps, b.node, 0)
+    ip = b.local.astype(np.int64)
+    both = wire + m_eff  # gradient up (encoded), parameters down (plain)
+    out = np.zeros((len(b.sid), len(PRE_NAMES)))
+    out[:, 0] = np.where(ps, both * ctx.ps_flow_coef[node, ip], 0.0)
+    out[:, 1] = np.where(ps, both * ctx.ps_nic_coef[node, ip], 0.0)
+    out[:, 2] = np.where(ps, both * ctx.ps_intra_coef[node, ip], 0.0)
+    out[:, 3] = np.where(ps, ctx.ps_phi_coef[node, ip], 0.0)
+    n = ctx.N
+    ar = b.kind == KIND_AR
+    out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ctx.ring_bw, 0.0)
+    ag = b.kind == KIND_AG
+    out[:, 6] = np.where(ag, (n - 1) * wire / ctx.ring_bw, 0.0)
+    out[:, 7] = np.where(ag, n - 1, 0.0)
+    out[:, 8] = 1.0
+    # A merge group pays the ring's 2(N-1) message overheads once: share it among members.
+    if ar.any():
+        key = b.sid[ar] * (b.group.max() + 1) + b.group[ar]
+        _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+        out[ar, 5] = 2 * (n - 1) / counts[inv]
+    return out, wire
+
+
+GLOBAL_NAMES = tuple(f"{agg}_{name}" for agg in ("max", "mean") for name in PRE_NAMES) + (
+    "t_ps", "t_ar", "t_ag", "t_comp", "partitions_per_var", "ps_bytes", "ar_bytes", "ag_bytes", "max_server_share",
+    "num_groups")
+
+
+def _segment_sum(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
+    return np.bincount(seg, weights=values, minlength=n)
+
+
+def analytic_parts(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-strategy analytic terms (seconds): PS bottleneck server, all-reduce, all-gather, compute."""
+    c = ctx.constants
+    if pre is None:
+        pre, _ = shard_features(b, ctx)
+    n = b.size
+    ps = b.kind == KIND_PS
+    w = ctx.W
+    # Each PS server: the slower of its NIC and its per-flow transfers, plus intra-node copies
+    # and overheads; the strategy waits for the most loaded server.
+    key = b.sid * w + np.where(ps, b.node, 0)
+    per_server = np.zeros(n * w)
+    flows = _segment_sum(np.where(ps, pre[:, 0], 0.0), key, n * w) / max(1, w - 1)
+    nic = _segment_sum(np.where(ps, pre[:, 1], 0.0), key, n * w)
+    rest = _segment_sum(np.where(ps, pre[:, 2] + c.phi * pre[:, 3] + c.delta, 0.0), key, n * w)
+    per_server = np.maximum(flows, nic) + rest
+    t_ps = per_server.reshape(n, w).max(axis=1)
+    t_ar = _segment_sum(pre[:, 4] + c.phi * pre[:, 5] + np.where(b.kind == KIND_AR, c.delta, 0.0), b.sid, n)
+    t_ag = _segment_sum(pre[:, 6] + c.phi * pre[:, 7], b.sid, n)
+    extra_shards = np.diff(b.offsets) - ctx.num_vars
+    t_comp = ctx.t_comp + c.delta * extra_shards  # stitching partitions back costs kernels
+    return {"t_ps": t_ps, "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server.reshape(n, w)}
+
+
+def analytic_time(b: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+    """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1).
+
+    The same terms as :func:`analytic_parts`, computed with the fewest passes over the shards
+    (this is what proposals are scored with, tens of thousands at a time).
+    """
+    c = ctx.constants
+    n, w = b.size, ctx.W
+    m, wire = b.nbytes, b.wire
+    ps = np.flatnonzero(b.kind == KIND_PS)
+    t_ps = np.zeros(n)
+    if len(ps):
+        look = b.node[ps] * 2 + b.local[ps]
+        both = wire[ps] + m[ps]
+        key = b.sid[ps] * w + b.node[ps]
+        flows = np.bincount(key, both * ctx.ps_flow_flat[look], n * w) / max(1, w - 1)
+        nic = np.bincount(key, both * ctx.ps_nic_flat[look], n * w)
+        phis = ctx.ps_phi_coef.reshape(-1)[look]
+        intra = ctx.ps_intra_coef.reshape(-1)[look]
+        rest = np.bincount(key, both * intra + c.phi * phis + c.delta, n * w)
+        t_ps = (np.maximum(flows, nic) + rest).reshape(n, w).max(axis=1)
+    nn = ctx.N
+    # Per-kind constants looked up by kind code (ps, allreduce, allgather): one gather, no masks.
+    scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
+    fixed = np.array([0.0, c.delta, c.phi * (nn - 1)])[b.kind]
+    t_coll = np.bincount(b.sid, wire * scale + fixed, n)
+    ngroups = b.ngroups if b.ngroups is not None else 0.0
+    t_coll += c.phi * 2 * (nn - 1) * ngroups
+    t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)
+    return np.maximum(t_comp, t_ps + t_coll)
+
+
+def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire: np.ndarray) -> np.ndarray:
+    """(n, len(GLOBAL_NAMES)) domain-normalised global features."""
+    n = b.size
+    norm = pre.copy()
+    norm[:, [0, 1, 2, 4, 6]] /= ctx.t_ref
+    norm[:, [3, 5, 7]] /= max(1.0, ctx.N)
+    counts = np.diff(b.offsets).astype(np.float64)
+    # Shards of a strategy are contiguous: segment reductions are reduceat over the offsets.
+    mx = np.maximum.reduceat(norm, b.offsets[:-1], axis=0)
+    mean = np.add.reduceat(norm, b.offsets[:-1], axis=0) / counts[:, None]
+    parts = analytic_parts(b, ctx, pre)
+    bytes_total = ctx.model_bytes
+    kind_bytes = [_segment_sum(np.where(b.kind == k, ctx.var_bytes[b.var] * b.frac, 0.0), b.sid, n) / bytes_total
+                  for k in (KIND_PS, KIND_AR, KIND_AG)]
+    server_share = parts["per_server"].max(axis=1) / np.maximum(parts["per_server"].sum(axis=1), 1e-30)
+    ar = b.kind == KIND_AR
+    groups = np.zeros(n)
+    if ar.any():
+        key = b.sid[ar] * (b.group.max() + 1) + b.group[ar]
+        uniq = np.unique(key)
+        groups = np.bincount(uniq // (b.group.max() + 1), minlength=n).astype(np.float64)
+    extra = np.stack([parts["t_ps"] / ctx.t_ref, parts["t_ar"] / ctx.t_ref, parts["t_ag"] / ctx.t_ref,
+                      parts["t_comp"] / ctx.t_ref, counts / ctx.num_vars, *kind_bytes, server_share,
+                      groups / ctx.num_vars], axis=1)
+    return np.concatenate([mx, mean, extra], axis=1)
+
+
+RAW_NAMES = ("is_ps", "is_ar", "is_ag", "comp_none", "comp_fp16", "comp_bf16", "comp_powersgd", "wire_ratio",
+             "local_agg", "server_nic", "server_devices", "server_flow", "group_members", "group_bytes",
+             "group_order", "nshards", "shard_frac", "axis_gt0", "log_bytes", "bytes_share", "ndims", "sparse",
+             "position", "nodes", "log_devices", "min_nic", "max_nic", "min_flow", "min_intra")
+
+
+def raw_features(b: StrategyBatch, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:
+    """(S, len(RAW_NAMES)) per-shard raw features (AutoSync §3.1.2), scale-free."""
+    s = len(b.sid)
+    out = np.zeros((s, len(RAW_NAMES)))
+    out[np.arange(s), b.kind] = 1.0
+    out[np.arange(s), 3 + b.comp] = 1.0
+    out[:, 7] = b.ratio
+    out[:, 8] = b.local
+    ps = b.kind == KIND_PS
+    node = np.where(ps, b.node, 0)
+    out[:, 9] = np.where(ps, ctx.nic[node] / (10 * GBIT), 0.0)
+    out[:, 10] = np.where(ps, ctx.r[node] / max(1.0, ctx.N), 0.0)
+    out[:, 11] = np.where(ps, ctx.flow[node] / (10 * GBIT), 0.0)
+    ar = b.kind == KIND_AR
+    if ar.any():
+        width = b.group.max() + 1
+        key = b.sid[ar] * width + b.group[ar]
+        _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+        gbytes = np.bincount(inv, weights=wire[ar])
+        out[ar, 12] = counts[inv] / ctx.num_vars
+        out[ar, 13] = gbytes[inv] / ctx.model_bytes
+        ngroups = np.bincount(b.sid[ar], minlength=b.size)[b.sid[ar]]
+        out[ar, 14] = b.group[ar] / np.maximum(1, ngroups)
+    out[:, 15] = b.nshards / 4.0
+    out[:, 16] = b.frac
+    out[:, 17] = b.axis > 0
+    nbytes = ctx.var_bytes[b.var] * b.frac
+    out[:, 18] = np.log10(np.maximum(nbytes, 1.0)) / 10.0
+    out[:, 19] = nbytes / ctx.model_bytes
+    out[:, 20] = ctx.var_ndims[b.var] / 4.0
+    out[:, 21] = ctx.var_sparse[b.var]
+    out[:, 22] = b.var / max(1, ctx.num_vars - 1)
+    out[:, 23] = ctx.W / 16.0
+    out[:, 24] = math.log2(max(1.0, ctx.N)) / 5.0
+    out[:, 25] = ctx.nic.min() / (10 * GBIT)
+    out[:, 26] = ctx.nic.max() / (10 * GBIT)
+    out[:, 27] = ctx.flow.min() / (10 * GBIT)
+    out[:, 28] = ctx.intra.min() / (10 * GBIT)
+    return out
+
+
+def per_shard_inputs(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+    """(S, raw + predefined) inputs of the sequence models, and (n, global) features."""
+    pre, wire = shard_features(b, ctx)
+    glob = global_features(b, ctx, pre, wire)
+    norm = pre.copy()
+    norm[:, [0, 1, 2, 4, 6]] /= ctx.t_ref
+    norm[:, [3, 5, 7]] /= max(1.0, ctx.N)
+    return np.concatenate([raw_features(b, ctx, wire), norm], axis=1), glob

@@ -1,0 +1,407 @@
+"""Simulators behind one interface (AutoSync §3.1, AutoDist §2.4): ``fit(records)``,
+``predict`` (runtime-like, lower is faster), ``score`` (higher is better), ``save``/``load``.
+
+- ``analytic``: the training-free estimate T = max(T_comp, T_sync), seconds;
+- ``linear``: a linear ranker over the global predefined features;
+- ``rnn``: per-shard MLP over raw + predefined features, a bidirectional LSTM in backward
+  order, and an MLP head (with the global features);
+- ``gat``: graph attention over the shards (edges: backward-order neighbours, same merge
+  group, same PS server), pooled, and an MLP head.
+
+Learned models train with the pairwise logistic ranking loss of AutoSync Eq. 3, including the
+partition penalty sigma. Pairs are only formed within a domain: runtimes of different
+(model, cluster) pairs are not comparable. Saved files hold tensors and a JSON config only
+and load with ``torch.load(weights_only=True)``: loading never executes code from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..spec.cluster import ClusterSpec
+from ..spec.errors import SpecError
+from ..spec.model import ModelSpec
+from ..strategy.schema import Strategy
+from .features import (
+    GLOBAL_NAMES,
+    PRE_NAMES,
+    RAW_NAMES,
+    DomainContext,
+    StrategyBatch,
+    analytic_time,
+    encode,
+    per_shard_inputs,
+)
+
+__all__ = ["Domain", "domains_from_records", "Simulator", "AnalyticSimulator", "LinearSimulator",
+           "RNNSimulator", "GATSimulator", "SIMULATORS", "make_simulator", "load_simulator", "FORMAT"]
+
+FORMAT = "synctune-simulator"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Domain:
+    """Measured strategies of one (model, cluster): encoded, with their runtimes."""
+
+    ctx: DomainContext
+    strategies: list[Strategy]
+    runtimes: np.ndarray  # seconds, the ground truth f
+    batch: StrategyBatch | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.ctx.model.name}@{self.ctx.cluster.name}"
+
+    def encoded(self) -> StrategyBatch:
+        if self.batch is None:
+            self.batch = encode(self.strategies, self.ctx)
+        return self.batch
+
+    def subset(self, idx: Sequence[int]) -> "Domain":
+        return Domain(self.ctx, [self.strategies[i] for i in idx], self.runtimes[list(idx)])
+
+    def partitions(self) -> np.ndarray:
+        return np.diff(self.encoded().offsets).astype(np.float64)
+
+
+def domains_from_records(records: Iterable[Any]) -> list[Domain]:
+    """Group dataset records (``TrialRecord`` or row dicts) with status ok into domains."""
+    groups: dict[tuple[str, str], list] = {}
+    for r in records:
+        row = r if isinstance(r, dict) else r.to_row()
+        if row["status"] != "ok" or row["mean_s"] is None or row["mean_s"] != row["mean_s"]:
+            continue
+        groups.setdefault((row["model_hash"], row["cluster_hash"]), []).append(row)
+    out = []
+    for rows in groups.values():
+        model = ModelSpec.from_dict(json.loads(rows[0]["model_spec_json"]), where="record model_spec_json")
+        cluster = ClusterSpec.from_dict(json.loads(rows[0]["cluster_spec_json"]), where="record cluster_spec_json")
+        strategies = [Strategy.from_json(r["strategy_json"], where="record strategy_json") for r in rows]
+        out.append(Domain(DomainContext(model, cluster), strategies, np.array([r["mean_s"] for r in rows])))
+    return sorted(out, key=lambda d: d.key)
+
+
+class Simulator:
+    """Base class: subclasses implement ``_predict_batch`` (and ``fit`` when learned)."""
+
+    kind = "base"
+    learned = False
+
+    def fit(self, domains: list[Domain], **kwargs: Any) -> "Simulator":
+        return self
+
+    def _predict_batch(self, batch: StrategyBatch, ctx: DomainContext) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def predict_domain(self, domain: Domain) -> np.ndarray:
+        return self._predict_batch(domain.encoded(), domain.ctx)
+
+    def predict(self, strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
+        """Runtime-like values (lower is faster): seconds for ``analytic``, ranking units otherwise."""
+        ctx = DomainContext(model, cluster)
+        return self._predict_batch(encode(strategies, ctx), ctx)
+
+    def score(self, strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
+        """Higher is better (AutoDist's simulator score): the negated prediction."""
+        return -self.predict(strategies, model, cluster)
+
+    def save(self, path: str | Path) -> None:
+        raise SpecError(f"the {self.kind} simulator has no learned state to save")
+
+
+class AnalyticSimulator(Simulator):
+    """Training-free: T = max(T_comp, T_sync) with default constants, usable before any trial."""
+
+    kind = "analytic"
+
+    def _predict_batch(self, batch, ctx):
+        return analytic_time(batch, ctx)
+
+
+# ------------------------------------------------------------------------------- learned rankers
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def ranking_loss(pred, runtimes, partitions, sigma: float):
+    """AutoSync Eq. 3: sum over pairs with f_i + sigma*I1(P_i, P_j) > f_j of log(1 + exp(f^_j - f^_i)),
+    averaged over those pairs (f: runtimes; f^: predictions; P: partition counts)."""
+    torch = _torch()
+    f = runtimes
+    penalty = sigma * torch.sign(partitions[:, None] - partitions[None, :])
+    target = (f[:, None] + penalty) > f[None, :]
+    diff = pred[None, :] - pred[:, None]  # f^_j - f^_i at [i, j]
+    losses = torch.nn.functional.softplus(diff)[target]
+    return losses.mean() if losses.numel() else pred.sum() * 0.0
+
+
+class _Learned(Simulator):
+    learned = True
+    hidden = 32
+
+    def __init__(self, *, epochs: int = 150, lr: float = 3e-3, batch: int = 48, partition_penalty: float = 0.01,
+                 seed: int = 0, hidden: int | None = None) -> None:
+        self.config = {"epochs": epochs, "lr": lr, "batch": batch, "partition_penalty": partition_penalty,
+                       "seed": seed, "hidden": hidden or self.hidden, "raw": len(RAW_NAMES) + len(PRE_NAMES),
+                       "global": len(GLOBAL_NAMES)}
+        self.net = None
+        self.norm: dict[str, Any] = {}
+
+    # subclasses: _build() -> nn.Module; _forward(net, x, g, offsets, batch) -> (n,)
+    def _inputs(self, batch: StrategyBatch, ctx: DomainContext):
+        torch = _torch()
+        x, g = per_shard_inputs(batch, ctx)
+        x = (torch.as_tensor(x, dtype=torch.float32) - self.norm["x_mean"]) / self.norm["x_std"]
+        g = (torch.as_tensor(g, dtype=torch.float32) - self.norm["g_mean"]) / self.norm["g_std"]
+        return x, g
+
+    def fit(self, domains: list[Domain], *, log=None, **_: Any) -> "_Learned":
+        torch = _torch()
+        if not domains:
+            raise SpecError("no training data: the records hold no successful trials")
+        seed = self.config["seed"]
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        xs, gs = [], []
+        for d in domains:
+            x, g = per_shard_inputs(d.encoded(), d.ctx)
+            xs.append(x)
+            gs.append(g)
+        x_all, g_all = np.concatenate(xs), np.concatenate(gs)
+        self.norm = {"x_mean": torch.as_tensor(x_all.mean(0), dtype=torch.float32),
+                     "x_std": torch.as_tensor(x_all.std(0) + 1e-6, dtype=torch.float32),
+                     "g_mean": torch.as_tensor(g_all.mean(0), dtype=torch.float32),
+                     "g_std": torch.as_tensor(g_all.std(0) + 1e-6, dtype=torch.float32)}
+        self.net = self._build()
+        opt = torch.optim.Adam(self.net.parameters(), lr=self.config["lr"], weight_decay=1e-5)
+        prepared = []
+        for d in domains:
+            f = torch.as_tensor(d.runtimes, dtype=torch.float32)
+            sigma = self.config["partition_penalty"] * float(np.median(d.runtimes))
+            prepared.append((d, f, torch.as_tensor(d.partitions(), dtype=torch.float32), sigma))
+        self.net.train()
+        for epoch in range(self.config["epochs"]):
+            total = 0.0
+            for d, f, parts, sigma in rng.sample(prepared, len(prepared)):
+                idx = list(range(len(d.strategies)))
+                rng.shuffle(idx)
+                for start in range(0, len(idx), self.config["batch"]):
+                    chosen = idx[start:start + self.config["batch"]]
+                    if len(chosen) < 2:
+                        continue
+                    sub = d.subset(chosen)
+                    pred = self._forward_batch(sub.encoded(), sub.ctx)
+                    loss = ranking_loss(pred, f[chosen], parts[chosen], sigma)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    total += float(loss.detach())
+            if log and (epoch + 1) % max(1, self.config["epochs"] // 10) == 0:
+                log(epoch + 1, total)
+        self.net.eval()
+        return self
+
+    def _forward_batch(self, batch: StrategyBatch, ctx: DomainContext):
+        x, g = self._inputs(batch, ctx)
+        return self._forward(x, g, batch, ctx)
+
+    def _predict_batch(self, batch, ctx):
+        torch = _torch()
+        if self.net is None:
+            raise SpecError(f"the {self.kind} simulator is not trained")
+        with torch.no_grad():
+            return self._forward_batch(batch, ctx).numpy().astype(np.float64)
+
+    def save(self, path: str | Path) -> None:
+        """Write tensors + JSON config (loadable with weights_only=True)."""
+        torch = _torch()
+        if self.net is None:
+            raise SpecError(f"the {self.kind} simulator is not trained")
+        payload = {"format": FORMAT, "version": FORMAT_VERSION, "kind": self.kind, "config": json.dumps(self.config),
+                   "state": self.net.state_dict(), "norm": dict(self.norm)}
+        path = Path(path)
+        tmp = path.with_name(f".tmp-{path.name}")
+        torch.save(payload, tmp)
+        tmp.replace(path)
+
+    def _restore(self, state: dict, norm: dict) -> None:
+        self.norm = norm
+        self.net = self._build()
+        self.net.load_state_dict(state)
+        self.net.eval()
+
+
+def _padded(x, offsets: np.ndarray):
+    """(S, F) -> (n, L, F) zero-padded, and a (n, L) validity mask."""
+    torch = _torch()
+    lengths = torch.as_tensor(np.diff(offsets))
+    n, longest = len(lengths), int(lengths.max())
+    pos = torch.arange(x.shape[0]) - torch.as_tensor(np.repeat(offsets[:-1], np.diff(offsets)))
+    row = torch.as_tensor(np.repeat(np.arange(n), np.diff(offsets)))
+    out = x.new_zeros(n, longest, x.shape[1])
+    out[row, pos] = x
+    mask = torch.arange(longest)[None, :] < lengths[:, None]
+    return out, mask, lengths
+
+
+class LinearSimulator(_Learned):
+    """f^ = z_pre . theta over the global predefined features."""
+
+    kind = "linear"
+
+    def _build(self):
+        return _torch().nn.Linear(self.config["global"], 1)
+
+    def _forward(self, x, g, batch, ctx):
+        return self.net(g).squeeze(-1)
+
+
+class RNNSimulator(_Learned):
+    """Per-shard MLP; shard features averaged into one feature per model variable; a bidirectional
+    LSTM over the variables in backward order; an MLP head with the global features (AutoSync
+    §3.1.2: "aggregated into |V| features corresponding to the variables ... a bidirectional
+    LSTM scans them following the forward-backward propagation order")."""
+
+    kind = "rnn"
+
+    def _build(self):
+        torch = _torch()
+        nn = torch.nn
+        raw, glob, hidden = self.config["raw"], self.config["global"], self.config["hidden"]
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encode = nn.Sequential(nn.Linear(raw, hidden * 2), nn.ReLU(), nn.Linear(hidden * 2, hidden * 2))
+                self.lstm = nn.LSTM(hidden * 2, hidden, batch_first=True, bidirectional=True)
+                self.head = nn.Sequential(nn.Linear(hidden * 4 + glob, hidden * 2), nn.ReLU(), nn.Linear(hidden * 2, 1))
+
+        return Net()
+
+    def _forward(self, x, g, batch, ctx):
+        torch = _torch()
+        net = self.net
+        h = net.encode(x)
+        n, v = batch.size, ctx.num_vars
+        key = torch.as_tensor(batch.sid * v + batch.var)
+        sums = h.new_zeros(n * v, h.shape[1]).index_add_(0, key, h)
+        counts = torch.bincount(key, minlength=n * v).clamp(min=1).to(h.dtype)
+        seq = (sums / counts[:, None]).view(n, v, -1)  # every strategy of a domain has all v variables
+        out, _ = net.lstm(seq)
+        return net.head(torch.cat([out.mean(1), out.max(1).values, g], dim=1)).squeeze(-1)
+
+
+class GATSimulator(_Learned):
+    """Graph attention over the shards of a strategy (AutoSync §3.1.2, Velickovic et al. 2018)."""
+
+    kind = "gat"
+
+    def _build(self):
+        torch = _torch()
+        nn = torch.nn
+        raw, glob, hidden = self.config["raw"], self.config["global"], self.config["hidden"]
+
+        class Layer(nn.Module):
+            def __init__(self, d_in, d_out, heads=2):
+                super().__init__()
+                self.heads, self.d_out = heads, d_out
+                self.proj = nn.Linear(d_in, d_out * heads, bias=False)
+                self.a_src = nn.Parameter(torch.randn(heads, d_out) * 0.1)
+                self.a_dst = nn.Parameter(torch.randn(heads, d_out) * 0.1)
+
+            def forward(self, h, adj):  # h (n, L, d_in), adj (n, L, L)
+                n, L, _ = h.shape
+                z = self.proj(h).view(n, L, self.heads, self.d_out)
+                e = (z * self.a_src).sum(-1)[:, :, None, :] + (z * self.a_dst).sum(-1)[:, None, :, :]
+                e = nn.functional.leaky_relu(e, 0.2).masked_fill(~adj[..., None], -1e9)
+                att = torch.softmax(e, dim=2)
+                return torch.einsum("nijh,njhd->nihd", att, z).reshape(n, L, self.heads * self.d_out)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encode = nn.Linear(raw, hidden * 2)
+                self.g1 = Layer(hidden * 2, hidden)
+                self.g2 = Layer(hidden * 2, hidden)
+                self.head = nn.Sequential(nn.Linear(hidden * 4 + glob, hidden * 2), nn.ReLU(), nn.Linear(hidden * 2, 1))
+
+        return Net()
+
+    def _forward(self, x, g, batch, ctx):
+        torch = _torch()
+        net = self.net
+        h, mask, _ = _padded(net.encode(x), batch.offsets)
+        adj = self._adjacency(batch, h.shape[1]) & mask[:, None, :] & mask[:, :, None]
+        h = torch.relu(net.g1(h, adj))
+        h = torch.relu(net.g2(h, adj)) + h
+        m = mask[..., None].float()
+        mean = (h * m).sum(1) / m.sum(1)
+        mx = h.masked_fill(~mask[..., None], -1e9).max(1).values
+        return net.head(torch.cat([mean, mx, g], dim=1)).squeeze(-1)
+
+    @staticmethod
+    def _adjacency(batch: StrategyBatch, longest: int):
+        torch = _torch()
+        n = batch.size
+        node_key = np.full((n, longest), -2, dtype=np.int64)
+        group_key = np.full((n, longest), -2, dtype=np.int64)
+        lengths = np.diff(batch.offsets)
+        row = np.repeat(np.arange(n), lengths)
+        pos = np.arange(len(batch.sid)) - np.repeat(batch.offsets[:-1], lengths)
+        node_key[row, pos] = np.where(batch.kind == 0, batch.node, -1 - 10**6)
+        group_key[row, pos] = np.where(batch.group >= 0, batch.group, -1 - 10**6)
+        nk, gk = torch.as_tensor(node_key), torch.as_tensor(group_key)
+        idx = torch.arange(longest)
+        chain = (idx[:, None] - idx[None, :]).abs() <= 1
+        same_node = (nk[:, :, None] == nk[:, None, :]) & (nk[:, :, None] >= 0)
+        same_group = (gk[:, :, None] == gk[:, None, :]) & (gk[:, :, None] >= 0)
+        return chain[None] | same_node | same_group
+
+
+SIMULATORS = {"analytic": AnalyticSimulator, "linear": LinearSimulator, "rnn": RNNSimulator, "gat": GATSimulator}
+
+
+def make_simulator(kind: str, **options: Any) -> Simulator:
+    """A new simulator of ``kind`` (analytic, linear, rnn, gat)."""
+    if kind not in SIMULATORS:
+        raise SpecError(f"unknown simulator {kind!r}; valid: {', '.join(SIMULATORS)}")
+    return SIMULATORS[kind]() if kind == "analytic" else SIMULATORS[kind](**options)
+
+
+def load_simulator(path: str | Path) -> Simulator:
+    """Load a saved simulator (``analytic`` needs no file). Refuses anything else with a clear message."""
+    torch = _torch()
+    if str(path) == "analytic":
+        return AnalyticSimulator()
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such simulator file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - corrupted, truncated, or not a torch file
+        raise SpecError(f"{path}: not a readable synctune simulator file ({type(exc).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise SpecError(f"{path}: not a synctune simulator file (format {FORMAT!r} expected)")
+    if payload.get("version") != FORMAT_VERSION or payload.get("kind") not in ("linear", "rnn", "gat"):
+        raise SpecError(f"{path}: unsupported simulator version {payload.get('version')!r} or kind "
+                        f"{payload.get('kind')!r}")
+    try:
+        config = json.loads(payload["config"])
+        sim = SIMULATORS[payload["kind"]](**{k: config[k] for k in ("epochs", "lr", "batch", "partition_penalty",
+                                                                    "seed", "hidden")})
+        sim.config.update(config)
+        sim._restore(payload["state"], payload["norm"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise SpecError(f"{path}: damaged simulator file ({type(exc).__name__}: {exc})") from None
+    return sim

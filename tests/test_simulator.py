@@ -1,0 +1,212 @@
+"""Simulator: features and the analytic model, the ranking loss, learned rankers on real trials
+(the shipped sample release), evaluation metrics, transfer, safe save/load, and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from synctune.cli import cli
+from synctune.data import TrialDataset, pull_release
+from synctune.models import model_spec
+from synctune.search import RandomSampler
+from synctune.simulator import (
+    AnalyticSimulator,
+    DomainContext,
+    analytic_time,
+    domains_from_records,
+    encode,
+    evaluate,
+    kendall_tau,
+    load_simulator,
+    make_simulator,
+    pairwise_accuracy,
+    split_domains,
+    top_k_recall,
+)
+from synctune.simulator.features import GLOBAL_NAMES, PRE_NAMES, RAW_NAMES, analytic_parts, per_shard_inputs
+from synctune.simulator.models import ranking_loss
+from synctune.spec import SpecError, cluster_preset
+from synctune.strategy import build_strategy
+
+SAMPLE = Path(__file__).resolve().parents[1] / "dataset" / "sample-local-v0"
+
+
+@pytest.fixture(scope="module")
+def sample_dataset(tmp_path_factory) -> TrialDataset:
+    """The shipped release of 316 real trials (cnn-small, ncf-small on local-1x2, local-2x2)."""
+    ds = TrialDataset(tmp_path_factory.mktemp("sample"))
+    assert pull_release(str(SAMPLE), ds)["rows"] == 316
+    return ds
+
+
+@pytest.fixture(scope="module")
+def domains(sample_dataset):
+    return domains_from_records(sample_dataset.records())
+
+
+def _builders(model, cluster):
+    spec, cl = model_spec(model), cluster_preset(cluster)
+    return spec, cl, {b: build_strategy(b, spec, cl) for b in ("ps", "ps-lb", "partitioned-ps", "allreduce")}
+
+
+def test_analytic_model_orders_the_classic_cases():
+    spec, cl, s = _builders("bert-large", "B7")
+    t = dict(zip(s, AnalyticSimulator().predict(list(s.values()), spec, cl)))
+    assert t["ps"] > t["ps-lb"] > t["partitioned-ps"]  # one server < balanced < balanced shards (AutoDist Fig. 6)
+    assert t["allreduce"] < t["ps"]
+    # Faster links, faster synchronization: the same PS strategy on 40 GbE A-nodes beats B7's 10 Gb/s flows.
+    spec_a, cl_a, s_a = _builders("bert-large", "A2")
+    assert AnalyticSimulator().predict([s_a["ps-lb"]], spec_a, cl_a)[0] < t["ps-lb"]
+
+
+def test_fast_analytic_path_equals_the_term_by_term_one():
+    spec, cl = model_spec("lm1b"), cluster_preset("B12")
+    ctx = DomainContext(spec, cl)
+    batch = encode(RandomSampler(spec, cl, seed=4).sample_many(30), ctx)
+    parts = analytic_parts(batch, ctx)
+    slow = np.maximum(parts["t_comp"], parts["t_ps"] + parts["t_ar"] + parts["t_ag"])
+    np.testing.assert_allclose(analytic_time(batch, ctx), slow, rtol=1e-12)
+
+
+def test_compression_and_local_aggregation_reduce_modelled_traffic():
+    spec, cl = model_spec("vgg16"), cluster_preset("B7")
+    plain = build_strategy("allreduce", spec, cl)
+    fp16 = build_strategy("allreduce", spec, cl, compressor="fp16")
+    ps = build_strategy("ps-lb", spec, cl)
+    ps_local = build_strategy("ps-lb", spec, cl, local_aggregation=True)
+    t = AnalyticSimulator().predict([plain, fp16, ps, ps_local], spec, cl)
+    assert t[1] < t[0] and t[3] < t[2]
+
+
+def test_features_are_finite_and_scale_free():
+    """Times are divided by the domain's reference time: doubling every link speed changes the
+    predicted seconds but not the normalised communication features."""
+    from synctune.spec import ClusterSpec
+
+    spec = model_spec("bert-large")
+    slow = cluster_preset("B11")
+    data = slow.to_dict()
+    for node in data["nodes"]:
+        for key in ("nic_gbps", "single_flow_gbps", "intra_node_gbps"):
+            node[key] *= 2
+    data["name"] = "B11-doubled"
+    fast = ClusterSpec.from_dict(data)
+    strategy = build_strategy("partitioned-ps", spec, slow, local_aggregation=True)
+    feats = {}
+    for cl in (slow, fast):
+        ctx = DomainContext(spec, cl)
+        x, g = per_shard_inputs(encode([strategy], ctx), ctx)
+        assert np.isfinite(x).all() and np.isfinite(g).all()
+        assert x.shape[1] == len(RAW_NAMES) + len(PRE_NAMES) and g.shape[1] == len(GLOBAL_NAMES)
+        feats[cl.name] = (x, g, AnalyticSimulator().predict([strategy], spec, cl)[0], ctx)
+    comm = [i for i, n in enumerate(GLOBAL_NAMES) if n.split("_", 1)[1] in ("ps_flow", "ps_nic", "ps_intra", "t_ps")]
+    np.testing.assert_allclose(feats[slow.name][1][0, comm], feats[fast.name][1][0, comm], rtol=1e-9)
+    assert feats[fast.name][2] < feats[slow.name][2]  # while the modelled time does drop
+
+
+def test_ranking_loss_prefers_correct_order_and_penalises_partitions():
+    f = torch.tensor([1.0, 2.0])
+    parts = torch.tensor([1.0, 1.0])
+    good = ranking_loss(torch.tensor([0.0, 5.0]), f, parts, sigma=0.0)
+    bad = ranking_loss(torch.tensor([5.0, 0.0]), f, parts, sigma=0.0)
+    assert good < bad
+    # Equal runtimes: with the penalty, the more partitioned strategy counts as the slower one.
+    same = torch.tensor([1.0, 1.0])
+    more_parts = torch.tensor([4.0, 1.0])
+    assert ranking_loss(torch.tensor([0.0, 0.0]), same, more_parts, sigma=0.1) > 0
+    assert ranking_loss(torch.tensor([0.0, 0.0]), same, torch.tensor([1.0, 1.0]), sigma=0.1) == 0
+
+
+def test_metrics():
+    truth = np.array([1.0, 2.0, 3.0, 4.0])
+    assert pairwise_accuracy(truth * 10, truth) == 1.0
+    assert pairwise_accuracy(-truth, truth) == 0.0
+    assert pairwise_accuracy(np.zeros(4), truth) == 0.5
+    assert kendall_tau(truth, truth) == pytest.approx(1.0)
+    assert top_k_recall(np.array([4.0, 3.0, 2.0, 1.0]), truth, k=2) == 0.0
+    assert top_k_recall(truth, truth, k=2) == 1.0
+
+
+def test_rnn_beats_analytic_on_held_out_real_trials(domains):
+    assert [d.key for d in domains] == ["cnn-small@local-1x2", "cnn-small@local-2x2", "ncf-small@local-1x2",
+                                        "ncf-small@local-2x2"]
+    train, test = split_domains(domains, held_out=0.3, seed=0)
+    rnn = make_simulator("rnn", epochs=150, seed=0).fit(train)
+    acc = np.mean([r["pairwise_accuracy"] for r in evaluate(rnn, test)])
+    base = np.mean([r["pairwise_accuracy"] for r in evaluate(AnalyticSimulator(), test)])
+    assert acc > base, (acc, base)
+    assert acc > 0.62
+
+
+@pytest.mark.parametrize("kind", ["linear", "gat"])
+def test_other_rankers_learn(domains, kind):
+    train, test = split_domains(domains, held_out=0.3, seed=0)
+    sim = make_simulator(kind, epochs=60, seed=0).fit(train)
+    acc = np.mean([r["pairwise_accuracy"] for r in evaluate(sim, test)])
+    assert acc > 0.6, acc
+
+
+def test_save_load_round_trip_and_corrupt_files(domains, tmp_path):
+    sim = make_simulator("rnn", epochs=5, seed=1).fit(domains[:1])
+    path = tmp_path / "sim.pt"
+    sim.save(path)
+    back = load_simulator(path)
+    d = domains[1]
+    np.testing.assert_allclose(back.predict_domain(d), sim.predict_domain(d), rtol=1e-6)
+    data = bytearray(path.read_bytes())
+    (tmp_path / "trunc.pt").write_bytes(bytes(data[: len(data) // 2]))
+    with pytest.raises(SpecError, match="not a readable synctune simulator file"):
+        load_simulator(tmp_path / "trunc.pt")
+    torch.save({"format": "something-else"}, tmp_path / "other.pt")
+    with pytest.raises(SpecError, match="not a synctune simulator file"):
+        load_simulator(tmp_path / "other.pt")
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("code ran",))
+
+    torch.save({"format": "synctune-simulator", "x": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(SpecError, match="not a readable synctune simulator file"):
+        load_simulator(tmp_path / "evil.pt")  # weights_only: the object is never rebuilt
+
+
+def test_cli_train_eval_transfer_and_score(sample_dataset, tmp_path):
+    runner = CliRunner()
+    sim = tmp_path / "rnn.pt"
+    res = runner.invoke(cli, ["sim", "train", "--model", "rnn", "--data", str(sample_dataset.root), "--held-out", "0.3",
+                              "--epochs", "40", "-o", str(sim)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["sim", "eval", str(sim), "--data", str(sample_dataset.root), "--held-out", "0.3"])
+    assert res.exit_code == 0 and "mean pairwise ranking accuracy: rnn" in res.output and "analytic" in res.output
+
+    transfer = tmp_path / "transfer.pt"
+    res = runner.invoke(cli, ["sim", "train", "--model", "rnn", "--data", str(sample_dataset.root), "--domain",
+                              "cnn-small@local-2x2", "--epochs", "20", "-o", str(transfer)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["sim", "eval", str(transfer), "--data", str(sample_dataset.root), "--domain",
+                              "ncf-small@local-2x2"])
+    assert res.exit_code == 0 and "ncf-small@local-2x2" in res.output
+
+    strategies = []
+    for b in ("ps", "allreduce"):
+        out = tmp_path / f"{b}.json"
+        runner.invoke(cli, ["strategy", "build", b, "-m", "cnn-small", "-c", "local-2x2", "-o", str(out)])
+        strategies.append(str(out))
+    res = runner.invoke(cli, ["sim", "score", str(sim), *strategies])
+    assert res.exit_code == 0 and "ps.json" in res.output and "allreduce.json" in res.output
+    res = runner.invoke(cli, ["sim", "eval", str(sim), "--data", str(sample_dataset.root), "--domain", "gpt@B7"])
+    assert res.exit_code == 2 and "no successful trials for domain(s) gpt@B7" in res.stderr
+    res = runner.invoke(cli, ["sim", "score", str(tmp_path / "nope.pt"), *strategies])
+    assert res.exit_code == 2 and "no such simulator file" in res.stderr
+
+
+def test_failed_trials_are_not_training_data(sample_dataset):
+    rec = sample_dataset.records()[0]
+    failed = dataclasses.replace(rec, record_id="x", status="failed", mean_s=None)
+    assert sum(len(d.strategies) for d in domains_from_records([rec, failed])) == 1
