@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq

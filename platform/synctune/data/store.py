@@ -59,9 +59,7 @@ class TrialDataset:
 
     def append_table(self, table, *, skip_existing: bool = False) -> int:
         """Append an Arrow table of records (any schema version up to this one)."""
-        import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
         if table.num_rows == 0:
             return 0
@@ -76,16 +74,9 @@ class TrialDataset:
             mask = pc.and_(pc.equal(table.column("model_name"), model), pc.equal(table.column("cluster_name"), cluster))
             part = table.filter(mask)
             part_dir = self.root / _segment("model", model) / _segment("cluster", cluster)
-            seen = self._keys(part_dir) if skip_existing else set()
-            keep = []
-            for i, row in enumerate(part.select(list(KEY_COLUMNS)).to_pylist()):
-                key = dedup_key(row)
-                if key not in seen:
-                    seen.add(key)
-                    keep.append(i)
-            if not keep:
+            part = _dedup(part, self._keys(part_dir) if skip_existing else set(), order=False)
+            if part.num_rows == 0:
                 continue
-            part = part.take(pa.array(keep, type=pa.int64()))
             _write_file(part, part_dir)
             written += part.num_rows
         return written
@@ -129,7 +120,6 @@ class TrialDataset:
     def table(self, *, model: str | None = None, cluster: str | None = None, status: str | None = None,
               search_id: str | None = None):
         """All records as an Arrow table (current schema; older rows get nulls), deduplicated."""
-        import pyarrow as pa
         import pyarrow.dataset as ds
 
         schema = arrow_schema()
@@ -196,14 +186,16 @@ def _write_file(table, part_dir: Path) -> Path:
     return part_dir / name
 
 
-def _dedup(table):
-    """Rows in (created_at, record_id) order, the first of each dedup key kept."""
+def _dedup(table, seen: set | None = None, order: bool = True):
+    """The first row of each dedup key not already in ``seen``; with ``order``, rows sorted by
+    (created_at, record_id) first, so the earliest measurement is the one kept."""
     import pyarrow as pa
 
     if table.num_rows == 0:
         return table
-    table = table.sort_by([("created_at", "ascending"), ("record_id", "ascending")])
-    seen: set = set()
+    if order:
+        table = table.sort_by([("created_at", "ascending"), ("record_id", "ascending")])
+    seen = set() if seen is None else seen
     keep = []
     for i, row in enumerate(table.select(list(KEY_COLUMNS)).to_pylist()):
         key = dedup_key(row)

@@ -213,6 +213,19 @@ def _exchange_sizes(n: int, device, world: int, counter) -> list[int]:
     return [int(s.item()) for s in sizes]
 
 
+def _pad_rows(unit) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Every rank's row count, and this rank's (indices, rows) zero-padded to the longest, as
+    collectives of tensors need equal sizes on every rank."""
+    sizes = _exchange_sizes(len(unit.idx), unit.device, unit.world, unit.counter)
+    longest = max(sizes)
+    pad_idx = torch.zeros(longest, dtype=torch.long, device=unit.device)
+    pad_val = torch.zeros(longest, unit.members[0].shape[1], dtype=unit.vals.dtype, device=unit.device)
+    pad_idx[: len(unit.idx)] = unit.idx
+    pad_val[: len(unit.idx)] = unit.vals
+    unit.counter.bytes += pad_idx.numel() * 8 + pad_val.numel() * pad_val.element_size()
+    return sizes, pad_idx, pad_val
+
+
 class SparseAllGatherUnit(_Unit):
     """A sparse shard synchronized by all-gather of (row indices, row values); every rank sums
     the gathered rows into the same sparse gradient and applies it itself."""
@@ -228,16 +241,9 @@ class SparseAllGatherUnit(_Unit):
         self.idx, self.vals = _rows(member, grad, self.weight, self.device)
 
     def _launch(self):
-        self.sizes = _exchange_sizes(len(self.idx), self.device, self.world, self.counter)
-        longest = max(self.sizes)
-        width = self.members[0].shape[1]
-        pad_idx = torch.zeros(longest, dtype=torch.long, device=self.device)
-        pad_val = torch.zeros(longest, width, dtype=self.vals.dtype, device=self.device)
-        pad_idx[: len(self.idx)] = self.idx
-        pad_val[: len(self.idx)] = self.vals
+        self.sizes, pad_idx, pad_val = _pad_rows(self)
         self.all_idx = [torch.empty_like(pad_idx) for _ in range(self.world)]
         self.all_val = [torch.empty_like(pad_val) for _ in range(self.world)]
-        self.counter.bytes += pad_idx.numel() * 8 + pad_val.numel() * pad_val.element_size()
         self.works = [dist.all_gather(self.all_idx, pad_idx, async_op=True),
                       dist.all_gather(self.all_val, pad_val, async_op=True)]
 
@@ -269,17 +275,10 @@ class SparsePSUnit(_Unit):
         self.idx, self.vals = _rows(member, grad, self.weight, self.device)
 
     def _launch(self):
-        self.sizes = _exchange_sizes(len(self.idx), self.device, self.world, self.counter)
-        longest = max(self.sizes)
-        width = self.members[0].shape[1]
-        pad_idx = torch.zeros(longest, dtype=torch.long, device=self.device)
-        pad_val = torch.zeros(longest, width, dtype=self.vals.dtype, device=self.device)
-        pad_idx[: len(self.idx)] = self.idx
-        pad_val[: len(self.idx)] = self.vals
+        self.sizes, pad_idx, pad_val = _pad_rows(self)
         root = self.rank == self.placement
         self.all_idx = [torch.empty_like(pad_idx) for _ in range(self.world)] if root else None
         self.all_val = [torch.empty_like(pad_val) for _ in range(self.world)] if root else None
-        self.counter.bytes += pad_idx.numel() * 8 + pad_val.numel() * pad_val.element_size()
         self.works = [dist.gather(pad_idx, self.all_idx, dst=self.placement, async_op=True),
                       dist.gather(pad_val, self.all_val, dst=self.placement, async_op=True)]
 
