@@ -226,9 +226,8 @@ def _pad_rows(unit) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     return sizes, pad_idx, pad_val
 
 
-class SparseAllGatherUnit(_Unit):
-    """A sparse shard synchronized by all-gather of (row indices, row values); every rank sums
-    the gathered rows into the same sparse gradient and applies it itself."""
+class _SparseUnit(_Unit):
+    """Shared by the sparse synchronizers: the rows of this rank's gradient inside the shard."""
 
     def __init__(self, member: Member, weight: float, *, world: int, device, counter) -> None:
         self.world = world
@@ -240,6 +239,20 @@ class SparseAllGatherUnit(_Unit):
     def _store(self, member, grad):
         self.idx, self.vals = _rows(member, grad, self.weight, self.device)
 
+    def _gathered_grad(self) -> torch.Tensor:
+        """The summed sparse gradient of the shard from every rank's gathered rows."""
+        for w in self.works:
+            w.wait()
+        m = self.members[0]
+        idx = torch.cat([t[:n] for t, n in zip(self.all_idx, self.sizes)])
+        vals = torch.cat([t[:n] for t, n in zip(self.all_val, self.sizes)])
+        return torch.sparse_coo_tensor(idx[None], vals, m.shape, check_invariants=False).coalesce()
+
+
+class SparseAllGatherUnit(_SparseUnit):
+    """A sparse shard synchronized by all-gather of (row indices, row values); every rank sums
+    the gathered rows into the same sparse gradient and applies it itself."""
+
     def _launch(self):
         self.sizes, pad_idx, pad_val = _pad_rows(self)
         self.all_idx = [torch.empty_like(pad_idx) for _ in range(self.world)]
@@ -248,15 +261,10 @@ class SparseAllGatherUnit(_Unit):
                       dist.all_gather(self.all_val, pad_val, async_op=True)]
 
     def finish(self):
-        for w in self.works:
-            w.wait()
-        m = self.members[0]
-        idx = torch.cat([t[:n] for t, n in zip(self.all_idx, self.sizes)])
-        vals = torch.cat([t[:n] for t, n in zip(self.all_val, self.sizes)])
-        m.view.grad = torch.sparse_coo_tensor(idx[None], vals, m.shape, check_invariants=False).coalesce()
+        self.members[0].view.grad = self._gathered_grad()
 
 
-class SparsePSUnit(_Unit):
+class SparsePSUnit(_SparseUnit):
     """A sparse shard on a parameter server: rows gathered to the placement, which applies the
     update and broadcasts the rows it changed (all rows if its optimizer is not row-sparse)."""
 
@@ -264,15 +272,8 @@ class SparsePSUnit(_Unit):
                  full_broadcast: bool = False) -> None:
         self.rank = rank
         self.placement = placement
-        self.world = world
-        self.device = device
-        self.counter = counter
         self.full_broadcast = full_broadcast
-        self.works = []
-        super().__init__([member], weight)
-
-    def _store(self, member, grad):
-        self.idx, self.vals = _rows(member, grad, self.weight, self.device)
+        super().__init__(member, weight, world=world, device=device, counter=counter)
 
     def _launch(self):
         self.sizes, pad_idx, pad_val = _pad_rows(self)
@@ -283,15 +284,12 @@ class SparsePSUnit(_Unit):
                       dist.gather(pad_val, self.all_val, dst=self.placement, async_op=True)]
 
     def finish(self):
-        for w in self.works:
-            w.wait()
-        m = self.members[0]
         if self.rank == self.placement:
-            idx = torch.cat([t[:n] for t, n in zip(self.all_idx, self.sizes)])
-            vals = torch.cat([t[:n] for t, n in zip(self.all_val, self.sizes)])
-            m.view.grad = torch.sparse_coo_tensor(idx[None], vals, m.shape, check_invariants=False).coalesce()
+            self.members[0].view.grad = self._gathered_grad()
         else:
-            m.view.grad = None
+            for w in self.works:
+                w.wait()
+            self.members[0].view.grad = None
 
     def owned(self):
         return self.members if self.rank == self.placement else []
