@@ -24,7 +24,7 @@ from ..strategy.schema import (
     VariablePlan,
 )
 
-__all__ = ["RandomSampler"]
+__all__ = ["RandomSampler", "GuidedSampler"]
 
 
 @dataclass
@@ -66,6 +66,97 @@ class RandomSampler:
                     if rng.random() < self.new_group_prob:
                         group += 1
                     sync = AllReduceSynchronizer(group=group + (sparse_group_offset if var.sparse else 0))
+                shards.append(ShardPlan(synchronizer=sync))
+            plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
+        return Strategy(model={"name": self.model.name, "hash": self.model.hash},
+                        cluster={"name": self.cluster.name, "hash": self.cluster.hash},
+                        replicas=self.cluster.devices,
+                        batch_split=tuple(self.model.batch_size for _ in self.cluster.devices),
+                        plans=tuple(plans))
+
+    def sample_many(self, n: int) -> list[Strategy]:
+        return [self.sample() for _ in range(n)]
+
+
+@dataclass
+class GuidedSampler:
+    """Strategies sampled under the papers' knowledge constraints (AutoDist §2.4, AutoSync §3.2).
+
+    - partitioning: never below ``small_bytes``, always above ``large_bytes`` (a variable that
+      large is bandwidth-bound on one flow), otherwise with probability ``partition_prob``;
+    - load balancing (c_lb): each PS shard's server node is drawn from a multinomial whose
+      weights grow with the node's NIC bandwidth and shrink with the bytes already placed there;
+    - adjacent merging (c_am): all-reduce shards join groups in backward order, and a group
+      closes once it holds its share of the strategy's all-reduce bytes, so groups have similar
+      loads.
+    Each strategy first draws its own PS share, local-aggregation rate and number of groups, so
+    a batch spans mostly-PS, mixed and mostly-all-reduce strategies.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    seed: int = 0
+    small_bytes: int = 256 * 1024
+    large_bytes: int = 64 * 1024 * 1024
+    partition_prob: float = 0.3
+    max_shards: int = 8
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.servers = [node.devices[0] for node in self.cluster.nodes]
+        self.nic = [node.nic_gbps for node in self.cluster.nodes]
+
+    def _partition(self, var) -> list[int]:
+        partition = [1] * len(var.shape)
+        if not var.shape or var.shape[0] < 2 or var.num_bytes < self.small_bytes:
+            return partition
+        if var.num_bytes >= self.large_bytes or self.rng.random() < self.partition_prob:
+            axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)]
+            axis = self.rng.choice(axes)
+            upper = min(self.max_shards, var.shape[axis], max(2, 2 * len(self.servers)))
+            partition[axis] = self.rng.randint(2, max(2, upper))
+        return partition
+
+    def sample(self) -> Strategy:
+        rng = self.rng
+        ps_share = rng.random()
+        local_rate = rng.random()
+        loads = [0.0] * len(self.servers)
+        decisions = []
+        for var in self.model.variables:
+            partition = self._partition(var)
+            k = math.prod(partition)
+            shard_bytes = var.num_bytes / k
+            kinds = []
+            for _ in range(k):
+                if rng.random() < ps_share:
+                    weights = [nic / (1.0 + load / max(1.0, shard_bytes)) for nic, load in zip(self.nic, loads)]
+                    j = rng.choices(range(len(self.servers)), weights=weights)[0]
+                    loads[j] += shard_bytes
+                    kinds.append(("ps", j))
+                else:
+                    kinds.append(("allgather", None) if var.sparse and rng.random() < 0.5 else ("allreduce", None))
+            decisions.append((var, partition, kinds, shard_bytes))
+        ar_bytes = sum(b for _v, _p, ks, b in decisions for kind, _ in ks if kind == "allreduce")
+        num_groups = rng.randint(1, max(1, min(16, sum(1 for _v, _p, ks, _b in decisions for kd, _ in ks
+                                                      if kd == "allreduce"))))
+        target = ar_bytes / num_groups if ar_bytes else 1.0
+        group, filled, sparse_group = 0, 0.0, 10_000
+        plans = []
+        for var, partition, kinds, shard_bytes in decisions:
+            shards = []
+            for kind, j in kinds:
+                if kind == "ps":
+                    sync = PSSynchronizer(placement=self.servers[j], local_aggregation=rng.random() < local_rate)
+                elif kind == "allgather":
+                    sync = AllGatherSynchronizer()
+                elif var.sparse:
+                    sync = AllReduceSynchronizer(group=sparse_group)
+                else:
+                    if filled and filled + shard_bytes > target * 1.0001:
+                        group, filled = group + 1, 0.0
+                    filled += shard_bytes
+                    sync = AllReduceSynchronizer(group=group)
                 shards.append(ShardPlan(synchronizer=sync))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
         return Strategy(model={"name": self.model.name, "hash": self.model.hash},

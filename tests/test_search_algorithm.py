@@ -1,0 +1,146 @@
+"""Algorithm 1 with a fake trial runner: a deterministic runtime function stands in for the
+cluster, so the search logic is tested exactly (the full pipeline against its ablations),
+together with its persistence and the experiment files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from synctune.models import model_spec
+from synctune.search.algorithm import Algorithm1, fidelity_level, select_diverse
+from synctune.search.experiment import Experiment, load_experiment
+from synctune.search.sampler import GuidedSampler
+from synctune.simulator import AnalyticSimulator, DomainContext, encode
+from synctune.simulator.features import AnalyticConstants
+from synctune.spec import SpecError, cluster_preset
+from synctune.strategy import validate
+
+MODEL, CLUSTER = model_spec("bert-large"), cluster_preset("B7")
+# The "cluster": the analytic model with other constants than the simulator's defaults, and a
+# cost per extra shard the simulator does not know about.
+TRUTH = DomainContext(MODEL, CLUSTER, AnalyticConstants(phi=1e-4, delta=4e-5))
+
+
+def runtime(strategy) -> float:
+    t = AnalyticSimulator()._predict_batch(encode([strategy], TRUTH), TRUTH)[0]
+    return float(t * (1 + 0.002 * sum(p.num_shards - 1 for p in strategy.plans)))
+
+
+def run(algorithm: str, budget: int = 20, seed: int = 1, simulator=AnalyticSimulator) -> Algorithm1:
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=budget, algorithm=algorithm,
+                     proposals=120, candidates=5, seed=seed)
+    algo = Algorithm1(MODEL, CLUSTER, exp, simulator if algorithm in ("autodist", "genetic") else None)
+    while (p := algo.ask()) is not None:
+        validate(p.strategy, MODEL, CLUSTER)
+        algo.tell(p.trial_id, runtime(p.strategy))
+    return algo
+
+
+def test_full_pipeline_beats_its_ablations():
+    full, guided, plain = (run(a).summary() for a in ("autodist", "random-guided", "random"))
+    for s in (full, guided, plain):
+        assert s["trials"] == 20 and s["best_baseline_s"] == pytest.approx(full["best_baseline_s"])
+    assert full["speedup_over_best_baseline"] >= 1.2
+    assert full["trials_to_1.2x"] is not None
+    reached = [s["trials_to_1.2x"] for s in (guided, plain) if s["trials_to_1.2x"] is not None]
+    assert all(full["trials_to_1.2x"] < r for r in reached)
+    assert full["hit_rate"] > guided["hit_rate"] >= plain["hit_rate"]
+    assert full["best_runtime_s"] <= min(guided["best_runtime_s"], plain["best_runtime_s"])
+
+
+def test_baselines_come_first_and_failures_are_recorded():
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=8, proposals=20, candidates=2,
+                     baselines=("allreduce", "ps-lb"))
+    algo = Algorithm1(MODEL, CLUSTER, exp, AnalyticSimulator)
+    first = [algo.ask() for _ in range(2)]
+    assert [p.origin for p in first] == ["allreduce", "ps-lb"]
+    algo.tell(first[0].trial_id, 2.0)
+    algo.tell(first[1].trial_id, None)  # a failed trial
+    while (p := algo.ask()) is not None:
+        algo.tell(p.trial_id, runtime(p.strategy))
+    s = algo.summary()
+    assert s["trials"] == 8 and s["failed"] == 1 and s["best_baseline_s"] == 2.0
+
+
+def test_state_round_trip_resumes_without_repeating_trials():
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4, seed=3)
+    algo = Algorithm1(MODEL, CLUSTER, exp, AnalyticSimulator)
+    for _ in range(9):
+        p = algo.ask()
+        algo.tell(p.trial_id, runtime(p.strategy))
+    unfinished = algo.ask()  # asked, never told: the driver "died" here
+    saved = json.loads(json.dumps(algo.state()))
+    back = Algorithm1.from_state(saved, MODEL, CLUSTER, exp, AnalyticSimulator)
+    ids = [t["trial_id"] for t in back.trials]
+    while (p := back.ask()) is not None:
+        assert p.trial_id not in ids
+        ids.append(p.trial_id)
+        back.tell(p.trial_id, runtime(p.strategy))
+    assert len(back.trials) == 16 and len(set(ids)) == 16
+    assert unfinished.trial_id not in [t["trial_id"] for t in back.trials[:9]]
+
+
+def test_genetic_children_are_valid_strategies():
+    algo = run("genetic", budget=14)
+    assert algo.summary()["trials"] == 14
+
+
+def test_guided_sampler_respects_its_constraints():
+    sampler = GuidedSampler(MODEL, CLUSTER, seed=0)
+    for s in sampler.sample_many(30):
+        validate(s, MODEL, CLUSTER)
+        for plan in s.plans:
+            var = MODEL[plan.variable]
+            if var.num_bytes < sampler.small_bytes:
+                assert not plan.is_partitioned, plan.variable
+            if var.num_bytes >= sampler.large_bytes:
+                assert plan.is_partitioned, plan.variable
+        groups = [sh.synchronizer.group for _p, _i, sh in s.iter_shards() if sh.synchronizer.kind == "allreduce"]
+        assert groups == sorted(groups)  # adjacent merging: groups follow backward order
+
+
+def test_fidelity_level_and_diverse_selection():
+    runtimes = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    good_scores = -runtimes  # a perfect simulator: it vouches for every score
+    assert fidelity_level(good_scores, runtimes, 0.8) == pytest.approx(-1.0)
+    assert fidelity_level(runtimes.copy(), runtimes, 0.8) == -np.inf  # ranks everything backwards
+    ctx = DomainContext(MODEL, CLUSTER)
+    strategies = GuidedSampler(MODEL, CLUSTER, seed=5).sample_many(6)
+    same = [strategies[0]] * 3 + strategies[1:4]
+    chosen = select_diverse(same, np.array([5.0, 5.0, 5.0, 1.0, 1.0, 1.0]), 2, ctx, weight=2.0)
+    assert chosen[0] in (0, 1, 2) and chosen[1] >= 3  # a copy of the first pick is not picked again
+
+
+def test_experiment_files(tmp_path):
+    good = tmp_path / "e.yaml"
+    good.write_text("name: q\nmodel: bert-tiny\ncluster: local-2x2\nbudget: 6\nalgorithm: random-guided\n")
+    assert load_experiment(good).budget == 6
+    for text, fragment in [
+        ("name: q\nmodel: m\ncluster: c\nbudget: 0\n", "budget: expected an integer >= 1, got 0"),
+        ("name: q\nmodel: m\ncluster: c\nbudget: 5\nalgoritm: x\n", "unknown key(s) ['algoritm']"),
+        ("name: q\nmodel: m\ncluster: c\nbudget: 5\nalgorithm: bayes\n", "algorithm: expected one of autodist"),
+        ("name: q\nmodel: m\ncluster: c\n", "missing key 'budget'"),
+        ("name: q\nmodel: m\ncluster: c\nbudget: 5\nbaselines: [horovd]\n", "unknown builder 'horovd'"),
+        ("name: [\n", "malformed YAML"),
+    ]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(SpecError) as info:
+            load_experiment(bad)
+        assert fragment in str(info.value) and str(bad) in str(info.value)
+
+
+def test_shipped_experiment_files_load_and_name_real_domains():
+    from pathlib import Path
+
+    from synctune.models import MODELS
+    from synctune.spec import CLUSTER_PRESETS
+
+    files = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
+    assert {f.name for f in files} >= {"quickstart.yaml", "bert-large-B7.yaml", "vgg16-A2.yaml", "ncf-dense-B7.yaml"}
+    for f in files:
+        exp = load_experiment(f)
+        assert exp.name == f.stem and exp.model in MODELS and exp.cluster in CLUSTER_PRESETS
