@@ -135,6 +135,16 @@ class MlflowLogger:
         except Exception as exc:  # noqa: BLE001
             self._warn("logging metrics", exc)
 
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        """Attach ``text`` to a run as the artifact ``name`` (e.g. the search's best strategy)."""
+        if not run_id or not self._ensure():
+            return
+        try:
+            with _bounded_http(self.timeout_s):
+                self._client.log_text(run_id, text, name)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("logging an artifact", exc)
+
     def log_trial(self, record: TrialRecord, *, parent_run_id: str = "",
                   speedup_over_best_baseline: float | None = None) -> str:
         """Log one trial as a (child) run: params, metrics, status tag, strategy and per-iteration

@@ -1,0 +1,79 @@
+"""``synctune search EXPERIMENT.yaml``: the main job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from . import cli
+from ._common import echo_err, resolve_cluster_arg, resolve_model
+
+
+@cli.command("search")
+@click.argument("experiment")
+@click.option("--resume", is_flag=True, help="Continue an interrupted search (finished trials are kept).")
+@click.option("--ray-address", default="local", show_default=True,
+              help="'local' starts Ray on this machine; 'auto' joins a running cluster (ray job submit).")
+@click.option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or the SQLite store).")
+def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: str | None) -> None:
+    """Search the fastest strategy for an experiment's (model, cluster): baselines first, then
+    AutoDist's Algorithm 1 (or the variant the file names), every trial real and recorded."""
+    from tqdm import tqdm
+
+    from ..data import data_home
+    from ..search.experiment import load_experiment
+    from ..spec._util import write_text_atomic
+
+    exp = load_experiment(experiment)
+    model = resolve_model(exp.model)
+    cluster = resolve_cluster_arg(exp.cluster)
+    if cluster.device_kind != "cpu" and ray_address == "local":
+        from ..spec.errors import SpecError
+
+        raise SpecError(f"{experiment}: cluster {cluster.name} has GPU nodes; run the search on a Ray cluster "
+                        f"that has them (ray job submit ... -- synctune search {experiment} --ray-address auto)")
+    import ray
+
+    from ..cluster.search_runner import run_search, search_id_of
+
+    if not ray.is_initialized():
+        kwargs = {"address": ray_address, "log_to_driver": False}
+        if ray_address == "local":
+            kwargs.update(num_cpus=cluster.num_devices + 1, include_dashboard=False)
+        ray.init(**kwargs)
+    bar = tqdm(total=exp.budget, desc=exp.name, unit="trial", disable=None)
+
+    def on_trial(outcome: dict, summary: dict) -> None:
+        bar.n = summary["trials"]
+        speed = summary["speedup_over_best_baseline"]
+        hits = summary["hit_rate"]
+        bar.set_postfix_str(f"best {summary['best_runtime_s'] * 1e3:.1f} ms" if summary["best_runtime_s"] else "" +
+                            (f", x{speed:.2f} vs baselines" if speed else "") +
+                            (f", hit rate {hits:.0%}" if hits is not None else ""))
+        bar.refresh()
+
+    try:
+        summary = run_search(exp, model, cluster, resume=resume, tracking_uri=tracking_uri, on_trial=on_trial)
+    finally:
+        bar.close()
+    best_path = Path(exp.output) if exp.output else data_home() / "searches" / f"{search_id_of(exp)}-best.json"
+    best_path.parent.mkdir(parents=True, exist_ok=True)
+    if summary["best_strategy"]:
+        write_text_atomic(best_path, json.dumps(summary["best_strategy"], indent=2, sort_keys=True) + "\n")
+    speed = summary["speedup_over_best_baseline"]
+    click.echo(f"search {summary['search_id']}: {summary['trials']} trials ({summary['failed']} failed) "
+               f"in {summary['wall_s']:.0f} s")
+    if summary["best_runtime_s"]:
+        click.echo(f"best      {summary['best_runtime_s'] * 1e3:.1f} ms/iteration ({summary['best_origin']}), "
+                   f"saved to {best_path}")
+    if summary["best_baseline_s"]:
+        click.echo(f"baseline  {summary['best_baseline_s'] * 1e3:.1f} ms/iteration (best hand-optimised builder)")
+    click.echo(f"speed-up  {speed:.3f}x over the best baseline" if speed else "speed-up  n/a")
+    hits = summary["hit_rate"]
+    click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
+               "hit rate  n/a")
+    click.echo(f"trials to 1.1x: {summary['trials_to_1.1x'] or '-'}, to 1.2x: {summary['trials_to_1.2x'] or '-'}")
+    echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
+             f"dataset rows under search id {summary['search_id']}")

@@ -1,0 +1,173 @@
+"""Running a search: AutoDist Algorithm 1 driven through Ray Tune, one Tune trial per strategy.
+
+The Tune searcher wraps :class:`synctune.search.Algorithm1` (ask/tell by trial id). Each Tune
+trial hands its strategy to a named "slice" actor that owns a :class:`RayWorkerGroup` for
+the experiment's cluster, so the process group is started once for the whole search, not
+once per trial. Results come back to the driver, which records each one (an MLflow child run
+of the search's parent run, and a dataset row) *before* telling the searcher.
+
+The dataset is the search's memory: ``resume`` rebuilds the searcher from the rows of this
+search id, so an interrupted search continues without re-running finished trials and ends
+with exactly ``budget`` rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from ..engine.trial import TrialConfig
+from ..search.algorithm import Algorithm1
+from ..search.experiment import Experiment
+from ..spec.cluster import ClusterSpec
+from ..spec.errors import SpecError
+from ..spec.model import ModelSpec
+from ..strategy.schema import Strategy
+
+__all__ = ["run_search", "search_id_of"]
+
+
+def search_id_of(exp: Experiment) -> str:
+    """The stable id of an experiment's search (what ``--resume`` finds again)."""
+    return f"{exp.name}-seed{exp.seed}"
+
+
+class _Slice:
+    """Actor body holding one worker group (wrapped with ray.remote lazily)."""
+
+    def __init__(self, cluster: dict) -> None:
+        from .workers import RayWorkerGroup
+
+        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster))
+
+    def run(self, strategy: dict, config: dict) -> dict:
+        return self.group.run_trial(Strategy.from_dict(strategy), TrialConfig(**config)).to_dict()
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+def _trainable(config: dict) -> None:
+    import ray
+    from ray import tune
+
+    holder = ray.get_actor(config["slice"])
+    result = ray.get(holder.run.remote(config["strategy"], config["trial_config"]))
+    tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
+                 "result_json": json.dumps(result)})
+
+
+def _make_simulator(exp: Experiment) -> Callable[[], Any] | None:
+    from ..simulator import AnalyticSimulator, load_simulator, make_simulator
+
+    if exp.algorithm in ("random", "random-guided"):
+        return None
+    if exp.simulator == "analytic":
+        return AnalyticSimulator
+    if exp.simulator in ("rnn", "linear", "gat"):
+        return lambda: make_simulator(exp.simulator, epochs=60, seed=exp.seed)
+    loaded = load_simulator(exp.simulator)
+    return lambda: loaded
+
+
+def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resume: bool = False,
+               tracking_uri: str | None = None, on_trial: Callable[[dict, dict], None] | None = None) -> dict:
+    """Run (or resume) the search of ``exp``; returns the summary. Ray must be initialized."""
+    import ray
+    from ray import tune
+    from ray.tune.search import Searcher
+
+    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir
+
+    search_id = search_id_of(exp)
+    ds = TrialDataset(dataset_dir())
+    done = ds.records(model=model.name, cluster=cluster.name, search_id=search_id)
+    if done and not resume:
+        raise SpecError(f"search {search_id!r} already has {len(done)} recorded trial(s) in {ds.root}; "
+                        f"pass --resume to continue it, or change the experiment's name or seed")
+    state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "origin": r.origin,
+                         "predicted": r.predicted_time_s, "runtime": r.mean_s if r.status == "ok" else None}
+                        for r in sorted(done, key=lambda r: r.created_at)],
+             "rounds": len({r.trial_id.split("-")[0] for r in done if not r.trial_id.startswith("baseline-")})}
+    make_sim = _make_simulator(exp)
+    algo = Algorithm1.from_state(state, model, cluster, exp, make_sim)
+    logger = MlflowLogger(exp.name, tracking_uri)
+    parent = logger.start_search(search_id, {"experiment": exp.source or exp.name, "model": model.name,
+                                             "cluster": cluster.name, "algorithm": exp.algorithm,
+                                             "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed})
+    trial_config = asdict(TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s))
+    slice_name = f"synctune-slice-{search_id}"
+    holder = ray.remote(num_cpus=0)(_Slice).options(name=slice_name).remote(cluster.to_dict())
+    proposals: dict[str, Any] = {}
+
+    def record(proposal, result: dict) -> None:
+        summary = algo.summary()
+        best_base = summary["best_baseline_s"]
+        rec = TrialRecord.from_trial(result, proposal.strategy, model, cluster, origin=proposal.origin,
+                                     search_id=search_id, trial_id=proposal.trial_id,
+                                     predicted_time_s=proposal.predicted, experiment=exp.name)
+        speedup = best_base / rec.mean_s if (best_base and rec.mean_s) else None
+        run_id = logger.log_trial(rec, parent_run_id=parent, speedup_over_best_baseline=speedup)
+        if run_id:
+            rec = type(rec)(**{**rec.__dict__, "mlflow_run_id": run_id})
+        ds.append([rec])  # the dataset row lands before the searcher learns of the trial
+
+    class _Searcher(Searcher):
+        """Ask/tell by Tune trial id; its state is Algorithm 1's plain-JSON state."""
+
+        def __init__(self):
+            super().__init__(metric="mean_s", mode="min")
+
+        def save(self, checkpoint_path: str) -> None:
+            Path(checkpoint_path).write_text(json.dumps(algo.state()))
+
+        def restore(self, checkpoint_path: str) -> None:
+            nonlocal algo
+            algo = Algorithm1.from_state(json.loads(Path(checkpoint_path).read_text()), model, cluster, exp, make_sim)
+
+        def suggest(self, trial_id: str):
+            proposal = algo.ask()
+            if proposal is None:
+                return Searcher.FINISHED
+            proposals[trial_id] = proposal
+            return {"slice": slice_name, "strategy": proposal.strategy.to_dict(), "trial_config": trial_config}
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            proposal = proposals.pop(trial_id)
+            if result and "result_json" in result:
+                outcome = json.loads(result["result_json"])
+            else:
+                outcome = {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
+            record(proposal, outcome)
+            algo.tell(proposal.trial_id, outcome.get("mean_s") if outcome["status"] == "ok" else None)
+            if on_trial:
+                on_trial(outcome, algo.summary())
+
+    remaining = exp.budget - len(algo.trials)
+    start = time.monotonic()
+    try:
+        if remaining > 0:
+            tuner = tune.Tuner(
+                # The trainable only forwards to the slice actor: a token CPU share (Tune refuses 0).
+                tune.with_resources(_trainable, {"CPU": 0.01}),
+                tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining, max_concurrent_trials=1),
+                run_config=tune.RunConfig(name=search_id, storage_path=str(Path(dataset_dir()).parent / "tune"),
+                                          verbose=0),
+            )
+            tuner.fit()
+    finally:
+        try:
+            ray.get(holder.shutdown.remote(), timeout=60)
+        finally:
+            ray.kill(holder)
+    summary = algo.summary()
+    summary.update({"search_id": search_id, "wall_s": time.monotonic() - start, "mlflow_parent_run": parent})
+    logger.log_metrics(parent, {k.replace(".", "_"): summary.get(k) for k in (
+        "speedup_over_best_baseline", "hit_rate", "best_runtime_s", "best_baseline_s", "trials", "failed",
+        "trials_to_1.1x", "trials_to_1.2x")}, final_status="FINISHED")
+    if summary["best_strategy"]:
+        logger.log_text(parent, json.dumps(summary["best_strategy"], indent=1, sort_keys=True), "best_strategy.json")
+    return summary
