@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..spec._util import is_int, is_number
+from ..spec._util import is_int, is_number, read_yaml
 from ..spec.errors import SpecError
 
 __all__ = ["ALGORITHMS", "Experiment", "load_experiment"]
@@ -90,17 +90,4 @@ class Experiment:
 
 def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment YAML file."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such experiment file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}: malformed YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    return Experiment.from_dict(data, source=str(path))
+    return Experiment.from_dict(read_yaml(path, "experiment"), source=str(path))

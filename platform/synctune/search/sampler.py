@@ -27,6 +27,15 @@ from ..strategy.schema import (
 __all__ = ["RandomSampler", "GuidedSampler"]
 
 
+def _assemble(model: ModelSpec, cluster: ClusterSpec, plans: list[VariablePlan]) -> Strategy:
+    """A strategy over every device of ``cluster``, each with the model's default batch."""
+    return Strategy(model={"name": model.name, "hash": model.hash},
+                    cluster={"name": cluster.name, "hash": cluster.hash},
+                    replicas=cluster.devices,
+                    batch_split=tuple(model.batch_size for _ in cluster.devices),
+                    plans=tuple(plans))
+
+
 @dataclass
 class RandomSampler:
     """Uniform-ish random strategies; ``seed`` makes the sequence reproducible."""
@@ -68,11 +77,7 @@ class RandomSampler:
                     sync = AllReduceSynchronizer(group=group + (sparse_group_offset if var.sparse else 0))
                 shards.append(ShardPlan(synchronizer=sync))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return Strategy(model={"name": self.model.name, "hash": self.model.hash},
-                        cluster={"name": self.cluster.name, "hash": self.cluster.hash},
-                        replicas=self.cluster.devices,
-                        batch_split=tuple(self.model.batch_size for _ in self.cluster.devices),
-                        plans=tuple(plans))
+        return _assemble(self.model, self.cluster, plans)
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]
@@ -159,11 +164,7 @@ class GuidedSampler:
                     sync = AllReduceSynchronizer(group=group)
                 shards.append(ShardPlan(synchronizer=sync))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return Strategy(model={"name": self.model.name, "hash": self.model.hash},
-                        cluster={"name": self.cluster.name, "hash": self.cluster.hash},
-                        replicas=self.cluster.devices,
-                        batch_split=tuple(self.model.batch_size for _ in self.cluster.devices),
-                        plans=tuple(plans))
+        return _assemble(self.model, self.cluster, plans)
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]

@@ -51,3 +51,27 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_text(path: str | Path, what: str, error: type = SpecError) -> str:
+    """The text of ``path``; a missing or unreadable file is one clear ``error`` naming ``what``."""
+    path = Path(path)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Parsed YAML of ``path``; malformed YAML is reported with its line and column."""
+    import yaml
+
+    text = read_text(path, what)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{path}: malformed YAML{at}: {getattr(exc, 'problem', None) or 'malformed YAML'}") from None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._util import is_int, is_number, require, sha256_hex, write_text_atomic
+from ._util import is_int, is_number, read_yaml, require, sha256_hex, write_text_atomic
 from .errors import SpecError
 from .registry import Registry
 
@@ -318,23 +318,7 @@ def cluster_preset(name: str) -> ClusterSpec:
 
 def load_cluster_spec(path: str | Path) -> ClusterSpec:
     """Read a cluster spec from a YAML (or JSON) file; errors name the file, node and field."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such cluster spec file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise SpecError(f"{path}: malformed YAML{at}: {problem}") from None
-    return ClusterSpec.from_dict(data, where=str(path))
+    return ClusterSpec.from_dict(read_yaml(path, "cluster spec"), where=str(path))
 
 
 def resolve_cluster(name_or_path: str) -> ClusterSpec:

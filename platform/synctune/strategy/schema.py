@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Union
 
-from ..spec._util import canonical_json, is_int, require, sha256_hex
+from ..spec._util import canonical_json, is_int, read_text, require, sha256_hex
 from ..spec.errors import SpecError
 from ..spec.registry import Registry
 
@@ -425,11 +425,4 @@ class Strategy:
 
 def load_strategy(path: str | Path) -> Strategy:
     """Read a strategy JSON file; errors name the file and the field."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise StrategyError(f"{path}: no such strategy file") from None
-    except OSError as exc:
-        raise StrategyError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return Strategy.from_json(text, where=str(path))
+    return Strategy.from_json(read_text(path, "strategy", StrategyError), where=str(path))
