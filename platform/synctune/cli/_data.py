@@ -177,7 +177,7 @@ def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup,
     """
     from tqdm import tqdm
 
-    from ..data import MlflowLogger, TrialRecord
+    from ..data import MlflowLogger, TrialRecord, record_trial
     from ..engine.trial import TrialConfig, run_trials_local
     from ..search.sampler import RandomSampler
     from ..strategy import BUILDERS, build_strategy
@@ -206,10 +206,7 @@ def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup,
                 rec = TrialRecord.from_trial(result.to_dict(), strategies[i], spec, cluster, origin=origins[i],
                                              search_id=search_id, trial_id=f"{i:04d}",
                                              experiment=logger.experiment if logger else "")
-                if logger:
-                    run_id = logger.log_trial(rec, parent_run_id=parent)
-                    rec = type(rec)(**{**rec.__dict__, "mlflow_run_id": run_id})
-                ds.append([rec])
+                record_trial(rec, ds, logger, parent_run_id=parent)
                 bar.update(1)
 
             results = run_trials_local(strategies, cluster, config, on_result=on_result)

@@ -49,9 +49,14 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         bar.n = summary["trials"]
         speed = summary["speedup_over_best_baseline"]
         hits = summary["hit_rate"]
-        bar.set_postfix_str(f"best {summary['best_runtime_s'] * 1e3:.1f} ms" if summary["best_runtime_s"] else "" +
-                            (f", x{speed:.2f} vs baselines" if speed else "") +
-                            (f", hit rate {hits:.0%}" if hits is not None else ""))
+        parts = []
+        if summary["best_runtime_s"]:
+            parts.append(f"best {summary['best_runtime_s'] * 1e3:.1f} ms")
+        if speed:
+            parts.append(f"x{speed:.2f} vs baselines")
+        if hits is not None:
+            parts.append(f"hit rate {hits:.0%}")
+        bar.set_postfix_str(", ".join(parts))
         bar.refresh()
 
     try:

@@ -120,12 +120,10 @@ def _print_result(result, strategy) -> None:
 
 def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str) -> None:
     """MLflow first (for the run id), then the dataset row, which lands even if MLflow is down."""
-    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir
+    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir, record_trial
 
     rec = TrialRecord.from_trial(result.to_dict(), strategy, model_spec, cluster_spec, origin=origin,
                                  experiment=experiment)
-    run_id = MlflowLogger(experiment).log_trial(rec)
-    if run_id:
-        rec = type(rec)(**{**rec.__dict__, "mlflow_run_id": run_id})
-    TrialDataset(dataset_dir()).append([rec])
+    rec = record_trial(rec, TrialDataset(dataset_dir()), MlflowLogger(experiment))
+    run_id = rec.mlflow_run_id
     echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

@@ -80,7 +80,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
     from ray import tune
     from ray.tune.search import Searcher
 
-    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir
+    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir, record_trial
 
     search_id = search_id_of(exp)
     ds = TrialDataset(dataset_dir())
@@ -110,10 +110,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
                                      search_id=search_id, trial_id=proposal.trial_id,
                                      predicted_time_s=proposal.predicted, experiment=exp.name)
         speedup = best_base / rec.mean_s if (best_base and rec.mean_s) else None
-        run_id = logger.log_trial(rec, parent_run_id=parent, speedup_over_best_baseline=speedup)
-        if run_id:
-            rec = type(rec)(**{**rec.__dict__, "mlflow_run_id": run_id})
-        ds.append([rec])  # the dataset row lands before the searcher learns of the trial
+        # The dataset row lands before the searcher learns of the trial: --resume relies on it.
+        record_trial(rec, ds, logger, parent_run_id=parent, speedup_over_best_baseline=speedup)
 
     class _Searcher(Searcher):
         """Ask/tell by Tune trial id; its state is Algorithm 1's plain-JSON state."""

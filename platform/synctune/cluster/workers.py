@@ -198,14 +198,14 @@ class RayWorkerGroup:
                                          f"{config.timeout_s:g} s", strategy, self.cluster, config, "ray",
                                          time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001 - a trial failure is a result, not an error
-            status, message = _describe_failure(exc, refs)
+            status, message = _describe_failure(exc)
             # A peer's death reaches the survivors as transport errors, often first: look for it.
             ray.wait(refs, num_returns=len(refs), timeout=2.0)
             for rank, ref in enumerate(refs):
                 try:
                     ray.get(ref, timeout=0.1)
                 except ray.exceptions.RayActorError as died:
-                    status, message = "failed", f"rank {rank}: {_describe_failure(died, refs)[1]}; {message[:300]}"
+                    status, message = "failed", f"rank {rank}: {_describe_failure(died)[1]}; {message[:300]}"
                     break
                 except Exception:  # noqa: BLE001 - other ranks' own errors or still running
                     continue
@@ -236,7 +236,7 @@ class RayWorkerGroup:
             self.pg = None
 
 
-def _describe_failure(exc: BaseException, refs: list) -> tuple[str, str]:
+def _describe_failure(exc: BaseException) -> tuple[str, str]:
     from ray.exceptions import RayActorError, RayTaskError
 
     from ..engine.local import classify_error

@@ -92,7 +92,12 @@ class StrategyEngine:
             # Replicas must start from the same point (as DDP does at construction).
             with torch.no_grad():
                 for t in list(module.parameters()) + list(module.buffers()):
-                    dist.broadcast(t.data if t.is_contiguous() else t.data.contiguous(), src=0)
+                    if t.is_contiguous():
+                        dist.broadcast(t.data, src=0)
+                    else:  # collectives need contiguous memory: go through a buffer and copy back
+                        buf = t.data.contiguous()
+                        dist.broadcast(buf, src=0)
+                        t.data.copy_(buf)
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
         self.units = self._build_units(strategy, model_spec, params, device, seed)

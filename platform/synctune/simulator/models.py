@@ -255,6 +255,16 @@ def _padded(x, offsets: np.ndarray):
     return out, mask, lengths
 
 
+def _pool(h, mask=None):
+    """Mean and max over the sequence axis of (n, L, d), ignoring padded positions: (n, 2d)."""
+    torch = _torch()
+    if mask is None:
+        return torch.cat([h.mean(1), h.max(1).values], dim=1)
+    m = mask[..., None].float()
+    mean = (h * m).sum(1) / m.sum(1)
+    return torch.cat([mean, h.masked_fill(~mask[..., None], -1e9).max(1).values], dim=1)
+
+
 class LinearSimulator(_Learned):
     """f^ = z_pre . theta over the global predefined features."""
 
@@ -299,7 +309,7 @@ class RNNSimulator(_Learned):
         counts = torch.bincount(key, minlength=n * v).clamp(min=1).to(h.dtype)
         seq = (sums / counts[:, None]).view(n, v, -1)  # every strategy of a domain has all v variables
         out, _ = net.lstm(seq)
-        return net.head(torch.cat([out.mean(1), out.max(1).values, g], dim=1)).squeeze(-1)
+        return net.head(torch.cat([_pool(out), g], dim=1)).squeeze(-1)
 
 
 class GATSimulator(_Learned):
@@ -345,10 +355,7 @@ class GATSimulator(_Learned):
         adj = self._adjacency(batch, h.shape[1]) & mask[:, None, :] & mask[:, :, None]
         h = torch.relu(net.g1(h, adj))
         h = torch.relu(net.g2(h, adj)) + h
-        m = mask[..., None].float()
-        mean = (h * m).sum(1) / m.sum(1)
-        mx = h.masked_fill(~mask[..., None], -1e9).max(1).values
-        return net.head(torch.cat([mean, mx, g], dim=1)).squeeze(-1)
+        return net.head(torch.cat([_pool(h, mask), g], dim=1)).squeeze(-1)
 
     @staticmethod
     def _adjacency(batch: StrategyBatch, longest: int):
