@@ -14,8 +14,9 @@ from ._common import echo_err, resolve_cluster_arg, resolve_model
 @cli.command("search")
 @click.argument("experiment")
 @click.option("--resume", is_flag=True, help="Continue an interrupted search (finished trials are kept).")
-@click.option("--ray-address", default="local", show_default=True,
-              help="'local' starts Ray on this machine; 'auto' joins a running cluster (ray job submit).")
+@click.option("--ray-address", default="local", show_default=True, envvar="RAY_ADDRESS",
+              help="'local' starts Ray on this machine; 'auto' or an address joins a running cluster "
+                   "(a Ray job gets its cluster's address from $RAY_ADDRESS).")
 @click.option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or the SQLite store).")
 def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: str | None) -> None:
     """Search the fastest strategy for an experiment's (model, cluster): baselines first, then
@@ -56,6 +57,11 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
             parts.append(f"x{speed:.2f} vs baselines")
         if hits is not None:
             parts.append(f"hit rate {hits:.0%}")
+        if bar.disable:  # no terminal (a Ray job's log, CI): one line per trial instead of a bar
+            this = (f"{outcome['mean_s'] * 1e3:.1f} ms" if outcome.get("status") == "ok" and outcome.get("mean_s")
+                    else outcome.get("status", "failed"))
+            echo_err(f"{exp.name}: trial {summary['trials']}/{exp.budget}: {this}; " + ", ".join(parts))
+            return
         bar.set_postfix_str(", ".join(parts))
         bar.refresh()
 

@@ -2,9 +2,16 @@
 
 The Tune searcher wraps :class:`synctune.search.Algorithm1` (ask/tell by trial id). Each Tune
 trial hands its strategy to a named "slice" actor that owns a :class:`RayWorkerGroup` for
-the experiment's cluster, so the process group is started once for the whole search, not
-once per trial. Results come back to the driver, which records each one (an MLflow child run
-of the search's parent run, and a dataset row) *before* telling the searcher.
+the experiment's cluster, so the process group is started once per slice for the whole
+search, not once per trial. ``slices`` (an experiment key) slices run trials concurrently,
+each on its own nodes; the searcher gives each new trial a free slice. Results come back to
+the driver, which records each one (an MLflow child run of the search's parent run, and a
+dataset row) *before* telling the searcher.
+
+The driver side (Tune's trial actors and the slice actors) asks only for a sliver of the
+head node's own resource, so it never takes CPUs or GPUs a worker slice needs; the slices'
+placement groups are the only demand the autoscaler sees. Slices are released when the
+search ends, however it ends.
 
 The dataset is the search's memory: ``resume`` rebuilds the searcher from the rows of this
 search id, so an interrupted search continues without re-running finished trials and ends
@@ -26,8 +33,21 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
+from .workers import HEAD_RESOURCE
 
 __all__ = ["run_search", "search_id_of"]
+
+
+# Tune pickles its searcher (it checkpoints the experiment); callers' callbacks need not be
+# picklable, so the searcher finds them here by search id instead of holding them.
+_CALLBACKS: dict[str, Callable[[dict, dict], None]] = {}
+
+
+def _notify(search_id: str, outcome: dict, summary: dict) -> None:
+    # Module-level, so pickling the searcher pickles a reference to it, not _CALLBACKS.
+    callback = _CALLBACKS.get(search_id)
+    if callback:
+        callback(outcome, summary)
 
 
 def search_id_of(exp: Experiment) -> str:
@@ -38,13 +58,27 @@ def search_id_of(exp: Experiment) -> str:
 class _Slice:
     """Actor body holding one worker group (wrapped with ray.remote lazily)."""
 
-    def __init__(self, cluster: dict) -> None:
+    def __init__(self, cluster: dict, startup_timeout_s: float) -> None:
         from .workers import RayWorkerGroup
 
-        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster))
+        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s)
 
     def run(self, strategy: dict, config: dict) -> dict:
-        return self.group.run_trial(Strategy.from_dict(strategy), TrialConfig(**config)).to_dict()
+        from ..engine.trial import failed_result
+        from .workers import SlicePending
+
+        plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
+        try:
+            return self.group.run_trial(plan, trial_config).to_dict()
+        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
+            return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
+                                 trial_config.timeout_s).to_dict()
+
+    def where(self) -> str:
+        """The Ray node this slice actor runs on (the head: it takes no worker resources)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def shutdown(self) -> None:
         self.group.shutdown()
@@ -99,8 +133,11 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
                                              "cluster": cluster.name, "algorithm": exp.algorithm,
                                              "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed})
     trial_config = asdict(TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s))
-    slice_name = f"synctune-slice-{search_id}"
-    holder = ray.remote(num_cpus=0)(_Slice).options(name=slice_name).remote(cluster.to_dict())
+    on_head = {HEAD_RESOURCE: 0.001}
+    slice_names = [f"synctune-slice-{search_id}-{i}" for i in range(exp.slices)]
+    holders = [ray.remote(_Slice).options(name=name, num_cpus=0, resources=on_head).remote(
+        cluster.to_dict(), exp.timeout_s) for name in slice_names]
+    free_slices = list(slice_names)
     proposals: dict[str, Any] = {}
 
     def record(proposal, result: dict) -> None:
@@ -127,40 +164,44 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
             algo = Algorithm1.from_state(json.loads(Path(checkpoint_path).read_text()), model, cluster, exp, make_sim)
 
         def suggest(self, trial_id: str):
-            proposal = algo.ask()
-            if proposal is None:
+            if algo.finished:
                 return Searcher.FINISHED
-            proposals[trial_id] = proposal
-            return {"slice": slice_name, "strategy": proposal.strategy.to_dict(), "trial_config": trial_config}
+            proposal = algo.ask() if free_slices else None
+            if proposal is None:
+                return None  # Tune asks again once a running trial completes
+            proposals[trial_id] = (proposal, free_slices.pop(0))
+            return {"slice": proposals[trial_id][1], "strategy": proposal.strategy.to_dict(),
+                    "trial_config": trial_config}
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-            proposal = proposals.pop(trial_id)
+            proposal, slice_name = proposals.pop(trial_id)
+            free_slices.append(slice_name)
             if result and "result_json" in result:
                 outcome = json.loads(result["result_json"])
             else:
                 outcome = {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
             record(proposal, outcome)
             algo.tell(proposal.trial_id, outcome.get("mean_s") if outcome["status"] == "ok" else None)
-            if on_trial:
-                on_trial(outcome, algo.summary())
+            _notify(search_id, outcome, algo.summary())
 
     remaining = exp.budget - len(algo.trials)
     start = time.monotonic()
+    if on_trial:
+        _CALLBACKS[search_id] = on_trial
     try:
         if remaining > 0:
             tuner = tune.Tuner(
-                # The trainable only forwards to the slice actor: a token CPU share (Tune refuses 0).
-                tune.with_resources(_trainable, {"CPU": 0.01}),
-                tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining, max_concurrent_trials=1),
+                # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
+                tune.with_resources(_trainable, {"CPU": 0, **on_head}),
+                tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining,
+                                            max_concurrent_trials=exp.slices),
                 run_config=tune.RunConfig(name=search_id, storage_path=str(Path(dataset_dir()).parent / "tune"),
                                           verbose=0),
             )
             tuner.fit()
     finally:
-        try:
-            ray.get(holder.shutdown.remote(), timeout=60)
-        finally:
-            ray.kill(holder)
+        _CALLBACKS.pop(search_id, None)
+        _release(holders)
     summary = algo.summary()
     summary.update({"search_id": search_id, "wall_s": time.monotonic() - start, "mlflow_parent_run": parent})
     logger.log_metrics(parent, {k.replace(".", "_"): summary.get(k) for k in (
@@ -169,3 +210,15 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
     if summary["best_strategy"]:
         logger.log_text(parent, json.dumps(summary["best_strategy"], indent=1, sort_keys=True), "best_strategy.json")
     return summary
+
+
+def _release(holders: list) -> None:
+    """Tear down every slice (actors and placement groups), even if one of them hangs."""
+    import ray
+
+    refs = [h.shutdown.remote() for h in holders]
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=60)
+    finally:
+        for h in holders:
+            ray.kill(h)

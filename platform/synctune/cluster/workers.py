@@ -9,6 +9,7 @@ pays the start-up cost (Ray scheduling, imports, rendezvous) once per slice, not
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import asdict
 from typing import Any, Callable
 
@@ -17,12 +18,21 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..strategy.schema import Strategy
 
-__all__ = ["RayWorkerGroup", "node_type_resource"]
+__all__ = ["RayWorkerGroup", "node_type_resource", "NODE_TYPE_PREFIX", "HEAD_RESOURCE"]
+
+#: Prefix of the custom resource that names a node's instance type.
+NODE_TYPE_PREFIX = "synctune-node:"
+#: A resource only the head node has (Ray adds it); the search's own actors ask for a sliver of
+#: it, so the driver side never takes resources a worker slice needs (they stay on the head).
+HEAD_RESOURCE = "node:__internal_head__"
 
 
 def node_type_resource(instance_type: str) -> str:
-    """The custom Ray resource a node of ``instance_type`` advertises (one unit per node)."""
-    return f"synctune-node:{instance_type}"
+    """The custom Ray resource a node of ``instance_type`` advertises, one unit per node
+    (``cluster.yaml`` sets it per node type; ``ray start --resources`` elsewhere). AWS reports
+    the same GPU type (T4) for g4dn.2xlarge and g4dn.12xlarge, so the GPU alone cannot tell
+    node types apart."""
+    return f"{NODE_TYPE_PREFIX}{instance_type}"
 
 
 class _Worker:
@@ -40,6 +50,11 @@ class _Worker:
         from ..engine.local import free_port
 
         return ray.util.get_node_ip_address(), free_port()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def init_group(self, rank: int, world: int, master: str, port: int, backend: str, timeout_s: float) -> int:
         import datetime
@@ -74,20 +89,27 @@ class _Worker:
 class RayWorkerGroup:
     """Workers for one slice of a Ray cluster that matches ``cluster``, reused across trials.
 
-    ``placement`` is ``"auto"`` (STRICT_SPREAD when the Ray cluster has at least as many
-    alive nodes as the spec, else PACK, as on one machine), or a Ray strategy name. Node
-    types are requested as custom resources (:func:`node_type_resource`) when the Ray
-    cluster advertises them. Call :meth:`shutdown` (or use ``with``) to release the slice.
+    The slice is a placement group with one bundle per node of the spec (AutoDist §2.1's
+    resource spec made concrete): the node's devices as CPU/GPU plus one unit of its node-type
+    resource (:func:`node_type_resource`). The node-type resource is always requested for GPU
+    nodes, so on an autoscaling cluster the pending bundles are the demand that makes the
+    autoscaler add exactly those node types; for CPU nodes only when the Ray cluster
+    advertises it. ``placement`` is ``"auto"`` (STRICT_SPREAD when the Ray cluster has as many
+    alive nodes as the slice, or lacks the node-type resources it asks for, so the autoscaler
+    adds those nodes; else PACK, as on one machine advertising several units) or a Ray strategy
+    name. Call :meth:`shutdown` (or use ``with``) to release the slice.
     """
 
     def __init__(self, cluster: ClusterSpec, *, placement: str = "auto", collective_timeout_s: float = 120.0,
                  startup_timeout_s: float = 300.0) -> None:
         self.cluster = cluster
-        self.placement = placement
+        self.placement_strategy = placement
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.actors: list[Any] = []
         self.pids: list[int] = []
+        #: Per rank: the Ray node id and the node type it runs on (None when untyped).
+        self.placement: list[dict[str, Any]] = []
         self.pg = None
         self.backend = "nccl" if cluster.device_kind == "gpu" else "gloo"
         if cluster.device_kind == "mixed":
@@ -111,10 +133,31 @@ class RayWorkerGroup:
             if node.device_kind == "gpu":
                 bundle["GPU"] = float(node.num_devices)
             key = node_type_resource(node.instance_type)
-            if key in available:
+            if key in available or node.device_kind == "gpu":
                 bundle[key] = 1.0
             bundles.append(bundle)
         return bundles
+
+    def _strategy(self, bundles: list[dict[str, float]]) -> str:
+        import ray
+
+        if self.placement_strategy != "auto":
+            return self.placement_strategy
+        if len(bundles) == 1:
+            return "PACK"
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if len(alive) >= len(bundles):
+            return "STRICT_SPREAD"
+        # Fewer nodes than the slice needs. If the node-type resources it asks for are missing,
+        # the autoscaler will add nodes (one unit each): ask for them spread. Otherwise one
+        # machine advertises several units (a laptop standing in for a cluster): pack.
+        total = ray.cluster_resources()
+        need: dict[str, float] = {}
+        for b in bundles:
+            for k, v in b.items():
+                if k.startswith(NODE_TYPE_PREFIX):
+                    need[k] = need.get(k, 0.0) + v
+        return "STRICT_SPREAD" if any(total.get(k, 0.0) < v for k, v in need.items()) else "PACK"
 
     def start(self) -> None:
         """Reserve the slice, start one actor per device and form the process group."""
@@ -127,18 +170,17 @@ class RayWorkerGroup:
         if not ray.is_initialized():
             raise RuntimeError("ray is not initialized: call ray.init() (address='local' for this machine) first")
         available = ray.cluster_resources()
-        strategy = self.placement
-        if strategy == "auto":
-            alive = [n for n in ray.nodes() if n.get("Alive")]
-            strategy = "STRICT_SPREAD" if len(alive) >= len(self.cluster.nodes) > 1 else "PACK"
-        self.pg = placement_group(self._bundles(available), strategy=strategy, name=f"synctune-{self.cluster.name}")
+        bundles = self._bundles(available)
+        strategy = self._strategy(bundles)
+        # Placement-group names are unique per Ray cluster, and several slices share a spec.
+        self.pg = placement_group(bundles, strategy=strategy, name=f"synctune-{self.cluster.name}-{uuid.uuid4().hex[:8]}")
         ready, _ = ray.wait([self.pg.ready()], timeout=self.startup_timeout_s)
         if not ready:
             ray.util.remove_placement_group(self.pg)
             self.pg = None
-            raise SpecError(f"cluster {self.cluster.name!r}: Ray could not reserve a matching slice "
-                            f"({strategy}, bundles {self._bundles(available)}) within {self.startup_timeout_s:g} s; "
-                            f"available: {dict(available)}")
+            raise SlicePending(f"cluster {self.cluster.name!r}: Ray could not reserve a matching slice "
+                               f"({strategy}, bundles {bundles}) within {self.startup_timeout_s:g} s; "
+                               f"cluster resources: {_resource_summary(available)}")
         remote = ray.remote(_Worker)
         ranks = []
         for bundle_index, node in enumerate(self.cluster.nodes):
@@ -154,9 +196,13 @@ class RayWorkerGroup:
             world = len(self.actors)
             self.pids = ray.get([a.init_group.remote(r, world, master, port, self.backend, self.collective_timeout_s)
                                  for r, a in enumerate(self.actors)], timeout=self.startup_timeout_s)
+            node_ids = ray.get([a.node_id.remote() for a in self.actors], timeout=self.startup_timeout_s)
         except Exception:
             self.shutdown()
             raise
+        types = {n["NodeID"]: next((k[len(NODE_TYPE_PREFIX):] for k in n.get("Resources", {})
+                                    if k.startswith(NODE_TYPE_PREFIX)), None) for n in ray.nodes()}
+        self.placement = [{"node_id": nid, "node_type": types.get(nid)} for nid in node_ids]
         self.starts += 1
 
     def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *,
@@ -177,6 +223,7 @@ class RayWorkerGroup:
             raise SpecError("the Ray worker group runs strategies whose replicas are every device of its cluster, "
                             "in order")
         start = time.monotonic()
+        started_at = time.time()
         self.start()
         payload = {"strategy": strategy.to_dict(), "cluster": self.cluster.to_dict(), "config": asdict(config),
                    "gpu_per_rank": False}
@@ -215,7 +262,11 @@ class RayWorkerGroup:
             if progress is not None:
                 progress.shutdown()
         out = ray.get(refs[0])
-        return result_from_rank0(out, strategy, self.cluster, config, "ray", time.monotonic() - start)
+        result = result_from_rank0(out, strategy, self.cluster, config, "ray", time.monotonic() - start)
+        # Where each rank ran (node types, not node ids: the ids mean nothing outside this cluster).
+        result.extra.update({"ray_node_types": [p["node_type"] for p in self.placement],
+                             "started_at": started_at, "finished_at": time.time()})
+        return result
 
     def shutdown(self) -> None:
         """Kill the actors and release the placement group."""
@@ -228,12 +279,24 @@ class RayWorkerGroup:
                 pass
         self.actors = []
         self.pids = []
+        self.placement = []
         if self.pg is not None:
             try:
                 ray.util.remove_placement_group(self.pg)
             except Exception:  # noqa: BLE001
                 pass
             self.pg = None
+
+
+class SlicePending(SpecError):
+    """No slice matching the cluster spec could be reserved in time (nodes missing, or the
+    autoscaler could not add them)."""
+
+
+def _resource_summary(resources: dict[str, float]) -> str:
+    keep = {k: v for k, v in resources.items() if not k.startswith("node:") and k not in (
+        "memory", "object_store_memory")}
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(keep.items())) or "none"
 
 
 def _describe_failure(exc: BaseException) -> tuple[str, str]:

@@ -123,9 +123,20 @@ class Algorithm1:
     def asked(self) -> int:
         return len(self.trials) + len(self.pending)
 
+    @property
+    def finished(self) -> bool:
+        """Whether the budget is spent (every trial asked for)."""
+        return self.asked >= self.exp.budget
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the next proposal must wait for running trials: a new round is chosen only
+        once the simulator has learned from every trial of the previous one (Algorithm 1)."""
+        return not self.finished and not self.queue and bool(self.pending)
+
     def ask(self) -> Proposal | None:
-        """The next strategy to trial, or None once the budget is spent."""
-        if self.asked >= self.exp.budget:
+        """The next strategy to trial, or None once the budget is spent (or while :attr:`waiting`)."""
+        if self.finished or self.waiting:
             return None
         if not self.queue:
             self.queue = self._round()

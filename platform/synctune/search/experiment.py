@@ -37,6 +37,7 @@ class Experiment:
     fidelity_accuracy: float = 0.8
     seed: int = 0
     timeout_s: float = 900.0
+    slices: int = 1
     output: str = ""
     source: str = field(default="", compare=False)
 
@@ -49,7 +50,8 @@ class Experiment:
         for key in ("name", "model", "cluster"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 raise bad(key, "a non-empty string")
-        for key, low in (("budget", 1), ("proposals", 1), ("candidates", 1), ("warmup", 0), ("iters", 1)):
+        for key, low in (("budget", 1), ("proposals", 1), ("candidates", 1), ("warmup", 0), ("iters", 1),
+                         ("slices", 1)):
             value = getattr(self, key)
             if not (is_int(value) and value >= low):
                 raise bad(key, f"an integer >= {low}")

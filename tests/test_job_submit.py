@@ -1,0 +1,94 @@
+"""The README's cluster flow on this machine: a Ray head started with `ray start --head`
+(token auth on), a search submitted with `ray job submit --working-dir`, its trials recorded."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from synctune.data import TrialDataset
+from synctune.engine.local import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("job")
+    # Unix socket paths must stay short: the session folder lives under a short /tmp name.
+    temp = Path(tempfile.mkdtemp(prefix="st-ray-", dir="/tmp"))
+    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc", "env_agent",
+                                            "metrics", "node_manager", "object_manager")}
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+               SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        env.pop(key, None)
+    head = subprocess.Popen(
+        RAY + ["start", "--head", "--block", "--num-cpus", "3", "--disable-usage-stats", "--temp-dir", str(temp),
+               "--port", str(ports["gcs"]), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]),
+               "--ray-client-server-port", str(ports["client"]), "--dashboard-agent-listen-port", str(ports["agent"]),
+               "--dashboard-agent-grpc-port", str(ports["agent_grpc"]), "--runtime-env-agent-port",
+               str(ports["env_agent"]), "--metrics-export-port", str(ports["metrics"]), "--node-manager-port",
+               str(ports["node_manager"]), "--object-manager-port", str(ports["object_manager"])],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{ports['dashboard']}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert head.poll() is None, head.stdout.read()[-3000:]
+            try:
+                urllib.request.urlopen(url + "/api/version", timeout=2)
+                break
+            except OSError as exc:
+                if getattr(exc, "code", None) == 401:  # up, and refusing us without the token
+                    break
+                time.sleep(1)
+        else:
+            pytest.fail("the Ray head's dashboard never answered")
+        yield url, env, tmp_path / "home"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_search_submitted_as_a_ray_job(ray_head, tmp_path):
+    url, env, home = ray_head
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny-job.yaml").write_text(
+        "name: tiny-job\nmodel: cnn-small\ncluster: local-1x2\nbudget: 3\nsimulator: analytic\nproposals: 20\n"
+        "candidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps-lb]\n")
+    job = subprocess.run(RAY + ["job", "submit", "--address", url, "--working-dir", str(work), "--",
+                                sys.executable, "-m", "synctune", "search", "tiny-job.yaml"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out[-4000:]
+    assert "search tiny-job-seed0: 3 trials (0 failed)" in out, out[-4000:]
+    rows = TrialDataset(home / "dataset").read(search_id="tiny-job-seed0")
+    assert len(rows) == 3 and (rows["status"] == "ok").all() and (rows["launcher"] == "ray").all()
+
+
+def test_job_submit_without_the_token_is_refused(ray_head):
+    url, env, _home = ray_head
+    env = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN"}
+    env["RAY_AUTH_TOKEN_PATH"] = "/nonexistent/token"
+    job = subprocess.run(RAY + ["job", "submit", "--address", url, "--", "true"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert job.returncode != 0
+    assert "Authentication" in job.stdout + job.stderr or "token" in (job.stdout + job.stderr)

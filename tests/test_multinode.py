@@ -1,0 +1,142 @@
+"""A heterogeneous multi-node Ray cluster on one machine (``ray.cluster_utils.Cluster``): node
+types as custom resources, workers placed on matching node types, two slices running trials
+concurrently, a node removed mid-search, and the cluster spec derived from the running nodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from synctune.cluster import HEAD_RESOURCE, RayWorkerGroup, cluster_spec_from_ray, node_type_resource
+from synctune.engine import TrialConfig
+from synctune.models import model_spec
+from synctune.search.experiment import Experiment
+from synctune.spec import ClusterSpec
+from synctune.strategy import build_strategy
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+# Two fake node types: a 1-device node and a 2-device node (B9/B12's shape, on CPU).
+_LINK = {"device_kind": "cpu", "device_model": "cpu", "nic_gbps": 8.0, "single_flow_gbps": 8.0,
+         "intra_node_gbps": 8.0}
+HETERO = ClusterSpec.from_dict({"name": "hetero-1-2", "nodes": [
+    {"instance_type": "cpu-small", "num_devices": 1, **_LINK},
+    {"instance_type": "cpu-big", "num_devices": 2, **_LINK}]})
+
+
+def _add(cluster: Cluster, kind: str, cpus: int):
+    return cluster.add_node(num_cpus=cpus, resources={node_type_resource(kind): 1})
+
+
+@pytest.fixture(scope="module")
+def multinode():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = {"small": [_add(cluster, "cpu-small", 1) for _ in range(2)],
+             "big": [_add(cluster, "cpu-big", 2) for _ in range(2)]}
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _types_by_node() -> dict[str, str | None]:
+    return {n["NodeID"]: next((k.split(":", 1)[1] for k in n["Resources"] if k.startswith("synctune-node:")), None)
+            for n in ray.nodes() if n["Alive"]}
+
+
+def test_cluster_spec_from_running_nodes(multinode):
+    spec = cluster_spec_from_ray("here")
+    assert [n.instance_type for n in spec.nodes] == ["cpu-big", "cpu-big", "cpu-small", "cpu-small"]
+    assert spec.gpu_distribution() == [2, 2, 1, 1]
+    assert "nominal link speeds" in spec.description
+
+
+def test_workers_land_on_their_node_types(multinode):
+    spec = model_spec("cnn-small")
+    with RayWorkerGroup(HETERO) as group:
+        bundles = group._bundles(ray.cluster_resources())
+        assert bundles == [{"CPU": 1.0, node_type_resource("cpu-small"): 1.0},
+                           {"CPU": 2.0, node_type_resource("cpu-big"): 1.0}]
+        assert group._strategy(bundles) == "STRICT_SPREAD"
+        result = group.run_trial(build_strategy("ps-lb", spec, HETERO), TrialConfig(warmup=1, iters=3))
+        assert result.status == "ok", result.error
+        assert result.extra["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"]
+        types = _types_by_node()
+        assert [types[p["node_id"]] for p in group.placement] == ["cpu-small", "cpu-big", "cpu-big"]
+        # The two devices of the 2-device node share one Ray node; the others do not.
+        ids = [p["node_id"] for p in group.placement]
+        assert ids[1] == ids[2] != ids[0]
+
+
+def _experiment(name: str, budget: int, slices: int, iters: int) -> Experiment:
+    return Experiment(name=name, model="cnn-small", cluster="hetero-1-2", budget=budget, simulator="analytic",
+                      proposals=40, candidates=2, warmup=1, iters=iters, slices=slices, timeout_s=120,
+                      baselines=("allreduce", "ps-lb", "parallax", "horovod"))
+
+
+def _placement_groups_alive() -> list:
+    return [pg for pg in ray.util.placement_group_table().values()
+            if pg["state"] != "REMOVED" and pg["name"].startswith("synctune-")]
+
+
+def test_two_slices_run_trials_concurrently_and_are_released(multinode):
+    from synctune.cluster.search_runner import run_search, search_id_of
+
+    exp = _experiment("two-slices", budget=4, slices=2, iters=30)
+    outcomes, slice_nodes = [], set()
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and HEAD_RESOURCE in n["Resources"])
+
+    def on_trial(outcome, _summary):
+        outcomes.append(outcome)
+        for i in range(exp.slices):
+            actor = ray.get_actor(f"synctune-slice-{search_id_of(exp)}-{i}")
+            slice_nodes.add(ray.get(actor.where.remote(), timeout=30))
+
+    summary = run_search(exp, model_spec("cnn-small"), HETERO, on_trial=on_trial)
+    assert summary["trials"] == 4 and summary["failed"] == 0, [o.get("error") for o in outcomes]
+    assert all(o["extra"]["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"] for o in outcomes)
+    spans = sorted((o["extra"]["started_at"], o["extra"]["finished_at"]) for o in outcomes)
+    overlapping = sum(b_start < a_end for (_a0, a_end), (b_start, _b1) in zip(spans, spans[1:]))
+    assert overlapping >= 1, spans
+    assert slice_nodes == {head}  # the driver side stays on the head
+    deadline = time.monotonic() + 30
+    while _placement_groups_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _placement_groups_alive()
+
+
+def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multinode):
+    from synctune.cluster.search_runner import run_search
+    from synctune.data import TrialDataset, dataset_dir
+
+    cluster, nodes = multinode
+    exp = _experiment("node-loss", budget=4, slices=1, iters=200)
+    first_done = threading.Event()
+    removed = []
+
+    def remove_the_busy_big_node():
+        first_done.wait(timeout=300)
+        time.sleep(2.0)  # the second trial is running by now
+        live = [pg for pg in ray.util.placement_group_table().values()
+                if pg["state"] == "CREATED" and pg["name"].startswith("synctune-")]  # not Tune's own
+        busy = live[0]["bundles_to_node_id"][1]  # bundle 1 is the 2-device node
+        victim = next(n for n in nodes["big"] if n.node_id == busy)
+        cluster.remove_node(victim, allow_graceful=False)
+        nodes["big"].remove(victim)  # the other big node stands in, as an autoscaled one would
+        removed.append(busy)
+
+    killer = threading.Thread(target=remove_the_busy_big_node, daemon=True)
+    killer.start()
+    summary = run_search(exp, model_spec("cnn-small"), HETERO, on_trial=lambda o, s: first_done.set())
+    killer.join(timeout=60)
+    assert removed, "the node was never removed"
+    rows = TrialDataset(dataset_dir()).read(search_id="node-loss-seed0").sort_values("created_at")
+    assert len(rows) == 4 and summary["trials"] == 4
+    assert list(rows["status"]) == ["ok", "failed", "ok", "ok"], rows[["trial_id", "status", "error"]].to_string()
+    assert rows["error"].iloc[1].startswith("rank "), rows["error"].iloc[1]
