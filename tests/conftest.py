@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
+from _searches import search_env, tiny_experiment
 
 # Tests never join a Ray instance running elsewhere on the machine.
 os.environ.setdefault("RAY_ADDRESS", "local")
@@ -31,3 +34,15 @@ def _isolated_data_home(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def tiny_search(tmp_path_factory):
+    """One real `synctune search` of 6 trials, run once per session: (data home, experiment
+    file, completed process). The search tests, the report tests and the browser checks read it."""
+    folder = tmp_path_factory.mktemp("tiny-search")
+    experiment = tiny_experiment(folder, 6)
+    done = subprocess.run([sys.executable, "-m", "synctune", "search", str(experiment)], env=search_env(folder / "home"),
+                          capture_output=True, text=True, timeout=900, start_new_session=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "home", experiment, done

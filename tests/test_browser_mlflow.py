@@ -3,57 +3,19 @@ shows the search's trial runs and their metrics."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 
 import pytest
+from _browser import browser as _browser
+from _browser import pytestmark  # noqa: F401 - skips the module without Chromium
+from _browser import serve_ui
+from _browser import wait_text as _wait_text
 
 from synctune.data import MlflowLogger, TrialRecord
 from synctune.engine import TrialConfig, run_trial_local
-from synctune.engine.local import free_port
 from synctune.models import model_spec
 from synctune.spec import cluster_preset
 from synctune.strategy import build_strategy
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[test]')")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="Chromium and chromedriver are not installed (apt-get install chromium "
-                                       "chromium-driver; .ci/run does this)")
-
-
-def _browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1600,1000", f"--user-data-dir={tempfile.mkdtemp(prefix='synctune-chromium-')}"):
-        opts.add_argument(arg)
-    # An explicit driver path: Selenium must not try to download one.
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-
-
-def _wait_text(driver, text: str, timeout_s: float = 60.0) -> str:
-    from selenium.webdriver.common.by import By
-
-    until = time.monotonic() + timeout_s
-    body = ""
-    while time.monotonic() < until:
-        body = driver.find_element(By.TAG_NAME, "body").text
-        if text in body:
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"{text!r} did not appear within {timeout_s:g} s; page shows: {body[:800]!r}")
 
 
 @pytest.fixture()
@@ -78,31 +40,8 @@ def logged_search(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def ui_server(logged_search, tmp_path):
-    port = free_port()
-    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "synctune", "ui", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        until = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > until:
-                pytest.fail(f"synctune ui did not come up on port {port} (exit status {proc.poll()})")
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        # The UI runs worker processes of its own: stop the whole session we started.
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    with serve_ui(tmp_path) as url:
+        yield url
 
 
 def test_mlflow_ui_shows_the_search_trials_and_their_metrics(logged_search, ui_server):

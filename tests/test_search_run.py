@@ -10,24 +10,19 @@ import sys
 import time
 from pathlib import Path
 
+from _searches import search_env, tiny_experiment
+
 from synctune.data import TrialDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _experiment(tmp_path: Path, budget: int) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(f"name: tiny\nmodel: cnn-small\ncluster: local-1x2\nbudget: {budget}\nalgorithm: autodist\n"
-                    "simulator: analytic\nproposals: 50\ncandidates: 2\nwarmup: 1\niters: 3\n"
-                    "baselines: [allreduce, ps-lb, parallax]\n")
-    return path
+    return tiny_experiment(tmp_path, budget)
 
 
 def _env(tmp_path: Path) -> dict:
-    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    return env
+    return search_env(tmp_path / "home")
 
 
 def _search(tmp_path: Path, experiment: Path, *extra: str, **kwargs) -> subprocess.Popen:
@@ -40,18 +35,19 @@ def _rows(tmp_path: Path):
     return TrialDataset(tmp_path / "home" / "dataset").read(search_id="tiny-seed0")
 
 
-def test_tiny_real_search(tmp_path):
-    proc = _search(tmp_path, _experiment(tmp_path, 6))
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
+def test_tiny_real_search(tiny_search, tmp_path):
+    home, experiment, done = tiny_search
+    out = done.stdout
     assert "search tiny-seed0: 6 trials (0 failed)" in out
     assert "speed-up" in out and "hit rate" in out
-    rows = _rows(tmp_path)
+    rows = TrialDataset(home / "dataset").read(search_id="tiny-seed0")
     assert len(rows) == 6 and (rows["status"] == "ok").all()
     assert set(rows["origin"]) >= {"allreduce", "ps-lb", "parallax", "autodist"}
     assert rows["mlflow_run_id"].str.len().eq(32).all()
-    assert (tmp_path / "home" / "searches" / "tiny-seed0-best.json").is_file()
-    again = _search(tmp_path, _experiment(tmp_path, 6))
+    assert (home / "searches" / "tiny-seed0-best.json").is_file()
+    assert (home / "reports" / "tiny-seed0.html").is_file() and "report " in done.stderr
+    again = subprocess.Popen([sys.executable, "-m", "synctune", "search", str(experiment)], env=search_env(home),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _out, err = again.communicate(timeout=300)
     assert again.returncode == 2 and "pass --resume" in err
 

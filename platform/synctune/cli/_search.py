@@ -88,3 +88,12 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     click.echo(f"trials to 1.1x: {summary['trials_to_1.1x'] or '-'}, to 1.2x: {summary['trials_to_1.2x'] or '-'}")
     echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary['search_id']}")
+    if summary["trials"]:
+        from ._report import publish_search_report
+
+        try:
+            path, run_id = publish_search_report(summary["search_id"], tracking_uri=tracking_uri)
+            echo_err(f"report {path}" + (" (also report.html of the MLflow parent run)" if run_id else ""))
+        except Exception as exc:  # noqa: BLE001 - the search is done and recorded; the page is a bonus
+            echo_err(f"warning: the report could not be made ({type(exc).__name__}: {exc}); "
+                     f"`synctune report {summary['search_id']}` retries")

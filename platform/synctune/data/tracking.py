@@ -96,17 +96,29 @@ class MlflowLogger:
         if not self._ensure():
             return ""
         try:
+            found = self.find_search(search_id)
+            if found:
+                return found
             with _bounded_http(self.timeout_s):
-                found = self._client.search_runs([self._experiment_id],
-                                                 f"tags.`{SEARCH_TAG}` = '{search_id}' and tags.`{ROLE_TAG}` = 'search'")
-                if found:
-                    return found[0].info.run_id
                 run = self._client.create_run(self._experiment_id, run_name=run_name or f"search-{search_id[:8]}",
                                               tags={SEARCH_TAG: search_id, ROLE_TAG: "search"})
                 self._log_params(run.info.run_id, params)
                 return run.info.run_id
         except Exception as exc:  # noqa: BLE001
             self._warn("starting the search run", exc)
+            return ""
+
+    def find_search(self, search_id: str) -> str:
+        """The id of the parent run of search ``search_id``, or '' when there is none."""
+        if not self._ensure():
+            return ""
+        try:
+            with _bounded_http(self.timeout_s):
+                found = self._client.search_runs([self._experiment_id],
+                                                 f"tags.`{SEARCH_TAG}` = '{search_id}' and tags.`{ROLE_TAG}` = 'search'")
+                return found[0].info.run_id if found else ""
+        except Exception as exc:  # noqa: BLE001
+            self._warn("finding the search run", exc)
             return ""
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:

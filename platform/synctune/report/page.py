@@ -1,0 +1,83 @@
+"""Self-contained HTML pages of plotly figures: plotly.js is inlined once, nothing is fetched
+from a CDN or anywhere else, so a page opens offline, from a file, or inside the MLflow UI's
+artifact view."""
+
+from __future__ import annotations
+
+import datetime
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any
+
+__all__ = ["Section", "render_page", "DEFAULT_TEMPLATE", "write_index"]
+
+#: The page template (``string.Template``): ``$title``, ``$subtitle``, ``$plotly_js``,
+#: ``$summary`` (an HTML table) and ``$sections``. Pass an adapted copy to ``render_page``.
+DEFAULT_TEMPLATE = Path(__file__).with_name("page.html")
+
+_PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+@dataclass
+class Section:
+    """One view of a page: a heading, a sentence on how to read it, figures and/or HTML."""
+
+    title: str
+    caption: str
+    figures: list[Any] = field(default_factory=list)  # plotly figures
+    html: str = ""
+    anchor: str = ""
+
+
+def _figure_html(fig: Any, div_id: str) -> str:
+    import plotly.io as pio
+
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=_PLOT_CONFIG)
+
+
+def summary_table(rows: list[tuple[str, str]]) -> str:
+    """A two-column key/value table (values are escaped)."""
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="summary">{body}</table>'
+
+
+def render_page(title: str, subtitle: str, summary: list[tuple[str, str]], sections: list[Section],
+                template: str | Path | None = None) -> str:
+    """The whole page as one HTML string (plotly.js inlined, every chart a ``div.synctune-chart``)."""
+    from plotly.offline import get_plotlyjs
+
+    parts = []
+    n = 0
+    for s_index, section in enumerate(sections):
+        anchor = section.anchor or f"view-{s_index}"
+        charts = []
+        for fig in section.figures:
+            charts.append(f'<div class="synctune-chart">{_figure_html(fig, f"chart-{n}")}</div>')
+            n += 1
+        parts.append(f'<section id="{html.escape(anchor)}"><h2>{html.escape(section.title)}</h2>'
+                     f'<p class="caption">{html.escape(section.caption)}</p>{"".join(charts)}{section.html}</section>')
+    text = Path(template or DEFAULT_TEMPLATE).read_text()
+    # The inlined library may contain "</script>" inside strings; split it so the HTML parser never sees it.
+    plotly_js = get_plotlyjs().replace("</script", "<\\/script")
+    return Template(text).safe_substitute(
+        title=html.escape(title), subtitle=html.escape(subtitle), plotly_js=plotly_js,
+        summary=summary_table(summary), sections="\n".join(parts),
+        generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+
+def write_index(folder: Path) -> Path:
+    """(Re)write ``folder/index.html``: a list of the reports in that folder, newest first."""
+    from ..spec._util import write_text_atomic
+
+    pages = sorted((p for p in folder.glob("*.html") if p.name != "index.html"),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    items = "".join(
+        f'<li><a href="{html.escape(p.name)}">{html.escape(p.stem)}</a> '
+        f'<span class="when">{datetime.datetime.fromtimestamp(p.stat().st_mtime).strftime("%Y-%m-%d %H:%M")}'
+        f'</span></li>' for p in pages)
+    index = folder / "index.html"
+    write_text_atomic(index, Template(Path(__file__).with_name("index.html").read_text()).safe_substitute(
+        items=items or "<li>no reports yet</li>", folder=html.escape(str(folder))))
+    return index

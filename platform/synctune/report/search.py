@@ -1,0 +1,259 @@
+"""The search dashboard: how fast a search found good strategies, how good its simulator was,
+what the best strategy does with each variable, and how it compares with each baseline.
+
+Every number comes from the search's dataset rows (the search's memory), so a report can be
+made for any search, finished, interrupted or pulled from someone else's release.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..spec.errors import SpecError
+from .page import Section, render_page
+
+__all__ = ["SearchData", "load_search", "search_sections", "search_report", "variable_table"]
+
+_COLORS = {"ps": "#1f77b4", "allreduce": "#2ca02c", "allgather": "#ff7f0e", "failed": "#d62728"}
+
+
+@dataclass
+class SearchData:
+    """A search's rows in trial order, with the figures every view shares."""
+
+    search_id: str
+    rows: Any  # pandas DataFrame, sorted by created_at
+
+    @property
+    def model(self) -> str:
+        return str(self.rows["model_name"].iloc[0])
+
+    @property
+    def cluster(self) -> str:
+        return str(self.rows["cluster_name"].iloc[0])
+
+    @property
+    def experiment(self) -> str:
+        return str(self.rows["experiment"].iloc[0] or self.search_id)
+
+    @property
+    def ok(self):
+        return self.rows[self.rows["status"] == "ok"]
+
+    @property
+    def baselines(self):
+        return self.ok[self.ok["trial_id"].str.startswith("baseline-")]
+
+    @property
+    def best_baseline_s(self) -> float | None:
+        return float(self.baselines["mean_s"].min()) if len(self.baselines) else None
+
+    @property
+    def best(self):
+        """The fastest ok row (a pandas Series), or None."""
+        return self.ok.loc[self.ok["mean_s"].idxmin()] if len(self.ok) else None
+
+
+def load_search(search_id: str, data_dir=None) -> SearchData:
+    """The rows of ``search_id`` from the dataset (``data_dir`` or the default one)."""
+    from ..data import TrialDataset, dataset_dir
+
+    ds = TrialDataset(data_dir or dataset_dir())
+    rows = ds.read(search_id=search_id) if ds.files() else None
+    if rows is None or len(rows) == 0:
+        raise SpecError(f"no trials of search {search_id!r} in {ds.root} (search ids look like "
+                        f"'<experiment name>-seed<seed>'; `synctune dataset stats` lists what is there)")
+    return SearchData(search_id, rows.sort_values("created_at").reset_index(drop=True))
+
+
+def progress_series(data: SearchData) -> dict[str, list]:
+    """Per trial (1-based): its own speed-up over the best baseline, the best-so-far speed-up,
+    and the cumulative hit rate among searched (non-baseline) trials (AutoDist Fig. 9's view)."""
+    base = data.best_baseline_s
+    trial, own, best, hit = [], [], [], []
+    fastest = np.inf
+    searched = hits = 0
+    for i, row in enumerate(data.rows.itertuples(), 1):
+        runtime = row.mean_s if row.status == "ok" and row.mean_s else None
+        if runtime:
+            fastest = min(fastest, runtime)
+        if not row.trial_id.startswith("baseline-"):
+            searched += 1
+            hits += bool(runtime and base and runtime < base)
+        trial.append(i)
+        own.append(base / runtime if (runtime and base) else None)
+        best.append(base / fastest if (base and np.isfinite(fastest)) else None)
+        hit.append(hits / searched if searched else None)
+    return {"trial": trial, "speedup": own, "best_speedup": best, "hit_rate": hit}
+
+
+def _progress_figure(data: SearchData):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    s = progress_series(data)
+    origins = list(data.rows["origin"])
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=s["trial"], y=s["best_speedup"], name="best so far", mode="lines+markers",
+                             line={"shape": "hv", "width": 3}))
+    fig.add_trace(go.Scatter(x=s["trial"], y=s["speedup"], name="this trial", mode="markers",
+                             marker={"color": "#8c959f", "size": 7}, text=origins,
+                             hovertemplate="trial %{x}: %{y:.3f}x (%{text})<extra></extra>"))
+    fig.add_trace(go.Scatter(x=s["trial"], y=s["hit_rate"], name="hit rate", mode="lines",
+                             line={"dash": "dot", "color": "#ff7f0e"}), secondary_y=True)
+    fig.add_hline(y=1.0, line_dash="dash", line_color="#d62728", annotation_text="best baseline")
+    fig.update_xaxes(title_text="trials (baselines first)", dtick=max(1, len(s["trial"]) // 20))
+    fig.update_yaxes(title_text="speed-up over the best baseline", secondary_y=False)
+    fig.update_yaxes(title_text="hit rate", range=[0, 1.05], tickformat=".0%", secondary_y=True)
+    fig.update_layout(height=420, margin={"t": 30}, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def _simulator_figure(data: SearchData):
+    import plotly.graph_objects as go
+
+    from ..simulator.evaluate import pairwise_accuracy
+
+    ok = data.ok[data.ok["predicted_time_s"].notna()]
+    if len(ok) < 2:
+        return None, None
+    pred = ok["predicted_time_s"].to_numpy(dtype=float)
+    meas = ok["mean_s"].to_numpy(dtype=float)
+    accuracy = pairwise_accuracy(pred, meas)
+    fig = go.Figure(go.Scatter(
+        x=pred, y=meas * 1e3, mode="markers", marker={"size": 9},
+        text=[f"{t} ({o})" for t, o in zip(ok["trial_id"], ok["origin"])],
+        hovertemplate="%{text}<br>predicted %{x:.4g}<br>measured %{y:.1f} ms<extra></extra>"))
+    fig.update_layout(height=400, margin={"t": 40},
+                      title={"text": f"pairwise ranking accuracy {accuracy:.1%} over {len(ok)} trials",
+                             "font": {"size": 14}},
+                      xaxis_title="simulator prediction at proposal time (lower = predicted faster)",
+                      yaxis_title="measured iteration time (ms)")
+    return fig, accuracy
+
+
+def variable_table(strategy: dict, model_spec: dict) -> list[dict[str, Any]]:
+    """One row per variable of ``strategy``, in the model's backward order: synchronizer(s),
+    placement(s), shards, merge group(s), compressor(s) and bytes."""
+    from ..spec.model import ModelSpec
+    from ..strategy.schema import Strategy
+
+    spec = ModelSpec.from_dict(model_spec)
+    plans = {p.variable: p for p in Strategy.from_dict(strategy).plans}
+    out = []
+    for order, var in enumerate(spec.variables):
+        plan = plans[var.name]
+        kinds = sorted({sh.synchronizer.kind for sh in plan.shards})
+        places = sorted({sh.synchronizer.placement for sh in plan.shards if sh.synchronizer.kind == "ps"})
+        groups = sorted({sh.synchronizer.group for sh in plan.shards if sh.synchronizer.kind == "allreduce"})
+        comps = sorted({sh.compressor.kind + (f"(r{sh.compressor.rank})" if sh.compressor.rank else "")
+                        for sh in plan.shards})
+        out.append({"order": order, "variable": var.name, "shape": "x".join(map(str, var.shape)) or "scalar",
+                    "bytes": var.num_bytes, "synchronizer": "+".join(kinds), "placement": ", ".join(places) or "-",
+                    "shards": len(plan.shards), "partition": "x".join(map(str, plan.partition)),
+                    "merge_group": ", ".join(map(str, groups)) or "-", "compressor": ", ".join(comps),
+                    "sparse": var.sparse})
+    return out
+
+
+def _strategy_figures(data: SearchData):
+    import plotly.graph_objects as go
+
+    best = data.best
+    table = variable_table(json.loads(best["strategy_json"]), json.loads(best["model_spec_json"]))
+    fig = go.Figure()
+    for kind in sorted({r["synchronizer"] for r in table}):
+        part = [r for r in table if r["synchronizer"] == kind]
+        fig.add_trace(go.Bar(
+            x=[r["order"] for r in part], y=[r["bytes"] for r in part], name=kind, width=0.8,
+            marker_color=_COLORS.get(kind.split("+")[0], "#9467bd"),
+            customdata=[[r["variable"], r["placement"], r["shards"], r["merge_group"], r["compressor"]] for r in part],
+            hovertemplate=("%{customdata[0]}<br>%{y:,} bytes<br>placement %{customdata[1]}<br>"
+                           "shards %{customdata[2]}, merge group %{customdata[3]}<br>compressor %{customdata[4]}"
+                           "<extra>" + kind + "</extra>")))
+    fig.update_layout(height=380, margin={"t": 30}, barmode="overlay", bargap=0.1,
+                      xaxis_title="variable, in backward order (gradients ready first on the left)",
+                      yaxis_title="bytes", yaxis_type="log", legend={"orientation": "h", "y": -0.25})
+    columns = ["order", "variable", "shape", "bytes", "synchronizer", "placement", "shards", "partition",
+               "merge_group", "compressor"]
+    grid = go.Figure(go.Table(
+        header={"values": [c.replace("_", " ") for c in columns], "align": "left", "fill_color": "#eaeef2"},
+        cells={"values": [[r[c] if c != "bytes" else f"{r[c]:,}" for r in table] for c in columns], "align": "left"},
+        columnwidth=[0.5, 3, 1.2, 1.2, 1.2, 1.5, 0.6, 0.9, 1, 1]))
+    grid.update_layout(height=min(900, 120 + 28 * len(table)), margin={"t": 10, "b": 10})
+    return fig, grid
+
+
+def _baseline_figure(data: SearchData):
+    import plotly.graph_objects as go
+
+    best = data.best
+    rows = data.baselines.sort_values("mean_s", ascending=False)
+    names = [o for o in rows["origin"]] + [f"best found ({best['origin']})"]
+    means = list(rows["mean_s"] * 1e3) + [best["mean_s"] * 1e3]
+    stds = list(rows["std_s"].fillna(0) * 1e3) + [float(best["std_s"] or 0) * 1e3]
+    speed = [m / means[-1] for m in means]
+    colors = ["#8c959f"] * len(rows) + ["#2ca02c"]
+    fig = go.Figure(go.Bar(
+        y=names, x=means, orientation="h", marker_color=colors, error_x={"type": "data", "array": stds},
+        text=[f"{m:.1f} ms" + (f"  (best is {s:.2f}x faster)" if i < len(rows) else "")
+              for i, (m, s) in enumerate(zip(means, speed))],
+        textposition="auto", hovertemplate="%{y}: %{x:.1f} ms<extra></extra>"))
+    fig.update_layout(height=120 + 45 * len(names), margin={"t": 20, "l": 10},
+                      xaxis_title="mean iteration time (ms), error bars: std over timed iterations")
+    return fig
+
+
+def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Section]]:
+    """The summary rows and the views of a search report."""
+    base = data.best_baseline_s
+    best = data.best
+    searched = data.rows[~data.rows["trial_id"].str.startswith("baseline-")]
+    progress = progress_series(data)
+    summary = [("search", data.search_id), ("model", data.model), ("cluster", data.cluster),
+               ("trials", f"{len(data.rows)} ({int((data.rows['status'] != 'ok').sum())} failed, "
+                          f"{len(data.rows) - len(searched)} baselines)")]
+    if best is not None:
+        summary.append(("best", f"{best['mean_s'] * 1e3:.1f} ms/iteration ({best['origin']}, {best['trial_id']})"))
+    if base:
+        summary += [("best baseline", f"{base * 1e3:.1f} ms/iteration"),
+                    ("speed-up", f"{base / best['mean_s']:.3f}x over the best baseline")]
+    if progress["hit_rate"] and progress["hit_rate"][-1] is not None:
+        summary.append(("hit rate", f"{progress['hit_rate'][-1]:.0%} of searched strategies beat the best baseline"))
+    sections = [Section(
+        "Search progress", "Best-so-far speed-up over the best hand-optimised baseline and hit rate (share of "
+        "searched strategies faster than that baseline) against trials, as AutoDist Fig. 9 draws it. Grey "
+        "markers are single trials.", [_progress_figure(data)], anchor="progress")]
+    fig, accuracy = _simulator_figure(data)
+    if fig is not None:
+        summary.append(("simulator", f"pairwise ranking accuracy {accuracy:.1%}"))
+        sections.append(Section(
+            "Simulator: predicted vs measured", "Each trial the simulator scored before it ran (baselines are "
+            "not scored). Pairwise ranking accuracy: the share of trial pairs it ordered as measured (AutoSync §5).",
+            [fig], anchor="simulator"))
+    else:
+        sections.append(Section("Simulator: predicted vs measured", "This search recorded no simulator "
+                                "predictions (random search, or fewer than two scored trials).", anchor="simulator"))
+    if best is not None:
+        bars, grid = _strategy_figures(data)
+        sections.append(Section(
+            "The best strategy, variable by variable", f"{best['strategy_summary']}. Bars: bytes per variable in "
+            "backward order, coloured by synchronizer; hover for placement, shards, merge group and compressor.",
+            [bars, grid], anchor="strategy"))
+        if len(data.baselines):
+            sections.append(Section("Against each baseline", "Mean iteration time of every hand-optimised "
+                                    "baseline and of the best strategy found, measured on the same cluster.",
+                                    [_baseline_figure(data)], anchor="baselines"))
+    return summary, sections
+
+
+def search_report(search_id: str, data_dir=None, template=None) -> str:
+    """The search dashboard of ``search_id`` as one self-contained HTML page."""
+    data = load_search(search_id, data_dir)
+    summary, sections = search_sections(data)
+    return render_page(f"synctune search {data.search_id}", f"{data.model} on {data.cluster}", summary, sections,
+                       template)

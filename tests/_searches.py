@@ -1,0 +1,25 @@
+"""Helpers for tests that run `synctune search` as a subprocess with its own data home."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_experiment(folder: Path, budget: int) -> Path:
+    """A real but tiny search: cnn-small on 2 local workers, the analytic simulator."""
+    path = folder / "tiny.yaml"
+    path.write_text(f"name: tiny\nmodel: cnn-small\ncluster: local-1x2\nbudget: {budget}\nalgorithm: autodist\n"
+                    "simulator: analytic\nproposals: 50\ncandidates: 2\nwarmup: 1\niters: 3\n"
+                    "baselines: [allreduce, ps-lb, parallax]\n")
+    return path
+
+
+def search_env(home: Path) -> dict:
+    """The environment of a `synctune search` subprocess with its own data home."""
+    env = dict(os.environ, SYNCTUNE_HOME=str(home), PYTHONPATH=str(ROOT / "platform"))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    return env
