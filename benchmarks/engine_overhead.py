@@ -9,6 +9,8 @@ Configurations are interleaved iteration by iteration, so drift on a shared mach
 Goal (issue "Execution engine"): (a)/(b) <= 1.05.
 
     python benchmarks/engine_overhead.py [--model bert-tiny] [--cluster local-1x2] [--bucket-mb 25]
+
+A lab preset (``--cluster lab-2x2``, after ``synctune lab up lab-2x2``) runs it over shaped links.
 """
 
 from __future__ import annotations
@@ -88,6 +90,25 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     return {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
 
 
+def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5, iters: int = 20,
+            rounds: int = 3) -> dict[str, list[float]]:
+    """Per configuration, the per-iteration times (slowest rank) of the interleaved runs. A lab
+    cluster's workers run in the lab's namespaces (the lab must be up with that preset)."""
+    from synctune.engine.local import rank_networks, run_local
+    from synctune.spec import resolve_cluster
+    from synctune.spec.cluster import is_lab_cluster
+
+    cluster = resolve_cluster(cluster_name)
+    nets = None
+    if is_lab_cluster(cluster):
+        from synctune.lab import lab_attach
+
+        nets = rank_networks(cluster, cluster.devices, lab_attach(cluster))
+    args = {"model": model, "cluster": cluster_name, "bucket_mb": bucket_mb, "warmup": warmup, "iters": iters,
+            "rounds": rounds}
+    return run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets)[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-tiny")
@@ -98,11 +119,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from synctune.engine.local import run_local
     from synctune.spec import resolve_cluster
 
     world = resolve_cluster(args.cluster).num_devices
-    out = run_local(_worker, world, (vars(args),), timeout_s=3600)[0]
+    out = measure(args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
+                  rounds=args.rounds)
     med = {k: statistics.median(v) for k, v in out.items()}
     print(f"model {args.model}, cluster {args.cluster} ({world} gloo processes), bucket {args.bucket_mb:g} MiB, "
           f"{args.rounds * args.iters} interleaved iterations of each configuration")

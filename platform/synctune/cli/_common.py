@@ -12,7 +12,7 @@ from ..spec.cluster import ClusterSpec, resolve_cluster
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 
-__all__ = ["resolve_model", "resolve_cluster_arg", "table", "write_text_atomic", "echo_err"]
+__all__ = ["resolve_model", "resolve_cluster_arg", "node_network", "table", "write_text_atomic", "echo_err"]
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
@@ -40,8 +40,28 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 
 def resolve_cluster_arg(name_or_path: str) -> ClusterSpec:
-    """A cluster preset by name or a cluster spec YAML file."""
-    return resolve_cluster(name_or_path)
+    """A cluster preset by name or a cluster spec YAML file. A lab preset that was calibrated
+    (``synctune lab calibrate``) resolves to its calibrated spec: measured link speeds."""
+    cluster = resolve_cluster(name_or_path)
+    from ..spec.cluster import is_lab_cluster
+
+    if is_lab_cluster(cluster) and name_or_path == cluster.name:
+        from ..lab.calibrate import calibrated_spec
+
+        return calibrated_spec(cluster.name) or cluster
+    return cluster
+
+
+def node_network(cluster: ClusterSpec):
+    """The lab network a lab cluster's workers run in (None for other clusters); one clear
+    error when the lab is not up with this preset."""
+    from ..spec.cluster import is_lab_cluster
+
+    if not is_lab_cluster(cluster):
+        return None
+    from ..lab.netns import lab_attach
+
+    return lab_attach(cluster)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: Iterable[int] = ()) -> str:

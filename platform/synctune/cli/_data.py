@@ -175,41 +175,50 @@ def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup,
     Trials of one domain share one process group (start-up paid once); each row lands as soon
     as its trial ends, so an interrupted collection keeps what it measured.
     """
+    from ._common import node_network, resolve_cluster_arg, resolve_model
+
+    ds = _dataset(data_path)
+    for model_name in models:
+        spec = resolve_model(model_name)
+        for cluster_name in clusters:
+            cluster = resolve_cluster_arg(cluster_name)
+            collect_domain(ds, spec, cluster, num_random=num_random, builders=builders, seed=seed, warmup=warmup,
+                           iters=iters, use_mlflow=use_mlflow, node_net=node_network(cluster))
+
+
+def collect_domain(ds, spec, cluster, *, num_random: int, builders: bool, seed: int, warmup: int, iters: int,
+                   use_mlflow: bool = False, node_net=None) -> list:
+    """Trial every builder (optionally) and ``num_random`` random strategies of one domain, one
+    process group for all, each row recorded as its trial ends; returns the results."""
     from tqdm import tqdm
 
     from ..data import MlflowLogger, TrialRecord, record_trial
     from ..engine.trial import TrialConfig, run_trials_local
     from ..search.sampler import RandomSampler
     from ..strategy import BUILDERS, build_strategy
-    from ._common import resolve_cluster_arg, resolve_model
 
-    ds = _dataset(data_path)
     config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
-    for model_name in models:
-        spec = resolve_model(model_name)
-        for cluster_name in clusters:
-            cluster = resolve_cluster_arg(cluster_name)
-            strategies, origins = [], []
-            if builders:
-                for b in BUILDERS:
-                    strategies.append(build_strategy(b, spec, cluster))
-                    origins.append(b)
-            strategies += RandomSampler(spec, cluster, seed=seed).sample_many(num_random)
-            origins += ["random"] * num_random
-            search_id = f"collect-{spec.name}@{cluster.name}-seed{seed}"
-            logger = MlflowLogger(f"collect-{spec.name}@{cluster.name}") if use_mlflow else None
-            parent = logger.start_search(search_id, {"model": spec.name, "cluster": cluster.name}) if logger else ""
-            bar = tqdm(total=len(strategies), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
+    strategies, origins = [], []
+    if builders:
+        for b in BUILDERS:
+            strategies.append(build_strategy(b, spec, cluster))
+            origins.append(b)
+    strategies += RandomSampler(spec, cluster, seed=seed).sample_many(num_random)
+    origins += ["random"] * num_random
+    search_id = f"collect-{spec.name}@{cluster.name}-seed{seed}"
+    logger = MlflowLogger(f"collect-{spec.name}@{cluster.name}") if use_mlflow else None
+    parent = logger.start_search(search_id, {"model": spec.name, "cluster": cluster.name}) if logger else ""
+    bar = tqdm(total=len(strategies), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
 
-            def on_result(i, result, spec=spec, cluster=cluster, search_id=search_id, logger=logger, parent=parent,
-                          bar=bar, strategies=strategies, origins=origins):
-                rec = TrialRecord.from_trial(result.to_dict(), strategies[i], spec, cluster, origin=origins[i],
-                                             search_id=search_id, trial_id=f"{i:04d}",
-                                             experiment=logger.experiment if logger else "")
-                record_trial(rec, ds, logger, parent_run_id=parent)
-                bar.update(1)
+    def on_result(i, result):
+        rec = TrialRecord.from_trial(result.to_dict(), strategies[i], spec, cluster, origin=origins[i],
+                                     search_id=search_id, trial_id=f"{i:04d}",
+                                     experiment=logger.experiment if logger else "")
+        record_trial(rec, ds, logger, parent_run_id=parent)
+        bar.update(1)
 
-            results = run_trials_local(strategies, cluster, config, on_result=on_result)
-            bar.close()
-            ok = sum(r.status == "ok" for r in results)
-            click.echo(f"{spec.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")
+    results = run_trials_local(strategies, cluster, config, on_result=on_result, node_net=node_net)
+    bar.close()
+    ok = sum(r.status == "ok" for r in results)
+    click.echo(f"{spec.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")
+    return results

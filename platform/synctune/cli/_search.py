@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, resolve_model
+from ._common import echo_err, node_network, resolve_cluster_arg, resolve_model
 
 
 @cli.command("search")
@@ -30,6 +30,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     exp = load_experiment(experiment)
     model = resolve_model(exp.model)
     cluster = resolve_cluster_arg(exp.cluster)
+    node_net = node_network(cluster)
     if cluster.device_kind != "cpu" and ray_address == "local":
         from ..spec.errors import SpecError
 
@@ -66,7 +67,8 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         bar.refresh()
 
     try:
-        summary = run_search(exp, model, cluster, resume=resume, tracking_uri=tracking_uri, on_trial=on_trial)
+        summary = run_search(exp, model, cluster, resume=resume, tracking_uri=tracking_uri, on_trial=on_trial,
+                             node_net=node_net)
     finally:
         bar.close()
     best_path = Path(exp.output) if exp.output else data_home() / "searches" / f"{search_id_of(exp)}-best.json"

@@ -8,7 +8,7 @@ import click
 
 from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, resolve_model
+from ._common import echo_err, node_network, resolve_cluster_arg, resolve_model
 from ._strategy import _parse_options
 
 
@@ -75,11 +75,12 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
             raise SpecError("--option applies to --builder only")
         strategy = load_strategy(strategy_file)
     validate(strategy, model_spec, cluster_spec)
+    node_net = node_network(cluster_spec)
     label = f"{strategy.model['name']}@{cluster_spec.name}"
     bar, on_progress = _progress_bar(warmup + iters, label)
     try:
         if launcher == "local":
-            result = run_trial_local(strategy, cluster_spec, config, on_progress=on_progress)
+            result = run_trial_local(strategy, cluster_spec, config, on_progress=on_progress, node_net=node_net)
         else:
             import ray
 
@@ -90,7 +91,7 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
                 if ray_address == "local":
                     kwargs.update(num_cpus=max(cluster_spec.num_devices, 1), include_dashboard=False)
                 ray.init(**kwargs)
-            with RayWorkerGroup(cluster_spec) as group:
+            with RayWorkerGroup(cluster_spec, node_net=node_net) as group:
                 result = group.run_trial(strategy, config, on_progress=on_progress)
     finally:
         bar.close()
@@ -109,6 +110,8 @@ def _print_result(result, strategy) -> None:
     click.echo(strategy.summary())
     click.echo(f"status {result.status} ({result.launcher}, {result.num_workers} workers, {result.backend or '-'}, "
                f"{result.wall_s:.1f} s wall)")
+    if result.cluster_scale != 1.0:
+        click.echo(f"cluster    {result.cluster}, link speeds scaled by {result.cluster_scale:g}")
     if result.status == "ok":
         click.echo(f"iteration  mean {result.mean_s * 1e3:.1f} ms  median {result.median_s * 1e3:.1f} ms  "
                    f"std {result.std_s * 1e3:.1f} ms  over {len(result.iteration_times_s)} iterations")

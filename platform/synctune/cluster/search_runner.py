@@ -58,10 +58,11 @@ def search_id_of(exp: Experiment) -> str:
 class _Slice:
     """Actor body holding one worker group (wrapped with ray.remote lazily)."""
 
-    def __init__(self, cluster: dict, startup_timeout_s: float) -> None:
+    def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None = None) -> None:
         from .workers import RayWorkerGroup
 
-        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s)
+        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s,
+                                    node_net=node_net)
 
     def run(self, strategy: dict, config: dict) -> dict:
         from ..engine.trial import failed_result
@@ -108,8 +109,10 @@ def _make_simulator(exp: Experiment) -> Callable[[], Any] | None:
 
 
 def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resume: bool = False,
-               tracking_uri: str | None = None, on_trial: Callable[[dict, dict], None] | None = None) -> dict:
-    """Run (or resume) the search of ``exp``; returns the summary. Ray must be initialized."""
+               tracking_uri: str | None = None, on_trial: Callable[[dict, dict], None] | None = None,
+               node_net: dict | None = None) -> dict:
+    """Run (or resume) the search of ``exp``; returns the summary. Ray must be initialized.
+    ``node_net`` (a lab's network) runs each node's workers in that node's namespace."""
     import ray
     from ray import tune
     from ray.tune.search import Searcher
@@ -117,6 +120,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
     from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir, record_trial
 
     search_id = search_id_of(exp)
+    if node_net and exp.slices > 1:
+        raise SpecError(f"{exp.source or exp.name}: slices: a lab has one set of links, so its trials run one at a "
+                        f"time (slices: 1), got {exp.slices}")
     ds = TrialDataset(dataset_dir())
     done = ds.records(model=model.name, cluster=cluster.name, search_id=search_id)
     if done and not resume:
@@ -136,7 +142,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
     on_head = {HEAD_RESOURCE: 0.001}
     slice_names = [f"synctune-slice-{search_id}-{i}" for i in range(exp.slices)]
     holders = [ray.remote(_Slice).options(name=name, num_cpus=0, resources=on_head).remote(
-        cluster.to_dict(), exp.timeout_s) for name in slice_names]
+        cluster.to_dict(), exp.timeout_s, dict(node_net) if node_net else None) for name in slice_names]
     free_slices = list(slice_names)
     proposals: dict[str, Any] = {}
 

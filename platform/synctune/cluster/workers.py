@@ -13,6 +13,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any, Callable
 
+from ..engine.local import rank_networks
 from ..engine.trial import TrialConfig, TrialResult, failed_result, result_from_rank0
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
@@ -36,20 +37,39 @@ def node_type_resource(instance_type: str) -> str:
 
 
 class _Worker:
-    """The actor body (wrapped with ``ray.remote`` lazily, so importing this module needs no Ray)."""
+    """The actor body (wrapped with ``ray.remote`` lazily, so importing this module needs no Ray).
 
-    def __init__(self, threads: int) -> None:
+    With a node network (``net``: a lab node), all torch.distributed work runs on one thread
+    that entered the node's namespace: namespaces are per thread, so Ray's own threads and
+    connections stay where they are while gloo's sockets go through the node's shaped link.
+    """
+
+    def __init__(self, threads: int, net: dict | None = None) -> None:
+        import os
+
         import torch
 
         torch.set_num_threads(threads)
         self.rank = -1
+        self.net = net
+        self._pool = None
+        if net:
+            from concurrent.futures import ThreadPoolExecutor
+
+            from ..engine.local import enter_netns
+
+            os.environ["GLOO_SOCKET_IFNAME"] = net["ifname"]
+            self._pool = ThreadPoolExecutor(1, initializer=enter_netns, initargs=(net["netns"],))
+
+    def _call(self, fn, *args):
+        return self._pool.submit(fn, *args).result() if self._pool else fn(*args)
 
     def address(self) -> tuple[str, int]:
         import ray
 
         from ..engine.local import free_port
 
-        return ray.util.get_node_ip_address(), free_port()
+        return (self.net["master"] if self.net else ray.util.get_node_ip_address()), free_port()
 
     def node_id(self) -> str:
         import ray
@@ -57,6 +77,9 @@ class _Worker:
         return ray.get_runtime_context().get_node_id()
 
     def init_group(self, rank: int, world: int, master: str, port: int, backend: str, timeout_s: float) -> int:
+        return self._call(self._init_group, rank, world, master, port, backend, timeout_s)
+
+    def _init_group(self, rank: int, world: int, master: str, port: int, backend: str, timeout_s: float) -> int:
         import datetime
         import os
 
@@ -68,6 +91,9 @@ class _Worker:
         return os.getpid()
 
     def run(self, payload: dict, progress) -> dict:
+        return self._call(self._run, payload, progress)
+
+    def _run(self, payload: dict, progress) -> dict:
         import torch.distributed as dist
 
         from ..engine import local
@@ -80,6 +106,9 @@ class _Worker:
             local._REPORTER = None
 
     def shutdown(self) -> None:
+        self._call(self._shutdown)
+
+    def _shutdown(self) -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -101,8 +130,12 @@ class RayWorkerGroup:
     """
 
     def __init__(self, cluster: ClusterSpec, *, placement: str = "auto", collective_timeout_s: float = 120.0,
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float = 300.0, node_net: dict | None = None) -> None:
+        from ..engine.trial import check_network
+
+        check_network(cluster, node_net)
         self.cluster = cluster
+        self.node_net = node_net
         self.placement_strategy = placement
         self.collective_timeout_s = collective_timeout_s
         self.startup_timeout_s = startup_timeout_s
@@ -183,13 +216,14 @@ class RayWorkerGroup:
                                f"cluster resources: {_resource_summary(available)}")
         remote = ray.remote(_Worker)
         ranks = []
+        nets = rank_networks(self.cluster, self.cluster.devices, self.node_net) or [None] * self.cluster.num_devices
         for bundle_index, node in enumerate(self.cluster.nodes):
             for _ in range(node.num_devices):
                 opts: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=bundle_index)}
                 if node.device_kind == "gpu":
                     opts["num_gpus"] = 1
-                ranks.append(remote.options(**opts).remote(1))
+                ranks.append(remote.options(**opts).remote(1, nets[len(ranks)]))
         self.actors = ranks
         try:
             master, port = ray.get(self.actors[0].address.remote(), timeout=self.startup_timeout_s)

@@ -57,10 +57,49 @@ def report(message: Any) -> None:
         _REPORTER(message)
 
 
+def enter_netns(netns: str) -> None:
+    """Move the calling thread into the network namespace ``netns`` (a name under /run/netns or
+    a path). Sockets it opens afterwards live there; existing ones (pipes to the launcher,
+    Ray's connections) keep working. Python 3.11 has no os.setns, hence ctypes."""
+    import ctypes
+
+    path = netns if netns.startswith("/") else f"/run/netns/{netns}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def rank_networks(cluster, replicas, node_net) -> list[dict[str, str]] | None:
+    """Per rank, where its worker runs: ``{"netns", "ifname", "master"}`` from a node network
+    (node name -> ``{"netns", "address", "ifname"}``, e.g. a lab's), or None without one."""
+    if not node_net:
+        return None
+    master = node_net[cluster.node_of(replicas[0]).name]["address"]
+    out = []
+    for device in replicas:
+        net = node_net[cluster.node_of(device).name]
+        out.append({"netns": net["netns"], "ifname": net["ifname"], "master": master})
+    return out
+
+
 def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collective_timeout_s: float,
-           threads: int | None, env: dict[str, str]) -> None:
+           threads: int | None, env: dict[str, str], net: dict[str, str] | None = None) -> None:
     global _REPORTER
     os.environ.update(env)
+    master = "127.0.0.1"
+    if net:
+        # The worker of an emulated node: its traffic leaves through that node's shaped link.
+        enter_netns(net["netns"])
+        os.environ["GLOO_SOCKET_IFNAME"] = net["ifname"]
+        # A namespace has no name service: c10d warns on every connection that it cannot
+        # resolve the peer's hostname. Harmless; keep the output readable.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        master = net["master"]
     import torch
     import torch.distributed as dist
 
@@ -69,7 +108,7 @@ def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collecti
     _REPORTER = lambda msg: q.put(("progress", rank, msg))  # noqa: E731
     code = 0
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
         value = fn(rank, world, *args)
         # torch.save, not the queue's pickler: tensors would otherwise travel as shared-memory
@@ -117,8 +156,10 @@ def _dead_peer(procs, failed_rank: int, results: dict, grace_s: float = 1.0) -> 
 def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
               timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
               on_progress: Callable[[int, Any], None] | None = None, threads: int | None = None,
-              env: dict[str, str] | None = None) -> list[Any]:
+              env: dict[str, str] | None = None, nets: list[dict[str, str]] | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return results by rank.
+
+    ``nets`` (from :func:`rank_networks`) runs each rank inside its node's network namespace.
 
     ``fn`` and ``args`` must be picklable (a module-level function); its result may hold tensors,
     lists, dicts and plain values (what ``torch.load(weights_only=True)`` accepts). Raises
@@ -132,7 +173,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, q, collective_timeout_s,
-                                              threads, dict(env or {})), daemon=True)
+                                              threads, dict(env or {}), nets[r] if nets else None), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

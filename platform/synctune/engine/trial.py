@@ -61,6 +61,7 @@ class TrialResult:
     error: str = ""
     model: str = ""
     cluster: str = ""
+    cluster_scale: float = 1.0  # link speeds' scale-down (lab clusters), as in the cluster spec
     strategy_hash: str = ""
     launcher: str = "local"
     backend: str = ""
@@ -209,7 +210,8 @@ def _measure(rank: int, world: int, strategy: Strategy, cluster: ClusterSpec, co
 
 
 def _describe(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, launcher: str) -> dict[str, Any]:
-    return {"model": strategy.model["name"], "cluster": cluster.name, "strategy_hash": strategy.hash,
+    return {"model": strategy.model["name"], "cluster": cluster.name, "cluster_scale": cluster.scale,
+            "strategy_hash": strategy.hash,
             "launcher": launcher, "num_workers": len(strategy.replicas), "warmup": config.warmup,
             "iters": config.iters, "global_batch_size": strategy.global_batch_size}
 
@@ -229,17 +231,32 @@ def failed_result(status: str, error: str, strategy: Strategy, cluster: ClusterS
     return TrialResult(status=status, error=error, wall_s=wall_s, **_describe(strategy, cluster, config, launcher))
 
 
+def check_network(cluster: ClusterSpec, node_net) -> None:
+    from ..spec.cluster import is_lab_cluster
+
+    if is_lab_cluster(cluster) and not node_net:
+        raise SpecError(f"cluster {cluster.name!r} is a lab cluster: its workers run in the lab's network namespaces "
+                        f"(synctune lab up {cluster.name}; the CLI then finds them)")
+    if node_net:
+        missing = [n.name for n in cluster.nodes if n.name not in node_net]
+        if missing:
+            raise SpecError(f"cluster {cluster.name!r}: the node network has no entry for node(s) {missing}")
+
+
 def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,
-                    on_progress: Callable[[dict], None] | None = None) -> TrialResult:
+                    on_progress: Callable[[dict], None] | None = None, node_net=None) -> TrialResult:
     """Run a trial on local worker processes, one per replica (CPU clusters, or GPUs of this machine).
 
-    Never raises for a trial that fails at run time: the result's status says what happened.
+    ``node_net`` (node name -> ``{"netns", "address", "ifname"}``, a lab's network) runs each
+    node's workers inside that node's namespace, over its shaped link. Never raises for a trial
+    that fails at run time: the result's status says what happened.
     """
     from ..models.zoo import model_spec
     from ..strategy.validate import validate
     from .core import check_supported
-    from .local import WorkerFailure, run_local
+    from .local import WorkerFailure, rank_networks, run_local
 
+    check_network(cluster, node_net)
     spec = model_spec(strategy.model["name"])
     validate(strategy, spec, cluster)
     check_supported(strategy, spec)
@@ -259,7 +276,8 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
     try:
         outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=backend, timeout_s=config.timeout_s,
                          collective_timeout_s=config.collective_timeout_s,
-                         on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None)
+                         on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
+                         nets=rank_networks(cluster, strategy.replicas, node_net))
     except WorkerFailure as failure:
         return failed_result(failure.status, failure.message, strategy, cluster, config, "local",
                              time.monotonic() - start)
@@ -268,18 +286,21 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
 
 
 def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,
-                     on_result: Callable[[int, TrialResult], None] | None = None) -> list[TrialResult]:
+                     on_result: Callable[[int, TrialResult], None] | None = None, node_net=None
+                     ) -> list[TrialResult]:
     """Run many trials of one cluster on one local process group, in order.
 
     Start-up (spawn, imports, rendezvous) is paid once per group, not per trial. If a trial
     fails, it gets its failure as result and the remaining trials continue in a fresh group.
-    ``on_result(index, result)`` is called as each trial finishes.
+    ``on_result(index, result)`` is called as each trial finishes; ``node_net`` as for
+    :func:`run_trial_local`.
     """
     from ..models.zoo import model_spec
     from ..strategy.validate import validate
     from .core import check_supported
-    from .local import WorkerFailure, run_local
+    from .local import WorkerFailure, rank_networks, run_local
 
+    check_network(cluster, node_net)
     if any(cluster.node_of(d).device_kind != "cpu" for s in strategies for d in s.replicas):
         raise SpecError("run_trials_local runs CPU clusters; use run_trial_local or a Ray worker group for GPUs")
     for s in strategies:
@@ -308,7 +329,8 @@ def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: T
         world = len(group[0].replicas)
         try:
             run_local(trials_worker, world, (payload,), timeout_s=config.timeout_s * len(group),
-                      collective_timeout_s=config.collective_timeout_s, on_progress=on_progress)
+                      collective_timeout_s=config.collective_timeout_s, on_progress=on_progress,
+                      nets=rank_networks(cluster, group[0].replicas, node_net))
         except WorkerFailure as failure:
             culprit = next(i for i in pending if i not in results)
             results[culprit] = failed_result(failure.status, failure.message, strategies[culprit], cluster, config,

@@ -26,6 +26,8 @@ __all__ = [
     "load_cluster_spec",
     "resolve_cluster",
     "device_id",
+    "LAB_SCALE",
+    "is_lab_cluster",
 ]
 
 GIB = 1024**3
@@ -71,6 +73,17 @@ for _it in (
                  description="worker processes on this machine, one per device, gloo over loopback"),
 ):
     INSTANCE_TYPES.register(_it.name, _it)
+
+#: How much the lab scales the papers' link speeds down to fit this machine (2 cores): a
+#: "25 GbE" lab node gets 25 / 32 Gbit/s = 781 Mbit/s through its shaped veth. Recorded in
+#: every lab cluster spec (``scale``) and so in every dataset row.
+LAB_SCALE = 1 / 32
+for _gbe in (10, 25, 50):
+    INSTANCE_TYPES.register(f"lab-{_gbe}gbe", InstanceType(
+        name=f"lab-{_gbe}gbe", device_kind="cpu", device_model="cpu", num_devices=1, nic_gbps=_gbe * LAB_SCALE,
+        single_flow_gbps=_gbe * LAB_SCALE, intra_node_gbps=8.0, device_memory_bytes=0,
+        description=f"lab node: CPU worker processes in a network namespace, its link shaped to {_gbe} GbE x "
+                    f"{LAB_SCALE:g} = {_gbe * LAB_SCALE * 1000:.0f} Mbit/s (synctune lab up)"))
 
 _NODE_FIELDS = ("name", "instance_type", "device_kind", "device_model", "num_devices", "nic_gbps",
                 "single_flow_gbps", "intra_node_gbps", "device_memory_bytes")
@@ -272,15 +285,19 @@ class ClusterSpec:
 
         write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
-def _build(name: str, description: str, groups: list[tuple[str, int]], **overrides: Any) -> ClusterSpec:
+def _build(name: str, description: str, groups: list[tuple[str, int]], scale: float = 1.0,
+           **overrides: Any) -> ClusterSpec:
     nodes = []
-    for type_name, count in groups:
+    for group in groups:
+        type_name, count = group[0], group[1]
         it = INSTANCE_TYPES.get(type_name)
         for _ in range(count):
             values = {k: getattr(it, k) for k in _NODE_FIELDS[2:]}
             values.update(overrides)
+            if len(group) > 2:  # per-group device count
+                values["num_devices"] = group[2]
             nodes.append(NodeSpec(name=f"node{len(nodes)}", instance_type=type_name, **values))
-    return ClusterSpec(name=name, description=description, nodes=tuple(nodes))
+    return ClusterSpec(name=name, description=description, nodes=tuple(nodes), scale=scale)
 
 
 #: AutoDist Table 1 (A1, A2, B1–B12) and local presets for one machine (CPU processes).
@@ -311,6 +328,20 @@ for _nodes, _per in ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1)):
     )
 
 
+# The lab (synctune lab up PRESET): AutoDist's clusters scaled down to one 2-core machine. Node
+# counts and device counts shrink to fit; link speeds keep their ratios (x LAB_SCALE).
+for _name, _desc, _groups in (
+    ("lab-2x2", "2 nodes x 2 workers, 25 GbE (B5/B7's shape)", [("lab-25gbe", 2, 2)]),
+    ("lab-4x1", "4 nodes x 1 worker, 25 GbE (A2's shape: one device per node)", [("lab-25gbe", 4, 1)]),
+    ("lab-2x1", "2 nodes x 1 worker, 10 GbE (the smallest bandwidth-bound lab)", [("lab-10gbe", 2, 1)]),
+    ("lab-b9", "1 node x 1 worker at 10 GbE + 1 node x 2 workers at 25 GbE (B9's shape)",
+     [("lab-10gbe", 1, 1), ("lab-25gbe", 1, 2)]),
+    ("lab-b12", "1 node x 1 worker at 25 GbE + 1 node x 2 workers at 50 GbE (B12's shape)",
+     [("lab-25gbe", 1, 1), ("lab-50gbe", 1, 2)]),
+):
+    CLUSTER_PRESETS.register(_name, _build(_name, f"lab: {_desc}, links x {LAB_SCALE:g}", _groups, scale=LAB_SCALE))
+
+
 def cluster_preset(name: str) -> ClusterSpec:
     """The preset called ``name`` (``A1``, ``B7``, ``local-2x2``, ...)."""
     return CLUSTER_PRESETS.get(name)
@@ -331,3 +362,7 @@ def resolve_cluster(name_or_path: str) -> ClusterSpec:
         f"unknown cluster {name_or_path!r}: not a preset ({', '.join(CLUSTER_PRESETS)}) nor a .yaml file"
     )
 
+
+def is_lab_cluster(cluster: ClusterSpec) -> bool:
+    """Whether ``cluster``'s nodes are lab nodes (their workers must run in the lab's namespaces)."""
+    return any(n.instance_type.startswith("lab-") for n in cluster.nodes)

@@ -1,0 +1,143 @@
+"""``synctune lab up|down|status|calibrate|collect``: emulated clusters with shaped links."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import click
+
+from . import cli
+from ._common import echo_err, resolve_cluster_arg, table
+
+
+def _lab_preset(name: str):
+    from ..spec.cluster import CLUSTER_PRESETS, cluster_preset, is_lab_cluster
+    from ..spec.errors import SpecError
+
+    if name not in CLUSTER_PRESETS or not is_lab_cluster(cluster_preset(name)):
+        labs = [n for n in CLUSTER_PRESETS if n.startswith("lab-")]
+        raise SpecError(f"unknown lab preset {name!r}; lab presets: {', '.join(labs)}")
+    return cluster_preset(name)
+
+
+@cli.group("lab")
+def lab_group() -> None:
+    """Emulated clusters: one network namespace per node, links shaped with tc (needs root)."""
+
+
+@lab_group.command("up")
+@click.argument("preset")
+@click.option("--latency-ms", default=0.0, show_default=True, help="Added one-way delay per link (netem).")
+def up_cmd(preset: str, latency_ms: float) -> None:
+    """Create the lab for PRESET (replacing any lab that is up, or left over from a crash)."""
+    from ..lab import lab_up
+
+    cluster = _lab_preset(preset)
+    state = lab_up(cluster, latency_ms=latency_ms)
+    if state["removed_stale"]:
+        echo_err(f"removed an earlier lab: {', '.join(state['removed_stale'])}")
+    click.echo(f"lab {preset} is up ({cluster.description}); scale {cluster.scale:g}")
+    click.echo(table(["node", "namespace", "address", "workers", "link"],
+                     [[n["node"], n["netns"], n["address"], cluster.node(n["node"]).num_devices,
+                       f"{n['rate_mbit']:.0f} Mbit/s" + (f" +{latency_ms:g} ms" if latency_ms else "")]
+                      for n in state["nodes"]], right=(3,)))
+
+
+@lab_group.command("down")
+def down_cmd() -> None:
+    """Remove the lab: its namespaces, links and shaping (also what a crash left behind)."""
+    from ..lab import lab_down
+
+    removed = lab_down()
+    click.echo(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else ""))
+
+
+@lab_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable.")
+def status_cmd(as_json: bool) -> None:
+    """Whether a lab is up, with which preset, and each link's shaping."""
+    from ..lab import lab_status
+
+    status = lab_status()
+    if as_json:
+        click.echo(json.dumps(status, indent=1))
+        return
+    state = status["state"]
+    if not state and not status["namespaces"]:
+        click.echo("no lab is up")
+        return
+    if status["stale"]:
+        click.echo(f"stale lab namespaces (synctune lab down removes them): {', '.join(status['namespaces'])}")
+        return
+    click.echo(f"lab {state['preset']} is up since {state['created_at']} (scale {state['scale']:g}, "
+               f"latency {state['latency_ms']:g} ms)")
+    click.echo(table(["node", "namespace", "address", "shaping"],
+                     [[n["node"], n["netns"], n["address"], status["qdiscs"].get(n["netns"], "")]
+                      for n in state["nodes"]]))
+
+
+@lab_group.command("calibrate")
+@click.argument("preset")
+def calibrate_cmd(preset: str) -> None:
+    """Measure PRESET's links (the lab must be up with it) and save the calibrated cluster spec:
+    from then on `--cluster PRESET` means the measured link speeds."""
+    from ..lab import calibrate, lab_attach, lab_status, save_calibration
+
+    cluster = _lab_preset(preset)
+    lab_attach(cluster)  # one clear error unless the lab is up with this preset
+    spec, figures = calibrate(cluster, lab_status()["state"], on_step=lambda msg: echo_err(f"measuring {msg}"))
+    path = save_calibration(spec, figures)
+    click.echo(table(["node", "nominal", "ingress", "egress", "latency", "efficiency"],
+                     [[n["node"], f"{n['nominal_gbps'] * 1000:.0f} Mbit/s", f"{n['ingress_gbps'] * 1000:.0f} Mbit/s",
+                       f"{n['egress_gbps'] * 1000:.0f} Mbit/s", f"{n['latency_ms']:.3f} ms", f"{n['efficiency']:.0%}"]
+                      for n in figures["nodes"]], right=(1, 2, 3, 4, 5)))
+    if "allreduce" in figures:
+        ar = figures["allreduce"]
+        click.echo(f"all-reduce of {figures['nbytes'] >> 20} MiB: {ar['seconds'] * 1e3:.1f} ms, bus bandwidth "
+                   f"{ar['busbw_gbps'] * 1000:.0f} Mbit/s")
+    click.echo(f"calibrated spec: {path}")
+
+
+@lab_group.command("collect")
+@click.option("--preset", "-p", "presets", multiple=True, default=("lab-2x2", "lab-4x1", "lab-b12"),
+              show_default=True, help="Lab preset (repeatable).")
+@click.option("--model", "-m", "models", multiple=True, default=("bert-tiny", "cnn-small", "ncf-small"),
+              show_default=True, help="Zoo model (repeatable).")
+@click.option("--random", "num_random", default=25, show_default=True, help="Random strategies per domain.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--warmup", default=2, show_default=True)
+@click.option("--iters", default=6, show_default=True)
+@click.option("--data", "data_path", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
+@click.option("--release", help="Then publish the dataset as a release here (folder or s3://).")
+@click.option("--name", help="Release name (with --release).")
+def collect_cmd(presets, models, num_random, seed, warmup, iters, data_path, release, name) -> None:
+    """For each preset: bring the lab up, calibrate it, trial every builder and RANDOM sampled
+    strategies of each model over the shaped links; then take the lab down."""
+    from ..data import TrialDataset, dataset_dir, push_release
+    from ..lab import calibrate, lab_down, lab_status, lab_up, save_calibration
+    from ._common import node_network, resolve_model
+    from ._data import collect_domain
+
+    ds = TrialDataset(data_path or dataset_dir())
+    specs = [resolve_model(m) for m in models]
+    clusters = [_lab_preset(p) for p in presets]
+    # A plain `kill` must still take the lab down (the finally below), not leave it for the next `up`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        for nominal in clusters:
+            lab_up(nominal)
+            spec, figures = calibrate(nominal, lab_status()["state"])
+            save_calibration(spec, figures)
+            cluster = resolve_cluster_arg(nominal.name)  # the calibrated spec
+            echo_err(f"{cluster.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
+                                                              for n in figures["nodes"]) + " of nominal")
+            for model in specs:
+                collect_domain(ds, model, cluster, num_random=num_random, builders=True, seed=seed, warmup=warmup,
+                               iters=iters, node_net=node_network(cluster))
+    finally:
+        lab_down()
+    if release:
+        manifest = push_release(ds, release, name=name)
+        click.echo(f"released {manifest['total_rows']} rows as {manifest['name']} at {release}")

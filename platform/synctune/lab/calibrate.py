@@ -1,0 +1,144 @@
+"""Calibrating a lab: what its shaped links achieve, measured with gloo itself, written into
+the cluster spec the simulator reads (so the analytic model sees measured, not nominal,
+bandwidth; AutoSync §3.1 feeds Eq. 2 with the cluster's link speeds).
+
+Per node, a probe on the lab's bridge exchanges 16 MB with one worker in the node's namespace:
+the probe's traffic crosses only that node's link, so the figures are the node's own
+(egress and ingress), not its peer's. Latency is half the round trip of a 4-byte message.
+Across nodes, one worker per node all-reduces 16 MB; its bus bandwidth is reported too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from ..spec.cluster import ClusterSpec, NodeSpec
+from ..spec.errors import SpecError
+
+__all__ = ["calibrate", "calibrated_spec", "calibration_path"]
+
+MB = 1 << 20
+
+
+def calibration_path(preset: str) -> Path:
+    """Where the calibrated spec of lab preset ``preset`` is kept (in the data home)."""
+    from ..data.paths import data_home
+
+    return data_home() / "lab" / f"{preset}.calibrated.yaml"
+
+
+def calibrated_spec(preset: str) -> ClusterSpec | None:
+    """The calibrated spec of ``preset``, or None when it was never calibrated."""
+    from ..spec.cluster import load_cluster_spec
+
+    path = calibration_path(preset)
+    return load_cluster_spec(path) if path.exists() else None
+
+
+def _p2p_worker(rank: int, world: int, nbytes: int, reps: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    big = torch.ones(nbytes // 4)
+    tiny = torch.ones(1)
+    out: dict[str, list[float]] = {"to_node": [], "from_node": [], "rtt": []}
+    for _ in range(3):  # warm the connection and the kernel's queues
+        (dist.send if rank == 0 else dist.recv)(tiny, 1 - rank)
+        (dist.recv if rank == 0 else dist.send)(tiny, 1 - rank)
+    for _ in range(reps):
+        for direction, sender in (("to_node", 0), ("from_node", 1)):
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == sender:
+                dist.send(big, 1 - rank)
+                dist.recv(tiny, 1 - rank)
+            else:
+                dist.recv(big, 1 - rank)
+                dist.send(tiny, 1 - rank)
+            out[direction].append(time.perf_counter() - start)
+    for _ in range(20):
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(tiny, 1)
+            dist.recv(tiny, 1)
+        else:
+            dist.recv(tiny, 0)
+            dist.send(tiny, 0)
+        out["rtt"].append(time.perf_counter() - start)
+    return out
+
+
+def _allreduce_worker(rank: int, world: int, nbytes: int, reps: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.ones(nbytes // 4)
+    dist.all_reduce(buf)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buf)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def calibrate(cluster: ClusterSpec, state: dict[str, Any], *, nbytes: int = 16 * MB, reps: int = 5,
+              on_step=None) -> tuple[ClusterSpec, dict[str, Any]]:
+    """Measure the lab that ``state`` (from ``lab_up``) describes; returns the calibrated spec
+    (nic and single-flow Gbit/s = the slower direction of each node's link) and the figures."""
+    from ..engine.local import run_local
+    from .netns import PROBE_ADDRESS
+
+    probe = {"netns": state["switch"], "ifname": "br0", "master": PROBE_ADDRESS}
+    figures: dict[str, Any] = {"nodes": [], "nbytes": nbytes, "reps": reps}
+    nodes = []
+    for node, net in zip(cluster.nodes, state["nodes"]):
+        if on_step:
+            on_step(f"{node.name}: point to point through its link")
+        outs = run_local(_p2p_worker, 2, (nbytes, reps), nets=[
+            probe, {"netns": net["netns"], "ifname": net["ifname"], "master": PROBE_ADDRESS}], threads=1,
+            timeout_s=300)
+        rtt = statistics.median(outs[0]["rtt"])
+        # Each timed exchange is the payload one way plus a 4-byte reply: take the reply's round trip off.
+        gbps = {d: nbytes * 8 / max(statistics.median(outs[0][d]) - rtt, 1e-9) / 1e9 for d in ("to_node", "from_node")}
+        measured = min(gbps.values())
+        figures["nodes"].append({"node": node.name, "nominal_gbps": node.nic_gbps, "ingress_gbps": gbps["to_node"],
+                                 "egress_gbps": gbps["from_node"], "latency_ms": rtt / 2 * 1e3,
+                                 "efficiency": measured / node.nic_gbps})
+        values = node.to_dict()
+        values.update(nic_gbps=round(measured, 6), single_flow_gbps=round(measured, 6))
+        nodes.append(NodeSpec(**values))
+    if len(cluster.nodes) > 1:
+        if on_step:
+            on_step(f"all-reduce across {len(cluster.nodes)} nodes")
+        times = run_local(_allreduce_worker, len(cluster.nodes), (nbytes, reps), threads=1, timeout_s=300, nets=[
+            {"netns": n["netns"], "ifname": n["ifname"], "master": state["nodes"][0]["address"]}
+            for n in state["nodes"]])
+        slowest = statistics.median(max(ts) for ts in zip(*times))
+        n = len(cluster.nodes)
+        figures["allreduce"] = {"seconds": slowest, "algbw_gbps": nbytes * 8 / slowest / 1e9,
+                                "busbw_gbps": 2 * (n - 1) / n * nbytes * 8 / slowest / 1e9}
+    figures["calibrated_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    spec = ClusterSpec(name=cluster.name, nodes=tuple(nodes), scale=cluster.scale,
+                       description=f"{cluster.description}; links calibrated {figures['calibrated_at']}")
+    return spec, figures
+
+
+def save_calibration(spec: ClusterSpec, figures: dict[str, Any]) -> Path:
+    """Write the calibrated spec (and its figures next to it, as JSON)."""
+    from ..spec._util import write_text_atomic
+
+    if not figures.get("nodes"):
+        raise SpecError("nothing was measured")
+    path = calibration_path(spec.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spec.save(path)
+    write_text_atomic(path.with_suffix(".json"), json.dumps(figures, indent=1) + "\n")
+    return path

@@ -1,0 +1,114 @@
+"""The lab for real: network namespaces joined by a bridge, links shaped with tc, workers
+inside the namespaces. Skipped, with the reason, where namespaces cannot be made (no root, no
+iproute2). Every test uses its own namespace prefix and removes what it made."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from _searches import search_env
+
+from synctune.spec import SpecError, cluster_preset
+
+try:
+    from synctune.lab import check_lab_support
+
+    check_lab_support()
+    _SKIP = ""
+except SpecError as exc:
+    _SKIP = str(exc)
+pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
+
+PREFIX = f"stt{os.getpid() % 100000}"
+
+
+@pytest.fixture
+def lab(monkeypatch, tmp_path):
+    from synctune.lab import lab_down
+
+    monkeypatch.setenv("SYNCTUNE_LAB_PREFIX", PREFIX)
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home"))
+    yield
+    lab_down()
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert PREFIX not in left, left
+
+
+def _cli(*args: str, home) -> subprocess.CompletedProcess:
+    env = search_env(home)
+    env["SYNCTUNE_LAB_PREFIX"] = PREFIX
+    return subprocess.run([sys.executable, "-m", "synctune", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_up_shapes_each_link_and_calibration_measures_it(lab):
+    from synctune.lab import calibrate, lab_status, lab_up
+
+    cluster = cluster_preset("lab-2x1")  # 10 GbE x 1/32 = 312.5 Mbit/s per link
+    state = lab_up(cluster)
+    status = lab_status()
+    assert status["healthy"] and not status["stale"]
+    assert [n["rate_mbit"] for n in state["nodes"]] == [312.5, 312.5]
+    assert all("tbf" in q and "312500Kbit" in q for q in status["qdiscs"].values()), status["qdiscs"]
+    spec, figures = calibrate(cluster, state, nbytes=4 << 20, reps=3)
+    for node in figures["nodes"]:
+        # Loopback would give several Gbit/s: the shaping is what holds it near 312.5 Mbit/s.
+        assert 0.7 < node["efficiency"] < 1.15, figures
+    assert 0.6 * 0.3125 < figures["allreduce"]["busbw_gbps"] < 1.15 * 0.3125, figures
+    assert spec.name == "lab-2x1" and spec.scale == cluster.scale
+    # The spec keeps 6 decimals of Gbit/s (1 kbit/s): compare at that resolution.
+    assert [n.nic_gbps for n in spec.nodes] == [pytest.approx(min(n["ingress_gbps"], n["egress_gbps"]), abs=1e-6)
+                                               for n in figures["nodes"]]
+
+
+def test_trial_runs_over_the_shaped_links_and_records_the_scale(lab, tmp_path):
+    home = tmp_path / "home"
+    up = _cli("lab", "up", "lab-2x1", home=home)
+    assert up.returncode == 0, up.stderr
+    done = _cli("trial", "--model", "cnn-small", "--cluster", "lab-2x1", "--builder", "allreduce", "--warmup", "1",
+                "--iters", "3", "--json", home=home)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "ok" and result["cluster"] == "lab-2x1" and result["cluster_scale"] == 1 / 32
+    from synctune.data import TrialDataset
+
+    rows = TrialDataset(home / "dataset").read()
+    assert list(rows["cluster_name"]) == ["lab-2x1"] and list(rows["cluster_scale"]) == [1 / 32]
+    down = _cli("lab", "down", home=home)
+    assert down.returncode == 0 and "removed 3 namespace(s)" in down.stdout, down.stdout
+    again = _cli("trial", "--model", "cnn-small", "--cluster", "lab-2x1", "--builder", "allreduce", home=home)
+    assert again.returncode == 2
+    assert again.stderr.strip() == ("synctune: error: cluster 'lab-2x1' runs in the lab, which is not up: "
+                                    "synctune lab up lab-2x1")
+
+
+def test_stale_namespaces_are_found_and_replaced(lab):
+    from synctune.lab import lab_status, lab_up
+    from synctune.lab.netns import _state_file
+
+    lab_up(cluster_preset("lab-2x1"))
+    _state_file().unlink()  # what a crash of the process holding the lab leaves: namespaces, no state
+    status = lab_status()
+    assert status["stale"] and not status["healthy"] and len(status["namespaces"]) == 3
+    state = lab_up(cluster_preset("lab-b9"))
+    assert sorted(state["removed_stale"]) == sorted(status["namespaces"])
+    assert lab_status()["healthy"] and [n["rate_mbit"] for n in state["nodes"]] == [312.5, 781.25]
+
+
+def test_search_on_a_lab_preset_runs_through_ray_in_the_namespaces(lab, tmp_path):
+    home = tmp_path / "home"
+    assert _cli("lab", "up", "lab-2x1", home=home).returncode == 0
+    exp = tmp_path / "lab-tiny.yaml"
+    exp.write_text("name: lab-tiny\nmodel: cnn-small\ncluster: lab-2x1\nbudget: 3\nsimulator: analytic\n"
+                   "proposals: 20\ncandidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps]\n")
+    done = _cli("search", str(exp), home=home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from synctune.data import TrialDataset
+
+    rows = TrialDataset(home / "dataset").read(search_id="lab-tiny-seed0")
+    assert len(rows) == 3 and (rows["status"] == "ok").all() and (rows["launcher"] == "ray").all()
+    assert (rows["cluster_scale"] == 1 / 32).all()
