@@ -11,8 +11,11 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -280,3 +283,19 @@ def test_push_to_s3_pull_into_empty_dir_and_tamper(tmp_path, s3_server):
     assert res.exit_code == 2 and "checksum mismatch" in res.stderr
     assert len(other.read()) == 1
     assert runner.invoke(cli, ["dataset", "stats", "--data", str(dst.root)]).output == stats_before
+
+
+@pytest.mark.parametrize("release", [r["name"] for r in json.loads(
+    (Path(__file__).resolve().parents[1] / "dataset" / "releases.json").read_text())])
+def test_every_published_release_pulls_into_an_empty_data_dir_and_verifies(release, tmp_path):
+    """What `synctune dataset pull dataset/<release>` does on a fresh machine."""
+    entry = next(r for r in json.loads((Path(__file__).resolve().parents[1] / "dataset" / "releases.json")
+                                       .read_text()) if r["name"] == release)
+    source = Path(__file__).resolve().parents[1] / entry["source"]
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, "-m", "synctune", "dataset", "pull", str(source)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"pulled {entry['rows']} rows" in done.stdout and f"{entry['rows']} new" in done.stdout
+    rows = TrialDataset(tmp_path / "home" / "dataset").read()
+    assert len(rows) == entry["rows"] and (rows["schema_version"] == entry["schema_version"]).all()
