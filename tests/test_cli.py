@@ -124,3 +124,19 @@ def test_python_dash_m_entry_point_reports_errors_with_status_2():
     assert proc.stderr.strip() == ("synctune: error: unknown builder 'nope'; valid: allreduce, horovod, ps, ps-lb, "
                                    "partitioned-ps, uneven-partitioned-ps, partitioned-allreduce, "
                                    "random-axis-allreduce, parallax")
+
+
+def test_written_files_follow_the_umask_and_keep_their_mode(tmp_path):
+    """Atomic writes go through a temporary file; the result must not keep its private 0600."""
+    out = tmp_path / "allreduce.json"
+    old = os.umask(0o022)
+    try:
+        assert run("strategy", "build", "allreduce", "--model", "cnn-small", "--cluster", "local-1x2",
+                   "-o", str(out)).exit_code == 0
+        assert out.stat().st_mode & 0o777 == 0o644
+        out.chmod(0o640)
+        assert run("strategy", "build", "ps", "--model", "cnn-small", "--cluster", "local-1x2",
+                   "-o", str(out)).exit_code == 0
+        assert out.stat().st_mode & 0o777 == 0o640 and '"ps"' in out.read_text()
+    finally:
+        os.umask(old)

@@ -36,6 +36,17 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _mode_for(path: Path) -> int:
+    """The permission bits a plain ``open(path, "w")`` would leave: the existing file's, or
+    0666 less the process umask for a new file."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, renamed into place,
     so a crash never leaves a half-written file."""
@@ -45,6 +56,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise SpecError(f"{path}: folder {parent} does not exist")
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes 0600 files; a report or strategy file must stay readable by whoever the
+        # user's umask lets read it (a web server, a colleague), and an overwritten file keeps
+        # its mode.
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
