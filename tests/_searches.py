@@ -13,7 +13,7 @@ def tiny_experiment(folder: Path, budget: int) -> Path:
     path = folder / "tiny.yaml"
     path.write_text(f"name: tiny\nmodel: cnn-small\ncluster: local-1x2\nbudget: {budget}\nalgorithm: autodist\n"
                     "simulator: analytic\nproposals: 50\ncandidates: 2\nwarmup: 1\niters: 3\n"
-                    "baselines: [allreduce, ps-lb, parallax]\n")
+                    "baselines: [allreduce, ps-lb, partitioned-ps]\n")
     return path
 
 

@@ -13,6 +13,7 @@ from _browser import wait_text as _wait_text
 
 from synctune.data import MlflowLogger, TrialRecord
 from synctune.engine import TrialConfig, run_trial_local
+from synctune.workload import zoo_workload
 from synctune.models import model_spec
 from synctune.spec import cluster_preset
 from synctune.strategy import build_strategy
@@ -29,7 +30,8 @@ def logged_search(tmp_path, monkeypatch):
     runs = {}
     for i, builder in enumerate(("ps-lb", "allreduce")):
         strategy = build_strategy(builder, spec, cluster)
-        result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=3))
+        result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=3),
+                                 workload=zoo_workload(strategy.model["name"]))
         assert result.status == "ok", result.error
         record = TrialRecord.from_trial(result.to_dict(), strategy, spec, cluster, origin=builder,
                                         search_id="browsersearch01", trial_id=f"trial{i}", experiment="browser-check")

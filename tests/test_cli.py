@@ -88,7 +88,7 @@ def test_malformed_cluster_yaml(tmp_path):
     path.write_text("name: c\nnodes:\n  - instance_type: g4dn.2xlarge\n    num_devices: zero\n")
     result = CliRunner().invoke(cli, ["strategy", "build", "ps", "-m", "cnn-small", "-c", str(path)])
     assert result.exit_code == 2
-    assert "nodes[0]: node 'node0': num_devices: expected a positive integer, got 'zero'" in result.stderr
+    assert "nodes[0]: node 'node0': num_devices: expected an integer from 1 to 1024, got 'zero'" in result.stderr
 
 
 def test_models_and_clusters_listings(tmp_path):

@@ -75,7 +75,7 @@ def test_yaml_with_catalog_defaults_overrides_and_count(tmp_path):
     "text, fragment",
     [
         ("name: x\nnodes:\n  - instance_type: g4dn.2xlarge\n    num_devices: -1\n",
-         r"nodes\[0\]: node 'node0': num_devices: expected a positive integer, got -1"),
+         r"nodes\[0\]: node 'node0': num_devices: expected an integer from 1 to 1024, got -1"),
         ("name: x\nnodes:\n  - name: w1\n    instance_type: g4dn.2xlarge\n    nic_gbps: fast\n",
          r"nodes\[0\] \('w1'\): node 'w1': nic_gbps"),
         ("name: x\nnodes:\n  - instance_type: p5.48xlarge\n",

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from _engine_workers import conformance_worker
-from synctune.engine.compress import LOSSY_TOLERANCE
 from synctune.engine.local import run_local
 from synctune.spec import ModelSpec, VariableSpec, cluster_preset
 from synctune.strategy import (
+    COMPRESSORS,
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
@@ -78,7 +78,7 @@ for sync in SYNCS:
     for partition in (False, True):
         CASES.append((sync, Compressor(), partition, "integer", 0.0))
         for lossy in ("fp16", "bf16"):
-            CASES.append((sync, Compressor(kind=lossy), partition, "normal", LOSSY_TOLERANCE[lossy]))
+            CASES.append((sync, Compressor(kind=lossy), partition, "normal", COMPRESSORS.get(lossy).tolerance))
 CASES.append(("allreduce", Compressor(kind="powersgd", rank=2), False, "lowrank", 1e-4))
 
 

@@ -46,6 +46,7 @@ def _cli(*args: str, home) -> subprocess.CompletedProcess:
 
 
 def test_up_shapes_each_link_and_calibration_measures_it(lab):
+    from synctune.engine.local import run_local
     from synctune.lab import calibrate, lab_status, lab_up
 
     cluster = cluster_preset("lab-2x1")  # 10 GbE x 1/32 = 312.5 Mbit/s per link
@@ -54,7 +55,7 @@ def test_up_shapes_each_link_and_calibration_measures_it(lab):
     assert status["healthy"] and not status["stale"]
     assert [n["rate_mbit"] for n in state["nodes"]] == [312.5, 312.5]
     assert all("tbf" in q and "312500Kbit" in q for q in status["qdiscs"].values()), status["qdiscs"]
-    spec, figures = calibrate(cluster, state, nbytes=4 << 20, reps=3)
+    spec, figures = calibrate(cluster, state, run_local, nbytes=4 << 20, reps=3)
     for node in figures["nodes"]:
         # Loopback would give several Gbit/s: the shaping is what holds it near 312.5 Mbit/s.
         assert 0.7 < node["efficiency"] < 1.15, figures

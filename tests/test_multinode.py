@@ -8,6 +8,8 @@ import threading
 import time
 
 import pytest
+import ray
+from ray.cluster_utils import Cluster
 
 from synctune.cluster import HEAD_RESOURCE, RayWorkerGroup, cluster_spec_from_ray, node_type_resource
 from synctune.engine import TrialConfig
@@ -15,9 +17,8 @@ from synctune.models import model_spec
 from synctune.search.experiment import Experiment
 from synctune.spec import ClusterSpec
 from synctune.strategy import build_strategy
+from synctune.workload import zoo_workload
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 # Two fake node types: a 1-device node and a 2-device node (B9/B12's shape, on CPU).
 _LINK = {"device_kind": "cpu", "device_model": "cpu", "nic_gbps": 8.0, "single_flow_gbps": 8.0,
@@ -64,7 +65,8 @@ def test_workers_land_on_their_node_types(multinode):
         assert bundles == [{"CPU": 1.0, node_type_resource("cpu-small"): 1.0},
                            {"CPU": 2.0, node_type_resource("cpu-big"): 1.0}]
         assert group._strategy(bundles) == "STRICT_SPREAD"
-        result = group.run_trial(build_strategy("ps-lb", spec, HETERO), TrialConfig(warmup=1, iters=3))
+        result = group.run_trial(build_strategy("ps-lb", spec, HETERO), TrialConfig(warmup=1, iters=3),
+                                 workload=zoo_workload("cnn-small"))
         assert result.status == "ok", result.error
         assert result.extra["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"]
         types = _types_by_node()
@@ -86,7 +88,7 @@ def _placement_groups_alive() -> list:
 
 
 def test_two_slices_run_trials_concurrently_and_are_released(multinode):
-    from synctune.cluster.search_runner import run_search, search_id_of
+    from synctune.run import run_search, search_id_of
 
     exp = _experiment("two-slices", budget=4, slices=2, iters=30)
     outcomes, slice_nodes = [], set()
@@ -98,7 +100,7 @@ def test_two_slices_run_trials_concurrently_and_are_released(multinode):
             actor = ray.get_actor(f"synctune-slice-{search_id_of(exp)}-{i}")
             slice_nodes.add(ray.get(actor.where.remote(), timeout=30))
 
-    summary = run_search(exp, model_spec("cnn-small"), HETERO, on_trial=on_trial)
+    summary = run_search(exp, model_spec("cnn-small"), HETERO, workload=zoo_workload("cnn-small"), on_trial=on_trial)
     assert summary["trials"] == 4 and summary["failed"] == 0, [o.get("error") for o in outcomes]
     assert all(o["extra"]["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"] for o in outcomes)
     spans = sorted((o["extra"]["started_at"], o["extra"]["finished_at"]) for o in outcomes)
@@ -112,7 +114,7 @@ def test_two_slices_run_trials_concurrently_and_are_released(multinode):
 
 
 def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multinode):
-    from synctune.cluster.search_runner import run_search
+    from synctune.run import run_search
     from synctune.data import TrialDataset, dataset_dir
 
     cluster, nodes = multinode
@@ -133,7 +135,8 @@ def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multino
 
     killer = threading.Thread(target=remove_the_busy_big_node, daemon=True)
     killer.start()
-    summary = run_search(exp, model_spec("cnn-small"), HETERO, on_trial=lambda o, s: first_done.set())
+    summary = run_search(exp, model_spec("cnn-small"), HETERO, workload=zoo_workload("cnn-small"),
+                         on_trial=lambda o, s: first_done.set())
     killer.join(timeout=60)
     assert removed, "the node was never removed"
     rows = TrialDataset(dataset_dir()).read(search_id="node-loss-seed0").sort_values("created_at")

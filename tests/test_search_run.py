@@ -42,7 +42,7 @@ def test_tiny_real_search(tiny_search, tmp_path):
     assert "speed-up" in out and "hit rate" in out
     rows = TrialDataset(home / "dataset").read(search_id="tiny-seed0")
     assert len(rows) == 6 and (rows["status"] == "ok").all()
-    assert set(rows["origin"]) >= {"allreduce", "ps-lb", "parallax", "autodist"}
+    assert set(rows["origin"]) >= {"allreduce", "ps-lb", "partitioned-ps", "autodist"}
     assert rows["mlflow_run_id"].str.len().eq(32).all()
     assert (home / "searches" / "tiny-seed0-best.json").is_file()
     assert (home / "reports" / "tiny-seed0.html").is_file() and "report " in done.stderr

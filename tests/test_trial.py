@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from _engine_workers import failing_worker, hang_worker
 from synctune.cli import cli
 from synctune.engine import TrialConfig, run_trial_local
+from synctune.workload import zoo_workload
 from synctune.engine.local import WorkerFailure, classify_error, run_local
 from synctune.models import model_spec
 from synctune.spec import SpecError, cluster_preset
@@ -38,7 +39,8 @@ def test_uneven_batch_split_and_progress_events():
     strategy = build_strategy("allreduce", model_spec("cnn-small"), cluster)
     strategy = type(strategy)(**{**strategy.__dict__, "batch_split": (3, 9)})
     events = []
-    result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=3), on_progress=events.append)
+    result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=3), on_progress=events.append,
+                             workload=zoo_workload("cnn-small"))
     assert result.status == "ok" and result.global_batch_size == 12
     assert result.samples_per_s == pytest.approx(12 / result.mean_s)
     assert sorted(e["rank"] for e in events if e["event"] == "started") == [0, 1]
@@ -58,6 +60,7 @@ def test_killed_worker_fails_the_trial_quickly():
 
     start = time.monotonic()
     result = run_trial_local(strategy, cluster, TrialConfig(warmup=2, iters=10_000, timeout_s=300),
+                             workload=zoo_workload("cnn-small"),
                              on_progress=on_progress)
     assert result.status == "failed"
     assert "rank 1 killed by SIGKILL" in result.error
@@ -90,7 +93,7 @@ def test_unsupported_strategy_is_rejected_before_launch(tmp_path):
     cluster = cluster_preset("local-1x2")
     strategy = build_strategy("ps", model_spec("cnn-small"), cluster, staleness=1)
     with pytest.raises(SpecError, match="staleness: 1 is not supported"):
-        run_trial_local(strategy, cluster)
+        run_trial_local(strategy, cluster, workload=zoo_workload("cnn-small"))
     path = tmp_path / "s.json"
     path.write_text(strategy.to_json())
     result = CliRunner().invoke(cli, ["trial", "-m", "cnn-small", "-c", "local-1x2", "-s", str(path)])

@@ -15,13 +15,14 @@ def lab(preset: str):
     """The lab up with ``preset`` (replacing whatever was up), calibrated; down afterwards.
     Yields (calibrated cluster spec, node network)."""
     from synctune.cli._common import node_network, resolve_cluster_arg
-    from synctune.lab import calibrate, lab_down, lab_status, lab_up, save_calibration
+    from synctune.lab import lab_down, lab_status, lab_up
+    from synctune.run import calibrate_lab
     from synctune.spec import cluster_preset
 
     nominal = cluster_preset(preset)
     try:
         lab_up(nominal)
-        save_calibration(*calibrate(nominal, lab_status()["state"]))
+        calibrate_lab(nominal, lab_status()["state"])
         cluster = resolve_cluster_arg(preset)
         yield cluster, node_network(cluster)
     finally:

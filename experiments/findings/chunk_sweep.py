@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=8)
     args = parser.parse_args()
     from synctune.engine.trial import TrialConfig, run_trials_local
+    from synctune.workload import zoo_workload
     from synctune.models import model_spec
     from synctune.strategy import build_strategy
 
@@ -34,7 +35,8 @@ def main() -> None:
         with lab(preset) as (cluster, net):
             strategies = [build_strategy("allreduce", spec, cluster, chunk=c) for c in CHUNKS]
             groups = {c: s.stats()["num_merge_groups"] for c, s in zip(CHUNKS, strategies)}
-            out = run_trials_local(strategies, cluster, TrialConfig(warmup=args.warmup, iters=args.iters), node_net=net)
+            out = run_trials_local(strategies, cluster, TrialConfig(warmup=args.warmup, iters=args.iters),
+                                   workload=zoo_workload(args.model), node_net=net)
         results[preset] = [r.median_s * 1e3 if r.status == "ok" else None for r in out]
     rows = []
     for i, chunk in enumerate(CHUNKS):

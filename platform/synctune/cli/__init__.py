@@ -1,34 +1,89 @@
 """The ``synctune`` command line: wiring only (DESIGN.md "cli").
 
 Heavy libraries (torch, ray, mlflow) are imported inside the commands that need them, so
-``synctune --help`` answers at once. Bad input of any kind ends with one line on stderr,
-``synctune: error: ...``, and exit status 2.
+``synctune --help`` answers at once. Every failure ends with one line on stderr,
+``synctune: error: ...``, never a traceback: status 2 when the user's input is wrong (a file,
+a key, an option, a usage error), status 1 when the environment failed (a slice that never came
+up, a lab command, an unreachable store). SIGTERM and SIGHUP unwind like Ctrl-C, so every
+command stops the processes it started (status 128 + signal number).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 
 import click
 
 from .. import __version__
-from ..spec.errors import SpecError
+from ..spec.errors import InfraError, SpecError
 
 __all__ = ["main", "cli"]
 
 
-class _Group(click.Group):
-    """A click group that turns input errors into one line on stderr and exit status 2."""
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM or SIGHUP, so cleanup code runs as for Ctrl-C."""
 
-    def invoke(self, ctx: click.Context):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_terminated(signum, _frame) -> None:
+    raise Terminated(signum)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class _Group(click.Group):
+    """A click group whose every error is one line on stderr with the status it means."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                handlers[sig] = signal.signal(sig, _raise_terminated)
         try:
-            return super().invoke(ctx)
+            code = self._run(args, prog_name, complete_var, **extra)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def _run(self, args, prog_name, complete_var, **extra) -> int:
+        def fail(message: str, code: int) -> int:
+            click.echo(f"synctune: {message}", err=True)
+            return code
+
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                              **extra)
+            return rv if isinstance(rv, int) else 0
+        except click.UsageError as exc:
+            return fail(f"error: {_one_line(exc.format_message())} (synctune --help)", 2)
+        except click.ClickException as exc:
+            return fail(f"error: {_one_line(exc.format_message())}", exc.exit_code)
         except SpecError as exc:
-            click.echo(f"synctune: error: {exc}", err=True)
-            ctx.exit(2)
-        except KeyboardInterrupt:
-            click.echo("synctune: interrupted", err=True)
-            ctx.exit(130)
+            return fail(f"error: {_one_line(exc)}", 2)
+        except InfraError as exc:
+            return fail(f"error: {_one_line(exc)}", 1)
+        except (click.Abort, KeyboardInterrupt):
+            return fail("interrupted", 130)
+        except Terminated as exc:
+            return fail(str(exc), 128 + exc.signum)
+        except BrokenPipeError:
+            return 1
+        except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen environment: still one line
+            if os.environ.get("SYNCTUNE_DEBUG"):
+                raise
+            return fail(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:500]} "
+                        f"(SYNCTUNE_DEBUG=1 shows the traceback)", 1)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -49,11 +104,10 @@ from . import _cluster, _data, _lab, _report, _search, _sim, _specs, _strategy, 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``synctune`` console script; returns the exit status."""
     try:
-        cli.main(args=argv, prog_name="synctune", standalone_mode=True)
+        return cli.main(args=argv, prog_name="synctune", standalone_mode=False)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

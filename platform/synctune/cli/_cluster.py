@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, table
+from ._common import echo_err, resolve_cluster_arg, start_ray, table
 
 
 @cli.group("cluster")
@@ -64,10 +64,11 @@ def show_cmd(ray_address: str, name: str, save: str | None) -> None:
 
     from ..cluster.discover import cluster_spec_from_ray
 
-    try:
-        ray.init(address=ray_address, log_to_driver=False, logging_level="ERROR")
-    except ConnectionError as exc:
-        raise SpecError(f"cannot connect to Ray at {ray_address!r}: {str(exc).splitlines()[0]}") from None
+    if save:
+        from ..spec.files import check_writable
+
+        check_writable(save)
+    start_ray(ray_address, logging_level="ERROR")
     try:
         spec = cluster_spec_from_ray(name)
     finally:

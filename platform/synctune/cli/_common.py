@@ -7,36 +7,39 @@ from typing import Iterable, Sequence
 
 import click
 
-from ..spec._util import write_text_atomic
 from ..spec.cluster import ClusterSpec, resolve_cluster
 from ..spec.errors import SpecError
+from ..spec.files import read_json, write_text_atomic
 from ..spec.model import ModelSpec
 
-__all__ = ["resolve_model", "resolve_cluster_arg", "node_network", "table", "write_text_atomic", "echo_err"]
+__all__ = ["resolve_model", "resolve_workload_arg", "resolve_cluster_arg", "node_network", "table",
+           "write_text_atomic", "echo_err"]
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A zoo model by name, or a model spec JSON file (as written by ``synctune models NAME --json``)."""
-    from ..models.zoo import MODELS, model_spec
+    from ..models.zoo import MODELS
+    from ..workload import zoo_workload
 
     if name_or_path in MODELS:
-        return model_spec(name_or_path)
+        return zoo_workload(name_or_path).spec()
     path = Path(name_or_path)
     if path.suffix.lower() == ".json" or path.exists():
-        import json
+        return ModelSpec.from_dict(read_json(path, "model spec"), where=str(path))
+    raise SpecError(f"unknown model {name_or_path[:60]!r}: not in the zoo ({', '.join(MODELS)}) nor a .json "
+                    f"model spec")
 
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise SpecError(f"{path}: no such model spec file") from None
-        except OSError as exc:
-            raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-        return ModelSpec.from_dict(data, where=str(path))
-    raise SpecError(f"unknown model {name_or_path!r}: not in the zoo ({', '.join(MODELS)}) nor a .json model spec")
+
+def resolve_workload_arg(name: str):
+    """The workload a trial or search runs: a zoo model by name (a model spec file describes a
+    model but cannot train it)."""
+    from ..models.zoo import MODELS
+    from ..workload import resolve_workload
+
+    if name not in MODELS and Path(name).suffix.lower() == ".json":
+        raise SpecError(f"{name}: a model spec file describes a model, it cannot run one; trials need a zoo model "
+                        f"({', '.join(MODELS)})")
+    return resolve_workload(name)
 
 
 def resolve_cluster_arg(name_or_path: str) -> ClusterSpec:
@@ -46,9 +49,9 @@ def resolve_cluster_arg(name_or_path: str) -> ClusterSpec:
     from ..spec.cluster import is_lab_cluster
 
     if is_lab_cluster(cluster) and name_or_path == cluster.name:
-        from ..lab.calibrate import calibrated_spec
+        from ..run.lab import calibrated_cluster
 
-        return calibrated_spec(cluster.name) or cluster
+        return calibrated_cluster(cluster.name) or cluster
     return cluster
 
 
@@ -83,3 +86,22 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: Itera
 def echo_err(message: str) -> None:
     """One line to stderr (progress and notes that must not mix with JSON on stdout)."""
     click.echo(message, err=True)
+
+
+def start_ray(address: str, num_cpus: int | None = None, **kwargs) -> None:
+    """Join (or, with ``local``, start) Ray; a cluster that cannot be reached is one line, exit 1."""
+    import ray
+
+    from ..spec.errors import InfraError
+
+    if ray.is_initialized():
+        return
+    options = {"address": address, "log_to_driver": False, **kwargs}
+    if address == "local":
+        options.update(num_cpus=num_cpus, include_dashboard=False)
+    try:
+        ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InfraError(f"cannot {'start' if address == 'local' else 'connect to'} Ray at {address!r}: "
+                         f"{first[:300]}") from None

@@ -64,26 +64,21 @@ def stats_cmd(data_path: str | None) -> None:
 def export_cmd(data_path, fmt, output, model, cluster, status) -> None:
     """Write the (filtered) dataset to one CSV or Parquet file."""
     import json
-    from pathlib import Path
 
     import pyarrow.parquet as pq
 
-    from ..spec._util import write_text_atomic
+    from ..spec.files import check_writable, write_text_atomic, write_via
 
+    check_writable(output)
     ds = _dataset(data_path)
     tbl = ds.table(model=model, cluster=cluster, status=status)
-    out = Path(output)
-    if not out.parent.is_dir():
-        raise SpecError(f"{output}: folder {out.parent} does not exist")
     if fmt == "parquet":
-        tmp = out.with_name(f".tmp-{out.name}")
-        pq.write_table(tbl, tmp)
-        tmp.replace(out)
+        write_via(output, lambda fh: pq.write_table(tbl, fh))
     else:
         df = tbl.to_pandas()
         for col in ("compressors", "iteration_times_s"):
             df[col] = [json.dumps(list(v) if v is not None else []) for v in df[col]]
-        write_text_atomic(out, df.to_csv(index=False))
+        write_text_atomic(output, df.to_csv(index=False))
     echo_err(f"wrote {tbl.num_rows} rows to {output}")
 
 
@@ -123,16 +118,17 @@ def mlflow_group() -> None:
 def sync_cmd(data_path: str | None, tracking_uri: str | None) -> None:
     """Log to MLflow every dataset record that has no run there yet (e.g. after an outage)."""
     from ..data import sync_records
+    from ..spec.errors import InfraError
 
     try:
         counts = sync_records(_dataset(data_path).records(), tracking_uri)
     except ConnectionError as exc:
-        raise SpecError(str(exc)) from None
+        raise InfraError(str(exc)) from None
     click.echo(f"logged {counts['logged']} run(s); {counts['present']} were already in MLflow")
 
 
 @cli.command("ui")
-@click.option("--port", default=5000, show_default=True)
+@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--tracking-uri", help="Backend store (default: $MLFLOW_TRACKING_URI or the SQLite store).")
 def ui_cmd(port: int, tracking_uri: str | None) -> None:
     """Start the MLflow UI for synctune's store on 127.0.0.1 (Ctrl-C stops it)."""
@@ -162,11 +158,11 @@ def compact_cmd(data_path: str | None) -> None:
 @click.option("--model", "-m", "models", multiple=True, required=True, help="Zoo model (repeatable).")
 @click.option("--cluster", "-c", "clusters", multiple=True, required=True,
               help="Local (CPU) cluster preset or spec file (repeatable).")
-@click.option("--random", "num_random", default=50, show_default=True, help="Random strategies per domain.")
+@click.option("--random", "num_random", default=50, show_default=True, type=click.IntRange(0, 100_000), help="Random strategies per domain.")
 @click.option("--builders/--no-builders", default=True, show_default=True, help="Also run every builder.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--warmup", default=3, show_default=True)
-@click.option("--iters", default=10, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0, 1_000_000))
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--mlflow/--no-mlflow", "use_mlflow", default=False, show_default=True,
               help="Also log every trial to MLflow (experiment collect-<model>@<cluster>).")
 def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup, iters, use_mlflow) -> None:
@@ -175,50 +171,15 @@ def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup,
     Trials of one domain share one process group (start-up paid once); each row lands as soon
     as its trial ends, so an interrupted collection keeps what it measured.
     """
-    from ._common import node_network, resolve_cluster_arg, resolve_model
+    from ..run import collect_domain
+    from ._common import node_network, resolve_cluster_arg, resolve_workload_arg
 
     ds = _dataset(data_path)
-    for model_name in models:
-        spec = resolve_model(model_name)
-        for cluster_name in clusters:
-            cluster = resolve_cluster_arg(cluster_name)
-            collect_domain(ds, spec, cluster, num_random=num_random, builders=builders, seed=seed, warmup=warmup,
-                           iters=iters, use_mlflow=use_mlflow, node_net=node_network(cluster))
-
-
-def collect_domain(ds, spec, cluster, *, num_random: int, builders: bool, seed: int, warmup: int, iters: int,
-                   use_mlflow: bool = False, node_net=None) -> list:
-    """Trial every builder (optionally) and ``num_random`` random strategies of one domain, one
-    process group for all, each row recorded as its trial ends; returns the results."""
-    from tqdm import tqdm
-
-    from ..data import MlflowLogger, TrialRecord, record_trial
-    from ..engine.trial import TrialConfig, run_trials_local
-    from ..search.sampler import RandomSampler
-    from ..strategy import BUILDERS, build_strategy
-
-    config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
-    strategies, origins = [], []
-    if builders:
-        for b in BUILDERS:
-            strategies.append(build_strategy(b, spec, cluster))
-            origins.append(b)
-    strategies += RandomSampler(spec, cluster, seed=seed).sample_many(num_random)
-    origins += ["random"] * num_random
-    search_id = f"collect-{spec.name}@{cluster.name}-seed{seed}"
-    logger = MlflowLogger(f"collect-{spec.name}@{cluster.name}") if use_mlflow else None
-    parent = logger.start_search(search_id, {"model": spec.name, "cluster": cluster.name}) if logger else ""
-    bar = tqdm(total=len(strategies), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
-
-    def on_result(i, result):
-        rec = TrialRecord.from_trial(result.to_dict(), strategies[i], spec, cluster, origin=origins[i],
-                                     search_id=search_id, trial_id=f"{i:04d}",
-                                     experiment=logger.experiment if logger else "")
-        record_trial(rec, ds, logger, parent_run_id=parent)
-        bar.update(1)
-
-    results = run_trials_local(strategies, cluster, config, on_result=on_result, node_net=node_net)
-    bar.close()
-    ok = sum(r.status == "ok" for r in results)
-    click.echo(f"{spec.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")
-    return results
+    workloads = [resolve_workload_arg(m) for m in models]
+    cluster_specs = [resolve_cluster_arg(c) for c in clusters]
+    for workload in workloads:
+        for cluster in cluster_specs:
+            results = collect_domain(ds, workload, cluster, num_random=num_random, builders=builders, seed=seed,
+                                     warmup=warmup, iters=iters, use_mlflow=use_mlflow, node_net=node_network(cluster))
+            ok = sum(r.status == "ok" for r in results)
+            click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import sys
 
 import click
 
@@ -29,7 +27,8 @@ def lab_group() -> None:
 
 @lab_group.command("up")
 @click.argument("preset")
-@click.option("--latency-ms", default=0.0, show_default=True, help="Added one-way delay per link (netem).")
+@click.option("--latency-ms", default=0.0, show_default=True, type=click.FloatRange(0, 1000),
+              help="Added one-way delay per link (netem).")
 def up_cmd(preset: str, latency_ms: float) -> None:
     """Create the lab for PRESET (replacing any lab that is up, or left over from a crash)."""
     from ..lab import lab_up
@@ -83,12 +82,13 @@ def status_cmd(as_json: bool) -> None:
 def calibrate_cmd(preset: str) -> None:
     """Measure PRESET's links (the lab must be up with it) and save the calibrated cluster spec:
     from then on `--cluster PRESET` means the measured link speeds."""
-    from ..lab import calibrate, lab_attach, lab_status, save_calibration
+    from ..lab import lab_attach, lab_status
+    from ..run import calibrate_lab
 
     cluster = _lab_preset(preset)
     lab_attach(cluster)  # one clear error unless the lab is up with this preset
-    spec, figures = calibrate(cluster, lab_status()["state"], on_step=lambda msg: echo_err(f"measuring {msg}"))
-    path = save_calibration(spec, figures)
+    _spec, figures, path = calibrate_lab(cluster, lab_status()["state"],
+                                         on_step=lambda msg: echo_err(f"measuring {msg}"))
     click.echo(table(["node", "nominal", "ingress", "egress", "latency", "efficiency"],
                      [[n["node"], f"{n['nominal_gbps'] * 1000:.0f} Mbit/s", f"{n['ingress_gbps'] * 1000:.0f} Mbit/s",
                        f"{n['egress_gbps'] * 1000:.0f} Mbit/s", f"{n['latency_ms']:.3f} ms", f"{n['efficiency']:.0%}"]
@@ -105,10 +105,10 @@ def calibrate_cmd(preset: str) -> None:
               show_default=True, help="Lab preset (repeatable).")
 @click.option("--model", "-m", "models", multiple=True, default=("bert-tiny", "cnn-small", "ncf-small"),
               show_default=True, help="Zoo model (repeatable).")
-@click.option("--random", "num_random", default=25, show_default=True, help="Random strategies per domain.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--warmup", default=2, show_default=True)
-@click.option("--iters", default=6, show_default=True)
+@click.option("--random", "num_random", default=25, show_default=True, type=click.IntRange(0, 100_000), help="Random strategies per domain.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1_000_000))
+@click.option("--iters", default=6, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--data", "data_path", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
 @click.option("--release", help="Then publish the dataset as a release here (folder or s3://).")
 @click.option("--name", help="Release name (with --release).")
@@ -116,26 +116,25 @@ def collect_cmd(presets, models, num_random, seed, warmup, iters, data_path, rel
     """For each preset: bring the lab up, calibrate it, trial every builder and RANDOM sampled
     strategies of each model over the shaped links; then take the lab down."""
     from ..data import TrialDataset, dataset_dir, push_release
-    from ..lab import calibrate, lab_down, lab_status, lab_up, save_calibration
-    from ._common import node_network, resolve_model
-    from ._data import collect_domain
+    from ..lab import lab_down, lab_status, lab_up
+    from ..run import calibrate_lab, collect_domain
+    from ._common import node_network, resolve_workload_arg
 
     ds = TrialDataset(data_path or dataset_dir())
-    specs = [resolve_model(m) for m in models]
+    workloads = [resolve_workload_arg(m) for m in models]
     clusters = [_lab_preset(p) for p in presets]
-    # A plain `kill` must still take the lab down (the finally below), not leave it for the next `up`.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for nominal in clusters:
             lab_up(nominal)
-            spec, figures = calibrate(nominal, lab_status()["state"])
-            save_calibration(spec, figures)
+            _spec, figures, _path = calibrate_lab(nominal, lab_status()["state"])
             cluster = resolve_cluster_arg(nominal.name)  # the calibrated spec
             echo_err(f"{cluster.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
                                                               for n in figures["nodes"]) + " of nominal")
-            for model in specs:
-                collect_domain(ds, model, cluster, num_random=num_random, builders=True, seed=seed, warmup=warmup,
-                               iters=iters, node_net=node_network(cluster))
+            for workload in workloads:
+                results = collect_domain(ds, workload, cluster, num_random=num_random, builders=True, seed=seed,
+                                         warmup=warmup, iters=iters, node_net=node_network(cluster))
+                ok = sum(r.status == "ok" for r in results)
+                click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")
     finally:
         lab_down()
     if release:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, node_network, resolve_cluster_arg, resolve_model
+from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 
 
 @cli.command("search")
@@ -24,27 +25,27 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     from tqdm import tqdm
 
     from ..data import data_home
+    from ..run import run_search, search_id_of
+    from ..run.search import make_search_simulator
     from ..search.experiment import load_experiment
-    from ..spec._util import write_text_atomic
+    from ..spec.files import check_writable, path_under, write_text_atomic
 
     exp = load_experiment(experiment)
-    model = resolve_model(exp.model)
+    workload = resolve_workload_arg(exp.model)
+    model = workload.spec()
     cluster = resolve_cluster_arg(exp.cluster)
     node_net = node_network(cluster)
     if cluster.device_kind != "cpu" and ray_address == "local":
-        from ..spec.errors import SpecError
-
         raise SpecError(f"{experiment}: cluster {cluster.name} has GPU nodes; run the search on a Ray cluster "
                         f"that has them (ray job submit ... -- synctune search {experiment} --ray-address auto)")
-    import ray
-
-    from ..cluster.search_runner import run_search, search_id_of
-
-    if not ray.is_initialized():
-        kwargs = {"address": ray_address, "log_to_driver": False}
-        if ray_address == "local":
-            kwargs.update(num_cpus=cluster.num_devices + 1, include_dashboard=False)
-        ray.init(**kwargs)
+    # Everything the search will need is checked before Ray starts: the simulator file, where
+    # the best strategy goes, the data folder.
+    make_search_simulator(exp, model, cluster)
+    search_id = search_id_of(exp)
+    best_path = Path(exp.output) if exp.output else path_under(data_home(), "searches", f"{search_id}-best.json")
+    best_path.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(best_path)
+    start_ray(ray_address, cluster.num_devices + 1)
     bar = tqdm(total=exp.budget, desc=exp.name, unit="trial", disable=None)
 
     def on_trial(outcome: dict, summary: dict) -> None:
@@ -67,12 +68,10 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         bar.refresh()
 
     try:
-        summary = run_search(exp, model, cluster, resume=resume, tracking_uri=tracking_uri, on_trial=on_trial,
-                             node_net=node_net)
+        summary = run_search(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
+                             on_trial=on_trial, node_net=node_net)
     finally:
         bar.close()
-    best_path = Path(exp.output) if exp.output else data_home() / "searches" / f"{search_id_of(exp)}-best.json"
-    best_path.parent.mkdir(parents=True, exist_ok=True)
     if summary["best_strategy"]:
         write_text_atomic(best_path, json.dumps(summary["best_strategy"], indent=2, sort_keys=True) + "\n")
     speed = summary["speedup_over_best_baseline"]
@@ -91,11 +90,11 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary['search_id']}")
     if summary["trials"]:
-        from ._report import publish_search_report
+        from ..report import publish_search_report
 
         try:
             path, run_id = publish_search_report(summary["search_id"], tracking_uri=tracking_uri)
             echo_err(f"report {path}" + (" (also report.html of the MLflow parent run)" if run_id else ""))
-        except Exception as exc:  # noqa: BLE001 - the search is done and recorded; the page is a bonus
+        except (SpecError, OSError) as exc:  # the search is done and recorded; the page is a bonus
             echo_err(f"warning: the report could not be made ({type(exc).__name__}: {exc}); "
                      f"`synctune report {summary['search_id']}` retries")

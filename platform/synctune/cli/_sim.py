@@ -47,9 +47,10 @@ _domain = click.option("--domain", "domains", multiple=True, metavar="MODEL@CLUS
               help="Which ranker.")
 @_data
 @_domain
-@click.option("--epochs", default=150, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--held-out", default=0.0, show_default=True, help="Share of each domain kept out of training.")
+@click.option("--epochs", default=150, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
+@click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="Share of each domain kept out of training.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="Simulator file to write.")
 def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
     """Train a ranker with AutoSync's pairwise ranking loss on dataset trials."""
@@ -57,6 +58,9 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
 
     from ..simulator import make_simulator, split_domains
 
+    from ..spec.files import check_writable
+
+    check_writable(output)  # before training, not after
     doms = _domains(data, domains)
     if held_out > 0:
         doms, _ = split_domains(doms, held_out, seed)
@@ -73,10 +77,10 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
 @click.argument("sim_file")
 @_data
 @_domain
-@click.option("--held-out", default=0.0, show_default=True,
+@click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
               help="Evaluate on the held-out share only (use the same --seed as training).")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--k", default=5, show_default=True, help="k of the top-k recall.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
+@click.option("--k", default=5, show_default=True, type=click.IntRange(1, 100_000), help="k of the top-k recall.")
 @click.option("--json", "as_json", is_flag=True)
 def eval_cmd(sim_file, data, domains, held_out, seed, k, as_json) -> None:
     """Ranking accuracy, Kendall's tau and top-k recall of SIM_FILE (or 'analytic'), next to the

@@ -89,7 +89,7 @@ def validate_cmd(file: str, model: str, cluster: str) -> None:
 def show_cmd(file: str, model: str | None) -> None:
     """Summarise strategy FILE and list each variable's plan in backward order."""
     from ..strategy import load_strategy
-    from ..strategy.validate import shard_shapes
+    from ..strategy.partition import shard_shapes
 
     strategy = load_strategy(file)
     spec = resolve_model(model) if model else None

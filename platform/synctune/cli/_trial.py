@@ -8,7 +8,7 @@ import click
 
 from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, node_network, resolve_cluster_arg, resolve_model
+from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 from ._strategy import _parse_options
 
 
@@ -33,17 +33,19 @@ def _progress_bar(total_hint: int, label: str):
 
 
 @cli.command("trial")
-@click.option("--model", "-m", required=True, help="Zoo model name.")
+@click.option("--model", "-m", required=True, help="Zoo model name (the workload the trial runs).")
 @click.option("--cluster", "-c", required=True, help="Cluster preset name or cluster spec YAML file.")
 @click.option("--builder", "-b", help="Build the strategy with this builder ...")
 @click.option("--strategy", "-s", "strategy_file", help="... or read it from this JSON file.")
 @click.option("--option", "-O", "options", multiple=True, metavar="KEY=VALUE", help="Builder option.")
-@click.option("--warmup", default=10, show_default=True, help="Warm-up iterations (not timed).")
-@click.option("--iters", default=40, show_default=True, help="Timed iterations.")
+@click.option("--warmup", default=10, show_default=True, type=click.IntRange(0, 1_000_000),
+              help="Warm-up iterations (not timed).")
+@click.option("--iters", default=40, show_default=True, type=click.IntRange(1, 1_000_000), help="Timed iterations.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
-@click.option("--lr", default=0.01, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds before the trial is a timeout.")
+@click.option("--lr", default=0.01, show_default=True, type=click.FloatRange(0, 1e6, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True, type=click.FloatRange(0, 7 * 24 * 3600.0,
+              min_open=True), help="Seconds before the trial is a timeout.")
 @click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
 @click.option("--ray-address", default="local", show_default=True,
@@ -60,13 +62,14 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
     Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
     memory (the result says why), 2 on bad input.
     """
-    from ..engine.trial import TrialConfig, run_trial_local
-    from ..strategy import build_strategy, load_strategy, parse_builder_options, validate
+    from ..engine.trial import TrialConfig, check_trial, run_trial_local
+    from ..strategy import build_strategy, load_strategy, parse_builder_options
 
     if (builder is None) == (strategy_file is None):
         raise SpecError("give exactly one of --builder and --strategy")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
-    model_spec = resolve_model(model)
+    workload = resolve_workload_arg(model)
+    model_spec = workload.spec()
     cluster_spec = resolve_cluster_arg(cluster)
     if builder is not None:
         strategy = build_strategy(builder, model_spec, cluster_spec, parse_builder_options(builder, _parse_options(options)))
@@ -74,25 +77,22 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
         if options:
             raise SpecError("--option applies to --builder only")
         strategy = load_strategy(strategy_file)
-    validate(strategy, model_spec, cluster_spec)
+    check_trial(workload, strategy, cluster_spec)
     node_net = node_network(cluster_spec)
+    if record:
+        _check_records_writable()
     label = f"{strategy.model['name']}@{cluster_spec.name}"
     bar, on_progress = _progress_bar(warmup + iters, label)
     try:
         if launcher == "local":
-            result = run_trial_local(strategy, cluster_spec, config, on_progress=on_progress, node_net=node_net)
+            result = run_trial_local(strategy, cluster_spec, config, workload=workload, on_progress=on_progress,
+                                     node_net=node_net)
         else:
-            import ray
-
             from ..cluster.workers import RayWorkerGroup
 
-            if not ray.is_initialized():
-                kwargs = {"address": ray_address, "log_to_driver": False}
-                if ray_address == "local":
-                    kwargs.update(num_cpus=max(cluster_spec.num_devices, 1), include_dashboard=False)
-                ray.init(**kwargs)
+            start_ray(ray_address, max(cluster_spec.num_devices, 1))
             with RayWorkerGroup(cluster_spec, node_net=node_net) as group:
-                result = group.run_trial(strategy, config, on_progress=on_progress)
+                result = group.run_trial(strategy, config, workload=workload, on_progress=on_progress)
     finally:
         bar.close()
     if record:
@@ -121,12 +121,26 @@ def _print_result(result, strategy) -> None:
         click.echo(f"memory     {result.peak_memory_bytes / 2**20:.0f} MiB peak (largest rank)")
 
 
+def _check_records_writable() -> None:
+    """Before the trial runs: a data folder that cannot take the row would lose the result."""
+    from ..data import dataset_dir
+    from ..spec.files import check_writable
+
+    folder = dataset_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{folder}: cannot create the dataset folder ({exc.strerror or exc}); set SYNCTUNE_HOME to "
+                        f"a writable folder or pass --no-record") from None
+    check_writable(folder / "write-check")
+
+
 def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str) -> None:
     """MLflow first (for the run id), then the dataset row, which lands even if MLflow is down."""
-    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir, record_trial
+    from ..data import MlflowLogger, TrialDataset, dataset_dir
+    from ..run import record_result
 
-    rec = TrialRecord.from_trial(result.to_dict(), strategy, model_spec, cluster_spec, origin=origin,
-                                 experiment=experiment)
-    rec = record_trial(rec, TrialDataset(dataset_dir()), MlflowLogger(experiment))
+    rec = record_result(result.to_dict(), strategy, model_spec, cluster_spec, dataset=TrialDataset(dataset_dir()),
+                        logger=MlflowLogger(experiment), origin=origin, experiment=experiment)
     run_id = rec.mlflow_run_id
     echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..spec._util import read_yaml
+from ..spec.files import read_yaml
 from ..spec.cluster import INSTANCE_TYPES, ClusterSpec
 from ..spec.errors import SpecError
 from .workers import NODE_TYPE_PREFIX, node_type_resource
@@ -76,7 +76,7 @@ def check_cluster_config(path: str | Path, cluster: ClusterSpec | None = None) -
     Raises :class:`SpecError` with one line naming the file, the key and what was expected.
     """
     where = str(path)
-    raw = read_yaml(path, "cluster config")
+    raw = read_yaml(path, "cluster config", aliases=True)
     if not isinstance(raw, dict):
         raise SpecError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     prepared = _ray_validate(raw, where)

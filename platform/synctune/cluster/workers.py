@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.local import rank_networks
-from ..engine.trial import TrialConfig, TrialResult, failed_result, result_from_rank0
+from ..engine.trial import TrialConfig, TrialResult, check_trial, failed_result, result_from_rank0, trial_payload
 from ..spec.cluster import ClusterSpec
-from ..spec.errors import SpecError
-from ..strategy.schema import Strategy
+from ..spec.errors import InfraError, SpecError
+
+if TYPE_CHECKING:  # strategies reach a worker group as plain objects: only the type is named here
+    from ..strategy.schema import Strategy
 
 __all__ = ["RayWorkerGroup", "node_type_resource", "NODE_TYPE_PREFIX", "HEAD_RESOURCE"]
 
@@ -239,28 +240,21 @@ class RayWorkerGroup:
         self.placement = [{"node_id": nid, "node_type": types.get(nid)} for nid in node_ids]
         self.starts += 1
 
-    def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *,
+    def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *, workload,
                   on_progress: Callable[[dict], None] | None = None) -> TrialResult:
-        """Run one trial on the group; a worker that dies or hangs ends it as failed/timeout
-        (and the group is torn down, to be restarted by the next trial)."""
+        """Run one trial of ``workload`` on the group; a worker that dies or hangs ends it as
+        failed/timeout (and the group is torn down, to be restarted by the next trial)."""
         import ray
         from ray.util.queue import Queue
 
-        from ..engine.core import check_supported
-        from ..models.zoo import model_spec
-        from ..strategy.validate import validate
-
-        spec = model_spec(strategy.model["name"])
-        validate(strategy, spec, self.cluster)
-        check_supported(strategy, spec)
+        spec = check_trial(workload, strategy, self.cluster)
         if list(strategy.replicas) != list(self.cluster.devices):
             raise SpecError("the Ray worker group runs strategies whose replicas are every device of its cluster, "
                             "in order")
         start = time.monotonic()
         started_at = time.time()
         self.start()
-        payload = {"strategy": strategy.to_dict(), "cluster": self.cluster.to_dict(), "config": asdict(config),
-                   "gpu_per_rank": False}
+        payload = trial_payload(workload, strategy, self.cluster, config, spec, gpu_per_rank=False)
         progress = Queue(actor_options={"num_cpus": 0}) if on_progress else None
         refs = [a.run.remote(payload, progress) for a in self.actors]
         deadline = start + config.timeout_s
@@ -322,7 +316,7 @@ class RayWorkerGroup:
             self.pg = None
 
 
-class SlicePending(SpecError):
+class SlicePending(InfraError):
     """No slice matching the cluster spec could be reserved in time (nodes missing, or the
     autoscaler could not add them)."""
 

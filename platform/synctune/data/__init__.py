@@ -8,7 +8,7 @@ from .paths import artifact_root, data_home, dataset_dir, default_tracking_uri
 from .record import RECORD_SCHEMA_VERSION, TrialRecord, arrow_schema, dedup_key, environment
 from .release import pull_release, push_release, read_manifest
 from .store import TrialDataset
-from .tracking import MlflowLogger, record_trial, sync_records
+from .tracking import MlflowLogger, sync_records
 
 __all__ = [
     "RECORD_SCHEMA_VERSION",
@@ -24,7 +24,6 @@ __all__ = [
     "environment",
     "pull_release",
     "push_release",
-    "record_trial",
     "read_manifest",
     "sync_records",
 ]

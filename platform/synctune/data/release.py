@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..spec.errors import SpecError
+from ..spec.errors import InfraError, SpecError
+from ..spec.files import MAX_FILE_BYTES, parse_json, write_text_atomic
 from .record import RECORD_SCHEMA_VERSION
 from .store import TrialDataset
 
@@ -57,10 +58,10 @@ class _Location:
         else:
             self.base = str(Path(where))
 
-    def read(self, rel: str, timeout_s: float = 60.0) -> bytes:
+    def read(self, rel: str, timeout_s: float = 60.0, limit: int = 1 << 34) -> bytes:
         try:
             if self.kind == "local":
-                return (Path(self.base) / rel).read_bytes()
+                return _read_local(Path(self.base), rel, limit)
             if self.kind == "s3":
                 with self.fs.open_input_stream(f"{self.base}/{rel}") as fh:
                     return fh.read()
@@ -69,15 +70,22 @@ class _Location:
 
             try:
                 with urllib.request.urlopen(f"{self.base}/{rel}", timeout=timeout_s) as resp:  # noqa: S310
-                    return resp.read()
+                    data = resp.read(limit + 1)
+                    if len(data) > limit:
+                        raise SpecError(f"{self.base}/{rel}: larger than {limit} bytes")
+                    return data
             except urllib.error.HTTPError as exc:
                 raise SpecError(f"{self.base}/{rel}: HTTP {exc.code} {exc.reason}") from None
             except urllib.error.URLError as exc:
-                raise SpecError(f"{self.base}/{rel}: cannot connect: {exc.reason}") from None
+                raise InfraError(f"{self.base}/{rel}: cannot connect: {exc.reason}") from None
+            except TimeoutError:
+                raise InfraError(f"{self.base}/{rel}: no answer within {timeout_s:g} s") from None
         except FileNotFoundError:
             raise SpecError(f"{self.where}: no file {rel!r}") from None
         except OSError as exc:
-            raise SpecError(f"{self.where}: cannot read {rel!r}: {exc}") from None
+            # pyarrow reports S3 connection problems as OSError too: the store, not the input.
+            raise (InfraError if self.kind == "s3" else SpecError)(
+                f"{self.where}: cannot read {rel!r}: {str(exc)[:300]}") from None
 
     def write(self, rel: str, data: bytes) -> None:
         if self.kind in ("http", "https"):
@@ -86,36 +94,67 @@ class _Location:
             if self.kind == "local":
                 path = Path(self.base) / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".tmp-{path.name}")
-                tmp.write_bytes(data)
-                tmp.replace(path)
+                write_text_atomic(path, data)
             else:
                 with self.fs.open_output_stream(f"{self.base}/{rel}") as fh:
                     fh.write(data)
         except OSError as exc:
-            raise SpecError(f"{self.where}: cannot write {rel!r}: {exc}") from None
+            raise (InfraError if self.kind == "s3" else SpecError)(
+                f"{self.where}: cannot write {rel!r}: {str(exc)[:300]}") from None
+
+
+def _read_local(base: Path, rel: str, limit: int) -> bytes:
+    """The bytes of ``base/rel``, refusing symbolic links anywhere below ``base`` (a release
+    never makes the puller read a file outside it)."""
+    import os
+    import stat
+
+    path = base
+    for part in Path(rel).parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            raise
+        if stat.S_ISLNK(mode):
+            raise SpecError(f"{base}: {rel}: {path.relative_to(base)} is a symbolic link; releases never follow "
+                            f"links")
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise SpecError(f"{base}: {rel} is not a regular file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise SpecError(f"{base}: {rel}: larger than {limit} bytes")
+    return data
 
 
 def read_manifest(source: str) -> dict[str, Any]:
     """The validated manifest of the release at ``source``."""
     loc = _Location(source)
-    try:
-        manifest = json.loads(loc.read(MANIFEST))
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{source}: {MANIFEST} is malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    manifest = parse_json(loc.read(MANIFEST, limit=MAX_FILE_BYTES), f"{source}: {MANIFEST}")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise SpecError(f"{source}: {MANIFEST} is not a synctune dataset manifest (format {FORMAT!r})")
     version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > RECORD_SCHEMA_VERSION:
-        raise SpecError(f"{source}: release schema version {version!r} is newer than this synctune's "
-                        f"({RECORD_SCHEMA_VERSION}); upgrade synctune")
+    if not isinstance(version, int) or isinstance(version, bool) or version > RECORD_SCHEMA_VERSION:
+        raise SpecError(f"{source}: release schema version {str(version)[:20]!r} is not one this synctune reads "
+                        f"(up to {RECORD_SCHEMA_VERSION}); upgrade synctune")
     files = manifest.get("files")
-    if not isinstance(files, list) or not all(isinstance(f, dict) and {"path", "rows", "sha256"} <= set(f)
-                                               for f in files):
+    if not isinstance(files, list) or len(files) > 1_000_000:
         raise SpecError(f"{source}: {MANIFEST}: files: expected a list of {{path, rows, sha256}}")
-    for f in files:
-        if f["path"].startswith("/") or ".." in Path(f["path"]).parts:
-            raise SpecError(f"{source}: {MANIFEST}: file path {f['path']!r} leaves the release")
+    for i, f in enumerate(files):
+        where = f"{source}: {MANIFEST}: files[{i}]"
+        if not isinstance(f, dict) or not {"path", "rows", "sha256"} <= set(f):
+            raise SpecError(f"{where}: expected a mapping with path, rows and sha256")
+        path, rows, digest = f["path"], f["rows"], f["sha256"]
+        if not isinstance(path, str) or not path or len(path) > 1024 or "\\" in path:
+            raise SpecError(f"{where}: path: expected a relative file path, got {str(path)[:60]!r}")
+        if path.startswith("/") or ".." in Path(path).parts:
+            raise SpecError(f"{where}: file path {path!r} leaves the release")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise SpecError(f"{where}: rows: expected a non-negative integer, got {str(rows)[:40]!r}")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise SpecError(f"{where}: sha256: expected 64 lowercase hex digits, got {str(digest)[:70]!r}")
     return manifest
 
 
@@ -155,6 +194,20 @@ def push_release(dataset: TrialDataset, dest: str, *, name: str | None = None) -
     return manifest
 
 
+def _conform_release(table):
+    """``table`` cast to the record schema; refused when it lacks a key column or a value does
+    not fit (a release is someone else's file: it is checked before anything merges)."""
+    from .store import KEY_COLUMNS, conform
+
+    missing = [c for c in KEY_COLUMNS + ("model_name", "cluster_name") if c not in table.column_names]
+    if missing:
+        raise ValueError(f"missing column(s) {missing}")
+    for column in ("model_name", "cluster_name"):
+        if table.column(column).null_count:
+            raise ValueError(f"null {column}")
+    return conform(table)
+
+
 def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
     """Verify the release at ``source`` and merge it into ``dataset``.
 
@@ -187,8 +240,12 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
                 raise SpecError(f"{source}: {entry['path']}: {table.num_rows} rows, manifest says {entry['rows']}; "
                                 f"refused, the local dataset is unchanged")
             tables.append(table)
-        merged = pa.concat_tables(tables, promote_options="default") if tables else None
-        new_rows = dataset.append_table(merged, skip_existing=True) if merged is not None else 0
+        try:
+            merged = pa.concat_tables(tables, promote_options="default") if tables else None
+            checked = _conform_release(merged) if merged is not None else None
+        except (pa.ArrowException, ValueError, TypeError) as exc:
+            raise SpecError(f"{source}: its files are not synctune trial records: {str(exc)[:300]}") from None
+        new_rows = dataset.append_table(checked, skip_existing=True) if checked is not None else 0
         return {"files": len(tables), "rows": sum(t.num_rows for t in tables), "new_rows": new_rows}
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,8 +1,8 @@
 """The local Parquet dataset of trial records, hive-partitioned by model and cluster.
 
 Layout: ``<root>/model=<name>/cluster=<name>/part-<time>-<uuid>.parquet``. Every append writes
-new files only: each under a hidden temporary name (``.tmp-*``, which readers ignore), then
-renamed into place, so a crash never leaves a half-written file visible, and concurrent
+new files only: each under a hidden temporary name (``.part-*.tmp``, which readers ignore),
+then renamed into place (``synctune.spec.files.atomic_write``), so a crash never leaves a half-written file visible, and concurrent
 writers never touch the same file.
 
 Duplicates (same :func:`dedup_key`) never reach a reader: reads drop them; merging a pulled
@@ -14,13 +14,13 @@ O(N^2) file reads); they only drop duplicates within their own batch.
 from __future__ import annotations
 
 import datetime
-import os
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote
 
 from ..spec.errors import SpecError
+from ..spec.files import write_via
 from .record import RECORD_SCHEMA_VERSION, TrialRecord, arrow_schema, dedup_key
 
 __all__ = ["TrialDataset", "KEY_COLUMNS"]
@@ -30,7 +30,14 @@ KEY_COLUMNS = ("model_hash", "cluster_hash", "strategy_hash", "search_id", "tria
 
 
 def _segment(key: str, value: str) -> str:
-    return f"{key}={quote(value, safe='')}"
+    """A partition folder name: ``key=<value, percent-quoted>``; a value too long for a file name
+    keeps its start and gets a digest of the whole."""
+    quoted = quote(value, safe="")
+    if len(quoted) > 180:
+        import hashlib
+
+        quoted = f"{quoted[:150]}~{hashlib.sha256(value.encode()).hexdigest()[:16]}"
+    return f"{key}={quoted}"
 
 
 class TrialDataset:
@@ -67,7 +74,7 @@ class TrialDataset:
         if max(v or 0 for v in versions) > RECORD_SCHEMA_VERSION:
             raise SpecError(f"records of schema version {max(versions)} are newer than this synctune "
                             f"(version {RECORD_SCHEMA_VERSION}); upgrade synctune to read them")
-        table = _conform(table)
+        table = conform(table)
         written = 0
         pairs = sorted(set(zip(table.column("model_name").to_pylist(), table.column("cluster_name").to_pylist())))
         for model, cluster in pairs:
@@ -174,16 +181,9 @@ def _write_file(table, part_dir: Path) -> Path:
 
     part_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    name = f"part-{stamp}-{uuid.uuid4().hex}.parquet"
-    tmp = part_dir / f".tmp-{name}"
-    try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, part_dir / name)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return part_dir / name
+    path = part_dir / f"part-{stamp}-{uuid.uuid4().hex}.parquet"
+    write_via(path, lambda fh: pq.write_table(table, fh))
+    return path
 
 
 def _dedup(table, seen: set | None = None, order: bool = True):
@@ -205,7 +205,7 @@ def _dedup(table, seen: set | None = None, order: bool = True):
     return table.take(pa.array(keep, type=pa.int64())) if len(keep) != table.num_rows else table
 
 
-def _conform(table):
+def conform(table):
     """Cast a table of any earlier schema version to the current schema (missing columns null)."""
     import pyarrow as pa
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from .paths import artifact_root, default_tracking_uri
 from .record import TrialRecord
 
-__all__ = ["MlflowLogger", "record_trial", "sync_records", "RECORD_TAG", "SEARCH_TAG"]
+__all__ = ["MlflowLogger", "sync_records", "RECORD_TAG", "SEARCH_TAG"]
 
 RECORD_TAG = "synctune.record_id"
 SEARCH_TAG = "synctune.search_id"
@@ -252,18 +252,3 @@ def sync_records(records: Iterable[TrialRecord], tracking_uri: str | None = None
             else:
                 raise ConnectionError(f"MLflow at {logger.tracking_uri} failed while syncing: {logger.last_error}")
     return {"logged": logged, "present": present}
-
-
-def record_trial(record: TrialRecord, dataset, logger: MlflowLogger | None, *, parent_run_id: str = "",
-                 speedup_over_best_baseline: float | None = None) -> TrialRecord:
-    """Record one trial: MLflow first (the row then carries the run id), then the dataset row,
-    which lands whether or not MLflow was reachable. Returns the record as stored."""
-    import dataclasses
-
-    if logger is not None:
-        run_id = logger.log_trial(record, parent_run_id=parent_run_id,
-                                  speedup_over_best_baseline=speedup_over_best_baseline)
-        if run_id:
-            record = dataclasses.replace(record, mlflow_run_id=run_id)
-    dataset.append([record])
-    return record

@@ -27,7 +27,8 @@ from ..spec.model import ModelSpec
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy, StrategyError
 from ..strategy.validate import validate
 from .compress import _Counter, make_compressor
-from .layout import RankLayout, shard_slices
+from ..strategy.partition import shard_slices
+from .layout import RankLayout
 from .units import AllReduceUnit, Member, PSUnit, SparseAllGatherUnit, SparsePSUnit
 
 __all__ = ["StrategyEngine", "check_supported"]
@@ -36,8 +37,7 @@ __all__ = ["StrategyEngine", "check_supported"]
 def check_supported(strategy: Strategy, model: ModelSpec, backend: str | None = None) -> None:
     """Reject, before launch, what the engine does not execute, with a message naming the variable.
 
-    Not executed: staleness > 0 (the engine is synchronous), PowerSGD on a parameter server
-    (its two-round projection needs every rank), merge groups mixing dtypes.
+    Not executed: staleness > 0 (the engine is synchronous), merge groups mixing dtypes.
     """
     group_dtype: dict[int, tuple[str, str]] = {}
     for plan, i, shard in strategy.iter_shards():
@@ -48,8 +48,6 @@ def check_supported(strategy: Strategy, model: ModelSpec, backend: str | None = 
                 f"{where}.synchronizer.staleness: {sync.staleness} is not supported; the engine runs synchronous "
                 f"training only (staleness 0)"
             )
-        if isinstance(sync, PSSynchronizer) and shard.compressor.kind == "powersgd":
-            raise StrategyError(f"{where}.compressor: powersgd is supported with allreduce only, not with ps")
         if isinstance(sync, AllReduceSynchronizer):
             dtype = model[plan.variable].dtype
             first = group_dtype.setdefault(sync.group, (dtype, plan.variable))
@@ -182,7 +180,7 @@ class StrategyEngine:
                                                        device=device, counter=self.counter)))
                 else:
                     placement = layout.rank_of(sync.placement)
-                    comp = make_compressor(shard.compressor.kind, counter=self.counter)
+                    comp = make_compressor(shard.compressor, counter=self.counter)
                     intra = roots = None
                     local_root = None
                     if sync.local_aggregation:
@@ -209,10 +207,8 @@ class StrategyEngine:
                     cols = m.numel // m.shape[0]
                     offsets.append((at, m.shape[0], cols))
                 at += m.numel
-            comp = make_compressor(comp_spec.kind, rank=comp_spec.rank, members=offsets, weight=self.weight,
+            comp = make_compressor(comp_spec, members=offsets, weight=self.weight,
                                    seed=seed * 7919 + item, counter=self.counter)
-            if comp_spec.kind == "powersgd" and len(offsets) != len(members):
-                raise StrategyError(f"merge group {item}: powersgd needs every member to be a matrix")
             units.append(AllReduceUnit(members, self.weight, comp, device, members[0].view.dtype))
         return units
 

@@ -12,25 +12,7 @@ from dataclasses import dataclass
 from ..spec.cluster import ClusterSpec
 from ..strategy.schema import Strategy
 
-__all__ = ["shard_slices", "RankLayout"]
-
-
-def _cuts(length: int, pieces: int) -> list[slice]:
-    base, extra = divmod(length, pieces)
-    out, start = [], 0
-    for i in range(pieces):
-        size = base + (1 if i < extra else 0)
-        out.append(slice(start, start + size))
-        start += size
-    return out
-
-
-def shard_slices(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tuple[slice, ...]]:
-    """Index tuples of every shard, row-major, matching :func:`synctune.strategy.shard_shapes`."""
-    result: list[tuple[slice, ...]] = [()]
-    for length, pieces in zip(shape, partition):
-        result = [prefix + (cut,) for prefix in result for cut in _cuts(length, pieces)]
-    return result
+__all__ = ["RankLayout"]
 
 
 @dataclass(frozen=True)

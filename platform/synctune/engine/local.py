@@ -87,9 +87,26 @@ def rank_networks(cluster, replicas, node_net) -> list[dict[str, str]] | None:
     return out
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to kill this worker when its launcher dies, however it dies (even SIGKILL,
+    which runs no cleanup): orphaned workers would hold ports, memory and a lab namespace."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own cleanup still applies
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
+
+
 def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collective_timeout_s: float,
-           threads: int | None, env: dict[str, str], net: dict[str, str] | None = None) -> None:
+           threads: int | None, env: dict[str, str], net: dict[str, str] | None = None,
+           parent: int | None = None) -> None:
     global _REPORTER
+    if parent is not None:
+        _die_with_parent(parent)
     os.environ.update(env)
     master = "127.0.0.1"
     if net:
@@ -173,7 +190,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, q, collective_timeout_s,
-                                              threads, dict(env or {}), nets[r] if nets else None), daemon=True)
+                                              threads, dict(env or {}), nets[r] if nets else None, os.getpid()),
+                         daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -14,16 +14,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from ..spec._util import is_int, is_number
+from ..spec._util import LIMITS, in_range, is_number
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
+from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 
-__all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "STATUSES"]
+__all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
+           "check_trial", "PeakMemory", "STATUSES"]
 
 #: Every trial ends in one of these.
 STATUSES = ("ok", "failed", "timeout", "oom")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam")  # names a workload's make_optimizer takes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,16 +41,19 @@ class TrialConfig:
     collective_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if not (is_int(self.warmup) and self.warmup >= 0):
-            raise SpecError(f"trial config: warmup: expected a non-negative integer, got {self.warmup!r}")
-        if not (is_int(self.iters) and self.iters >= 1):
-            raise SpecError(f"trial config: iters: expected a positive integer, got {self.iters!r}")
+        top = LIMITS["iterations"]
+        if not in_range(self.warmup, 0, top):
+            raise SpecError(f"trial config: warmup: expected an integer from 0 to {top}, got {self.warmup!r}")
+        if not in_range(self.iters, 1, top):
+            raise SpecError(f"trial config: iters: expected an integer from 1 to {top}, got {self.iters!r}")
         if self.optimizer not in OPTIMIZERS:
             raise SpecError(f"trial config: optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        for key in ("lr", "timeout_s", "collective_timeout_s"):
+        if not in_range(self.seed, 0, LIMITS["seed"]):
+            raise SpecError(f"trial config: seed: expected an integer from 0 to {LIMITS['seed']}, got {self.seed!r}")
+        for key, top in (("lr", 1e6), ("timeout_s", LIMITS["timeout_s"]), ("collective_timeout_s", LIMITS["timeout_s"])):
             value = getattr(self, key)
-            if not (is_number(value) and value > 0):
-                raise SpecError(f"trial config: {key}: expected a positive number, got {value!r}")
+            if not (is_number(value) and 0 < value <= top):
+                raise SpecError(f"trial config: {key}: expected a positive number up to {top:g}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,25 +102,50 @@ class TrialResult:
                    samples_per_s=kw["global_batch_size"] / mean if mean > 0 else math.inf, **kw)
 
 
-def _optimizer_factory(name: str, lr: float) -> Callable:
-    import torch
+class PeakMemory:
+    """The peak memory of this process during one trial (workers are reused across trials, so a
+    lifetime high-water mark would only grow): CUDA's allocator peak, reset per trial; on the
+    CPU the peak resident set (Linux: ``/proc/self/clear_refs`` resets VmHWM; elsewhere the
+    lifetime maximum is all there is)."""
 
-    def make(params):
-        if name == "adam":
-            return torch.optim.Adam(params, lr=lr)
-        return torch.optim.SGD(params, lr=lr)
+    def __init__(self, device) -> None:
+        self.device = device
+        self.cuda = getattr(device, "type", "cpu") == "cuda"
 
-    return make
+    def reset(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+        except OSError:
+            pass
+
+    def peak_bytes(self) -> int:
+        if self.cuda:
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _peak_memory_bytes(device) -> int:
-    import resource
-
-    import torch
-
-    if getattr(device, "type", "cpu") == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+def trial_payload(workload, strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, spec: ModelSpec,
+                  **extra: Any) -> dict:
+    """What every rank of a trial receives (picklable: it crosses process boundaries)."""
+    return {"workload": workload, "model_spec": spec.to_dict(), "strategy": strategy.to_dict(),
+            "cluster": cluster.to_dict(), "config": asdict(config), **extra}
 
 
 def trial_worker(rank: int, world: int, payload: dict) -> dict:
@@ -125,8 +155,7 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     from .local import report
 
     report({"event": "started", "rank": rank, "pid": os.getpid()})
-    return _measure(rank, world, Strategy.from_dict(payload["strategy"]), ClusterSpec.from_dict(payload["cluster"]),
-                    TrialConfig(**payload["config"]), payload.get("gpu_per_rank", True))
+    return _measure(rank, world, payload, Strategy.from_dict(payload["strategy"]), payload.get("gpu_per_rank", True))
 
 
 def trials_worker(rank: int, world: int, payload: dict) -> int:
@@ -137,26 +166,25 @@ def trials_worker(rank: int, world: int, payload: dict) -> int:
     from .local import report
 
     report({"event": "started", "rank": rank, "pid": os.getpid()})
-    cluster = ClusterSpec.from_dict(payload["cluster"])
-    config = TrialConfig(**payload["config"])
     for index, strategy in enumerate(payload["strategies"]):
-        out = _measure(rank, world, Strategy.from_dict(strategy), cluster, config, True, progress=False)
+        out = _measure(rank, world, payload, Strategy.from_dict(strategy), True, progress=False)
         if rank == 0:
             report({"event": "trial_done", "index": payload["first_index"] + index, "out": out})
     return len(payload["strategies"])
 
 
-def _measure(rank: int, world: int, strategy: Strategy, cluster: ClusterSpec, config: TrialConfig,
-             gpu_per_rank: bool, progress: bool = True) -> dict:
+def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_rank: bool,
+             progress: bool = True) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ..models.zoo import build_model, make_batch, model_spec
     from .core import StrategyEngine
     from .local import report
 
-    name = strategy.model["name"]
-    spec = model_spec(name)
+    workload = payload["workload"]
+    spec = ModelSpec.from_dict(payload["model_spec"])
+    cluster = ClusterSpec.from_dict(payload["cluster"])
+    config = TrialConfig(**payload["config"])
     node = cluster.node_of(strategy.replicas[rank])
     if node.device_kind == "gpu":
         # Local launches own every GPU of the machine (rank r takes GPU r); a Ray actor sees only
@@ -165,12 +193,16 @@ def _measure(rank: int, world: int, strategy: Strategy, cluster: ClusterSpec, co
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    memory = PeakMemory(device)
+    memory.reset()
     torch.manual_seed(config.seed)
-    model = build_model(name, device=device)
-    engine = StrategyEngine(model, strategy, spec, cluster, _optimizer_factory(config.optimizer, config.lr),
+    with torch.device(device):
+        model = workload.build_model()
+    engine = StrategyEngine(model, strategy, spec, cluster,
+                            lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr),
                             seed=config.seed)
     gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + rank)
-    batch = make_batch(name, strategy.batch_split[rank], generator=gen, device=device)
+    batch = workload.make_batch(strategy.batch_split[rank], rank=rank, generator=gen, device=device)
     total = config.warmup + config.iters
     times: list[float] = []
     comm: list[int] = []
@@ -179,7 +211,7 @@ def _measure(rank: int, world: int, strategy: Strategy, cluster: ClusterSpec, co
         if timed:
             dist.barrier()
             t0 = time.perf_counter()
-        loss = model(*batch)
+        loss = workload.loss(model, batch)
         loss.backward()
         engine.step()
         engine.zero_grad()
@@ -192,15 +224,16 @@ def _measure(rank: int, world: int, strategy: Strategy, cluster: ClusterSpec, co
             engine.take_comm_bytes()
         if rank == 0 and progress:
             report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss.detach())})
-    t = torch.tensor(times, dtype=torch.float64)
+    # Bookkeeping travels on the engine's device: a CUDA-only backend (NCCL) takes nothing else.
+    t = torch.tensor(times, dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(gathered, t)
-    peak = torch.tensor([_peak_memory_bytes(device), sum(comm) // max(1, len(comm))], dtype=torch.float64)
+    peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm))], dtype=torch.float64, device=device)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
     engine.close()
     return {
-        "times": torch.stack(gathered).max(dim=0).values.tolist(),
+        "times": torch.stack(gathered).max(dim=0).values.cpu().tolist(),
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)),
         "backend": dist.get_backend(),
@@ -243,23 +276,31 @@ def check_network(cluster: ClusterSpec, node_net) -> None:
             raise SpecError(f"cluster {cluster.name!r}: the node network has no entry for node(s) {missing}")
 
 
-def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,
+def check_trial(workload, strategy: Strategy, cluster: ClusterSpec) -> ModelSpec:
+    """Validate ``strategy`` for ``workload`` on ``cluster`` and refuse, before any worker starts,
+    what the engine does not execute; returns the workload's model spec."""
+    from ..strategy.validate import validate
+    from .core import check_supported
+
+    spec = workload.spec()
+    validate(strategy, spec, cluster)
+    check_supported(strategy, spec)
+    return spec
+
+
+def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *, workload,
                     on_progress: Callable[[dict], None] | None = None, node_net=None) -> TrialResult:
-    """Run a trial on local worker processes, one per replica (CPU clusters, or GPUs of this machine).
+    """Run a trial of ``workload`` on local worker processes, one per replica (CPU clusters, or
+    GPUs of this machine).
 
     ``node_net`` (node name -> ``{"netns", "address", "ifname"}``, a lab's network) runs each
     node's workers inside that node's namespace, over its shaped link. Never raises for a trial
     that fails at run time: the result's status says what happened.
     """
-    from ..models.zoo import model_spec
-    from ..strategy.validate import validate
-    from .core import check_supported
     from .local import WorkerFailure, rank_networks, run_local
 
     check_network(cluster, node_net)
-    spec = model_spec(strategy.model["name"])
-    validate(strategy, spec, cluster)
-    check_supported(strategy, spec)
+    spec = check_trial(workload, strategy, cluster)
     kinds = {cluster.node_of(d).device_kind for d in strategy.replicas}
     backend = "gloo"
     if "gpu" in kinds:
@@ -271,7 +312,7 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
             raise SpecError(f"cluster {cluster.name!r} needs {needed} GPU worker(s) and this machine has {have} GPU(s); "
                             f"run it on a Ray cluster with matching nodes, or use a local-* preset")
         backend = "nccl"
-    payload = {"strategy": strategy.to_dict(), "cluster": cluster.to_dict(), "config": asdict(config)}
+    payload = trial_payload(workload, strategy, cluster, config, spec)
     start = time.monotonic()
     try:
         outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=backend, timeout_s=config.timeout_s,
@@ -284,29 +325,24 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
     return result_from_rank0(outs[0], strategy, cluster, config, "local", time.monotonic() - start)
 
 
-
 def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,
-                     on_result: Callable[[int, TrialResult], None] | None = None, node_net=None
+                     workload, on_result: Callable[[int, TrialResult], None] | None = None, node_net=None
                      ) -> list[TrialResult]:
-    """Run many trials of one cluster on one local process group, in order.
+    """Run many trials of ``workload`` on one cluster and one local process group, in order.
 
     Start-up (spawn, imports, rendezvous) is paid once per group, not per trial. If a trial
     fails, it gets its failure as result and the remaining trials continue in a fresh group.
     ``on_result(index, result)`` is called as each trial finishes; ``node_net`` as for
     :func:`run_trial_local`.
     """
-    from ..models.zoo import model_spec
-    from ..strategy.validate import validate
-    from .core import check_supported
     from .local import WorkerFailure, rank_networks, run_local
 
     check_network(cluster, node_net)
     if any(cluster.node_of(d).device_kind != "cpu" for s in strategies for d in s.replicas):
         raise SpecError("run_trials_local runs CPU clusters; use run_trial_local or a Ray worker group for GPUs")
+    spec = workload.spec()
     for s in strategies:
-        spec = model_spec(s.model["name"])
-        validate(s, spec, cluster)
-        check_supported(s, spec)
+        check_trial(workload, s, cluster)
     results: dict[int, TrialResult] = {}
     pending = list(range(len(strategies)))
     while pending:
@@ -324,8 +360,8 @@ def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: T
                 if on_result:
                     on_result(i, results[i])
 
-        payload = {"strategies": [s.to_dict() for s in group], "cluster": cluster.to_dict(),
-                   "config": asdict(config), "first_index": first}
+        payload = trial_payload(workload, group[0], cluster, config, spec, first_index=first,
+                                strategies=[s.to_dict() for s in group])
         world = len(group[0].replicas)
         try:
             run_local(trials_worker, world, (payload,), timeout_s=config.timeout_s * len(group),

@@ -15,28 +15,27 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..spec.cluster import ClusterSpec, NodeSpec
 from ..spec.errors import SpecError
+from ..spec.files import check_name, path_under, write_text_atomic
 
-__all__ = ["calibrate", "calibrated_spec", "calibration_path"]
+__all__ = ["calibrate", "calibrated_spec", "calibration_path", "save_calibration"]
 
 MB = 1 << 20
 
 
-def calibration_path(preset: str) -> Path:
-    """Where the calibrated spec of lab preset ``preset`` is kept (in the data home)."""
-    from ..data.paths import data_home
-
-    return data_home() / "lab" / f"{preset}.calibrated.yaml"
+def calibration_path(preset: str, home: str | Path) -> Path:
+    """Where the calibrated spec of lab preset ``preset`` is kept under the data folder ``home``."""
+    return path_under(home, "lab", check_name(preset, "lab preset") + ".calibrated.yaml")
 
 
-def calibrated_spec(preset: str) -> ClusterSpec | None:
+def calibrated_spec(preset: str, home: str | Path) -> ClusterSpec | None:
     """The calibrated spec of ``preset``, or None when it was never calibrated."""
     from ..spec.cluster import load_cluster_spec
 
-    path = calibration_path(preset)
+    path = calibration_path(preset, home)
     return load_cluster_spec(path) if path.exists() else None
 
 
@@ -89,12 +88,16 @@ def _allreduce_worker(rank: int, world: int, nbytes: int, reps: int) -> list[flo
     return times
 
 
-def calibrate(cluster: ClusterSpec, state: dict[str, Any], *, nbytes: int = 16 * MB, reps: int = 5,
-              on_step=None) -> tuple[ClusterSpec, dict[str, Any]]:
+def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[..., list], *, nbytes: int = 16 * MB,
+              reps: int = 5, on_step=None) -> tuple[ClusterSpec, dict[str, Any]]:
     """Measure the lab that ``state`` (from ``lab_up``) describes; returns the calibrated spec
-    (nic and single-flow Gbit/s = the slower direction of each node's link) and the figures."""
-    from ..engine.local import run_local
+    (nic and single-flow Gbit/s = the slower direction of each node's link) and the figures.
+
+    ``launch(fn, world, args, nets=..., threads=..., timeout_s=...)`` runs a function on worker
+    processes in a gloo group, each in the namespace its net names (the engine's ``run_local``)."""
     from .netns import PROBE_ADDRESS
+
+    run_local = launch
 
     probe = {"netns": state["switch"], "ifname": "br0", "master": PROBE_ADDRESS}
     figures: dict[str, Any] = {"nodes": [], "nbytes": nbytes, "reps": reps}
@@ -131,13 +134,11 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], *, nbytes: int = 16 *
     return spec, figures
 
 
-def save_calibration(spec: ClusterSpec, figures: dict[str, Any]) -> Path:
-    """Write the calibrated spec (and its figures next to it, as JSON)."""
-    from ..spec._util import write_text_atomic
-
+def save_calibration(spec: ClusterSpec, figures: dict[str, Any], home: str | Path) -> Path:
+    """Write the calibrated spec under the data folder ``home`` (its figures next to it, as JSON)."""
     if not figures.get("nodes"):
         raise SpecError("nothing was measured")
-    path = calibration_path(spec.name)
+    path = calibration_path(spec.name, home)
     path.parent.mkdir(parents=True, exist_ok=True)
     spec.save(path)
     write_text_atomic(path.with_suffix(".json"), json.dumps(figures, indent=1) + "\n")

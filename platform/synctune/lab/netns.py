@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..spec.cluster import ClusterSpec
-from ..spec.errors import SpecError
+from ..spec.errors import InfraError, SpecError
+from ..spec.files import parse_json, write_text_atomic
 
 __all__ = ["LabNetwork", "lab_prefix", "lab_up", "lab_down", "lab_status", "lab_attach", "check_lab_support",
            "IFNAME", "PROBE_ADDRESS"]
@@ -49,17 +50,17 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(list(args), capture_output=True, text=True)
     if check and done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
-        raise SpecError(f"lab: `{' '.join(args)}` failed: {message[0] if message else f'status {done.returncode}'}")
+        raise InfraError(f"lab: `{' '.join(args)}` failed: {message[0] if message else f'status {done.returncode}'}")
     return done
 
 
 def check_lab_support() -> None:
-    """Raise one clear :class:`SpecError` unless namespaces can be made here (root, ip, tc)."""
+    """Raise one clear :class:`InfraError` unless namespaces can be made here (root, ip, tc)."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
-        raise SpecError(f"the lab needs iproute2 ({' and '.join(missing)} not found; apt-get install iproute2)")
+        raise InfraError(f"the lab needs iproute2 ({' and '.join(missing)} not found; apt-get install iproute2)")
     if os.geteuid() != 0:
-        raise SpecError("the lab needs root to create network namespaces (run as root, or in a container with "
+        raise InfraError("the lab needs root to create network namespaces (run as root, or in a container with "
                         "CAP_NET_ADMIN and CAP_SYS_ADMIN)")
 
 
@@ -138,7 +139,7 @@ def lab_up(cluster: ClusterSpec, *, latency_ms: float = 0.0) -> dict[str, Any]:
              "removed_stale": stale}
     path = _state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=1))
+    write_text_atomic(path, json.dumps(state, indent=1))
     return state
 
 
@@ -161,7 +162,7 @@ def lab_down() -> list[str]:
 
 def lab_status() -> dict[str, Any]:
     """What is up: the state file (if any), the namespaces that exist, and whether they agree."""
-    state = json.loads(_state_file().read_text()) if _state_file().exists() else None
+    state = parse_json(_state_file().read_bytes(), str(_state_file()), InfraError) if _state_file().exists() else None
     present = _namespaces() if shutil.which("ip") else []
     expected = sorted([n["netns"] for n in state["nodes"]] + [state["switch"]]) if state else []
     qdiscs = {}

@@ -24,19 +24,19 @@ def best_per_domain(rows) -> list[dict]:
     """Per domain: rows, ok rows, the fastest strategy and its speed-up over the fastest
     hand-optimised builder measured in that domain (None when no builder was measured)."""
     from ..strategy.builders import BUILDERS
+    from ..strategy.outcomes import search_outcome
 
     out = []
     for domain, part in sorted(rows.groupby("domain"), key=lambda kv: kv[0]):
-        ok = part[part["status"] == "ok"]
-        entry = {"domain": domain, "rows": len(part), "ok": len(ok), "best_ms": None, "origin": "",
-                 "summary": "", "speedup_over_builders": None}
-        if len(ok):
-            best = ok.loc[ok["mean_s"].idxmin()]
-            builders = ok[ok["origin"].isin(list(BUILDERS))]
+        part = part.sort_values("created_at") if "created_at" in part else part
+        figures = search_outcome((origin in BUILDERS, mean if status == "ok" else None)
+                                 for origin, status, mean in zip(part["origin"], part["status"], part["mean_s"]))
+        entry = {"domain": domain, "rows": len(part), "ok": figures.num_trials - figures.num_failed, "best_ms": None,
+                 "origin": "", "summary": "", "speedup_over_builders": figures.speedup}
+        if figures.best_index is not None:
+            best = part.iloc[figures.best_index]
             entry.update(best_ms=float(best["mean_s"]) * 1e3, origin=str(best["origin"]),
-                         summary=str(best["strategy_summary"]),
-                         speedup_over_builders=(float(builders["mean_s"].min() / best["mean_s"])
-                                                if len(builders) else None))
+                         summary=str(best["strategy_summary"]))
         out.append(entry)
     return out
 

@@ -58,7 +58,9 @@ def render_page(title: str, subtitle: str, summary: list[tuple[str, str]], secti
             n += 1
         parts.append(f'<section id="{html.escape(anchor)}"><h2>{html.escape(section.title)}</h2>'
                      f'<p class="caption">{html.escape(section.caption)}</p>{"".join(charts)}{section.html}</section>')
-    text = Path(template or DEFAULT_TEMPLATE).read_text()
+    from ..spec.files import read_text
+
+    text = read_text(template or DEFAULT_TEMPLATE, "page template")
     # The inlined library may contain "</script>" inside strings; split it so the HTML parser never sees it.
     plotly_js = get_plotlyjs().replace("</script", "<\\/script")
     return Template(text).safe_substitute(
@@ -69,7 +71,7 @@ def render_page(title: str, subtitle: str, summary: list[tuple[str, str]], secti
 
 def write_index(folder: Path) -> Path:
     """(Re)write ``folder/index.html``: a list of the reports in that folder, newest first."""
-    from ..spec._util import write_text_atomic
+    from ..spec.files import write_text_atomic
 
     pages = sorted((p for p in folder.glob("*.html") if p.name != "index.html"),
                    key=lambda p: p.stat().st_mtime, reverse=True)

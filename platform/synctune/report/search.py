@@ -11,12 +11,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from ..spec.errors import SpecError
 from .page import Section, render_page
 
-__all__ = ["SearchData", "load_search", "search_sections", "search_report", "variable_table"]
+__all__ = ["SearchData", "load_search", "search_sections", "search_report", "variable_table", "outcome",
+           "progress_series"]
 
 _COLORS = {"ps": "#1f77b4", "allreduce": "#2ca02c", "allgather": "#ff7f0e", "failed": "#d62728"}
 
@@ -70,25 +70,20 @@ def load_search(search_id: str, data_dir=None) -> SearchData:
     return SearchData(search_id, rows.sort_values("created_at").reset_index(drop=True))
 
 
+def outcome(data: SearchData):
+    """The search's figures (speed-up, hit rate, progress), computed as the search summary does."""
+    from ..strategy.outcomes import search_outcome
+
+    return search_outcome((tid.startswith("baseline-"), mean if status == "ok" else None)
+                          for tid, status, mean in zip(data.rows["trial_id"], data.rows["status"], data.rows["mean_s"]))
+
+
 def progress_series(data: SearchData) -> dict[str, list]:
     """Per trial (1-based): its own speed-up over the best baseline, the best-so-far speed-up,
     and the cumulative hit rate among searched (non-baseline) trials (AutoDist Fig. 9's view)."""
-    base = data.best_baseline_s
-    trial, own, best, hit = [], [], [], []
-    fastest = np.inf
-    searched = hits = 0
-    for i, row in enumerate(data.rows.itertuples(), 1):
-        runtime = row.mean_s if row.status == "ok" and row.mean_s else None
-        if runtime:
-            fastest = min(fastest, runtime)
-        if not row.trial_id.startswith("baseline-"):
-            searched += 1
-            hits += bool(runtime and base and runtime < base)
-        trial.append(i)
-        own.append(base / runtime if (runtime and base) else None)
-        best.append(base / fastest if (base and np.isfinite(fastest)) else None)
-        hit.append(hits / searched if searched else None)
-    return {"trial": trial, "speedup": own, "best_speedup": best, "hit_rate": hit}
+    out = outcome(data)
+    return {"trial": list(range(1, out.num_trials + 1)), "speedup": out.own_speedup,
+            "best_speedup": out.best_speedup, "hit_rate": out.running_hit_rate}
 
 
 def _progress_figure(data: SearchData):
@@ -210,10 +205,10 @@ def _baseline_figure(data: SearchData):
 
 def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Section]]:
     """The summary rows and the views of a search report."""
-    base = data.best_baseline_s
+    figures = outcome(data)
+    base = figures.best_baseline_s
     best = data.best
     searched = data.rows[~data.rows["trial_id"].str.startswith("baseline-")]
-    progress = progress_series(data)
     summary = [("search", data.search_id), ("model", data.model), ("cluster", data.cluster),
                ("trials", f"{len(data.rows)} ({int((data.rows['status'] != 'ok').sum())} failed, "
                           f"{len(data.rows) - len(searched)} baselines)")]
@@ -221,9 +216,9 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
         summary.append(("best", f"{best['mean_s'] * 1e3:.1f} ms/iteration ({best['origin']}, {best['trial_id']})"))
     if base:
         summary += [("best baseline", f"{base * 1e3:.1f} ms/iteration"),
-                    ("speed-up", f"{base / best['mean_s']:.3f}x over the best baseline")]
-    if progress["hit_rate"] and progress["hit_rate"][-1] is not None:
-        summary.append(("hit rate", f"{progress['hit_rate'][-1]:.0%} of searched strategies beat the best baseline"))
+                    ("speed-up", f"{figures.speedup:.3f}x over the best baseline")]
+    if figures.hit_rate is not None:
+        summary.append(("hit rate", f"{figures.hit_rate:.0%} of searched strategies beat the best baseline"))
     sections = [Section(
         "Search progress", "Best-so-far speed-up over the best hand-optimised baseline and hit rate (share of "
         "searched strategies faster than that baseline) against trials, as AutoDist Fig. 9 draws it. Grey "

@@ -3,30 +3,37 @@
 Baselines (the hand-optimised builders) are trialled first. Then, round by round: sample N
 proposals with the guided sampler, score them with the simulator, drop those below the
 simulator's fidelity level, select K candidates trading score against diversity, trial them,
-and refit the learned simulator on everything measured so far. Variants (the papers'
-ablations): ``random-guided`` (guided sampler, no simulator), ``random`` (no constraints
-either) and ``genetic`` (crossover and mutation of the best strategies, scored by the
-simulator).
+and update the simulator on everything measured so far. Variants (the papers' ablations):
+``random-guided`` (guided sampler, no simulator), ``random`` (no constraints either) and
+``genetic`` (crossover and mutation of the best strategies, scored by the simulator).
 
-The searcher talks to the simulator through a small protocol (``fit(domains)``,
-``predict_domain(domain)``) and never runs trials itself: callers ``ask()`` for the next
-strategy, run it however they like, and ``tell()`` the runtime (None for a failed trial).
-Its whole state is plain JSON (:meth:`state` / :meth:`from_state`), so a search survives a
-driver restart.
+The searcher talks to its simulator through :class:`SimulatorProtocol` only (``score``,
+``fit``) and never runs trials itself: callers ``ask()`` for the next strategy, run it however
+they like, and ``tell()`` the runtime (None for a failed trial). A strategy already measured
+or pending is never proposed again.
+
+Every round draws from a random stream of its own, seeded by (seed, round), and the
+simulator is updated at fixed points (after the baselines and after each round), so the
+whole search is a function of the seed and the measured runtimes: :meth:`Algorithm1.from_state`
+rebuilds an interrupted search from its finished trials (the dataset rows) and goes on
+exactly as the uninterrupted search would have.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.builders import build_strategy
-from ..strategy.schema import Strategy, VariablePlan
+from ..strategy.outcomes import search_outcome
+from ..strategy.schema import AllReduceSynchronizer, Strategy, VariablePlan
 from .experiment import Experiment
 from .sampler import GuidedSampler, RandomSampler
 
@@ -34,9 +41,16 @@ __all__ = ["SimulatorProtocol", "Proposal", "Algorithm1", "fidelity_level", "sel
 
 
 class SimulatorProtocol(Protocol):
-    def fit(self, domains: list, **kwargs: Any) -> Any: ...
+    """What the search needs of a simulator bound to its domain.
 
-    def predict_domain(self, domain: Any) -> np.ndarray: ...
+    ``score(strategies)``: one number per strategy, higher is better. ``fit(strategies,
+    runtimes)``: learn from what was measured (a training-free simulator ignores it). An
+    optional ``fine_tune(strategies, runtimes)`` is the caller's business, not the search's.
+    """
+
+    def score(self, strategies: list[Strategy]) -> np.ndarray: ...
+
+    def fit(self, strategies: list[Strategy], runtimes: np.ndarray) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -50,38 +64,55 @@ class Proposal:
 
 
 def fidelity_level(scores: np.ndarray, runtimes: np.ndarray, target: float) -> float:
-    """The highest score below which the simulator ranks recent trials with at least ``target``
-    pairwise accuracy (AutoDist §2.4 "Filtering"); -inf when it cannot vouch for any."""
-    from ..simulator.evaluate import pairwise_accuracy
+    """The highest score below which the simulator ranks measured trials with at least ``target``
+    pairwise accuracy (AutoDist §2.4 "Filtering"); -inf when it cannot vouch for any.
 
-    order = np.argsort(scores)
+    Trials sorted by score: for each prefix of three or more, the share of its pairs with
+    different runtimes that the score orders right (higher score, lower runtime; tied scores
+    count half)."""
+    order = np.argsort(scores, kind="stable")
+    s, r = np.asarray(scores, float)[order], np.asarray(runtimes, float)[order]
     level = -np.inf
-    for cut in range(3, len(order) + 1):
-        idx = order[:cut]
-        acc = pairwise_accuracy(-scores[idx], runtimes[idx])  # higher score should mean lower runtime
-        if acc == acc and acc >= target:
-            level = float(scores[order[cut - 1]])
+    agree = total = 0.0
+    for j in range(1, len(s)):
+        d_r = np.sign(r[:j] - r[j])  # earlier (lower-scored) vs the new one
+        d_s = np.sign(s[:j] - s[j])
+        valid = d_r != 0
+        total += valid.sum()
+        agree += ((d_r == -d_s) & (d_s != 0) & valid).sum() + 0.5 * ((d_s == 0) & valid).sum()
+        if j >= 2 and total and agree / total >= target:
+            level = float(s[j])
     return level
 
 
-def _signature(strategy: Strategy, ctx) -> np.ndarray:
+class _Index:
+    """Positions of variables and nodes of devices in one domain (for strategy signatures)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec) -> None:
+        self.var_index = {v.name: i for i, v in enumerate(model.variables)}
+        self.num_vars = len(model.variables)
+        self.node_of_device = {d: i for i, n in enumerate(cluster.nodes) for d in n.devices}
+
+
+def _signature(strategy: Strategy, index: _Index) -> np.ndarray:
     """Per-variable decision codes used to compare strategies (kind, placement, partitioning)."""
-    codes = np.zeros(ctx.num_vars, dtype=np.int64)
+    codes = np.zeros(index.num_vars, dtype=np.int64)
     for plan in strategy.plans:
         sync = plan.shards[0].synchronizer
         code = {"ps": 1, "allreduce": 2, "allgather": 3}[sync.kind]
         if sync.kind == "ps":
-            code += 10 * (1 + ctx.node_of_device[sync.placement])
-        codes[ctx.var_index[plan.variable]] = code + 1000 * plan.num_shards
+            code += 10 * (1 + index.node_of_device[sync.placement])
+        codes[index.var_index[plan.variable]] = code + 1000 * plan.num_shards
     return codes
 
 
-def select_diverse(strategies: list[Strategy], scores: np.ndarray, k: int, ctx, weight: float = 0.5) -> list[int]:
+def select_diverse(strategies: list[Strategy], scores: np.ndarray, k: int, index: _Index,
+                   weight: float = 0.5) -> list[int]:
     """Greedy selection of ``k`` indices maximising normalised score minus ``weight`` times the
     largest similarity to those already chosen (AutoSync §3.2, after AutoTVM)."""
     if not strategies:
         return []
-    sig = np.stack([_signature(s, ctx) for s in strategies])
+    sig = np.stack([_signature(s, index) for s in strategies])
     span = scores.max() - scores.min()
     norm = (scores - scores.min()) / span if span > 0 else np.zeros_like(scores)
     chosen = [int(np.argmax(norm))]
@@ -95,27 +126,39 @@ def select_diverse(strategies: list[Strategy], scores: np.ndarray, k: int, ctx, 
     return chosen
 
 
+def _round_seed(seed: int, round_: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"synctune-round:{seed}:{round_}".encode()).digest()[:8], "big")
+
+
+def _round_of(trial_id: str) -> int:
+    """The round a trial id belongs to (``r3-1`` -> 3; baselines -> 0)."""
+    head = trial_id.split("-", 1)[0]
+    return int(head[1:]) if head.startswith("r") and head[1:].isdigit() else 0
+
+
 class Algorithm1:
-    """The searcher. ``make_simulator()`` returns a fresh simulator to (re)fit, or an analytic one."""
+    """The searcher. ``simulator`` (a :class:`SimulatorProtocol`) is needed by ``autodist`` and
+    ``genetic``; the random variants run without one."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
-                 make_simulator: Callable[[], SimulatorProtocol] | None = None) -> None:
-        from ..simulator.features import DomainContext
-
+                 simulator: SimulatorProtocol | None = None) -> None:
         self.model = model
         self.cluster = cluster
         self.exp = experiment
-        self.ctx = DomainContext(model, cluster)
-        self.make_simulator = make_simulator
-        self.simulator = make_simulator() if make_simulator else None
-        self.rng = random.Random(experiment.seed)
-        self.guided = GuidedSampler(model, cluster, seed=experiment.seed)
-        self.random = RandomSampler(model, cluster, seed=experiment.seed)
-        self.trials: list[dict[str, Any]] = []  # {trial_id, strategy (dict), origin, predicted, runtime}
-        self.queue: list[Proposal] = [Proposal(f"baseline-{b}", build_strategy(b, model, cluster), b, None)
-                                      for b in experiment.baselines]
+        self.index = _Index(model, cluster)
+        self.simulator = simulator
+        self.trials: list[dict[str, Any]] = []  # {trial_id, strategy (dict), hash, origin, predicted, runtime}
+        self.queue: list[Proposal] = []
+        for b in experiment.baselines:
+            strategy = build_strategy(b, model, cluster)
+            # Two builders can agree on a domain (Parallax is AllReduce without sparse variables):
+            # the strategy is measured once, under the first builder's name.
+            if all(p.strategy.hash != strategy.hash for p in self.queue):
+                self.queue.append(Proposal(f"baseline-{b}", strategy, b, None))
         self.pending: dict[str, Proposal] = {}
         self.rounds = 0
+        self.fitted_on = 0  # trials the simulator last learned from
+        self.exhausted = False  # a round found nothing that was not measured already
 
     # ------------------------------------------------------------------------------ ask / tell
 
@@ -125,8 +168,9 @@ class Algorithm1:
 
     @property
     def finished(self) -> bool:
-        """Whether the budget is spent (every trial asked for)."""
-        return self.asked >= self.exp.budget
+        """Whether the search is over: the budget is spent (every trial asked for), or a round
+        found no strategy that was not measured already."""
+        return self.asked >= self.exp.budget or self.exhausted
 
     @property
     def waiting(self) -> bool:
@@ -139,7 +183,11 @@ class Algorithm1:
         if self.finished or self.waiting:
             return None
         if not self.queue:
-            self.queue = self._round()
+            self.rounds += 1
+            self.queue = self._round(self.rounds)
+            if not self.queue:  # every proposal was measured already: nothing new to try
+                self.exhausted = True
+                return None
         proposal = self.queue.pop(0)
         self.pending[proposal.trial_id] = proposal
         return proposal
@@ -147,69 +195,84 @@ class Algorithm1:
     def tell(self, trial_id: str, runtime: float | None) -> None:
         """Report a trial's mean iteration time (None when it failed)."""
         proposal = self.pending.pop(trial_id)
-        self.trials.append({"trial_id": trial_id, "strategy": proposal.strategy.to_dict(), "origin": proposal.origin,
+        self.trials.append({"trial_id": trial_id, "strategy": proposal.strategy.to_dict(),
+                            "hash": proposal.strategy.hash, "origin": proposal.origin,
                             "predicted": proposal.predicted, "runtime": runtime})
         if not self.pending and not self.queue:
-            self._refit()
+            self._fit(len(self.trials))
 
     # ------------------------------------------------------------------------------------ rounds
 
-    def _measured(self):
-        done = [t for t in self.trials if t["runtime"] is not None]
-        return [Strategy.from_dict(t["strategy"]) for t in done], np.array([t["runtime"] for t in done])
+    def _measured(self, upto: int | None = None) -> tuple[list[Strategy], np.ndarray]:
+        done = [t for t in self.trials[:upto] if t["runtime"] is not None]
+        return [Strategy.from_dict(t["strategy"]) for t in done], np.array([t["runtime"] for t in done], float)
 
-    def _domain(self, strategies, runtimes):
-        from ..simulator.models import Domain
-
-        return Domain(self.ctx, strategies, np.asarray(runtimes, dtype=np.float64))
-
-    def _scores(self, strategies: list[Strategy]) -> np.ndarray:
-        return -self.simulator.predict_domain(self._domain(strategies, np.zeros(len(strategies))))
-
-    def _refit(self) -> None:
-        if self.simulator is None or self.make_simulator is None or not getattr(self.simulator, "learned", False):
+    def _fit(self, upto: int) -> None:
+        """Let the simulator learn from the first ``upto`` trials (at a batch boundary)."""
+        self.fitted_on = upto
+        if self.simulator is None:
             return
-        strategies, runtimes = self._measured()
+        strategies, runtimes = self._measured(upto)
         if len(strategies) >= 4:
-            self.simulator = self.make_simulator()
-            self.simulator.fit([self._domain(strategies, runtimes)])
+            self.simulator.fit(strategies, runtimes)
 
-    def _round(self) -> list[Proposal]:
-        self.rounds += 1
+    def _seen(self) -> set[str]:
+        return {t["hash"] for t in self.trials} | {p.strategy.hash for p in self.pending.values()} | {
+            p.strategy.hash for p in self.queue}
+
+    def _round(self, round_: int) -> list[Proposal]:
         k = min(self.exp.candidates, self.exp.budget - self.asked)
         algo = self.exp.algorithm
-        tag = f"r{self.rounds}"
-        if algo == "random":
-            return [Proposal(f"{tag}-{i}", s, algo, None) for i, s in enumerate(self.random.sample_many(k))]
-        if algo == "random-guided":
-            return [Proposal(f"{tag}-{i}", s, algo, None) for i, s in enumerate(self.guided.sample_many(k))]
-        proposals = self._crossover(self.exp.proposals) if algo == "genetic" else self.guided.sample_many(
+        seed = _round_seed(self.exp.seed, round_)
+        tag = f"r{round_}"
+        seen = self._seen()
+
+        def fresh(strategies: list[Strategy]) -> list[Strategy]:
+            out, hashes = [], set(seen)
+            for s in strategies:
+                if s.hash not in hashes:
+                    hashes.add(s.hash)
+                    out.append(s)
+            return out
+
+        if algo in ("random", "random-guided"):
+            sampler = (RandomSampler if algo == "random" else GuidedSampler)(self.model, self.cluster, seed=seed)
+            # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured.
+            picked = fresh(sampler.sample_many(3 * k))[:k]
+            return [Proposal(f"{tag}-{i}", s, algo, None) for i, s in enumerate(picked)]
+        rng = random.Random(seed)
+        guided = GuidedSampler(self.model, self.cluster, seed=seed)
+        raw = self._crossover(self.exp.proposals, rng, guided) if algo == "genetic" else guided.sample_many(
             self.exp.proposals)
-        scores = self._scores(proposals)
-        strategies, runtimes = self._measured()
+        proposals = fresh(raw)
+        if not proposals:
+            return []
+        scores = np.asarray(self.simulator.score(proposals), dtype=float)
+        strategies, runtimes = self._measured(self.fitted_on)
         level = -np.inf
-        if len(strategies) >= 4 and getattr(self.simulator, "learned", False):
-            level = fidelity_level(self._scores(strategies), runtimes, self.exp.fidelity_accuracy)
+        if len(strategies) >= 4:
+            level = fidelity_level(np.asarray(self.simulator.score(strategies), dtype=float), runtimes,
+                                   self.exp.fidelity_accuracy)
         elite = [i for i in range(len(proposals)) if scores[i] >= level] or list(range(len(proposals)))
-        chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, self.ctx)
+        chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, self.index)
         return [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, float(-scores[elite[c]]))
                 for j, c in enumerate(chosen)]
 
-    def _crossover(self, n: int) -> list[Strategy]:
+    def _crossover(self, n: int, rng: random.Random, guided: GuidedSampler) -> list[Strategy]:
         """Children of the best measured strategies: per variable, one parent's plan; a few
         variables re-drawn from a fresh guided sample (mutation)."""
-        strategies, runtimes = self._measured()
+        strategies, runtimes = self._measured(self.fitted_on)
         if len(strategies) < 2:
-            return self.guided.sample_many(n)
-        parents = [strategies[i] for i in np.argsort(runtimes)[: max(2, len(strategies) // 2)]]
+            return guided.sample_many(n)
+        parents = [strategies[i] for i in np.argsort(runtimes, kind="stable")[: max(2, len(strategies) // 2)]]
         children = []
         for _ in range(n):
-            a, b = self.rng.sample(parents, 2)
-            donor = self.guided.sample()
+            a, b = rng.sample(parents, 2)
+            donor = guided.sample()
             sources = [{p.variable: p for p in s.plans} for s in (a, b, donor)]
             plans: list[tuple[int, VariablePlan]] = []
             for var in self.model.variables:
-                roll = self.rng.random()
+                roll = rng.random()
                 parent = 2 if roll < 0.1 else (0 if roll < 0.55 else 1)
                 plans.append((parent, sources[parent][var.name]))
             children.append(_renumber_groups(a, plans))
@@ -219,59 +282,62 @@ class Algorithm1:
 
     def summary(self) -> dict[str, Any]:
         """Best strategy, speed-up over the best baseline, hit rate, trials to 1.1x and 1.2x."""
-        ok = [t for t in self.trials if t["runtime"] is not None]
-        base = [t["runtime"] for t in ok if t["trial_id"].startswith("baseline-")]
-        best_base = min(base) if base else None
-        best = min(ok, key=lambda t: t["runtime"]) if ok else None
-        searched = [t for t in self.trials if not t["trial_id"].startswith("baseline-")]
-        hits = [t for t in searched if t["runtime"] is not None and best_base and t["runtime"] < best_base]
-
-        def first_reaching(factor: float) -> int | None:
-            if not best_base:
-                return None
-            for i, t in enumerate(self.trials, 1):
-                if t["runtime"] is not None and best_base / t["runtime"] >= factor:
-                    return i
-            return None
-
+        out = search_outcome((t["trial_id"].startswith("baseline-"), t["runtime"]) for t in self.trials)
+        best = self.trials[out.best_index] if out.best_index is not None else None
         return {
-            "trials": len(self.trials), "failed": sum(t["runtime"] is None for t in self.trials),
-            "best_runtime_s": best["runtime"] if best else None, "best_origin": best["origin"] if best else None,
-            "best_strategy": best["strategy"] if best else None, "best_baseline_s": best_base,
-            "speedup_over_best_baseline": (best_base / best["runtime"]) if best and best_base else None,
-            "hit_rate": (len(hits) / len(searched)) if searched else None,
-            "trials_to_1.1x": first_reaching(1.1), "trials_to_1.2x": first_reaching(1.2),
+            "trials": out.num_trials, "failed": out.num_failed,
+            "best_runtime_s": out.best_runtime_s, "best_origin": best["origin"] if best else None,
+            "best_strategy": best["strategy"] if best else None, "best_baseline_s": out.best_baseline_s,
+            "speedup_over_best_baseline": out.speedup, "hit_rate": out.hit_rate,
+            "trials_to_1.1x": out.trials_to[1.1], "trials_to_1.2x": out.trials_to[1.2],
         }
 
     # ------------------------------------------------------------------------------- persistence
 
     def state(self) -> dict[str, Any]:
-        """Plain-JSON state: finished trials (the rest is re-derived on restore)."""
-        return {"version": 1, "trials": list(self.trials), "rounds": self.rounds}
+        """Plain-JSON state: the finished trials, in the order they were told (the rest is
+        re-derived on restore)."""
+        return {"version": 2, "trials": list(self.trials)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
-                   make_simulator: Callable[[], SimulatorProtocol] | None = None) -> "Algorithm1":
-        """Rebuild a searcher; finished trials are kept, unfinished ones are proposed again."""
-        algo = cls(model, cluster, experiment, make_simulator)
-        algo.trials = list(state.get("trials", []))
-        done = {t["trial_id"] for t in algo.trials}
-        algo.queue = [p for p in algo.queue if p.trial_id not in done]
-        # Advance the samplers past what the finished rounds consumed, so new ids never collide.
-        algo.rounds = int(state.get("rounds", 0))
-        for _ in range(algo.rounds):
-            algo.guided.sample()
-        algo._refit()
+                   simulator: SimulatorProtocol | None = None) -> "Algorithm1":
+        """Rebuild a searcher from its finished trials (in the order they were told): the
+        simulator relearns at the same points as it did, the last round is drawn again and its
+        unfinished trials are proposed again, so the search goes on as if never interrupted."""
+        algo = cls(model, cluster, experiment, simulator)
+        trials = []
+        for t in state.get("trials", []):
+            t = dict(t)
+            t.setdefault("hash", Strategy.from_dict(t["strategy"]).hash)
+            trials.append(t)
+        done = {t["trial_id"] for t in trials}
+        last = max((_round_of(t["trial_id"]) for t in trials), default=0)
+        # A round starts only once the previous batch is told: batches before the last one are
+        # complete. Replay the simulator's updates at their ends.
+        for r in range(last):
+            algo.trials.extend(t for t in trials if _round_of(t["trial_id"]) == r)
+            algo._fit(len(algo.trials))
+        if last == 0:
+            algo.trials = trials
+            algo.queue = [p for p in algo.queue if p.trial_id not in done]
+            if not algo.queue and trials:
+                algo._fit(len(trials))
+            return algo
+        # Draw the last round again, exactly as it was drawn from the trials before it.
+        algo.queue = []
+        algo.rounds = last
+        regenerated = algo._round(last)
+        algo.trials = trials
+        algo.queue = [p for p in regenerated if p.trial_id not in done]
+        if not algo.queue:
+            algo._fit(len(trials))
         return algo
 
 
 def _renumber_groups(template: Strategy, plans: list[tuple[int, VariablePlan]]) -> Strategy:
     """A strategy from (parent index, plan) pairs: a parent's merge groups stay together, and
     groups of different parents never share an id (they may differ in members and kind)."""
-    import dataclasses
-
-    from ..strategy.schema import AllReduceSynchronizer
-
     remap: dict[tuple[int, int], int] = {}
     out = []
     for parent, plan in plans:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from ..spec._util import is_int, is_number, read_yaml
+from ..spec._util import LIMITS, check_keys, in_range, is_number
 from ..spec.errors import SpecError
+from ..spec.files import check_name, read_yaml
 
 __all__ = ["ALGORITHMS", "Experiment", "load_experiment"]
 
@@ -45,48 +46,45 @@ class Experiment:
         where = self.source or "experiment"
 
         def bad(key: str, expected: str) -> SpecError:
-            return SpecError(f"{where}: {key}: expected {expected}, got {getattr(self, key)!r}")
+            shown = repr(getattr(self, key))
+            return SpecError(f"{where}: {key}: expected {expected}, got {shown[:60] + '...' if len(shown) > 60 else shown}")
 
-        for key in ("name", "model", "cluster"):
-            if not isinstance(getattr(self, key), str) or not getattr(self, key):
-                raise bad(key, "a non-empty string")
-        for key, low in (("budget", 1), ("proposals", 1), ("candidates", 1), ("warmup", 0), ("iters", 1),
-                         ("slices", 1)):
+        check_name(self.name, f"{where}: name")
+        for key in ("model", "cluster", "simulator", "output"):
             value = getattr(self, key)
-            if not (is_int(value) and value >= low):
-                raise bad(key, f"an integer >= {low}")
+            if not isinstance(value, str) or not (value or key == "output") or len(value) > 4096:
+                raise bad(key, "a non-empty string" if key != "output" else "a file path")
+        for key, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
+                               ("candidates", 1, LIMITS["budget"]), ("warmup", 0, LIMITS["iterations"]),
+                               ("iters", 1, LIMITS["iterations"]), ("slices", 1, 1024),
+                               ("seed", 0, LIMITS["seed"])):
+            if not in_range(getattr(self, key), low, high):
+                raise bad(key, f"an integer from {low} to {high}")
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"one of {', '.join(ALGORITHMS)}")
-        if not isinstance(self.simulator, str) or not (
-                self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):
+        if not (self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):
             raise bad("simulator", f"one of {', '.join(SIMULATOR_CHOICES)} or a saved simulator file (.pt)")
         if not (is_number(self.fidelity_accuracy) and 0.5 <= self.fidelity_accuracy < 1):
             raise bad("fidelity_accuracy", "a number in [0.5, 1)")
-        if not (is_number(self.timeout_s) and self.timeout_s > 0):
-            raise bad("timeout_s", "a positive number of seconds")
-        if not is_int(self.seed):
-            raise bad("seed", "an integer")
+        if not (is_number(self.timeout_s) and 0 < self.timeout_s <= LIMITS["timeout_s"]):
+            raise bad("timeout_s", f"a positive number of seconds up to {LIMITS['timeout_s']:g}")
         if isinstance(self.baselines, list):
             object.__setattr__(self, "baselines", tuple(self.baselines))
+        if not isinstance(self.baselines, tuple) or not all(isinstance(b, str) for b in self.baselines):
+            raise bad("baselines", "a list of builder names, e.g. [allreduce, ps-lb]")
         from ..strategy.builders import BUILDERS
 
         for b in self.baselines:
             if b not in BUILDERS:
-                raise SpecError(f"{where}: baselines: unknown builder {b!r}; valid: {', '.join(BUILDERS)}")
+                raise SpecError(f"{where}: baselines: unknown builder {b[:40]!r}; valid: {', '.join(BUILDERS)}")
         if self.candidates > self.proposals:
             raise SpecError(f"{where}: candidates ({self.candidates}) cannot exceed proposals ({self.proposals})")
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "experiment") -> "Experiment":
-        if not isinstance(data, Mapping):
-            raise SpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
-        known = [f.name for f in fields(cls) if f.name != "source"]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise SpecError(f"{source}: unknown key(s) {unknown}; valid: {', '.join(known)}")
-        for key in ("name", "model", "cluster", "budget"):
-            if key not in data:
-                raise SpecError(f"{source}: missing key {key!r}")
+        required = ("name", "model", "cluster", "budget")
+        known = tuple(f.name for f in fields(cls) if f.name != "source")
+        check_keys(data, source, required, tuple(k for k in known if k not in required))
         return cls(**dict(data), source=source)
 
 

@@ -27,15 +27,6 @@ from ..strategy.schema import (
 __all__ = ["RandomSampler", "GuidedSampler"]
 
 
-def _assemble(model: ModelSpec, cluster: ClusterSpec, plans: list[VariablePlan]) -> Strategy:
-    """A strategy over every device of ``cluster``, each with the model's default batch."""
-    return Strategy(model={"name": model.name, "hash": model.hash},
-                    cluster={"name": cluster.name, "hash": cluster.hash},
-                    replicas=cluster.devices,
-                    batch_split=tuple(model.batch_size for _ in cluster.devices),
-                    plans=tuple(plans))
-
-
 @dataclass
 class RandomSampler:
     """Uniform-ish random strategies; ``seed`` makes the sequence reproducible."""
@@ -77,7 +68,7 @@ class RandomSampler:
                     sync = AllReduceSynchronizer(group=group + (sparse_group_offset if var.sparse else 0))
                 shards.append(ShardPlan(synchronizer=sync))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return _assemble(self.model, self.cluster, plans)
+        return Strategy.over(self.model, self.cluster, plans)
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]
@@ -164,7 +155,7 @@ class GuidedSampler:
                     sync = AllReduceSynchronizer(group=group)
                 shards.append(ShardPlan(synchronizer=sync))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return _assemble(self.model, self.cluster, plans)
+        return Strategy.over(self.model, self.cluster, plans)
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]

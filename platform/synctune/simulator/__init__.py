@@ -3,6 +3,7 @@
 Importing this package imports numpy only; the learned models import torch when used.
 """
 
+from .bound import BoundSimulator
 from .evaluate import evaluate, kendall_tau, pairwise_accuracy, split_domains, top_k_recall
 from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode
 from .models import (
@@ -22,6 +23,7 @@ __all__ = [
     "SIMULATORS",
     "AnalyticConstants",
     "AnalyticSimulator",
+    "BoundSimulator",
     "Domain",
     "DomainContext",
     "GATSimulator",

@@ -24,14 +24,14 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy
-from ..strategy.validate import shard_shapes
+from ..strategy.compressors import COMPRESSORS
+from ..strategy.partition import shard_shapes
 
 __all__ = ["AnalyticConstants", "DomainContext", "StrategyBatch", "encode", "shard_features", "global_features",
            "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 KIND_PS, KIND_AR, KIND_AG = 0, 1, 2
-COMPRESSOR_CODES = {"none": 0, "fp16": 1, "bf16": 2, "powersgd": 3}
 #: Peak dense float32 throughput per device model (FLOP/s), for the compute term.
 DEVICE_FLOPS = {"T4": 8.1e12, "M60": 4.8e12, "TITAN X": 11e12, "cpu": 5e10}
 
@@ -90,6 +90,8 @@ class DomainContext:
         # Flat lookup tables: coefficient of server node j with hierarchical flag ip at j*2+ip.
         self.ps_flow_flat = self.ps_flow_coef.reshape(-1)
         self.ps_nic_flat = self.ps_nic_coef.reshape(-1)
+        self.ps_phi_flat = self.ps_phi_coef.reshape(-1)
+        self.ps_intra_flat = self.ps_intra_coef.reshape(-1)
 
         self.sparse_density = np.minimum(1.0, m.batch_size * self.constants.sparse_rows_per_sample
                                          / np.maximum(self.var_rows, 1.0))
@@ -111,9 +113,9 @@ class StrategyBatch:
     group: np.ndarray  # (S,) merge group renumbered 0.. per strategy (-1 otherwise)
     comp: np.ndarray  # (S,) compressor code
     ratio: np.ndarray  # (S,) wire bytes / shard bytes
-    ngroups: np.ndarray | None = None  # (n,) merge groups per strategy
-    nbytes: np.ndarray | None = None  # (S,) bytes a shard's gradient carries (sparse: rows touched)
-    wire: np.ndarray | None = None  # (S,) the same after the compressor
+    ngroups: np.ndarray  # (n,) merge groups per strategy
+    nbytes: np.ndarray  # (S,) bytes a shard's gradient carries (sparse: rows touched)
+    wire: np.ndarray  # (S,) the same after the compressor
 
     @property
     def size(self) -> int:
@@ -146,16 +148,9 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                 cols["nshards"].append(k)
                 cols["axis"].append(axis)
                 comp = shard.compressor
-                cols["comp"].append(COMPRESSOR_CODES[comp.kind])
-                if comp.kind in ("fp16", "bf16"):
-                    ratio = 0.5
-                elif comp.kind == "powersgd":
-                    rows = shape[0]
-                    cols_ = n_el // max(1, rows)
-                    ratio = min(1.0, comp.rank * (rows + cols_) / max(1, n_el))
-                else:
-                    ratio = 1.0
-                cols["ratio"].append(ratio)
+                info = comp.info
+                cols["comp"].append(info.code)
+                cols["ratio"].append(info.wire_ratio(tuple(shape), comp.rank))
                 if isinstance(sync, PSSynchronizer):
                     cols["kind"].append(KIND_PS)
                     cols["node"].append(ctx.node_of_device[sync.placement])
@@ -226,60 +221,42 @@ def _segment_sum(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(seg, weights=values, minlength=n)
 
 
-def analytic_parts(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per-strategy analytic terms (seconds): PS bottleneck server, all-reduce, all-gather, compute."""
-    c = ctx.constants
-    if pre is None:
-        pre, _ = shard_features(b, ctx)
-    n = b.size
-    ps = b.kind == KIND_PS
-    w = ctx.W
-    # Each PS server: the slower of its NIC and its per-flow transfers, plus intra-node copies
-    # and overheads; the strategy waits for the most loaded server.
-    key = b.sid * w + np.where(ps, b.node, 0)
-    per_server = np.zeros(n * w)
-    flows = _segment_sum(np.where(ps, pre[:, 0], 0.0), key, n * w) / max(1, w - 1)
-    nic = _segment_sum(np.where(ps, pre[:, 1], 0.0), key, n * w)
-    rest = _segment_sum(np.where(ps, pre[:, 2] + c.phi * pre[:, 3] + c.delta, 0.0), key, n * w)
-    per_server = np.maximum(flows, nic) + rest
-    t_ps = per_server.reshape(n, w).max(axis=1)
-    t_ar = _segment_sum(pre[:, 4] + c.phi * pre[:, 5] + np.where(b.kind == KIND_AR, c.delta, 0.0), b.sid, n)
-    t_ag = _segment_sum(pre[:, 6] + c.phi * pre[:, 7], b.sid, n)
-    extra_shards = np.diff(b.offsets) - ctx.num_vars
-    t_comp = ctx.t_comp + c.delta * extra_shards  # stitching partitions back costs kernels
-    return {"t_ps": t_ps, "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server.reshape(n, w)}
-
-
-def analytic_time(b: StrategyBatch, ctx: DomainContext) -> np.ndarray:
-    """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1).
-
-    The same terms as :func:`analytic_parts`, computed with the fewest passes over the shards
-    (this is what proposals are scored with, tens of thousands at a time).
-    """
+def analytic_parts(b: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
+    """Per-strategy analytic terms in seconds (AutoSync Eq. 2 and the ring/gather analogues):
+    ``per_server`` (n, nodes) PS load, ``t_ps`` the most loaded server, ``t_ar`` all-reduce,
+    ``t_ag`` all-gather, ``t_comp`` compute. Computed with the fewest passes over the shards:
+    proposals are scored with it tens of thousands at a time."""
     c = ctx.constants
     n, w = b.size, ctx.W
     m, wire = b.nbytes, b.wire
+    per_server = np.zeros((n, w))
     ps = np.flatnonzero(b.kind == KIND_PS)
-    t_ps = np.zeros(n)
     if len(ps):
+        # Each PS server: the slower of its NIC and its per-flow transfers, plus intra-node copies
+        # and overheads; the strategy waits for the most loaded server.
         look = b.node[ps] * 2 + b.local[ps]
-        both = wire[ps] + m[ps]
+        both = wire[ps] + m[ps]  # gradient up (encoded), parameters down (plain)
         key = b.sid[ps] * w + b.node[ps]
         flows = np.bincount(key, both * ctx.ps_flow_flat[look], n * w) / max(1, w - 1)
         nic = np.bincount(key, both * ctx.ps_nic_flat[look], n * w)
-        phis = ctx.ps_phi_coef.reshape(-1)[look]
-        intra = ctx.ps_intra_coef.reshape(-1)[look]
-        rest = np.bincount(key, both * intra + c.phi * phis + c.delta, n * w)
-        t_ps = (np.maximum(flows, nic) + rest).reshape(n, w).max(axis=1)
+        rest = np.bincount(key, both * ctx.ps_intra_flat[look] + c.phi * ctx.ps_phi_flat[look] + c.delta, n * w)
+        per_server = (np.maximum(flows, nic) + rest).reshape(n, w)
     nn = ctx.N
     # Per-kind constants looked up by kind code (ps, allreduce, allgather): one gather, no masks.
     scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
     fixed = np.array([0.0, c.delta, c.phi * (nn - 1)])[b.kind]
-    t_coll = np.bincount(b.sid, wire * scale + fixed, n)
-    ngroups = b.ngroups if b.ngroups is not None else 0.0
-    t_coll += c.phi * 2 * (nn - 1) * ngroups
-    t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)
-    return np.maximum(t_comp, t_ps + t_coll)
+    per_shard = wire * scale + fixed
+    t_ag = np.bincount(b.sid, np.where(b.kind == KIND_AG, per_shard, 0.0), n)
+    # A merge group pays the ring's 2(N-1) message overheads once.
+    t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * 2 * (nn - 1) * b.ngroups
+    t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
+    return {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server}
+
+
+def analytic_time(b: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+    """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1)."""
+    p = analytic_parts(b, ctx)
+    return np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"])
 
 
 def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire: np.ndarray) -> np.ndarray:
@@ -292,67 +269,65 @@ def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire:
     # Shards of a strategy are contiguous: segment reductions are reduceat over the offsets.
     mx = np.maximum.reduceat(norm, b.offsets[:-1], axis=0)
     mean = np.add.reduceat(norm, b.offsets[:-1], axis=0) / counts[:, None]
-    parts = analytic_parts(b, ctx, pre)
+    parts = analytic_parts(b, ctx)
     bytes_total = ctx.model_bytes
     kind_bytes = [_segment_sum(np.where(b.kind == k, ctx.var_bytes[b.var] * b.frac, 0.0), b.sid, n) / bytes_total
                   for k in (KIND_PS, KIND_AR, KIND_AG)]
     server_share = parts["per_server"].max(axis=1) / np.maximum(parts["per_server"].sum(axis=1), 1e-30)
-    ar = b.kind == KIND_AR
-    groups = np.zeros(n)
-    if ar.any():
-        key = b.sid[ar] * (b.group.max() + 1) + b.group[ar]
-        uniq = np.unique(key)
-        groups = np.bincount(uniq // (b.group.max() + 1), minlength=n).astype(np.float64)
+    groups = b.ngroups
     extra = np.stack([parts["t_ps"] / ctx.t_ref, parts["t_ar"] / ctx.t_ref, parts["t_ag"] / ctx.t_ref,
                       parts["t_comp"] / ctx.t_ref, counts / ctx.num_vars, *kind_bytes, server_share,
                       groups / ctx.num_vars], axis=1)
     return np.concatenate([mx, mean, extra], axis=1)
 
 
-RAW_NAMES = ("is_ps", "is_ar", "is_ag", "comp_none", "comp_fp16", "comp_bf16", "comp_powersgd", "wire_ratio",
-             "local_agg", "server_nic", "server_devices", "server_flow", "group_members", "group_bytes",
-             "group_order", "nshards", "shard_frac", "axis_gt0", "log_bytes", "bytes_share", "ndims", "sparse",
-             "position", "nodes", "log_devices", "min_nic", "max_nic", "min_flow", "min_intra")
+RAW_NAMES = ("is_ps", "is_ar", "is_ag", *(f"comp_{name}" for name in COMPRESSORS), "wire_ratio", "local_agg",
+             "server_nic", "server_devices", "server_flow", "group_members", "group_bytes", "group_order", "nshards",
+             "shard_frac", "axis_gt0", "log_bytes", "bytes_share", "ndims", "sparse", "position", "nodes", "log_devices",
+             "min_nic", "max_nic", "min_flow", "min_intra")
+_RAW = {name: i for i, name in enumerate(RAW_NAMES)}
 
 
 def raw_features(b: StrategyBatch, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:
     """(S, len(RAW_NAMES)) per-shard raw features (AutoSync §3.1.2), scale-free."""
     s = len(b.sid)
     out = np.zeros((s, len(RAW_NAMES)))
+    col = _RAW
     out[np.arange(s), b.kind] = 1.0
-    out[np.arange(s), 3 + b.comp] = 1.0
-    out[:, 7] = b.ratio
-    out[:, 8] = b.local
+    out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp] = 1.0
+    out[:, col["wire_ratio"]] = b.ratio
+    out[:, col["local_agg"]] = b.local
     ps = b.kind == KIND_PS
     node = np.where(ps, b.node, 0)
-    out[:, 9] = np.where(ps, ctx.nic[node] / (10 * GBIT), 0.0)
-    out[:, 10] = np.where(ps, ctx.r[node] / max(1.0, ctx.N), 0.0)
-    out[:, 11] = np.where(ps, ctx.flow[node] / (10 * GBIT), 0.0)
+    out[:, col["server_nic"]] = np.where(ps, ctx.nic[node] / (10 * GBIT), 0.0)
+    out[:, col["server_devices"]] = np.where(ps, ctx.r[node] / max(1.0, ctx.N), 0.0)
+    out[:, col["server_flow"]] = np.where(ps, ctx.flow[node] / (10 * GBIT), 0.0)
     ar = b.kind == KIND_AR
     if ar.any():
         width = b.group.max() + 1
         key = b.sid[ar] * width + b.group[ar]
         _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
         gbytes = np.bincount(inv, weights=wire[ar])
-        out[ar, 12] = counts[inv] / ctx.num_vars
-        out[ar, 13] = gbytes[inv] / ctx.model_bytes
-        ngroups = np.bincount(b.sid[ar], minlength=b.size)[b.sid[ar]]
-        out[ar, 14] = b.group[ar] / np.maximum(1, ngroups)
-    out[:, 15] = b.nshards / 4.0
-    out[:, 16] = b.frac
-    out[:, 17] = b.axis > 0
+        out[ar, col["group_members"]] = counts[inv] / ctx.num_vars
+        out[ar, col["group_bytes"]] = gbytes[inv] / ctx.model_bytes
+        # Position of the shard's merge group among the strategy's groups (groups are renumbered
+        # 0.. in backward order by encode), in [0, 1).
+        out[ar, col["group_order"]] = b.group[ar] / np.maximum(1.0, b.ngroups[b.sid[ar]])
+    out[:, col["nshards"]] = b.nshards / 4.0
+    out[:, col["shard_frac"]] = b.frac
+    out[:, col["axis_gt0"]] = b.axis > 0
     nbytes = ctx.var_bytes[b.var] * b.frac
-    out[:, 18] = np.log10(np.maximum(nbytes, 1.0)) / 10.0
-    out[:, 19] = nbytes / ctx.model_bytes
-    out[:, 20] = ctx.var_ndims[b.var] / 4.0
-    out[:, 21] = ctx.var_sparse[b.var]
-    out[:, 22] = b.var / max(1, ctx.num_vars - 1)
-    out[:, 23] = ctx.W / 16.0
-    out[:, 24] = math.log2(max(1.0, ctx.N)) / 5.0
-    out[:, 25] = ctx.nic.min() / (10 * GBIT)
-    out[:, 26] = ctx.nic.max() / (10 * GBIT)
-    out[:, 27] = ctx.flow.min() / (10 * GBIT)
-    out[:, 28] = ctx.intra.min() / (10 * GBIT)
+    out[:, col["log_bytes"]] = np.log10(np.maximum(nbytes, 1.0)) / 10.0
+    out[:, col["bytes_share"]] = nbytes / ctx.model_bytes
+    out[:, col["ndims"]] = ctx.var_ndims[b.var] / 4.0
+    out[:, col["sparse"]] = ctx.var_sparse[b.var]
+    out[:, col["position"]] = b.var / max(1, ctx.num_vars - 1)
+    out[:, col["nodes"]] = ctx.W / 16.0
+    out[:, col["log_devices"]] = math.log2(max(1.0, ctx.N)) / 5.0
+    out[:, col["min_nic"]] = ctx.nic.min() / (10 * GBIT)
+    out[:, col["max_nic"]] = ctx.nic.max() / (10 * GBIT)
+    out[:, col["min_flow"]] = ctx.flow.min() / (10 * GBIT)
+    out[:, col["min_intra"]] = ctx.intra.min() / (10 * GBIT)
     return out
 
 

@@ -27,6 +27,8 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
+from ..spec.files import write_via
+from ..strategy.compressors import compressor_vocabulary
 from ..strategy.schema import Strategy
 from .features import (
     GLOBAL_NAMES,
@@ -43,7 +45,8 @@ __all__ = ["Domain", "domains_from_records", "Simulator", "AnalyticSimulator", "
            "RNNSimulator", "GATSimulator", "SIMULATORS", "make_simulator", "load_simulator", "FORMAT"]
 
 FORMAT = "synctune-simulator"
-FORMAT_VERSION = 1
+#: 2: group_order counts merge groups; the compressor vocabulary is recorded.
+FORMAT_VERSION = 2
 
 
 @dataclass
@@ -154,7 +157,7 @@ class _Learned(Simulator):
                  seed: int = 0, hidden: int | None = None) -> None:
         self.config = {"epochs": epochs, "lr": lr, "batch": batch, "partition_penalty": partition_penalty,
                        "seed": seed, "hidden": hidden or self.hidden, "raw": len(RAW_NAMES) + len(PRE_NAMES),
-                       "global": len(GLOBAL_NAMES)}
+                       "global": len(GLOBAL_NAMES), "compressors": compressor_vocabulary()}
         self.net = None
         self.norm: dict[str, Any] = {}
 
@@ -167,12 +170,11 @@ class _Learned(Simulator):
         return x, g
 
     def fit(self, domains: list[Domain], *, log=None, **_: Any) -> "_Learned":
+        """Train from scratch on ``domains``: normalisation from their features, new weights."""
         torch = _torch()
         if not domains:
             raise SpecError("no training data: the records hold no successful trials")
-        seed = self.config["seed"]
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
+        torch.manual_seed(self.config["seed"])
         xs, gs = [], []
         for d in domains:
             x, g = per_shard_inputs(d.encoded(), d.ctx)
@@ -184,14 +186,29 @@ class _Learned(Simulator):
                      "g_mean": torch.as_tensor(g_all.mean(0), dtype=torch.float32),
                      "g_std": torch.as_tensor(g_all.std(0) + 1e-6, dtype=torch.float32)}
         self.net = self._build()
-        opt = torch.optim.Adam(self.net.parameters(), lr=self.config["lr"], weight_decay=1e-5)
+        return self._train(domains, self.config["epochs"], self.config["lr"], log)
+
+    def fine_tune(self, domains: list[Domain], *, epochs: int | None = None, log=None) -> "_Learned":
+        """Go on training the current weights (and normalisation) on ``domains``: how a
+        simulator learned elsewhere adapts to a new domain (AutoSync §3.3)."""
+        if self.net is None:
+            return self.fit(domains, log=log)
+        if not domains:
+            return self
+        _torch().manual_seed(self.config["seed"] + 1)
+        return self._train(domains, epochs or max(1, self.config["epochs"] // 5), self.config["lr"] / 3, log)
+
+    def _train(self, domains: list[Domain], epochs: int, lr: float, log) -> "_Learned":
+        torch = _torch()
+        rng = random.Random(self.config["seed"])
+        opt = torch.optim.Adam(self.net.parameters(), lr=lr, weight_decay=1e-5)
         prepared = []
         for d in domains:
             f = torch.as_tensor(d.runtimes, dtype=torch.float32)
             sigma = self.config["partition_penalty"] * float(np.median(d.runtimes))
             prepared.append((d, f, torch.as_tensor(d.partitions(), dtype=torch.float32), sigma))
         self.net.train()
-        for epoch in range(self.config["epochs"]):
+        for epoch in range(epochs):
             total = 0.0
             for d, f, parts, sigma in rng.sample(prepared, len(prepared)):
                 idx = list(range(len(d.strategies)))
@@ -207,7 +224,7 @@ class _Learned(Simulator):
                     loss.backward()
                     opt.step()
                     total += float(loss.detach())
-            if log and (epoch + 1) % max(1, self.config["epochs"] // 10) == 0:
+            if log and (epoch + 1) % max(1, epochs // 10) == 0:
                 log(epoch + 1, total)
         self.net.eval()
         return self
@@ -230,10 +247,7 @@ class _Learned(Simulator):
             raise SpecError(f"the {self.kind} simulator is not trained")
         payload = {"format": FORMAT, "version": FORMAT_VERSION, "kind": self.kind, "config": json.dumps(self.config),
                    "state": self.net.state_dict(), "norm": dict(self.norm)}
-        path = Path(path)
-        tmp = path.with_name(f".tmp-{path.name}")
-        torch.save(payload, tmp)
-        tmp.replace(path)
+        write_via(path, lambda fh: torch.save(payload, fh))
 
     def _restore(self, state: dict, norm: dict) -> None:
         self.norm = norm
@@ -401,14 +415,33 @@ def load_simulator(path: str | Path) -> Simulator:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise SpecError(f"{path}: not a synctune simulator file (format {FORMAT!r} expected)")
     if payload.get("version") != FORMAT_VERSION or payload.get("kind") not in ("linear", "rnn", "gat"):
-        raise SpecError(f"{path}: unsupported simulator version {payload.get('version')!r} or kind "
-                        f"{payload.get('kind')!r}")
+        raise SpecError(f"{path}: unsupported simulator version {str(payload.get('version'))[:20]!r} or kind "
+                        f"{str(payload.get('kind'))[:20]!r} (this synctune reads version {FORMAT_VERSION}; retrain "
+                        f"with synctune sim train)")
     try:
         config = json.loads(payload["config"])
+        if not isinstance(config, dict):
+            raise TypeError("config is not a mapping")
+        vocabulary = config.get("compressors")
+        if vocabulary != compressor_vocabulary():
+            raise SpecError(f"{path}: trained with compressors {vocabulary}, this synctune has "
+                            f"{compressor_vocabulary()}; its features mean other things now: retrain it "
+                            f"(synctune sim train)")
         sim = SIMULATORS[payload["kind"]](**{k: config[k] for k in ("epochs", "lr", "batch", "partition_penalty",
                                                                     "seed", "hidden")})
         sim.config.update(config)
-        sim._restore(payload["state"], payload["norm"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise SpecError(f"{path}: damaged simulator file ({type(exc).__name__}: {exc})") from None
+        norm = payload["norm"]
+        widths = {"x_mean": config["raw"], "x_std": config["raw"], "g_mean": config["global"],
+                  "g_std": config["global"]}
+        for key, width in widths.items():
+            value = norm.get(key) if isinstance(norm, dict) else None
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (width,):
+                raise ValueError(f"normalisation {key!r} missing or not {width} numbers")
+        if config["raw"] != len(RAW_NAMES) + len(PRE_NAMES) or config["global"] != len(GLOBAL_NAMES):
+            raise ValueError("its feature widths differ from this synctune's")
+        sim._restore(payload["state"], norm)
+    except SpecError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"{path}: damaged simulator file ({type(exc).__name__}: {str(exc)[:200]})") from None
     return sim

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from pathlib import Path
+import math
 from typing import Any
 
 from .errors import SpecError
+
+#: Bounds no real input reaches; they stop a few bytes of YAML from asking for gigabytes.
+LIMITS = {
+    "nodes": 4096,  # nodes of a cluster
+    "devices_per_node": 1024,
+    "devices": 65536,  # devices of a cluster (replicas of a strategy)
+    "batch": 1 << 24,  # per-replica batch
+    "shards": 4096,  # shards of one variable
+    "budget": 1_000_000,  # trials of a search
+    "iterations": 1_000_000,  # warm-up or timed iterations
+    "proposals": 10_000_000,
+    "seed": (1 << 63) - 1,
+    "timeout_s": 7 * 24 * 3600.0,
+}
 
 
 def canonical_json(obj: Any) -> str:
@@ -25,7 +37,10 @@ def sha256_hex(obj: Any) -> str:
 def require(cond: bool, where: str, expected: str, actual: Any) -> None:
     """Raise :class:`SpecError` ``"<where>: expected <expected>, got <actual>"`` unless ``cond``."""
     if not cond:
-        raise SpecError(f"{where}: expected {expected}, got {actual!r}")
+        shown = repr(actual)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise SpecError(f"{where}: expected {expected}, got {shown}")
 
 
 def is_int(value: Any) -> bool:
@@ -33,60 +48,30 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or a finite float (never a bool, an infinity or NaN)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (isinstance(value, int) or math.isfinite(value)))
 
 
-def _mode_for(path: Path) -> int:
-    """The permission bits a plain ``open(path, "w")`` would leave: the existing file's, or
-    0666 less the process umask for a new file."""
-    try:
-        return path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+def in_range(value: Any, low: float, high: float, *, integer: bool = True) -> bool:
+    """Whether ``value`` is an int (or, with ``integer=False``, a finite number) in [low, high]."""
+    return (is_int(value) if integer else is_number(value)) and low <= value <= high
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, renamed into place,
-    so a crash never leaves a half-written file."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise SpecError(f"{path}: folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp makes 0600 files; a report or strategy file must stay readable by whoever the
-        # user's umask lets read it (a web server, a colleague), and an overwritten file keeps
-        # its mode.
-        os.fchmod(fd, _mode_for(path))
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def check_keys(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = (),
+               error: type = SpecError) -> Any:
+    """``data`` if it is a mapping with every ``required`` key and no key outside ``required +
+    optional``; else one ``error`` naming ``where`` and the offending key."""
+    from collections.abc import Mapping
 
-
-def read_text(path: str | Path, what: str, error: type = SpecError) -> str:
-    """The text of ``path``; a missing or unreadable file is one clear ``error`` naming ``what``."""
-    path = Path(path)
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what} file") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-
-
-def read_yaml(path: str | Path, what: str) -> Any:
-    """Parsed YAML of ``path``; malformed YAML is reported with its line and column."""
-    import yaml
-
-    text = read_text(path, what)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"{path}: malformed YAML{at}: {getattr(exc, 'problem', None) or 'malformed YAML'}") from None
+    if not isinstance(data, Mapping):
+        raise error(f"{where}: expected a mapping, got {type(data).__name__}")
+    valid = set(required) | set(optional)
+    unknown = sorted(repr(k) if not isinstance(k, str) else k for k in data if k not in valid)
+    if unknown:
+        shown = ", ".join(repr(k[:40]) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise error(f"{where}: unknown key(s) [{shown}]; valid: {', '.join(required + optional)}")
+    for key in required:
+        if key not in data:
+            raise error(f"{where}: missing key {key!r}")
+    return data

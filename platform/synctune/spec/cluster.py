@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._util import is_int, is_number, read_yaml, require, sha256_hex, write_text_atomic
+from ._util import LIMITS, check_keys, in_range, is_number, require, sha256_hex
 from .errors import SpecError
+from .files import MAX_NAME_LENGTH, read_yaml, write_text_atomic
 from .registry import Registry
 
 __all__ = [
@@ -89,6 +90,11 @@ _NODE_FIELDS = ("name", "instance_type", "device_kind", "device_model", "num_dev
                 "single_flow_gbps", "intra_node_gbps", "device_memory_bytes")
 
 
+def _is_name(value: Any) -> bool:
+    return (isinstance(value, str) and 0 < len(value) <= MAX_NAME_LENGTH and value.isprintable()
+            and "/" not in value)
+
+
 def device_id(node_name: str, index: int) -> str:
     """The id of device ``index`` of node ``node_name`` as strategies write it: ``"node0:1"``."""
     return f"{node_name}:{index}"
@@ -110,21 +116,21 @@ class NodeSpec:
 
     def __post_init__(self) -> None:
         where = f"node {self.name!r}"
-        require(isinstance(self.name, str) and bool(self.name) and ":" not in self.name,
-                "node name", "a non-empty string without ':'", self.name)
+        require(_is_name(self.name) and ":" not in self.name, "node name",
+                f"a non-empty string without ':' of at most {MAX_NAME_LENGTH} characters", self.name)
         require(isinstance(self.instance_type, str) and bool(self.instance_type), f"{where}: instance_type",
                 "a non-empty string", self.instance_type)
         require(self.device_kind in ("gpu", "cpu"), f"{where}: device_kind", "'gpu' or 'cpu'", self.device_kind)
         require(isinstance(self.device_model, str) and bool(self.device_model), f"{where}: device_model",
                 "a non-empty string", self.device_model)
-        require(is_int(self.num_devices) and self.num_devices > 0, f"{where}: num_devices", "a positive integer",
-                self.num_devices)
+        require(in_range(self.num_devices, 1, LIMITS["devices_per_node"]), f"{where}: num_devices",
+                f"an integer from 1 to {LIMITS['devices_per_node']}", self.num_devices)
         for key in ("nic_gbps", "single_flow_gbps", "intra_node_gbps"):
             value = getattr(self, key)
-            require(is_number(value) and value > 0, f"{where}: {key}", "a positive number (Gbit/s)", value)
+            require(is_number(value) and 0 < value <= 1e6, f"{where}: {key}", "a positive number (Gbit/s)", value)
         require(self.single_flow_gbps <= self.nic_gbps, f"{where}: single_flow_gbps",
                 f"at most nic_gbps ({self.nic_gbps})", self.single_flow_gbps)
-        require(is_int(self.device_memory_bytes) and self.device_memory_bytes >= 0, f"{where}: device_memory_bytes",
+        require(in_range(self.device_memory_bytes, 0, 1 << 50), f"{where}: device_memory_bytes",
                 "a non-negative integer (0 = shared host memory)", self.device_memory_bytes)
 
     @property
@@ -138,11 +144,7 @@ class NodeSpec:
 
 
 def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> NodeSpec:
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = set(data) - set(_NODE_FIELDS) - {"count"}
-    if unknown:
-        raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(_NODE_FIELDS)}, count")
+    check_keys(data, where, (), _NODE_FIELDS + ("count",))
     if "instance_type" not in data:
         raise SpecError(f"{where}: missing key 'instance_type' (one of {', '.join(INSTANCE_TYPES)} or your own)")
     type_name = data["instance_type"]
@@ -178,12 +180,16 @@ class ClusterSpec:
     _devices: dict[str, NodeSpec] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(isinstance(self.name, str) and bool(self.name), "cluster name", "a non-empty string", self.name)
+        require(_is_name(self.name), "cluster name", f"a non-empty string of at most {MAX_NAME_LENGTH} characters",
+                self.name)
+        require(isinstance(self.description, str), f"cluster {self.name!r}: description", "a string",
+                self.description)
         if isinstance(self.nodes, list):
             object.__setattr__(self, "nodes", tuple(self.nodes))
-        require(len(self.nodes) > 0, f"cluster {self.name!r}: nodes", "at least one node", 0)
-        require(is_number(self.scale) and self.scale > 0, f"cluster {self.name!r}: scale", "a positive number",
-                self.scale)
+        require(0 < len(self.nodes) <= LIMITS["nodes"], f"cluster {self.name!r}: nodes",
+                f"1 to {LIMITS['nodes']} nodes", len(self.nodes))
+        require(is_number(self.scale) and 0 < self.scale <= 1e6, f"cluster {self.name!r}: scale",
+                "a positive number", self.scale)
         seen: set[str] = set()
         for node in self.nodes:
             if node.name in seen:
@@ -191,6 +197,8 @@ class ClusterSpec:
             seen.add(node.name)
             for dev in node.devices:
                 self._devices[dev] = node
+        require(len(self._devices) <= LIMITS["devices"], f"cluster {self.name!r}: devices",
+                f"at most {LIMITS['devices']} devices in all", len(self._devices))
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -242,24 +250,18 @@ class ClusterSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "cluster spec") -> "ClusterSpec":
         """Build from plain data; nodes may name a catalog type and override fields, or use ``count``."""
-        if not isinstance(data, Mapping):
-            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"name", "description", "scale", "nodes"}
-        if unknown:
-            raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; valid: name, description, scale, nodes")
-        for key in ("name", "nodes"):
-            if key not in data:
-                raise SpecError(f"{where}: missing key {key!r}")
+        check_keys(data, where, ("name", "nodes"), ("description", "scale"))
         raw_nodes = data["nodes"]
         if not isinstance(raw_nodes, list) or not raw_nodes:
-            raise SpecError(f"{where}: nodes: expected a non-empty list, got {raw_nodes!r}")
+            raise SpecError(f"{where}: nodes: expected a non-empty list, got {type(raw_nodes).__name__}")
         nodes: list[NodeSpec] = []
         for i, raw in enumerate(raw_nodes):
             node_where = f"{where}: nodes[{i}]"
             if isinstance(raw, Mapping) and "name" in raw:
-                node_where += f" ({raw['name']!r})"
+                node_where += f" ({str(raw['name'])[:60]!r})"
             count = raw.get("count", 1) if isinstance(raw, Mapping) else 1
-            require(is_int(count) and count > 0, f"{node_where}: count", "a positive integer", count)
+            require(in_range(count, 1, LIMITS["nodes"] - len(nodes)), f"{node_where}: count",
+                    f"a positive integer (at most {LIMITS['nodes']} nodes in a cluster)", count)
             if count > 1 and isinstance(raw, Mapping) and "name" in raw:
                 raise SpecError(f"{node_where}: 'name' and 'count' > 1 cannot be combined (names must be unique)")
             for _ in range(count):

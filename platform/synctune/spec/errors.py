@@ -1,6 +1,12 @@
-"""The one error type of user-facing input problems (specs, strategies, files)."""
+"""The two error types every layer raises for problems a user must act on.
 
-__all__ = ["SpecError"]
+The CLI prints either as one line, ``synctune: error: ...``: :class:`SpecError` (the user's
+input is wrong: a file, a key, an option) exits with status 2; :class:`InfraError` (the
+environment failed: a slice that never came up, a lab command that failed, an unreachable
+store) exits with status 1.
+"""
+
+__all__ = ["SpecError", "InfraError"]
 
 
 class SpecError(ValueError):
@@ -8,3 +14,8 @@ class SpecError(ValueError):
 
     The CLI prints ``str(error)`` as one line and exits with status 2.
     """
+
+
+class InfraError(RuntimeError):
+    """An infrastructure failure (not the user's input): the message says what failed and
+    what to check. The CLI prints ``str(error)`` as one line and exits with status 1."""

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ._util import is_int, require, sha256_hex
+from ._util import LIMITS, check_keys, in_range, is_int, is_number, require, sha256_hex
 from .errors import SpecError
+from .files import MAX_NAME_LENGTH
 
 __all__ = ["DTYPE_BYTES", "VariableSpec", "ModelSpec", "extract_model_spec"]
 
@@ -40,7 +41,8 @@ class VariableSpec:
 
     def __post_init__(self) -> None:
         where = f"variable {self.name!r}"
-        require(isinstance(self.name, str) and bool(self.name), "variable name", "a non-empty string", self.name)
+        require(isinstance(self.name, str) and 0 < len(self.name) <= 1024, "variable name",
+                "a non-empty string of at most 1024 characters", self.name)
         if isinstance(self.shape, list):
             object.__setattr__(self, "shape", tuple(self.shape))
         require(
@@ -71,13 +73,7 @@ class VariableSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "variable") -> "VariableSpec":
         """Inverse of :meth:`to_dict`, with errors that name ``where`` and the key."""
-        if not isinstance(data, Mapping):
-            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"name", "shape", "dtype", "sparse"}
-        if unknown:
-            raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; expected name, shape, dtype, sparse")
-        if "name" not in data or "shape" not in data:
-            raise SpecError(f"{where}: missing key {'name' if 'name' not in data else 'shape'!r}")
+        check_keys(data, where, ("name", "shape"), ("dtype", "sparse"))
         shape = data["shape"]
         require(isinstance(shape, (list, tuple)), f"{where}: shape", "a list of positive integers", shape)
         return cls(
@@ -106,18 +102,26 @@ class ModelSpec:
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(isinstance(self.name, str) and bool(self.name), "model name", "a non-empty string", self.name)
+        require(isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_LENGTH and self.name.isprintable()
+                and "/" not in self.name, "model name",
+                f"a non-empty string without '/' of at most {MAX_NAME_LENGTH} characters", self.name)
         if isinstance(self.variables, list):
             object.__setattr__(self, "variables", tuple(self.variables))
         require(len(self.variables) > 0, f"model {self.name!r}: variables", "at least one trainable variable", 0)
-        require(is_int(self.batch_size) and self.batch_size > 0, f"model {self.name!r}: batch_size", "a positive integer", self.batch_size)
+        require(in_range(self.batch_size, 1, LIMITS["batch"]), f"model {self.name!r}: batch_size",
+                f"an integer from 1 to {LIMITS['batch']}", self.batch_size)
+        require(isinstance(self.family, str), f"model {self.name!r}: family", "a string", self.family)
         index: dict[str, int] = {}
         for i, var in enumerate(self.variables):
             if var.name in index:
                 raise SpecError(f"model {self.name!r}: variable {var.name!r} appears twice")
             index[var.name] = i
         self._index.update(index)
+        require(self.flops_per_sample is None or (is_number(self.flops_per_sample) and self.flops_per_sample >= 0),
+                f"model {self.name!r}: flops_per_sample", "a non-negative number", self.flops_per_sample)
         if self.compute_profile is not None:
+            require(all(is_number(x) and x >= 0 for x in self.compute_profile), f"model {self.name!r}: compute_profile",
+                    "non-negative numbers", self.compute_profile)
             require(
                 len(self.compute_profile) == len(self.variables),
                 f"model {self.name!r}: compute_profile",
@@ -170,22 +174,24 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "model spec") -> "ModelSpec":
         """Inverse of :meth:`to_dict`."""
-        if not isinstance(data, Mapping):
-            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
-        for key in ("name", "variables"):
-            if key not in data:
-                raise SpecError(f"{where}: missing key {key!r}")
+        check_keys(data, where, ("name", "variables"), ("family", "batch_size", "compute_profile", "flops_per_sample"))
         variables = data["variables"]
         require(isinstance(variables, list), f"{where}: variables", "a list", type(variables).__name__)
         profile = data.get("compute_profile")
-        return cls(
-            name=data["name"],
-            family=data.get("family", ""),
-            batch_size=data.get("batch_size", 32),
-            variables=tuple(VariableSpec.from_dict(v, f"{where}: variables[{i}]") for i, v in enumerate(variables)),
-            compute_profile=tuple(profile) if profile is not None else None,
-            flops_per_sample=data.get("flops_per_sample"),
-        )
+        require(profile is None or isinstance(profile, list), f"{where}: compute_profile", "a list of numbers",
+                type(profile).__name__)
+        specs = tuple(VariableSpec.from_dict(v, f"{where}: variables[{i}]") for i, v in enumerate(variables))
+        try:
+            return cls(
+                name=data["name"],
+                family=data.get("family", ""),
+                batch_size=data.get("batch_size", 32),
+                variables=specs,
+                compute_profile=tuple(profile) if profile is not None else None,
+                flops_per_sample=data.get("flops_per_sample"),
+            )
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
 
     @property
     def hash(self) -> str:

@@ -1,14 +1,13 @@
 """Strategies: the plain-data representation, validation and the hand-optimised builders."""
 
 from .builders import BUILDERS, BuilderInfo, build_strategy, parse_builder_options
+from .compressors import COMPRESSORS, CompressorInfo, compressor_vocabulary
 from .schema import (
     ALLREDUCE_ALGORITHMS,
-    COMPRESSORS,
     SCHEMA_VERSION,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
     Compressor,
-    CompressorInfo,
     PSSynchronizer,
     ShardPlan,
     Strategy,
@@ -17,7 +16,8 @@ from .schema import (
     VariablePlan,
     load_strategy,
 )
-from .validate import shard_shapes, validate
+from .partition import shard_shapes, shard_slices
+from .validate import validate
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
@@ -36,8 +36,10 @@ __all__ = [
     "Synchronizer",
     "VariablePlan",
     "build_strategy",
+    "compressor_vocabulary",
     "load_strategy",
     "parse_builder_options",
     "shard_shapes",
+    "shard_slices",
     "validate",
 ]

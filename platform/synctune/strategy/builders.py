@@ -22,6 +22,7 @@ from ..spec._util import is_int
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
 from ..spec.registry import Registry
+from .compressors import COMPRESSORS
 from .schema import (
     ALLREDUCE_ALGORITHMS,
     AllGatherSynchronizer,
@@ -71,8 +72,9 @@ class AllReduceOptions:
         if self.algorithm not in ALLREDUCE_ALGORITHMS:
             raise StrategyError(f"builder allreduce: option algorithm: expected one of {ALLREDUCE_ALGORITHMS}, "
                                 f"got {self.algorithm!r}")
-        if self.compressor not in ("none", "fp16", "bf16", "powersgd"):
-            raise StrategyError(f"builder allreduce: option compressor: expected none, fp16, bf16 or powersgd, "
+        usable = [n for n, i in COMPRESSORS.items() if "allreduce" in i.synchronizers]
+        if self.compressor not in usable:
+            raise StrategyError(f"builder allreduce: option compressor: expected one of {', '.join(usable)}, "
                                 f"got {self.compressor!r}")
 
 
@@ -176,15 +178,7 @@ def _register(name: str, options: type, description: str):
 # ---------------------------------------------------------------------------------------- helpers
 
 
-def _strategy(model: ModelSpec, cluster: ClusterSpec, plans: list[VariablePlan]) -> Strategy:
-    replicas = cluster.devices
-    return Strategy(
-        model={"name": model.name, "hash": model.hash},
-        cluster={"name": cluster.name, "hash": cluster.hash},
-        replicas=replicas,
-        batch_split=tuple(model.batch_size for _ in replicas),
-        plans=tuple(plans),
-    )
+_strategy = Strategy.over
 
 
 def _unpartitioned(var: VariableSpec, shard: ShardPlan) -> VariablePlan:
@@ -238,15 +232,11 @@ def _dense_or_gather(var: VariableSpec, group: int, opts: AllReduceOptions | Non
     algorithm = opts.algorithm if opts else "auto"
     comp = Compressor()
     if opts and opts.compressor != "none":
-        if opts.compressor == "powersgd":
-            if len(var.shape) >= 2:
-                cols = 1
-                for d in var.shape[1:]:
-                    cols *= d
-                rank = min(opts.powersgd_rank, var.shape[0], cols)
-                comp = Compressor(kind="powersgd", rank=rank)
-        else:
-            comp = Compressor(kind=opts.compressor)
+        info = COMPRESSORS.get(opts.compressor)
+        # The compressor applies where it fits this variable (PowerSGD: matrices, rank clipped).
+        rank = info.fit(var.shape, opts.powersgd_rank)
+        if rank is not None:
+            comp = Compressor(kind=opts.compressor, rank=rank if "rank" in info.params else None)
     return ShardPlan(synchronizer=AllReduceSynchronizer(group=group, algorithm=algorithm), compressor=comp)
 
 

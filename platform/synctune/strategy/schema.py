@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Union
 
-from ..spec._util import canonical_json, is_int, read_text, require, sha256_hex
+from ..spec._util import LIMITS, canonical_json, check_keys, in_range, is_int, require, sha256_hex
 from ..spec.errors import SpecError
-from ..spec.registry import Registry
+from ..spec.files import parse_json, read_text
+from .compressors import COMPRESSORS, CompressorInfo
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -46,42 +47,12 @@ class StrategyError(SpecError):
     """A strategy that is malformed or inconsistent with its model/cluster spec."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class CompressorInfo:
-    """What a compressor kind is: lossless or lossy, and which parameters it takes."""
-
-    name: str
-    lossless: bool
-    params: tuple[str, ...] = ()
-    description: str = ""
-
-
-#: Known compressor kinds. Lossy ones are declared so: the engine's conformance suite holds
-#: lossless ones to bit-exactness and lossy ones to a declared tolerance.
-COMPRESSORS: Registry[CompressorInfo] = Registry("compressor")
-for _info in (
-    CompressorInfo(name="none", lossless=True, description="send gradients as they are"),
-    CompressorInfo(name="fp16", lossless=False, description="cast to float16 for the wire, back to float32 after"),
-    CompressorInfo(name="bf16", lossless=False, description="cast to bfloat16 for the wire (NCCL only in torch hooks)"),
-    CompressorInfo(name="powersgd", lossless=False, params=("rank",),
-                   description="PowerSGD low-rank approximation with error feedback (Vogels et al. 2019)"),
-):
-    COMPRESSORS.register(_info.name, _info)
-
 #: Collective algorithms an all-reduce group may ask for; ``auto`` lets the backend choose.
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree")
 
 
 def _check_keys(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise StrategyError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = set(data) - set(required) - set(optional)
-    if unknown:
-        raise StrategyError(f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(required + optional)}")
-    for key in required:
-        if key not in data:
-            raise StrategyError(f"{where}: missing key {key!r}")
-    return data
+    return check_keys(data, where, required, optional, StrategyError)
 
 
 def _req(cond: bool, where: str, expected: str, actual: Any) -> None:
@@ -99,25 +70,32 @@ class Compressor:
     rank: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in COMPRESSORS:
-            raise StrategyError(f"unknown compressor {self.kind!r}; valid: {', '.join(COMPRESSORS)}")
-        if self.kind == "powersgd":
-            _req(is_int(self.rank) and self.rank >= 1, "compressor powersgd: rank", "a positive integer", self.rank)
+        if not isinstance(self.kind, str) or self.kind not in COMPRESSORS:
+            raise StrategyError(f"unknown compressor {str(self.kind)[:40]!r}; valid: {', '.join(COMPRESSORS)}")
+        if "rank" in self.info.params:
+            _req(in_range(self.rank, 1, 1 << 20), f"compressor {self.kind}: rank", "a positive integer", self.rank)
         else:
-            _req(self.rank is None, f"compressor {self.kind}: rank", "no rank (only powersgd takes one)", self.rank)
+            takes = [n for n, i in COMPRESSORS.items() if "rank" in i.params]
+            _req(self.rank is None, f"compressor {self.kind}: rank", f"no rank (only {', '.join(takes)} takes one)",
+                 self.rank)
+
+    @property
+    def info(self) -> CompressorInfo:
+        """The registry entry of this compressor."""
+        return COMPRESSORS.get(self.kind)
 
     @property
     def lossless(self) -> bool:
         """Whether decoding gives back exactly what was encoded."""
-        return COMPRESSORS.get(self.kind).lossless
+        return self.info.lossless
 
     @property
     def label(self) -> str:
         """Short text form, e.g. ``powersgd(4)``."""
-        return f"powersgd({self.rank})" if self.kind == "powersgd" else self.kind
+        return f"{self.kind}({self.rank})" if self.rank is not None else self.kind
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "rank": self.rank} if self.kind == "powersgd" else {"kind": self.kind}
+        return {"kind": self.kind, "rank": self.rank} if self.rank is not None else {"kind": self.kind}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "Compressor":
@@ -146,7 +124,8 @@ class PSSynchronizer:
         _req(isinstance(self.placement, str) and bool(self.placement), "ps: placement", "a device id like 'node0:0'",
              self.placement)
         _req(isinstance(self.local_aggregation, bool), "ps: local_aggregation", "true or false", self.local_aggregation)
-        _req(is_int(self.staleness) and self.staleness >= 0, "ps: staleness", "a non-negative integer", self.staleness)
+        _req(in_range(self.staleness, 0, LIMITS["iterations"]), "ps: staleness", "a non-negative integer",
+             self.staleness)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "ps", "placement": self.placement, "local_aggregation": self.local_aggregation,
@@ -163,7 +142,7 @@ class AllReduceSynchronizer:
 
     def __post_init__(self) -> None:
         _req(self.kind == "allreduce", "synchronizer kind", "'allreduce'", self.kind)
-        _req(is_int(self.group) and self.group >= 0, "allreduce: group", "a non-negative integer", self.group)
+        _req(in_range(self.group, 0, LIMITS["seed"]), "allreduce: group", "a non-negative integer", self.group)
         _req(self.algorithm in ALLREDUCE_ALGORITHMS, "allreduce: algorithm", f"one of {ALLREDUCE_ALGORITHMS}",
              self.algorithm)
 
@@ -247,8 +226,11 @@ class VariablePlan:
             object.__setattr__(self, "partition", tuple(self.partition))
         if isinstance(self.shards, list):
             object.__setattr__(self, "shards", tuple(self.shards))
-        _req(isinstance(self.partition, tuple) and all(is_int(p) and p >= 1 for p in self.partition),
+        _req(isinstance(self.partition, tuple) and len(self.partition) <= 32
+             and all(in_range(p, 1, LIMITS["shards"]) for p in self.partition),
              f"{where}: partition", "a list of positive integers (shards per axis)", self.partition)
+        _req(self.num_shards <= LIMITS["shards"], f"{where}: partition",
+             f"at most {LIMITS['shards']} shards in all", list(self.partition))
         _req(len(self.shards) == self.num_shards, f"{where}: shards",
              f"{self.num_shards} shard plan(s) (product of partition {list(self.partition)})", len(self.shards))
 
@@ -304,8 +286,10 @@ class Strategy:
             ref = getattr(self, key)
             _req(isinstance(ref, Mapping) and set(ref) == {"name", "hash"} and all(isinstance(v, str) for v in ref.values()),
                  f"strategy: {key}", "{name, hash} strings", ref)
-        _req(all(isinstance(r, str) for r in self.replicas), "strategy: replicas", "a list of device ids", self.replicas)
-        _req(all(is_int(b) for b in self.batch_split), "strategy: batch_split", "a list of integers", self.batch_split)
+        _req(len(self.replicas) <= LIMITS["devices"] and all(isinstance(r, str) for r in self.replicas),
+             "strategy: replicas", f"a list of at most {LIMITS['devices']} device ids", self.replicas)
+        _req(all(is_int(b) and b <= LIMITS["batch"] for b in self.batch_split), "strategy: batch_split",
+             f"a list of integers (batch sizes up to {LIMITS['batch']})", self.batch_split)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form; ``json.dumps(sort_keys=True)`` of it is the canonical form."""
@@ -342,11 +326,18 @@ class Strategy:
     @classmethod
     def from_json(cls, text: str, where: str = "strategy") -> "Strategy":
         """Parse JSON text; malformed JSON is reported with its line and column."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StrategyError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-        return cls.from_dict(data, where)
+        return cls.from_dict(parse_json(text, where, StrategyError), where)
+
+    @classmethod
+    def over(cls, model: Any, cluster: Any, plans: Any, *, replicas: Any = None,
+             batch_split: Any = None) -> "Strategy":
+        """The strategy of ``plans`` for (``model``, ``cluster``) specs: by default every device of
+        the cluster holds a replica with the model's default batch (AutoDist's graph level)."""
+        replicas = tuple(cluster.devices if replicas is None else replicas)
+        return cls(model={"name": model.name, "hash": model.hash}, cluster={"name": cluster.name, "hash": cluster.hash},
+                   replicas=replicas,
+                   batch_split=tuple(model.batch_size for _ in replicas) if batch_split is None else tuple(batch_split),
+                   plans=tuple(plans))
 
     @property
     def hash(self) -> str:

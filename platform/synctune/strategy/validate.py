@@ -8,26 +8,10 @@ from __future__ import annotations
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
+from .partition import shard_shapes
 from .schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy, StrategyError
 
-__all__ = ["validate", "shard_shapes"]
-
-
-def _split_sizes(length: int, pieces: int) -> list[int]:
-    base, extra = divmod(length, pieces)
-    return [base + 1 if i < extra else base for i in range(pieces)]
-
-
-def shard_shapes(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Shapes of the shards of a variable of ``shape`` cut by ``partition``, in row-major order.
-
-    Uneven cuts follow ``torch.tensor_split``: the first ``n % k`` pieces are one longer.
-    """
-    shapes: list[tuple[int, ...]] = [()]
-    for length, pieces in zip(shape, partition):
-        sizes = _split_sizes(length, pieces)
-        shapes = [prefix + (s,) for prefix in shapes for s in sizes]
-    return shapes
+__all__ = ["validate"]
 
 
 def _check_plan_shape(var: VariableSpec, partition: tuple[int, ...], where: str) -> None:
@@ -123,20 +107,14 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
                     f"{swhere}.compressor: lossy compressor {comp.label!r} on a sparse gradient; "
                     f"sparse variables take 'none'"
                 )
-            if comp.kind == "powersgd":
-                shape = shapes[j]
-                if len(shape) < 2:
-                    raise StrategyError(
-                        f"{swhere}.compressor: powersgd needs a shard of 2 or more dimensions, got shape {list(shape)}"
-                    )
-                cols = 1
-                for d in shape[1:]:
-                    cols *= d
-                if comp.rank > min(shape[0], cols):
-                    raise StrategyError(
-                        f"{swhere}.compressor: powersgd rank {comp.rank} exceeds min(rows, cols) = "
-                        f"{min(shape[0], cols)} of shard shape {list(shape)}"
-                    )
+            info = comp.info
+            problem = info.problem(shapes[j], comp.rank)
+            if problem:
+                raise StrategyError(f"{swhere}.compressor: {problem}")
+            if sync.kind not in info.synchronizers:
+                raise StrategyError(
+                    f"{swhere}.compressor: {comp.label} wraps {' or '.join(info.synchronizers)} only, not {sync.kind}"
+                )
             if isinstance(sync, AllReduceSynchronizer):
                 key = (sync.algorithm, comp.label, "sparse" if var.sparse else "dense")
                 first = groups.setdefault(sync.group, key + (plan.variable,))

@@ -14,8 +14,8 @@ placement groups are the only demand the autoscaler sees. Slices are released wh
 search ends, however it ends.
 
 The dataset is the search's memory: ``resume`` rebuilds the searcher from the rows of this
-search id, so an interrupted search continues without re-running finished trials and ends
-with exactly ``budget`` rows.
+search id, in the order they were recorded, so an interrupted search continues exactly as it
+would have, without re-running finished trials, and ends with exactly ``budget`` rows.
 """
 
 from __future__ import annotations
@@ -26,16 +26,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from ..cluster.workers import HEAD_RESOURCE
+from ..data.paths import data_home, dataset_dir
+from ..data.store import TrialDataset
+from ..data.tracking import MlflowLogger
 from ..engine.trial import TrialConfig
 from ..search.algorithm import Algorithm1
 from ..search.experiment import Experiment
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
+from ..spec.files import check_name, path_under
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
-from .workers import HEAD_RESOURCE
+from .recording import record_result
 
-__all__ = ["run_search", "search_id_of"]
+__all__ = ["run_search", "search_id_of", "make_search_simulator"]
 
 
 # Tune pickles its searcher (it checkpoints the experiment); callers' callbacks need not be
@@ -51,26 +56,27 @@ def _notify(search_id: str, outcome: dict, summary: dict) -> None:
 
 
 def search_id_of(exp: Experiment) -> str:
-    """The stable id of an experiment's search (what ``--resume`` finds again)."""
-    return f"{exp.name}-seed{exp.seed}"
+    """The stable id of an experiment's search (what ``--resume`` finds again); it names files."""
+    return check_name(f"{exp.name}-seed{exp.seed}", f"{exp.source or 'experiment'}: search id")
 
 
 class _Slice:
     """Actor body holding one worker group (wrapped with ray.remote lazily)."""
 
-    def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None = None) -> None:
-        from .workers import RayWorkerGroup
+    def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None, workload) -> None:
+        from ..cluster.workers import RayWorkerGroup
 
+        self.workload = workload
         self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s,
                                     node_net=node_net)
 
     def run(self, strategy: dict, config: dict) -> dict:
+        from ..cluster.workers import SlicePending
         from ..engine.trial import failed_result
-        from .workers import SlicePending
 
         plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
         try:
-            return self.group.run_trial(plan, trial_config).to_dict()
+            return self.group.run_trial(plan, trial_config, workload=self.workload).to_dict()
         except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
             return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
                                  trial_config.timeout_s).to_dict()
@@ -95,29 +101,47 @@ def _trainable(config: dict) -> None:
                  "result_json": json.dumps(result)})
 
 
-def _make_simulator(exp: Experiment) -> Callable[[], Any] | None:
-    from ..simulator import AnalyticSimulator, load_simulator, make_simulator
+def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpec):
+    """The simulator an experiment asks for, bound to its domain (None for the random variants)."""
+    from ..simulator import AnalyticSimulator, BoundSimulator, load_simulator, make_simulator
 
     if exp.algorithm in ("random", "random-guided"):
         return None
     if exp.simulator == "analytic":
-        return AnalyticSimulator
+        return BoundSimulator(AnalyticSimulator(), model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
-        return lambda: make_simulator(exp.simulator, epochs=60, seed=exp.seed)
-    loaded = load_simulator(exp.simulator)
-    return lambda: loaded
+        def make():
+            return make_simulator(exp.simulator, epochs=60, seed=exp.seed)
+
+        # Until it has learned from this search's trials, the untrained ranker cannot score:
+        # the analytic model stands in (AutoDist starts training-free).
+        return _LearnedFromScratch(BoundSimulator(AnalyticSimulator(), model, cluster),
+                                   BoundSimulator(make(), model, cluster, make=make))
+    return BoundSimulator(load_simulator(exp.simulator), model, cluster, transfer=True)
 
 
-def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resume: bool = False,
+class _LearnedFromScratch:
+    """Scores with the analytic model until the learned one has been fitted once."""
+
+    def __init__(self, analytic, learned) -> None:
+        self.analytic, self.learned, self.fitted = analytic, learned, False
+
+    def score(self, strategies):
+        return (self.learned if self.fitted else self.analytic).score(strategies)
+
+    def fit(self, strategies, runtimes) -> None:
+        self.learned.fit(strategies, runtimes)
+        self.fitted = True
+
+
+def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool = False,
                tracking_uri: str | None = None, on_trial: Callable[[dict, dict], None] | None = None,
                node_net: dict | None = None) -> dict:
-    """Run (or resume) the search of ``exp``; returns the summary. Ray must be initialized.
-    ``node_net`` (a lab's network) runs each node's workers in that node's namespace."""
+    """Run (or resume) the search of ``exp`` for ``workload``; returns the summary. Ray must be
+    initialized. ``node_net`` (a lab's network) runs each node's workers in that node's namespace."""
     import ray
     from ray import tune
     from ray.tune.search import Searcher
-
-    from ..data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir, record_trial
 
     search_id = search_id_of(exp)
     if node_net and exp.slices > 1:
@@ -128,33 +152,32 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
     if done and not resume:
         raise SpecError(f"search {search_id!r} already has {len(done)} recorded trial(s) in {ds.root}; "
                         f"pass --resume to continue it, or change the experiment's name or seed")
-    state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "origin": r.origin,
-                         "predicted": r.predicted_time_s, "runtime": r.mean_s if r.status == "ok" else None}
-                        for r in sorted(done, key=lambda r: r.created_at)],
-             "rounds": len({r.trial_id.split("-")[0] for r in done if not r.trial_id.startswith("baseline-")})}
-    make_sim = _make_simulator(exp)
-    algo = Algorithm1.from_state(state, model, cluster, exp, make_sim)
+    state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "hash": r.strategy_hash,
+                         "origin": r.origin, "predicted": r.predicted_time_s,
+                         "runtime": r.mean_s if r.status == "ok" else None}
+                        for r in sorted(done, key=lambda r: (r.created_at, r.record_id))]}
+    algo = Algorithm1.from_state(state, model, cluster, exp, make_search_simulator(exp, model, cluster))
     logger = MlflowLogger(exp.name, tracking_uri)
     parent = logger.start_search(search_id, {"experiment": exp.source or exp.name, "model": model.name,
                                              "cluster": cluster.name, "algorithm": exp.algorithm,
-                                             "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed})
+                                             "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed,
+                                             "workload": workload.source})
     trial_config = asdict(TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s))
     on_head = {HEAD_RESOURCE: 0.001}
     slice_names = [f"synctune-slice-{search_id}-{i}" for i in range(exp.slices)]
     holders = [ray.remote(_Slice).options(name=name, num_cpus=0, resources=on_head).remote(
-        cluster.to_dict(), exp.timeout_s, dict(node_net) if node_net else None) for name in slice_names]
+        cluster.to_dict(), exp.timeout_s, dict(node_net) if node_net else None, workload) for name in slice_names]
     free_slices = list(slice_names)
     proposals: dict[str, Any] = {}
 
     def record(proposal, result: dict) -> None:
-        summary = algo.summary()
-        best_base = summary["best_baseline_s"]
-        rec = TrialRecord.from_trial(result, proposal.strategy, model, cluster, origin=proposal.origin,
-                                     search_id=search_id, trial_id=proposal.trial_id,
-                                     predicted_time_s=proposal.predicted, experiment=exp.name)
-        speedup = best_base / rec.mean_s if (best_base and rec.mean_s) else None
+        best_base = algo.summary()["best_baseline_s"]
+        mean = result.get("mean_s") if result.get("status") == "ok" else None
         # The dataset row lands before the searcher learns of the trial: --resume relies on it.
-        record_trial(rec, ds, logger, parent_run_id=parent, speedup_over_best_baseline=speedup)
+        record_result(result, proposal.strategy, model, cluster, dataset=ds, logger=logger, origin=proposal.origin,
+                      search_id=search_id, trial_id=proposal.trial_id, predicted_time_s=proposal.predicted,
+                      experiment=exp.name, parent_run_id=parent,
+                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
 
     class _Searcher(Searcher):
         """Ask/tell by Tune trial id; its state is Algorithm 1's plain-JSON state."""
@@ -167,14 +190,17 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
 
         def restore(self, checkpoint_path: str) -> None:
             nonlocal algo
-            algo = Algorithm1.from_state(json.loads(Path(checkpoint_path).read_text()), model, cluster, exp, make_sim)
+            algo = Algorithm1.from_state(json.loads(Path(checkpoint_path).read_text()), model, cluster, exp,
+                                         make_search_simulator(exp, model, cluster))
 
         def suggest(self, trial_id: str):
             if algo.finished:
                 return Searcher.FINISHED
             proposal = algo.ask() if free_slices else None
             if proposal is None:
-                return None  # Tune asks again once a running trial completes
+                # Nothing new to try (every proposal measured already) ends the search; otherwise
+                # Tune asks again once a running trial completes.
+                return Searcher.FINISHED if algo.finished and not proposals else None
             proposals[trial_id] = (proposal, free_slices.pop(0))
             return {"slice": proposals[trial_id][1], "strategy": proposal.strategy.to_dict(),
                     "trial_config": trial_config}
@@ -195,13 +221,13 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, resum
     if on_trial:
         _CALLBACKS[search_id] = on_trial
     try:
-        if remaining > 0:
+        if remaining > 0 and not algo.finished:
             tuner = tune.Tuner(
                 # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
                 tune.with_resources(_trainable, {"CPU": 0, **on_head}),
                 tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining,
                                             max_concurrent_trials=exp.slices),
-                run_config=tune.RunConfig(name=search_id, storage_path=str(Path(dataset_dir()).parent / "tune"),
+                run_config=tune.RunConfig(name=search_id, storage_path=str(path_under(data_home(), "tune")),
                                           verbose=0),
             )
             tuner.fit()

@@ -1,0 +1,14 @@
+"""Orchestration: the layer that glues the others (DESIGN.md "run").
+
+The search driver (Algorithm 1 through Ray Tune, trials on Ray worker groups), recording
+each trial (MLflow run, then dataset row: "record before tell"), dataset collection and lab
+calibration. Lower layers never import this one.
+"""
+
+from .collect import collect_domain
+from .lab import calibrate_lab, calibrated_cluster
+from .recording import record_result, record_trial
+from .search import run_search, search_id_of
+
+__all__ = ["calibrate_lab", "calibrated_cluster", "collect_domain", "record_result", "record_trial",
+           "run_search", "search_id_of"]

@@ -1,0 +1,12 @@
+"""Workloads: what a trial needs from the user (DESIGN.md vocabulary) — how to build the model,
+make a batch for one replica, build the optimizer and compute the loss, and the model spec
+extracted from it. The zoo's models are workloads; the engine is handed one and never imports
+a model itself.
+
+Importing this package does not import torch.
+"""
+
+from .base import Workload
+from .zoo import ZooWorkload, resolve_workload, zoo_workload
+
+__all__ = ["Workload", "ZooWorkload", "resolve_workload", "zoo_workload"]

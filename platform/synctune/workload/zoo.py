@@ -1,0 +1,57 @@
+"""The model zoo as workloads: model, synthetic batches and spec of a zoo entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..models.zoo import MODELS, make_batch, model_spec
+from ..spec.errors import SpecError
+from ..spec.model import ModelSpec
+from .base import Workload
+
+__all__ = ["ZooWorkload", "zoo_workload", "resolve_workload"]
+
+
+@dataclass(frozen=True)
+class ZooWorkload(Workload):
+    """Zoo model ``model``: its ``forward(*batch)`` returns the mean loss; batches are synthetic,
+    of the model's shapes (trials time synchronization and compute, not input pipelines)."""
+
+    model: str
+
+    def __post_init__(self) -> None:
+        MODELS.get(self.model)  # unknown names fail here, listing the zoo
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.model
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        return MODELS.get(self.model).batch_size
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return f"zoo:{self.model}"
+
+    def build_model(self) -> Any:
+        return MODELS.get(self.model).build()
+
+    def make_batch(self, batch_size: int, *, rank: int, generator: Any, device: Any) -> tuple:
+        return make_batch(self.model, batch_size, generator=generator, device=device)
+
+    def spec(self) -> ModelSpec:
+        return model_spec(self.model)
+
+
+def zoo_workload(name: str) -> ZooWorkload:
+    """The workload of zoo model ``name`` (the error lists the zoo)."""
+    return ZooWorkload(name)
+
+
+def resolve_workload(name: str) -> Workload:
+    """A workload by name: a zoo model (user workloads by import path come with the workload issue)."""
+    if isinstance(name, str) and name in MODELS:
+        return ZooWorkload(name)
+    raise SpecError(f"unknown model {str(name)[:60]!r}: not in the zoo ({', '.join(MODELS)})")
