@@ -182,3 +182,99 @@ def failing_worker(rank: int, world: int) -> int:
     if rank == 1:
         raise MemoryError("simulated allocation failure")
     return rank
+
+
+class SlowStepWorkload:
+    """cnn-small whose optimizer step sleeps on one rank at given steps (warm-up steps count):
+    a delay no other rank waits for inside that iteration (an all-reduce strategy has no
+    collective after the update), so only "the slowest rank's time" reports it."""
+
+    def __init__(self, sleepy_rank: int, sleep_steps: tuple[int, ...], sleep_s: float) -> None:
+        from synctune.workload import zoo_workload
+
+        self.zoo = zoo_workload("cnn-small")
+        self.name, self.batch_size, self.source = "cnn-small", self.zoo.batch_size, "tests:slow-step"
+        self.sleepy_rank, self.sleep_steps, self.sleep_s = sleepy_rank, sleep_steps, sleep_s
+
+    def build_model(self):
+        return self.zoo.build_model()
+
+    def make_batch(self, batch_size, *, rank, generator, device):
+        return self.zoo.make_batch(batch_size, rank=rank, generator=generator, device=device)
+
+    def loss(self, model, batch):
+        return model(*batch)
+
+    def spec(self):
+        return self.zoo.spec()
+
+    def make_optimizer(self, params, *, name="sgd", lr=0.01):
+        import time
+
+        import torch.distributed as dist
+
+        workload = self
+
+        class Sleepy(torch.optim.SGD):
+            steps = 0
+
+            def step(self, closure=None):
+                out = super().step(closure)
+                if dist.get_rank() == workload.sleepy_rank and Sleepy.steps in workload.sleep_steps:
+                    time.sleep(workload.sleep_s)
+                Sleepy.steps += 1
+                return out
+
+        return Sleepy(params, lr=lr)
+
+
+class HungryWorkload(SlowStepWorkload):
+    """cnn-small whose loss allocates (and touches) 8 MB per sample of its batch: a trial's peak
+    memory grows with its batch."""
+
+    def __init__(self) -> None:
+        super().__init__(-1, (), 0.0)
+
+    def loss(self, model, batch):
+        scratch = torch.ones(len(batch[0]) * 2_000_000)
+        return model(*batch) + scratch.sum() * 0.0
+
+
+class SparseProbe(torch.nn.Module):
+    """An embedding with sparse gradients; the loss is sum(emb(idx) * x), so a rank's gradient
+    is x scattered to the rows idx (repeated rows add up): a known sparse gradient."""
+
+    def __init__(self, rows: int, width: int):
+        super().__init__()
+        self.emb = torch.nn.Embedding(rows, width, sparse=True)
+        torch.nn.init.zeros_(self.emb.weight)
+
+    def forward(self, idx, x):
+        return (self.emb(idx) * x).sum()
+
+
+def sparse_conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Like :func:`conformance_worker`, for the sparse synchronizers: per step, the parameters
+    after one SGD step (lr=1, from zero) are minus the synchronized mean gradient."""
+    from synctune.engine.core import StrategyEngine
+    from synctune.spec import ModelSpec
+
+    out = []
+    for case in cases:
+        spec = ModelSpec.from_dict(case["spec"])
+        strategy = Strategy.from_dict(case["strategy"])
+        cluster = ClusterSpec.from_dict(case["cluster"])
+        rows, width = spec.variables[0].shape
+        module = SparseProbe(rows, width)
+        engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=1.0))
+        results = []
+        for idx, x in case["inputs"][rank]:
+            module(idx, x).backward()
+            engine.step()
+            engine.zero_grad()
+            results.append(-module.emb.weight.detach().clone())
+            with torch.no_grad():
+                module.emb.weight.zero_()
+        engine.close()
+        out.append({"steps": results})
+    return out

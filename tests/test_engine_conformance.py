@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_workers import conformance_worker
+from _engine_workers import conformance_worker, sparse_conformance_worker
 from synctune.engine.local import run_local
 from synctune.spec import ModelSpec, VariableSpec, cluster_preset
 from synctune.strategy import (
     COMPRESSORS,
+    AllGatherSynchronizer,
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
@@ -117,3 +118,80 @@ def test_lossy_compressors_are_lossy_for_real(results):
     index = next(i for i, c in enumerate(CASES) if c[0] == "allreduce" and c[1].kind == "fp16" and not c[2])
     exact = torch.stack([cases[index]["inputs"][r][0][0].double() for r in range(WORLD)]).mean(0).float()
     assert not torch.equal(outputs[0][index]["steps"][0]["m"], exact)
+
+
+# ------------------------------------------------------------------------------- sparse gradients
+
+SPARSE = ModelSpec(name="sparse-probe", variables=(VariableSpec(name="emb.weight", shape=(20, 6), sparse=True),),
+                   batch_size=1)
+SPARSE_SYNCS = {
+    "allgather": lambda i: AllGatherSynchronizer(),
+    "ps": lambda i: PSSynchronizer(placement=("node1:0", "node0:1", "node1:1")[i % 3]),
+    "allreduce": lambda i: AllReduceSynchronizer(group=0),  # the sparse gradient travels dense
+}
+SPARSE_CASES = [(sync, shards) for sync in SPARSE_SYNCS for shards in (1, 3)]
+
+
+def _sparse_strategy(sync: str, shards: int) -> Strategy:
+    plan = VariablePlan(variable="emb.weight", partition=(shards, 1),
+                        shards=tuple(ShardPlan(synchronizer=SPARSE_SYNCS[sync](i)) for i in range(shards)))
+    strategy = Strategy.over(SPARSE, CLUSTER, [plan], batch_split=(1,) * WORLD)
+    validate(strategy, SPARSE, CLUSTER)
+    return strategy
+
+
+def _sparse_inputs(steps: int, seed: int):
+    """inputs[rank][step] = (row indices with repeats, integer row values): exact in any order."""
+    gen = torch.Generator().manual_seed(seed)
+    return [[(torch.randint(0, 20, (9,), generator=gen), torch.randint(-8, 9, (9, 6), generator=gen).float())
+             for _ in range(steps)] for _ in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def sparse_results():
+    cases = [{"spec": SPARSE.to_dict(), "strategy": _sparse_strategy(sync, shards).to_dict(),
+              "cluster": CLUSTER.to_dict(), "inputs": _sparse_inputs(2, seed=100 + i)}
+             for i, (sync, shards) in enumerate(SPARSE_CASES)]
+    return cases, run_local(sparse_conformance_worker, WORLD, (cases,), timeout_s=600, threads=1)
+
+
+@pytest.mark.parametrize("index", range(len(SPARSE_CASES)),
+                         ids=[f"sparse-{s}-{n}shard" for s, n in SPARSE_CASES])
+def test_sparse_synchronizer_conformance(index, sparse_results):
+    """All-gather, parameter server and (densified) all-reduce of a sparse gradient, whole and
+    cut into uneven row shards placed on different servers: every rank ends bit-exactly at the
+    mean of the ranks' scattered gradients."""
+    cases, outputs = sparse_results
+    case = cases[index]
+    for step in range(2):
+        exact = torch.zeros(20, 6, dtype=torch.float64)
+        for r in range(WORLD):
+            idx, x = case["inputs"][r][step]
+            exact.index_add_(0, idx, x.double() / WORLD)
+        for r in range(WORLD):
+            assert torch.equal(outputs[r][index]["steps"][step], exact.float()), f"rank {r}, step {step}"
+
+
+def test_powersgd_error_feedback_recovers_what_one_round_loses():
+    """A constant full-rank gradient, compressed to rank 1 every step: one round loses much of it,
+    but error feedback carries what was lost into the next rounds, so the average of the applied
+    updates converges to the true mean gradient (it would stay at the rank-1 approximation
+    without error feedback)."""
+    steps = 160
+    gen = torch.Generator().manual_seed(7)
+    per_rank = [[torch.randn(SHAPES[name], generator=gen) for name in SHAPES] for _ in range(WORLD)]
+    inputs = [[list(per_rank[r]) for _ in range(steps)] for r in range(WORLD)]
+    case = {"shapes": SHAPES, "strategy": _strategy("allreduce", Compressor(kind="powersgd", rank=1), False).to_dict(),
+            "cluster": CLUSTER.to_dict(), "inputs": inputs}
+    outputs = run_local(conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
+    exact = torch.stack([per_rank[r][0].double() for r in range(WORLD)]).mean(0)
+    applied = torch.stack([outputs[0][0]["steps"][t]["m"].double() for t in range(steps)])
+    for r in range(1, WORLD):
+        assert all(torch.equal(outputs[r][0]["steps"][t]["m"], outputs[0][0]["steps"][t]["m"]) for t in range(steps))
+
+    def rel(x):
+        return float((x - exact).abs().max() / exact.abs().max())
+
+    assert rel(applied[0]) > 0.3  # one round of rank 1 loses a lot of a full-rank 12x8 gradient
+    assert rel(applied[:20].mean(0)) > rel(applied[:80].mean(0)) > rel(applied.mean(0))
+    assert rel(applied.mean(0)) < 0.1  # error feedback: the average converges to the truth

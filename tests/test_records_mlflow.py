@@ -57,3 +57,77 @@ def test_trial_with_mlflow_up_records_the_run_id(tmp_path, monkeypatch):
     rows = TrialDataset(tmp_path / "dataset").read()
     assert len(rows) == 1 and len(rows["mlflow_run_id"].iloc[0]) == 32 and rows["origin"].iloc[0] == "parallax"
     assert "MLflow run" in res.stderr
+
+
+def _record(i: int):
+    from synctune.data import TrialRecord
+    from synctune.models import model_spec
+    from synctune.spec import cluster_preset
+    from synctune.strategy import build_strategy
+
+    spec, cl = model_spec("cnn-small"), cluster_preset("local-1x2")
+    result = {"status": "ok", "iteration_times_s": [0.1, 0.2], "mean_s": 0.15, "median_s": 0.15, "std_s": 0.05,
+              "samples_per_s": 200.0, "comm_bytes_per_iter": 10, "peak_memory_bytes": 10, "launcher": "local"}
+    return TrialRecord.from_trial(result, build_strategy("allreduce", spec, cl), spec, cl, origin="allreduce",
+                                  trial_id=f"t{i}", experiment="flaky")
+
+
+def test_one_outage_does_not_switch_logging_off_and_a_call_retries(tmp_path):
+    """The store is down for the first trial (its row keeps no run id), back for the second: the
+    same logger logs it. Then the store goes down during a call and comes back within the
+    call's backoff: that call still logs."""
+    import threading
+
+    from synctune.data import MlflowLogger
+
+    blocker = tmp_path / "later"
+    blocker.write_text("the store's folder is a file: the store cannot be opened")
+    logger = MlflowLogger("flaky", f"sqlite:///{blocker / 'mlflow.db'}", attempts=2, backoff_s=0.05)
+    assert logger.log_trial(_record(0)) == ""
+    blocker.unlink()
+    blocker.mkdir()
+    assert len(logger.log_trial(_record(1))) == 32
+
+    other = tmp_path / "other"
+    other.write_text("down")
+    logger = MlflowLogger("flaky", f"sqlite:///{other / 'mlflow.db'}", attempts=3, backoff_s=0.5)
+
+    def come_back():
+        other.unlink()
+        other.mkdir()
+
+    timer = threading.Timer(0.2, come_back)
+    timer.start()
+    try:
+        assert len(logger.log_trial(_record(2))) == 32  # the first attempt failed, a retry logged it
+    finally:
+        timer.cancel()
+
+
+def test_logging_never_changes_the_environment_under_other_threads(tmp_path):
+    """MLflow's HTTP settings are set once; logging does not flip process-wide variables that
+    other threads (Tune's) read at the same moment."""
+    import os
+    import threading
+
+    from synctune.data import MlflowLogger
+
+    logger = MlflowLogger("env", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    keys = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+    before = {k: os.environ.get(k) for k in keys}
+    seen: set = set()
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.add(tuple(os.environ.get(k) for k in keys))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for i in range(3):
+            assert len(logger.log_trial(_record(10 + i))) == 32
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen == {tuple(before[k] for k in keys)}

@@ -65,13 +65,61 @@ def test_analytic_model_orders_the_classic_cases():
     assert AnalyticSimulator().predict([s_a["ps-lb"]], spec_a, cl_a)[0] < t["ps-lb"]
 
 
-def test_fast_analytic_path_equals_the_term_by_term_one():
-    spec, cl = model_spec("lm1b"), cluster_preset("B12")
-    ctx = DomainContext(spec, cl)
-    batch = encode(RandomSampler(spec, cl, seed=4).sample_many(30), ctx)
-    parts = analytic_parts(batch, ctx)
-    slow = np.maximum(parts["t_comp"], parts["t_ps"] + parts["t_ar"] + parts["t_ag"])
-    np.testing.assert_allclose(analytic_time(batch, ctx), slow, rtol=1e-12)
+def _two_variable_domain():
+    """Two dense float32 variables (4000 and 2000 bytes) on two 1-device nodes with 8 Gbit/s
+    (1e9 B/s) links: small enough to work AutoSync's Eq. 2 and the ring formula out by hand."""
+    from synctune.spec import ClusterSpec, ModelSpec, VariableSpec
+
+    spec = ModelSpec(name="two", variables=(VariableSpec(name="a", shape=(1000,)), VariableSpec(name="b", shape=(500,))),
+                     batch_size=1)
+    link = {"instance_type": "x", "device_kind": "cpu", "device_model": "cpu", "num_devices": 1, "nic_gbps": 8.0,
+            "single_flow_gbps": 8.0, "intra_node_gbps": 8.0}
+    cluster = ClusterSpec.from_dict({"name": "two-nodes", "nodes": [dict(link), dict(link)]})
+    return spec, cluster
+
+
+def test_analytic_times_match_the_formulas_worked_by_hand():
+    from synctune.strategy import AllReduceSynchronizer, PSSynchronizer, ShardPlan, Strategy, VariablePlan
+
+    spec, cluster = _two_variable_domain()
+    ctx = DomainContext(spec, cluster)
+    phi, delta = ctx.constants.phi, ctx.constants.delta
+
+    def strategy(sync):
+        return Strategy.over(spec, cluster, [VariablePlan(variable=v.name, partition=(1,),
+                                                          shards=(ShardPlan(synchronizer=sync),))
+                                             for v in spec.variables])
+
+    allreduce, ps = strategy(AllReduceSynchronizer(group=0)), strategy(PSSynchronizer(placement="node0:0"))
+    got = analytic_time(encode([allreduce, ps], ctx), ctx)
+    # Ring all-reduce, N = 2, one merge group: 2(N-1)/N * 6000 B / 1e9 B/s, a kernel per shard,
+    # and the group's 2(N-1) message overheads once.
+    ring = 6000 / 1e9 + 2 * delta + phi * 2
+    # PS on node0: node1 sends 6000 B up and receives 6000 B down over one 1e9 B/s flow (the NIC
+    # carries the same), plus per shard one message overhead and one kernel.
+    server = 12000 / 1e9 + 2 * (phi + delta)
+    compute = 6 * 1500 * 1 / 5e10  # FLOPs per parameter-sample x parameters x batch / CPU FLOP/s
+    np.testing.assert_allclose(got, [max(compute, ring), max(compute, server)], rtol=1e-12)
+    parts = analytic_parts(encode([ps], ctx), ctx)
+    np.testing.assert_allclose(parts["per_server"][0], [server, 0.0], rtol=1e-12)
+
+
+def test_group_order_is_the_position_among_merge_groups():
+    """The raw feature ``group_order`` is a merge group's index over the number of groups (it
+    once divided by the number of all-reduce shards)."""
+    from synctune.strategy import AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan
+
+    spec, cluster = _two_variable_domain()
+    ctx = DomainContext(spec, cluster)
+    plans = [VariablePlan(variable="a", partition=(3,), shards=tuple(
+                 ShardPlan(synchronizer=AllReduceSynchronizer(group=g)) for g in (0, 0, 1))),
+             VariablePlan(variable="b", partition=(1,), shards=(ShardPlan(synchronizer=AllReduceSynchronizer(group=1)),))]
+    batch = encode([Strategy.over(spec, cluster, plans)], ctx)
+    from synctune.simulator.features import raw_features
+
+    col = RAW_NAMES.index("group_order")
+    order = raw_features(batch, ctx, batch.wire)[:, col]
+    assert order.tolist() == [0.0, 0.0, 0.5, 0.5]  # 2 groups, 4 all-reduce shards
 
 
 def test_compression_and_local_aggregation_reduce_modelled_traffic():

@@ -104,3 +104,39 @@ def test_gpu_preset_without_gpus_is_a_clear_error():
     result = CliRunner().invoke(cli, ["trial", "-m", "cnn-small", "-c", "B4", "-b", "allreduce"])
     assert result.exit_code == 2
     assert "needs 4 GPU worker(s) and this machine has 0 GPU(s)" in result.stderr
+
+
+def test_an_iteration_counts_as_its_slowest_rank_and_warmup_is_not_timed():
+    """Rank 1 sleeps 0.4 s in its update at steps 0 (warm-up), 3 and 5 (timed iterations 1 and 3),
+    where rank 0 does not wait for it: the reported times show exactly those two iterations slow."""
+    from _engine_workers import SlowStepWorkload
+
+    cluster = cluster_preset("local-1x2")
+    strategy = build_strategy("allreduce", model_spec("cnn-small"), cluster)
+    result = run_trial_local(strategy, cluster, TrialConfig(warmup=2, iters=6),
+                             workload=SlowStepWorkload(sleepy_rank=1, sleep_steps=(0, 3, 5), sleep_s=0.4))
+    assert result.status == "ok", result.error
+    times = result.iteration_times_s
+    assert len(times) == 6
+    slow = [i for i, t in enumerate(times) if t >= 0.35]
+    assert slow == [1, 3], times
+    assert max(t for i, t in enumerate(times) if i not in slow) < 0.2, times
+
+
+def test_peak_memory_is_each_trials_own_when_workers_are_reused():
+    """Two trials on one reused process group: a large batch (8 MB per sample in the loss), then a
+    tiny one. The second trial's peak is its own, not the process's lifetime high-water mark."""
+    from _engine_workers import HungryWorkload
+
+    from synctune.engine.trial import run_trials_local
+
+    cluster = cluster_preset("local-1x2")
+    base = build_strategy("allreduce", model_spec("cnn-small"), cluster)
+    big = type(base)(**{**base.__dict__, "batch_split": (48, 48)})
+    small = type(base)(**{**base.__dict__, "batch_split": (1, 1)})
+    first, second = run_trials_local([big, small], cluster, TrialConfig(warmup=1, iters=2),
+                                     workload=HungryWorkload())
+    assert first.status == second.status == "ok", (first.error, second.error)
+    assert first.peak_memory_bytes > 48 * 8e6  # the scratch tensor was resident
+    assert second.peak_memory_bytes < first.peak_memory_bytes - 250e6, (first.peak_memory_bytes,
+                                                                        second.peak_memory_bytes)

@@ -9,7 +9,6 @@ Parquet dataset; ``synctune mlflow sync`` logs it later. Runs carry the tag
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -25,33 +24,32 @@ SEARCH_TAG = "synctune.search_id"
 ROLE_TAG = "synctune.role"
 
 
-@contextlib.contextmanager
-def _bounded_http(timeout_s: float):
-    """MLflow's REST client retries for minutes by default; a trial must not wait that long."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(max(1, timeout_s)))
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+#: MLflow's REST client retries for minutes by default; a trial must not wait that long. Set
+#: once, before the first client is made (never toggled around calls: Tune's threads log too),
+#: unless the user chose other values.
+HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def _configure_http_once() -> None:
+    for key, value in HTTP_SETTINGS.items():
+        os.environ.setdefault(key, value)
 
 
 class MlflowLogger:
-    """Logs to one MLflow experiment; every method returns quietly (with a warning on stderr)
-    when the tracking store is unreachable."""
+    """Logs to one MLflow experiment. Each call is tried ``attempts`` times with a doubling pause
+    (from ``backoff_s``); when all fail it warns on stderr and returns quietly (no run id), and
+    the next call tries again: one outage never switches logging off for the rest of a search."""
 
-    def __init__(self, experiment: str, tracking_uri: str | None = None, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, experiment: str, tracking_uri: str | None = None, *, attempts: int = 3,
+                 backoff_s: float = 0.5) -> None:
+        _configure_http_once()
         self.experiment = experiment
         self.tracking_uri = tracking_uri or default_tracking_uri()
-        self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
         self._client = None
         self._experiment_id: str | None = None
-        self.available = True
+        self.available = True  # whether the last call reached the store
         self.last_error = ""
 
     def _warn(self, what: str, exc: BaseException) -> None:
@@ -60,66 +58,74 @@ class MlflowLogger:
         print(f"synctune: warning: MLflow at {self.tracking_uri} unavailable ({what}): {self.last_error}; "
               f"the dataset still has the record, `synctune mlflow sync` logs it later", file=sys.stderr)
 
-    def _ensure(self) -> bool:
+    def _call(self, what: str, fn, default=None):
+        """``fn()`` with bounded retries; ``default`` (and a warning) when every attempt failed."""
+        import time
+
+        for attempt in range(self.attempts):
+            try:
+                if not self._open():
+                    raise self._open_error
+                out = fn()
+                self.available = True
+                return out
+            except Exception as exc:  # noqa: BLE001 - any failure means "MLflow unavailable now"
+                if attempt + 1 == self.attempts:
+                    self._warn(what, exc)
+                    return default
+                time.sleep(self.backoff_s * 2 ** attempt)
+        return default
+
+    def _open(self) -> bool:
+        """Make the client and find (or create) the experiment, once it works."""
         if self._experiment_id is not None:
             return True
-        if not self.available:
-            return False
         try:
-            with _bounded_http(self.timeout_s):
-                from mlflow.tracking import MlflowClient
+            from mlflow.tracking import MlflowClient
 
-                self._client = MlflowClient(tracking_uri=self.tracking_uri)
-                exp = self._client.get_experiment_by_name(self.experiment)
-                if exp is None:
-                    location = None
-                    if self.tracking_uri.startswith("sqlite:"):
-                        location = (artifact_root() / self.experiment).resolve().as_uri()
-                    # Model-training experiments: the MLflow UI then opens on the runs table, not
-                    # its GenAI overview.
-                    self._experiment_id = self._client.create_experiment(
-                        self.experiment, artifact_location=location,
-                        tags={"mlflow.experimentKind": "custom_model_development"})
-                else:
-                    self._experiment_id = exp.experiment_id
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            exp = self._client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                location = None
+                if self.tracking_uri.startswith("sqlite:"):
+                    location = (artifact_root() / self.experiment).resolve().as_uri()
+                # Model-training experiments: the MLflow UI then opens on the runs table, not
+                # its GenAI overview.
+                self._experiment_id = self._client.create_experiment(
+                    self.experiment, artifact_location=location,
+                    tags={"mlflow.experimentKind": "custom_model_development"})
+            else:
+                self._experiment_id = exp.experiment_id
             return True
-        except Exception as exc:  # noqa: BLE001 - any failure means "MLflow unavailable"
-            self._warn("opening the experiment", exc)
+        except Exception as exc:  # noqa: BLE001
+            self._open_error = exc
             return False
 
     @property
     def experiment_id(self) -> str | None:
-        return self._experiment_id if self._ensure() else None
+        return self._experiment_id if self._call("opening the experiment", lambda: True, False) else None
 
     def start_search(self, search_id: str, params: dict[str, Any], *, run_name: str | None = None) -> str:
         """Create (or find, when resuming) the parent run of a search; returns its id or ''."""
-        if not self._ensure():
-            return ""
-        try:
-            found = self.find_search(search_id)
+        def start() -> str:
+            found = self._find_search(search_id)
             if found:
                 return found
-            with _bounded_http(self.timeout_s):
-                run = self._client.create_run(self._experiment_id, run_name=run_name or f"search-{search_id[:8]}",
-                                              tags={SEARCH_TAG: search_id, ROLE_TAG: "search"})
-                self._log_params(run.info.run_id, params)
-                return run.info.run_id
-        except Exception as exc:  # noqa: BLE001
-            self._warn("starting the search run", exc)
-            return ""
+            run = self._client.create_run(self._experiment_id, run_name=run_name or f"search-{search_id[:8]}",
+                                          tags={SEARCH_TAG: search_id, ROLE_TAG: "search"})
+            self._log_params(run.info.run_id, params)
+            return run.info.run_id
+
+        return self._call("starting the search run", start, "")
+
+    def _find_search(self, search_id: str) -> str:
+        found = self._client.search_runs([self._experiment_id],
+                                         f"tags.`{SEARCH_TAG}` = '{search_id}' and tags.`{ROLE_TAG}` = 'search'")
+        return found[0].info.run_id if found else ""
 
     def find_search(self, search_id: str) -> str:
         """The id of the parent run of search ``search_id``, or '' when there is none."""
-        if not self._ensure():
-            return ""
-        try:
-            with _bounded_http(self.timeout_s):
-                found = self._client.search_runs([self._experiment_id],
-                                                 f"tags.`{SEARCH_TAG}` = '{search_id}' and tags.`{ROLE_TAG}` = 'search'")
-                return found[0].info.run_id if found else ""
-        except Exception as exc:  # noqa: BLE001
-            self._warn("finding the search run", exc)
-            return ""
+        return self._call("finding the search run", lambda: self._find_search(search_id), "")
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -130,89 +136,85 @@ class MlflowLogger:
 
     def log_metrics(self, run_id: str, metrics: dict[str, float | None], *, final_status: str | None = None) -> None:
         """Log metrics (None values skipped) to a run, e.g. the search summary on the parent."""
-        if not run_id or not self._ensure():
+        if not run_id:
             return
-        try:
+
+        def log() -> None:
+            import time
+
             from mlflow.entities import Metric
 
-            with _bounded_http(self.timeout_s):
-                import time
+            now = int(time.time() * 1000)
+            items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
+            if items:
+                self._client.log_batch(run_id, metrics=items)
+            if final_status:
+                self._client.set_terminated(run_id, final_status)
 
-                now = int(time.time() * 1000)
-                items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
-                if items:
-                    self._client.log_batch(run_id, metrics=items)
-                if final_status:
-                    self._client.set_terminated(run_id, final_status)
-        except Exception as exc:  # noqa: BLE001
-            self._warn("logging metrics", exc)
+        self._call("logging metrics", log)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         """Attach ``text`` to a run as the artifact ``name`` (e.g. the search's best strategy)."""
-        if not run_id or not self._ensure():
-            return
-        try:
-            with _bounded_http(self.timeout_s):
-                self._client.log_text(run_id, text, name)
-        except Exception as exc:  # noqa: BLE001
-            self._warn("logging an artifact", exc)
+        if run_id:
+            self._call("logging an artifact", lambda: self._client.log_text(run_id, text, name))
 
     def log_trial(self, record: TrialRecord, *, parent_run_id: str = "",
                   speedup_over_best_baseline: float | None = None) -> str:
         """Log one trial as a (child) run: params, metrics, status tag, strategy and per-iteration
         times as artifacts. Returns the run id, or '' when MLflow is unavailable."""
-        if not self._ensure():
-            return ""
-        try:
+        def log() -> str:
             from mlflow.entities import Metric
 
-            with _bounded_http(self.timeout_s):
-                tags = {RECORD_TAG: record.record_id, SEARCH_TAG: record.search_id, ROLE_TAG: "trial",
-                        "status": record.status, "origin": record.origin}
-                if parent_run_id:
-                    tags["mlflow.parentRunId"] = parent_run_id
-                run = self._client.create_run(self._experiment_id, run_name=f"{record.origin}-{record.trial_id}",
-                                              tags=tags)
-                run_id = run.info.run_id
-                self._log_params(run_id, {
-                    "model": record.model_name, "cluster": record.cluster_name, "origin": record.origin,
-                    "strategy_hash": record.strategy_hash, "num_replicas": record.num_replicas,
-                    "global_batch_size": record.global_batch_size, "num_ps_shards": record.num_ps_shards,
-                    "num_ps_servers": record.num_ps_servers, "num_allreduce_shards": record.num_allreduce_shards,
-                    "num_merge_groups": record.num_merge_groups, "num_allgather_shards": record.num_allgather_shards,
-                    "num_partitioned": record.num_partitioned, "num_shards": record.num_shards,
-                    "num_local_aggregation": record.num_local_aggregation,
-                    "compressors": ",".join(record.compressors), "warmup": record.warmup, "iters": record.iters,
-                    "launcher": record.launcher, "backend": record.backend, "trial_id": record.trial_id,
-                })
-                stamp = int(record.created_at.timestamp() * 1000)
-                metrics = {
-                    "mean_iteration_time_s": record.mean_s, "median_iteration_time_s": record.median_s,
-                    "std_iteration_time_s": record.std_s, "samples_per_s": record.samples_per_s,
-                    "predicted_time_s": record.predicted_time_s, "comm_bytes_per_iter": record.comm_bytes_per_iter,
-                    "peak_memory_bytes": record.peak_memory_bytes,
-                    "speedup_over_best_baseline": speedup_over_best_baseline,
-                }
-                items = [Metric(k, float(v), stamp, 0) for k, v in metrics.items() if v is not None]
-                items += [Metric("iteration_time_s", float(t), stamp, i) for i, t in enumerate(record.iteration_times_s)]
-                for i in range(0, len(items), 900):
-                    self._client.log_batch(run_id, metrics=items[i:i + 900])
-                self._client.log_text(run_id, json.dumps(json.loads(record.strategy_json), indent=1, sort_keys=True),
-                                      "strategy.json")
-                self._client.log_text(run_id, json.dumps({"iteration_times_s": list(record.iteration_times_s),
-                                                          "error": record.error}, indent=1), "trial.json")
-                self._client.set_terminated(run_id, "FINISHED" if record.status == "ok" else "FAILED")
-                return run_id
-        except Exception as exc:  # noqa: BLE001
-            self._warn("logging a trial", exc)
-            return ""
+            tags = {RECORD_TAG: record.record_id, SEARCH_TAG: record.search_id, ROLE_TAG: "trial",
+                    "status": record.status, "origin": record.origin}
+            if parent_run_id:
+                tags["mlflow.parentRunId"] = parent_run_id
+            run = self._client.create_run(self._experiment_id, run_name=f"{record.origin}-{record.trial_id}",
+                                          tags=tags)
+            run_id = run.info.run_id
+            self._log_params(run_id, {
+                "model": record.model_name, "cluster": record.cluster_name, "origin": record.origin,
+                "strategy_hash": record.strategy_hash, "num_replicas": record.num_replicas,
+                "global_batch_size": record.global_batch_size, "num_ps_shards": record.num_ps_shards,
+                "num_ps_servers": record.num_ps_servers, "num_allreduce_shards": record.num_allreduce_shards,
+                "num_merge_groups": record.num_merge_groups, "num_allgather_shards": record.num_allgather_shards,
+                "num_partitioned": record.num_partitioned, "num_shards": record.num_shards,
+                "num_local_aggregation": record.num_local_aggregation,
+                "compressors": ",".join(record.compressors), "warmup": record.warmup, "iters": record.iters,
+                "launcher": record.launcher, "backend": record.backend, "trial_id": record.trial_id,
+            })
+            stamp = int(record.created_at.timestamp() * 1000)
+            metrics = {
+                "mean_iteration_time_s": record.mean_s, "median_iteration_time_s": record.median_s,
+                "std_iteration_time_s": record.std_s, "samples_per_s": record.samples_per_s,
+                "predicted_time_s": record.predicted_time_s, "comm_bytes_per_iter": record.comm_bytes_per_iter,
+                "peak_memory_bytes": record.peak_memory_bytes,
+                "speedup_over_best_baseline": speedup_over_best_baseline,
+            }
+            items = [Metric(k, float(v), stamp, 0) for k, v in metrics.items() if v is not None]
+            items += [Metric("iteration_time_s", float(t), stamp, i) for i, t in enumerate(record.iteration_times_s)]
+            for i in range(0, len(items), 900):
+                self._client.log_batch(run_id, metrics=items[i:i + 900])
+            self._client.log_text(run_id, json.dumps(json.loads(record.strategy_json), indent=1, sort_keys=True),
+                                  "strategy.json")
+            self._client.log_text(run_id, json.dumps({"iteration_times_s": list(record.iteration_times_s),
+                                                      "error": record.error}, indent=1), "trial.json")
+            self._client.set_terminated(run_id, "FINISHED" if record.status == "ok" else "FAILED")
+            return run_id
+
+        # A retried call may find the run it created before failing: look it up by record id first.
+        def log_once() -> str:
+            found = self._client.search_runs([self._experiment_id], f"tags.`{RECORD_TAG}` = '{record.record_id}'")
+            if found and found[0].info.status in ("FINISHED", "FAILED"):
+                return found[0].info.run_id
+            return log()
+
+        return self._call("logging a trial", log_once, "")
 
     def logged_record_ids(self) -> set[str]:
         """Record ids that already have a run in this experiment."""
-        if not self._ensure():
-            return set()
-        ids: set[str] = set()
-        with _bounded_http(self.timeout_s):
+        def collect() -> set[str]:
+            ids: set[str] = set()
             token = None
             while True:
                 page = self._client.search_runs([self._experiment_id], f"tags.`{ROLE_TAG}` = 'trial'",
@@ -220,8 +222,9 @@ class MlflowLogger:
                 ids.update(r.data.tags.get(RECORD_TAG, "") for r in page)
                 token = page.token
                 if not token:
-                    break
-        return ids
+                    return ids
+
+        return self._call("listing logged trials", collect, set())
 
 
 def sync_records(records: Iterable[TrialRecord], tracking_uri: str | None = None) -> dict[str, int]:
