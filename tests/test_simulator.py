@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from synctune.cli import cli
 from synctune.data import TrialDataset, pull_release
 from synctune.models import model_spec
-from synctune.search import RandomSampler
 from synctune.simulator import (
     AnalyticSimulator,
     DomainContext,
