@@ -70,6 +70,23 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
     resumed = _search(tmp_path, experiment, "--resume")
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err[-3000:]
-    rows = _rows(tmp_path)
+    rows = _rows(tmp_path).sort_values(["created_at", "record_id"])
     assert len(rows) == 8 and rows["trial_id"].nunique() == 8
+    assert rows["strategy_hash"].nunique() == 8  # nothing was measured twice
     assert "search tiny-seed0: 8 trials" in out
+    # The uninterrupted search of the same seed, fed the same measurements, proposes exactly
+    # these strategies under these ids, in this order.
+    from synctune.run.search import make_search_simulator
+    from synctune.search import Algorithm1, load_experiment
+    from synctune.spec import cluster_preset
+    from synctune.workload import zoo_workload
+
+    exp = load_experiment(experiment)
+    model, cluster = zoo_workload(exp.model).spec(), cluster_preset(exp.cluster)
+    measured = {r.trial_id: (r.strategy_hash, r.mean_s if r.status == "ok" else None) for r in rows.itertuples()}
+    reference = Algorithm1(model, cluster, exp, make_search_simulator(exp, model, cluster))
+    proposed = []
+    while (p := reference.ask()) is not None:
+        proposed.append((p.trial_id, p.strategy.hash))
+        reference.tell(p.trial_id, measured[p.trial_id][1])
+    assert proposed == [(r.trial_id, r.strategy_hash) for r in rows.itertuples()]

@@ -14,6 +14,7 @@ O(N^2) file reads); they only drop duplicates within their own batch.
 from __future__ import annotations
 
 import datetime
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
@@ -102,7 +103,10 @@ class TrialDataset:
 
         for part_dir, files in partitions.items():
             files_before += len(files)
-            table = ds.dataset([str(f) for f in files], format="parquet", schema=arrow_schema()).to_table()
+            try:
+                table = ds.dataset([str(f) for f in files], format="parquet", schema=arrow_schema()).to_table()
+            except FileNotFoundError:
+                continue  # another compaction took this partition since the listing: leave it to that one
             table = _dedup(table)
             rows_after += table.num_rows
             if len(files) == 1:
@@ -113,20 +117,26 @@ class TrialDataset:
         return {"files_before": files_before, "files_after": len(self.files()), "rows": rows_after}
 
     def _keys(self, part_dir: Path) -> set:
-        import pyarrow.dataset as ds
+        def load():
+            import pyarrow.dataset as ds
 
-        files = sorted(part_dir.glob("part-*.parquet")) if part_dir.is_dir() else []
-        if not files:
-            return set()
-        table = ds.dataset([str(f) for f in files], format="parquet", schema=arrow_schema()).to_table(
-            columns=list(KEY_COLUMNS))
-        return {dedup_key(r) for r in table.to_pylist()}
+            files = sorted(part_dir.glob("part-*.parquet")) if part_dir.is_dir() else []
+            if not files:
+                return set()
+            table = ds.dataset([str(f) for f in files], format="parquet", schema=arrow_schema()).to_table(
+                columns=list(KEY_COLUMNS))
+            return {dedup_key(r) for r in table.to_pylist()}
+
+        return _relisting(load)
 
     # ------------------------------------------------------------------------------- reading
 
     def table(self, *, model: str | None = None, cluster: str | None = None, status: str | None = None,
               search_id: str | None = None):
         """All records as an Arrow table (current schema; older rows get nulls), deduplicated."""
+        return _relisting(lambda: self._table(model, cluster, status, search_id))
+
+    def _table(self, model, cluster, status, search_id):
         import pyarrow.dataset as ds
 
         schema = arrow_schema()
@@ -173,6 +183,20 @@ class TrialDataset:
                 "best_origin": best["origin"] if best is not None else "",
             })
         return pd.DataFrame(out)
+
+
+def _relisting(read, attempts: int = 50):
+    """``read()``, listed and read again when a file vanished between listing and reading (a
+    concurrent compaction replaced it: its merged file is already committed, so a new listing
+    sees every row)."""
+    for attempt in range(attempts):
+        try:
+            return read()
+        except FileNotFoundError:
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _write_file(table, part_dir: Path) -> Path:
