@@ -35,6 +35,27 @@ def _raise_terminated(signum, _frame) -> None:
     raise Terminated(signum)
 
 
+def install_signal_handlers() -> dict:
+    """Make SIGTERM and SIGHUP raise :class:`Terminated` in the main thread; returns the handlers
+    they replace (empty off the main thread, where Python cannot install any)."""
+    replaced = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            replaced[sig] = signal.signal(sig, _raise_terminated)
+    return replaced
+
+
+def _signal_cause(exc: BaseException) -> BaseException | None:
+    """The Terminated or KeyboardInterrupt an exception was raised while handling, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (Terminated, KeyboardInterrupt)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -43,10 +64,7 @@ class _Group(click.Group):
     """A click group whose every error is one line on stderr with the status it means."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                handlers[sig] = signal.signal(sig, _raise_terminated)
+        handlers = install_signal_handlers()
         try:
             code = self._run(args, prog_name, complete_var, **extra)
         finally:
@@ -80,6 +98,10 @@ class _Group(click.Group):
         except BrokenPipeError:
             return 1
         except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen environment: still one line
+            cause = _signal_cause(exc)
+            if cause is not None:  # a signal that surfaced inside C code (Ray's) comes wrapped
+                return fail(str(cause), 128 + cause.signum) if isinstance(cause, Terminated) else fail(
+                    "interrupted", 130)
             if os.environ.get("SYNCTUNE_DEBUG"):
                 raise
             return fail(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:500]} "

@@ -105,3 +105,8 @@ def start_ray(address: str, num_cpus: int | None = None, **kwargs) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InfraError(f"cannot {'start' if address == 'local' else 'connect to'} Ray at {address!r}: "
                          f"{first[:300]}") from None
+    # Ray's core installs a handler that aborts on SIGTERM: take SIGTERM and SIGHUP back, so the
+    # command unwinds (slices released, Ray shut down) and says so in one line.
+    from . import install_signal_handlers
+
+    install_signal_handlers()

@@ -7,17 +7,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..spec.errors import SpecError
+
 __all__ = ["data_home", "dataset_dir", "default_tracking_uri", "artifact_root"]
 
 
 def data_home() -> Path:
-    """The synctune data folder (created on first use)."""
+    """The synctune data folder (created on first use); one clear error when it cannot be."""
     if os.environ.get("SYNCTUNE_HOME"):
-        home = Path(os.environ["SYNCTUNE_HOME"])
+        home, what = Path(os.environ["SYNCTUNE_HOME"]), "SYNCTUNE_HOME"
     else:
         base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-        home = base / "synctune"
-    home.mkdir(parents=True, exist_ok=True)
+        home, what = base / "synctune", "the synctune data folder"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{what} {home}: cannot create it ({exc.strerror or exc}); set SYNCTUNE_HOME to a "
+                        f"writable folder") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise SpecError(f"{what} {home}: not writable; set SYNCTUNE_HOME to a writable folder")
     return home
 
 

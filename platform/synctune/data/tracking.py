@@ -41,7 +41,7 @@ class MlflowLogger:
     the next call tries again: one outage never switches logging off for the rest of a search."""
 
     def __init__(self, experiment: str, tracking_uri: str | None = None, *, attempts: int = 3,
-                 backoff_s: float = 0.5) -> None:
+                 backoff_s: float = 0.5, quiet: bool = False) -> None:
         _configure_http_once()
         self.experiment = experiment
         self.tracking_uri = tracking_uri or default_tracking_uri()
@@ -51,10 +51,13 @@ class MlflowLogger:
         self._experiment_id: str | None = None
         self.available = True  # whether the last call reached the store
         self.last_error = ""
+        self.quiet = quiet  # no warning on stderr (callers that report failures themselves)
 
     def _warn(self, what: str, exc: BaseException) -> None:
         self.available = False
         self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if self.quiet:
+            return
         print(f"synctune: warning: MLflow at {self.tracking_uri} unavailable ({what}): {self.last_error}; "
               f"the dataset still has the record, `synctune mlflow sync` logs it later", file=sys.stderr)
 
@@ -235,7 +238,7 @@ def sync_records(records: Iterable[TrialRecord], tracking_uri: str | None = None
         by_experiment.setdefault(rec.experiment or "synctune", []).append(rec)
     logged = present = 0
     for experiment, recs in by_experiment.items():
-        logger = MlflowLogger(experiment, tracking_uri)
+        logger = MlflowLogger(experiment, tracking_uri, quiet=True)
         done = logger.logged_record_ids()
         if not logger.available:
             raise ConnectionError(f"MLflow at {logger.tracking_uri} is unavailable: {logger.last_error}")

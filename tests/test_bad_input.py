@@ -1,0 +1,458 @@
+"""Hostile input and signals, tried as a new user would: every bad file, option or environment
+ends with one line on stderr and exit status 2 (the user's input) or 1 (the environment), never
+a traceback, never a file written outside its root, never a device replaced; SIGTERM and SIGHUP
+leave no worker behind. A fuzz test feeds random bytes and random mutations of valid files to
+each loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from synctune.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, env: dict | None = None):
+    return CliRunner(env=env).invoke(cli, [str(a) for a in args])
+
+
+def assert_one_line(result, code: int, fragment: str = "") -> str:
+    """Exit status ``code``, exactly one line on stderr starting ``synctune:``, no traceback."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("synctune: "), result.stderr
+    assert "Traceback" not in result.output
+    assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+NODE = "  - instance_type: local-cpu\n"
+
+# (file text, the fragment its one-line error names)
+CLUSTER_FILES = [
+    ("name: c\nnodes:\n  - instance_type: local-cpu\n    count: 1000000000\n", "count: expected a positive integer"),
+    ("name: c\nnodes:\n  - instance_type: local-cpu\n    num_devices: 1000000000\n", "num_devices: expected an integer"),
+    ("name: c\ndescription: &a [x, x, x]\nnodes:\n" + NODE, "YAML anchors (&a) are not supported"),
+    ("name: c\nnodes:\n" + NODE + "name: d\n", "duplicate key 'name'"),
+    ("name: c\nnodes:\n  - instance_type: local-cpu\n    nic_gbps: .inf\n", "inf is not a finite number"),
+    ("name: c\nnodes:\n  - instance_type: local-cpu\n    nic_gbps: .nan\n", "nan is not a finite number"),
+    (b"name: \xff\xfe\nnodes: []\n", "not UTF-8 text"),
+    ("x: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
+    ("name: " + "n" * 5000 + "\nnodes:\n" + NODE, "cluster name: expected a non-empty string"),
+    ("", "expected a mapping, got NoneType"),
+    ("name: c\nnodes: 3\n", "nodes: expected a non-empty list"),
+    ("name: c\nnodes:\n  - 7\n", "nodes[0]: expected a mapping"),
+    ("{1: 2, name: c, nodes: [x]}", "unknown key(s)"),
+]
+BILLION_LAUGHS = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)) + "name: *i\n"
+
+
+@pytest.mark.parametrize("text, fragment", CLUSTER_FILES, ids=range(len(CLUSTER_FILES)))
+def test_bad_cluster_files(tmp_path, text, fragment):
+    path = write(tmp_path / "c.yaml", text)
+    assert_one_line(run("clusters", path), 2, fragment)
+
+
+def test_billion_laughs_is_refused_at_once(tmp_path):
+    path = write(tmp_path / "c.yaml", BILLION_LAUGHS)
+    start = time.monotonic()
+    assert_one_line(run("clusters", path), 2, "YAML anchors")
+    assert time.monotonic() - start < 5
+
+
+EXPERIMENT = "name: e\nmodel: cnn-small\ncluster: local-1x2\nbudget: 4\nsimulator: analytic\n"
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ("baselines: null\n", "baselines: expected a list of builder names"),
+    ('baselines: "ab"\n', "baselines: expected a list of builder names"),
+    ("baselines: [allreduce, 7]\n", "baselines: expected a list of builder names"),
+    ("seed: -1\n", "seed: expected an integer from 0"),
+    ("seed: 1.0e+30\n", "seed: expected an integer from 0"),
+    ("timeout_s: .nan\n", "nan is not a finite number"),
+    ("proposals: 100000000000\n", "proposals: expected an integer from 1"),
+    ("warmup: 10000000000\n", "warmup: expected an integer from 0"),
+])
+def test_bad_experiment_values(tmp_path, extra, fragment):
+    path = write(tmp_path / "e.yaml", EXPERIMENT + extra)
+    assert_one_line(run("search", path), 2, fragment)
+
+
+def test_experiment_name_cannot_leave_the_data_folder(tmp_path):
+    home = tmp_path / "deep" / "home"
+    path = write(tmp_path / "e.yaml", EXPERIMENT.replace("name: e", "name: ../../.."))
+    before = set(tmp_path.rglob("*"))
+    assert_one_line(run("search", path, env={"SYNCTUNE_HOME": str(home)}), 2,
+                    "name: expected a name of letters, digits")
+    assert set(tmp_path.rglob("*")) - before <= {home, home.parent}
+    assert_one_line(run("report", "../../../x", "--no-mlflow", env={"SYNCTUNE_HOME": str(home)}), 2,
+                    "SEARCH: expected a name")
+
+
+def test_search_checks_its_simulator_file_before_starting_ray(tmp_path):
+    path = write(tmp_path / "e.yaml", EXPERIMENT.replace("simulator: analytic", "simulator: nowhere.pt"))
+    start = time.monotonic()
+    result = run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    assert_one_line(result, 2, "nowhere.pt: no such simulator file")
+    assert time.monotonic() - start < 10  # Ray takes longer than that to start
+
+
+STRATEGY_PROBLEMS = [
+    (b'{"schema": 1, "schema": 1}', "duplicate key 'schema'"),
+    (b'{"schema": NaN}', "NaN is not a finite number"),
+    (b"\xff" * 10, "not UTF-8 text"),
+    (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    (b'{"schema": 1, "model": {"name": "m", "hash": "h"}, "cluster": {"name": "c", "hash": "h"}, '
+     b'"replicas": [], "batch_split": [], "plans": [{"variable": "v", "partition": [100000, 100000], '
+     b'"shards": []}]}', "partition: expected a list of positive integers"),
+    (b'{"schema": 1, "model": 3}', "missing key"),
+]
+
+
+@pytest.mark.parametrize("data, fragment", STRATEGY_PROBLEMS, ids=range(len(STRATEGY_PROBLEMS)))
+def test_bad_strategy_files(tmp_path, data, fragment):
+    path = write(tmp_path / "s.json", data)
+    assert_one_line(run("strategy", "validate", path, "-m", "cnn-small", "-c", "local-1x2"), 2, fragment)
+
+
+def test_bad_model_spec_files(tmp_path):
+    spec = json.loads(run("models", "cnn-small", "--json").stdout)
+    for change, fragment in [({"name": "m" * 5000}, "model name: expected"),
+                             ({"compute_profile": 5}, "compute_profile: expected a list"),
+                             ({"batch_size": 10**12}, "batch_size: expected an integer from 1")]:
+        path = write(tmp_path / "m.json", json.dumps({**spec, **change}))
+        assert_one_line(run("models", path), 2, fragment)
+
+
+def _manifest(rel: Path, files: list) -> None:
+    rel.mkdir(exist_ok=True)
+    write(rel / "manifest.json", json.dumps({"format": "synctune-dataset-release", "schema_version": 1,
+                                             "files": files}))
+
+
+@pytest.mark.parametrize("files, fragment", [
+    ([{"path": "a.parquet", "rows": 1, "sha256": 5}], "sha256: expected 64 lowercase hex digits"),
+    ([{"path": 5, "rows": 1, "sha256": "0" * 64}], "path: expected a relative file path"),
+    ([{"path": "a.parquet", "rows": "1", "sha256": "0" * 64}], "rows: expected a non-negative integer"),
+    ([["a.parquet"]], "expected a mapping with path, rows and sha256"),
+])
+def test_bad_release_manifests(tmp_path, files, fragment):
+    _manifest(tmp_path / "rel", files)
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "d", tmp_path / "rel"), 2, fragment)
+
+
+def test_release_manifest_that_is_not_utf8_or_links_out_is_refused(tmp_path):
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    write(rel / "manifest.json", b'{"format": "\xff"}')
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "d", rel), 2, "not UTF-8 text")
+    secret = write(tmp_path / "secret.parquet", b"not yours")
+    digest = __import__("hashlib").sha256(secret.read_bytes()).hexdigest()
+    _manifest(rel, [{"path": "data/part-0.parquet", "rows": 1, "sha256": digest}])
+    (rel / "data").mkdir()
+    (rel / "data" / "part-0.parquet").symlink_to(secret)
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "d", rel), 2, "is a symbolic link")
+    assert not (tmp_path / "d").exists() or not list((tmp_path / "d").rglob("*.parquet"))
+
+
+def test_damaged_simulator_files_are_one_line(tmp_path):
+    import torch
+
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    from synctune.simulator.features import GLOBAL_NAMES, PRE_NAMES, RAW_NAMES
+    from synctune.strategy import compressor_vocabulary
+
+    config = {"epochs": 1, "lr": 0.1, "batch": 2, "partition_penalty": 0.0, "seed": 0, "hidden": 4,
+              "raw": len(RAW_NAMES) + len(PRE_NAMES), "global": len(GLOBAL_NAMES),
+              "compressors": compressor_vocabulary()}
+    base = {"format": "synctune-simulator", "version": 2, "kind": "rnn", "config": json.dumps(config), "state": {}}
+    for payload, fragment in [
+        (dict(base, norm={}), "normalisation 'x_mean' missing"),
+        (dict(base, config=json.dumps({**config, "compressors": ["none"]}), norm={}), "trained with compressors"),
+        (dict(base, version=1, norm={}), "unsupported simulator version"),
+        ({"format": "other"}, "not a synctune simulator file"),
+    ]:
+        path = tmp_path / "sim.pt"
+        torch.save(payload, path)
+        assert_one_line(run("sim", "score", path, strategy), 2, fragment)
+    write(tmp_path / "sim.pt", b"\x00" * 100)
+    assert_one_line(run("sim", "score", tmp_path / "sim.pt", strategy), 2, "not a readable synctune simulator")
+
+
+def test_outputs_that_are_not_regular_files_are_never_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_one_line(run("dataset", "export", "--data", tmp_path / "d", "--format", "csv", "-o", fifo), 2,
+                    "not a regular file")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "target.json")
+    assert_one_line(run("strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", link), 2,
+                    "is a symbolic link")
+    assert link.is_symlink() and not (tmp_path / "target.json").exists()
+    assert_one_line(run("strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", "/proc/nope.json"),
+                    2, "/proc/nope.json")
+    assert_one_line(run("strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", tmp_path), 2,
+                    "is a directory")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["ui", "--port", "99999"], "Invalid value for '--port'"),
+    (["sim", "train", "--held-out", "1.5", "-o", "x.pt"], "Invalid value for '--held-out'"),
+    (["trial", "--bogus"], "No such option '--bogus'"),
+    (["strategy", "build"], "Missing argument 'BUILDER'"),
+    (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    (["trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "ps", "--iters", "0"], "Invalid value for '--iters'"),
+])
+def test_usage_errors_are_one_line(args, fragment):
+    assert_one_line(run(*args), 2, fragment)
+
+
+def test_unusable_data_folder_is_found_before_the_trial_runs(tmp_path):
+    home = write(tmp_path / "a-file", "not a folder")
+    start = time.monotonic()
+    result = run("trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce", env={"SYNCTUNE_HOME": str(home)})
+    assert_one_line(result, 2, f"SYNCTUNE_HOME {home}: cannot create it")
+    assert time.monotonic() - start < 10 and "status ok" not in result.stdout
+
+
+def test_sim_train_checks_its_output_before_training(tmp_path):
+    result = run("sim", "train", "--data", tmp_path / "d", "-o", tmp_path / "missing" / "x.pt")
+    assert_one_line(result, 2, "folder")
+
+
+def test_unreachable_stores_are_infrastructure_failures(tmp_path):
+    blocker = write(tmp_path / "blocker", "a file where the store's folder should be")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{blocker / 'mlflow.db'}", "SYNCTUNE_HOME": str(tmp_path / "h")}
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "h" / "dataset").append(make_records(1))
+    assert_one_line(run("mlflow", "sync", env=env), 1, "unavailable")
+    from synctune.engine.local import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/release"
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "d", url), 1, "cannot connect")
+
+
+# ------------------------------------------------------------------------------------ signals
+
+
+def _children(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signalled_trial_leaves_no_worker_behind(tmp_path, sig):
+    import psutil
+
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "trial", "-m", "cnn-small", "-c", "local-1x2", "-b",
+                             "allreduce", "--iters", "100000", "--no-record"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2, "the trial's workers never started"
+        time.sleep(2.0)  # let them get into the collectives
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+        gone, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"workers left running after {sig.name}: {[p.pid for p in alive]}"
+        assert proc.returncode == 128 + sig, (proc.returncode, err[-2000:])
+        assert err.strip().splitlines()[-1] == f"synctune: terminated by {sig.name}", err[-2000:]
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    """SIGKILL runs no cleanup at all: the workers still go (they asked Linux to kill them when
+    their launcher dies)."""
+    import psutil
+
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "trial", "-m", "cnn-small", "-c", "local-1x2", "-b",
+                             "allreduce", "--iters", "100000", "--no-record"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=False)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = [w for w in _children(proc.pid) if "resource_tracker" not in " ".join(w.cmdline())]
+        assert len(workers) >= 2
+        proc.kill()
+        proc.wait(timeout=30)
+        _gone, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# -------------------------------------------------------------------------------------- fuzz
+
+VALID = {
+    "cluster.yaml": ("clusters", "name: mine\nnodes:\n  - instance_type: g4dn.12xlarge\n    count: 2\n"
+                                 "  - name: small\n    instance_type: g4dn.2xlarge\n    nic_gbps: 20\n"),
+    "experiment.yaml": ("report", EXPERIMENT + "baselines: [allreduce, ps-lb]\nproposals: 30\n"),
+}
+
+
+def _loader_args(kind: str, path: Path, tmp: Path) -> list:
+    if kind == "clusters":
+        return ["clusters", path]
+    if kind == "report":
+        return ["report", path, "--no-mlflow", "--data", tmp / "empty"]
+    if kind == "strategy":
+        return ["strategy", "validate", path, "-m", "cnn-small", "-c", "local-1x2"]
+    if kind == "model":
+        return ["models", path]
+    return ["dataset", "pull", "--data", tmp / "d", path.parent]
+
+
+@pytest.fixture(scope="module")
+def valid_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("valid")
+    out = {}
+    for name, (kind, text) in VALID.items():
+        out[name] = (kind, text.encode())
+    strategy = folder / "s.json"
+    assert run("strategy", "build", "parallax", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    out["strategy.json"] = ("strategy", strategy.read_bytes())
+    out["model.json"] = ("model", run("models", "ncf-small", "--json").stdout.encode())
+    out["manifest.json"] = ("manifest", json.dumps({"format": "synctune-dataset-release", "schema_version": 1,
+                                                    "name": "x", "files": []}).encode())
+    return out
+
+
+def _check(kind: str, data: bytes, tmp: Path) -> None:
+    folder = tmp / f"case-{time.monotonic_ns()}"
+    folder.mkdir()
+    name = {"clusters": "c.yaml", "report": "e.yaml", "strategy": "s.json", "model": "m.json"}.get(kind,
+                                                                                                    "manifest.json")
+    path = write(folder / name, data)
+    result = run(*_loader_args(kind, path, folder))
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code in (0, 2), (result.exit_code, data[:200], result.stderr[-500:])
+    if result.exit_code == 2:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("synctune: error: "), result.stderr[-500:]
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                       max_leaves=6)
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@FUZZ
+@given(name=st.sampled_from(["cluster.yaml", "experiment.yaml", "strategy.json", "model.json", "manifest.json"]),
+       data=st.binary(max_size=300))
+def test_fuzz_random_bytes(valid_files, tmp_path_factory, name, data):
+    _check(valid_files[name][0], data, tmp_path_factory.mktemp("fuzz"))
+
+
+@FUZZ
+@given(name=st.sampled_from(["cluster.yaml", "experiment.yaml", "strategy.json", "model.json", "manifest.json"]),
+       cuts=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 8), st.binary(max_size=6)), max_size=4))
+def test_fuzz_byte_mutations_of_valid_files(valid_files, tmp_path_factory, name, cuts):
+    kind, data = valid_files[name]
+    data = bytearray(data)
+    for at, drop, insert in cuts:
+        at = at % (len(data) + 1)
+        data[at:at + drop] = insert
+    _check(kind, bytes(data), tmp_path_factory.mktemp("fuzz"))
+
+
+@FUZZ
+@given(name=st.sampled_from(["cluster.yaml", "experiment.yaml", "strategy.json", "model.json", "manifest.json"]),
+       path=st.lists(st.integers(0, 20), min_size=1, max_size=4), value=JSONISH)
+def test_fuzz_value_mutations_of_valid_files(valid_files, tmp_path_factory, name, path, value):
+    """Replace one value somewhere in a valid file with another JSON-like value (type confusion)."""
+    import yaml
+
+    kind, data = valid_files[name]
+    tree = yaml.safe_load(data.decode())
+    node = tree
+    for step in path[:-1]:
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list) else None
+        if not children:
+            break
+        child = children[step % len(children)]
+        if not isinstance(child, (dict, list)) or not child:
+            break
+        node = child
+    if isinstance(node, dict) and node:
+        node[list(node)[path[-1] % len(node)]] = value
+    elif isinstance(node, list) and node:
+        node[path[-1] % len(node)] = value
+    try:
+        text = json.dumps(tree)
+    except ValueError:
+        return
+    _check(kind, text.encode(), tmp_path_factory.mktemp("fuzz"))
+
+
+def test_a_signalled_search_stops_ray_and_its_workers(tmp_path):
+    """Ray's core installs a SIGTERM handler that aborts with a stack dump; the search takes the
+    signal back: one line, status 143, Ray and every worker gone, the rows recorded so far whole."""
+    import psutil
+
+    from _searches import search_env, tiny_experiment
+
+    from synctune.data import TrialDataset
+
+    experiment = tiny_experiment(tmp_path, 40)
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "search", str(experiment)],
+                            env=search_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "home").glob("dataset/*/*/part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        children = _children(proc.pid)
+        assert children, "the search never recorded a trial"
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [" ".join(p.cmdline())[:100] for p in alive]
+        assert proc.returncode == 143, err[-2000:]
+        assert err.strip().splitlines()[-1] == "synctune: terminated by SIGTERM" and "Traceback" not in err
+        rows = TrialDataset(tmp_path / "home" / "dataset").read()
+        assert len(rows) >= 1 and (rows["status"] == "ok").all()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
