@@ -129,6 +129,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     offsets = [0]
     ngroups: list[int] = []
     model = ctx.model
+    wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
     for si, s in enumerate(strategies):
         groups: dict[int, int] = {}
         plans = sorted(s.plans, key=lambda p: ctx.var_index[p.variable])
@@ -148,9 +149,13 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                 cols["nshards"].append(k)
                 cols["axis"].append(axis)
                 comp = shard.compressor
-                info = comp.info
-                cols["comp"].append(info.code)
-                cols["ratio"].append(info.wire_ratio(tuple(shape), comp.rank))
+                key = (comp.kind, comp.rank, shape)
+                if key not in wire_of:
+                    info = comp.info
+                    wire_of[key] = (info.code, info.wire_ratio(tuple(shape), comp.rank))
+                code, ratio = wire_of[key]
+                cols["comp"].append(code)
+                cols["ratio"].append(ratio)
                 if isinstance(sync, PSSynchronizer):
                     cols["kind"].append(KIND_PS)
                     cols["node"].append(ctx.node_of_device[sync.placement])
@@ -221,11 +226,12 @@ def _segment_sum(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(seg, weights=values, minlength=n)
 
 
-def analytic_parts(b: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
+def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) -> dict[str, np.ndarray]:
     """Per-strategy analytic terms in seconds (AutoSync Eq. 2 and the ring/gather analogues):
     ``per_server`` (n, nodes) PS load, ``t_ps`` the most loaded server, ``t_ar`` all-reduce,
     ``t_ag`` all-gather, ``t_comp`` compute. Computed with the fewest passes over the shards:
-    proposals are scored with it tens of thousands at a time."""
+    proposals are scored with it tens of thousands at a time (``split=False`` saves the pass
+    that tells all-gather from all-reduce: ``t_ar`` is then both collectives, ``t_ag`` zero)."""
     c = ctx.constants
     n, w = b.size, ctx.W
     m, wire = b.nbytes, b.wire
@@ -246,7 +252,7 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray
     scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
     fixed = np.array([0.0, c.delta, c.phi * (nn - 1)])[b.kind]
     per_shard = wire * scale + fixed
-    t_ag = np.bincount(b.sid, np.where(b.kind == KIND_AG, per_shard, 0.0), n)
+    t_ag = np.bincount(b.sid, per_shard * (b.kind == KIND_AG), n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * 2 * (nn - 1) * b.ngroups
     t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
@@ -255,7 +261,7 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray
 
 def analytic_time(b: StrategyBatch, ctx: DomainContext) -> np.ndarray:
     """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1)."""
-    p = analytic_parts(b, ctx)
+    p = analytic_parts(b, ctx, split=False)
     return np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"])
 
 

@@ -165,7 +165,7 @@ class CompressorInfo:
     @property
     def code(self) -> int:
         """Index of the compressor in the registry: its one-hot position in simulator features."""
-        return COMPRESSORS.names().index(self.name)
+        return _CODES.setdefault(self.name, COMPRESSORS.names().index(self.name))
 
 
 def _powersgd_problem(shape: tuple[int, ...], rank: int) -> str | None:
@@ -183,6 +183,7 @@ def _powersgd_ratio(shape: tuple[int, ...], rank: int) -> float:
 
 
 COMPRESSORS: Registry[CompressorInfo] = Registry("compressor")
+_CODES: dict[str, int] = {}
 for _info in (
     CompressorInfo(name="none", lossless=True, description="send gradients as they are"),
     CompressorInfo(name="fp16", lossless=False, tolerance=2e-3, wire_ratio=lambda shape, rank: 0.5,

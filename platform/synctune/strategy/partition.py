@@ -5,27 +5,26 @@ parameters with these, validation and the simulator take their shapes."""
 
 from __future__ import annotations
 
+import itertools
+
 __all__ = ["shard_slices", "shard_shapes"]
 
 
-def _cuts(length: int, pieces: int) -> list[slice]:
+def _sizes(length: int, pieces: int) -> list[int]:
     base, extra = divmod(length, pieces)
-    out, start = [], 0
-    for i in range(pieces):
-        size = base + (1 if i < extra else 0)
-        out.append(slice(start, start + size))
-        start += size
-    return out
+    return [base + 1 if i < extra else base for i in range(pieces)]
+
+
+def _cuts(length: int, pieces: int) -> list[slice]:
+    ends = list(itertools.accumulate(_sizes(length, pieces)))
+    return [slice(end - size, end) for end, size in zip(ends, _sizes(length, pieces))]
 
 
 def shard_slices(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tuple[slice, ...]]:
     """Index tuples of every shard of a variable of ``shape`` cut by ``partition``, row-major."""
-    result: list[tuple[slice, ...]] = [()]
-    for length, pieces in zip(shape, partition):
-        result = [prefix + (cut,) for prefix in result for cut in _cuts(length, pieces)]
-    return result
+    return list(itertools.product(*(_cuts(length, pieces) for length, pieces in zip(shape, partition))))
 
 
 def shard_shapes(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Shapes of the shards of a variable of ``shape`` cut by ``partition``, row-major."""
-    return [tuple(s.stop - s.start for s in cell) for cell in shard_slices(shape, partition)]
+    return list(itertools.product(*(_sizes(length, pieces) for length, pieces in zip(shape, partition))))
