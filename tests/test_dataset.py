@@ -299,8 +299,9 @@ def test_pull_over_http(tmp_path):
 
 @pytest.fixture()
 def s3_server(monkeypatch):
-    moto_server = pytest.importorskip("moto.server", reason="moto is not installed")
-    boto3 = pytest.importorskip("boto3")
+    import boto3
+    import moto.server as moto_server
+
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
