@@ -89,10 +89,11 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
     return out
 
 
-def random_strategy(model: str, cluster: ClusterSpec, rng: random.Random, compressors=("none",)) -> Strategy:
-    """A random valid composed strategy: partitions on random axes, mixed PS (with and without
-    local aggregation) / all-reduce groups / all-gather, uneven batch split."""
-    spec = model_spec(model)
+def random_strategy(model, cluster: ClusterSpec, rng: random.Random, compressors=("none",)) -> Strategy:
+    """A random valid composed strategy of a zoo model (by name) or a model spec: partitions on
+    random axes, mixed PS (with and without local aggregation) / all-reduce groups (odd groups
+    hierarchical) / all-gather, uneven batch split."""
+    spec = model_spec(model) if isinstance(model, str) else model
     devices = cluster.devices
     plans = []
     for var in spec.variables:
@@ -107,12 +108,16 @@ def random_strategy(model: str, cluster: ClusterSpec, rng: random.Random, compre
             if var.sparse and roll < 0.4:
                 sync = AllGatherSynchronizer()
             elif roll < 0.6:
-                sync = PSSynchronizer(placement=rng.choice(devices), local_aggregation=rng.random() < 0.5)
+                server = rng.choice(devices)
+                local = rng.random() < 0.5
+                sync = PSSynchronizer(placement=server, local_aggregation=local and not var.sparse)
             else:
                 # Sparse and dense gradients never share a merge group.
-                sync = AllReduceSynchronizer(group=rng.randint(0, 2) + (10 if var.sparse else 0))
+                group = rng.randint(0, 2) + (10 if var.sparse else 0)
+                sync = AllReduceSynchronizer(group=group, algorithm="hierarchical" if group % 2 else "flat")
             comp = Compressor()
-            if (not var.sparse and isinstance(sync, AllReduceSynchronizer) and "fp16" in compressors):
+            if (not var.sparse and isinstance(sync, AllReduceSynchronizer) and sync.algorithm == "flat"
+                    and "fp16" in compressors):
                 comp = Compressor(kind="fp16")
             shards.append(ShardPlan(synchronizer=sync, compressor=comp))
         plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))

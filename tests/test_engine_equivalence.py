@@ -1,6 +1,8 @@
 """Equivalence: any lossless strategy trains exactly like single-process training on the
 concatenated batch (2 and 4 gloo processes), every replica holds identical parameters, and
-the AllReduce builder matches torch DDP on the same data."""
+the AllReduce builder matches torch DDP on the same data. Random strategies mix flat and
+hierarchical all-reduce groups, PS with and without local aggregation, all-gather, partitions
+and uneven batch splits."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from synctune.models import model_spec
 from synctune.spec import cluster_preset
 from synctune.strategy import BUILDERS, build_strategy, validate
 
-LOSSLESS = list(BUILDERS)  # every builder with its default (lossless) options
+LOSSLESS = [(b, {}) for b in BUILDERS]  # every builder with its default (lossless) options
 # (model, optimizer, lr): dense with SGD and Adam; sparse-gradient models with SGD (Adam has no sparse path)
 MODELS = [("cnn-small", "sgd", 0.1), ("cnn-small", "adam", 0.01), ("ncf-small", "sgd", 0.5), ("lm-small", "sgd", 0.5)]
 STEPS = 3
@@ -25,11 +27,11 @@ def _cases(cluster_name: str, num_random: int, seed: int) -> list[dict]:
     cluster = cluster_preset(cluster_name)
     cases = []
     for model, opt, lr in MODELS:
-        for builder in LOSSLESS:
-            s = build_strategy(builder, model_spec(model), cluster)
-            cases.append({"label": f"{builder}/{model}/{opt}", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
-                          "optimizer": opt, "lr": lr, "steps": STEPS,
-                          "ddp": builder == "allreduce" and model == "cnn-small"})
+        for builder, options in LOSSLESS + [("allreduce", {"algorithm": "hierarchical"})]:
+            s = build_strategy(builder, model_spec(model), cluster, **options)
+            cases.append({"label": f"{builder}{options or ''}/{model}/{opt}", "strategy": s.to_dict(),
+                          "cluster": cluster.to_dict(), "optimizer": opt, "lr": lr, "steps": STEPS,
+                          "ddp": builder == "allreduce" and not options and model == "cnn-small"})
     rng = random.Random(seed)
     for i in range(num_random):
         model, opt, lr = MODELS[i % len(MODELS)]

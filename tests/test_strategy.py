@@ -85,10 +85,29 @@ def test_hash_is_stable_across_releases():
     assert s.to_json(indent=None) == (
         '{"batch_split":[2,2],"cluster":{"hash":"%s","name":"c"},"model":{"hash":"%s","name":"m"},'
         '"plans":[{"partition":[1,1],"shards":[{"compressor":{"kind":"none"},"synchronizer":'
-        '{"algorithm":"auto","group":0,"kind":"allreduce"}}],"variable":"w"}],"replicas":["node0:0","node0:1"],'
-        '"schema":1}' % (cluster.hash, model.hash)
+        '{"algorithm":"flat","group":0,"kind":"allreduce"}}],"variable":"w"}],"replicas":["node0:0","node0:1"],'
+        '"schema":2}' % (cluster.hash, model.hash)
     )
     assert s.hash == hashlib.sha256(s.to_json(indent=None).encode()).hexdigest()
+
+
+def test_schema_1_strategies_still_load_migrated():
+    """Schema 1 named all-reduce algorithms (auto, ring, tree) that never executed: every group ran
+    as one flat collective. Old files (and dataset rows) load, as what really ran."""
+    s = _composed()
+    old = s.to_dict()
+    old["schema"] = 1
+    for plan, algorithm in zip(old["plans"], ("tree", "auto", "ring")):
+        for shard in plan["shards"]:
+            if shard["synchronizer"]["kind"] == "allreduce":
+                shard["synchronizer"]["algorithm"] = algorithm
+    back = Strategy.from_dict(old)
+    assert back.schema == 2 and back == s
+    assert {sh.synchronizer.algorithm for _p, _i, sh in back.iter_shards() if sh.synchronizer.kind == "allreduce"} == {
+        "flat"}
+    old["schema"] = 3
+    with pytest.raises(StrategyError, match="schema: expected 2"):
+        Strategy.from_dict(old)
 
 
 def test_summary_and_stats():
@@ -128,7 +147,7 @@ BROKEN = [
     (lambda d: d["plans"][1]["shards"][0].update(synchronizer={"kind": "allgather"}),
      "variable 'head.bias': shards\\[0\\].synchronizer: allgather is for sparse gradients"),
     (lambda d: d["plans"][1]["shards"][0].update(
-        synchronizer={"kind": "allreduce", "group": 0, "algorithm": "auto"}),
+        synchronizer={"kind": "allreduce", "group": 0, "algorithm": "hierarchical"}),
      "group 0 mixes"),
     (lambda d: d["plans"][0]["shards"][1]["compressor"].update(rank=9), "powersgd rank 9 exceeds"),
     (lambda d: d["plans"][1]["shards"][0].update(compressor={"kind": "powersgd", "rank": 1}),
@@ -141,7 +160,18 @@ BROKEN = [
     (lambda d: d.update(replicas=["node0:0", "node0:1", "node1:1"], batch_split=[1, 1, 1]),
      "device 'node1:0' holds no replica"),
     (lambda d: d["model"].update(hash="0" * 64), "strategy: model: built for 'toy'"),
-    (lambda d: d.update(schema=2), "schema: expected 1"),
+    (lambda d: d.update(schema=3), "schema: expected 2"),
+    (lambda d: d["plans"][1]["shards"][0].update(
+        synchronizer={"kind": "allreduce", "group": 5, "algorithm": "hierarchical"}, compressor={"kind": "fp16"}),
+     "variable 'head.bias': shards\\[0\\].compressor: fp16 with a hierarchical all-reduce is not executed"),
+    (lambda d: (d.update(replicas=["node0:0", "node0:1", "node1:0"], batch_split=[1, 1, 1]),
+                d["plans"][1]["shards"][0].update(
+                    synchronizer={"kind": "allreduce", "group": 5, "algorithm": "hierarchical"})),
+     "algorithm: hierarchical needs the same number of replicas on every node, and the replicas are 2 on node0, "
+     "1 on node1"),
+    (lambda d: d["plans"][2]["shards"][0].update(
+        synchronizer={"kind": "ps", "placement": "node0:0", "local_aggregation": True}),
+     "variable 'emb.weight': shards\\[0\\].synchronizer.local_aggregation: not executed for a sparse gradient"),
     (lambda d: d["plans"][1]["shards"][0]["synchronizer"].update(staleness=-1), "staleness: expected a non-negative"),
     (lambda d: d["plans"][1]["shards"][0]["synchronizer"].update(kind="gossip"), "kind: expected one of ps"),
     (lambda d: d["plans"][1].update(colour="red"), "unknown key\\(s\\) \\['colour'\\]"),

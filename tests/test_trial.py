@@ -17,7 +17,7 @@ from synctune.workload import zoo_workload
 from synctune.engine.local import WorkerFailure, classify_error, run_local
 from synctune.models import model_spec
 from synctune.spec import SpecError, cluster_preset
-from synctune.strategy import build_strategy
+from synctune.strategy import Strategy, build_strategy
 
 
 def test_cli_trial_json_has_40_timed_iterations():
@@ -91,7 +91,9 @@ def test_classify_error():
 
 def test_unsupported_strategy_is_rejected_before_launch(tmp_path):
     cluster = cluster_preset("local-1x2")
-    strategy = build_strategy("ps", model_spec("cnn-small"), cluster, staleness=1)
+    data = build_strategy("ps", model_spec("cnn-small"), cluster).to_dict()
+    data["plans"][0]["shards"][0]["synchronizer"]["staleness"] = 1  # valid in the language, not executed
+    strategy = Strategy.from_dict(data)
     with pytest.raises(SpecError, match="staleness: 1 is not supported"):
         run_trial_local(strategy, cluster, workload=zoo_workload("cnn-small"))
     path = tmp_path / "s.json"

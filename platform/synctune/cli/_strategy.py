@@ -107,7 +107,7 @@ def show_cmd(file: str, model: str | None) -> None:
                 how = f"ps @{sync.placement}" + (" local-agg" if sync.local_aggregation else "") + (
                     f" stale<={sync.staleness}" if sync.staleness else "")
             elif sync.kind == "allreduce":
-                how = f"allreduce group {sync.group}" + (f" {sync.algorithm}" if sync.algorithm != "auto" else "")
+                how = f"allreduce group {sync.group}" + (f" {sync.algorithm}" if sync.algorithm != "flat" else "")
             else:
                 how = "allgather"
             name = plan.variable if i == 0 else ""

@@ -1,22 +1,32 @@
 """The strategy engine: executes any composed strategy with torch.distributed (AutoDist §2.3).
 
-Wraps an ordinary ``nn.Module`` in a process group (gloo on CPU, NCCL on GPU, same code)::
+Wraps an ordinary ``nn.Module`` in a process group (gloo on CPU; NCCL for CUDA tensors with
+gloo beside it for CPU ones; same code)::
 
     engine = StrategyEngine(model, strategy, model_spec, cluster, lambda ps: torch.optim.Adam(ps, 1e-3))
     loss = model(*batch); loss.backward(); engine.step(); engine.zero_grad()
 
-Each shard of each variable gets a parameter that aliases its slice of the model parameter.
-Gradient hooks feed the synchronizer units during backward; ``step`` completes their
-collectives, runs the optimizer over the shards this rank updates (all all-reduce and
-all-gather shards, and the PS shards placed on it: the placement owns their optimizer
-state), then PS placements broadcast the new values. With an element-wise optimizer (SGD,
-Adam, AdamW, Adagrad, RMSprop, ...) this is single-process training on the concatenated
+Each shard of each trainable variable gets a parameter that aliases its slice of the model
+parameter. Gradient hooks feed the synchronizer units during backward; ``step`` completes their
+collectives, runs the optimizer over the shards this rank updates (all all-reduce and all-gather
+shards, and the PS shards placed on it: the placement owns their optimizer state), then PS
+placements broadcast the new values and rank 0 its buffers. With an element-wise optimizer
+(SGD, Adam, AdamW, Adagrad, RMSprop, ...) this is single-process training on the concatenated
 batch, which the equivalence tests check.
+
+The habits of real training loops are supported and exact: frozen parameters (left alone),
+gradient accumulation (``with engine.no_sync():`` for all micro-batches but the last, as with
+torch DDP; a second backward outside it is an error, never a wrong result), buffers broadcast
+from rank 0 (DDP's ``broadcast_buffers``), ``torch.autocast`` with a ``GradScaler`` whose
+inf/nan verdict every rank shares (``engine.step(scaler)``), clipping by the global norm of
+the synchronized gradient (``engine.clip_grad_norm_``), and checkpoints that do not depend on
+the strategy (``engine.state_dict()`` / ``load_state_dict``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import contextlib
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,14 +34,24 @@ import torch.nn as nn
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..strategy.partition import shard_slices
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy, StrategyError
 from ..strategy.validate import validate
-from .compress import _Counter, make_compressor
-from ..strategy.partition import shard_slices
+from .compress import ByteCounter, make_compressor
 from .layout import RankLayout
-from .units import AllReduceUnit, Member, PSUnit, SparseAllGatherUnit, SparsePSUnit
+from .units import (
+    AllReduceUnit,
+    GradView,
+    HierarchicalAllReduceUnit,
+    Member,
+    PSUnit,
+    Scheduler,
+    SparseAllGatherUnit,
+    SparsePSUnit,
+    SynchronizationError,
+)
 
-__all__ = ["StrategyEngine", "check_supported"]
+__all__ = ["StrategyEngine", "check_supported", "SynchronizationError"]
 
 
 def check_supported(strategy: Strategy, model: ModelSpec, backend: str | None = None) -> None:
@@ -60,13 +80,18 @@ class StrategyEngine:
     """Executes ``strategy`` for ``module`` on this rank of the default process group.
 
     ``optimizer_factory`` receives the shard parameters this rank updates and returns the
-    optimizer (it may return None when the list is empty). ``rank`` defaults to the process
-    group's rank; rank r runs replica ``strategy.replicas[r]`` with batch ``batch_split[r]``.
+    optimizer (it is not called when the list is empty). ``rank`` is the process group's rank;
+    rank r runs replica ``strategy.replicas[r]`` with batch ``batch_split[r]``.
+    ``broadcast_buffers``: rank 0's buffers (BatchNorm statistics) go to every replica after each
+    step, as torch DDP's option of that name. ``overlap=False`` launches only the first stage of
+    each unit during backward and the rest inside ``step``, one unit at a time (how the engine
+    ran before its stages were chained; kept for the overhead benchmark).
     """
 
     def __init__(self, module: nn.Module, strategy: Strategy, model_spec: ModelSpec, cluster: ClusterSpec,
                  optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer | None], *,
-                 seed: int = 0, broadcast_initial: bool = True) -> None:
+                 seed: int = 0, broadcast_initial: bool = True, broadcast_buffers: bool = True,
+                 overlap: bool = True) -> None:
         validate(strategy, model_spec, cluster)
         check_supported(strategy, model_spec)
         if not dist.is_initialized():
@@ -79,49 +104,67 @@ class StrategyEngine:
                                 f"{self.world} ranks")
         self.module = module
         self.strategy = strategy
+        self.spec = model_spec
         self.weight = strategy.batch_split[self.rank] / strategy.global_batch_size
-        self.counter = _Counter()
-        params = dict(module.named_parameters())
-        self._check_module(params, model_spec)
+        self.counter = ByteCounter()
+        self.broadcast_buffers = broadcast_buffers
+        params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+        self._check_module(module, params, model_spec)
         device = next(iter(params.values())).device
         self.device = device
 
         if broadcast_initial:
-            # Replicas must start from the same point (as DDP does at construction).
+            # Replicas must start from the same point (as DDP does at construction), frozen
+            # parameters and buffers included.
             with torch.no_grad():
                 for t in list(module.parameters()) + list(module.buffers()):
-                    if t.is_contiguous():
-                        dist.broadcast(t.data, src=0)
-                    else:  # collectives need contiguous memory: go through a buffer and copy back
-                        buf = t.data.contiguous()
-                        dist.broadcast(buf, src=0)
-                        t.data.copy_(buf)
+                    self._broadcast_in_place(t.data, 0)
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
+        self.scheduler = Scheduler(chain=overlap)
         self.units = self._build_units(strategy, model_spec, params, device, seed)
         self._member_units: dict[str, list[tuple[Member, object]]] = {}
+        self._members: dict[tuple[str, int], Member] = {}
         for unit in self.units:
             for m in unit.members:
                 self._member_units.setdefault(m.variable, []).append((m, unit))
+                self._members[(m.variable, m.shard)] = m
         owned = [m.view for u in self.units for m in u.owned()]
         self.optimizer = optimizer_factory(owned) if owned else None
         self._mark_full_broadcast()
+        self._sync_enabled = True
+        self._synchronized = False
+        self._scaler_dummy: torch.optim.Optimizer | None = None
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in params.items()]
 
     # ------------------------------------------------------------------------------------ build
 
     @staticmethod
-    def _check_module(params: dict[str, nn.Parameter], spec: ModelSpec) -> None:
+    def _check_module(module: nn.Module, params: dict[str, nn.Parameter], spec: ModelSpec) -> None:
         names = set(params)
         expected = {v.name for v in spec.variables}
         if names != expected:
+            frozen = sorted(n for n, p in module.named_parameters() if not p.requires_grad and n in expected)
+            if frozen:
+                raise StrategyError(f"variable {frozen[0]!r} is frozen in the module (requires_grad=False) but in model "
+                                    f"spec {spec.name!r}: extract the spec from the module as it trains "
+                                    f"(frozen parameters are not variables)")
             extra, missing = sorted(names - expected), sorted(expected - names)
-            raise StrategyError(f"module does not match model spec {spec.name!r}: parameters not in the spec "
-                                f"{extra[:3]}, spec variables not in the module {missing[:3]}")
+            raise StrategyError(f"module does not match model spec {spec.name!r}: trainable parameters not in the "
+                                f"spec {extra[:3]}, spec variables not in the module {missing[:3]}")
         for v in spec.variables:
             if tuple(params[v.name].shape) != tuple(v.shape):
                 raise StrategyError(f"variable {v.name!r}: module has shape {list(params[v.name].shape)}, "
                                     f"model spec says {list(v.shape)}")
+
+    @staticmethod
+    def _broadcast_in_place(t: torch.Tensor, src: int) -> None:
+        if t.is_contiguous():
+            dist.broadcast(t, src=src)
+        else:  # collectives need contiguous memory: go through a buffer and copy back
+            buf = t.contiguous()
+            dist.broadcast(buf, src=src)
+            t.copy_(buf)
 
     def _group(self, ranks: Iterable[int]):
         key = tuple(sorted(set(ranks)))
@@ -131,16 +174,23 @@ class StrategyEngine:
             self._groups_cache[key] = dist.new_group(list(key))
         return self._groups_cache[key]
 
+    def _hierarchy(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Ranks per node, and per local index the ranks holding it on every node."""
+        nodes = [self.layout.ranks_on_node(n) for n in self.layout.nodes()]
+        width = len(nodes[0])
+        return nodes, [[ranks[i] for ranks in nodes] for i in range(width)]
+
     def _build_units(self, strategy: Strategy, spec: ModelSpec, params, device, seed: int) -> list:
         plans = sorted(strategy.plans, key=lambda p: spec.position(p.variable))
         layout = self.layout
-        # Sub-groups for local aggregation, created in one deterministic order on every rank.
+        # Sub-groups, created in one deterministic order on every rank.
         needed: set[tuple[int, ...]] = set()
         nodes = layout.nodes()
+        hierarchical = False
         for plan in plans:
             for shard in plan.shards:
                 s = shard.synchronizer
-                if isinstance(s, PSSynchronizer) and s.local_aggregation and not spec[plan.variable].sparse:
+                if isinstance(s, PSSynchronizer) and s.local_aggregation:
                     placement = layout.rank_of(s.placement)
                     for node in nodes:
                         ranks = layout.ranks_on_node(node)
@@ -148,11 +198,17 @@ class StrategyEngine:
                             needed.add(tuple(ranks))
                     if len(nodes) > 1:
                         needed.add(tuple(sorted(layout.local_root(n, placement) for n in nodes)))
+                elif isinstance(s, AllReduceSynchronizer) and s.algorithm == "hierarchical":
+                    hierarchical = True
+        if hierarchical:
+            per_node, per_index = self._hierarchy()
+            needed.update(tuple(r) for r in per_node if len(r) > 1)
+            needed.update(tuple(r) for r in per_index if len(r) > 1)
         for key in sorted(needed):
             self._group(key)
 
         groups: dict[int, list[Member]] = {}
-        group_comp: dict[int, object] = {}
+        group_spec: dict[int, tuple] = {}
         units: list = []
         order: list[tuple[str, object]] = []  # units in order of their first member (backward order)
         for plan in plans:
@@ -168,7 +224,7 @@ class StrategyEngine:
                 if isinstance(sync, AllReduceSynchronizer):
                     if sync.group not in groups:
                         groups[sync.group] = []
-                        group_comp[sync.group] = shard.compressor
+                        group_spec[sync.group] = (shard.compressor, sync.algorithm)
                         order.append(("group", sync.group))
                     groups[sync.group].append(member)
                 elif isinstance(sync, AllGatherSynchronizer):
@@ -179,38 +235,50 @@ class StrategyEngine:
                                                        placement=layout.rank_of(sync.placement), world=self.world,
                                                        device=device, counter=self.counter)))
                 else:
-                    placement = layout.rank_of(sync.placement)
-                    comp = make_compressor(shard.compressor, counter=self.counter)
-                    intra = roots = None
-                    local_root = None
-                    if sync.local_aggregation:
-                        node = layout.node_of_rank[self.rank]
-                        local_root = layout.local_root(node, placement)
-                        node_ranks = layout.ranks_on_node(node)
-                        if len(node_ranks) > 1:
-                            intra = (self._group(node_ranks), node_ranks)
-                        if len(nodes) > 1:
-                            root_ranks = sorted(layout.local_root(n, placement) for n in nodes)
-                            roots = (self._group(root_ranks), root_ranks)
-                    order.append(("unit", PSUnit(member, self.weight, comp, rank=self.rank, placement=placement,
-                                                 device=device, counter=self.counter, intra=intra, roots=roots,
-                                                 local_root=local_root)))
+                    order.append(("unit", self._ps_unit(member, sync, shard.compressor, device)))
         for kind, item in order:
             if kind == "unit":
                 units.append(item)
                 continue
             members = groups[item]
-            comp_spec = group_comp[item]
+            comp_spec, algorithm = group_spec[item]
+            dtype = members[0].view.dtype
+            if algorithm == "hierarchical":
+                per_node, per_index = self._hierarchy()
+                mine = next(r for r in per_node if self.rank in r)
+                cross = next(r for r in per_index if self.rank in r)
+                units.append(HierarchicalAllReduceUnit(
+                    members, self.weight, self.counter, device, dtype,
+                    intra=self._group(mine) if len(mine) > 1 else None,
+                    cross=self._group(cross) if len(cross) > 1 else None, local_size=len(mine)))
+                continue
             offsets, at = [], 0
             for m in members:
                 if len(m.shape) >= 2:
-                    cols = m.numel // m.shape[0]
-                    offsets.append((at, m.shape[0], cols))
+                    offsets.append((at, m.shape[0], m.numel // m.shape[0]))
                 at += m.numel
-            comp = make_compressor(comp_spec, members=offsets, weight=self.weight,
-                                   seed=seed * 7919 + item, counter=self.counter)
-            units.append(AllReduceUnit(members, self.weight, comp, device, members[0].view.dtype))
+            comp = make_compressor(comp_spec, members=offsets, weight=self.weight, seed=seed * 7919 + item,
+                                   counter=self.counter)
+            units.append(AllReduceUnit(members, self.weight, comp, device, dtype))
         return units
+
+    def _ps_unit(self, member: Member, sync: PSSynchronizer, compressor, device) -> PSUnit:
+        layout = self.layout
+        placement = layout.rank_of(sync.placement)
+        intra = roots = local_root = None
+        if sync.local_aggregation:
+            nodes = layout.nodes()
+            node = layout.node_of_rank[self.rank]
+            local_root = layout.local_root(node, placement)
+            node_ranks = layout.ranks_on_node(node)
+            if len(node_ranks) > 1:
+                intra = (self._group(node_ranks), node_ranks)
+            if len(nodes) > 1:
+                root_ranks = sorted(layout.local_root(n, placement) for n in nodes)
+                roots = (self._group(root_ranks), root_ranks)
+        return PSUnit(member, self.weight, make_compressor(compressor, counter=self.counter), rank=self.rank,
+                      placement=placement, device=device, counter=self.counter, intra=intra, roots=roots,
+                      local_root=local_root)
 
     def _mark_full_broadcast(self) -> None:
         """Sparse PS shards broadcast only the rows they updated when the optimizer is row-sparse."""
@@ -223,39 +291,133 @@ class StrategyEngine:
         elif isinstance(opt, torch.optim.Adagrad):
             row_sparse = all(g.get("weight_decay", 0) == 0 for g in opt.param_groups)
         # Every rank must agree: the placement decides, then tells the others (it owns the optimizer).
-        flags = {}
         for u in self.units:
             if isinstance(u, SparsePSUnit):
                 flag = torch.tensor([0 if row_sparse or self.rank != u.placement else 1], device=self.device)
                 dist.all_reduce(flag)
-                flags[id(u)] = bool(flag.item())
-                u.full_broadcast = flags[id(u)]
+                u.full_broadcast = bool(flag.item())
 
     # ----------------------------------------------------------------------------------- runtime
 
     def _hook(self, name: str):
         def hook(param: torch.Tensor) -> None:
-            grad = param.grad
-            for member, unit in self._member_units[name]:
-                unit.member_ready(member, grad)
+            entries = self._member_units[name]
+            if self._synchronized:
+                raise SynchronizationError(
+                    f"variable {name!r} got a gradient after the step's synchronization (clip_grad_norm_) and "
+                    f"before engine.step(): call engine.step() first")
+            if not self._sync_enabled:
+                for member, unit in entries:
+                    if unit.stored(member):
+                        raise SynchronizationError(
+                            f"variable {name!r}: a backward inside engine.no_sync() after a synchronized one in the "
+                            f"same step; the synchronized gradient would miss it. Run every micro-batch but the "
+                            f"last inside no_sync(), and the last outside it")
+                return  # the gradient accumulates in .grad; the next synchronized backward sends the sum
+            view = GradView(param.grad) if param.grad is not None else None
+            for member, unit in entries:
+                if unit.member_ready(member, view):
+                    self.scheduler.add(unit)
+            self.scheduler.progress()
 
         return hook
 
-    def step(self) -> None:
-        """Complete all synchronization, update, and bring every replica to the new values."""
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside the block only accumulate gradients locally (torch DDP's
+        ``no_sync``): gradient accumulation over micro-batches, the last one outside the block."""
+        previous = self._sync_enabled
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def _synchronize(self) -> None:
+        """Complete every unit's collectives (launching, with zero gradients, those of parameters
+        the forward pass did not use) and set the shard parameters' gradients."""
+        if self._synchronized:
+            return
         for unit in self.units:
-            unit.force_launch()
+            for member in unit.unready():
+                if unit.member_ready(member, None):
+                    self.scheduler.add(unit)
+        self.scheduler.progress(block=True)
         for unit in self.units:
             unit.finish()
-        if self.optimizer is not None:
+        self._synchronized = True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the synchronized gradient by its global norm, as ``torch.nn.utils.clip_grad_norm_``
+        would on one process (each shard counted once); returns the total norm. Call it between
+        the last backward and :meth:`step`."""
+        self._synchronize()
+        norm_type = float(norm_type)
+        counted = [m.view.grad for u in self.units if u.counts_in_norm(self.rank) for m in u.members
+                   if m.view.grad is not None]
+        values = [g.coalesce().values() if g.is_sparse else g for g in counted]
+        if norm_type == float("inf"):
+            local = max((v.abs().max().double() for v in values if v.numel()), default=torch.zeros((), dtype=torch.float64))
+            total = local.reshape(1).to(self.device, torch.float64)
+            dist.all_reduce(total, op=dist.ReduceOp.MAX)
+            norm = total[0]
+        else:
+            local = sum((v.double().abs().pow(norm_type).sum() for v in values), torch.zeros((), dtype=torch.float64))
+            total = local.reshape(1).to(self.device, torch.float64)
+            dist.all_reduce(total)
+            norm = total[0].pow(1.0 / norm_type)
+        coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        for unit in self.units:
+            for m in unit.members:
+                if m.view.grad is not None:
+                    m.view.grad.mul_(coef)
+        return norm.to(torch.float32)
+
+    def _agreed_step(self, scaler) -> None:
+        """``scaler.step`` with one inf/nan verdict for all ranks: a PS shard's gradient lives on
+        its server only, so a local check would let ranks disagree about skipping the step."""
+        optimizer = self.optimizer
+        if optimizer is None:  # this rank updates nothing but must still take part in the verdict
+            if self._scaler_dummy is None:
+                dummy = nn.Parameter(torch.zeros(1, device=self.device))
+                dummy.grad = torch.zeros_like(dummy)
+                self._scaler_dummy = torch.optim.SGD([dummy], lr=0.0)
+            optimizer = self._scaler_dummy
+        scaler.unscale_(optimizer)
+        # GradScaler keeps its per-device verdicts here; torch's ShardedGradScaler all-reduces the same.
+        found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        flag = torch.zeros(1, device=self.device)
+        for value in found.values():
+            flag += value.to(self.device).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not found:
+            found[self.device] = torch.zeros(1, device=self.device)
+        for value in found.values():
+            value.copy_(flag.to(value.device).reshape(value.shape))
+        scaler.step(optimizer)
+
+    def step(self, scaler: Any = None) -> None:
+        """Complete all synchronization, update, and bring every replica to the new values.
+        With a ``torch.amp.GradScaler``, pass it here instead of calling ``scaler.step``: the
+        step is skipped on every rank when any rank found an inf or nan (then ``scaler.update()``
+        as usual)."""
+        self._synchronize()
+        if scaler is not None and scaler.is_enabled():
+            self._agreed_step(scaler)
+        elif self.optimizer is not None:
             self.optimizer.step()
         for phase in (0, 1):
             handles = [h for unit in self.units for h in unit.broadcast_phase(phase)]
             for h in handles:
                 h.wait()
+        if self.broadcast_buffers and self.world > 1:
+            with torch.no_grad():
+                for buf in self.module.buffers():
+                    self._broadcast_in_place(buf.data, 0)
         for unit in self.units:
             unit.after_broadcast()
             unit.reset()
+        self._synchronized = False
 
     def zero_grad(self) -> None:
         """Drop local and synchronized gradients."""
@@ -264,6 +426,63 @@ class StrategyEngine:
         for unit in self.units:
             for m in unit.members:
                 m.view.grad = None
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model and optimizer state that do not depend on the strategy (collective: every rank
+        calls it and gets the whole state). Optimizer state is per variable, stitched from the
+        shards of whichever ranks own it, so it loads under any other strategy."""
+        if self._synchronized:
+            raise SynchronizationError("state_dict() between clip_grad_norm_ and step(): call it after step()")
+        mine: dict[tuple[str, int], dict] = {}
+        opt = self.optimizer
+        for unit in self.units:
+            for m in unit.members:
+                if unit.source_of(m) == self.rank and opt is not None and m.view in opt.state:
+                    mine[(m.variable, m.shard)] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                                                   for k, v in opt.state[m.view].items()}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] if opt else None
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, {"state": mine, "param_groups": groups})
+        state: dict[str, dict[str, Any]] = {}
+        for contribution in everyone:
+            for (name, index), shard_state in contribution["state"].items():
+                member = self._members[(name, index)]
+                full = state.setdefault(name, {})
+                for key, value in shard_state.items():
+                    if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) == member.shape:
+                        if key not in full:
+                            full[key] = torch.zeros(self.spec[name].shape, dtype=value.dtype)
+                        full[key][member.slices] = value
+                    else:  # per-variable scalars (Adam's step): the same in every shard
+                        full[key] = value
+        param_groups = next((c["param_groups"] for c in everyone if c["param_groups"]), [])
+        model = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+        return {"model": model, "optimizer": {"state": state, "param_groups": param_groups}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` gave, under this engine's strategy (which may differ from
+        the one it was saved under)."""
+        with torch.no_grad():
+            self.module.load_state_dict(state["model"])
+        opt = self.optimizer
+        if opt is None:
+            return
+        saved = state["optimizer"]["state"]
+        for unit in self.units:
+            for m in unit.owned():
+                if m.variable not in saved:
+                    continue
+                shape = tuple(self.spec[m.variable].shape)
+                opt.state[m.view] = {
+                    k: (v[m.slices].clone().to(m.view.device) if torch.is_tensor(v) and v.dim() > 0
+                        and tuple(v.shape) == shape else (v.clone() if torch.is_tensor(v) else v))
+                    for k, v in saved[m.variable].items()}
+        for group, saved_group in zip(opt.param_groups, state["optimizer"]["param_groups"]):
+            group.update(saved_group)
+
+    # ----------------------------------------------------------------------------------- misc
 
     def take_comm_bytes(self) -> int:
         """Payload bytes this rank handed to collectives since the last call."""

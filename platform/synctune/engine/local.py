@@ -218,7 +218,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
                     if dead is not None:
                         # A peer's death surfaces on the others as transport errors: name the cause.
                         raise WorkerFailure("failed", f"{dead}; rank {rank} then failed: {msg[3][:300]}")
-                    raise WorkerFailure(msg[2], f"rank {rank}: {msg[3]}")
+                    raise WorkerFailure(msg[2], f"rank {rank}: {msg[3]}" + (msg[4] if os.environ.get("SYNCTUNE_DEBUG") else ""))
                 continue
             now = time.monotonic()
             for rank, p in enumerate(procs):

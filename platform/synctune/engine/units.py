@@ -1,9 +1,13 @@
 """Synchronizers as communication units (AutoDist §2.3 "Synchronizer" kernels, in eager PyTorch).
 
 A unit owns the shards it synchronizes. Gradient hooks hand it each member's gradient as soon
-as autograd has accumulated it; the unit launches its collective when all members are in,
-so communication overlaps the rest of backward. ``finish`` completes the collective and sets
-the shard parameters' gradients; ``broadcast_phase`` sends updated values back (PS only).
+as autograd has accumulated it; once every member is in, the unit's *pipeline* runs: a
+generator that yields, one after another, the collectives to launch (``(group, launch)``), each
+the moment the previous one completed, so communication overlaps the rest of backward and a
+multi-stage synchronizer (local aggregation, hierarchical all-reduce, PowerSGD, sparse
+gathers) never blocks other units. :class:`Scheduler` launches the stages of all units in one
+order every rank agrees on. ``finish`` sets the shard parameters' gradients;
+``broadcast_phase`` sends updated values back (PS only).
 
 Every gradient arrives multiplied by this rank's share of the global batch, so the summed
 message is the gradient of the global mean loss, also with uneven batch splits.
@@ -11,14 +15,31 @@ message is the gradient of the global mean loss, also with uneven batch splits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from .compress import Handle, WireCompressor
+__all__ = ["Member", "GradView", "Scheduler", "Handle", "AllReduceUnit", "HierarchicalAllReduceUnit", "PSUnit",
+           "SparseAllGatherUnit", "SparsePSUnit", "SynchronizationError"]
 
-__all__ = ["Member", "AllReduceUnit", "PSUnit", "SparseAllGatherUnit", "SparsePSUnit"]
+
+class SynchronizationError(RuntimeError):
+    """A training loop did something the engine cannot synchronize exactly (the message says
+    which variable and what to do instead)."""
+
+
+class Handle:
+    """In-flight collectives of a broadcast phase; ``wait()`` completes them."""
+
+    def __init__(self, work) -> None:
+        self._work = work
+
+    def wait(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+        self._work = None
 
 
 @dataclass(eq=False)
@@ -40,6 +61,42 @@ class Member:
         return n
 
 
+@dataclass(eq=False)
+class GradView:
+    """One variable's gradient of one backward pass, prepared once for all its shards: a sparse
+    gradient is coalesced once (and densified once, for shards that need it dense)."""
+
+    grad: torch.Tensor | None
+    _coalesced: torch.Tensor | None = field(default=None, repr=False)
+    _dense: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def coalesced(self) -> torch.Tensor:
+        if self._coalesced is None:
+            self._coalesced = self.grad.coalesce()
+        return self._coalesced
+
+    @property
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = self.coalesced.to_dense() if self.grad.is_sparse else self.grad
+        return self._dense
+
+
+class _Works:
+    """Several collectives launched together, completed together."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+
 class _Unit:
     members: list[Member]
 
@@ -47,29 +104,48 @@ class _Unit:
         self.members = members
         self.weight = weight
         self.pending: set[int] = set()
-        self.launched = False
         self.reset()
 
     def reset(self) -> None:
         self.pending = {id(m) for m in self.members}
-        self.launched = False
 
-    def member_ready(self, member: Member, grad: torch.Tensor | None) -> None:
+    def member_ready(self, member: Member, grad: GradView | None) -> bool:
+        """Store ``member``'s gradient; True once every member is in (the unit can start)."""
+        if id(member) not in self.pending:
+            raise SynchronizationError(
+                f"variable {member.variable!r} got a second gradient before engine.step(), and its synchronization "
+                f"already started: a second backward would be lost or mixed into a collective in flight. Run the "
+                f"micro-batches that should not communicate inside `with engine.no_sync():` (all but the last, as "
+                f"with torch DDP), or call engine.step() between backward passes")
         self._store(member, grad)
         self.pending.discard(id(member))
-        if not self.pending and not self.launched:
-            self.launched = True
-            self._launch()
+        return not self.pending
 
-    def force_launch(self) -> None:
-        """Launch with zero gradients for members that got none this iteration (unused parameters)."""
-        for m in self.members:
-            if id(m) in self.pending:
-                self.member_ready(m, None)
+    def stored(self, member: Member) -> bool:
+        return id(member) not in self.pending
+
+    def unready(self) -> list[Member]:
+        """Members that got no gradient in this step (parameters unused by the forward pass)."""
+        return [m for m in self.members if id(m) in self.pending]
+
+    def stage_groups(self) -> list:
+        """The process groups of this rank's pipeline stages, in order (for the scheduler)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def pipeline(self) -> Iterator[tuple[Any, Callable]]:
+        raise NotImplementedError  # pragma: no cover
 
     def owned(self) -> list[Member]:
         """Members whose optimizer update this rank performs."""
         return self.members
+
+    def source_of(self, member: Member) -> int:
+        """The rank whose copy of ``member``'s optimizer state is authoritative."""
+        return 0
+
+    def counts_in_norm(self, rank: int) -> bool:
+        """Whether this rank counts the unit's gradients in a global norm (each shard once)."""
+        return rank == 0
 
     def broadcast_phase(self, phase: int) -> list[Handle]:
         return []
@@ -77,21 +153,23 @@ class _Unit:
     def after_broadcast(self) -> None:
         pass
 
-    def _store(self, member: Member, grad: torch.Tensor | None) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _launch(self) -> None:  # pragma: no cover - abstract
+    def _store(self, member: Member, grad: GradView | None) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def finish(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
+def _staged(group, stages: Iterator[Callable]) -> Iterator[tuple[Any, Callable]]:
+    """A compressor's launches as pipeline stages on ``group``."""
+    for launch in stages:
+        yield group, launch
+
+
 class AllReduceUnit(_Unit):
     """A merge group: members flattened into one bucket, one (compressed) all-reduce."""
 
-    def __init__(self, members: list[Member], weight: float, compressor: WireCompressor, device, dtype,
-                 group=None) -> None:
+    def __init__(self, members: list[Member], weight: float, compressor, device, dtype, group=None) -> None:
         self.offsets = []
         total = 0
         for m in members:
@@ -100,34 +178,79 @@ class AllReduceUnit(_Unit):
         self.bucket = torch.zeros(total, device=device, dtype=dtype)
         self.compressor = compressor
         self.group = group
-        self.handle: Handle | None = None
         self._index = {id(m): i for i, m in enumerate(members)}
         super().__init__(members, weight)
 
+    def _slot(self, i: int, member: Member) -> torch.Tensor:
+        return self.bucket[self.offsets[i]:self.offsets[i] + member.numel].view(member.shape)
+
     def _store(self, member, grad):
-        i = self._index[id(member)]
-        dst = self.bucket[self.offsets[i]:self.offsets[i] + member.numel].view(member.shape)
+        dst = self._slot(self._index[id(member)], member)
         if grad is None:
             dst.zero_()
         else:
-            dst.copy_(grad.to_dense()[member.slices] if grad.is_sparse else grad[member.slices])
+            dst.copy_(grad.dense[member.slices])
 
-    def _launch(self):
+    def stage_groups(self):
+        return [self.group] * self.compressor.stages
+
+    def pipeline(self):
         self.bucket.mul_(self.weight)
-        self.handle = self.compressor.all_reduce(self.bucket, group=self.group)
+        yield from _staged(self.group, self.compressor.all_reduce(self.bucket, self.group))
 
     def finish(self):
-        self.handle.wait()
         for i, m in enumerate(self.members):
-            m.view.grad = self.bucket[self.offsets[i]:self.offsets[i] + m.numel].view(m.shape)
+            m.view.grad = self._slot(i, m)
+
+
+class HierarchicalAllReduceUnit(AllReduceUnit):
+    """A merge group all-reduced in three stages (Horovod's hierarchical all-reduce): the bucket
+    is reduce-scattered inside each node (local rank i keeps piece i), each piece all-reduced
+    across the nodes among the ranks holding it, then all-gathered inside each node. Lossless;
+    every node holds the same number of replicas (validation checks it)."""
+
+    def __init__(self, members, weight, counter, device, dtype, *, intra, cross, local_size: int) -> None:
+        super().__init__(members, weight, None, device, dtype)
+        self.counter = counter
+        self.intra, self.cross, self.local_size = intra, cross, local_size
+        used = self.bucket.numel()
+        pad = (-used) % local_size
+        self.padded = torch.zeros(used + pad, device=device, dtype=dtype)
+        self.bucket = self.padded[:used]
+        self.pieces = list(self.padded.view(local_size, -1))
+        self.mine = torch.empty_like(self.pieces[0])
+
+    def stage_groups(self):
+        stages = []
+        if self.local_size > 1:
+            stages.append(self.intra)
+        if self.cross is not None:
+            stages.append(self.cross)
+        if self.local_size > 1:
+            stages.append(self.intra)
+        return stages
+
+    def pipeline(self):
+        self.bucket.mul_(self.weight)
+        piece = self.pieces[0] if self.local_size == 1 else self.mine
+        if self.local_size > 1:
+            self.counter(self.padded)
+            yield self.intra, lambda: dist.reduce_scatter(self.mine, self.pieces, group=self.intra, async_op=True)
+        if self.cross is not None:
+            self.counter(piece)
+            yield self.cross, lambda: dist.all_reduce(piece, group=self.cross, async_op=True)
+        if self.local_size > 1:
+            self.counter(self.mine)
+            yield self.intra, lambda: dist.all_gather(self.pieces, self.mine, group=self.intra, async_op=True)
 
 
 class PSUnit(_Unit):
     """A dense shard on a parameter server: reduce to the placement rank, which updates it and
     broadcasts the new value. With local aggregation the reduce (and broadcast) goes through a
-    root per node first: intra-node group, then the group of node roots."""
+    root per node: a reduce inside the node, then, chained as soon as it completed, a reduce
+    among the node roots to the server."""
 
-    def __init__(self, member: Member, weight: float, compressor: WireCompressor, *, rank: int, placement: int,
+    def __init__(self, member: Member, weight: float, compressor, *, rank: int, placement: int,
                  device, counter, intra=None, roots=None, local_root: int | None = None) -> None:
         self.rank = rank
         self.placement = placement
@@ -137,51 +260,65 @@ class PSUnit(_Unit):
         self.intra = intra  # (group, ranks) of this rank's node, or None
         self.roots = roots  # (group, ranks) of the node roots, or None
         self.local_root = local_root
-        self.handle: Handle | None = None
         super().__init__([member], weight)
 
     @property
     def member(self) -> Member:
         return self.members[0]
 
+    @property
+    def _hierarchical(self) -> bool:
+        return self.intra is not None or self.roots is not None
+
     def _store(self, member, grad):
         if grad is None:
             self.buffer.zero_()
         else:
-            self.buffer.copy_(grad.to_dense()[member.slices] if grad.is_sparse else grad[member.slices])
+            self.buffer.copy_(grad.dense[member.slices])
 
-    def _launch(self):
+    def _at_root(self) -> bool:
+        return self.roots is not None and self.rank in self.roots[1]
+
+    def stage_groups(self):
+        n = self.compressor.stages
+        if not self._hierarchical:
+            return [None] * n
+        stages = [self.intra[0]] * n if self.intra is not None else []
+        return stages + ([self.roots[0]] * n if self._at_root() else [])
+
+    def pipeline(self):
         self.buffer.mul_(self.weight)
-        if self.intra is None and self.roots is None:
-            self.handle = self.compressor.reduce(self.buffer, dst=self.placement)
-        elif self.intra is not None:
-            self.handle = self.compressor.reduce(self.buffer, dst=self.local_root, group=self.intra[0])
-        else:
-            self.handle = None
+        if not self._hierarchical:
+            yield from _staged(None, self.compressor.reduce(self.buffer, self.placement, None))
+            return
+        if self.intra is not None:
+            yield from _staged(self.intra[0], self.compressor.reduce(self.buffer, self.local_root, self.intra[0]))
+        if self._at_root():
+            yield from _staged(self.roots[0], self.compressor.reduce(self.buffer, self.placement, self.roots[0]))
 
     def finish(self):
-        if self.handle is not None:
-            self.handle.wait()
-        if self.roots is not None and self.rank in self.roots[1]:
-            self.compressor.reduce(self.buffer, dst=self.placement, group=self.roots[0]).wait()
         self.member.view.grad = self.buffer if self.rank == self.placement else None
 
     def owned(self):
         return self.members if self.rank == self.placement else []
 
+    def source_of(self, member):
+        return self.placement
+
+    def counts_in_norm(self, rank):
+        return rank == self.placement
+
     def _broadcast(self, src: int, group) -> Handle:
-        self.counter.bytes += self.buffer.numel() * self.buffer.element_size()
+        self.counter(self.buffer)
         return Handle(dist.broadcast(self.buffer, src=src, group=group, async_op=True))
 
     def broadcast_phase(self, phase):
         if phase == 0 and self.rank == self.placement:
             self.buffer.copy_(self.member.view.detach())
-        if self.intra is None and self.roots is None:
+        if not self._hierarchical:
             return [self._broadcast(self.placement, None)] if phase == 0 else []
         if phase == 0:
-            if self.roots is not None and self.rank in self.roots[1]:
-                return [self._broadcast(self.placement, self.roots[0])]
-            return []
+            return [self._broadcast(self.placement, self.roots[0])] if self._at_root() else []
         if phase == 1 and self.intra is not None:
             return [self._broadcast(self.local_root, self.intra[0])]
         return []
@@ -192,57 +329,56 @@ class PSUnit(_Unit):
                 self.member.view.copy_(self.buffer)
 
 
-def _rows(member: Member, grad: torch.Tensor | None, weight: float, device):
+def _rows(member: Member, grad: GradView | None, weight: float, device):
     """(local row indices, scaled row values) of a sparse gradient restricted to the member's rows."""
     lo, hi = member.slices[0].start, member.slices[0].stop
     width = member.shape[1]
     if grad is None:
         return (torch.zeros(0, dtype=torch.long, device=device),
                 torch.zeros(0, width, dtype=member.view.dtype, device=device))
-    grad = grad.coalesce()
-    idx, vals = grad.indices()[0], grad.values()
+    coalesced = grad.coalesced
+    idx, vals = coalesced.indices()[0], coalesced.values()
     mask = (idx >= lo) & (idx < hi)
     return idx[mask] - lo, vals[mask] * weight
 
 
-def _exchange_sizes(n: int, device, world: int, counter) -> list[int]:
-    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
-    mine = torch.tensor([n], dtype=torch.long, device=device)
-    counter.bytes += 8
-    dist.all_gather(sizes, mine)
-    return [int(s.item()) for s in sizes]
-
-
-def _pad_rows(unit) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """Every rank's row count, and this rank's (indices, rows) zero-padded to the longest, as
-    collectives of tensors need equal sizes on every rank."""
-    sizes = _exchange_sizes(len(unit.idx), unit.device, unit.world, unit.counter)
-    longest = max(sizes)
-    pad_idx = torch.zeros(longest, dtype=torch.long, device=unit.device)
-    pad_val = torch.zeros(longest, unit.members[0].shape[1], dtype=unit.vals.dtype, device=unit.device)
-    pad_idx[: len(unit.idx)] = unit.idx
-    pad_val[: len(unit.idx)] = unit.vals
-    unit.counter.bytes += pad_idx.numel() * 8 + pad_val.numel() * pad_val.element_size()
-    return sizes, pad_idx, pad_val
-
-
 class _SparseUnit(_Unit):
-    """Shared by the sparse synchronizers: the rows of this rank's gradient inside the shard."""
+    """Shared by the sparse synchronizers: the rows of this rank's gradient inside the shard,
+    sent in two chained stages (every rank's row count, then the rows padded to the longest,
+    as collectives of tensors need equal sizes on every rank)."""
 
     def __init__(self, member: Member, weight: float, *, world: int, device, counter) -> None:
         self.world = world
         self.device = device
         self.counter = counter
-        self.works = []
         super().__init__([member], weight)
 
     def _store(self, member, grad):
         self.idx, self.vals = _rows(member, grad, self.weight, self.device)
 
+    def stage_groups(self):
+        return [None, None]
+
+    def pipeline(self):
+        sizes = [torch.zeros(1, dtype=torch.long, device=self.device) for _ in range(self.world)]
+        mine = torch.tensor([len(self.idx)], dtype=torch.long, device=self.device)
+        self.counter(mine)
+        yield None, lambda: dist.all_gather(sizes, mine, async_op=True)
+        self.sizes = [int(s.item()) for s in sizes]
+        longest = max(self.sizes)
+        pad_idx = torch.zeros(longest, dtype=torch.long, device=self.device)
+        pad_val = torch.zeros(longest, self.members[0].shape[1], dtype=self.vals.dtype, device=self.device)
+        pad_idx[: len(self.idx)] = self.idx
+        pad_val[: len(self.idx)] = self.vals
+        self.counter(pad_idx)
+        self.counter(pad_val)
+        yield None, lambda: _Works(self._send_rows(pad_idx, pad_val))
+
+    def _send_rows(self, pad_idx, pad_val) -> list:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     def _gathered_grad(self) -> torch.Tensor:
         """The summed sparse gradient of the shard from every rank's gathered rows."""
-        for w in self.works:
-            w.wait()
         m = self.members[0]
         idx = torch.cat([t[:n] for t, n in zip(self.all_idx, self.sizes)])
         vals = torch.cat([t[:n] for t, n in zip(self.all_val, self.sizes)])
@@ -253,12 +389,11 @@ class SparseAllGatherUnit(_SparseUnit):
     """A sparse shard synchronized by all-gather of (row indices, row values); every rank sums
     the gathered rows into the same sparse gradient and applies it itself."""
 
-    def _launch(self):
-        self.sizes, pad_idx, pad_val = _pad_rows(self)
+    def _send_rows(self, pad_idx, pad_val):
         self.all_idx = [torch.empty_like(pad_idx) for _ in range(self.world)]
         self.all_val = [torch.empty_like(pad_val) for _ in range(self.world)]
-        self.works = [dist.all_gather(self.all_idx, pad_idx, async_op=True),
-                      dist.all_gather(self.all_val, pad_val, async_op=True)]
+        return [dist.all_gather(self.all_idx, pad_idx, async_op=True),
+                dist.all_gather(self.all_val, pad_val, async_op=True)]
 
     def finish(self):
         self.members[0].view.grad = self._gathered_grad()
@@ -275,24 +410,24 @@ class SparsePSUnit(_SparseUnit):
         self.full_broadcast = full_broadcast
         super().__init__(member, weight, world=world, device=device, counter=counter)
 
-    def _launch(self):
-        self.sizes, pad_idx, pad_val = _pad_rows(self)
+    def _send_rows(self, pad_idx, pad_val):
         root = self.rank == self.placement
         self.all_idx = [torch.empty_like(pad_idx) for _ in range(self.world)] if root else None
         self.all_val = [torch.empty_like(pad_val) for _ in range(self.world)] if root else None
-        self.works = [dist.gather(pad_idx, self.all_idx, dst=self.placement, async_op=True),
-                      dist.gather(pad_val, self.all_val, dst=self.placement, async_op=True)]
+        return [dist.gather(pad_idx, self.all_idx, dst=self.placement, async_op=True),
+                dist.gather(pad_val, self.all_val, dst=self.placement, async_op=True)]
 
     def finish(self):
-        if self.rank == self.placement:
-            self.members[0].view.grad = self._gathered_grad()
-        else:
-            for w in self.works:
-                w.wait()
-            self.members[0].view.grad = None
+        self.members[0].view.grad = self._gathered_grad() if self.rank == self.placement else None
 
     def owned(self):
         return self.members if self.rank == self.placement else []
+
+    def source_of(self, member):
+        return self.placement
+
+    def counts_in_norm(self, rank):
+        return rank == self.placement
 
     def broadcast_phase(self, phase):
         if phase != 0:
@@ -307,14 +442,14 @@ class SparsePSUnit(_SparseUnit):
             if self.rank == self.placement:
                 self.rows = m.view.grad.indices()[0] if m.view.grad is not None else count[:0]
                 count[0] = len(self.rows)
-            self.counter.bytes += 8
+            self.counter(count)
             dist.broadcast(count, src=self.placement)
             if self.rank != self.placement:
                 self.rows = torch.empty(int(count.item()), dtype=torch.long, device=self.device)
             self.values = m.view.detach()[self.rows].contiguous() if self.rank == self.placement else torch.empty(
                 len(self.rows), m.shape[1], dtype=m.view.dtype, device=self.device)
-            self.counter.bytes += self.rows.numel() * 8
-        self.counter.bytes += self.values.numel() * self.values.element_size()
+            self.counter(self.rows)
+        self.counter(self.values)
         handles = [Handle(dist.broadcast(self.values, src=self.placement, async_op=True))]
         if self.rows is not None:
             handles.insert(0, Handle(dist.broadcast(self.rows, src=self.placement, async_op=True)))
@@ -329,3 +464,69 @@ class SparsePSUnit(_SparseUnit):
                 m.view.copy_(self.values)
             else:
                 m.view[self.rows] = self.values
+
+
+@dataclass(eq=False)
+class _Entry:
+    unit: _Unit
+    stages: Iterator[tuple[Any, Callable]]
+    groups: list  # group keys of the unit's stages, in order
+    launched: int = 0
+    next_stage: tuple[Any, Callable] | None = None
+    work: Any = None
+    done: bool = False
+
+
+class Scheduler:
+    """Launches the pipeline stages of every unit that is ready, in one order all ranks agree on.
+
+    Collectives on one process group must be issued in the same order on every rank of it.
+    Units join in the order their gradients complete (backward order, the same on every rank);
+    a unit's next stage starts as soon as its previous stage completed, unless an earlier unit
+    still has a stage to launch on the same group (it goes first). Never launching out of that
+    order on any group keeps every rank's sequence identical, whatever the timing.
+    """
+
+    def __init__(self, chain: bool = True) -> None:
+        self.entries: list[_Entry] = []
+        #: Whether later stages start as soon as their previous stage completed (else only when
+        #: progress blocks, i.e. in ``step``: the engine before stages were chained).
+        self.chain = chain
+
+    @staticmethod
+    def _key(group) -> int:
+        return 0 if group is None else id(group)
+
+    def add(self, unit: _Unit) -> None:
+        self.entries.append(_Entry(unit, unit.pipeline(), [self._key(g) for g in unit.stage_groups()]))
+
+    def progress(self, block: bool = False) -> None:
+        """Launch what may be launched and collect what completed; with ``block``, wait for the
+        oldest unit's stages one by one until every unit is done."""
+        while True:
+            busy: set[int] = set()
+            for i, e in enumerate(self.entries):
+                while not e.done:
+                    if e.work is not None:
+                        if not ((block and i == 0) or e.work.is_completed()):
+                            break
+                        e.work.wait()
+                        e.work = None
+                    if e.next_stage is None:
+                        e.next_stage = next(e.stages, None)  # runs the code after the previous stage
+                        if e.next_stage is None:
+                            e.done = True
+                            break
+                    group = self._key(e.next_stage[0])
+                    if e.launched >= len(e.groups) or group != e.groups[e.launched]:
+                        raise AssertionError(f"a stage on group {group} where {e.groups[e.launched:]} was declared")
+                    if group in busy or (e.launched > 0 and not self.chain and not (block and i == 0)):
+                        break
+                    e.work = e.next_stage[1]()
+                    e.next_stage = None
+                    e.launched += 1
+                if not e.done:
+                    busy.update(e.groups[e.launched:])
+            self.entries = [e for e in self.entries if not e.done]
+            if not block or not self.entries:
+                return

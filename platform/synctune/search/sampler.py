@@ -61,7 +61,11 @@ class RandomSampler:
                 if var.sparse and roll < (1 - self.ps_prob) / 2:
                     sync = AllGatherSynchronizer()
                 elif roll < self.ps_prob:
-                    sync = PSSynchronizer(placement=rng.choice(self.servers), local_aggregation=rng.random() < 0.5)
+                    # Local aggregation is drawn for every PS shard (the stream stays the same) and kept for
+                    # dense gradients only: the engine gathers sparse rows to the server directly.
+                    server = rng.choice(self.servers)
+                    local = rng.random() < 0.5
+                    sync = PSSynchronizer(placement=server, local_aggregation=local and not var.sparse)
                 else:
                     if rng.random() < self.new_group_prob:
                         group += 1
@@ -143,7 +147,8 @@ class GuidedSampler:
             shards = []
             for kind, j in kinds:
                 if kind == "ps":
-                    sync = PSSynchronizer(placement=self.servers[j], local_aggregation=rng.random() < local_rate)
+                    local = rng.random() < local_rate
+                    sync = PSSynchronizer(placement=self.servers[j], local_aggregation=local and not var.sparse)
                 elif kind == "allgather":
                     sync = AllGatherSynchronizer()
                 elif var.sparse:

@@ -62,7 +62,7 @@ class AllReduceOptions:
     """``chunk`` adjacent variables (backward order) share one merge group (AutoDist Fig. 7)."""
 
     chunk: int = 128
-    algorithm: str = "auto"
+    algorithm: str = "flat"
     compressor: str = "none"
     powersgd_rank: int = 4
 
@@ -90,17 +90,15 @@ class HorovodOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class PSOptions:
-    """``local_aggregation`` reduces within each node before going to the server."""
+    """``local_aggregation`` reduces dense gradients within each node before going to the server
+    (sparse rows go to the server directly: the engine aggregates dense shards only)."""
 
     local_aggregation: bool = False
-    staleness: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_aggregation, bool):
             raise StrategyError(f"builder ps: option local_aggregation: expected true or false, "
                                 f"got {self.local_aggregation!r}")
-        if not (is_int(self.staleness) and self.staleness >= 0):
-            raise StrategyError(f"builder ps: option staleness: expected a non-negative integer, got {self.staleness!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +227,7 @@ def _is_norm(var: VariableSpec) -> bool:
 def _dense_or_gather(var: VariableSpec, group: int, opts: AllReduceOptions | None = None) -> ShardPlan:
     if var.sparse:
         return ShardPlan(synchronizer=AllGatherSynchronizer())
-    algorithm = opts.algorithm if opts else "auto"
+    algorithm = opts.algorithm if opts else "flat"
     comp = Compressor()
     if opts and opts.compressor != "none":
         info = COMPRESSORS.get(opts.compressor)
@@ -276,8 +274,8 @@ def _horovod(model: ModelSpec, cluster: ClusterSpec, opts: HorovodOptions) -> St
 @_register("ps", PSOptions, "PS: every variable on one parameter server (the first node)")
 def _ps(model: ModelSpec, cluster: ClusterSpec, opts: PSOptions) -> Strategy:
     server = _servers(cluster)[0]
-    sync = PSSynchronizer(placement=server, local_aggregation=opts.local_aggregation, staleness=opts.staleness)
-    return _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=sync)) for v in model.variables])
+    return _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=PSSynchronizer(
+        placement=server, local_aggregation=opts.local_aggregation and not v.sparse))) for v in model.variables])
 
 
 @_register("ps-lb", PSOptions, "TF-PS-LB: each variable to the least-loaded server (one per node), by bytes")
@@ -286,7 +284,7 @@ def _ps_lb(model: ModelSpec, cluster: ClusterSpec, opts: PSOptions) -> Strategy:
     plans = []
     for var in model.variables:
         (server,) = loads.place(var.num_bytes)
-        sync = PSSynchronizer(placement=server, local_aggregation=opts.local_aggregation, staleness=opts.staleness)
+        sync = PSSynchronizer(placement=server, local_aggregation=opts.local_aggregation and not var.sparse)
         plans.append(_unpartitioned(var, ShardPlan(synchronizer=sync)))
     return _strategy(model, cluster, plans)
 
@@ -300,7 +298,7 @@ def _partitioned_ps(model: ModelSpec, cluster: ClusterSpec, opts: PartitionedPSO
         k = 1 if (not var.shape or _is_norm(var)) else shards_of(n, len(servers))
         placements = loads.place(var.num_bytes, k)
         shard_plans = tuple(
-            ShardPlan(synchronizer=PSSynchronizer(placement=p, local_aggregation=opts.local_aggregation))
+            ShardPlan(synchronizer=PSSynchronizer(placement=p, local_aggregation=opts.local_aggregation and not var.sparse))
             for p in placements
         )
         partition = (k,) + (1,) * (len(var.shape) - 1) if var.shape else ()

@@ -8,11 +8,12 @@ tolerance), and how the engine runs it (its implementation, below). Adding a com
 touches this module only; saved simulators record the registry's names and refuse to score
 with a different vocabulary.
 
-Implementations wrap a ``torch.distributed`` collective: ``all_reduce(buf, group, count)``
-and ``reduce(buf, dst, group, count)`` launch it on the encoded message and return ``(work,
-finish)``; after ``work.wait()``, ``finish()`` leaves the decoded sum in ``buf``. ``count(t)``
-is told every tensor handed to a collective (the engine's byte counter). torch is imported
-only when an implementation is built, so the strategy layer stays light.
+Implementations wrap ``torch.distributed`` collectives: ``all_reduce(buf, group, count)`` and
+``reduce(buf, dst, group, count)`` are generators that hand the engine, one at a time, the
+collectives to launch on the encoded message (see below); once exhausted, ``buf`` holds the
+decoded sum. ``count(t)`` is told every tensor handed to a collective (the engine's byte
+counter). torch is imported only when an implementation is built, so the strategy layer stays
+light.
 """
 
 from __future__ import annotations
@@ -31,46 +32,56 @@ def _cols(shape: tuple[int, ...]) -> int:
 
 
 # ----------------------------------------------------------------------------- implementations
+#
+# An implementation's ``all_reduce(buf, group, count)`` and ``reduce(buf, dst, group, count)`` are
+# generators: each ``yield`` hands the engine one ``launch`` function that starts a collective on
+# ``group`` and returns its work; the code after the ``yield`` runs once that work completed.
+# ``stages`` says how many collectives one call launches (the engine orders them across units).
 
 
 class _Identity:
     """``none``: the gradient as it is."""
 
+    stages = 1
+
     def all_reduce(self, buf, group, count):
         import torch.distributed as dist
 
         count(buf)
-        return dist.all_reduce(buf, group=group, async_op=True), None
+        yield lambda: dist.all_reduce(buf, group=group, async_op=True)
 
     def reduce(self, buf, dst, group, count):
         import torch.distributed as dist
 
         count(buf)
-        return dist.reduce(buf, dst=dst, group=group, async_op=True), None
+        yield lambda: dist.reduce(buf, dst=dst, group=group, async_op=True)
 
 
 class _Cast:
     """Cast to a 16-bit float for the wire and back (the sum is taken in 16 bits)."""
+
+    stages = 1
 
     def __init__(self, dtype: str) -> None:
         import torch
 
         self.dtype = getattr(torch, dtype)
 
-    def _wrap(self, buf, count, launch):
-        wire = buf.to(self.dtype)
-        count(wire)
-        return launch(wire), lambda: buf.copy_(wire)
-
     def all_reduce(self, buf, group, count):
         import torch.distributed as dist
 
-        return self._wrap(buf, count, lambda w: dist.all_reduce(w, group=group, async_op=True))
+        wire = buf.to(self.dtype)
+        count(wire)
+        yield lambda: dist.all_reduce(wire, group=group, async_op=True)
+        buf.copy_(wire)
 
     def reduce(self, buf, dst, group, count):
         import torch.distributed as dist
 
-        return self._wrap(buf, count, lambda w: dist.reduce(w, dst=dst, group=group, async_op=True))
+        wire = buf.to(self.dtype)
+        count(wire)
+        yield lambda: dist.reduce(wire, dst=dst, group=group, async_op=True)
+        buf.copy_(wire)
 
 
 class _PowerSGD:
@@ -78,10 +89,13 @@ class _PowerSGD:
     et al. 2019, as torch's ``powerSGD_hook``).
 
     ``members`` are ``(offset, rows, cols)`` of each matrix in the flat buffer; all their P
-    factors travel in one all-reduce, then all Q factors in a second. ``weight`` is this rank's
-    share of the global batch: messages arrive pre-scaled, so the error kept is the local
+    factors travel in one all-reduce, then all Q factors in a second (two chained stages: the
+    second starts when the first completed, without holding up other units). ``weight`` is this
+    rank's share of the global batch: messages arrive pre-scaled, so the error kept is the local
     message minus its share of the decoded sum.
     """
+
+    stages = 2
 
     def __init__(self, rank: int, members: list[tuple[int, int, int]], weight: float, seed: int) -> None:
         import torch
@@ -107,27 +121,23 @@ class _PowerSGD:
         local = [m.clone() for m in ms]
         p_flat = torch.cat([(m @ q).flatten() for m, q in zip(ms, self.qs)])
         count(p_flat)
-        work = dist.all_reduce(p_flat, group=group, async_op=True)
-
-        def finish():
-            ps, at = [], 0
-            for (_off, rows, _cols, r) in self.members:
-                p, _ = torch.linalg.qr(p_flat[at:at + rows * r].view(rows, r))
-                ps.append(p)
-                at += rows * r
-            q_flat = torch.cat([(m.t() @ p).flatten() for m, p in zip(ms, ps)])
-            count(q_flat)
-            dist.all_reduce(q_flat, group=group)
-            at = 0
-            for i, ((_off, _rows, cols, r), m, p) in enumerate(zip(self.members, ms, ps)):
-                q = q_flat[at:at + cols * r].view(cols, r)
-                at += cols * r
-                self.qs[i] = q.clone()
-                approx = p @ q.t()
-                self.errors[i] = local[i] - self.weight * approx
-                m.copy_(approx)
-
-        return work, finish
+        yield lambda: dist.all_reduce(p_flat, group=group, async_op=True)
+        ps, at = [], 0
+        for (_off, rows, _cols, r) in self.members:
+            p, _ = torch.linalg.qr(p_flat[at:at + rows * r].view(rows, r))
+            ps.append(p)
+            at += rows * r
+        q_flat = torch.cat([(m.t() @ p).flatten() for m, p in zip(ms, ps)])
+        count(q_flat)
+        yield lambda: dist.all_reduce(q_flat, group=group, async_op=True)
+        at = 0
+        for i, ((_off, _rows, cols, r), m, p) in enumerate(zip(self.members, ms, ps)):
+            q = q_flat[at:at + cols * r].view(cols, r)
+            at += cols * r
+            self.qs[i] = q.clone()
+            approx = p @ q.t()
+            self.errors[i] = local[i] - self.weight * approx
+            m.copy_(approx)
 
     def reduce(self, buf, dst, group, count):  # pragma: no cover - refused by validation (synchronizers)
         raise NotImplementedError("powersgd needs every rank to hold the projection; it wraps allreduce only")

@@ -40,15 +40,20 @@ __all__ = [
 ]
 
 #: Version of the strategy JSON schema; bump on any incompatible change.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Schema 1 named all-reduce algorithms the backend never let synctune choose (``auto``, ``ring``,
+#: ``tree``); every one of them ran as one flat collective, which schema 2 calls ``flat``.
+_SCHEMA_1_ALGORITHMS = ("auto", "ring", "tree")
 
 
 class StrategyError(SpecError):
     """A strategy that is malformed or inconsistent with its model/cluster spec."""
 
 
-#: Collective algorithms an all-reduce group may ask for; ``auto`` lets the backend choose.
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree")
+#: How an all-reduce merge group runs: ``flat``, one collective over every replica (the backend
+#: picks its ring or tree); ``hierarchical``, reduce-scatter inside each node, all-reduce of each
+#: piece across nodes, all-gather inside each node (Horovod's hierarchical all-reduce).
+ALLREDUCE_ALGORITHMS = ("flat", "hierarchical")
 
 
 def _check_keys(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
@@ -137,7 +142,7 @@ class AllReduceSynchronizer:
     """All-reduce among all replicas; plans with the same ``group`` are fused into one collective."""
 
     group: int = 0
-    algorithm: str = "auto"
+    algorithm: str = "flat"
     kind: str = "allreduce"
 
     def __post_init__(self) -> None:
@@ -312,8 +317,10 @@ class Strategy:
     def from_dict(cls, data: Any, where: str = "strategy") -> "Strategy":
         """Parse plain data; errors name the plan, variable and field."""
         d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"))
-        _req(d["schema"] == SCHEMA_VERSION, f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema)",
-             d["schema"])
+        if d["schema"] == 1 and not isinstance(d["schema"], bool):
+            d = _migrate_schema_1(d)
+        _req(d["schema"] == SCHEMA_VERSION and not isinstance(d["schema"], bool), f"{where}: schema",
+             f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 is read and migrated)", d["schema"])
         for key in ("replicas", "batch_split", "plans"):
             _req(isinstance(d[key], list), f"{where}: {key}", "a list", type(d[key]).__name__)
         plans = tuple(VariablePlan.from_dict(p, f"{where}: plans[{i}]") for i, p in enumerate(d["plans"]))
@@ -412,6 +419,26 @@ class Strategy:
         if s["max_staleness"]:
             parts.append(f"staleness<={s['max_staleness']}")
         return " | ".join(parts)
+
+
+def _migrate_schema_1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema-1 strategy in schema 2: its all-reduce algorithms were never executed (every group
+    ran flat), so they become ``flat``; nothing else changed."""
+    out = dict(data, schema=SCHEMA_VERSION)
+    plans = []
+    for plan in data["plans"] if isinstance(data["plans"], list) else []:
+        if isinstance(plan, Mapping) and isinstance(plan.get("shards"), list):
+            shards = []
+            for shard in plan["shards"]:
+                sync = shard.get("synchronizer") if isinstance(shard, Mapping) else None
+                if isinstance(sync, Mapping) and sync.get("kind") == "allreduce" and sync.get(
+                        "algorithm", "auto") in _SCHEMA_1_ALGORITHMS:
+                    shard = dict(shard, synchronizer=dict(sync, algorithm="flat"))
+                shards.append(shard)
+            plan = dict(plan, shards=shards)
+        plans.append(plan)
+    out["plans"] = plans if isinstance(data["plans"], list) else data["plans"]
+    return out
 
 
 def load_strategy(path: str | Path) -> Strategy:

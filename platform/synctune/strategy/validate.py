@@ -70,6 +70,11 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
         if b <= 0:
             raise StrategyError(f"strategy: batch_split[{i}]: expected a positive batch size, got {b}")
 
+    per_node: dict[str, int] = {}
+    for dev in strategy.replicas:
+        node = cluster.node_of(dev).name
+        per_node[node] = per_node.get(node, 0) + 1
+    uneven_nodes = ", ".join(f"{n} on {node}" for node, n in per_node.items()) if len(set(per_node.values())) > 1 else ""
     planned: set[str] = set()
     groups: dict[int, tuple[str, str, str]] = {}
     for i, plan in enumerate(strategy.plans):
@@ -87,6 +92,11 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
             sync = shard.synchronizer
             comp = shard.compressor
             if isinstance(sync, PSSynchronizer):
+                if sync.local_aggregation and var.sparse:
+                    raise StrategyError(
+                        f"{swhere}.synchronizer.local_aggregation: not executed for a sparse gradient (its rows go "
+                        f"to the server directly); set it to false"
+                    )
                 if not cluster.has_device(sync.placement):
                     raise StrategyError(
                         f"{swhere}.synchronizer.placement: device {sync.placement!r} does not exist in cluster "
@@ -115,6 +125,17 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
                 raise StrategyError(
                     f"{swhere}.compressor: {comp.label} wraps {' or '.join(info.synchronizers)} only, not {sync.kind}"
                 )
+            if isinstance(sync, AllReduceSynchronizer) and sync.algorithm == "hierarchical":
+                if comp.kind != "none":
+                    raise StrategyError(
+                        f"{swhere}.compressor: {comp.label} with a hierarchical all-reduce is not executed; use "
+                        f"compressor none, or algorithm flat"
+                    )
+                if uneven_nodes:
+                    raise StrategyError(
+                        f"{swhere}.synchronizer.algorithm: hierarchical needs the same number of replicas on every "
+                        f"node, and the replicas are {uneven_nodes}; use algorithm flat"
+                    )
             if isinstance(sync, AllReduceSynchronizer):
                 key = (sync.algorithm, comp.label, "sparse" if var.sparse else "dense")
                 first = groups.setdefault(sync.group, key + (plan.variable,))

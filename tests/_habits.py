@@ -1,0 +1,196 @@
+"""Models that are not in the zoo, with the habits of real training loops (frozen, tied and
+unused parameters, BatchNorm buffers), the engine-side training loop of every habit (micro-batch
+accumulation with no_sync, autocast with a GradScaler, clipping, a checkpoint saved under one
+strategy and resumed under another), and their independent references: single-process training
+on the concatenated batch, or torch DDP where per-replica BatchNorm makes single-process
+training a different computation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from synctune.spec import ClusterSpec, extract_model_spec
+from synctune.strategy import Strategy
+
+VOCAB, DIM, CLASSES = 20, 8, 4
+
+
+class HabitNet(nn.Module):
+    """Tied input/output embedding, a frozen layer in the middle, a parameter no forward uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.frozen = nn.Linear(DIM, DIM)
+        self.frozen.requires_grad_(False)
+        self.hidden = nn.Linear(DIM, DIM)
+        self.unused = nn.Parameter(torch.ones(3))
+
+    def forward(self, tokens, target, scale=None):
+        h = self.emb(tokens).mean(1)
+        if scale is not None:
+            h = h * scale[:, None]
+        h = torch.relu(self.frozen(h))
+        h = self.hidden(h)
+        logits = h @ self.emb.weight.t()  # the output layer is the input embedding, tied
+        return F.cross_entropy(logits.float(), target, reduction="sum")
+
+
+class BNNet(nn.Module):
+    """A BatchNorm layer whose running statistics are buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(DIM, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.lin2 = nn.Linear(16, CLASSES)
+
+    def forward(self, x, target):
+        return F.cross_entropy(self.lin2(torch.relu(self.bn(self.lin1(x)))), target, reduction="sum")
+
+
+MODELS = {"habit": HabitNet, "bn": BNNet}
+
+
+def spec_of(kind: str):
+    """The model spec, traced on the meta device (frozen parameters are not variables)."""
+    with torch.device("meta"):
+        module = MODELS[kind]()
+    return extract_model_spec(module, name=f"{kind}-net", batch_size=4,
+                              run_step=lambda m: m(*batch_of(kind, 2, 0, 0, 0, device="meta")))
+
+
+def batch_of(kind: str, n: int, seed: int, step: int, rank: int, device="cpu", poison: bool = False) -> tuple:
+    """Rank ``rank``'s batch of step ``step``; ``poison`` puts an overflowing sample in it."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank) if device != "meta" else None
+    if kind == "habit":
+        tokens = torch.randint(0, VOCAB, (n, 5), generator=gen, device=device)
+        target = torch.randint(0, VOCAB, (n,), generator=gen, device=device)
+        scale = torch.ones(n, device=device)
+        if poison:
+            scale[0] = float("inf")  # an overflow in the forward pass: inf/nan gradients on this rank only
+        return tokens, target, scale
+    x = torch.randn(n, DIM, generator=gen, device=device)
+    return x, torch.randint(0, CLASSES, (n,), generator=gen, device=device)
+
+
+def _joined(parts: list[tuple]) -> tuple:
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
+
+
+def make_optimizer(name: str, params, lr: float):
+    return torch.optim.Adam(params, lr=lr) if name == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.5)
+
+
+def _state(module: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def reference(case: dict) -> dict:
+    """Single-process training on the concatenated batch, with the case's habits."""
+    torch.manual_seed(case["seed"])
+    module = MODELS[case["model"]]()
+    opt = make_optimizer(case["optimizer"], [p for p in module.parameters() if p.requires_grad], case["lr"])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if case.get("amp") else None
+    split = case["batch_split"]
+    total = sum(split)
+    for step in range(case["steps"]):
+        parts = [batch_of(case["model"], n, case["seed"], step, r, poison=(r == 1 and step == case.get("poison_step")))
+                 for r, n in enumerate(split)]
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16) if scaler else contextlib.nullcontext():
+            loss = module(*_joined(parts)) / total
+        (scaler.scale(loss) if scaler else loss).backward()
+        if case.get("clip"):
+            if scaler:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), case["clip"])
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+    return _state(module)
+
+
+def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Train each case with the engine on this rank; results: final state, or the error text of
+    the cases that expect the engine to refuse what the loop does."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from synctune.engine.core import StrategyEngine
+
+    out = []
+    for case in cases:
+        cluster = ClusterSpec.from_dict(case["cluster"])
+        spec = spec_of(case["model"])
+        strategies = [Strategy.from_dict(case["strategy"])] + (
+            [Strategy.from_dict(case["switch_to"])] if case.get("switch_to") else [])
+        split = strategies[0].batch_split
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if case.get("amp") else None
+        torch.manual_seed(case["seed"])
+        module = MODELS[case["model"]]()
+
+        def engine_for(strategy, module):
+            return StrategyEngine(module, strategy, spec, cluster,
+                                  lambda ps: make_optimizer(case["optimizer"], ps, case["lr"]),
+                                  broadcast_buffers=case.get("broadcast_buffers", True))
+
+        engine = engine_for(strategies[0], module)
+        result: dict = {}
+        try:
+            for step in range(case["steps"]):
+                if case.get("switch_to") and step == case["steps"] // 2:
+                    saved = engine.state_dict()
+                    engine.close()
+                    torch.manual_seed(case["seed"] + 99)  # a different start: the checkpoint must set it all
+                    module = MODELS[case["model"]]()
+                    engine = engine_for(strategies[1], module)
+                    engine.load_state_dict(saved)
+                batch = batch_of(case["model"], split[rank], case["seed"], step, rank,
+                                 poison=(rank == 1 and step == case.get("poison_step")))
+                micro = case.get("micro", 1)
+                chunks = [tuple(t.tensor_split(micro)[i] for t in batch) for i in range(micro)]
+                for i, chunk in enumerate(chunks):
+                    sync = i == micro - 1 or case.get("forget_no_sync")
+                    with contextlib.nullcontext() if sync else engine.no_sync():
+                        with torch.autocast("cpu", dtype=torch.bfloat16) if scaler else contextlib.nullcontext():
+                            # The sum over this rank's samples over the global batch size: the engine
+                            # weighs ranks by their share, so a rank's loss is its mean.
+                            loss = module(*chunk) / split[rank]
+                        (scaler.scale(loss) if scaler else loss).backward()
+                if case.get("clip"):
+                    if scaler:
+                        raise AssertionError("clip with amp is not part of these cases")
+                    result.setdefault("norms", []).append(float(engine.clip_grad_norm_(case["clip"])))
+                engine.step(scaler)
+                if scaler:
+                    scaler.update()
+                    result.setdefault("scales", []).append(float(scaler.get_scale()))
+                engine.zero_grad()
+        except Exception as exc:  # noqa: BLE001 - the error cases report what the engine said
+            if not case.get("expect_error"):
+                raise
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(result)
+            continue
+        engine.close()
+        result["state"] = _state(module)
+        if case.get("ddp"):
+            torch.manual_seed(case["seed"])
+            plain = MODELS[case["model"]]()
+            ddp = DDP(plain, broadcast_buffers=case.get("broadcast_buffers", True))
+            opt = make_optimizer(case["optimizer"], ddp.parameters(), case["lr"])
+            for step in range(case["steps"]):
+                batch = batch_of(case["model"], split[rank], case["seed"], step, rank)
+                opt.zero_grad()
+                # DDP averages over ranks: the same global-mean loss for equal batches.
+                (ddp(*batch) / split[rank]).backward()
+                opt.step()
+            result["ddp"] = _state(plain)
+        out.append(result)
+    return out

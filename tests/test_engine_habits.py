@@ -1,0 +1,159 @@
+"""The habits of real training loops, each exact against an independent reference on 2 and 4 gloo
+processes, with models that are not in the zoo: frozen, tied and unused parameters; gradient
+accumulation over micro-batches with ``no_sync`` (and a clear error without it); BatchNorm
+buffers broadcast or kept local, against torch DDP; autocast with a GradScaler whose skip
+decision all ranks share; clipping by the global norm; a checkpoint saved under one strategy
+and resumed under another."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from _engine_workers import random_strategy
+from _habits import reference, spec_of, habits_worker
+from synctune.engine.local import run_local
+from synctune.spec import cluster_preset
+from synctune.strategy import build_strategy, validate
+
+SPLITS = {"local-1x2": (3, 5), "local-2x2": (3, 4, 5, 4)}
+
+
+def _strategy(cluster, kind: str, builder: str | None = None, seed: int = 0, **options):
+    spec = spec_of(kind)
+    if builder is None:
+        s = random_strategy(spec, cluster, random.Random(seed))
+    else:
+        s = build_strategy(builder, spec, cluster, **options)
+    s = type(s)(**{**s.__dict__, "batch_split": SPLITS[cluster.name]})
+    validate(s, spec, cluster)
+    return s
+
+
+def _cases(cluster_name: str) -> list[dict]:
+    cluster = cluster_preset(cluster_name)
+    base = {"cluster": cluster.to_dict(), "batch_split": SPLITS[cluster_name], "seed": 3, "steps": 3}
+    cases = []
+
+    def add(label, kind, strategy, **extra):
+        cases.append({**base, "label": label, "model": kind, "strategy": strategy.to_dict(), "optimizer": "sgd",
+                      "lr": 0.2, **extra})
+
+    for builder, options in [("allreduce", {}), ("allreduce", {"algorithm": "hierarchical"}),
+                             ("ps-lb", {"local_aggregation": True}), ("partitioned-ps", {}), ("parallax", {})]:
+        label = builder + "".join(f"-{v}" for v in options.values())
+        add(f"plain/{label}", "habit", _strategy(cluster, "habit", builder, **options))
+    add("plain/random", "habit", _strategy(cluster, "habit", seed=1))
+    add("micro3/allreduce", "habit", _strategy(cluster, "habit", "allreduce"), micro=3)
+    add("micro3/ps-local", "habit", _strategy(cluster, "habit", "ps-lb", local_aggregation=True), micro=3)
+    add("micro2/random", "habit", _strategy(cluster, "habit", seed=2), micro=2)
+    add("clip/ps-lb", "habit", _strategy(cluster, "habit", "ps-lb"), clip=0.05)
+    add("clip/random", "habit", _strategy(cluster, "habit", seed=3), clip=0.05)
+    add("amp/ps", "habit", _strategy(cluster, "habit", "ps"), amp=True, poison_step=1)
+    add("amp/random", "habit", _strategy(cluster, "habit", seed=4), amp=True, poison_step=1)
+    add("checkpoint/partitioned-ps->allreduce-hierarchical", "habit",
+        _strategy(cluster, "habit", "partitioned-ps", local_aggregation=True), optimizer="adam", lr=0.05, steps=4,
+        switch_to=_strategy(cluster, "habit", "allreduce", algorithm="hierarchical").to_dict())
+    add("checkpoint/random->ps-lb", "habit", _strategy(cluster, "habit", seed=5), optimizer="adam", lr=0.05,
+        steps=4, switch_to=_strategy(cluster, "habit", "ps-lb").to_dict())
+    add("error/no_sync-forgotten", "habit", _strategy(cluster, "habit", "allreduce"), micro=2,
+        forget_no_sync=True, expect_error=True)
+    for buffers in (True, False):
+        for builder in ("allreduce", "ps-lb"):
+            add(f"bn/{builder}/broadcast_buffers={buffers}", "bn", _strategy(cluster, "bn", builder), ddp=True,
+                broadcast_buffers=buffers, batch_split=(4,) * cluster.num_devices)
+    for case in cases:  # equal batches where DDP is the reference (it averages over ranks)
+        if case.get("ddp"):
+            strategy = case["strategy"]
+            strategy["batch_split"] = [4] * cluster.num_devices
+    return cases
+
+
+@pytest.fixture(scope="module", params=["local-1x2", "local-2x2"])
+def trained(request):
+    cases = _cases(request.param)
+    world = cluster_preset(request.param).num_devices
+    return cases, run_local(habits_worker, world, (cases,), timeout_s=900, threads=1)
+
+
+def _each(trained, prefix: str):
+    cases, outputs = trained
+    return [(c, [o[i] for o in outputs]) for i, c in enumerate(cases) if c["label"].startswith(prefix)]
+
+
+def _same_on_every_rank(label, per_rank):
+    for r, out in enumerate(per_rank[1:], 1):
+        for k, v in out["state"].items():
+            assert torch.equal(v, per_rank[0]["state"][k]), f"{label}: rank {r} differs on {k}"
+
+
+@pytest.mark.parametrize("prefix", ["plain/", "micro", "clip/", "checkpoint/"])
+def test_habits_train_exactly_like_one_process(trained, prefix):
+    for case, per_rank in _each(trained, prefix):
+        label = case["label"]
+        _same_on_every_rank(label, per_rank)
+        expected = reference(case)
+        got = per_rank[0]["state"]
+        assert got.keys() == expected.keys()
+        tol = {"rtol": 1e-4, "atol": 2e-5} if case["optimizer"] == "adam" else {"rtol": 1e-5, "atol": 1e-6}
+        for k in expected:
+            torch.testing.assert_close(got[k], expected[k], **tol, msg=lambda m, k=k: f"{label}: {k}: {m}")
+        # The frozen layer never moved, the unused parameter neither (no gradient, zero update).
+        initial = reference({**case, "steps": 0})
+        for k in ("frozen.weight", "frozen.bias", "unused"):
+            assert torch.equal(got[k], initial[k]), f"{label}: {k} changed"
+        assert not torch.equal(got["emb.weight"], initial["emb.weight"]), f"{label}: nothing trained"
+
+
+def test_clipping_reports_the_global_norm_on_every_rank(trained):
+    for case, per_rank in _each(trained, "clip/"):
+        norms = [out["norms"] for out in per_rank]
+        assert all(n == norms[0] for n in norms), case["label"]
+        assert all(n > case["clip"] for n in norms[0]), (case["label"], norms[0])  # so clipping did happen
+
+
+def test_amp_skips_a_poisoned_step_on_every_rank(trained):
+    """Rank 1's batch overflows at step 1: every rank skips that step (the scale halves on all of
+    them) although some never saw an inf themselves (a PS server's gradient lives on the server
+    only); the result equals single-process mixed-precision training."""
+    for case, per_rank in _each(trained, "amp/"):
+        label = case["label"]
+        _same_on_every_rank(label, per_rank)
+        scales = [out["scales"] for out in per_rank]
+        assert all(s == scales[0] for s in scales), label
+        assert scales[0][1] == scales[0][0] / 2, (label, scales[0])  # the poisoned step was skipped
+        expected = reference(case)
+        for k, v in expected.items():
+            # bf16 autocast: a batch split across ranks runs other kernel shapes than the whole one.
+            torch.testing.assert_close(per_rank[0]["state"][k], v, rtol=2e-2, atol=2e-3,
+                                       msg=lambda m, k=k: f"{label}: {k}: {m}")
+
+
+def test_a_second_backward_without_no_sync_is_a_clear_error(trained):
+    (case, per_rank), = _each(trained, "error/")
+    for out in per_rank:
+        message = out["error"]
+        assert message.startswith("SynchronizationError: variable ") and "no_sync()" in message, message
+        assert "engine.step()" in message
+
+
+def test_buffers_follow_torch_ddp_broadcast_buffers(trained):
+    """BatchNorm statistics: broadcast from rank 0 after every step by default (DDP broadcasts
+    them before every forward: the same state at every forward, so rank 0 ends as DDP's rank 0
+    and the others hold rank 0's), or kept local with ``broadcast_buffers=False`` (every rank
+    ends as DDP's same rank); parameters match torch DDP on every rank."""
+    for case, per_rank in _each(trained, "bn/"):
+        label = case["label"]
+        for r, out in enumerate(per_rank):
+            for k, v in out["ddp"].items():
+                buffer = "running" in k or "num_batches" in k
+                want = per_rank[0]["ddp"][k] if (buffer and case["broadcast_buffers"]) else v
+                torch.testing.assert_close(out["state"][k], want, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m, k=k, r=r: f"{label}: rank {r}: {k}: {m}")
+        means = [out["state"]["bn.running_mean"] for out in per_rank]
+        if case["broadcast_buffers"]:
+            assert all(torch.equal(m, means[0]) for m in means), label
+        else:
+            assert not all(torch.equal(m, means[0]) for m in means), label
