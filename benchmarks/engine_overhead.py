@@ -4,11 +4,15 @@ On the same worker processes, model, data and bucket size, per-iteration time of
   (a) synctune's engine running the Horovod-like builder (fusion threshold = bucket size),
   (b) torch DistributedDataParallel with bucket_cap_mb = bucket size,
   (c) the raw collectives alone: all-reduce of the same buckets, no compute,
-  (d) compute alone: forward + backward + SGD step, no synchronization.
+  (d) compute alone: forward + backward + SGD step, no synchronization,
+and, where the cluster has several nodes of several devices, hierarchical PS (TF-PS-LB with
+local aggregation) with its stages
+  (e) chained: the cross-node reduce starts as soon as the node's reduce completed, during backward,
+  (f) blocking: the cross-node reduces run one by one inside step (the engine before chaining).
 Configurations are interleaved iteration by iteration, so drift on a shared machine hits all alike.
-Goal (issue "Execution engine"): (a)/(b) <= 1.05.
+Goals: (a)/(b) <= 1.05; (e)/(f) < 1.
 
-    python benchmarks/engine_overhead.py [--model bert-tiny] [--cluster local-1x2] [--bucket-mb 25]
+    python benchmarks/engine_overhead.py [--model bert-tiny] [--cluster local-1x2] [--bucket-mb 25] [--device cuda]
 
 A lab preset (``--cluster lab-2x2``, after ``synctune lab up lab-2x2``) runs it over shaped links.
 """
@@ -33,29 +37,42 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     name = args["model"]
     cluster = resolve_cluster(args["cluster"])
     spec = model_spec(name)
+    device = torch.device("cpu")
+    if args["device"] == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     bucket = int(args["bucket_mb"] * 2**20)
     strategy = build_strategy("horovod", spec, cluster, fusion_threshold_bytes=bucket)
-    batch = make_batch(name, spec.batch_size, generator=torch.Generator().manual_seed(rank))
+    batch = tuple(t.to(device) for t in make_batch(name, spec.batch_size, generator=torch.Generator().manual_seed(rank)))
 
-    torch.manual_seed(0)
-    ours_model = build_model(name)
-    engine = StrategyEngine(ours_model, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=1e-3))
-    torch.manual_seed(0)
-    ddp_model = DDP(build_model(name), bucket_cap_mb=args["bucket_mb"])
-    ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)
-    torch.manual_seed(0)
-    alone_model = build_model(name)
-    alone_opt = torch.optim.SGD(alone_model.parameters(), lr=1e-3)
+    def model():
+        torch.manual_seed(0)
+        return build_model(name).to(device)
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=1e-3)
+
+    ours_model = model()
+    engine = StrategyEngine(ours_model, strategy, spec, cluster, sgd)
+    ddp_model = DDP(model(), bucket_cap_mb=args["bucket_mb"])
+    ddp_opt = sgd(ddp_model.parameters())
+    alone_model = model()
+    alone_opt = sgd(alone_model.parameters())
     sizes: dict[int, int] = {}
     for plan in strategy.plans:
         g = plan.shards[0].synchronizer.group
         sizes[g] = sizes.get(g, 0) + spec[plan.variable].num_elements
-    buffers = [torch.zeros(n) for _g, n in sorted(sizes.items())]
+    buffers = [torch.zeros(n, device=device) for _g, n in sorted(sizes.items())]
 
-    def ours():
-        ours_model(*batch).backward()
-        engine.step()
-        engine.zero_grad()
+    def engine_step(module, eng):
+        def run():
+            module(*batch).backward()
+            eng.step()
+            eng.zero_grad()
+
+        return run
+
+    ours = engine_step(ours_model, engine)
 
     def ddp():
         ddp_opt.zero_grad()
@@ -73,6 +90,11 @@ def _worker(rank: int, world: int, args: dict) -> dict:
         alone_opt.step()
 
     configs = {"synctune": ours, "ddp": ddp, "raw": raw, "compute": compute}
+    if len(cluster.nodes) > 1 and any(n.num_devices > 1 for n in cluster.nodes):
+        hps = build_strategy("ps-lb", spec, cluster, local_aggregation=True)
+        for key, overlap in (("hps_chained", True), ("hps_blocking", False)):
+            module = model()
+            configs[key] = engine_step(module, StrategyEngine(module, hps, spec, cluster, sgd, overlap=overlap))
     times: dict[str, list[float]] = {k: [] for k in configs}
     for fn in configs.values():
         for _ in range(args["warmup"]):
@@ -83,6 +105,8 @@ def _worker(rank: int, world: int, args: dict) -> dict:
             dist.barrier()
             t0 = time.perf_counter()
             fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             times[key].append(time.perf_counter() - t0)
     gathered = [None] * world
     dist.all_gather_object(gathered, times)
@@ -91,7 +115,7 @@ def _worker(rank: int, world: int, args: dict) -> dict:
 
 
 def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5, iters: int = 20,
-            rounds: int = 3) -> dict[str, list[float]]:
+            rounds: int = 3, device: str = "cpu") -> dict[str, list[float]]:
     """Per configuration, the per-iteration times (slowest rank) of the interleaved runs. A lab
     cluster's workers run in the lab's namespaces (the lab must be up with that preset)."""
     from synctune.engine.local import rank_networks, run_local
@@ -105,8 +129,13 @@ def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: i
 
         nets = rank_networks(cluster, cluster.devices, lab_attach(cluster))
     args = {"model": model, "cluster": cluster_name, "bucket_mb": bucket_mb, "warmup": warmup, "iters": iters,
-            "rounds": rounds}
-    return run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets)[0]
+            "rounds": rounds, "device": device}
+    backend = "gloo"
+    if device == "cuda":
+        from synctune.engine.trial import GPU_BACKEND
+
+        backend = GPU_BACKEND
+    return run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
 
 
 def main() -> None:
@@ -117,25 +146,33 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: models on the GPUs (ranks share them round-robin), NCCL for CUDA tensors")
     args = parser.parse_args()
 
     from synctune.spec import resolve_cluster
 
     world = resolve_cluster(args.cluster).num_devices
     out = measure(args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
-                  rounds=args.rounds)
+                  rounds=args.rounds, device=args.device)
     med = {k: statistics.median(v) for k, v in out.items()}
-    print(f"model {args.model}, cluster {args.cluster} ({world} gloo processes), bucket {args.bucket_mb:g} MiB, "
+    print(f"model {args.model}, cluster {args.cluster} ({world} processes, {args.device}), bucket {args.bucket_mb:g} MiB, "
           f"{args.rounds * args.iters} interleaved iterations of each configuration")
     print(f"{'configuration':<34}{'median ms':>10}{'mean ms':>10}")
     labels = {"synctune": "(a) synctune all-reduce (horovod)", "ddp": "(b) torch DDP",
-              "raw": "(c) raw collectives only", "compute": "(d) compute only (no sync)"}
+              "raw": "(c) raw collectives only", "compute": "(d) compute only (no sync)",
+              "hps_chained": "(e) hierarchical PS, chained", "hps_blocking": "(f) hierarchical PS, blocking"}
     for key, label in labels.items():
+        if key not in out:
+            continue
         print(f"{label:<34}{med[key] * 1e3:>10.1f}{statistics.fmean(out[key]) * 1e3:>10.1f}")
     print(f"ratio (a)/(b) = {med['synctune'] / med['ddp']:.3f}   (goal <= 1.05)")
     print(f"ratio (a)/(c) = {med['synctune'] / med['raw']:.3f}   ratio (b)/(c) = {med['ddp'] / med['raw']:.3f}")
     print(f"sync overhead over compute: (a) {med['synctune'] - med['compute']:.4f} s, "
           f"(b) {med['ddp'] - med['compute']:.4f} s")
+    if "hps_chained" in med:
+        print(f"ratio (e)/(f) = {med['hps_chained'] / med['hps_blocking']:.3f}   (goal < 1: chained stages overlap "
+              f"backward)")
 
 
 if __name__ == "__main__":

@@ -20,13 +20,24 @@ from synctune.strategy import (
 )
 
 
-def batches(model: str, split, step: int, seed: int = 0):
-    """The per-rank batches of one step: rank r's batch depends on (seed, step, r) only."""
+def batches(model: str, split, step: int, seed: int = 0, device="cpu"):
+    """The per-rank batches of one step: rank r's batch depends on (seed, step, r) only (drawn on
+    the CPU, then moved: the same numbers on any device)."""
     out = []
     for r, n in enumerate(split):
         gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + r)
-        out.append(make_batch(model, n, generator=gen))
+        out.append(tuple(t.to(device) for t in make_batch(model, n, generator=gen)))
     return out
+
+
+def _device(case: dict, rank: int) -> torch.device:
+    """The case's device for this rank: ``cuda`` shares the GPUs round-robin (two processes may
+    share one GPU over gloo)."""
+    if case.get("device", "cpu") != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def make_optimizer(name: str, params, lr: float):
@@ -62,29 +73,30 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         strategy = Strategy.from_dict(case["strategy"])
         cluster = ClusterSpec.from_dict(case["cluster"])
         name = strategy.model["name"]
+        device = _device(case, rank)
         torch.manual_seed(case.get("seed", 0))
-        module = build_model(name)
+        module = build_model(name).to(device)
         engine = StrategyEngine(module, strategy, model_spec(name), cluster,
                                 lambda ps: make_optimizer(case["optimizer"], ps, case["lr"]))
         for step in range(case["steps"]):
             batch = batches(name, strategy.batch_split, 0 if case.get("fixed_batch") else step,
-                            case.get("seed", 0))[rank]
+                            case.get("seed", 0), device)[rank]
             module(*batch).backward()
             engine.step()
             engine.zero_grad()
         engine.close()
-        result = {"params": {k: v.detach().clone() for k, v in module.state_dict().items()}}
+        result = {"params": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}}
         if case.get("ddp"):
             torch.manual_seed(case.get("seed", 0))
-            plain = build_model(name)
+            plain = build_model(name).to(device)
             ddp = DDP(plain, bucket_cap_mb=case.get("bucket_cap_mb", 25))
             opt = make_optimizer(case["optimizer"], ddp.parameters(), case["lr"])
             for step in range(case["steps"]):
-                batch = batches(name, strategy.batch_split, step, case.get("seed", 0))[rank]
+                batch = batches(name, strategy.batch_split, step, case.get("seed", 0), device)[rank]
                 opt.zero_grad()
                 ddp(*batch).backward()
                 opt.step()
-            result["ddp"] = {k: v.detach().clone() for k, v in plain.state_dict().items()}
+            result["ddp"] = {k: v.detach().cpu().clone() for k, v in plain.state_dict().items()}
         out.append(result)
     return out
 
@@ -153,14 +165,15 @@ def conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                          batch_size=1)
         strategy = Strategy.from_dict(case["strategy"])
         cluster = ClusterSpec.from_dict(case["cluster"])
-        module = Probe(shapes)
+        device = _device(case, rank)
+        module = Probe(shapes).to(device)
         engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=1.0))
         results = []
         for step, xs in enumerate(case["inputs"][rank]):
-            module(*xs).backward()
+            module(*(x.to(device) for x in xs)).backward()
             engine.step()
             engine.zero_grad()
-            results.append({k: -v.detach().clone() for k, v in module.state_dict().items()})
+            results.append({k: -v.detach().cpu().clone() for k, v in module.state_dict().items()})
             with torch.no_grad():
                 for p in module.parameters():
                     p.zero_()

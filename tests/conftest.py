@@ -13,6 +13,20 @@ from _searches import search_env, tiny_experiment
 os.environ.setdefault("RAY_ADDRESS", "local")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The gpu tier runs where CUDA is; elsewhere its tests are skipped with the reason."""
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device here: the gpu tier (python3 -m pytest -m gpu) runs on a GPU machine")
+    for item in gpu:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def zoo_specs():
     """Model specs of every zoo model (built once, on the meta device)."""

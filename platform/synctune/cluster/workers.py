@@ -13,7 +13,15 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.local import rank_networks
-from ..engine.trial import TrialConfig, TrialResult, check_trial, failed_result, result_from_rank0, trial_payload
+from ..engine.trial import (
+    GPU_BACKEND,
+    TrialConfig,
+    TrialResult,
+    check_trial,
+    failed_result,
+    result_from_rank0,
+    trial_payload,
+)
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import InfraError, SpecError
 
@@ -145,7 +153,7 @@ class RayWorkerGroup:
         #: Per rank: the Ray node id and the node type it runs on (None when untyped).
         self.placement: list[dict[str, Any]] = []
         self.pg = None
-        self.backend = "nccl" if cluster.device_kind == "gpu" else "gloo"
+        self.backend = GPU_BACKEND if cluster.device_kind == "gpu" else "gloo"
         if cluster.device_kind == "mixed":
             raise SpecError(f"cluster {cluster.name!r} mixes GPU and CPU nodes; one process group needs one backend")
         self.starts = 0

@@ -23,6 +23,10 @@ from ..strategy.schema import Strategy
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
            "check_trial", "PeakMemory", "STATUSES"]
 
+#: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
+#: tensors a training loop may still hand a collective (a count, a flag).
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+
 #: Every trial ends in one of these.
 STATUSES = ("ok", "failed", "timeout", "oom")
 OPTIMIZERS = ("sgd", "adam")  # names a workload's make_optimizer takes
@@ -189,7 +193,7 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
     if node.device_kind == "gpu":
         # Local launches own every GPU of the machine (rank r takes GPU r); a Ray actor sees only
         # the GPU Ray gave it, as index 0.
-        device = torch.device("cuda", rank if gpu_per_rank else 0)
+        device = torch.device("cuda", rank % torch.cuda.device_count() if gpu_per_rank else 0)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -311,7 +315,7 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
         if kinds != {"gpu"} or have < needed:
             raise SpecError(f"cluster {cluster.name!r} needs {needed} GPU worker(s) and this machine has {have} GPU(s); "
                             f"run it on a Ray cluster with matching nodes, or use a local-* preset")
-        backend = "nccl"
+        backend = GPU_BACKEND
     payload = trial_payload(workload, strategy, cluster, config, spec)
     start = time.monotonic()
     try:
