@@ -152,7 +152,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     if done and not resume:
         raise SpecError(f"search {search_id!r} already has {len(done)} recorded trial(s) in {ds.root}; "
                         f"pass --resume to continue it, or change the experiment's name or seed")
-    state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "hash": r.strategy_hash,
+    # Hashes are recomputed from the strategies (a row of an older strategy schema stores the
+    # hash of its old form): the search must recognise a strategy it measured in any schema.
+    state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json),
                          "origin": r.origin, "predicted": r.predicted_time_s,
                          "runtime": r.mean_s if r.status == "ok" else None}
                         for r in sorted(done, key=lambda r: (r.created_at, r.record_id))]}

@@ -308,9 +308,8 @@ class Algorithm1:
         algo = cls(model, cluster, experiment, simulator)
         trials = []
         for t in state.get("trials", []):
-            t = dict(t)
-            t.setdefault("hash", Strategy.from_dict(t["strategy"]).hash)
-            trials.append(t)
+            strategy = Strategy.from_dict(t["strategy"])  # migrates older schemas
+            trials.append(dict(t, strategy=strategy.to_dict(), hash=strategy.hash))
         done = {t["trial_id"] for t in trials}
         last = max((_round_of(t["trial_id"]) for t in trials), default=0)
         # A round starts only once the previous batch is told: batches before the last one are
