@@ -296,3 +296,39 @@ def sparse_conformance_worker(rank: int, world: int, cases: list[dict]) -> list[
         engine.close()
         out.append({"steps": results})
     return out
+
+
+def ddp_apply_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Each case trained twice on this rank: with the engine running the strategy, and with plain
+    torch DDP configured by ``synctune apply``'s DDP configuration of that strategy."""
+    from synctune.engine.core import StrategyEngine
+    from synctune.run.apply import wrap_ddp
+
+    out = []
+    for case in cases:
+        strategy = Strategy.from_dict(case["strategy"])
+        cluster = ClusterSpec.from_dict(case["cluster"])
+        name = strategy.model["name"]
+        states = {}
+        for mode in ("engine", "ddp"):
+            torch.manual_seed(0)
+            module = build_model(name)
+            if mode == "engine":
+                engine = StrategyEngine(module, strategy, model_spec(name), cluster,
+                                        lambda ps: make_optimizer("sgd", ps, case["lr"]))
+            else:
+                ddp = wrap_ddp(module, case["config"])
+                opt = make_optimizer("sgd", ddp.parameters(), case["lr"])
+            for step in range(case["steps"]):
+                batch = batches(name, strategy.batch_split, step)[rank]
+                if mode == "engine":
+                    module(*batch).backward()
+                    engine.step()
+                    engine.zero_grad()
+                else:
+                    opt.zero_grad()
+                    ddp(*batch).backward()
+                    opt.step()
+            states[mode] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        out.append(states)
+    return out

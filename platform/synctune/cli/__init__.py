@@ -120,7 +120,7 @@ def cli() -> None:
 
 
 # Sub-command groups register themselves on import.
-from . import _cluster, _data, _lab, _report, _search, _sim, _specs, _strategy, _trial  # noqa: E402,F401
+from . import _apply, _cluster, _data, _lab, _report, _search, _sim, _specs, _strategy, _trial  # noqa: E402,F401
 
 
 def main(argv: list[str] | None = None) -> int:

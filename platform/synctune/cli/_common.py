@@ -31,15 +31,18 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 
 def resolve_workload_arg(name: str):
-    """The workload a trial or search runs: a zoo model by name (a model spec file describes a
-    model but cannot train it)."""
+    """The workload a trial or search runs: a zoo model by name, or a user's workload by import
+    path (a model spec file describes a model but cannot train it). The user's code is imported,
+    and one step of it run, here: every failure is one line before any trial starts."""
     from ..models.zoo import MODELS
     from ..workload import resolve_workload
 
     if name not in MODELS and Path(name).suffix.lower() == ".json":
         raise SpecError(f"{name}: a model spec file describes a model, it cannot run one; trials need a zoo model "
-                        f"({', '.join(MODELS)})")
-    return resolve_workload(name)
+                        f"({', '.join(MODELS)}) or a workload (package.module:factory, file.py:factory)")
+    workload = resolve_workload(name)
+    workload.spec()
+    return workload
 
 
 def resolve_cluster_arg(name_or_path: str) -> ClusterSpec:

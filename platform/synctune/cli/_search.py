@@ -12,6 +12,25 @@ from . import cli
 from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 
 
+def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking_uri: str | None):
+    """The best strategy as a training file next to it, also attached to the search's MLflow run."""
+    from ..data import MlflowLogger
+    from ..strategy import Strategy
+    from ._apply import write_training_file
+
+    train_path = best_path.with_name(best_path.stem + "-train.py")
+    try:
+        used = write_training_file(Strategy.from_dict(summary["best_strategy"]), workload, cluster, train_path,
+                                   seed=exp.seed)
+    except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus
+        echo_err(f"warning: the training file could not be written ({exc}); `synctune apply {best_path}` retries")
+        return None, ""
+    if summary.get("mlflow_parent_run"):
+        MlflowLogger(exp.name, tracking_uri).log_text(summary["mlflow_parent_run"], train_path.read_text(),
+                                                       "train.py")
+    return train_path, used
+
+
 @cli.command("search")
 @click.argument("experiment")
 @click.option("--resume", is_flag=True, help="Continue an interrupted search (finished trials are kept).")
@@ -31,7 +50,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     from ..spec.files import check_writable, path_under, write_text_atomic
 
     exp = load_experiment(experiment)
-    workload = resolve_workload_arg(exp.model)
+    workload = resolve_workload_arg(exp.trains)
     model = workload.spec()
     cluster = resolve_cluster_arg(exp.cluster)
     node_net = node_network(cluster)
@@ -72,8 +91,10 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
                              on_trial=on_trial, node_net=node_net)
     finally:
         bar.close()
+    train_path = None
     if summary["best_strategy"]:
         write_text_atomic(best_path, json.dumps(summary["best_strategy"], indent=2, sort_keys=True) + "\n")
+        train_path, used = _apply_best(summary, workload, cluster, best_path, exp, tracking_uri)
     speed = summary["speedup_over_best_baseline"]
     click.echo(f"search {summary['search_id']}: {summary['trials']} trials ({summary['failed']} failed) "
                f"in {summary['wall_s']:.0f} s")
@@ -87,6 +108,12 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
                "hit rate  n/a")
     click.echo(f"trials to 1.1x: {summary['trials_to_1.1x'] or '-'}, to 1.2x: {summary['trials_to_1.2x'] or '-'}")
+    if train_path is not None:
+        from ..strategy import Strategy
+        from ._apply import run_hint
+
+        click.echo(f"apply     {train_path} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'}): "
+                   f"{run_hint(Strategy.from_dict(summary['best_strategy']), train_path)}")
     echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary['search_id']}")
     if summary["trials"]:

@@ -33,7 +33,9 @@ def _progress_bar(total_hint: int, label: str):
 
 
 @cli.command("trial")
-@click.option("--model", "-m", required=True, help="Zoo model name (the workload the trial runs).")
+@click.option("--model", "-m", help="Zoo model name ...")
+@click.option("--workload", "-w", "workload_path", metavar="IMPORT_PATH",
+              help="... or your own workload: package.module:factory or path/to/file.py:factory.")
 @click.option("--cluster", "-c", required=True, help="Cluster preset name or cluster spec YAML file.")
 @click.option("--builder", "-b", help="Build the strategy with this builder ...")
 @click.option("--strategy", "-s", "strategy_file", help="... or read it from this JSON file.")
@@ -54,10 +56,12 @@ def _progress_bar(total_hint: int, label: str):
               help="Log the trial to MLflow and append it to the dataset.")
 @click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str | None, options: tuple[str, ...],
+def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builder: str | None,
+              strategy_file: str | None, options: tuple[str, ...],
               warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
               ray_address: str, record: bool, experiment: str, as_json: bool) -> None:
-    """Run one trial: WARMUP + ITERS iterations of MODEL on CLUSTER under a strategy, timed.
+    """Run one trial: WARMUP + ITERS iterations of a model (zoo MODEL or your WORKLOAD) on CLUSTER
+    under a strategy, timed.
 
     Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
     memory (the result says why), 2 on bad input.
@@ -67,8 +71,10 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
 
     if (builder is None) == (strategy_file is None):
         raise SpecError("give exactly one of --builder and --strategy")
+    if (model is None) == (workload_path is None):
+        raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
-    workload = resolve_workload_arg(model)
+    workload = resolve_workload_arg(model or workload_path)
     model_spec = workload.spec()
     cluster_spec = resolve_cluster_arg(cluster)
     if builder is not None:
@@ -96,7 +102,8 @@ def trial_cmd(model: str, cluster: str, builder: str | None, strategy_file: str 
     finally:
         bar.close()
     if record:
-        _record(result, strategy, model_spec, cluster_spec, builder or f"file:{strategy_file}", experiment)
+        _record(result, strategy, model_spec, cluster_spec, builder or f"file:{strategy_file}", experiment,
+                workload.source)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
@@ -135,12 +142,13 @@ def _check_records_writable() -> None:
     check_writable(folder / "write-check")
 
 
-def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str) -> None:
+def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str, workload_source: str) -> None:
     """MLflow first (for the run id), then the dataset row, which lands even if MLflow is down."""
     from ..data import MlflowLogger, TrialDataset, dataset_dir
     from ..run import record_result
 
     rec = record_result(result.to_dict(), strategy, model_spec, cluster_spec, dataset=TrialDataset(dataset_dir()),
-                        logger=MlflowLogger(experiment), origin=origin, experiment=experiment)
+                        logger=MlflowLogger(experiment), origin=origin, experiment=experiment,
+                        workload_source=workload_source)
     run_id = rec.mlflow_run_id
     echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

@@ -21,8 +21,8 @@ from ..strategy.schema import Strategy
 
 __all__ = ["RECORD_SCHEMA_VERSION", "TrialRecord", "arrow_schema", "environment", "dedup_key"]
 
-#: Version of the record schema written now.
-RECORD_SCHEMA_VERSION = 1
+#: Version of the record schema written now. 2 added ``workload_source`` (null in older rows).
+RECORD_SCHEMA_VERSION = 2
 
 
 def environment(backend: str = "", device_kind: str = "") -> dict[str, str]:
@@ -102,12 +102,15 @@ class TrialRecord:
     device_kind: str
     schema_version: int = RECORD_SCHEMA_VERSION
     extra_json: str = field(default="{}")
+    #: Where the workload comes from: ``zoo:NAME`` or the user's import path (provenance; the
+    #: model itself is ``model_name``/``model_hash``/``model_spec_json``).
+    workload_source: str = ""
 
     @classmethod
     def from_trial(cls, result: Mapping[str, Any], strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *,
                    origin: str, search_id: str = "", trial_id: str = "", predicted_time_s: float | None = None,
                    mlflow_run_id: str = "", experiment: str = "", created_at: datetime.datetime | None = None,
-                   ) -> "TrialRecord":
+                   workload_source: str = "") -> "TrialRecord":
         """A record of a trial ``result`` (``TrialResult.to_dict()``) of ``strategy``."""
         stats = strategy.stats()
         env = environment(result.get("backend", ""), result.get("device_kind", ""))
@@ -156,6 +159,7 @@ class TrialRecord:
             comm_bytes_per_iter=result.get("comm_bytes_per_iter"),
             peak_memory_bytes=result.get("peak_memory_bytes"),
             extra_json=json.dumps(result.get("extra", {}), sort_keys=True),
+            workload_source=workload_source,
             **env,
         )
 
@@ -171,10 +175,11 @@ class TrialRecord:
         """Inverse of :meth:`to_row`; columns unknown to this version are ignored."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in row.items() if k in names}
-        missing = names - set(values) - {"schema_version", "extra_json"}
+        missing = names - set(values) - {"schema_version", "extra_json", "workload_source"}
         if missing:
             raise SpecError(f"dataset row lacks column(s) {sorted(missing)}")
         values["compressors"] = tuple(values["compressors"] or ())
+        values["workload_source"] = values.get("workload_source") or ""
         values["iteration_times_s"] = tuple(values["iteration_times_s"] or ())
         for key in ("mean_s", "median_s", "std_s", "samples_per_s", "predicted_time_s", "comm_bytes_per_iter",
                     "peak_memory_bytes"):

@@ -185,6 +185,7 @@ class MlflowLogger:
                 "num_local_aggregation": record.num_local_aggregation,
                 "compressors": ",".join(record.compressors), "warmup": record.warmup, "iters": record.iters,
                 "launcher": record.launcher, "backend": record.backend, "trial_id": record.trial_id,
+                "workload": record.workload_source,
             })
             stamp = int(record.created_at.timestamp() * 1000)
             metrics = {

@@ -38,7 +38,7 @@ def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_rand
     def on_result(i: int, result: TrialResult) -> None:
         record_result(result.to_dict(), strategies[i], spec, cluster, dataset=ds, logger=logger, origin=origins[i],
                       search_id=search_id, trial_id=f"{i:04d}", experiment=logger.experiment if logger else "",
-                      parent_run_id=parent)
+                      parent_run_id=parent, workload_source=workload.source)
         bar.update(1)
 
     try:

@@ -178,7 +178,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         # The dataset row lands before the searcher learns of the trial: --resume relies on it.
         record_result(result, proposal.strategy, model, cluster, dataset=ds, logger=logger, origin=proposal.origin,
                       search_id=search_id, trial_id=proposal.trial_id, predicted_time_s=proposal.predicted,
-                      experiment=exp.name, parent_run_id=parent,
+                      experiment=exp.name, parent_run_id=parent, workload_source=workload.source,
                       speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
 
     class _Searcher(Searcher):

@@ -21,12 +21,16 @@ SIMULATOR_CHOICES = ("analytic", "rnn", "linear", "gat")
 
 @dataclass(frozen=True, kw_only=True)
 class Experiment:
-    """A validated experiment. ``simulator`` is a kind learned from scratch during the search
-    (``rnn``, ``linear``, ``gat``), ``analytic``, or the path of a saved simulator to transfer from."""
+    """A validated experiment. What it trains is ``model`` (a zoo model) or ``workload`` (a
+    user's factory, ``package.module:factory`` or ``path/to/file.py:factory``; a relative file
+    path is relative to the experiment file's folder), exactly one. ``simulator`` is a kind
+    learned from scratch during the search (``rnn``, ``linear``, ``gat``), ``analytic``, or the
+    path of a saved simulator to transfer from."""
 
     name: str
-    model: str
     cluster: str
+    model: str = ""
+    workload: str = ""
     budget: int
     algorithm: str = "autodist"
     simulator: str = "rnn"
@@ -50,10 +54,16 @@ class Experiment:
             return SpecError(f"{where}: {key}: expected {expected}, got {shown[:60] + '...' if len(shown) > 60 else shown}")
 
         check_name(self.name, f"{where}: name")
-        for key in ("model", "cluster", "simulator", "output"):
+        for key in ("model", "workload", "cluster", "simulator", "output"):
             value = getattr(self, key)
-            if not isinstance(value, str) or not (value or key == "output") or len(value) > 4096:
-                raise bad(key, "a non-empty string" if key != "output" else "a file path")
+            optional = key in ("output", "model", "workload")
+            if not isinstance(value, str) or not (value or optional) or len(value) > 4096:
+                raise bad(key, "a file path" if key == "output" else "a non-empty string")
+        if bool(self.model) == bool(self.workload):
+            raise SpecError(f"{where}: give exactly one of model (a zoo model) and workload (package.module:factory "
+                            f"or path/to/file.py:factory)")
+        if self.workload and ":" not in self.workload:
+            raise bad("workload", "package.module:factory or path/to/file.py:factory")
         for key, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
                                ("candidates", 1, LIMITS["budget"]), ("warmup", 0, LIMITS["iterations"]),
                                ("iters", 1, LIMITS["iterations"]), ("slices", 1, 1024),
@@ -82,10 +92,22 @@ class Experiment:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "experiment") -> "Experiment":
-        required = ("name", "model", "cluster", "budget")
+        required = ("name", "cluster", "budget")
         known = tuple(f.name for f in fields(cls) if f.name != "source")
         check_keys(data, source, required, tuple(k for k in known if k not in required))
-        return cls(**dict(data), source=source)
+        values = dict(data)
+        workload = values.get("workload")
+        if isinstance(workload, str) and ":" in workload and source != "experiment":
+            # A file path in the workload is relative to the experiment file, as users write it.
+            target, _sep, attr = workload.rpartition(":")
+            if target.endswith(".py") and not Path(target).is_absolute():
+                values["workload"] = f"{Path(source).parent / target}:{attr}"
+        return cls(**values, source=source)
+
+    @property
+    def trains(self) -> str:
+        """What the experiment trains: the zoo model's name or the workload's import path."""
+        return self.workload or self.model
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -90,7 +90,9 @@ class ModelSpec:
 
     ``batch_size`` is the default per-device batch of the model (the papers' settings);
     builders use it for the graph-level batch split. ``compute_profile`` is optional
-    per-variable forward+backward FLOPs for the simulator's compute term.
+    per-variable forward+backward FLOPs for the simulator's compute term. ``touched_rows``
+    (optional, one entry per variable, None for dense ones) is the measured number of distinct
+    rows one replica's batch touches in each sparse variable: the size of its sparse message.
     """
 
     name: str
@@ -99,6 +101,7 @@ class ModelSpec:
     family: str = ""
     compute_profile: tuple[float, ...] | None = None
     flops_per_sample: float | None = None
+    touched_rows: tuple[int | None, ...] | None = None
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +122,13 @@ class ModelSpec:
         self._index.update(index)
         require(self.flops_per_sample is None or (is_number(self.flops_per_sample) and self.flops_per_sample >= 0),
                 f"model {self.name!r}: flops_per_sample", "a non-negative number", self.flops_per_sample)
+        if self.touched_rows is not None:
+            if isinstance(self.touched_rows, list):
+                object.__setattr__(self, "touched_rows", tuple(self.touched_rows))
+            require(len(self.touched_rows) == len(self.variables) and all(
+                r is None or (is_int(r) and 0 <= r <= v.shape[0]) for r, v in zip(self.touched_rows, self.variables)),
+                f"model {self.name!r}: touched_rows", "one row count (or null) per variable, at most its rows",
+                self.touched_rows)
         if self.compute_profile is not None:
             require(all(is_number(x) and x >= 0 for x in self.compute_profile), f"model {self.name!r}: compute_profile",
                     "non-negative numbers", self.compute_profile)
@@ -169,12 +179,15 @@ class ModelSpec:
             out["compute_profile"] = list(self.compute_profile)
         if self.flops_per_sample is not None:
             out["flops_per_sample"] = self.flops_per_sample
+        if self.touched_rows is not None:
+            out["touched_rows"] = list(self.touched_rows)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "model spec") -> "ModelSpec":
         """Inverse of :meth:`to_dict`."""
-        check_keys(data, where, ("name", "variables"), ("family", "batch_size", "compute_profile", "flops_per_sample"))
+        check_keys(data, where, ("name", "variables"),
+                   ("family", "batch_size", "compute_profile", "flops_per_sample", "touched_rows"))
         variables = data["variables"]
         require(isinstance(variables, list), f"{where}: variables", "a list", type(variables).__name__)
         profile = data.get("compute_profile")
@@ -189,6 +202,8 @@ class ModelSpec:
                 variables=specs,
                 compute_profile=tuple(profile) if profile is not None else None,
                 flops_per_sample=data.get("flops_per_sample"),
+                touched_rows=tuple(data["touched_rows"]) if isinstance(data.get("touched_rows"), list) else data.get(
+                    "touched_rows"),
             )
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
@@ -209,11 +224,13 @@ def _sparse_parameter_names(module: Any) -> set[str]:
     return names
 
 
-def _backward_order(module: Any, params: Sequence[tuple[str, Any]], run_step: Callable[[Any], Any]) -> list[str] | None:
-    """Names in the order autograd accumulates their gradients during one meta-device step.
+def _backward_order(module: Any, params: Sequence[tuple[str, Any]], run_step: Callable[[Any], Any],
+                    strict: bool = False) -> list[str] | None:
+    """Names in the order autograd accumulates their gradients during one step.
 
-    Returns None when the step cannot run on ``meta`` (then callers fall back to the
-    reverse registration order, the same guess torch DDP makes for its buckets).
+    Returns None when the step cannot run (on ``meta``, an op without a meta kernel): callers
+    then fall back to the reverse registration order, the same guess torch DDP makes for its
+    buckets. With ``strict``, the step's exception propagates instead.
     """
     order: list[str] = []
     handles = []
@@ -223,6 +240,8 @@ def _backward_order(module: Any, params: Sequence[tuple[str, Any]], run_step: Ca
         loss = run_step(module)
         loss.backward()
     except Exception:  # noqa: BLE001 - any op without a meta kernel means "unknown order"
+        if strict:
+            raise
         return None
     finally:
         for h in handles:
@@ -244,6 +263,8 @@ def extract_model_spec(
     family: str = "",
     run_step: Callable[[Any], Any] | None = None,
     step_batch: int = 0,
+    strict: bool = False,
+    touched_rows: Mapping[str, int] | None = None,
 ) -> ModelSpec:
     """Build a :class:`ModelSpec` from an ``nn.Module`` (best built on ``torch.device('meta')``).
 
@@ -251,7 +272,9 @@ def extract_model_spec(
     variable order is the real order of gradient accumulation in backward (what the
     engine's hooks will see); otherwise it is the reverse of registration order. With
     ``step_batch`` (the batch size ``run_step`` uses), the step's FLOPs are counted and stored
-    as ``flops_per_sample`` (the simulator's compute term).
+    as ``flops_per_sample`` (the simulator's compute term). With ``strict``, a step that fails
+    raises instead of falling back to registration order. ``touched_rows`` (sparse variable ->
+    distinct rows one replica's batch touches, measured) is stored in the spec.
     """
     import torch
 
@@ -266,7 +289,7 @@ def extract_model_spec(
 
         counter = FlopCounterMode(display=False)
         with torch.enable_grad(), counter:
-            order = _backward_order(module, params, run_step)
+            order = _backward_order(module, params, run_step, strict)
         if order is not None and step_batch > 0:
             flops = float(counter.get_total_flops()) / step_batch
     if order is None:
@@ -277,6 +300,9 @@ def extract_model_spec(
         p = by_name[n]
         dtype = str(p.dtype).removeprefix("torch.")
         variables.append(VariableSpec(name=n, shape=tuple(int(d) for d in p.shape), dtype=dtype, sparse=n in sparse))
+    rows = None
+    if touched_rows:
+        rows = tuple(touched_rows.get(v.name) if v.sparse else None for v in variables)
     return ModelSpec(name=name, variables=tuple(variables), batch_size=batch_size, family=family,
-                     flops_per_sample=flops or None)
+                     flops_per_sample=flops or None, touched_rows=rows)
 

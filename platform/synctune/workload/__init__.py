@@ -1,12 +1,15 @@
 """Workloads: what a trial needs from the user (DESIGN.md vocabulary) — how to build the model,
 make a batch for one replica, build the optimizer and compute the loss, and the model spec
-extracted from it. The zoo's models are workloads; the engine is handed one and never imports
-a model itself.
+extracted from it. The zoo's models are workloads, and so is a user's own model described with
+:func:`define` and named by an import path (:class:`ImportedWorkload`); the engine is handed
+one and never imports a model itself.
 
 Importing this package does not import torch.
 """
 
 from .base import Workload
+from .define import ImportedWorkload, WorkloadDefinition, define, load_definition
 from .zoo import ZooWorkload, resolve_workload, zoo_workload
 
-__all__ = ["Workload", "ZooWorkload", "resolve_workload", "zoo_workload"]
+__all__ = ["ImportedWorkload", "Workload", "WorkloadDefinition", "ZooWorkload", "define", "load_definition",
+           "resolve_workload", "zoo_workload"]

@@ -51,7 +51,13 @@ def zoo_workload(name: str) -> ZooWorkload:
 
 
 def resolve_workload(name: str) -> Workload:
-    """A workload by name: a zoo model (user workloads by import path come with the workload issue)."""
+    """A workload: a zoo model by name, or a user's factory by import path
+    (``package.module:factory``, ``path/to/file.py:factory``)."""
     if isinstance(name, str) and name in MODELS:
         return ZooWorkload(name)
-    raise SpecError(f"unknown model {str(name)[:60]!r}: not in the zoo ({', '.join(MODELS)})")
+    if isinstance(name, str) and ":" in name:
+        from .define import ImportedWorkload
+
+        return ImportedWorkload(name)
+    raise SpecError(f"unknown model {str(name)[:60]!r}: not in the zoo ({', '.join(MODELS)}) nor a workload "
+                    f"import path (package.module:factory or file.py:factory)")

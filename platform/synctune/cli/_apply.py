@@ -1,0 +1,63 @@
+"""``synctune apply``: a strategy as a training file to run (plain DDP when it can)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..spec.errors import SpecError
+from . import cli
+from ._common import echo_err, resolve_cluster_arg, resolve_workload_arg
+
+
+def write_training_file(strategy, workload, cluster, output: Path, fmt: str = "auto", seed: int = 0) -> str:
+    """Write the training file of ``strategy`` for ``workload``; returns the format used."""
+    from ..run.apply import training_script
+    from ..spec.files import write_text_atomic
+    from ..strategy import validate
+
+    spec = workload.spec()
+    validate(strategy, spec, cluster)
+    root = getattr(workload, "root", "") or ""
+    text, used = training_script(strategy, spec, cluster, workload=workload.source.removeprefix("zoo:"), root=root,
+                                 fmt=fmt, filename=output.name, seed=seed)
+    write_text_atomic(output, text)
+    return used
+
+
+def run_hint(strategy, output: Path) -> str:
+    return f"python -m torch.distributed.run --standalone --nproc-per-node {len(strategy.replicas)} {output}"
+
+
+@cli.command("apply")
+@click.argument("strategy_file", metavar="STRATEGY.json")
+@click.option("--model", "-m", help="The zoo model the strategy was searched for ...")
+@click.option("--workload", "-w", "workload_path", metavar="IMPORT_PATH",
+              help="... or your workload (package.module:factory or path/to/file.py:factory).")
+@click.option("--cluster", "-c", help="Cluster preset or spec file (default: the preset the strategy names).")
+@click.option("--format", "fmt", type=click.Choice(["auto", "ddp", "engine"]), default="auto", show_default=True,
+              help="ddp: plain torch DDP (when the strategy allows it); engine: the synctune engine; auto: DDP "
+                   "when it can.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="The training file (default: next to "
+              "STRATEGY.json, ending in -train.py).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
+def apply_cmd(strategy_file: str, model: str | None, workload_path: str | None, cluster: str | None, fmt: str,
+              output: str | None, seed: int) -> None:
+    """Turn a strategy (the best one of a search) into a runnable training file: plain torch DDP
+    with the bucket size and comm hook that reproduce it when DDP can express it, else the
+    synctune engine. Run the file with torchrun, one process per replica."""
+    from ..spec.files import check_writable
+    from ..strategy import load_strategy
+
+    strategy = load_strategy(strategy_file)
+    if (model is None) == (workload_path is None):
+        raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
+    target = Path(output) if output else Path(strategy_file).with_name(Path(strategy_file).stem + "-train.py")
+    check_writable(target)
+    workload = resolve_workload_arg(model or workload_path)
+    cluster_spec = resolve_cluster_arg(cluster or strategy.cluster["name"])
+    used = write_training_file(strategy, workload, cluster_spec, target, fmt, seed)
+    click.echo(f"wrote {target} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'})")
+    echo_err(f"run it: {run_hint(strategy, target if target.is_absolute() else Path(os.curdir) / target)}")

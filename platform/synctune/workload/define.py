@@ -1,0 +1,229 @@
+"""Users' own workloads: ``define`` what a trial needs, expose it from a factory, name the
+factory by an import path (``package.module:factory`` or ``path/to/file.py:factory``).
+
+A factory is a function without arguments returning :func:`define`'s result::
+
+    # my_job.py
+    import synctune.workload as sw
+
+    def workload():
+        return sw.define(
+            name="digits-mlp",
+            model=lambda: MLP(),                                   # built on the current device
+            batch=lambda batch_size, rank, generator: make_batch(batch_size, rank, generator),
+            optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+            loss=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
+            batch_size=32,
+        )
+
+``synctune trial --workload my_job.py:workload`` and ``workload: my_job.py:workload`` in an
+experiment then run it. The factory is called once in every process that needs it (each
+worker imports the file or module itself: nothing but the import path travels), so the
+functions it returns need not be picklable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ..spec._util import LIMITS, in_range
+from ..spec.errors import SpecError
+from ..spec.files import MAX_NAME_LENGTH
+from ..spec.model import ModelSpec
+from .base import Workload
+
+__all__ = ["WorkloadDefinition", "define", "ImportedWorkload", "load_definition"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadDefinition:
+    """What a user's factory returns (see :func:`define`)."""
+
+    name: str
+    model: Callable[[], Any]
+    batch_size: int
+    batch: Callable[[int, int, Any], tuple] | None = None
+    loader: Callable[[int, int, int], Iterable[tuple]] | None = None
+    optimizer: Callable[[list], Any] | None = None
+    loss: Callable[[Any, tuple], Any] | None = None
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"workload {str(self.name)[:60]!r}"
+        if not (isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_LENGTH and self.name.isprintable()
+                and "/" not in self.name):
+            raise SpecError(f"workload: name: expected a non-empty name without '/' of at most {MAX_NAME_LENGTH} "
+                            f"characters, got {str(self.name)[:60]!r}")
+        if not callable(self.model):
+            raise SpecError(f"{where}: model: expected a function that builds the nn.Module")
+        if (self.batch is None) == (self.loader is None):
+            raise SpecError(f"{where}: give exactly one of batch (batch_size, rank, generator -> tuple of tensors) "
+                            f"and loader (batch_size, rank, world -> iterable of such tuples)")
+        for key in ("batch", "loader", "optimizer", "loss"):
+            value = getattr(self, key)
+            if value is not None and not callable(value):
+                raise SpecError(f"{where}: {key}: expected a function, got {type(value).__name__}")
+        if not in_range(self.batch_size, 1, LIMITS["batch"]):
+            raise SpecError(f"{where}: batch_size: expected an integer from 1 to {LIMITS['batch']}, "
+                            f"got {self.batch_size!r}")
+
+
+def define(*, name: str, model: Callable[[], Any], batch_size: int, batch: Callable | None = None,
+           loader: Callable | None = None, optimizer: Callable | None = None, loss: Callable | None = None,
+           family: str = "") -> WorkloadDefinition:
+    """Describe a workload.
+
+    - ``model()``: a new ``nn.Module``, built on the current default device (the engine calls
+      it inside ``with torch.device(...)``; the spec is traced on the ``meta`` device when the
+      model allows it);
+    - ``batch(batch_size, rank, generator)``: one replica's batch, a tuple of tensors (drawn
+      with ``generator`` for reproducible trials), or ``loader(batch_size, rank, world)``: an
+      iterable of such tuples (a DataLoader over this rank's part of the data);
+    - ``optimizer(params)``: the optimizer over the parameters a rank updates (default: the
+      trial's SGD or Adam);
+    - ``loss(model, batch)``: the scalar mean loss (default: ``model(*batch)``);
+    - ``batch_size``: the per-replica batch.
+    """
+    return WorkloadDefinition(name=name, model=model, batch_size=batch_size, batch=batch, loader=loader,
+                              optimizer=optimizer, loss=loss, family=family)
+
+
+# Resolved once per process: path -> (definition, spec).
+_DEFINITIONS: dict[tuple[str, str], WorkloadDefinition] = {}
+_SPECS: dict[tuple[str, str], ModelSpec] = {}
+
+
+def _import_factory(path: str, root: str) -> Any:
+    target, sep, attr = path.rpartition(":")
+    if not sep or not target or not attr.isidentifier():
+        raise SpecError(f"workload {path!r}: expected package.module:factory or path/to/file.py:factory")
+    if target.endswith(".py"):
+        file = Path(target)
+        candidates = [file] if file.is_absolute() else [Path.cwd() / file, Path(root) / file]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise SpecError(f"workload {path!r}: no such file {target} (looked in {Path.cwd()} and {root})")
+        name = "synctune_workload_" + hashlib.sha256(str(found.resolve()).encode()).hexdigest()[:16]
+        module = sys.modules.get(name)
+        if module is None:
+            folder = str(found.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)  # so the file can import its neighbours
+            spec = importlib.util.spec_from_file_location(name, found)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException as exc:
+                del sys.modules[name]
+                raise SpecError(f"workload {path!r}: importing {found} failed: {type(exc).__name__}: "
+                                f"{str(exc)[:300]}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError:
+            if root not in sys.path:
+                sys.path.insert(0, root)  # where the job was started (a worker's cwd may differ)
+            try:
+                module = importlib.import_module(target)
+            except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
+                raise SpecError(f"workload {path!r}: cannot import module {target!r}: {type(exc).__name__}: "
+                                f"{str(exc)[:300]}") from None
+        except Exception as exc:  # noqa: BLE001
+            raise SpecError(f"workload {path!r}: importing module {target!r} failed: {type(exc).__name__}: "
+                            f"{str(exc)[:300]}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise SpecError(f"workload {path!r}: {target} has no function {attr!r}")
+    return factory
+
+
+def load_definition(path: str, root: str | None = None) -> WorkloadDefinition:
+    """Import ``path`` (``package.module:factory`` or ``file.py:factory``) and call the factory."""
+    root = root or os.getcwd()
+    key = (path, root)
+    if key not in _DEFINITIONS:
+        factory = _import_factory(path, root)
+        try:
+            definition = factory()
+        except SpecError as exc:
+            raise SpecError(f"workload {path!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's factory
+            raise SpecError(f"workload {path!r}: the factory raised {type(exc).__name__}: {str(exc)[:300]}") from None
+        if not isinstance(definition, WorkloadDefinition):
+            raise SpecError(f"workload {path!r}: the factory returned {type(definition).__name__}; it must return "
+                            f"synctune.workload.define(...)")
+        _DEFINITIONS[key] = definition
+    return _DEFINITIONS[key]
+
+
+@dataclass(frozen=True)
+class ImportedWorkload(Workload):
+    """A user's workload, by import path. Only the path (and the folder the job started in)
+    travels to workers; each resolves it itself."""
+
+    path: str
+    root: str = field(default_factory=os.getcwd)
+
+    @property
+    def definition(self) -> WorkloadDefinition:
+        return load_definition(self.path, self.root)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.definition.name
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        return self.definition.batch_size
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return self.path
+
+    def build_model(self) -> Any:
+        return self.definition.model()
+
+    def make_batch(self, batch_size: int, *, rank: int, generator: Any, device: Any) -> tuple:
+        d = self.definition
+        if d.batch is not None:
+            batch = d.batch(batch_size, rank, generator)
+        else:
+            import torch.distributed as dist
+
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            batch = next(iter(d.loader(batch_size, rank, world)))
+        return _on_device(batch, device, self.path)
+
+    def loss(self, model: Any, batch: tuple) -> Any:
+        d = self.definition
+        return d.loss(model, batch) if d.loss is not None else model(*batch)
+
+    def make_optimizer(self, params: list, *, name: str = "sgd", lr: float = 0.01) -> Any:
+        d = self.definition
+        return d.optimizer(params) if d.optimizer is not None else super().make_optimizer(params, name=name, lr=lr)
+
+    def spec(self) -> ModelSpec:
+        key = (self.path, self.root)
+        if key not in _SPECS:
+            from .extract import workload_spec
+
+            _SPECS[key] = workload_spec(self)
+        return _SPECS[key]
+
+
+def _on_device(batch: Any, device: Any, path: str) -> tuple:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        batch = (batch,)
+    if not isinstance(batch, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in batch):
+        raise SpecError(f"workload {path!r}: batch: expected a tuple of tensors, got {type(batch).__name__}")
+    return tuple(t.to(device) for t in batch)

@@ -1,0 +1,173 @@
+"""Your own training job, end to end: a workload defined in a module outside the repository is
+searched and every trial recorded; its best strategy becomes a training file (`synctune apply`)
+that runs on 2 processes and trains; a strategy DDP can express becomes plain DDP whose
+parameters equal the engine's; a broken workload is one line naming the step that failed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from _engine_workers import ddp_apply_worker
+from _searches import search_env
+from synctune.cli import cli
+from synctune.data import TrialDataset
+from synctune.engine.local import run_local
+from synctune.models import model_spec
+from synctune.run.apply import ddp_config
+from synctune.spec import cluster_preset
+from synctune.strategy import build_strategy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import synctune.workload as sw
+
+
+class Net(nn.Module):
+    """A small classifier with a sparse embedding and a dense head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 8, sparse=True)
+        self.hidden = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.hidden(self.emb(tokens).mean(1))))
+
+
+def batch(batch_size, rank, generator):
+    tokens = torch.randint(0, 64, (batch_size, 1), generator=generator)
+    return tokens, tokens[:, 0] % 4  # learnable: the label is a function of the first token
+
+
+def workload():
+    return sw.define(name="tokens-net", model=Net, batch=batch, batch_size=16,
+                     optimizer=lambda params: torch.optim.SGD(params, lr=0.5),
+                     loss=lambda model, b: F.cross_entropy(model(b[0]), b[1]))
+'''
+
+
+def test_ddp_configuration_reproduces_the_engine():
+    """Strategies torch DDP can express, run both ways: identical parameters (lossless), within
+    fp16's rounding for the fp16 comm hook."""
+    cluster = cluster_preset("local-1x2")
+    spec = model_spec("cnn-small")
+    cases = []
+    for builder, options, tol in [("allreduce", {"chunk": 3}, 1e-6), ("horovod", {"fusion_threshold_bytes": 20_000}, 1e-6),
+                                  ("allreduce", {"compressor": "fp16"}, 2e-3)]:
+        strategy = build_strategy(builder, spec, cluster, **options)
+        config, why = ddp_config(strategy, spec)
+        assert config is not None, why
+        cases.append({"strategy": strategy.to_dict(), "cluster": cluster.to_dict(), "config": config.to_dict(),
+                      "lr": 0.1, "steps": 3, "tol": tol})
+    outputs = run_local(ddp_apply_worker, cluster.num_devices, (cases,), timeout_s=600, threads=1)
+    for case, out in zip(cases, outputs[0]):
+        for k, v in out["engine"].items():
+            torch.testing.assert_close(out["ddp"][k], v, rtol=case["tol"], atol=case["tol"] * 1e-2)
+
+
+@pytest.mark.parametrize("builder, options, reason", [
+    ("ps-lb", {}, "is synchronized by ps"),
+    ("partitioned-allreduce", {}, "is partitioned into"),
+    ("allreduce", {"algorithm": "hierarchical"}, "all-reduced hierarchically"),
+])
+def test_strategies_ddp_cannot_express_say_why(builder, options, reason):
+    cluster = cluster_preset("local-2x2")
+    spec = model_spec("cnn-small")
+    config, why = ddp_config(build_strategy(builder, spec, cluster, **options), spec)
+    assert config is None and reason in why
+    sparse = model_spec("ncf-small")
+    config, why = ddp_config(build_strategy("allreduce", sparse, cluster), sparse)
+    assert config is None and "sparse gradients" in why
+    even = build_strategy("allreduce", spec, cluster)
+    config, why = ddp_config(type(even)(**{**even.__dict__, "batch_split": (1, 2, 3, 4)}), spec)
+    assert config is None and "uneven" in why
+
+
+def test_a_workload_outside_the_repository_is_searched_and_applied(tmp_path):
+    job = tmp_path / "elsewhere" / "my_job.py"
+    job.parent.mkdir()
+    job.write_text(JOB)
+    experiment = tmp_path / "elsewhere" / "search.yaml"
+    experiment.write_text("name: mine\nworkload: my_job.py:workload\ncluster: local-1x2\nbudget: 5\n"
+                          "simulator: analytic\nproposals: 30\ncandidates: 2\nwarmup: 1\niters: 3\n"
+                          "baselines: [allreduce, parallax]\n")
+    home = tmp_path / "home"
+    env = search_env(home)
+    done = subprocess.run([sys.executable, "-m", "synctune", "search", str(experiment)], env=env, cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = TrialDataset(home / "dataset").read(search_id="mine-seed0")
+    assert len(rows) == 5 and (rows["status"] == "ok").all()
+    assert set(rows["workload_source"]) == {str(job.parent / "my_job.py") + ":workload"}
+    assert set(rows["model_name"]) == {"tokens-net"}
+    train = home / "searches" / "mine-seed0-best-train.py"
+    assert train.is_file() and f"apply     {train}" in done.stdout
+    # The same by hand, to a file of our choosing, then run on 2 processes: it trains.
+    out = tmp_path / "train.py"
+    result = CliRunner(env={"SYNCTUNE_HOME": str(home)}).invoke(cli, [
+        "apply", str(home / "searches" / "mine-seed0-best.json"), "-w", f"{job}:workload", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(out), "--steps", "60", "--log-every", "20", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", ran.stdout)]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], ran.stdout
+    assert "model" in torch.load(tmp_path / "ck.pt", weights_only=False)
+
+
+BROKEN = {
+    "no such module": ("nowhere.at.all:workload", "cannot import module 'nowhere.at.all'"),
+    "no such function": ("{job}:nothing", "has no function 'nothing'"),
+    "factory raises": ("{job}:raises", "the factory raised RuntimeError: no data here"),
+    "forward fails": ("{job}:bad_forward", "the forward and backward pass on a batch of 4 failed"),
+    "wrong batch shape": ("{job}:wrong_shape", "the forward and backward pass on a batch of 4 failed"),
+    "not a definition": ("{job}:not_a_definition", "the factory returned dict"),
+}
+BROKEN_JOB = JOB + '''
+
+def raises():
+    raise RuntimeError("no data here")
+
+
+def not_a_definition():
+    return {"model": Net}
+
+
+def bad_forward():
+    return sw.define(name="bad", model=Net, batch=batch, batch_size=4, loss=lambda model, b: model(b[1].float()).sum())
+
+
+def wrong_shape():
+    return sw.define(name="shape", model=lambda: nn.Linear(3, 2), batch_size=4,
+                     batch=lambda n, rank, g: (torch.randn(n, 5, generator=g),), loss=lambda m, b: m(b[0]).sum())
+'''
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_workload_is_one_line_and_nothing_is_recorded(tmp_path, case):
+    job = tmp_path / "broken.py"
+    job.write_text(BROKEN_JOB)
+    path, fragment = BROKEN[case]
+    home = tmp_path / "home"
+    result = CliRunner(env={"SYNCTUNE_HOME": str(home)}).invoke(cli, [
+        "trial", "-w", path.format(job=job), "-c", "local-1x2", "-b", "allreduce"])
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("synctune: error: workload ") and fragment in lines[0], lines
+    assert not (home / "dataset").exists() or not TrialDataset(home / "dataset").files()
