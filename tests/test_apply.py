@@ -5,11 +5,9 @@ parameters equal the engine's; a broken workload is one line naming the step tha
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
