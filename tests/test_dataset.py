@@ -194,7 +194,7 @@ def test_older_schema_rows_read_with_nulls(tmp_path):
     df = ds.read()
     assert len(df) == 5
     assert df["predicted_time_s"].isna().all()
-    assert sorted(df["schema_version"].tolist()) == [0, 0, 0, 1, 1]
+    assert sorted(df["schema_version"].tolist()) == [0, 0, 0, RECORD_SCHEMA_VERSION, RECORD_SCHEMA_VERSION]
     newer = old.set_column(old.schema.get_field_index("schema_version"), "schema_version",
                            pa.array([RECORD_SCHEMA_VERSION + 1] * 3, pa.int32()))
     with pytest.raises(SpecError, match="newer than this synctune"):
