@@ -209,7 +209,9 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
     base = figures.best_baseline_s
     best = data.best
     searched = data.rows[~data.rows["trial_id"].str.startswith("baseline-")]
+    sources = [str(v) for v in data.rows.get("workload_source", []) if isinstance(v, str) and v]
     summary = [("search", data.search_id), ("model", data.model), ("cluster", data.cluster),
+               *([("workload", sources[0])] if sources else []),
                ("trials", f"{len(data.rows)} ({int((data.rows['status'] != 'ok').sum())} failed, "
                           f"{len(data.rows) - len(searched)} baselines)")]
     if best is not None:
