@@ -20,7 +20,9 @@ VOCAB, DIM, CLASSES = 20, 8, 4
 
 
 class HabitNet(nn.Module):
-    """Tied input/output embedding, a frozen layer in the middle, a parameter no forward uses."""
+    """Tied input/output embedding, a frozen layer in the middle, a parameter no forward uses,
+    and a gated one that only batches with gated samples use (data-dependent: some ranks' or
+    some micro-batches' forward passes leave it out)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -29,11 +31,14 @@ class HabitNet(nn.Module):
         self.frozen.requires_grad_(False)
         self.hidden = nn.Linear(DIM, DIM)
         self.unused = nn.Parameter(torch.ones(3))
+        self.gated = nn.Parameter(torch.full((DIM,), 0.5))
 
-    def forward(self, tokens, target, scale=None):
+    def forward(self, tokens, target, scale=None, gate=None):
         h = self.emb(tokens).mean(1)
         if scale is not None:
             h = h * scale[:, None]
+        if gate is not None and gate.device.type != "meta" and bool(gate.any()):
+            h = h + self.gated * gate[:, None]
         h = torch.relu(self.frozen(h))
         h = self.hidden(h)
         logits = h @ self.emb.weight.t()  # the output layer is the input embedding, tied
@@ -64,8 +69,11 @@ def spec_of(kind: str):
                               run_step=lambda m: m(*batch_of(kind, 2, 0, 0, 0, device="meta")))
 
 
-def batch_of(kind: str, n: int, seed: int, step: int, rank: int, device="cpu", poison: bool = False) -> tuple:
-    """Rank ``rank``'s batch of step ``step``; ``poison`` puts an overflowing sample in it."""
+def batch_of(kind: str, n: int, seed: int, step: int, rank: int, device="cpu", poison: bool = False,
+             gated: bool = False) -> tuple:
+    """Rank ``rank``'s batch of step ``step``; ``poison`` puts an overflowing sample in it;
+    ``gated`` gates the first half of rank 1's samples (the other ranks' batches, and the second
+    half, leave the gated parameter out)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank) if device != "meta" else None
     if kind == "habit":
         tokens = torch.randint(0, VOCAB, (n, 5), generator=gen, device=device)
@@ -73,7 +81,10 @@ def batch_of(kind: str, n: int, seed: int, step: int, rank: int, device="cpu", p
         scale = torch.ones(n, device=device)
         if poison:
             scale[0] = float("inf")  # an overflow in the forward pass: inf/nan gradients on this rank only
-        return tokens, target, scale
+        gate = torch.zeros(n, device=device)
+        if gated and rank == 1:
+            gate[: n // 2] = 1.0
+        return tokens, target, scale, gate
     x = torch.randn(n, DIM, generator=gen, device=device)
     return x, torch.randint(0, CLASSES, (n,), generator=gen, device=device)
 
@@ -99,8 +110,8 @@ def reference(case: dict) -> dict:
     split = case["batch_split"]
     total = sum(split)
     for step in range(case["steps"]):
-        parts = [batch_of(case["model"], n, case["seed"], step, r, poison=(r == 1 and step == case.get("poison_step")))
-                 for r, n in enumerate(split)]
+        parts = [batch_of(case["model"], n, case["seed"], step, r, poison=(r == 1 and step == case.get("poison_step")),
+                          gated=case.get("gated", False)) for r, n in enumerate(split)]
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16) if scaler else contextlib.nullcontext():
             loss = module(*_joined(parts)) / total
@@ -152,7 +163,7 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                     engine = engine_for(strategies[1], module)
                     engine.load_state_dict(saved)
                 batch = batch_of(case["model"], split[rank], case["seed"], step, rank,
-                                 poison=(rank == 1 and step == case.get("poison_step")))
+                                 poison=(rank == 1 and step == case.get("poison_step")), gated=case.get("gated", False))
                 micro = case.get("micro", 1)
                 chunks = [tuple(t.tensor_split(micro)[i] for t in batch) for i in range(micro)]
                 for i, chunk in enumerate(chunks):
@@ -164,9 +175,7 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                             loss = module(*chunk) / split[rank]
                         (scaler.scale(loss) if scaler else loss).backward()
                 if case.get("clip"):
-                    if scaler:
-                        raise AssertionError("clip with amp is not part of these cases")
-                    result.setdefault("norms", []).append(float(engine.clip_grad_norm_(case["clip"])))
+                    result.setdefault("norms", []).append(float(engine.clip_grad_norm_(case["clip"], scaler=scaler)))
                 engine.step(scaler)
                 if scaler:
                     scaler.update()

@@ -5,6 +5,7 @@ parameters equal the engine's; a broken workload is one line naming the step tha
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -169,3 +170,36 @@ def test_a_broken_workload_is_one_line_and_nothing_is_recorded(tmp_path, case):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("synctune: error: workload ") and fragment in lines[0], lines
     assert not (home / "dataset").exists() or not TrialDataset(home / "dataset").files()
+
+
+def _run_file(path: Path, cwd: Path, steps: int = 20) -> list[float]:
+    env = search_env(cwd / "home")
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(path), "--steps", str(steps), "--log-every", "10"], env=env, cwd=str(cwd),
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return [float(x) for x in re.findall(r"loss ([0-9.]+)", ran.stdout)]
+
+
+def test_applied_files_of_both_formats_run_for_zoo_models(tmp_path):
+    """A strategy DDP can express becomes a plain-DDP file; one with an uneven batch split an
+    engine file that trains each rank with its share of the batch. Both run on 2 processes."""
+    runner = CliRunner(env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    strategy = tmp_path / "s.json"
+    assert runner.invoke(cli, ["strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-O",
+                               "compressor=fp16", "-o", str(strategy)]).exit_code == 0
+    result = runner.invoke(cli, ["apply", str(strategy), "-m", "cnn-small"])
+    assert result.exit_code == 0 and "plain torch DDP" in result.output, result.output
+    text = (tmp_path / "s-train.py").read_text()
+    assert "fp16" in text and "DistributedDataParallel" not in text  # wrap_ddp does it
+    assert len(_run_file(tmp_path / "s-train.py", tmp_path)) == 2
+    uneven = json.loads(strategy.read_text())
+    uneven["batch_split"] = [3, 13]
+    strategy.write_text(json.dumps(uneven))
+    result = runner.invoke(cli, ["apply", str(strategy), "-m", "cnn-small", "-o", str(tmp_path / "uneven.py")])
+    assert result.exit_code == 0 and "synctune engine" in result.output, result.output
+    assert "BATCH_SPLIT = [3, 13]" in (tmp_path / "uneven.py").read_text()
+    assert len(_run_file(tmp_path / "uneven.py", tmp_path)) == 2
+    result = runner.invoke(cli, ["apply", str(strategy), "-m", "cnn-small", "--format", "ddp", "-o",
+                                 str(tmp_path / "x.py")])
+    assert result.exit_code == 2 and "cannot run as plain DDP: the batch split is uneven" in result.stderr

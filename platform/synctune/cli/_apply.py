@@ -12,25 +12,6 @@ from . import cli
 from ._common import echo_err, resolve_cluster_arg, resolve_workload_arg
 
 
-def write_training_file(strategy, workload, cluster, output: Path, fmt: str = "auto", seed: int = 0) -> str:
-    """Write the training file of ``strategy`` for ``workload``; returns the format used."""
-    from ..run.apply import training_script
-    from ..spec.files import write_text_atomic
-    from ..strategy import validate
-
-    spec = workload.spec()
-    validate(strategy, spec, cluster)
-    root = getattr(workload, "root", "") or ""
-    text, used = training_script(strategy, spec, cluster, workload=workload.source.removeprefix("zoo:"), root=root,
-                                 fmt=fmt, filename=output.name, seed=seed)
-    write_text_atomic(output, text)
-    return used
-
-
-def run_hint(strategy, output: Path) -> str:
-    return f"python -m torch.distributed.run --standalone --nproc-per-node {len(strategy.replicas)} {output}"
-
-
 @cli.command("apply")
 @click.argument("strategy_file", metavar="STRATEGY.json")
 @click.option("--model", "-m", help="The zoo model the strategy was searched for ...")
@@ -48,6 +29,7 @@ def apply_cmd(strategy_file: str, model: str | None, workload_path: str | None, 
     """Turn a strategy (the best one of a search) into a runnable training file: plain torch DDP
     with the bucket size and comm hook that reproduce it when DDP can express it, else the
     synctune engine. Run the file with torchrun, one process per replica."""
+    from ..run.apply import run_command, write_training_file
     from ..spec.files import check_writable
     from ..strategy import load_strategy
 
@@ -60,4 +42,4 @@ def apply_cmd(strategy_file: str, model: str | None, workload_path: str | None, 
     cluster_spec = resolve_cluster_arg(cluster or strategy.cluster["name"])
     used = write_training_file(strategy, workload, cluster_spec, target, fmt, seed)
     click.echo(f"wrote {target} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'})")
-    echo_err(f"run it: {run_hint(strategy, target if target.is_absolute() else Path(os.curdir) / target)}")
+    echo_err(f"run it: {run_command(strategy, target if target.is_absolute() else Path(os.curdir) / target)}")

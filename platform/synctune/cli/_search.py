@@ -15,20 +15,15 @@ from ._common import echo_err, node_network, resolve_cluster_arg, resolve_worklo
 def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking_uri: str | None):
     """The best strategy as a training file next to it, also attached to the search's MLflow run."""
     from ..data import MlflowLogger
-    from ..strategy import Strategy
-    from ._apply import write_training_file
+    from ..run.apply import apply_search_result
 
-    train_path = best_path.with_name(best_path.stem + "-train.py")
     try:
-        used = write_training_file(Strategy.from_dict(summary["best_strategy"]), workload, cluster, train_path,
-                                   seed=exp.seed)
+        return apply_search_result(summary["best_strategy"], workload, cluster, best_path, seed=exp.seed,
+                                   logger=MlflowLogger(exp.name, tracking_uri),
+                                   parent_run_id=summary.get("mlflow_parent_run") or "")
     except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus
         echo_err(f"warning: the training file could not be written ({exc}); `synctune apply {best_path}` retries")
         return None, ""
-    if summary.get("mlflow_parent_run"):
-        MlflowLogger(exp.name, tracking_uri).log_text(summary["mlflow_parent_run"], train_path.read_text(),
-                                                       "train.py")
-    return train_path, used
 
 
 @cli.command("search")
@@ -109,11 +104,11 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
                "hit rate  n/a")
     click.echo(f"trials to 1.1x: {summary['trials_to_1.1x'] or '-'}, to 1.2x: {summary['trials_to_1.2x'] or '-'}")
     if train_path is not None:
+        from ..run.apply import run_command
         from ..strategy import Strategy
-        from ._apply import run_hint
 
         click.echo(f"apply     {train_path} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'}): "
-                   f"{run_hint(Strategy.from_dict(summary['best_strategy']), train_path)}")
+                   f"{run_command(Strategy.from_dict(summary['best_strategy']), train_path)}")
     echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary['search_id']}")
     if summary["trials"]:

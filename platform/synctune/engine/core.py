@@ -54,7 +54,7 @@ from .units import (
 __all__ = ["StrategyEngine", "check_supported", "SynchronizationError"]
 
 
-def check_supported(strategy: Strategy, model: ModelSpec, backend: str | None = None) -> None:
+def check_supported(strategy: Strategy, model: ModelSpec) -> None:
     """Reject, before launch, what the engine does not execute, with a message naming the variable.
 
     Not executed: staleness > 0 (the engine is synchronous), merge groups mixing dtypes.
@@ -121,8 +121,11 @@ class StrategyEngine:
                     self._broadcast_in_place(t.data, 0)
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
-        self.scheduler = Scheduler(chain=overlap)
+        self._params = params
         self.units = self._build_units(strategy, model_spec, params, device, seed)
+        # NCCL: one launch order across all process groups (concurrent communicators issued in
+        # different orders on different ranks can deadlock); gloo keeps an order per group.
+        self.scheduler = Scheduler(self.units, chain=overlap, one_order="nccl" in str(dist.get_backend()))
         self._member_units: dict[str, list[tuple[Member, object]]] = {}
         self._members: dict[tuple[str, int], Member] = {}
         for unit in self.units:
@@ -218,8 +221,7 @@ class StrategyEngine:
             for i, shard in enumerate(plan.shards):
                 view = nn.Parameter(param.detach()[slices[i]], requires_grad=False)
                 shape = tuple(view.shape)
-                member = Member(variable=plan.variable, shard=i, slices=slices[i], shape=shape, view=view,
-                                sparse=var.sparse)
+                member = Member(variable=plan.variable, shard=i, slices=slices[i], shape=shape, view=view)
                 sync = shard.synchronizer
                 if isinstance(sync, AllReduceSynchronizer):
                     if sync.group not in groups:
@@ -248,9 +250,9 @@ class StrategyEngine:
                 mine = next(r for r in per_node if self.rank in r)
                 cross = next(r for r in per_index if self.rank in r)
                 units.append(HierarchicalAllReduceUnit(
-                    members, self.weight, self.counter, device, dtype,
+                    members, self.weight, self.counter, device, dtype, rank=self.rank, intra_ranks=mine,
                     intra=self._group(mine) if len(mine) > 1 else None,
-                    cross=self._group(cross) if len(cross) > 1 else None, local_size=len(mine)))
+                    cross=self._group(cross) if len(cross) > 1 else None))
                 continue
             offsets, at = [], 0
             for m in members:
@@ -338,20 +340,31 @@ class StrategyEngine:
         the forward pass did not use) and set the shard parameters' gradients."""
         if self._synchronized:
             return
+        views: dict[str, GradView | None] = {}
         for unit in self.units:
             for member in unit.unready():
-                if unit.member_ready(member, None):
+                # No hook fired for it in the synchronized backward: unused there, but maybe used by
+                # a micro-batch inside no_sync, whose gradient waits in .grad.
+                if member.variable not in views:
+                    grad = self._params[member.variable].grad
+                    views[member.variable] = GradView(grad) if grad is not None else None
+                if unit.member_ready(member, views[member.variable]):
                     self.scheduler.add(unit)
         self.scheduler.progress(block=True)
+        self.scheduler.reset()
         for unit in self.units:
             unit.finish()
         self._synchronized = True
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, scaler: Any = None) -> torch.Tensor:
         """Clip the synchronized gradient by its global norm, as ``torch.nn.utils.clip_grad_norm_``
         would on one process (each shard counted once); returns the total norm. Call it between
-        the last backward and :meth:`step`."""
+        the last backward and :meth:`step`. With a ``GradScaler``, pass it: the gradient is
+        unscaled first (every rank sharing the inf/nan verdict), as torch's recipe
+        ``scaler.unscale_(optimizer)`` before clipping does."""
         self._synchronize()
+        if scaler is not None and scaler.is_enabled():
+            self._agreed_unscale(scaler)
         norm_type = float(norm_type)
         counted = [m.view.grad for u in self.units if u.counts_in_norm(self.rank) for m in u.members
                    if m.view.grad is not None]
@@ -373,9 +386,7 @@ class StrategyEngine:
                     m.view.grad.mul_(coef)
         return norm.to(torch.float32)
 
-    def _agreed_step(self, scaler) -> None:
-        """``scaler.step`` with one inf/nan verdict for all ranks: a PS shard's gradient lives on
-        its server only, so a local check would let ranks disagree about skipping the step."""
+    def _scaled_optimizer(self) -> torch.optim.Optimizer:
         optimizer = self.optimizer
         if optimizer is None:  # this rank updates nothing but must still take part in the verdict
             if self._scaler_dummy is None:
@@ -383,9 +394,18 @@ class StrategyEngine:
                 dummy.grad = torch.zeros_like(dummy)
                 self._scaler_dummy = torch.optim.SGD([dummy], lr=0.0)
             optimizer = self._scaler_dummy
+        return optimizer
+
+    def _agreed_unscale(self, scaler) -> None:
+        """``scaler.unscale_`` with one inf/nan verdict for all ranks: a PS shard's gradient lives
+        on its server only, so a local check would let ranks disagree about skipping the step."""
+        optimizer = self._scaled_optimizer()
+        state = scaler._per_optimizer_states[id(optimizer)]
+        if state["stage"].name == "UNSCALED":
+            return  # done already (clip_grad_norm_ with this scaler)
         scaler.unscale_(optimizer)
         # GradScaler keeps its per-device verdicts here; torch's ShardedGradScaler all-reduces the same.
-        found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        found = state["found_inf_per_device"]
         flag = torch.zeros(1, device=self.device)
         for value in found.values():
             flag += value.to(self.device).reshape(1)
@@ -394,7 +414,11 @@ class StrategyEngine:
             found[self.device] = torch.zeros(1, device=self.device)
         for value in found.values():
             value.copy_(flag.to(value.device).reshape(value.shape))
-        scaler.step(optimizer)
+
+    def _agreed_step(self, scaler) -> None:
+        """``scaler.step``, after the agreed unscale: skipped on every rank or on none."""
+        self._agreed_unscale(scaler)
+        scaler.step(self._scaled_optimizer())
 
     def step(self, scaler: Any = None) -> None:
         """Complete all synchronization, update, and bring every replica to the new values.
@@ -429,12 +453,18 @@ class StrategyEngine:
 
     # ----------------------------------------------------------------------------- checkpoints
 
+    def _require_between_steps(self, what: str) -> None:
+        """Checkpoints are taken between steps, never with gradients in flight."""
+        if self._synchronized or self.scheduler.entries or any(
+                unit.stored(m) for unit in self.units for m in unit.members):
+            raise SynchronizationError(f"{what} between a backward pass and engine.step(): gradients are being "
+                                       f"synchronized; call it after engine.step()")
+
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state that do not depend on the strategy (collective: every rank
         calls it and gets the whole state). Optimizer state is per variable, stitched from the
         shards of whichever ranks own it, so it loads under any other strategy."""
-        if self._synchronized:
-            raise SynchronizationError("state_dict() between clip_grad_norm_ and step(): call it after step()")
+        self._require_between_steps("state_dict()")
         mine: dict[tuple[str, int], dict] = {}
         opt = self.optimizer
         for unit in self.units:
@@ -464,6 +494,7 @@ class StrategyEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` gave, under this engine's strategy (which may differ from
         the one it was saved under)."""
+        self._require_between_steps("load_state_dict()")
         with torch.no_grad():
             self.module.load_state_dict(state["model"])
         opt = self.optimizer

@@ -51,7 +51,6 @@ class Member:
     slices: tuple
     shape: tuple[int, ...]
     view: torch.nn.Parameter  # shares storage with the model parameter
-    sparse: bool = False
 
     @property
     def numel(self) -> int:
@@ -73,7 +72,10 @@ class GradView:
     @property
     def coalesced(self) -> torch.Tensor:
         if self._coalesced is None:
-            self._coalesced = self.grad.coalesce()
+            # A sparse variable also used densely (tied to a dense layer) gets a dense gradient:
+            # its non-zero rows are the rows to send.
+            grad = self.grad if self.grad.is_sparse else self.grad.to_sparse(1)
+            self._coalesced = grad.coalesce()
         return self._coalesced
 
     @property
@@ -169,13 +171,14 @@ def _staged(group, stages: Iterator[Callable]) -> Iterator[tuple[Any, Callable]]
 class AllReduceUnit(_Unit):
     """A merge group: members flattened into one bucket, one (compressed) all-reduce."""
 
-    def __init__(self, members: list[Member], weight: float, compressor, device, dtype, group=None) -> None:
+    def __init__(self, members: list[Member], weight: float, compressor, device, dtype, group=None,
+                 bucket: torch.Tensor | None = None) -> None:
         self.offsets = []
         total = 0
         for m in members:
             self.offsets.append(total)
             total += m.numel
-        self.bucket = torch.zeros(total, device=device, dtype=dtype)
+        self.bucket = torch.zeros(total, device=device, dtype=dtype) if bucket is None else bucket
         self.compressor = compressor
         self.group = group
         self._index = {id(m): i for i, m in enumerate(members)}
@@ -204,20 +207,22 @@ class AllReduceUnit(_Unit):
 
 
 class HierarchicalAllReduceUnit(AllReduceUnit):
-    """A merge group all-reduced in three stages (Horovod's hierarchical all-reduce): the bucket
-    is reduce-scattered inside each node (local rank i keeps piece i), each piece all-reduced
-    across the nodes among the ranks holding it, then all-gathered inside each node. Lossless;
-    every node holds the same number of replicas (validation checks it)."""
+    """A merge group all-reduced in three stages (Horovod's hierarchical all-reduce): each piece
+    of the bucket is reduced inside each node to the local rank that owns it (a reduce-scatter,
+    as one reduce per piece: gloo's reduce_scatter cannot say when it completed), each piece
+    all-reduced across the nodes among the ranks owning it, then all-gathered inside each node.
+    Lossless; every node holds the same number of replicas (validation checks it)."""
 
-    def __init__(self, members, weight, counter, device, dtype, *, intra, cross, local_size: int) -> None:
-        super().__init__(members, weight, None, device, dtype)
+    def __init__(self, members, weight, counter, device, dtype, *, intra, intra_ranks: list[int], cross,
+                 rank: int) -> None:
+        self.local_size = len(intra_ranks)
+        used = sum(m.numel for m in members)
+        self.padded = torch.zeros(used + (-used) % self.local_size, device=device, dtype=dtype)
+        super().__init__(members, weight, None, device, dtype, bucket=self.padded[:used])
         self.counter = counter
-        self.intra, self.cross, self.local_size = intra, cross, local_size
-        used = self.bucket.numel()
-        pad = (-used) % local_size
-        self.padded = torch.zeros(used + pad, device=device, dtype=dtype)
-        self.bucket = self.padded[:used]
-        self.pieces = list(self.padded.view(local_size, -1))
+        self.intra, self.intra_ranks, self.cross = intra, intra_ranks, cross
+        self.pieces = list(self.padded.view(self.local_size, -1))
+        self.local_index = intra_ranks.index(rank)
         self.mine = torch.empty_like(self.pieces[0])
 
     def stage_groups(self):
@@ -230,18 +235,24 @@ class HierarchicalAllReduceUnit(AllReduceUnit):
             stages.append(self.intra)
         return stages
 
+    def _reduce_pieces(self) -> _Works:
+        return _Works([dist.reduce(piece, dst=dst, group=self.intra, async_op=True)
+                       for piece, dst in zip(self.pieces, self.intra_ranks)])
+
     def pipeline(self):
         self.bucket.mul_(self.weight)
-        piece = self.pieces[0] if self.local_size == 1 else self.mine
         if self.local_size > 1:
             self.counter(self.padded)
-            yield self.intra, lambda: dist.reduce_scatter(self.mine, self.pieces, group=self.intra, async_op=True)
+            yield self.intra, self._reduce_pieces
+        self.mine.copy_(self.pieces[self.local_index])
         if self.cross is not None:
-            self.counter(piece)
-            yield self.cross, lambda: dist.all_reduce(piece, group=self.cross, async_op=True)
+            self.counter(self.mine)
+            yield self.cross, lambda: dist.all_reduce(self.mine, group=self.cross, async_op=True)
         if self.local_size > 1:
             self.counter(self.mine)
             yield self.intra, lambda: dist.all_gather(self.pieces, self.mine, group=self.intra, async_op=True)
+        else:
+            self.pieces[0].copy_(self.mine)
 
 
 class PSUnit(_Unit):
@@ -468,65 +479,102 @@ class SparsePSUnit(_SparseUnit):
 
 @dataclass(eq=False)
 class _Entry:
-    unit: _Unit
     stages: Iterator[tuple[Any, Callable]]
-    groups: list  # group keys of the unit's stages, in order
     launched: int = 0
     next_stage: tuple[Any, Callable] | None = None
     work: Any = None
+    waited: bool = False  # work.wait() returned (gloo's is_completed() stays False for some ops)
     done: bool = False
 
 
 class Scheduler:
-    """Launches the pipeline stages of every unit that is ready, in one order all ranks agree on.
+    """Launches the pipeline stages of the units that are ready, in one order all ranks agree on.
 
-    Collectives on one process group must be issued in the same order on every rank of it.
-    Units join in the order their gradients complete (backward order, the same on every rank);
-    a unit's next stage starts as soon as its previous stage completed, unless an earlier unit
-    still has a stage to launch on the same group (it goes first). Never launching out of that
-    order on any group keeps every rank's sequence identical, whatever the timing.
+    Collectives on one process group must be issued in the same order on every rank of it, and
+    which units are ready when differs between ranks (timing; parameters one rank's forward did
+    not use). So the order is fixed in advance, from the units alone, as torch DDP fixes its
+    buckets': per process group, the stages of the units in unit order (``chain``: each unit's
+    stages together, a stage starting as soon as the previous one completed) or stage by stage
+    (not ``chain``: every unit's first stage, then every second stage, and second stages only
+    inside ``step``, which is how the engine ran before its stages were chained). A stage
+    launches once it is next in its group's order, its unit is ready and its previous stage
+    completed. With ``one_order`` every group shares one order (NCCL: communicators that run
+    concurrently in different orders on different ranks can deadlock).
     """
 
-    def __init__(self, chain: bool = True) -> None:
-        self.entries: list[_Entry] = []
-        #: Whether later stages start as soon as their previous stage completed (else only when
-        #: progress blocks, i.e. in ``step``: the engine before stages were chained).
+    def __init__(self, units: list, *, chain: bool = True, one_order: bool = False) -> None:
+        self.units = units
         self.chain = chain
+        self.one_order = one_order
+        self._index = {id(u): i for i, u in enumerate(units)}
+        self.groups = [[self._key(g) for g in u.stage_groups()] for u in units]
+        self.order: dict[int, list[tuple[int, int]]] = {}
+        if chain:
+            slots = [(i, k) for i, groups in enumerate(self.groups) for k in range(len(groups))]
+        else:
+            deepest = max((len(g) for g in self.groups), default=0)
+            slots = [(i, k) for k in range(deepest) for i, groups in enumerate(self.groups) if k < len(groups)]
+        for i, k in slots:
+            self.order.setdefault(self.groups[i][k], []).append((i, k))
+        self.reset()
 
-    @staticmethod
-    def _key(group) -> int:
-        return 0 if group is None else id(group)
+    def _key(self, group) -> int:
+        return 0 if group is None or self.one_order else id(group)
+
+    def reset(self) -> None:
+        """Forget the step (after every unit finished)."""
+        self.position = {g: 0 for g in self.order}
+        self.entries: dict[int, _Entry] = {}
 
     def add(self, unit: _Unit) -> None:
-        self.entries.append(_Entry(unit, unit.pipeline(), [self._key(g) for g in unit.stage_groups()]))
+        """``unit`` is ready: every member's gradient is in."""
+        self.entries[self._index[id(unit)]] = _Entry(unit.pipeline())
+
+    @property
+    def idle(self) -> bool:
+        return all(e.done for e in self.entries.values())
+
+    def _advance(self, block: bool) -> bool:
+        """Collect completed stages, launch the stages whose turn it is; whether anything moved."""
+        moved = False
+        for i in sorted(self.entries):
+            e = self.entries[i]
+            while not e.done:
+                if e.work is not None:
+                    if not (e.waited or e.work.is_completed()):
+                        break
+                    e.work.wait()
+                    e.work, e.waited = None, False
+                    moved = True
+                if e.next_stage is None:
+                    e.next_stage = next(e.stages, None)  # runs the code after the previous stage
+                    if e.next_stage is None:
+                        e.done = moved = True
+                        break
+                key = self._key(e.next_stage[0])
+                if e.launched >= len(self.groups[i]) or key != self.groups[i][e.launched]:
+                    raise AssertionError(f"unit {i}: a stage on group {key} where {self.groups[i][e.launched:]} "
+                                         f"was declared")
+                turn = self.order[key][self.position[key]] == (i, e.launched)
+                if not turn or not (self.chain or block or e.launched == 0):
+                    break
+                e.work = e.next_stage[1]()
+                e.next_stage = None
+                e.launched += 1
+                self.position[key] += 1
+                moved = True
+        return moved
 
     def progress(self, block: bool = False) -> None:
-        """Launch what may be launched and collect what completed; with ``block``, wait for the
-        oldest unit's stages one by one until every unit is done."""
-        while True:
-            busy: set[int] = set()
-            for i, e in enumerate(self.entries):
-                while not e.done:
-                    if e.work is not None:
-                        if not ((block and i == 0) or e.work.is_completed()):
-                            break
-                        e.work.wait()
-                        e.work = None
-                    if e.next_stage is None:
-                        e.next_stage = next(e.stages, None)  # runs the code after the previous stage
-                        if e.next_stage is None:
-                            e.done = True
-                            break
-                    group = self._key(e.next_stage[0])
-                    if e.launched >= len(e.groups) or group != e.groups[e.launched]:
-                        raise AssertionError(f"a stage on group {group} where {e.groups[e.launched:]} was declared")
-                    if group in busy or (e.launched > 0 and not self.chain and not (block and i == 0)):
-                        break
-                    e.work = e.next_stage[1]()
-                    e.next_stage = None
-                    e.launched += 1
-                if not e.done:
-                    busy.update(e.groups[e.launched:])
-            self.entries = [e for e in self.entries if not e.done]
-            if not block or not self.entries:
-                return
+        """Launch what may be launched and collect what completed; with ``block``, until every
+        unit that was added is done (waiting on the earliest collective in flight)."""
+        while self._advance(block):
+            pass
+        while block and not self.idle:
+            in_flight = [e for _i, e in sorted(self.entries.items()) if e.work is not None]
+            if not in_flight:
+                raise AssertionError("the scheduler is stuck: no collective in flight and none may start")
+            in_flight[0].work.wait()
+            in_flight[0].waited = True
+            while self._advance(block):
+                pass

@@ -1,12 +1,15 @@
 """Applying a strategy to a real training job (``synctune apply``, and the end of every search).
 
 When the strategy is one torch DDP can express (all-reduce of whole variables, flat, even
-batch split, no sparse gradient, one compressor), users can stay on plain DDP: the DDP
-configuration that reproduces it is its bucket size (every merge group fits one bucket),
-``gradient_as_bucket_view`` and the comm hook of its compressor (fp16, bf16, PowerSGD).
-Otherwise the training script runs the strategy with :class:`synctune.engine.core.StrategyEngine`.
-Either way a runnable Python file is written: launch it with ``torchrun`` (``python -m
-torch.distributed.run``), one process per replica.
+batch split, no sparse gradient, one compressor), users can stay on plain DDP: the same
+training (lossless strategies give DDP's parameters, the equivalence tests check it) with the
+bucket size cap of the strategy's largest merge group, ``gradient_as_bucket_view`` and the comm
+hook of its compressor (fp16, bf16, PowerSGD). DDP forms its buckets itself (greedily, and again
+after its first iteration), so its bucket boundaries, and with them its timing, are DDP's own,
+not the measured strategy's; PowerSGD's hook differs in its details (warm-up iterations, random
+projections). Otherwise the training file runs the strategy itself with
+:class:`synctune.engine.core.StrategyEngine`. Either way a runnable Python file is written:
+launch it with ``torchrun`` (``python -m torch.distributed.run``), one process per replica.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import AllReduceSynchronizer, Strategy
 
-__all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "training_script", "FORMATS"]
+__all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "training_script", "write_training_file", "apply_search_result",
+           "run_command", "FORMATS"]
 
 FORMATS = ("auto", "ddp", "engine")
 
@@ -67,7 +71,7 @@ def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, s
     if kind not in ("none", "fp16", "bf16", "powersgd"):
         return None, f"DDP has no comm hook for compressor {kind!r}"
     largest = max(groups.values())
-    # Every merge group fits one bucket: DDP then never splits a group's collective.
+    # The cap is the largest merge group (rounded up to 10 KiB): buckets of the strategy's size.
     cap = math.ceil(largest / 2**20 * 100) / 100
     return DDPConfig(bucket_cap_mb=max(cap, 0.01), gradient_as_bucket_view=True, comm_hook=kind,
                      powersgd_rank=rank, num_groups=len(groups)), ""
@@ -112,26 +116,13 @@ import os
 import torch
 import torch.distributed as dist
 
-from synctune.workload import resolve_workload
+from synctune.workload import ImportedWorkload, resolve_workload
 
 WORKLOAD = {workload!r}
 ROOT = {root!r}  # where relative workload paths are found
 SEED = {seed}
+BATCH_SPLIT = {batch_split!r}  # per rank, as the strategy was measured
 {payload}
-
-def batches(workload, rank, world):
-    """This rank's batches: the workload's loader, over and over, or its batch function."""
-    d = getattr(workload, "definition", None)
-    if d is not None and d.loader is not None:
-        while True:
-            for batch in d.loader(workload.batch_size, rank, world):
-                yield batch
-    step = 0
-    while True:
-        generator = torch.Generator().manual_seed(SEED * 1_000_003 + step * 1009 + rank)
-        yield workload.make_batch(workload.batch_size, rank=rank, generator=generator, device="cpu")
-        step += 1
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -142,17 +133,17 @@ def main():
     cuda = torch.cuda.is_available()
     dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if world != len(BATCH_SPLIT):
+        raise SystemExit(f"the strategy has {{len(BATCH_SPLIT)}} replicas: start {{len(BATCH_SPLIT)}} processes, not {{world}}")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if ROOT and ":" in WORKLOAD and not os.path.isabs(WORKLOAD.rpartition(":")[0]):
-        os.chdir(ROOT)
-    workload = resolve_workload(WORKLOAD)
+    workload = ImportedWorkload(WORKLOAD, ROOT) if ":" in WORKLOAD else resolve_workload(WORKLOAD)
     torch.manual_seed(SEED)
     with torch.device(device):
         model = workload.build_model()
 {setup}
-    data = batches(workload, rank, world)
+    data = workload.batches(BATCH_SPLIT[rank], rank, world, SEED)
     for step in range(args.steps):
         batch = tuple(t.to(device) for t in next(data))
 {train_step}
@@ -178,18 +169,29 @@ _DDP_SAVE = '''    if args.checkpoint and rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.checkpoint)'''
 
 _ENGINE_SETUP = '''    from synctune.engine.core import StrategyEngine
-    from synctune.spec import ClusterSpec
+    from synctune.spec import ClusterSpec, ModelSpec
     from synctune.strategy import Strategy
 
-    engine = StrategyEngine(model, Strategy.from_dict(STRATEGY), workload.spec(), ClusterSpec.from_dict(CLUSTER),
+    engine = StrategyEngine(model, Strategy.from_dict(STRATEGY), ModelSpec.from_dict(SPEC), ClusterSpec.from_dict(CLUSTER),
                             lambda params: workload.make_optimizer(params))'''
 _ENGINE_STEP = '''        loss = workload.loss(model, batch)
         loss.backward()
         engine.step()
         engine.zero_grad()'''
-_ENGINE_SAVE = '''    state = engine.state_dict()  # every rank takes part; the state does not depend on the strategy
-    if args.checkpoint and rank == 0:
-        torch.save(state, args.checkpoint)'''
+_ENGINE_SAVE = '''    if args.checkpoint:
+        state = engine.state_dict()  # every rank takes part; the state does not depend on the strategy
+        if rank == 0:
+            torch.save(state, args.checkpoint)'''
+
+
+def _literal(value: Any) -> str:
+    """``json.loads('...')`` of ``value``: plain data as Python source."""
+    return f"json.loads({json.dumps(value, sort_keys=True, separators=(',', ':'))!r})"
+
+
+def _plain(text: str) -> str:
+    """``text`` safe inside the generated file's docstring."""
+    return "".join(c if c.isprintable() and c not in '\\"' else "?" for c in text)
 
 
 def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, workload: str, root: str,
@@ -203,20 +205,56 @@ def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *
     use_ddp = config is not None and fmt != "engine"
     if use_ddp:
         hook = "" if config.comm_hook == "none" else f", the {config.comm_hook} comm hook"
-        what = (f"plain torch DDP: buckets of {config.bucket_cap_mb:g} MiB (each of the strategy's "
-                f"{config.num_groups} merge group(s) fits one){hook}, gradient_as_bucket_view")
-        payload = f"DDP_CONFIG = {json.dumps(config.to_dict())}\n"
+        what = (f"plain torch DDP: buckets up to {config.bucket_cap_mb:g} MiB (the strategy's largest merge "
+                f"group){hook}, gradient_as_bucket_view")
+        payload = f"DDP_CONFIG = {_literal(config.to_dict())}\n"
         setup, step, save = _DDP_SETUP, _DDP_STEP, _DDP_SAVE
         reason = ""
     else:
         what = "the synctune engine running the strategy"
-        payload = (f"STRATEGY = json.loads({strategy.to_json(indent=None)!r})\n"
-                   f"CLUSTER = json.loads({json.dumps(cluster.to_dict(), sort_keys=True)!r})\n")
+        payload = (f"STRATEGY = {_literal(strategy.to_dict())}\nSPEC = {_literal(spec.to_dict())}\n"
+                   f"CLUSTER = {_literal(cluster.to_dict())}\n")
         setup, step, save = _ENGINE_SETUP, _ENGINE_STEP, _ENGINE_SAVE
-        reason = f"Plain DDP cannot run it: {why}.\n" if why else ""
-    text = _SCRIPT.format(name=spec.name, what=what, strategy_hash=strategy.hash[:12], summary=strategy.summary(),
-                          reason=reason, replicas=len(strategy.replicas), filename=filename,
-                          devices=", ".join(strategy.replicas[:6]) + (", ..." if len(strategy.replicas) > 6 else ""),
-                          workload=workload, root=root, seed=seed, payload=payload, setup=setup, train_step=step,
-                          save=save)
+        reason = f"Plain DDP cannot run it: {_plain(why)}.\n" if why else ""
+    text = _SCRIPT.format(name=_plain(spec.name), what=_plain(what), strategy_hash=strategy.hash[:12],
+                          summary=_plain(strategy.summary()), reason=reason, replicas=len(strategy.replicas),
+                          filename=_plain(filename), devices=_plain(", ".join(strategy.replicas[:6]) + (
+                              ", ..." if len(strategy.replicas) > 6 else "")),
+                          workload=workload, root=root, seed=seed, batch_split=list(strategy.batch_split),
+                          payload=payload, setup=setup, train_step=step, save=save)
     return text, "ddp" if use_ddp else "engine"
+
+
+def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, output, fmt: str = "auto",
+                        seed: int = 0) -> str:
+    """Write the training file of ``strategy`` for ``workload``; returns the format used."""
+    from pathlib import Path
+
+    from ..spec.files import write_text_atomic
+    from ..strategy.validate import validate
+
+    spec = workload.spec()
+    validate(strategy, spec, cluster)
+    text, used = training_script(strategy, spec, cluster, workload=workload.source.removeprefix("zoo:"),
+                                 root=getattr(workload, "root", "") or "", fmt=fmt, filename=Path(output).name,
+                                 seed=seed)
+    write_text_atomic(output, text)
+    return used
+
+
+def run_command(strategy: Strategy, output) -> str:
+    """How to run a training file: torchrun with one process per replica."""
+    return f"python -m torch.distributed.run --standalone --nproc-per-node {len(strategy.replicas)} {output}"
+
+
+def apply_search_result(best: dict, workload, cluster: ClusterSpec, best_path, *, seed: int = 0,
+                        logger=None, parent_run_id: str = ""):
+    """The best strategy of a search as a training file next to it (``<best>-train.py``), also
+    attached to the search's MLflow run; returns (path, format used)."""
+    from pathlib import Path
+
+    path = Path(best_path).with_name(Path(best_path).stem + "-train.py")
+    used = write_training_file(Strategy.from_dict(best), workload, cluster, path, seed=seed)
+    if logger is not None and parent_run_id:
+        logger.log_text(parent_run_id, path.read_text(), "train.py")
+    return path, used

@@ -19,6 +19,7 @@ Names that become paths (experiment names, search ids, presets) go through
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from .errors import SpecError
+from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "parse_yaml", "parse_json",
            "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable", "check_name",
@@ -258,7 +259,7 @@ def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as exc:
-        raise SpecError(f"{path}: cannot write in {parent}: {exc.strerror or exc}") from None
+        raise _write_error(path, exc) from None
     try:
         if keep_mode is not None:
             os.fchmod(fd, keep_mode)
@@ -279,6 +280,15 @@ def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
             os.close(dir_fd)
 
 
+#: Write errors that say the machine failed, not the path the user gave (exit 1, not 2).
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.ENOMEM}
+
+
+def _write_error(path: str | Path, exc: OSError) -> Exception:
+    message = f"{path}: cannot write: {exc.strerror or exc}"
+    return InfraError(message) if exc.errno in _ENVIRONMENT_ERRNOS else SpecError(message)
+
+
 def write_text_atomic(path: str | Path, text: str | bytes) -> None:
     """Replace ``path`` with ``text`` atomically (see :func:`atomic_write`); OS errors while
     writing are one :class:`SpecError` naming the file."""
@@ -287,7 +297,7 @@ def write_text_atomic(path: str | Path, text: str | bytes) -> None:
         with atomic_write(path) as fh:
             fh.write(data)
     except OSError as exc:
-        raise SpecError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise _write_error(path, exc) from None
 
 
 def check_name(value: Any, what: str) -> str:
@@ -318,4 +328,4 @@ def write_via(path: str | Path, writer: Callable[[BinaryIO], None]) -> None:
         with atomic_write(path) as fh:
             writer(fh)
     except OSError as exc:
-        raise SpecError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise _write_error(path, exc) from None

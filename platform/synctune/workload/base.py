@@ -3,14 +3,11 @@ process and Ray actor) whose methods build what one replica needs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from ..spec.model import ModelSpec
 
-__all__ = ["Workload", "OPTIMIZERS"]
-
-#: Optimizers a trial may ask a workload for by name (``TrialConfig.optimizer``).
-OPTIMIZERS = ("sgd", "adam")
+__all__ = ["Workload"]
 
 
 class Workload:
@@ -51,3 +48,14 @@ class Workload:
     def spec(self) -> ModelSpec:
         """The model spec: trainable variables in backward order (traced, not guessed)."""
         raise NotImplementedError
+
+    def batches(self, batch_size: int, rank: int, world: int, seed: int = 0) -> Iterator[tuple]:
+        """Replica ``rank``'s batches for training, on the CPU, without end (a training file's
+        data): by default one batch per step from :meth:`make_batch`, drawn from (seed, step, rank)."""
+        import torch
+
+        step = 0
+        while True:
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+            yield self.make_batch(batch_size, rank=rank, generator=generator, device="cpu")
+            step += 1

@@ -121,7 +121,7 @@ def _import_factory(path: str, root: str) -> Any:
             sys.modules[name] = module
             try:
                 spec.loader.exec_module(module)
-            except BaseException as exc:
+            except (Exception, SystemExit) as exc:  # the user's file; Ctrl-C and SIGTERM go through
                 del sys.modules[name]
                 raise SpecError(f"workload {path!r}: importing {found} failed: {type(exc).__name__}: "
                                 f"{str(exc)[:300]}") from None
@@ -201,6 +201,20 @@ class ImportedWorkload(Workload):
             world = dist.get_world_size() if dist.is_initialized() else 1
             batch = next(iter(d.loader(batch_size, rank, world)))
         return _on_device(batch, device, self.path)
+
+    def batches(self, batch_size: int, rank: int, world: int, seed: int = 0):
+        """The loader's epochs one after another, or the batch function's batches."""
+        d = self.definition
+        if d.loader is None:
+            yield from super().batches(batch_size, rank, world, seed)
+            return
+        while True:
+            empty = True
+            for batch in d.loader(batch_size, rank, world):
+                empty = False
+                yield _on_device(batch, "cpu", self.path)
+            if empty:
+                raise SpecError(f"workload {self.path!r}: loader({batch_size}, {rank}, {world}) gave no batch")
 
     def loss(self, model: Any, batch: tuple) -> Any:
         d = self.definition
