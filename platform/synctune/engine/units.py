@@ -495,8 +495,8 @@ class Scheduler:
     not use). So the order is fixed in advance, from the units alone, as torch DDP fixes its
     buckets': per process group, the stages of the units in unit order (``chain``: each unit's
     stages together, a stage starting as soon as the previous one completed) or stage by stage
-    (not ``chain``: every unit's first stage, then every second stage, and second stages only
-    inside ``step``, which is how the engine ran before its stages were chained). A stage
+    (not ``chain``: every unit's first stage during backward, then, inside ``step``, every later
+    stage one at a time, each waited for: how the engine ran before its stages were chained). A stage
     launches once it is next in its group's order, its unit is ready and its previous stage
     completed. With ``one_order`` every group shares one order (NCCL: communicators that run
     concurrently in different orders on different ranks can deadlock).
@@ -558,6 +558,9 @@ class Scheduler:
                 turn = self.order[key][self.position[key]] == (i, e.launched)
                 if not turn or not (self.chain or block or e.launched == 0):
                     break
+                if not self.chain and e.launched > 0 and any(
+                        o.work is not None and o.launched > 1 for o in self.entries.values()):
+                    break  # unchained: later stages one at a time, each waited for (the engine before chaining)
                 e.work = e.next_stage[1]()
                 e.next_stage = None
                 e.launched += 1
