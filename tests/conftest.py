@@ -52,10 +52,10 @@ def _isolated_data_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_search(tmp_path_factory):
-    """One real `synctune search` of 6 trials, run once per session: (data home, experiment
-    file, completed process). The search tests, the report tests and the browser checks read it."""
+    """One real `synctune search` of 6 trials after 2 tuned-DDP trials, confirmed in 3 rounds,
+    run once per session: (data home, experiment file, completed process). The search tests, the report tests and the browser checks read it."""
     folder = tmp_path_factory.mktemp("tiny-search")
-    experiment = tiny_experiment(folder, 6)
+    experiment = tiny_experiment(folder, 6, ddp_trials=2, confirm_rounds=3)
     done = subprocess.run([sys.executable, "-m", "synctune", "search", str(experiment)], env=search_env(folder / "home"),
                           capture_output=True, text=True, timeout=900, start_new_session=True)
     assert done.returncode == 0, done.stderr[-3000:]

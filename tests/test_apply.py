@@ -104,7 +104,7 @@ def test_a_workload_outside_the_repository_is_searched_and_applied(tmp_path):
     experiment = tmp_path / "elsewhere" / "search.yaml"
     experiment.write_text("name: mine\nworkload: my_job.py:workload\ncluster: local-1x2\nbudget: 5\n"
                           "simulator: analytic\nproposals: 30\ncandidates: 2\nwarmup: 1\niters: 3\n"
-                          "baselines: [allreduce, parallax]\n")
+                          "baselines: [allreduce, parallax]\nddp_trials: 0\nconfirm_rounds: 0\n")
     home = tmp_path / "home"
     env = search_env(home)
     done = subprocess.run([sys.executable, "-m", "synctune", "search", str(experiment)], env=env, cwd=str(tmp_path),

@@ -23,5 +23,6 @@ def test_digits_example_reaches_its_target_both_ways(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(figures.read_text())
     assert result["ddp_curve"][-1][2] >= 0.9 and result["best_curve"][-1][2] >= 0.9, result
-    assert result["max_param_difference"] < 1e-4, result  # lossless: the same training, either way
+    if result["lossless"]:  # the same training, either way (a lossy DDP hook may have won instead)
+        assert result["max_param_difference"] < 1e-4, result
     assert "reached 90%: DDP yes" in done.stdout and "best strategy yes" in done.stdout

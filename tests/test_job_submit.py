@@ -73,7 +73,7 @@ def test_search_submitted_as_a_ray_job(ray_head, tmp_path):
     work.mkdir()
     (work / "tiny-job.yaml").write_text(
         "name: tiny-job\nmodel: cnn-small\ncluster: local-1x2\nbudget: 3\nsimulator: analytic\nproposals: 20\n"
-        "candidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps-lb]\n")
+        "candidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps-lb]\nddp_trials: 0\nconfirm_rounds: 0\n")
     job = subprocess.run(RAY + ["job", "submit", "--address", url, "--working-dir", str(work), "--",
                                 sys.executable, "-m", "synctune", "search", "tiny-job.yaml"],
                          env=env, capture_output=True, text=True, timeout=600)

@@ -105,7 +105,8 @@ def test_search_on_a_lab_preset_runs_through_ray_in_the_namespaces(lab, tmp_path
     assert _cli("lab", "up", "lab-2x1", home=home).returncode == 0
     exp = tmp_path / "lab-tiny.yaml"
     exp.write_text("name: lab-tiny\nmodel: cnn-small\ncluster: lab-2x1\nbudget: 3\nsimulator: analytic\n"
-                   "proposals: 20\ncandidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps]\n")
+                   "proposals: 20\ncandidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps]\n"
+                   "ddp_trials: 1\nconfirm_rounds: 2\nconfirm_iters: 2\n")
     done = _cli("search", str(exp), home=home)
     assert done.returncode == 0, done.stderr[-3000:]
     from synctune.data import TrialDataset

@@ -79,7 +79,7 @@ def test_workers_land_on_their_node_types(multinode):
 def _experiment(name: str, budget: int, slices: int, iters: int) -> Experiment:
     return Experiment(name=name, model="cnn-small", cluster="hetero-1-2", budget=budget, simulator="analytic",
                       proposals=40, candidates=2, warmup=1, iters=iters, slices=slices, timeout_s=120,
-                      baselines=("allreduce", "ps-lb", "parallax", "horovod"))
+                      baselines=("allreduce", "ps-lb", "parallax", "horovod"), ddp_trials=0, confirm_rounds=0)
 
 
 def _placement_groups_alive() -> list:

@@ -3,6 +3,7 @@ killed mid-search that `--resume` completes with exactly the budget of recorded 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from _searches import search_env, tiny_experiment
 
 from synctune.data import TrialDataset
@@ -39,11 +41,25 @@ def test_tiny_real_search(tiny_search, tmp_path):
     home, experiment, done = tiny_search
     out = done.stdout
     assert "search tiny-seed0: 6 trials (0 failed)" in out
-    assert "speed-up" in out and "hit rate" in out
+    assert "single " in out and "hit rate" in out
     rows = TrialDataset(home / "dataset").read(search_id="tiny-seed0")
-    assert len(rows) == 6 and (rows["status"] == "ok").all()
-    assert set(rows["origin"]) >= {"allreduce", "ps-lb", "partitioned-ps", "autodist"}
+    assert len(rows) == 6 + 2 + 1 and (rows["status"] == "ok").all()
+    assert set(rows["origin"]) >= {"allreduce", "ps-lb", "partitioned-ps", "autodist", "ddp-tuned", "confirmation"}
     assert rows["mlflow_run_id"].str.len().eq(32).all()
+    # Tuned DDP: real DDP trials, recorded with their configuration; the first is DDP's default.
+    ddp = rows[rows["runtime"] == "ddp"].sort_values("created_at")
+    assert list(ddp["trial_id"]) == ["ddp-0", "ddp-1"] and (rows["runtime"] != "ddp").sum() == 7
+    first = json.loads(ddp["runtime_json"].iloc[0])
+    assert (first["bucket_cap_mb"], first["first_bucket_mb"], first["comm_hook"]) == (25.0, 1.0, "none")
+    assert "DDP " in out and "tuned torch DDP" in out
+    # The confirmation: a row of the candidate, its interval in the summary, the result file.
+    confirm = rows[rows["trial_id"] == "confirm-0"]
+    figures = json.loads(confirm["extra_json"].iloc[0])["confirmation"]
+    assert len(figures["a_s"]) == len(figures["b_s"]) == 3 and figures["low"] <= figures["ratio"] <= figures["high"]
+    assert f"confirmed {figures['ratio']:.3f}x [{figures['low']:.3f}, {figures['high']:.3f}] (95%)" in out
+    result = json.loads((home / "searches" / "tiny-seed0-best-result.json").read_text())
+    assert result["confirmed"]["ratio"] == pytest.approx(figures["ratio"])
+    assert result["recommended"]["kind"] == ("search" if figures["verdict"] == "faster" else "baseline")
     assert (home / "searches" / "tiny-seed0-best.json").is_file()
     assert (home / "reports" / "tiny-seed0.html").is_file() and "report " in done.stderr
     again = subprocess.Popen([sys.executable, "-m", "synctune", "search", str(experiment)], env=search_env(home),

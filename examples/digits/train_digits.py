@@ -8,11 +8,13 @@ nothing is downloaded); the model is a small MLP defined below, described to syn
 1. searches the best strategy for that workload on ``local-2x2`` (4 CPU worker processes),
    every trial real and recorded (``synctune search`` with ``workload:``);
 2. trains from the same start on the same data order twice, on 4 processes: with plain torch DDP
-   (its defaults) and with the best strategy applied (as plain DDP with the configuration that
-   reproduces it when DDP can express it, else with the synctune engine), until the test
-   accuracy reaches the target;
+   (its defaults) and with what the search recommends (its best strategy when the interleaved
+   confirmation found it faster than the best baseline, else that baseline: a builder's
+   strategy or the tuned torch DDP configuration), applied as plain DDP when DDP can express
+   it, else with the synctune engine, until the test accuracy reaches the target;
 3. prints both accuracy curves, the wall-clock, and how far apart the final parameters are
-   (the search's strategies are lossless, so both runs compute the same training).
+   (equal up to rounding when the recommendation is lossless; a tuned DDP comm hook such as
+   fp16 or PowerSGD compresses, and then only the accuracy is comparable).
 
     python examples/digits/train_digits.py                # budget 12, target 95%
     python examples/digits/train_digits.py --budget 6 --target 0.9 --max-epochs 15
@@ -136,12 +138,14 @@ def train(mode: str, *, target: float, max_epochs: int, strategy: dict | None = 
 # ------------------------------------------------------------------------------------- main
 
 
-def search(budget: int, home: Path) -> dict:
-    """`synctune search` of this workload on local-2x2; the best strategy."""
+def search(budget: int, ddp_trials: int, home: Path) -> dict:
+    """`synctune search` of this workload on local-2x2; what it recommends (a strategy, or a
+    tuned DDP configuration) with its confirmation."""
     experiment = home / "digits.yaml"
     experiment.write_text(f"name: digits\nworkload: {HERE / 'train_digits.py'}:workload\ncluster: local-2x2\n"
                           f"budget: {budget}\nsimulator: analytic\nproposals: 200\ncandidates: 3\nwarmup: 2\n"
-                          f"iters: 10\nbaselines: [allreduce, horovod, ps-lb, partitioned-ps]\n")
+                          f"iters: 10\nbaselines: [allreduce, horovod, ps-lb, partitioned-ps]\nddp_trials: {ddp_trials}\n"
+                          f"confirm_rounds: 6\nconfirm_iters: 3\n")
     env = dict(__import__("os").environ, SYNCTUNE_HOME=str(home))
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run([sys.executable, "-m", "synctune", "search", str(experiment)], env=env, text=True,
@@ -149,18 +153,21 @@ def search(budget: int, home: Path) -> dict:
     print(done.stdout, end="")
     if done.returncode != 0:
         sys.exit(f"the search failed:\n{done.stderr[-2000:]}")
-    return json.loads((home / "searches" / "digits-seed0-best.json").read_text())
+    return json.loads((home / "searches" / "digits-seed0-best-result.json").read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=12, help="trials of the search")
+    parser.add_argument("--ddp-trials", type=int, default=4, help="tuned torch DDP trials (a baseline)")
     parser.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--home", help="synctune data folder for the search (default: a temporary one)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
 
+    from synctune.engine.ddp import DDPConfig
+    from synctune.strategy.compressors import COMPRESSORS
     from synctune.run.apply import ddp_config
     from synctune.spec import cluster_preset
     from synctune.strategy import Strategy
@@ -170,10 +177,16 @@ def main() -> None:
         home = Path(args.home or scratch)
         home.mkdir(parents=True, exist_ok=True)
         print(f"1. searching the synchronization of digits-mlp on local-2x2 ({args.budget} trials)")
-        best = search(args.budget, home)
+        answer = search(args.budget, args.ddp_trials, home)
+    chosen = answer["recommended"]
+    best = chosen["strategy"]
     strategy = Strategy.from_dict(best)
     spec = ImportedWorkload(f"{HERE / 'train_digits.py'}:workload").spec()
-    config, why = ddp_config(strategy, spec)
+    if chosen["ddp"]:  # tuned DDP won: it is what the user runs
+        config, why = DDPConfig.from_dict(chosen["ddp"]), ""
+    else:
+        config, why = ddp_config(strategy, spec)
+    print(f"   the search recommends {chosen['name']} ({chosen['why']})")
     applied = f"plain DDP {config.to_dict()}" if config else f"the synctune engine ({why})"
     print(f"\n2. training to {args.target:.0%} test accuracy: plain DDP, then the best strategy as {applied}")
     ddp = train("ddp", target=args.target, max_epochs=args.max_epochs)
@@ -193,7 +206,10 @@ def main() -> None:
     diff = max(float((ddp["params"][k] - tuned["params"][k]).abs().max()) for k in ddp["params"])
     figures = {"strategy": strategy.summary(), "applied_as": "ddp" if config else "engine",
                "ddp_curve": ddp["curve"], "best_curve": tuned["curve"], "max_param_difference": diff,
-               "target": args.target}
+               "target": args.target, "recommended": chosen["name"],
+               # Lossless: the same training as plain DDP, up to float rounding.
+               "lossless": (config.comm_hook == "none") if config else all(
+                   COMPRESSORS[c].lossless for c in strategy.stats()["compressors"])}
     reached = {name: run["curve"][-1][2] >= args.target for name, run in (("ddp", ddp), ("best", tuned))}
     print(f"\nreached {args.target:.0%}: DDP {'yes' if reached['ddp'] else 'no'} after {ddp['curve'][-1][1]:.2f} s, "
           f"best strategy {'yes' if reached['best'] else 'no'} after {tuned['curve'][-1][1]:.2f} s; "

@@ -18,7 +18,8 @@ def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking
     from ..run.apply import apply_search_result
 
     try:
-        return apply_search_result(summary["best_strategy"], workload, cluster, best_path, seed=exp.seed,
+        chosen = summary["recommended"]
+        return apply_search_result(chosen["strategy"], workload, cluster, best_path, seed=exp.seed, ddp=chosen["ddp"],
                                    logger=MlflowLogger(exp.name, tracking_uri),
                                    parent_run_id=summary.get("mlflow_parent_run") or "")
     except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus
@@ -60,10 +61,10 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     best_path.parent.mkdir(parents=True, exist_ok=True)
     check_writable(best_path)
     start_ray(ray_address, cluster.num_devices + 1)
-    bar = tqdm(total=exp.budget, desc=exp.name, unit="trial", disable=None)
+    bar = tqdm(total=exp.budget + exp.ddp_trials, desc=exp.name, unit="trial", disable=None)
 
     def on_trial(outcome: dict, summary: dict) -> None:
-        bar.n = summary["trials"]
+        bar.n = summary["trials"] + summary.get("ddp_trials", 0)
         speed = summary["speedup_over_best_baseline"]
         hits = summary["hit_rate"]
         parts = []
@@ -76,39 +77,66 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         if bar.disable:  # no terminal (a Ray job's log, CI): one line per trial instead of a bar
             this = (f"{outcome['mean_s'] * 1e3:.1f} ms" if outcome.get("status") == "ok" and outcome.get("mean_s")
                     else outcome.get("status", "failed"))
-            echo_err(f"{exp.name}: trial {summary['trials']}/{exp.budget}: {this}; " + ", ".join(parts))
+            echo_err(f"{exp.name}: trial {bar.n}/{bar.total}: {this}; " + ", ".join(parts))
             return
         bar.set_postfix_str(", ".join(parts))
         bar.refresh()
 
+    def on_phase(message: str) -> None:
+        if not bar.disable:
+            bar.clear()
+        echo_err(f"{exp.name}: {message}")
+
     try:
         summary = run_search(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
-                             on_trial=on_trial, node_net=node_net)
+                             on_trial=on_trial, node_net=node_net, on_phase=on_phase)
     finally:
         bar.close()
     train_path = None
-    if summary["best_strategy"]:
-        write_text_atomic(best_path, json.dumps(summary["best_strategy"], indent=2, sort_keys=True) + "\n")
+    chosen = summary.get("recommended")
+    if chosen:
+        write_text_atomic(best_path, json.dumps(chosen["strategy"], indent=2, sort_keys=True) + "\n")
+        # The whole answer beside it: what to run (a strategy, or tuned DDP's configuration) and why.
+        result = {k: summary.get(k) for k in ("search_id", "recommended", "confirmed", "best_runtime_s",
+                                              "best_builder_baseline_s", "ddp_best_s", "ddp_best_config",
+                                              "speedup_over_best_baseline", "hit_rate", "trials", "ddp_trials")}
+        write_text_atomic(best_path.with_name(best_path.stem + "-result.json"),
+                          json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
         train_path, used = _apply_best(summary, workload, cluster, best_path, exp, tracking_uri)
     speed = summary["speedup_over_best_baseline"]
     click.echo(f"search {summary['search_id']}: {summary['trials']} trials ({summary['failed']} failed) "
                f"in {summary['wall_s']:.0f} s")
     if summary["best_runtime_s"]:
         click.echo(f"best      {summary['best_runtime_s'] * 1e3:.1f} ms/iteration ({summary['best_origin']}), "
-                   f"saved to {best_path}")
-    if summary["best_baseline_s"]:
-        click.echo(f"baseline  {summary['best_baseline_s'] * 1e3:.1f} ms/iteration (best hand-optimised builder)")
-    click.echo(f"speed-up  {speed:.3f}x over the best baseline" if speed else "speed-up  n/a")
+                   f"fastest single trial of the engine")
+    if summary["best_builder_baseline_s"]:
+        click.echo(f"builders  {summary['best_builder_baseline_s'] * 1e3:.1f} ms/iteration (best hand-optimised builder)")
+    if summary["ddp_best_s"]:
+        from ..engine.ddp import DDPConfig
+
+        click.echo(f"DDP       {summary['ddp_best_s'] * 1e3:.1f} ms/iteration (best of {summary['ddp_trials']} tuned torch "
+                   f"DDP trials: {DDPConfig.from_dict(summary['ddp_best_config']).summary()})")
+    click.echo(f"single    {speed:.3f}x over the best baseline, trial against trial (not confirmed)" if speed
+               else "single    n/a")
+    confirmed = summary.get("confirmed") or {}
+    if "ratio" in confirmed:
+        click.echo(f"confirmed {confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, {confirmed['high']:.3f}] (95%): "
+                   f"{confirmed['candidate']} against {confirmed['baseline']}, {confirmed['rounds']} interleaved rounds "
+                   f"of {confirmed['per_round']} iterations on the same processes: {confirmed['verdict']}")
+    elif confirmed:
+        click.echo(f"confirmed n/a ({confirmed.get('error', 'no result')})")
     hits = summary["hit_rate"]
     click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
                "hit rate  n/a")
     click.echo(f"trials to 1.1x: {summary['trials_to_1.1x'] or '-'}, to 1.2x: {summary['trials_to_1.2x'] or '-'}")
+    if chosen:
+        click.echo(f"result    {chosen['name']} ({chosen['why']}), saved to {best_path}")
     if train_path is not None:
         from ..run.apply import run_command
         from ..strategy import Strategy
 
         click.echo(f"apply     {train_path} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'}): "
-                   f"{run_command(Strategy.from_dict(summary['best_strategy']), train_path)}")
+                   f"{run_command(Strategy.from_dict(chosen['strategy']), train_path)}")
     echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary['search_id']}")
     if summary["trials"]:

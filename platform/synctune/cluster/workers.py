@@ -28,7 +28,7 @@ from ..spec.errors import InfraError, SpecError
 if TYPE_CHECKING:  # strategies reach a worker group as plain objects: only the type is named here
     from ..strategy.schema import Strategy
 
-__all__ = ["RayWorkerGroup", "node_type_resource", "NODE_TYPE_PREFIX", "HEAD_RESOURCE"]
+__all__ = ["RayWorkerGroup", "ConfirmFailed", "node_type_resource", "NODE_TYPE_PREFIX", "HEAD_RESOURCE"]
 
 #: Prefix of the custom resource that names a node's instance type.
 NODE_TYPE_PREFIX = "synctune-node:"
@@ -249,23 +249,62 @@ class RayWorkerGroup:
         self.starts += 1
 
     def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *, workload,
-                  on_progress: Callable[[dict], None] | None = None) -> TrialResult:
-        """Run one trial of ``workload`` on the group; a worker that dies or hangs ends it as
-        failed/timeout (and the group is torn down, to be restarted by the next trial)."""
-        import ray
-        from ray.util.queue import Queue
-
-        spec = check_trial(workload, strategy, self.cluster)
-        if list(strategy.replicas) != list(self.cluster.devices):
-            raise SpecError("the Ray worker group runs strategies whose replicas are every device of its cluster, "
-                            "in order")
+                  on_progress: Callable[[dict], None] | None = None, runtime: dict | None = None) -> TrialResult:
+        """Run one trial of ``workload`` on the group (``runtime``: torch DDP instead of the
+        engine, see :func:`synctune.engine.ddp.ddp_runtime`); a worker that dies or hangs ends
+        it as failed/timeout (and the group is torn down, to be restarted by the next trial)."""
+        spec = check_trial(workload, strategy, self.cluster, runtime)
+        self._check_replicas(strategy)
         start = time.monotonic()
         started_at = time.time()
         self.start()
-        payload = trial_payload(workload, strategy, self.cluster, config, spec, gpu_per_rank=False)
+        payload = trial_payload(workload, strategy, self.cluster, config, spec, gpu_per_rank=False, runtime=runtime)
+        out, status, message = self._execute(payload, config.timeout_s, on_progress)
+        if out is None:
+            return failed_result(status, message, strategy, self.cluster, config, "ray", time.monotonic() - start)
+        result = result_from_rank0(out, strategy, self.cluster, config, "ray", time.monotonic() - start)
+        # Where each rank ran (node types, not node ids: the ids mean nothing outside this cluster).
+        result.extra.update({"ray_node_types": [p["node_type"] for p in self.placement],
+                             "started_at": started_at, "finished_at": time.time()})
+        return result
+
+    def run_confirm(self, arms: list, config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10,
+                    per_round: int = 5, on_progress: Callable[[dict], None] | None = None) -> dict:
+        """Re-measure two arms (strategy, runtime or None) interleaved on the group's processes
+        (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
+        speed-up of the first arm over the second with its 95% interval. A failure raises
+        :class:`ConfirmFailed` (the group is torn down)."""
+        from ..engine.trial import confirm_payload
+        from ..strategy.outcomes import paired_ratio
+
+        for strategy, _runtime in arms:
+            self._check_replicas(strategy)
+        payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round)
+        payload["gpu_per_rank"] = False
+        start = time.monotonic()
+        self.start()
+        out, status, message = self._execute(payload, config.timeout_s * 2, on_progress)
+        if out is None:
+            raise ConfirmFailed(f"confirmation {status}: {message}")
+        out = dict(out)
+        out.update(paired_ratio(out["b_s"], out["a_s"]).to_dict())
+        out.update({"rounds": rounds, "per_round": per_round, "launcher": "ray", "wall_s": time.monotonic() - start})
+        return out
+
+    def _check_replicas(self, strategy: Strategy) -> None:
+        if list(strategy.replicas) != list(self.cluster.devices):
+            raise SpecError("the Ray worker group runs strategies whose replicas are every device of its cluster, "
+                            "in order")
+
+    def _execute(self, payload: dict, timeout_s: float, on_progress) -> tuple[dict | None, str, str]:
+        """Run ``payload`` on every rank; rank 0's output, or None with a status and a message."""
+        import ray
+        from ray.util.queue import Queue
+
+        start = time.monotonic()
         progress = Queue(actor_options={"num_cpus": 0}) if on_progress else None
         refs = [a.run.remote(payload, progress) for a in self.actors]
-        deadline = start + config.timeout_s
+        deadline = start + timeout_s
         pending = list(refs)
         try:
             while pending:
@@ -277,9 +316,7 @@ class RayWorkerGroup:
                     ray.get(ref)  # raises if that worker failed or died
                 if pending and time.monotonic() > deadline:
                     self.shutdown()
-                    return failed_result("timeout", f"no result from {len(pending)} worker(s) after "
-                                         f"{config.timeout_s:g} s", strategy, self.cluster, config, "ray",
-                                         time.monotonic() - start)
+                    return None, "timeout", f"no result from {len(pending)} worker(s) after {timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - a trial failure is a result, not an error
             status, message = _describe_failure(exc)
             # A peer's death reaches the survivors as transport errors, often first: look for it.
@@ -293,16 +330,11 @@ class RayWorkerGroup:
                 except Exception:  # noqa: BLE001 - other ranks' own errors or still running
                     continue
             self.shutdown()
-            return failed_result(status, message, strategy, self.cluster, config, "ray", time.monotonic() - start)
+            return None, status, message
         finally:
             if progress is not None:
                 progress.shutdown()
-        out = ray.get(refs[0])
-        result = result_from_rank0(out, strategy, self.cluster, config, "ray", time.monotonic() - start)
-        # Where each rank ran (node types, not node ids: the ids mean nothing outside this cluster).
-        result.extra.update({"ray_node_types": [p["node_type"] for p in self.placement],
-                             "started_at": started_at, "finished_at": time.time()})
-        return result
+        return ray.get(refs[0]), "ok", ""
 
     def shutdown(self) -> None:
         """Kill the actors and release the placement group."""
@@ -322,6 +354,10 @@ class RayWorkerGroup:
             except Exception:  # noqa: BLE001
                 pass
             self.pg = None
+
+
+class ConfirmFailed(InfraError):
+    """An interleaved re-measurement did not finish (a worker died, hung or raised)."""
 
 
 class SlicePending(InfraError):

@@ -19,10 +19,15 @@ from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 
-__all__ = ["RECORD_SCHEMA_VERSION", "TrialRecord", "arrow_schema", "environment", "dedup_key"]
+__all__ = ["RECORD_SCHEMA_VERSION", "RUNTIMES", "TrialRecord", "arrow_schema", "environment", "dedup_key"]
 
-#: Version of the record schema written now. 2 added ``workload_source`` (null in older rows).
-RECORD_SCHEMA_VERSION = 2
+#: Version of the record schema written now. 2 added ``workload_source``; 3 added ``runtime``
+#: and ``runtime_json`` (null in older rows, which are all ``engine`` trials).
+RECORD_SCHEMA_VERSION = 3
+
+#: What executed a trial (DESIGN.md "runtime"): our engine running the strategy, or plain torch
+#: DDP configured by ``runtime_json`` (the strategy then only says replicas and batch split).
+RUNTIMES = ("engine", "ddp")
 
 
 def environment(backend: str = "", device_kind: str = "") -> dict[str, str]:
@@ -105,12 +110,16 @@ class TrialRecord:
     #: Where the workload comes from: ``zoo:NAME`` or the user's import path (provenance; the
     #: model itself is ``model_name``/``model_hash``/``model_spec_json``).
     workload_source: str = ""
+    #: What executed the trial (:data:`RUNTIMES`); simulators learn from ``engine`` rows only.
+    runtime: str = "engine"
+    #: The runtime's configuration as JSON (a DDP trial's :class:`~synctune.engine.ddp.DDPConfig`).
+    runtime_json: str = ""
 
     @classmethod
     def from_trial(cls, result: Mapping[str, Any], strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *,
                    origin: str, search_id: str = "", trial_id: str = "", predicted_time_s: float | None = None,
                    mlflow_run_id: str = "", experiment: str = "", created_at: datetime.datetime | None = None,
-                   workload_source: str = "") -> "TrialRecord":
+                   workload_source: str = "", runtime: str = "engine", runtime_json: str = "") -> "TrialRecord":
         """A record of a trial ``result`` (``TrialResult.to_dict()``) of ``strategy``."""
         stats = strategy.stats()
         env = environment(result.get("backend", ""), result.get("device_kind", ""))
@@ -160,6 +169,8 @@ class TrialRecord:
             peak_memory_bytes=result.get("peak_memory_bytes"),
             extra_json=json.dumps(result.get("extra", {}), sort_keys=True),
             workload_source=workload_source,
+            runtime=runtime,
+            runtime_json=runtime_json,
             **env,
         )
 
@@ -175,11 +186,13 @@ class TrialRecord:
         """Inverse of :meth:`to_row`; columns unknown to this version are ignored."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in row.items() if k in names}
-        missing = names - set(values) - {"schema_version", "extra_json", "workload_source"}
+        missing = names - set(values) - {"schema_version", "extra_json", "workload_source", "runtime", "runtime_json"}
         if missing:
             raise SpecError(f"dataset row lacks column(s) {sorted(missing)}")
         values["compressors"] = tuple(values["compressors"] or ())
         values["workload_source"] = values.get("workload_source") or ""
+        values["runtime"] = values.get("runtime") or "engine"
+        values["runtime_json"] = values.get("runtime_json") or ""
         values["iteration_times_s"] = tuple(values["iteration_times_s"] or ())
         for key in ("mean_s", "median_s", "std_s", "samples_per_s", "predicted_time_s", "comm_bytes_per_iter",
                     "peak_memory_bytes"):
@@ -199,7 +212,9 @@ def dedup_key(row: Mapping[str, Any]) -> tuple:
     """Rows with equal keys are the same measurement (kept once)."""
     env = "|".join(str(row.get(k, "")) for k in ("synctune_version", "torch_version", "python_version", "platform",
                                                   "backend", "device_kind"))
-    return (row["model_hash"], row["cluster_hash"], row["strategy_hash"], env, row["search_id"], row["trial_id"])
+    runtime = (row.get("runtime") or "engine", row.get("runtime_json") or "")
+    return (row["model_hash"], row["cluster_hash"], row["strategy_hash"], env, row["search_id"], row["trial_id"],
+            runtime)
 
 
 def arrow_schema():

@@ -21,7 +21,7 @@ from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
-           "check_trial", "PeakMemory", "STATUSES"]
+           "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
@@ -159,6 +159,8 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     from .local import report
 
     report({"event": "started", "rank": rank, "pid": os.getpid()})
+    if "arms" in payload:
+        return confirm_worker(rank, world, payload)
     return _measure(rank, world, payload, Strategy.from_dict(payload["strategy"]), payload.get("gpu_per_rank", True))
 
 
@@ -177,36 +179,100 @@ def trials_worker(rank: int, world: int, payload: dict) -> int:
     return len(payload["strategies"])
 
 
-def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_rank: bool,
-             progress: bool = True) -> dict:
+class _Arm:
+    """One way of training on this rank: our engine running ``strategy``, or (``runtime`` set)
+    torch DDP configured by it. The model and the batch are built the same way for both, so two
+    arms in one process differ only in how gradients travel."""
+
+    def __init__(self, rank: int, payload: dict, strategy: Strategy, runtime: dict | None, device) -> None:
+        import torch
+
+        from .core import StrategyEngine
+
+        workload = payload["workload"]
+        config = TrialConfig(**payload["config"])
+        self.workload, self.device = workload, device
+        torch.manual_seed(config.seed)
+        with torch.device(device):
+            self.model = workload.build_model()
+        make_opt = lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr)  # noqa: E731
+        if runtime is None:
+            self.engine = StrategyEngine(self.model, strategy, ModelSpec.from_dict(payload["model_spec"]),
+                                         ClusterSpec.from_dict(payload["cluster"]), make_opt, seed=config.seed)
+            self.forward_model = self.model
+        else:
+            from .ddp import DDPConfig, wrap_ddp
+
+            self.engine = None
+            self.forward_model = wrap_ddp(self.model, DDPConfig.from_dict(runtime["ddp"]),
+                                          device_ids=[device.index] if device.type == "cuda" else None)
+            self.optimizer = make_opt(list(self.forward_model.parameters()))
+        gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + rank)
+        self.batch = workload.make_batch(strategy.batch_split[rank], rank=rank, generator=gen, device=device)
+
+    def iteration(self):
+        """One training iteration; returns the loss (the step is done on return)."""
+        import torch
+
+        loss = self.workload.loss(self.forward_model, self.batch)
+        loss.backward()
+        if self.engine is not None:
+            self.engine.step()
+            self.engine.zero_grad()
+        else:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return loss
+
+    def take_comm_bytes(self) -> int | None:
+        """Bytes handed to collectives since the last call (counted by our engine; DDP's are
+        its own business and not counted)."""
+        return self.engine.take_comm_bytes() if self.engine is not None else None
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def _device(cluster: ClusterSpec, strategy: Strategy, rank: int, gpu_per_rank: bool):
     import torch
-    import torch.distributed as dist
 
-    from .core import StrategyEngine
-    from .local import report
-
-    workload = payload["workload"]
-    spec = ModelSpec.from_dict(payload["model_spec"])
-    cluster = ClusterSpec.from_dict(payload["cluster"])
-    config = TrialConfig(**payload["config"])
     node = cluster.node_of(strategy.replicas[rank])
     if node.device_kind == "gpu":
         # Local launches own every GPU of the machine (rank r takes GPU r); a Ray actor sees only
         # the GPU Ray gave it, as index 0.
         device = torch.device("cuda", rank % torch.cuda.device_count() if gpu_per_rank else 0)
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+        return device
+    return torch.device("cpu")
+
+
+def _gather_max(times: list[float], device) -> list[float]:
+    """Per iteration, the slowest rank's time (every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    # Bookkeeping travels on the engine's device: a CUDA-only backend (NCCL) takes nothing else.
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    gathered = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, t)
+    return torch.stack(gathered).max(dim=0).values.cpu().tolist()
+
+
+def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_rank: bool,
+             progress: bool = True) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from .local import report
+
+    config = TrialConfig(**payload["config"])
+    device = _device(ClusterSpec.from_dict(payload["cluster"]), strategy, rank, gpu_per_rank)
     memory = PeakMemory(device)
     memory.reset()
-    torch.manual_seed(config.seed)
-    with torch.device(device):
-        model = workload.build_model()
-    engine = StrategyEngine(model, strategy, spec, cluster,
-                            lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr),
-                            seed=config.seed)
-    gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + rank)
-    batch = workload.make_batch(strategy.batch_split[rank], rank=rank, generator=gen, device=device)
+    arm = _Arm(rank, payload, strategy, payload.get("runtime"), device)
     total = config.warmup + config.iters
     times: list[float] = []
     comm: list[int] = []
@@ -215,35 +281,72 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
         if timed:
             dist.barrier()
             t0 = time.perf_counter()
-        loss = workload.loss(model, batch)
-        loss.backward()
-        engine.step()
-        engine.zero_grad()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        loss = arm.iteration()
         if timed:
             times.append(time.perf_counter() - t0)
-            comm.append(engine.take_comm_bytes())
-        else:
-            engine.take_comm_bytes()
+        sent = arm.take_comm_bytes()
+        if timed and sent is not None:
+            comm.append(sent)
         if rank == 0 and progress:
             report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss.detach())})
-    # Bookkeeping travels on the engine's device: a CUDA-only backend (NCCL) takes nothing else.
-    t = torch.tensor(times, dtype=torch.float64, device=device)
-    gathered = [torch.zeros_like(t) for _ in range(world)]
-    dist.all_gather(gathered, t)
-    peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm))], dtype=torch.float64, device=device)
+    slowest = _gather_max(times, device)
+    peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
+                        dtype=torch.float64, device=device)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
-    engine.close()
+    arm.close()
     return {
-        "times": torch.stack(gathered).max(dim=0).values.cpu().tolist(),
+        "times": slowest,
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
-        "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)),
+        "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
         "backend": dist.get_backend(),
         "device_kind": device.type,
         "final_loss": float(loss.detach()),
     }
+
+
+def confirm_worker(rank: int, world: int, payload: dict) -> dict:
+    """Interleaved re-measurement of two arms on the same processes (DESIGN.md "confirmed
+    speed-up"): both arms are built once and warmed up, then each round times ``per_round``
+    iterations of one arm and then of the other, the order alternating between rounds
+    (A B, B A, A B, ...) so a slow drift of the machine weighs on both alike. Returns, per
+    round, each arm's median iteration time (slowest rank per iteration)."""
+    import statistics
+
+    import torch.distributed as dist
+
+    from .local import report
+
+    config = TrialConfig(**payload["config"])
+    arms_spec = payload["arms"]
+    strategies = [Strategy.from_dict(a["strategy"]) for a in arms_spec]
+    cluster = ClusterSpec.from_dict(payload["cluster"])
+    device = _device(cluster, strategies[0], rank, payload.get("gpu_per_rank", True))
+    arms = [_Arm(rank, payload, s, a.get("runtime"), device)
+            for s, a in zip(strategies, arms_spec)]
+    for arm in arms:
+        for _ in range(config.warmup):
+            arm.iteration()
+            arm.take_comm_bytes()
+    rounds, per_round = int(payload["rounds"]), int(payload["per_round"])
+    medians: list[list[float]] = [[], []]
+    for r in range(rounds):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for which in order:
+            arm, times = arms[which], []
+            for _ in range(per_round):
+                dist.barrier()
+                t0 = time.perf_counter()
+                arm.iteration()
+                times.append(time.perf_counter() - t0)
+                arm.take_comm_bytes()
+            medians[which].append(statistics.median(_gather_max(times, device)))
+        if rank == 0:
+            report({"event": "confirm_round", "round": r + 1, "rounds": rounds,
+                    "a_s": medians[0][-1], "b_s": medians[1][-1]})
+    for arm in arms:
+        arm.close()
+    return {"a_s": medians[0], "b_s": medians[1], "backend": dist.get_backend(), "device_kind": device.type}
 
 
 def _describe(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, launcher: str) -> dict[str, Any]:
@@ -280,43 +383,42 @@ def check_network(cluster: ClusterSpec, node_net) -> None:
             raise SpecError(f"cluster {cluster.name!r}: the node network has no entry for node(s) {missing}")
 
 
-def check_trial(workload, strategy: Strategy, cluster: ClusterSpec) -> ModelSpec:
+def check_trial(workload, strategy: Strategy, cluster: ClusterSpec, runtime: dict | None = None) -> ModelSpec:
     """Validate ``strategy`` for ``workload`` on ``cluster`` and refuse, before any worker starts,
-    what the engine does not execute; returns the workload's model spec."""
+    what the engine (or, with ``runtime``, torch DDP) does not execute; returns the workload's
+    model spec."""
     from ..strategy.validate import validate
     from .core import check_supported
 
     spec = workload.spec()
     validate(strategy, spec, cluster)
-    check_supported(strategy, spec)
+    if runtime is not None:
+        from .ddp import check_ddp_trial
+
+        check_ddp_trial(runtime, strategy, spec, cluster)
+    else:
+        check_supported(strategy, spec)
     return spec
 
 
 def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *, workload,
-                    on_progress: Callable[[dict], None] | None = None, node_net=None) -> TrialResult:
+                    on_progress: Callable[[dict], None] | None = None, node_net=None,
+                    runtime: dict | None = None) -> TrialResult:
     """Run a trial of ``workload`` on local worker processes, one per replica (CPU clusters, or
     GPUs of this machine).
 
     ``node_net`` (node name -> ``{"netns", "address", "ifname"}``, a lab's network) runs each
-    node's workers inside that node's namespace, over its shaped link. Never raises for a trial
-    that fails at run time: the result's status says what happened.
+    node's workers inside that node's namespace, over its shaped link. ``runtime`` (see
+    :func:`synctune.engine.ddp.ddp_runtime`) runs torch DDP instead of the engine; ``strategy``
+    then gives replicas and batch split only. Never raises for a trial that fails at run time:
+    the result's status says what happened.
     """
     from .local import WorkerFailure, rank_networks, run_local
 
     check_network(cluster, node_net)
-    spec = check_trial(workload, strategy, cluster)
-    kinds = {cluster.node_of(d).device_kind for d in strategy.replicas}
-    backend = "gloo"
-    if "gpu" in kinds:
-        import torch
-
-        needed = len(strategy.replicas)
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if kinds != {"gpu"} or have < needed:
-            raise SpecError(f"cluster {cluster.name!r} needs {needed} GPU worker(s) and this machine has {have} GPU(s); "
-                            f"run it on a Ray cluster with matching nodes, or use a local-* preset")
-        backend = GPU_BACKEND
-    payload = trial_payload(workload, strategy, cluster, config, spec)
+    spec = check_trial(workload, strategy, cluster, runtime)
+    backend = _backend_for(cluster, strategy)
+    payload = trial_payload(workload, strategy, cluster, config, spec, runtime=runtime)
     start = time.monotonic()
     try:
         outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=backend, timeout_s=config.timeout_s,
@@ -327,6 +429,64 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
         return failed_result(failure.status, failure.message, strategy, cluster, config, "local",
                              time.monotonic() - start)
     return result_from_rank0(outs[0], strategy, cluster, config, "local", time.monotonic() - start)
+
+
+def _backend_for(cluster: ClusterSpec, strategy: Strategy) -> str:
+    kinds = {cluster.node_of(d).device_kind for d in strategy.replicas}
+    if "gpu" not in kinds:
+        return "gloo"
+    import torch
+
+    needed = len(strategy.replicas)
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kinds != {"gpu"} or have < needed:
+        raise SpecError(f"cluster {cluster.name!r} needs {needed} GPU worker(s) and this machine has {have} GPU(s); "
+                        f"run it on a Ray cluster with matching nodes, or use a local-* preset")
+    return GPU_BACKEND
+
+
+def confirm_payload(workload, arms: list[tuple[Strategy, dict | None]], cluster: ClusterSpec, config: TrialConfig,
+                    *, rounds: int, per_round: int) -> dict:
+    """The payload of an interleaved re-measurement of two arms (strategy, runtime or None);
+    both are checked as trials first. Both arms must use the same replicas."""
+    if len(arms) != 2:
+        raise SpecError(f"a confirmation compares two arms, got {len(arms)}")
+    if list(arms[0][0].replicas) != list(arms[1][0].replicas):
+        raise SpecError("a confirmation runs both arms on the same processes: their strategies must have the same "
+                        f"replicas, got {list(arms[0][0].replicas)} and {list(arms[1][0].replicas)}")
+    if not (in_range(rounds, 2, 1000) and in_range(per_round, 1, LIMITS["iterations"])):
+        raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and per_round from 1 to "
+                        f"{LIMITS['iterations']}, got {rounds!r} and {per_round!r}")
+    spec = None
+    for strategy, runtime in arms:
+        spec = check_trial(workload, strategy, cluster, runtime)
+    return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rounds, per_round=per_round,
+                         arms=[{"strategy": s.to_dict(), "runtime": r} for s, r in arms])
+
+
+def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: ClusterSpec,
+                      config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10, per_round: int = 5,
+                      node_net=None, on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Re-measure two arms interleaved on one set of local worker processes (see
+    :func:`confirm_worker`); returns the per-round medians (``a_s``, ``b_s``) and, from them,
+    the speed-up of A over B with its 95% interval (:func:`synctune.strategy.outcomes.paired_ratio`).
+    Raises :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
+    from ..strategy.outcomes import paired_ratio
+    from .local import rank_networks, run_local
+
+    check_network(cluster, node_net)
+    payload = confirm_payload(workload, arms, cluster, config, rounds=rounds, per_round=per_round)
+    strategy = arms[0][0]
+    start = time.monotonic()
+    total_s = config.timeout_s * 2
+    outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
+                     timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
+                     on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
+                     nets=rank_networks(cluster, strategy.replicas, node_net))
+    out = dict(outs[0])
+    out.update(paired_ratio(out["b_s"], out["a_s"]).to_dict())
+    out.update({"rounds": rounds, "per_round": per_round, "launcher": "local", "wall_s": time.monotonic() - start})
+    return out
 
 
 def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,

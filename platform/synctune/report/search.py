@@ -26,7 +26,15 @@ class SearchData:
     """A search's rows in trial order, with the figures every view shares."""
 
     search_id: str
-    rows: Any  # pandas DataFrame, sorted by created_at
+    rows: Any  # pandas DataFrame of the trials (builders, tuned DDP, searched), sorted by created_at
+    confirmations: Any = None  # pandas DataFrame of the confirmation rows, if any
+
+    @property
+    def confirmation(self) -> dict | None:
+        """The latest interleaved confirmation (ratio, low, high, candidate, baseline, ...)."""
+        if self.confirmations is None or not len(self.confirmations):
+            return None
+        return json.loads(self.confirmations["extra_json"].iloc[-1] or "{}").get("confirmation")
 
     @property
     def model(self) -> str:
@@ -46,7 +54,15 @@ class SearchData:
 
     @property
     def baselines(self):
-        return self.ok[self.ok["trial_id"].str.startswith("baseline-")]
+        """Builder baselines and the best tuned-DDP trial."""
+        ok = self.ok
+        ddp = ok[ok["trial_id"].str.startswith("ddp-")]
+        builders = ok[ok["trial_id"].str.startswith("baseline-")]
+        if not len(ddp):
+            return builders
+        import pandas as pd
+
+        return pd.concat([builders, ddp.loc[[ddp["mean_s"].idxmin()]]])
 
     @property
     def best_baseline_s(self) -> float | None:
@@ -54,8 +70,9 @@ class SearchData:
 
     @property
     def best(self):
-        """The fastest ok row (a pandas Series), or None."""
-        return self.ok.loc[self.ok["mean_s"].idxmin()] if len(self.ok) else None
+        """The fastest ok row the engine ran (a pandas Series), or None."""
+        ok = self.ok[~self.ok["trial_id"].str.startswith("ddp-")]
+        return ok.loc[ok["mean_s"].idxmin()] if len(ok) else None
 
 
 def load_search(search_id: str, data_dir=None) -> SearchData:
@@ -67,14 +84,16 @@ def load_search(search_id: str, data_dir=None) -> SearchData:
     if rows is None or len(rows) == 0:
         raise SpecError(f"no trials of search {search_id!r} in {ds.root} (search ids look like "
                         f"'<experiment name>-seed<seed>'; `synctune dataset stats` lists what is there)")
-    return SearchData(search_id, rows.sort_values("created_at").reset_index(drop=True))
+    rows = rows.sort_values("created_at").reset_index(drop=True)
+    confirm = rows["trial_id"].str.startswith("confirm-")
+    return SearchData(search_id, rows[~confirm].reset_index(drop=True), rows[confirm].reset_index(drop=True))
 
 
 def outcome(data: SearchData):
     """The search's figures (speed-up, hit rate, progress), computed as the search summary does."""
     from ..strategy.outcomes import search_outcome
 
-    return search_outcome((tid.startswith("baseline-"), mean if status == "ok" else None)
+    return search_outcome((tid.startswith(("baseline-", "ddp-")), mean if status == "ok" else None)
                           for tid, status, mean in zip(data.rows["trial_id"], data.rows["status"], data.rows["mean_s"]))
 
 
@@ -208,7 +227,7 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
     figures = outcome(data)
     base = figures.best_baseline_s
     best = data.best
-    searched = data.rows[~data.rows["trial_id"].str.startswith("baseline-")]
+    searched = data.rows[~data.rows["trial_id"].str.startswith(("baseline-", "ddp-"))]
     sources = [str(v) for v in data.rows.get("workload_source", []) if isinstance(v, str) and v]
     summary = [("search", data.search_id), ("model", data.model), ("cluster", data.cluster),
                *([("workload", sources[0])] if sources else []),
@@ -217,8 +236,13 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
     if best is not None:
         summary.append(("best", f"{best['mean_s'] * 1e3:.1f} ms/iteration ({best['origin']}, {best['trial_id']})"))
     if base:
-        summary += [("best baseline", f"{base * 1e3:.1f} ms/iteration"),
-                    ("speed-up", f"{figures.speedup:.3f}x over the best baseline")]
+        summary += [("best baseline", f"{base * 1e3:.1f} ms/iteration (builders and tuned torch DDP)"),
+                    ("single-trial speed-up", f"{figures.speedup:.3f}x over the best baseline (not confirmed)")]
+    confirmed = data.confirmation
+    if confirmed:
+        summary.append(("confirmed speed-up", f"{confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, "
+                        f"{confirmed['high']:.3f}] (95%, {confirmed['rounds']} interleaved rounds): "
+                        f"{confirmed['candidate']} against {confirmed['baseline']}: {confirmed['verdict']}"))
     if figures.hit_rate is not None:
         summary.append(("hit rate", f"{figures.hit_rate:.0%} of searched strategies beat the best baseline"))
     sections = [Section(

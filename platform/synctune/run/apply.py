@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
+from ..engine.ddp import DDPConfig, wrap_ddp
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
@@ -28,21 +28,6 @@ __all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "training_script", "write_trai
            "run_command", "FORMATS"]
 
 FORMATS = ("auto", "ddp", "engine")
-
-
-@dataclass(frozen=True)
-class DDPConfig:
-    """What reproduces a strategy in torch DDP."""
-
-    bucket_cap_mb: float
-    gradient_as_bucket_view: bool
-    comm_hook: str  # "none", "fp16", "bf16", "powersgd"
-    powersgd_rank: int | None
-    num_groups: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"bucket_cap_mb": self.bucket_cap_mb, "gradient_as_bucket_view": self.gradient_as_bucket_view,
-                "comm_hook": self.comm_hook, "powersgd_rank": self.powersgd_rank, "num_groups": self.num_groups}
 
 
 def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, str]:
@@ -75,26 +60,6 @@ def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, s
     cap = math.ceil(largest / 2**20 * 100) / 100
     return DDPConfig(bucket_cap_mb=max(cap, 0.01), gradient_as_bucket_view=True, comm_hook=kind,
                      powersgd_rank=rank, num_groups=len(groups)), ""
-
-
-def wrap_ddp(model: Any, config: DDPConfig | dict, device_ids: list[int] | None = None) -> Any:
-    """``model`` in torch DDP as ``config`` says, its comm hook registered."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    c = config if isinstance(config, DDPConfig) else DDPConfig(**config)
-    ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=c.bucket_cap_mb,
-              gradient_as_bucket_view=c.gradient_as_bucket_view)
-    if c.comm_hook == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif c.comm_hook == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif c.comm_hook == "powersgd":
-        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=c.powersgd_rank,
-                                       start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
-        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
-    return ddp
 
 
 _SCRIPT = '''"""Train {name} with {what}.
@@ -195,15 +160,22 @@ def _plain(text: str) -> str:
 
 
 def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, workload: str, root: str,
-                    fmt: str = "auto", filename: str = "train.py", seed: int = 0) -> tuple[str, str]:
-    """The training file for ``strategy`` and the format it uses (``ddp`` or ``engine``)."""
+                    fmt: str = "auto", filename: str = "train.py", seed: int = 0,
+                    ddp: DDPConfig | None = None) -> tuple[str, str]:
+    """The training file for ``strategy`` and the format it uses (``ddp`` or ``engine``). With
+    ``ddp`` (a tuned DDP configuration that won a search), the file runs DDP so configured and
+    ``strategy`` gives only replicas and batch split."""
     if fmt not in FORMATS:
         raise SpecError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
-    config, why = ddp_config(strategy, spec)
+    config, why = (ddp, "") if ddp is not None else ddp_config(strategy, spec)
     if fmt == "ddp" and config is None:
         raise SpecError(f"strategy {strategy.hash[:12]} cannot run as plain DDP: {why}; use --format engine")
+    if ddp is not None and fmt == "engine":
+        raise SpecError("the search's winner is tuned torch DDP, not a strategy of the engine; use --format ddp or auto")
     use_ddp = config is not None and fmt != "engine"
-    if use_ddp:
+    if use_ddp and ddp is not None:
+        what = f"plain torch DDP as tuned by the search ({ddp.summary()})"
+    elif use_ddp:
         hook = "" if config.comm_hook == "none" else f", the {config.comm_hook} comm hook"
         what = (f"plain torch DDP: buckets up to {config.bucket_cap_mb:g} MiB (the strategy's largest merge "
                 f"group){hook}, gradient_as_bucket_view")
@@ -226,7 +198,7 @@ def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *
 
 
 def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, output, fmt: str = "auto",
-                        seed: int = 0) -> str:
+                        seed: int = 0, ddp: DDPConfig | None = None) -> str:
     """Write the training file of ``strategy`` for ``workload``; returns the format used."""
     from pathlib import Path
 
@@ -237,7 +209,7 @@ def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, outp
     validate(strategy, spec, cluster)
     text, used = training_script(strategy, spec, cluster, workload=workload.source.removeprefix("zoo:"),
                                  root=getattr(workload, "root", "") or "", fmt=fmt, filename=Path(output).name,
-                                 seed=seed)
+                                 seed=seed, ddp=ddp)
     write_text_atomic(output, text)
     return used
 
@@ -248,13 +220,15 @@ def run_command(strategy: Strategy, output) -> str:
 
 
 def apply_search_result(best: dict, workload, cluster: ClusterSpec, best_path, *, seed: int = 0,
-                        logger=None, parent_run_id: str = ""):
-    """The best strategy of a search as a training file next to it (``<best>-train.py``), also
-    attached to the search's MLflow run; returns (path, format used)."""
+                        logger=None, parent_run_id: str = "", ddp: dict | None = None):
+    """The best strategy of a search (or, ``ddp`` given, the tuned DDP configuration that won)
+    as a training file next to it (``<best>-train.py``), also attached to the search's MLflow
+    run; returns (path, format used)."""
     from pathlib import Path
 
     path = Path(best_path).with_name(Path(best_path).stem + "-train.py")
-    used = write_training_file(Strategy.from_dict(best), workload, cluster, path, seed=seed)
+    used = write_training_file(Strategy.from_dict(best), workload, cluster, path, seed=seed,
+                               ddp=DDPConfig.from_dict(ddp) if ddp else None)
     if logger is not None and parent_run_id:
         logger.log_text(parent_run_id, path.read_text(), "train.py")
     return path, used

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +30,7 @@ from ..cluster.workers import HEAD_RESOURCE
 from ..data.paths import data_home, dataset_dir
 from ..data.store import TrialDataset
 from ..data.tracking import MlflowLogger
+from ..engine.ddp import ddp_runtime
 from ..engine.trial import TrialConfig
 from ..search.algorithm import Algorithm1
 from ..search.experiment import Experiment
@@ -37,6 +38,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.files import check_name, path_under
 from ..spec.model import ModelSpec
+from ..strategy.builders import BUILDERS, build_strategy
 from ..strategy.schema import Strategy
 from .recording import record_result
 
@@ -70,16 +72,26 @@ class _Slice:
         self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s,
                                     node_net=node_net)
 
-    def run(self, strategy: dict, config: dict) -> dict:
+    def run(self, strategy: dict, config: dict, runtime: dict | None = None) -> dict:
         from ..cluster.workers import SlicePending
         from ..engine.trial import failed_result
 
         plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
         try:
-            return self.group.run_trial(plan, trial_config, workload=self.workload).to_dict()
+            return self.group.run_trial(plan, trial_config, workload=self.workload, runtime=runtime).to_dict()
         except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
             return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
                                  trial_config.timeout_s).to_dict()
+
+    def confirm(self, arms: list, config: dict, rounds: int, per_round: int) -> dict:
+        """Interleaved re-measurement of two arms ((strategy dict, runtime or None) pairs)."""
+        from ..cluster.workers import ConfirmFailed, SlicePending
+
+        try:
+            return self.group.run_confirm([(Strategy.from_dict(st), rt) for st, rt in arms], TrialConfig(**config),
+                                          workload=self.workload, rounds=rounds, per_round=per_round)
+        except (ConfirmFailed, SlicePending) as exc:
+            return {"error": str(exc)}
 
     def where(self) -> str:
         """The Ray node this slice actor runs on (the head: it takes no worker resources)."""
@@ -96,9 +108,59 @@ def _trainable(config: dict) -> None:
     from ray import tune
 
     holder = ray.get_actor(config["slice"])
-    result = ray.get(holder.run.remote(config["strategy"], config["trial_config"]))
+    runtime = None
+    if "comm_hook" in config:  # a tuned-DDP trial: Optuna's parameters arrive in the config
+        params = {k: config[k] for k in DDP_SPACE}
+        runtime = ddp_runtime(ddp_config_of(params))
+    result = ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime))
+    if runtime is not None:
+        result["extra"]["ddp_params"] = params
     tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
                  "result_json": json.dumps(result)})
+
+
+#: The tuned-DDP search space (torch DDP's knobs, as Horovod's autotune tunes its fusion buffer):
+#: the comm hook, the bucket size cap (1-256 MiB) and the first bucket's cap.
+DDP_SPACE = ("comm_hook", "bucket_cap_mb", "first_bucket_mb")
+#: PowerSGD's rank in tuned-DDP trials (the allreduce builder's default).
+DDP_POWERSGD_RANK = 4
+
+
+def ddp_config_of(params: dict):
+    """The :class:`~synctune.engine.ddp.DDPConfig` of one tuned-DDP point."""
+    from ..engine.ddp import DDPConfig
+
+    hook = params["comm_hook"]
+    cap = float(params["bucket_cap_mb"])
+    first = min(float(params["first_bucket_mb"]), cap)
+    # torch's PowerSGD hook fails with a separate first-bucket cap (see DDPConfig): it gets none.
+    return DDPConfig(bucket_cap_mb=cap, first_bucket_mb=None if hook == "powersgd" or first >= cap else first,
+                     comm_hook=hook, powersgd_rank=DDP_POWERSGD_RANK if hook == "powersgd" else None,
+                     gradient_as_bucket_view=True)
+
+
+def ddp_hooks(model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+    """The comm hooks a tuned-DDP search tries in a domain: bf16 only on GPUs (torch's hook
+    needs NCCL); none but ``none`` for a model with sparse gradients (hooks compress dense
+    buckets)."""
+    if any(v.sparse for v in model.variables):
+        return ["none"]
+    return ["none", "fp16", "powersgd"] + (["bf16"] if cluster.device_kind == "gpu" else [])
+
+
+def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done: list[tuple[dict, float]]):
+    """Ray Tune's Optuna searcher (TPE, seeded) over :data:`DDP_SPACE`, told the points this
+    search measured already; the first point of a fresh search is DDP's default."""
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    space = {"comm_hook": optuna.distributions.CategoricalDistribution(ddp_hooks(model, cluster)),
+             "bucket_cap_mb": optuna.distributions.FloatDistribution(1.0, 256.0, log=True),
+             "first_bucket_mb": optuna.distributions.FloatDistribution(0.0625, 64.0, log=True)}
+    points = [dict(p) for p, _t in done] or [{"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0}]
+    rewards = [t for _p, t in done] or None
+    return OptunaSearch(space=space, metric="mean_s", mode="min", seed=exp.seed, points_to_evaluate=points,
+                        evaluated_rewards=rewards)
 
 
 def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpec):
@@ -136,9 +198,14 @@ class _LearnedFromScratch:
 
 def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool = False,
                tracking_uri: str | None = None, on_trial: Callable[[dict, dict], None] | None = None,
-               node_net: dict | None = None) -> dict:
+               node_net: dict | None = None, on_phase: Callable[[str], None] | None = None) -> dict:
     """Run (or resume) the search of ``exp`` for ``workload``; returns the summary. Ray must be
-    initialized. ``node_net`` (a lab's network) runs each node's workers in that node's namespace."""
+    initialized. ``node_net`` (a lab's network) runs each node's workers in that node's namespace.
+
+    Three phases on the same slices: tuned torch DDP (``exp.ddp_trials`` trials, Optuna through
+    Tune), then Algorithm 1 (builder baselines first, ``exp.budget`` trials), then the
+    confirmation of the best searched strategy against the best baseline (builders and DDP),
+    interleaved on the same processes. ``on_phase(message)`` announces each phase."""
     import ray
     from ray import tune
     from ray.tune.search import Searcher
@@ -152,18 +219,21 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     if done and not resume:
         raise SpecError(f"search {search_id!r} already has {len(done)} recorded trial(s) in {ds.root}; "
                         f"pass --resume to continue it, or change the experiment's name or seed")
+    done = sorted(done, key=lambda r: (r.created_at, r.record_id))
+    ddp_done = [r for r in done if r.runtime == "ddp"]
     # Hashes are recomputed from the strategies (a row of an older strategy schema stores the
     # hash of its old form): the search must recognise a strategy it measured in any schema.
     state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json),
                          "origin": r.origin, "predicted": r.predicted_time_s,
                          "runtime": r.mean_s if r.status == "ok" else None}
-                        for r in sorted(done, key=lambda r: (r.created_at, r.record_id))]}
+                        for r in done if r.runtime == "engine" and not r.trial_id.startswith("confirm-")]}
     algo = Algorithm1.from_state(state, model, cluster, exp, make_search_simulator(exp, model, cluster))
     logger = MlflowLogger(exp.name, tracking_uri)
     parent = logger.start_search(search_id, {"experiment": exp.source or exp.name, "model": model.name,
                                              "cluster": cluster.name, "algorithm": exp.algorithm,
                                              "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed,
-                                             "workload": workload.source})
+                                             "workload": workload.source, "ddp_trials": exp.ddp_trials,
+                                             "confirm_rounds": exp.confirm_rounds})
     trial_config = asdict(TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s))
     on_head = {HEAD_RESOURCE: 0.001}
     slice_names = [f"synctune-slice-{search_id}-{i}" for i in range(exp.slices)]
@@ -171,15 +241,28 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         cluster.to_dict(), exp.timeout_s, dict(node_net) if node_net else None, workload) for name in slice_names]
     free_slices = list(slice_names)
     proposals: dict[str, Any] = {}
+    # Tuned DDP: (Optuna parameters, runtime or None, DDPConfig dict) per measured trial.
+    ddp_trials: list[dict] = [{"params": json.loads(r.extra_json).get("ddp_params"), "trial_id": r.trial_id,
+                               "config": json.loads(r.runtime_json or "{}"),
+                               "runtime": r.mean_s if r.status == "ok" else None} for r in ddp_done]
+    skeleton = build_strategy("allreduce", model, cluster)  # DDP's replicas and (even) batch split
 
-    def record(proposal, result: dict) -> None:
-        best_base = algo.summary()["best_baseline_s"]
+    def ddp_best() -> dict | None:
+        ok = [t for t in ddp_trials if t["runtime"] is not None]
+        return min(ok, key=lambda t: t["runtime"]) if ok else None
+
+    def summary_now() -> dict:
+        best = ddp_best()
+        return {**algo.summary(other_baselines=(best["runtime"],) if best else ()), "ddp_trials": len(ddp_trials)}
+
+    def record(proposal, result: dict, **extra: Any) -> None:
+        best_base = summary_now()["best_baseline_s"]
         mean = result.get("mean_s") if result.get("status") == "ok" else None
         # The dataset row lands before the searcher learns of the trial: --resume relies on it.
         record_result(result, proposal.strategy, model, cluster, dataset=ds, logger=logger, origin=proposal.origin,
                       search_id=search_id, trial_id=proposal.trial_id, predicted_time_s=proposal.predicted,
                       experiment=exp.name, parent_run_id=parent, workload_source=workload.source,
-                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
+                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None, **extra)
 
     class _Searcher(Searcher):
         """Ask/tell by Tune trial id; its state is Algorithm 1's plain-JSON state."""
@@ -210,40 +293,177 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
             proposal, slice_name = proposals.pop(trial_id)
             free_slices.append(slice_name)
-            if result and "result_json" in result:
-                outcome = json.loads(result["result_json"])
-            else:
-                outcome = {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
+            outcome = _outcome(result)
             record(proposal, outcome)
             algo.tell(proposal.trial_id, outcome.get("mean_s") if outcome["status"] == "ok" else None)
-            _notify(search_id, outcome, algo.summary())
+            _notify(search_id, outcome, summary_now())
 
-    remaining = exp.budget - len(algo.trials)
+    class _RecordDDP(tune.Callback):
+        """Records each tuned-DDP trial as it completes (before Optuna's study moves on)."""
+
+        def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+            outcome = _outcome(trial.last_result)
+            params = {k: trial.config[k] for k in DDP_SPACE}
+            config = ddp_config_of(params)
+            trial_id = f"ddp-{len(ddp_trials)}"
+            record(_DDPProposal(trial_id, skeleton), outcome, runtime="ddp",
+                   runtime_json=json.dumps(config.to_dict(), sort_keys=True))
+            ddp_trials.append({"params": params, "trial_id": trial_id, "config": config.to_dict(),
+                               "runtime": outcome.get("mean_s") if outcome["status"] == "ok" else None})
+            _notify(search_id, outcome, summary_now())
+
     start = time.monotonic()
     if on_trial:
         _CALLBACKS[search_id] = on_trial
+    say = on_phase or (lambda _message: None)
+    storage = str(path_under(data_home(), "tune"))
+    confirmation: dict | None = None
     try:
+        ddp_remaining = exp.ddp_trials - len(ddp_trials)
+        if ddp_remaining > 0:
+            say(f"tuning torch DDP: {ddp_remaining} trial(s), bucket size, first bucket and comm hook by Optuna "
+                f"(TPE) through Ray Tune")
+            known = [(t["params"], t["runtime"]) for t in ddp_trials if t["params"] and t["runtime"] is not None]
+            tune.Tuner(
+                tune.with_resources(_trainable, {"CPU": 0, **on_head}),
+                param_space={"slice": slice_names[0], "strategy": skeleton.to_dict(), "trial_config": trial_config},
+                tune_config=tune.TuneConfig(search_alg=_ddp_searcher(exp, model, cluster, known),
+                                            num_samples=ddp_remaining, max_concurrent_trials=1),
+                run_config=tune.RunConfig(name=f"{search_id}-ddp", storage_path=storage, verbose=0,
+                                          callbacks=[_RecordDDP()]),
+            ).fit()
+        remaining = exp.budget - len(algo.trials)
         if remaining > 0 and not algo.finished:
+            say(f"searching: {remaining} trial(s) of {exp.algorithm}, builder baselines first")
             tuner = tune.Tuner(
                 # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
                 tune.with_resources(_trainable, {"CPU": 0, **on_head}),
                 tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining,
                                             max_concurrent_trials=exp.slices),
-                run_config=tune.RunConfig(name=search_id, storage_path=str(path_under(data_home(), "tune")),
-                                          verbose=0),
+                run_config=tune.RunConfig(name=search_id, storage_path=storage, verbose=0),
             )
             tuner.fit()
+        if exp.confirm_rounds:
+            arms = _confirmation_arms(algo, ddp_best(), skeleton)
+            if arms is None:
+                confirmation = {"error": "nothing to confirm: no searched strategy and baseline both finished"}
+            else:
+                (a, b), names = arms
+                say(f"confirming {names[0]} against the best baseline ({names[1]}): {exp.confirm_rounds} interleaved "
+                    f"rounds of {exp.confirm_iters} iterations each")
+                confirmation = ray.get(holders[0].confirm.remote(
+                    [(a[0].to_dict(), a[1]), (b[0].to_dict(), b[1])], trial_config, exp.confirm_rounds,
+                    exp.confirm_iters))
+                confirmation.update({"candidate": names[0], "baseline": names[1], "candidate_hash": a[0].hash,
+                                     "candidate_strategy": a[0].to_dict(), "baseline_strategy": b[0].to_dict(),
+                                     "baseline_ddp": b[1]["ddp"] if b[1] else None})
+                if "ratio" in confirmation:
+                    # The confirmation is part of the search's memory: a row (the candidate's
+                    # per-round medians, the whole confirmation in its extra), so reports made
+                    # from the dataset show it.
+                    record(_DDPProposal(f"confirm-{sum(r.trial_id.startswith('confirm-') for r in done)}", a[0],
+                                        origin="confirmation"), _confirmation_result(confirmation, a[0], cluster, exp))
     finally:
         _CALLBACKS.pop(search_id, None)
         _release(holders)
-    summary = algo.summary()
-    summary.update({"search_id": search_id, "wall_s": time.monotonic() - start, "mlflow_parent_run": parent})
-    logger.log_metrics(parent, {k.replace(".", "_"): summary.get(k) for k in (
+    summary = summary_now()
+    best_ddp = ddp_best()
+    summary.update({"search_id": search_id, "wall_s": time.monotonic() - start, "mlflow_parent_run": parent,
+                    "ddp_trials": len(ddp_trials), "ddp_best_s": best_ddp["runtime"] if best_ddp else None,
+                    "ddp_best_config": best_ddp["config"] if best_ddp else None,
+                    "best_builder_baseline_s": algo.summary()["best_baseline_s"],
+                    "confirmed": confirmation})
+    summary["recommended"] = _recommendation(summary, best_ddp, skeleton)
+    metrics = {k.replace(".", "_"): summary.get(k) for k in (
         "speedup_over_best_baseline", "hit_rate", "best_runtime_s", "best_baseline_s", "trials", "failed",
-        "trials_to_1.1x", "trials_to_1.2x")}, final_status="FINISHED")
+        "trials_to_1.1x", "trials_to_1.2x", "ddp_best_s", "best_builder_baseline_s")}
+    if confirmation and "ratio" in confirmation:
+        metrics.update({"confirmed_speedup": confirmation["ratio"], "confirmed_speedup_low": confirmation["low"],
+                        "confirmed_speedup_high": confirmation["high"]})
+    logger.log_metrics(parent, metrics, final_status="FINISHED")
     if summary["best_strategy"]:
         logger.log_text(parent, json.dumps(summary["best_strategy"], indent=1, sort_keys=True), "best_strategy.json")
+    if confirmation:
+        logger.log_text(parent, json.dumps(confirmation, indent=1, sort_keys=True), "confirmation.json")
     return summary
+
+
+@dataclass(frozen=True)
+class _DDPProposal:
+    """What recording needs of a tuned-DDP trial (the strategy gives replicas and batch split)."""
+
+    trial_id: str
+    strategy: Strategy
+    origin: str = "ddp-tuned"
+    predicted: float | None = None
+
+
+def _recommendation(summary: dict, ddp_best: dict | None, skeleton: Strategy) -> dict | None:
+    """What the search recommends: the best searched strategy when the confirmation found it
+    faster than the best baseline; else that baseline; without a confirmation, the fastest
+    single trial (engine or tuned DDP). ``{"kind": "search"|"baseline", "name", "strategy",
+    "ddp": DDPConfig dict or None, "why"}``."""
+    confirmed = summary.get("confirmed") or {}
+    if "ratio" in confirmed:
+        if confirmed["verdict"] == "faster":
+            return {"kind": "search", "name": confirmed["candidate"], "strategy": confirmed["candidate_strategy"],
+                    "ddp": None, "why": "confirmed faster than the best baseline"}
+        return {"kind": "baseline", "name": confirmed["baseline"], "strategy": confirmed["baseline_strategy"],
+                "ddp": confirmed["baseline_ddp"],
+                "why": f"the best searched strategy was not confirmed faster ({confirmed['verdict']})"}
+    best = summary.get("best_runtime_s")
+    if ddp_best is not None and (best is None or ddp_best["runtime"] < best):
+        from ..engine.ddp import DDPConfig
+
+        return {"kind": "baseline", "name": f"tuned DDP: {DDPConfig.from_dict(ddp_best['config']).summary()}",
+                "strategy": skeleton.to_dict(), "ddp": ddp_best["config"], "why": "fastest single trial (unconfirmed)"}
+    if summary.get("best_strategy") is None:
+        return None
+    origin = summary.get("best_origin") or ""
+    return {"kind": "baseline" if origin in BUILDERS else "search", "name": origin,
+            "strategy": summary["best_strategy"], "ddp": None, "why": "fastest single trial (unconfirmed)"}
+
+
+def _confirmation_result(confirmation: dict, strategy: Strategy, cluster: ClusterSpec, exp: Experiment) -> dict:
+    """A confirmation as a trial result of its candidate (times: per-round medians)."""
+    import statistics
+
+    times = confirmation["a_s"]
+    extra = {k: v for k, v in confirmation.items() if k not in ("candidate_strategy", "baseline_strategy")}
+    return {"status": "ok", "model": strategy.model["name"], "cluster": cluster.name, "cluster_scale": cluster.scale,
+            "strategy_hash": strategy.hash, "launcher": confirmation.get("launcher", "ray"),
+            "backend": confirmation.get("backend", ""), "device_kind": confirmation.get("device_kind", ""),
+            "num_workers": len(strategy.replicas), "warmup": exp.warmup, "iters": exp.confirm_iters,
+            "global_batch_size": strategy.global_batch_size, "iteration_times_s": list(times),
+            "mean_s": statistics.fmean(times), "median_s": statistics.median(times),
+            "std_s": statistics.pstdev(times), "samples_per_s": strategy.global_batch_size / statistics.fmean(times),
+            "wall_s": confirmation.get("wall_s", 0.0), "extra": {"confirmation": extra}}
+
+
+def _outcome(result: dict | None) -> dict:
+    if result and "result_json" in result:
+        return json.loads(result["result_json"])
+    return {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
+
+
+def _confirmation_arms(algo: Algorithm1, ddp_best: dict | None, skeleton: Strategy):
+    """((candidate arm, baseline arm), (their names)): the fastest searched strategy and the
+    fastest baseline (builder or tuned DDP) by their single trials; None if either is missing."""
+    searched = [t for t in algo.trials if not t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
+    builders = [t for t in algo.trials if t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
+    if not searched or not (builders or ddp_best):
+        return None
+    best = min(searched, key=lambda t: t["runtime"])
+    candidate = ((Strategy.from_dict(best["strategy"]), None), f"{best['trial_id']} ({best['origin']})")
+    base = min(builders, key=lambda t: t["runtime"]) if builders else None
+    if ddp_best is not None and (base is None or ddp_best["runtime"] < base["runtime"]):
+        from ..engine.ddp import DDPConfig
+
+        config = DDPConfig.from_dict(ddp_best["config"])
+        baseline = ((skeleton, ddp_runtime(config)), f"tuned DDP: {config.summary()}")
+    else:
+        baseline = ((Strategy.from_dict(base["strategy"]), None), f"builder {base['origin']}")
+    return (candidate[0], baseline[0]), (candidate[1], baseline[1])
 
 
 def _release(holders: list) -> None:

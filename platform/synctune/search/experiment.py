@@ -25,7 +25,13 @@ class Experiment:
     user's factory, ``package.module:factory`` or ``path/to/file.py:factory``; a relative file
     path is relative to the experiment file's folder), exactly one. ``simulator`` is a kind
     learned from scratch during the search (``rnn``, ``linear``, ``gat``), ``analytic``, or the
-    path of a saved simulator to transfer from."""
+    path of a saved simulator to transfer from.
+
+    ``ddp_trials`` torch DDP trials (bucket size, first bucket, comm hook tuned by Optuna through
+    Ray Tune) run before the search as one more baseline, outside ``budget`` (0: none). At the
+    end the best searched strategy is re-measured against the best baseline interleaved on the
+    same processes, ``confirm_rounds`` rounds of ``confirm_iters`` iterations per arm (0 rounds:
+    no confirmation)."""
 
     name: str
     cluster: str
@@ -43,6 +49,9 @@ class Experiment:
     seed: int = 0
     timeout_s: float = 900.0
     slices: int = 1
+    ddp_trials: int = 8
+    confirm_rounds: int = 10
+    confirm_iters: int = 5
     output: str = ""
     source: str = field(default="", compare=False)
 
@@ -67,9 +76,12 @@ class Experiment:
         for key, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
                                ("candidates", 1, LIMITS["budget"]), ("warmup", 0, LIMITS["iterations"]),
                                ("iters", 1, LIMITS["iterations"]), ("slices", 1, 1024),
+                               ("ddp_trials", 0, LIMITS["budget"]), ("confirm_iters", 1, LIMITS["iterations"]),
                                ("seed", 0, LIMITS["seed"])):
             if not in_range(getattr(self, key), low, high):
                 raise bad(key, f"an integer from {low} to {high}")
+        if not (self.confirm_rounds == 0 or in_range(self.confirm_rounds, 2, 1000)):
+            raise bad("confirm_rounds", "0 (no confirmation) or an integer from 2 to 1000")
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"one of {', '.join(ALGORITHMS)}")
         if not (self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):

@@ -75,11 +75,14 @@ class Domain:
 
 
 def domains_from_records(records: Iterable[Any]) -> list[Domain]:
-    """Group dataset records (``TrialRecord`` or row dicts) with status ok into domains."""
+    """Group dataset records (``TrialRecord`` or row dicts) with status ok into domains. Only
+    trials our engine ran count: a ``ddp`` row's time is DDP's, not its strategy's."""
     groups: dict[tuple[str, str], list] = {}
     for r in records:
         row = r if isinstance(r, dict) else r.to_row()
         if row["status"] != "ok" or row["mean_s"] is None or row["mean_s"] != row["mean_s"]:
+            continue
+        if (row.get("runtime") or "engine") != "engine":
             continue
         groups.setdefault((row["model_hash"], row["cluster_hash"]), []).append(row)
     out = []

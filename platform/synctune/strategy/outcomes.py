@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["SearchOutcome", "search_outcome"]
+__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio"]
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,14 @@ class SearchOutcome:
     running_hit_rate: list[float | None]
 
 
-def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[float, ...] = (1.1, 1.2)
-                   ) -> SearchOutcome:
-    """The outcome of ``(is_baseline, runtime_s or None when it failed)`` pairs in run order."""
+def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[float, ...] = (1.1, 1.2),
+                   other_baselines: Iterable[float] = ()) -> SearchOutcome:
+    """The outcome of ``(is_baseline, runtime_s or None when it failed)`` pairs in run order.
+    ``other_baselines`` are baseline times measured outside these trials (tuned torch DDP):
+    they count toward the best baseline, not toward the trials."""
     items = [(bool(b), r if (r is not None and math.isfinite(r) and r > 0) else None) for b, r in trials]
-    base_times = [r for b, r in items if b and r is not None]
+    base_times = [r for b, r in items if b and r is not None] + [
+        float(r) for r in other_baselines if r is not None and math.isfinite(r) and r > 0]
     base = min(base_times) if base_times else None
     ok = [(i, r) for i, (_b, r) in enumerate(items) if r is not None]
     best_index, best = min(ok, key=lambda t: (t[1], t[0])) if ok else (None, None)
@@ -62,3 +65,51 @@ def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[f
         best_runtime_s=best, best_baseline_s=base, speedup=(base / best) if (base and best) else None,
         hit_rate=(hits / searched) if searched else None, trials_to=reached, own_speedup=own,
         best_speedup=best_so_far, running_hit_rate=hits_so_far)
+
+
+# Two-sided 95% quantiles of Student's t, by degrees of freedom (1..30); beyond, the normal's.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """A speed-up measured in paired rounds: per round, the baseline's time over the
+    candidate's; ``ratio`` is their geometric mean and ``low``/``high`` its 95% interval
+    (Student's t on the log ratios, rounds taken as independent pairs)."""
+
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+    per_round_ratios: tuple[float, ...]
+
+    @property
+    def verdict(self) -> str:
+        """``faster``/``slower`` when the interval excludes 1, else ``no difference``."""
+        return "faster" if self.low > 1 else ("slower" if self.high < 1 else "no difference")
+
+    def to_dict(self) -> dict:
+        return {"ratio": self.ratio, "low": self.low, "high": self.high, "rounds_used": self.rounds,
+                "per_round_ratios": list(self.per_round_ratios), "verdict": self.verdict}
+
+    def describe(self) -> str:
+        return f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] (95%, {self.rounds} rounds)"
+
+
+def paired_ratio(baseline_s: Iterable[float], candidate_s: Iterable[float]) -> PairedRatio:
+    """The speed-up of a candidate over a baseline from times measured in paired rounds (round
+    i's baseline time with round i's candidate time); needs at least 2 rounds of positive
+    times."""
+    pairs = [(float(b), float(c)) for b, c in zip(baseline_s, candidate_s)]
+    if len(pairs) < 2 or not all(b > 0 and c > 0 and math.isfinite(b) and math.isfinite(c) for b, c in pairs):
+        raise ValueError(f"paired_ratio needs at least 2 rounds of positive finite times, got {pairs!r:.200}")
+    logs = [math.log(b / c) for b, c in pairs]
+    n = len(logs)
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.960
+    half = t * sd / math.sqrt(n)
+    return PairedRatio(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), rounds=n,
+                       per_round_ratios=tuple(b / c for b, c in pairs))

@@ -1,0 +1,126 @@
+"""The ``ddp`` runtime: plain torch ``DistributedDataParallel``, as users run it today.
+
+A DDP trial is a baseline, not one of our strategies: DDP forms its own buckets (greedily in
+reverse parameter order, and again after its first iteration), all-reduces each bucket when
+its last gradient is ready, and compresses through a comm hook. What a user tunes is captured
+by :class:`DDPConfig`: the bucket size cap, the first bucket's cap (DDP keeps the first bucket,
+which holds the last gradients of backward, small so communication starts sooner), whether
+gradients are views into the buckets, and the comm hook (none, fp16, bf16, PowerSGD).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..spec._util import is_int, is_number
+from ..spec.errors import SpecError
+
+__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "wrap_ddp", "ddp_runtime", "check_ddp_trial"]
+
+#: Comm hooks a DDP trial can register (torch.distributed.algorithms.ddp_comm_hooks).
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+
+
+@dataclass(frozen=True)
+class DDPConfig:
+    """What configures a torch DDP run. Sizes in MiB (DDP's own unit). ``first_bucket_mb``
+    None means "the same cap as every bucket" (DDP's behaviour when a cap is given); 0 < it
+    < ``bucket_cap_mb`` gives the first bucket its own smaller cap (``bucket_cap_mb_list``)."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    comm_hook: str = "none"
+    powersgd_rank: int | None = None
+    num_groups: int = 0  # informational: merge groups of the strategy it came from, if any
+    first_bucket_mb: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (is_number(self.bucket_cap_mb) and 0 < self.bucket_cap_mb <= 65536):
+            raise SpecError(f"ddp config: bucket_cap_mb: expected a positive number of MiB up to 65536, "
+                            f"got {self.bucket_cap_mb!r}")
+        if self.first_bucket_mb is not None and not (is_number(self.first_bucket_mb) and self.first_bucket_mb > 0):
+            raise SpecError(f"ddp config: first_bucket_mb: expected a positive number of MiB or null, "
+                            f"got {self.first_bucket_mb!r}")
+        if self.comm_hook not in COMM_HOOKS:
+            raise SpecError(f"ddp config: comm_hook: expected one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}")
+        if self.comm_hook == "powersgd" and not (is_int(self.powersgd_rank) and self.powersgd_rank >= 1):
+            raise SpecError(f"ddp config: powersgd_rank: the powersgd hook needs a positive integer rank, "
+                            f"got {self.powersgd_rank!r}")
+        if self.comm_hook == "powersgd" and self.first_bucket_mb is not None:
+            # Measured with torch 2.13 on gloo: PowerSGD under per-bucket caps sends tensors of
+            # different sizes on different ranks and the job aborts.
+            raise SpecError("ddp config: first_bucket_mb: torch's PowerSGD hook fails with a separate first-bucket "
+                            "cap (ranks disagree on tensor sizes); leave first_bucket_mb null with comm_hook powersgd")
+        if not isinstance(self.gradient_as_bucket_view, bool):
+            raise SpecError(f"ddp config: gradient_as_bucket_view: expected true or false, "
+                            f"got {self.gradient_as_bucket_view!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DDPConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"ddp config: unknown key(s) {unknown}; valid: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def summary(self) -> str:
+        """A short human-readable form, e.g. ``ddp bucket 25 MiB, first 1 MiB, hook fp16``."""
+        first = f", first {self.first_bucket_mb:.3g} MiB" if self.first_bucket_mb else ""
+        hook = self.comm_hook + (f" rank {self.powersgd_rank}" if self.comm_hook == "powersgd" else "")
+        return f"ddp bucket {self.bucket_cap_mb:.3g} MiB{first}, hook {hook}"
+
+
+#: DDP as users get it without tuning: 25 MiB buckets, a 1 MiB first bucket, no hook.
+DDP_DEFAULT = DDPConfig(bucket_cap_mb=25.0, first_bucket_mb=1.0, gradient_as_bucket_view=False)
+
+
+def wrap_ddp(model: Any, config: DDPConfig | dict, device_ids: list[int] | None = None) -> Any:
+    """``model`` in torch DDP as ``config`` says, its comm hook registered."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    c = config if isinstance(config, DDPConfig) else DDPConfig.from_dict(config)
+    caps: dict[str, Any] = {"bucket_cap_mb": c.bucket_cap_mb}
+    if c.first_bucket_mb is not None and c.first_bucket_mb < c.bucket_cap_mb:
+        # A per-bucket list: the first bucket gets its own cap, the last entry caps all others.
+        caps = {"bucket_cap_mb_list": [c.first_bucket_mb, c.bucket_cap_mb]}
+    ddp = DDP(model, device_ids=device_ids, gradient_as_bucket_view=c.gradient_as_bucket_view, **caps)
+    if c.comm_hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif c.comm_hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif c.comm_hook == "powersgd":
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=c.powersgd_rank,
+                                       start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    return ddp
+
+
+def ddp_runtime(config: DDPConfig) -> dict[str, Any]:
+    """The ``runtime`` a trial payload carries to run ``config`` (plain data: it is pickled)."""
+    return {"kind": "ddp", "ddp": config.to_dict()}
+
+
+def check_ddp_trial(runtime: dict[str, Any], strategy: Any, spec: Any, cluster: Any) -> DDPConfig:
+    """Refuse, before any worker starts, a DDP trial DDP would run differently from what it
+    claims: ``strategy`` supplies only replicas and batch split."""
+    if not isinstance(runtime, dict) or runtime.get("kind") != "ddp" or not isinstance(runtime.get("ddp"), dict):
+        raise SpecError(f"trial runtime: expected {{'kind': 'ddp', 'ddp': {{...}}}}, got {runtime!r:.80}")
+    config = DDPConfig.from_dict(runtime["ddp"])
+    if len(set(strategy.batch_split)) > 1:
+        raise SpecError(f"ddp runtime: the batch split is uneven ({list(strategy.batch_split)}); DDP averages "
+                        f"replicas equally: use an even split")
+    sparse = [v.name for v in spec.variables if v.sparse]
+    if sparse and config.comm_hook != "none":
+        raise SpecError(f"ddp config: comm_hook: {config.comm_hook} compresses dense buckets, and variable "
+                        f"{sparse[0]!r} has sparse gradients; use comm_hook none for this model")
+    cpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind != "gpu"]
+    if cpu and config.comm_hook == "bf16":
+        raise SpecError(f"ddp config: comm_hook: bf16 needs CUDA and NCCL, and replica {cpu[0]!r} is a CPU device; "
+                        f"use fp16 or none")
+    return config

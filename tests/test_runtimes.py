@@ -1,0 +1,144 @@
+"""The ``ddp`` runtime (plain torch DDP trials) and the interleaved confirmation of a speed-up.
+
+A DDP trial is checked against single-process training of the same model on the same
+per-rank batches (the averaged gradient); the confirmation against a workload whose DDP arm
+is slower by a known sleep, so the measured ratio and its interval have a known side of 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import pytest
+import torch
+
+from synctune.engine.ddp import DDP_DEFAULT, DDPConfig, ddp_runtime
+from synctune.engine.trial import TrialConfig, run_confirm_local, run_trial_local
+from synctune.spec import cluster_preset
+from synctune.spec.errors import SpecError
+from synctune.strategy.builders import build_strategy
+from synctune.strategy.outcomes import paired_ratio
+from synctune.workload import ImportedWorkload, zoo_workload
+
+CLUSTER = cluster_preset("local-1x2")
+
+
+def _reference_losses(workload, strategy, config: TrialConfig) -> list[float]:
+    """Rank 0's loss at each iteration when one process trains on the mean of every rank's
+    gradient (what data-parallel SGD computes)."""
+    torch.manual_seed(config.seed)
+    model = workload.build_model()
+    batches = [workload.make_batch(size, rank=r, device=torch.device("cpu"),
+                                   generator=torch.Generator().manual_seed(config.seed * 100_003 + r))
+               for r, size in enumerate(strategy.batch_split)]
+    opt = workload.make_optimizer(list(model.parameters()), name=config.optimizer, lr=config.lr)
+    out = []
+    for _ in range(config.warmup + config.iters):
+        losses = [workload.loss(model, b) for b in batches]
+        out.append(float(losses[0].detach()))
+        (sum(losses) / len(losses)).backward()
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("config", [DDP_DEFAULT, DDPConfig(bucket_cap_mb=1.0, first_bucket_mb=0.25)],
+                         ids=["defaults", "small-buckets"])
+def test_ddp_trial_trains_as_single_process_sgd(config):
+    workload = zoo_workload("cnn-small")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    trial = TrialConfig(warmup=2, iters=3, lr=0.05)
+    result = run_trial_local(strategy, CLUSTER, trial, workload=workload, runtime=ddp_runtime(config))
+    assert result.status == "ok", result.error
+    assert len(result.iteration_times_s) == 3 and result.comm_bytes_per_iter is None  # DDP's bytes are not counted
+    reference = _reference_losses(workload, strategy, trial)
+    assert reference[-1] < reference[0]  # it trained: a frozen model would pass the comparison too
+    assert result.extra["final_loss"] == pytest.approx(reference[-1], rel=1e-5, abs=1e-6)
+
+
+def test_ddp_trial_with_the_fp16_hook_runs_and_stays_close():
+    workload = zoo_workload("cnn-small")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    trial = TrialConfig(warmup=2, iters=3, lr=0.05)
+    result = run_trial_local(strategy, CLUSTER, trial, workload=workload,
+                             runtime=ddp_runtime(DDPConfig(bucket_cap_mb=4.0, comm_hook="fp16")))
+    assert result.status == "ok", result.error
+    assert result.extra["final_loss"] == pytest.approx(_reference_losses(workload, strategy, trial)[-1], rel=1e-2)
+
+
+def test_ddp_runtime_refuses_what_ddp_would_run_differently():
+    workload = zoo_workload("cnn-small")
+    spec = workload.spec()
+    even = build_strategy("allreduce", spec, CLUSTER)
+    uneven = dataclasses.replace(even, batch_split=(even.batch_split[0] + 2, even.batch_split[1] - 2))
+    with pytest.raises(SpecError, match="batch split is uneven"):
+        run_trial_local(uneven, CLUSTER, workload=workload, runtime=ddp_runtime(DDP_DEFAULT))
+    with pytest.raises(SpecError, match="bf16 needs CUDA"):
+        run_trial_local(even, CLUSTER, workload=workload, runtime=ddp_runtime(DDPConfig(comm_hook="bf16")))
+    with pytest.raises(SpecError, match="first_bucket_mb"):
+        DDPConfig(comm_hook="powersgd", powersgd_rank=2, first_bucket_mb=1.0)
+    with pytest.raises(SpecError, match="powersgd_rank"):
+        DDPConfig(comm_hook="powersgd")
+    with pytest.raises(SpecError, match="unknown key"):
+        DDPConfig.from_dict({"bucket_mb": 4})
+    sparse = zoo_workload("ncf-small")
+    s = build_strategy("allreduce", sparse.spec(), CLUSTER)
+    with pytest.raises(SpecError, match="sparse gradients"):
+        run_trial_local(s, CLUSTER, workload=sparse, runtime=ddp_runtime(DDPConfig(comm_hook="fp16")))
+
+
+def test_paired_ratio_matches_students_t_on_log_ratios():
+    import math
+
+    from scipy import stats
+
+    base = [1.10, 1.20, 1.15, 1.10, 1.31]
+    cand = [1.00, 1.00, 1.00, 1.02, 1.05]
+    logs = [math.log(b / c) for b, c in zip(base, cand)]
+    low, high = stats.t.interval(0.95, len(logs) - 1, loc=sum(logs) / len(logs), scale=stats.sem(logs))
+    got = paired_ratio(base, cand)
+    assert got.ratio == pytest.approx(math.exp(sum(logs) / len(logs)))
+    assert (got.low, got.high) == (pytest.approx(math.exp(low), rel=1e-3), pytest.approx(math.exp(high), rel=1e-3))
+    assert got.verdict == "faster" and paired_ratio(cand, base).verdict == "slower"
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0])
+
+
+_SLOW_UNDER_DDP = textwrap.dedent('''
+    import time
+
+    import torch
+    import synctune.workload as sw
+
+
+    def _loss(model, batch):
+        # The DDP arm pays a known extra 40 ms per iteration: the confirmation must see it.
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            time.sleep(0.04)
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+    def workload():
+        return sw.define(name="slow-under-ddp", model=lambda: torch.nn.Linear(8, 2), batch_size=8,
+                         batch=lambda n, rank, g: (torch.randn(n, 8, generator=g), torch.randn(n, 2, generator=g)),
+                         loss=_loss)
+''')
+
+
+def test_confirmation_measures_a_known_slowdown_interleaved(tmp_path):
+    (tmp_path / "slow_job.py").write_text(_SLOW_UNDER_DDP)
+    workload = ImportedWorkload(f"{tmp_path / 'slow_job.py'}:workload")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    rounds = []
+    out = run_confirm_local([(strategy, None), (strategy, ddp_runtime(DDP_DEFAULT))], CLUSTER,
+                            TrialConfig(warmup=1, iters=1), workload=workload, rounds=4, per_round=3,
+                            on_progress=lambda m: rounds.append(m) if m.get("event") == "confirm_round" else None)
+    assert len(out["a_s"]) == len(out["b_s"]) == 4 == out["rounds_used"]
+    assert [m["round"] for m in rounds] == [1, 2, 3, 4]
+    # Every round the DDP arm (B) took its 40 ms more than the engine arm (A): B/A well above 1.
+    assert all(b - a > 0.03 for a, b in zip(out["a_s"], out["b_s"])), out
+    assert out["low"] > 1.5 and out["verdict"] == "faster", out
+    with pytest.raises(SpecError, match="same replicas"):
+        other = build_strategy("allreduce", workload.spec(), cluster_preset("local-1x1"))
+        run_confirm_local([(strategy, None), (other, None)], CLUSTER, workload=workload)
