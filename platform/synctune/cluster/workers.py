@@ -274,8 +274,7 @@ class RayWorkerGroup:
         (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
         speed-up of the first arm over the second with its 95% interval. A failure raises
         :class:`ConfirmFailed` (the group is torn down)."""
-        from ..engine.trial import confirm_payload
-        from ..strategy.outcomes import paired_ratio
+        from ..engine.trial import confirm_figures, confirm_payload
 
         for strategy, _runtime in arms:
             self._check_replicas(strategy)
@@ -286,10 +285,7 @@ class RayWorkerGroup:
         out, status, message = self._execute(payload, config.timeout_s * 2, on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
-        out = dict(out)
-        out.update(paired_ratio(out["b_s"], out["a_s"]).to_dict())
-        out.update({"rounds": rounds, "per_round": per_round, "launcher": "ray", "wall_s": time.monotonic() - start})
-        return out
+        return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
 
     def _check_replicas(self, strategy: Strategy) -> None:
         if list(strategy.replicas) != list(self.cluster.devices):

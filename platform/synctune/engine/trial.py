@@ -471,7 +471,6 @@ def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: Cluster
     :func:`confirm_worker`); returns the per-round medians (``a_s``, ``b_s``) and, from them,
     the speed-up of A over B with its 95% interval (:func:`synctune.strategy.outcomes.paired_ratio`).
     Raises :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
-    from ..strategy.outcomes import paired_ratio
     from .local import rank_networks, run_local
 
     check_network(cluster, node_net)
@@ -483,10 +482,15 @@ def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: Cluster
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
                      nets=rank_networks(cluster, strategy.replicas, node_net))
-    out = dict(outs[0])
-    out.update(paired_ratio(out["b_s"], out["a_s"]).to_dict())
-    out.update({"rounds": rounds, "per_round": per_round, "launcher": "local", "wall_s": time.monotonic() - start})
-    return out
+    return confirm_figures(outs[0], rounds, per_round, "local", time.monotonic() - start)
+
+
+def confirm_figures(out: dict, rounds: int, per_round: int, launcher: str, wall_s: float) -> dict:
+    """Rank 0's confirmation output with the speed-up of arm A over arm B and its interval."""
+    from ..strategy.outcomes import paired_ratio
+
+    return {**out, **paired_ratio(out["b_s"], out["a_s"]).to_dict(), "rounds": rounds, "per_round": per_round,
+            "launcher": launcher, "wall_s": wall_s}
 
 
 def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *,
