@@ -130,3 +130,43 @@ def test_builder_options_are_typed_and_checked():
         parse_builder_options("allreduce", {"chunk": "0"})
     with pytest.raises(SpecError, match="unknown builder 'horovd'; valid: allreduce, horovod"):
         build_strategy("horovd", None, None)
+
+
+def test_hierarchical_ps_cuts_large_variables_into_one_shard_per_node(zoo_specs):
+    # AutoDist §3.1 builder (5): over the threshold, #nodes shards, shard i served by node i;
+    # dense gradients reduced within each node first, sparse rows sent as they are.
+    model, cluster = zoo_specs["lm1b"], cluster_preset("B7")
+    threshold = 4 * 2**20
+    strategy = build_strategy("ps-hierarchical", model, cluster, threshold_bytes=threshold)
+    validate(strategy, model, cluster)
+    servers = [node.devices[0] for node in cluster.nodes]
+    big = [p for p in strategy.plans if model[p.variable].num_bytes >= threshold and len(model[p.variable].shape) > 1]
+    assert big, "lm1b has variables over 4 MiB"
+    for plan in big:
+        assert plan.num_shards == min(len(servers), model[plan.variable].shape[0])
+        assert [s.synchronizer.placement for s in plan.shards] == servers[:plan.num_shards]
+    for plan in strategy.plans:
+        if model[plan.variable].num_bytes < threshold:
+            assert plan.num_shards == 1, plan.variable
+        for shard in plan.shards:
+            assert shard.synchronizer.kind == "ps"
+            assert shard.synchronizer.local_aggregation == (not model[plan.variable].sparse)
+    # A threshold above every variable cuts nothing.
+    whole = build_strategy("ps-hierarchical", model, cluster, threshold_bytes=2**40)
+    assert all(p.num_shards == 1 for p in whole.plans)
+
+
+def test_tuned_baselines_parse_and_expand():
+    from synctune.search import Experiment
+    from synctune.strategy.builders import TUNED_BASELINES, parse_baseline
+
+    assert parse_baseline("allreduce:chunk=8")[1].chunk == 8
+    assert parse_baseline("ps-hierarchical:threshold_bytes=1024,local_aggregation=false")[1].local_aggregation is False
+    with pytest.raises(StrategyError, match="unknown option"):
+        parse_baseline("allreduce:fusion=3")
+    with pytest.raises(StrategyError, match="option=value"):
+        parse_baseline("allreduce:chunk")
+    exp = Experiment(name="t", model="cnn-small", cluster="local-1x2", budget=30, baselines=("tuned", "ps"))
+    assert exp.baselines == (*TUNED_BASELINES, "ps")
+    with pytest.raises(SpecError, match="baselines: builder allreduce: option chunk"):
+        Experiment(name="t", model="cnn-small", cluster="local-1x2", budget=30, baselines=("allreduce:chunk=x",))

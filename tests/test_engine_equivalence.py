@@ -27,7 +27,8 @@ def _cases(cluster_name: str, num_random: int, seed: int) -> list[dict]:
     cluster = cluster_preset(cluster_name)
     cases = []
     for model, opt, lr in MODELS:
-        for builder, options in LOSSLESS + [("allreduce", {"algorithm": "hierarchical"})]:
+        for builder, options in LOSSLESS + [("allreduce", {"algorithm": "hierarchical"}),
+                                            ("ps-hierarchical", {"threshold_bytes": 1024})]:
             s = build_strategy(builder, model_spec(model), cluster, **options)
             cases.append({"label": f"{builder}{options or ''}/{model}/{opt}", "strategy": s.to_dict(),
                           "cluster": cluster.to_dict(), "optimizer": opt, "lr": lr, "steps": STEPS,

@@ -420,7 +420,7 @@ def _recommendation(summary: dict, ddp_best: dict | None, skeleton: Strategy) ->
     if summary.get("best_strategy") is None:
         return None
     origin = summary.get("best_origin") or ""
-    return {"kind": "baseline" if origin in BUILDERS else "search", "name": origin,
+    return {"kind": "baseline" if origin.partition(":")[0] in BUILDERS else "search", "name": origin,
             "strategy": summary["best_strategy"], "ddp": None, "why": "fastest single trial (unconfirmed)"}
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.builders import build_strategy
+from ..strategy.builders import baseline_strategy
 from ..strategy.outcomes import search_outcome
 from ..strategy.schema import AllReduceSynchronizer, Strategy, VariablePlan
 from .experiment import Experiment
@@ -150,7 +150,7 @@ class Algorithm1:
         self.trials: list[dict[str, Any]] = []  # {trial_id, strategy (dict), hash, origin, predicted, runtime}
         self.queue: list[Proposal] = []
         for b in experiment.baselines:
-            strategy = build_strategy(b, model, cluster)
+            strategy = baseline_strategy(b, model, cluster)
             # Two builders can agree on a domain (Parallax is AllReduce without sparse variables):
             # the strategy is measured once, under the first builder's name.
             if all(p.strategy.hash != strategy.hash for p in self.queue):

@@ -93,12 +93,19 @@ class Experiment:
         if isinstance(self.baselines, list):
             object.__setattr__(self, "baselines", tuple(self.baselines))
         if not isinstance(self.baselines, tuple) or not all(isinstance(b, str) for b in self.baselines):
-            raise bad("baselines", "a list of builder names, e.g. [allreduce, ps-lb]")
-        from ..strategy.builders import BUILDERS
+            raise bad("baselines", "a list of builder names, e.g. [allreduce, ps-lb, 'allreduce:chunk=8'] or [tuned]")
+        from ..strategy.builders import BUILDERS, TUNED_BASELINES, parse_baseline
+        from ..strategy.schema import StrategyError
 
+        expanded = tuple(e for b in self.baselines for e in (TUNED_BASELINES if b == "tuned" else (b,)))
+        object.__setattr__(self, "baselines", tuple(dict.fromkeys(expanded)))
         for b in self.baselines:
-            if b not in BUILDERS:
-                raise SpecError(f"{where}: baselines: unknown builder {b[:40]!r}; valid: {', '.join(BUILDERS)}")
+            if b.partition(":")[0] not in BUILDERS:
+                raise SpecError(f"{where}: baselines: unknown builder {b[:40]!r}; valid: tuned, {', '.join(BUILDERS)}")
+            try:
+                parse_baseline(b)
+            except StrategyError as exc:
+                raise SpecError(f"{where}: baselines: {exc}") from None
         if self.candidates > self.proposals:
             raise SpecError(f"{where}: candidates ({self.candidates}) cannot exceed proposals ({self.proposals})")
 

@@ -39,10 +39,14 @@ __all__ = [
     "BuilderInfo",
     "BUILDERS",
     "build_strategy",
+    "baseline_strategy",
+    "parse_baseline",
+    "TUNED_BASELINES",
     "parse_builder_options",
     "AllReduceOptions",
     "HorovodOptions",
     "PSOptions",
+    "HierarchicalPSOptions",
     "PartitionedPSOptions",
     "PartitionedAllReduceOptions",
     "RandomAxisOptions",
@@ -112,6 +116,21 @@ class PartitionedPSOptions:
         _positive(self.max_shards, "max_shards", "partitioned-ps")
         if not isinstance(self.local_aggregation, bool):
             raise StrategyError(f"builder partitioned-ps: option local_aggregation: expected true or false, "
+                                f"got {self.local_aggregation!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HierarchicalPSOptions:
+    """Variables of at least ``threshold_bytes`` are cut along axis 0 into one shard per node;
+    ``local_aggregation`` reduces dense gradients within a node first (AutoDist §3.1's PS)."""
+
+    threshold_bytes: int = MIB
+    local_aggregation: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self.threshold_bytes, "threshold_bytes", "ps-hierarchical")
+        if not isinstance(self.local_aggregation, bool):
+            raise StrategyError(f"builder ps-hierarchical: option local_aggregation: expected true or false, "
                                 f"got {self.local_aggregation!r}")
 
 
@@ -339,6 +358,32 @@ def _partitioned_allreduce(model: ModelSpec, cluster: ClusterSpec, chunk: int, a
     return _strategy(model, cluster, plans)
 
 
+@_register("ps-hierarchical", HierarchicalPSOptions,
+           "AutoDist's strong PS: reduce within each node first, variables over a size threshold cut into one "
+           "shard per node, shards spread evenly over the nodes' servers")
+def _ps_hierarchical(model: ModelSpec, cluster: ClusterSpec, opts: HierarchicalPSOptions) -> Strategy:
+    # AutoDist §3.1, builder (5): hierarchical reduce/broadcast on multi-device nodes (Li et al.
+    # 2014); variables above a hand-tuned threshold partitioned into #nodes shards, evenly placed.
+    servers = _servers(cluster)
+    loads = _GreedyLoads(servers)
+    plans = []
+    for var in model.variables:
+        local = opts.local_aggregation and not var.sparse
+        rows = var.shape[0] if var.shape else 1
+        k = min(len(servers), rows) if (var.num_bytes >= opts.threshold_bytes and not _is_norm(var)) else 1
+        if k > 1:
+            # Shard i on node i: every node serves 1/k of each large variable.
+            placements = servers[:k]
+            for s in placements:
+                loads.loads[s] += var.num_bytes / k
+        else:
+            placements = loads.place(var.num_bytes)
+        shards = tuple(ShardPlan(synchronizer=PSSynchronizer(placement=p, local_aggregation=local)) for p in placements)
+        partition = (k,) + (1,) * (len(var.shape) - 1) if var.shape else ()
+        plans.append(VariablePlan(variable=var.name, partition=partition, shards=shards))
+    return _strategy(model, cluster, plans)
+
+
 @_register("partitioned-allreduce", PartitionedAllReduceOptions,
            "Partitioned AllReduce: axis 0 cut by its smallest divisor, shards all-reduced in chunks")
 def _partitioned_ar(model: ModelSpec, cluster: ClusterSpec, opts: PartitionedAllReduceOptions) -> Strategy:
@@ -421,3 +466,37 @@ def build_strategy(builder: str, model: ModelSpec, cluster: ClusterSpec, options
     if not isinstance(options, info.options):
         raise TypeError(f"builder {builder} takes {info.options.__name__}, got {type(options).__name__}")
     return info.fn(model, cluster, options)
+
+
+#: The papers' baselines with their settings swept (AutoDist §3.3: "related hyperparameters ...
+#: hand-tuned and the best performance is reported"): AllReduce chunks and its hierarchical
+#: form, Horovod fusion thresholds, the PS family with AutoDist's strong hierarchical PS at three
+#: partitioning thresholds. ``baselines: [tuned]`` in an experiment stands for this list; equal
+#: strategies (a small model collapses many chunk sizes) are measured once.
+TUNED_BASELINES = (
+    "allreduce:chunk=1", "allreduce:chunk=8", "allreduce:chunk=32", "allreduce", "allreduce:algorithm=hierarchical",
+    f"horovod:fusion_threshold_bytes={4 * MIB}", f"horovod:fusion_threshold_bytes={16 * MIB}", "horovod",
+    "ps-lb", "partitioned-ps", "parallax",
+    f"ps-hierarchical:threshold_bytes={MIB // 4}", "ps-hierarchical", f"ps-hierarchical:threshold_bytes={4 * MIB}",
+)
+
+
+def parse_baseline(entry: str) -> tuple[str, Any]:
+    """``builder`` or ``builder:option=value,option=value`` -> (builder name, its options)."""
+    if not isinstance(entry, str) or not entry:
+        raise StrategyError(f"baseline: expected 'builder' or 'builder:option=value,...', got {entry!r}")
+    name, _sep, rest = entry.partition(":")
+    info = BUILDERS.get(name)
+    raw: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise StrategyError(f"baseline {entry[:80]!r}: expected option=value, got {item[:40]!r}")
+        raw[key.strip()] = value.strip()
+    return info.name, parse_builder_options(name, raw)
+
+
+def baseline_strategy(entry: str, model: ModelSpec, cluster: ClusterSpec) -> Strategy:
+    """The strategy of a baseline entry (see :func:`parse_baseline`)."""
+    name, options = parse_baseline(entry)
+    return build_strategy(name, model, cluster, options)
