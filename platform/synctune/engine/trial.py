@@ -268,11 +268,13 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
 
     from .local import report
 
+    t_start = time.perf_counter()
     config = TrialConfig(**payload["config"])
     device = _device(ClusterSpec.from_dict(payload["cluster"]), strategy, rank, gpu_per_rank)
     memory = PeakMemory(device)
     memory.reset()
     arm = _Arm(rank, payload, strategy, payload.get("runtime"), device)
+    t_loop = time.perf_counter()
     total = config.warmup + config.iters
     times: list[float] = []
     comm: list[int] = []
@@ -289,6 +291,7 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
             comm.append(sent)
         if rank == 0 and progress:
             report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss.detach())})
+    t_end = time.perf_counter()
     slowest = _gather_max(times, device)
     peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
                         dtype=torch.float64, device=device)
@@ -296,6 +299,9 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
     dist.all_gather(peaks, peak)
     arm.close()
     return {
+        # Where a trial's time goes on rank 0 (the overhead benchmark reads it): building the
+        # model, engine and batch; every iteration, warm-up included; gathering the results.
+        "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
         "times": slowest,
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
@@ -362,7 +368,8 @@ def result_from_rank0(out: dict, strategy: Strategy, cluster: ClusterSpec, confi
     return TrialResult.from_times(
         out["times"], backend=out["backend"], device_kind=out["device_kind"],
         comm_bytes_per_iter=out["comm_bytes_per_iter"], peak_memory_bytes=out["peak_memory_bytes"], wall_s=wall_s,
-        extra={"final_loss": out["final_loss"]}, **_describe(strategy, cluster, config, launcher))
+        extra={"final_loss": out["final_loss"], "phases_s": out.get("phases_s", {})},
+        **_describe(strategy, cluster, config, launcher))
 
 
 def failed_result(status: str, error: str, strategy: Strategy, cluster: ClusterSpec, config: TrialConfig,

@@ -328,7 +328,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                 tune.with_resources(_trainable, {"CPU": 0, **on_head}),
                 param_space={"slice": slice_names[0], "strategy": skeleton.to_dict(), "trial_config": trial_config},
                 tune_config=tune.TuneConfig(search_alg=_ddp_searcher(exp, model, cluster, known),
-                                            num_samples=ddp_remaining, max_concurrent_trials=1),
+                                            num_samples=ddp_remaining, max_concurrent_trials=1, reuse_actors=True),
                 run_config=tune.RunConfig(name=f"{search_id}-ddp", storage_path=storage, verbose=0,
                                           callbacks=[_RecordDDP()]),
             ).fit()
@@ -338,8 +338,10 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
             tuner = tune.Tuner(
                 # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
                 tune.with_resources(_trainable, {"CPU": 0, **on_head}),
+                # Reusing the trainables' actors saves a process start per trial (most of a
+                # small trial's overhead: benchmarks/trial_overhead.py).
                 tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining,
-                                            max_concurrent_trials=exp.slices),
+                                            max_concurrent_trials=exp.slices, reuse_actors=True),
                 run_config=tune.RunConfig(name=search_id, storage_path=storage, verbose=0),
             )
             tuner.fit()
