@@ -203,3 +203,29 @@ def test_applied_files_of_both_formats_run_for_zoo_models(tmp_path):
     result = runner.invoke(cli, ["apply", str(strategy), "-m", "cnn-small", "--format", "ddp", "-o",
                                  str(tmp_path / "x.py")])
     assert result.exit_code == 2 and "cannot run as plain DDP: the batch split is uneven" in result.stderr
+
+
+def test_a_tuned_ddp_winner_is_applied_with_its_own_configuration(tmp_path):
+    """When tuned DDP wins a search, the training file runs DDP with the tuned bucket sizes and
+    hook (not the configuration derived from a strategy), and it runs."""
+    from synctune.engine.ddp import DDPConfig
+    from synctune.run.apply import apply_search_result
+    from synctune.spec import cluster_preset
+    from synctune.strategy import build_strategy
+    from synctune.workload import zoo_workload
+
+    workload, cluster = zoo_workload("cnn-small"), cluster_preset("local-1x2")
+    skeleton = build_strategy("allreduce", workload.spec(), cluster)
+    tuned = DDPConfig(bucket_cap_mb=3.5, first_bucket_mb=0.75, comm_hook="fp16")
+    path, used = apply_search_result(skeleton.to_dict(), workload, cluster, tmp_path / "best.json",
+                                     ddp=tuned.to_dict())
+    text = path.read_text()
+    assert used == "ddp" and "as tuned by the search" in text
+    assert '"bucket_cap_mb":3.5' in text and '"first_bucket_mb":0.75' in text and '"comm_hook":"fp16"' in text
+    assert len(_run_file(path, tmp_path)) == 2
+    from synctune.spec.errors import SpecError
+
+    with pytest.raises(SpecError, match="use --format ddp or auto"):
+        from synctune.run.apply import training_script
+
+        training_script(skeleton, workload.spec(), cluster, workload="cnn-small", root="", fmt="engine", ddp=tuned)

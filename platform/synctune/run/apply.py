@@ -173,11 +173,10 @@ def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *
     if ddp is not None and fmt == "engine":
         raise SpecError("the search's winner is tuned torch DDP, not a strategy of the engine; use --format ddp or auto")
     use_ddp = config is not None and fmt != "engine"
-    if use_ddp and ddp is not None:
-        what = f"plain torch DDP as tuned by the search ({ddp.summary()})"
-    elif use_ddp:
+    if use_ddp:
         hook = "" if config.comm_hook == "none" else f", the {config.comm_hook} comm hook"
-        what = (f"plain torch DDP: buckets up to {config.bucket_cap_mb:g} MiB (the strategy's largest merge "
+        what = (f"plain torch DDP as tuned by the search ({ddp.summary()})" if ddp is not None else
+                f"plain torch DDP: buckets up to {config.bucket_cap_mb:g} MiB (the strategy's largest merge "
                 f"group){hook}, gradient_as_bucket_view")
         payload = f"DDP_CONFIG = {_literal(config.to_dict())}\n"
         setup, step, save = _DDP_SETUP, _DDP_STEP, _DDP_SAVE
