@@ -8,6 +8,7 @@ in experiments/findings/ and benchmarks/."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -17,7 +18,7 @@ from synctune.models import model_spec
 from synctune.search.algorithm import Algorithm1, fidelity_level, select_diverse
 from synctune.search.experiment import Experiment, load_experiment
 from synctune.search.sampler import GuidedSampler
-from synctune.search.algorithm import _Index
+from synctune.search.algorithm import _Index, _signature
 from synctune.simulator import AnalyticSimulator, BoundSimulator, DomainContext, encode
 from synctune.simulator.features import AnalyticConstants
 from synctune.spec import SpecError, cluster_preset
@@ -148,6 +149,52 @@ def test_guided_sampler_respects_its_constraints():
                 assert plan.is_partitioned, plan.variable
         groups = [sh.synchronizer.group for _p, _i, sh in s.iter_shards() if sh.synchronizer.kind == "allreduce"]
         assert groups == sorted(groups)  # adjacent merging: groups follow backward order
+
+
+def test_guided_sampler_proposes_compression_and_hierarchical_all_reduce_unless_told_not_to():
+    from synctune.strategy.compressors import COMPRESSORS
+
+    cluster = cluster_preset("local-2x2")
+    model = model_spec("bert-tiny")
+
+    def kinds(strategies):
+        comps = {sh.compressor.kind for s in strategies for _p, _i, sh in s.iter_shards()}
+        algos = {sh.synchronizer.algorithm for s in strategies for _p, _i, sh in s.iter_shards()
+                 if sh.synchronizer.kind == "allreduce"}
+        return comps, algos
+
+    drawn = GuidedSampler(model, cluster, seed=0).sample_many(200)
+    for s in drawn:
+        validate(s, model, cluster)
+    comps, algos = kinds(drawn)
+    assert {"fp16", "bf16", "powersgd"} <= comps and "hierarchical" in algos
+    exact = GuidedSampler(model, cluster, seed=0, lossy=False).sample_many(200)
+    comps, algos = kinds(exact)
+    assert all(COMPRESSORS.get(c).lossless for c in comps) and "hierarchical" in algos
+
+
+def test_diversity_sees_every_shard():
+    # Two strategies alike in every variable's first shard but not in the others: the
+    # signature tells them apart (it used to look at shard 0 only).
+    cluster = cluster_preset("local-2x2")
+    model = model_spec("bert-tiny")
+    from synctune.strategy import build_strategy
+
+    a = build_strategy("partitioned-ps", model, cluster)
+    plans = []
+    for plan in a.plans:
+        if plan.num_shards > 1:
+            last = plan.shards[-1]
+            other = dataclasses.replace(last, synchronizer=dataclasses.replace(
+                last.synchronizer, placement=cluster.nodes[0].devices[0] if last.synchronizer.placement !=
+                cluster.nodes[0].devices[0] else cluster.nodes[1].devices[0]))
+            plan = dataclasses.replace(plan, shards=plan.shards[:-1] + (other,))
+        plans.append(plan)
+    b = dataclasses.replace(a, plans=tuple(plans))
+    validate(b, model, cluster)
+    index = _Index(model, cluster)
+    assert (_signature(a, index) != _signature(b, index)).any()
+    assert (_signature(a, index) == _signature(a, index)).all()
 
 
 def test_fidelity_level_and_diverse_selection():

@@ -139,11 +139,11 @@ def ddp_config_of(params: dict):
                      gradient_as_bucket_view=True)
 
 
-def ddp_hooks(model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+def ddp_hooks(model: ModelSpec, cluster: ClusterSpec, lossy: bool = True) -> list[str]:
     """The comm hooks a tuned-DDP search tries in a domain: bf16 only on GPUs (torch's hook
     needs NCCL); none but ``none`` for a model with sparse gradients (hooks compress dense
-    buckets)."""
-    if any(v.sparse for v in model.variables):
+    buckets) or when the experiment says ``lossy: false``."""
+    if not lossy or any(v.sparse for v in model.variables):
         return ["none"]
     return ["none", "fp16", "powersgd"] + (["bf16"] if cluster.device_kind == "gpu" else [])
 
@@ -154,7 +154,7 @@ def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done:
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
-    space = {"comm_hook": optuna.distributions.CategoricalDistribution(ddp_hooks(model, cluster)),
+    space = {"comm_hook": optuna.distributions.CategoricalDistribution(ddp_hooks(model, cluster, exp.lossy)),
              "bucket_cap_mb": optuna.distributions.FloatDistribution(1.0, 256.0, log=True),
              "first_bucket_mb": optuna.distributions.FloatDistribution(0.0625, 64.0, log=True)}
     points = [dict(p) for p, _t in done] or [{"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0}]

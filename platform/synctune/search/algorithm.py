@@ -95,14 +95,19 @@ class _Index:
 
 
 def _signature(strategy: Strategy, index: _Index) -> np.ndarray:
-    """Per-variable decision codes used to compare strategies (kind, placement, partitioning)."""
+    """Per-variable decision codes used to compare strategies: the partition and, for every
+    shard, its synchronizer kind, server node, local aggregation, all-reduce algorithm and
+    compressor (two variables are alike only if all their shards are)."""
     codes = np.zeros(index.num_vars, dtype=np.int64)
     for plan in strategy.plans:
-        sync = plan.shards[0].synchronizer
-        code = {"ps": 1, "allreduce": 2, "allgather": 3}[sync.kind]
-        if sync.kind == "ps":
-            code += 10 * (1 + index.node_of_device[sync.placement])
-        codes[index.var_index[plan.variable]] = code + 1000 * plan.num_shards
+        parts: list[Any] = [tuple(plan.partition)]
+        for shard in plan.shards:
+            sync = shard.synchronizer
+            parts.append((sync.kind, index.node_of_device.get(getattr(sync, "placement", None), -1),
+                          bool(getattr(sync, "local_aggregation", False)), getattr(sync, "algorithm", ""),
+                          shard.compressor.label))
+        digest = hashlib.blake2b(repr(parts).encode(), digest_size=7).digest()
+        codes[index.var_index[plan.variable]] = int.from_bytes(digest, "big")
     return codes
 
 
@@ -236,12 +241,13 @@ class Algorithm1:
             return out
 
         if algo in ("random", "random-guided"):
-            sampler = (RandomSampler if algo == "random" else GuidedSampler)(self.model, self.cluster, seed=seed)
+            sampler = (RandomSampler(self.model, self.cluster, seed=seed) if algo == "random" else
+                       GuidedSampler(self.model, self.cluster, seed=seed, lossy=self.exp.lossy))
             # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured.
             picked = fresh(sampler.sample_many(3 * k))[:k]
             return [Proposal(f"{tag}-{i}", s, algo, None) for i, s in enumerate(picked)]
         rng = random.Random(seed)
-        guided = GuidedSampler(self.model, self.cluster, seed=seed)
+        guided = GuidedSampler(self.model, self.cluster, seed=seed, lossy=self.exp.lossy)
         raw = self._crossover(self.exp.proposals, rng, guided) if algo == "genetic" else guided.sample_many(
             self.exp.proposals)
         proposals = fresh(raw)

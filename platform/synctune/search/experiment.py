@@ -31,7 +31,9 @@ class Experiment:
     Ray Tune) run before the search as one more baseline, outside ``budget`` (0: none). At the
     end the best searched strategy is re-measured against the best baseline interleaved on the
     same processes, ``confirm_rounds`` rounds of ``confirm_iters`` iterations per arm (0 rounds:
-    no confirmation)."""
+    no confirmation). ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
+    the search's proposals and of tuned DDP's comm hooks: every candidate then trains exactly as
+    plain data-parallel SGD."""
 
     name: str
     cluster: str
@@ -52,6 +54,7 @@ class Experiment:
     ddp_trials: int = 8
     confirm_rounds: int = 10
     confirm_iters: int = 5
+    lossy: bool = True
     output: str = ""
     source: str = field(default="", compare=False)
 
@@ -82,6 +85,8 @@ class Experiment:
                 raise bad(key, f"an integer from {low} to {high}")
         if not (self.confirm_rounds == 0 or in_range(self.confirm_rounds, 2, 1000)):
             raise bad("confirm_rounds", "0 (no confirmation) or an integer from 2 to 1000")
+        if not isinstance(self.lossy, bool):
+            raise bad("lossy", "true or false")
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"one of {', '.join(ALGORITHMS)}")
         if not (self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..strategy.compressors import COMPRESSORS
+from ..strategy.partition import shard_shapes
 from ..strategy.schema import (
     AllGatherSynchronizer,
     AllReduceSynchronizer,
+    Compressor,
     PSSynchronizer,
     ShardPlan,
     Strategy,
@@ -90,7 +93,13 @@ class GuidedSampler:
       closes once it holds its share of the strategy's all-reduce bytes, so groups have similar
       loads.
     Each strategy first draws its own PS share, local-aggregation rate and number of groups, so
-    a batch spans mostly-PS, mixed and mostly-all-reduce strategies.
+    a batch spans mostly-PS, mixed and mostly-all-reduce strategies. It also draws, with
+    ``compress_prob`` and only when ``lossy``, one lossy compressor for its dense messages (fp16
+    or bf16 on all-reduce and PS shards, PowerSGD of rank 1, 2 or 4 on all-reduce shards where
+    it fits: AutoSync's "message encoding"), else, with ``hierarchical_prob`` where every node
+    holds as many replicas, hierarchical all-reduce (reduce within nodes, all-reduce across, then
+    broadcast: Horovod's hierarchical mode). A merge group holds shards of one algorithm and one
+    compressor.
     """
 
     model: ModelSpec
@@ -100,11 +109,27 @@ class GuidedSampler:
     large_bytes: int = 64 * 1024 * 1024
     partition_prob: float = 0.3
     max_shards: int = 8
+    lossy: bool = True
+    compress_prob: float = 0.3
+    hierarchical_prob: float = 0.3
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.servers = [node.devices[0] for node in self.cluster.nodes]
         self.nic = [node.nic_gbps for node in self.cluster.nodes]
+        self.even_nodes = len({node.num_devices for node in self.cluster.nodes}) == 1
+
+    def _compressor(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str) -> Compressor:
+        """``kind`` where it applies to this shard (dense, its synchronizer, its shape), else none."""
+        info = COMPRESSORS.get(kind)
+        if kind == "none" or var.sparse or sync_kind not in info.synchronizers:
+            return Compressor()
+        if "rank" in info.params:
+            fitted = info.fit(shard_shape, rank)
+            if fitted is None or info.problem(shard_shape, fitted):
+                return Compressor()
+            return Compressor(kind=kind, rank=fitted)
+        return Compressor() if info.problem(shard_shape, None) else Compressor(kind=kind)
 
     def _partition(self, var) -> list[int]:
         partition = [1] * len(var.shape)
@@ -121,6 +146,12 @@ class GuidedSampler:
         rng = self.rng
         ps_share = rng.random()
         local_rate = rng.random()
+        comp_kind, comp_rank, algorithm = "none", 0, "flat"
+        if self.lossy and rng.random() < self.compress_prob:
+            comp_kind = rng.choice(("fp16", "bf16", "powersgd"))
+            comp_rank = rng.choice((1, 2, 4))
+        elif self.even_nodes and rng.random() < self.hierarchical_prob:
+            algorithm = "hierarchical"
         loads = [0.0] * len(self.servers)
         decisions = []
         for var in self.model.variables:
@@ -142,23 +173,26 @@ class GuidedSampler:
                                                       if kd == "allreduce"))))
         target = ar_bytes / num_groups if ar_bytes else 1.0
         group, filled, sparse_group = 0, 0.0, 10_000
+        group_comp = None  # the compressor label of the open dense group
         plans = []
         for var, partition, kinds, shard_bytes in decisions:
             shards = []
-            for kind, j in kinds:
+            for (kind, j), shard_shape in zip(kinds, shard_shapes(tuple(var.shape), tuple(partition))):
+                comp = self._compressor(comp_kind, comp_rank, var, shard_shape, kind)
                 if kind == "ps":
                     local = rng.random() < local_rate
                     sync = PSSynchronizer(placement=self.servers[j], local_aggregation=local and not var.sparse)
                 elif kind == "allgather":
                     sync = AllGatherSynchronizer()
                 elif var.sparse:
-                    sync = AllReduceSynchronizer(group=sparse_group)
+                    sync = AllReduceSynchronizer(group=sparse_group, algorithm=algorithm)
                 else:
-                    if filled and filled + shard_bytes > target * 1.0001:
+                    if filled and (filled + shard_bytes > target * 1.0001 or comp.label != group_comp):
                         group, filled = group + 1, 0.0
                     filled += shard_bytes
-                    sync = AllReduceSynchronizer(group=group)
-                shards.append(ShardPlan(synchronizer=sync))
+                    group_comp = comp.label
+                    sync = AllReduceSynchronizer(group=group, algorithm=algorithm)
+                shards.append(ShardPlan(synchronizer=sync, compressor=comp))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
         return Strategy.over(self.model, self.cluster, plans)
 
