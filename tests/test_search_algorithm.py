@@ -238,3 +238,58 @@ def test_shipped_experiment_files_load_and_name_real_domains():
     for f in files:
         exp = load_experiment(f)
         assert exp.name == f.stem and exp.model in MODELS and exp.cluster in CLUSTER_PRESETS
+
+
+class _Oracle:
+    """Scores by a known runtime table (perfect), or backwards (``sign=+1``); fit does nothing."""
+
+    def __init__(self, table, sign=-1.0):
+        self.table, self.sign = table, sign
+
+    def score(self, items):
+        return np.array([self.sign * self.table[i] for i in items])
+
+    def fit(self, items, runtimes):
+        pass
+
+
+class _Memorizer:
+    """Ranks perfectly what it was fitted on and backwards what it has not seen: a model that
+    looks perfect on its training data and is useless on new strategies."""
+
+    def __init__(self, table):
+        self.table, self.known = table, set()
+
+    def score(self, items):
+        return np.array([-self.table[i] if i in self.known else self.table[i] for i in items])
+
+    def fit(self, items, runtimes):
+        self.known |= set(items)
+
+
+def test_the_learned_model_scores_only_once_it_beats_the_training_free_one_on_held_out_trials():
+    from synctune.run.search import SelectedSimulator
+
+    rng = np.random.default_rng(0)
+    table = {i: float(t) for i, t in enumerate(rng.uniform(1, 2, 40))}
+    items = list(table)
+
+    def run(free, learned, ready):
+        sim = SelectedSimulator(free, learned, learned_ready=ready)
+        for upto in (5, 9, 13, 17, 21):  # a baseline batch, then rounds of 4
+            sim.fit(items[:upto], np.array([table[i] for i in items[:upto]]))
+        return sim
+
+    # A perfect learned model against a backwards training-free one: it takes over, but only
+    # after it has been judged on enough trials it had not seen.
+    sim = run(_Oracle(table, +1.0), _Oracle(table), ready=False)
+    assert [(h["scoring"], h["held_out_pairs"]) for h in sim.history][:2] == [("training-free", 0), ("learned", 6)]
+    assert sim.use_learned and sim.history[-1]["learned_accuracy"] == 1.0
+    assert list(sim.score([0, 1])) == list(_Oracle(table).score([0, 1]))
+    # A model that only memorizes its training trials never scores: judged on held-out trials.
+    sim = run(_Oracle(table), _Memorizer(table), ready=False)
+    assert not sim.use_learned and all(h["scoring"] == "training-free" for h in sim.history)
+    assert sim.history[-1]["learned_accuracy"] == 0.0
+    # A transferred model is judged from the first batch on.
+    sim = run(_Oracle(table, +1.0), _Oracle(table), ready=True)
+    assert sim.history[0]["held_out_pairs"] == 10 and sim.history[0]["scoring"] == "learned"

@@ -125,6 +125,15 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
                    f"of {confirmed['per_round']} iterations on the same processes: {confirmed['verdict']}")
     elif confirmed:
         click.echo(f"confirmed n/a ({confirmed.get('error', 'no result')})")
+    selection = summary.get("simulator_selection") or []
+    if selection:
+        last = selection[-1]
+        switched = next((s["trials"] for s in selection if s["scoring"] == "learned"), None)
+        acc = ", ".join(f"{name} {last[key]:.0%}" for name, key in (("learned", "learned_accuracy"),
+                                                                  ("training-free", "training_free_accuracy"))
+                        if last[key] is not None)
+        click.echo(f"simulator {exp.simulator} scored proposals " + (f"from trial {switched}" if switched else "never")
+                   + f"; held-out pairwise accuracy over {last['held_out_pairs']} pairs: {acc or 'n/a'}")
     hits = summary["hit_rate"]
     click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
                "hit rate  n/a")

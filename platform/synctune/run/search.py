@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from ..cluster.workers import HEAD_RESOURCE
 from ..data.paths import data_home, dataset_dir
 from ..data.store import TrialDataset
@@ -42,7 +44,7 @@ from ..strategy.builders import BUILDERS, build_strategy
 from ..strategy.schema import Strategy
 from .recording import record_result
 
-__all__ = ["run_search", "search_id_of", "make_search_simulator"]
+__all__ = ["run_search", "search_id_of", "make_search_simulator", "SelectedSimulator"]
 
 
 # Tune pickles its searcher (it checkpoints the experiment); callers' callbacks need not be
@@ -171,29 +173,76 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
         return None
     if exp.simulator == "analytic":
         return BoundSimulator(AnalyticSimulator(), model, cluster)
+    analytic = BoundSimulator(AnalyticSimulator(), model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
         def make():
             return make_simulator(exp.simulator, epochs=60, seed=exp.seed)
 
-        # Until it has learned from this search's trials, the untrained ranker cannot score:
-        # the analytic model stands in (AutoDist starts training-free).
-        return _LearnedFromScratch(BoundSimulator(AnalyticSimulator(), model, cluster),
-                                   BoundSimulator(make(), model, cluster, make=make))
-    return BoundSimulator(load_simulator(exp.simulator), model, cluster, transfer=True)
+        return SelectedSimulator(analytic, BoundSimulator(make(), model, cluster, make=make), learned_ready=False)
+    return SelectedSimulator(analytic, BoundSimulator(load_simulator(exp.simulator), model, cluster, transfer=True),
+                             learned_ready=True)
 
 
-class _LearnedFromScratch:
-    """Scores with the analytic model until the learned one has been fitted once."""
+def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:
+    """(pairs ordered as measured, pairs with different runtimes): higher score = faster."""
+    right = total = 0.0
+    for i in range(len(runtimes)):
+        for j in range(i + 1, len(runtimes)):
+            if runtimes[i] == runtimes[j]:
+                continue
+            total += 1
+            faster_i = runtimes[i] < runtimes[j]
+            if pred[i] == pred[j]:
+                right += 0.5
+            elif (pred[i] > pred[j]) == faster_i:
+                right += 1
+    return right, int(total)
 
-    def __init__(self, analytic, learned) -> None:
-        self.analytic, self.learned, self.fitted = analytic, learned, False
+
+class SelectedSimulator:
+    """The training-free model until the learned one beats it on trials it had not seen
+    (AutoDist §2.4: start analytic, switch once the learned model is better).
+
+    At every update (a batch boundary of the search), the trials measured since the previous
+    update are held out: both models score them before the learned model learns from them,
+    and each model's pairwise ranking accuracy on those pairs accumulates. The learned model
+    scores proposals only while its accumulated held-out accuracy is above the training-free
+    model's on the same pairs (and at least :attr:`MIN_PAIRS` pairs were judged). A transferred
+    model (``learned_ready``) is judged from the first batch; one learned from scratch from the
+    batch after its first fit. :attr:`history` keeps each judgement."""
+
+    MIN_PAIRS = 6
+
+    def __init__(self, training_free, learned, *, learned_ready: bool) -> None:
+        self.training_free, self.learned = training_free, learned
+        self.ready = learned_ready
+        self.seen = 0
+        self.right = {"learned": 0.0, "training_free": 0.0}
+        self.pairs = 0
+        self.use_learned = False
+        self.history: list[dict] = []
 
     def score(self, strategies):
-        return (self.learned if self.fitted else self.analytic).score(strategies)
+        return (self.learned if self.use_learned else self.training_free).score(strategies)
 
     def fit(self, strategies, runtimes) -> None:
+        runtimes = np.asarray(runtimes, dtype=float)
+        new = slice(self.seen, len(strategies))
+        if self.ready and len(strategies) > self.seen:
+            held = strategies[new]
+            learned_right, pairs = _pairwise(np.asarray(self.learned.score(held), float), runtimes[new])
+            free_right, _ = _pairwise(np.asarray(self.training_free.score(held), float), runtimes[new])
+            self.right["learned"] += learned_right
+            self.right["training_free"] += free_right
+            self.pairs += pairs
         self.learned.fit(strategies, runtimes)
-        self.fitted = True
+        self.ready = True
+        self.seen = len(strategies)
+        acc = {k: (v / self.pairs if self.pairs else None) for k, v in self.right.items()}
+        self.use_learned = self.pairs >= self.MIN_PAIRS and acc["learned"] > acc["training_free"]
+        self.history.append({"trials": self.seen, "held_out_pairs": self.pairs, "learned_accuracy": acc["learned"],
+                             "training_free_accuracy": acc["training_free"],
+                             "scoring": "learned" if self.use_learned else "training-free"})
 
 
 def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool = False,
@@ -374,7 +423,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                     "ddp_trials": len(ddp_trials), "ddp_best_s": best_ddp["runtime"] if best_ddp else None,
                     "ddp_best_config": best_ddp["config"] if best_ddp else None,
                     "best_builder_baseline_s": algo.summary()["best_baseline_s"],
-                    "confirmed": confirmation})
+                    "confirmed": confirmation,
+                    "simulator_selection": list(getattr(algo.simulator, "history", []))})
     summary["recommended"] = _recommendation(summary, best_ddp, skeleton)
     metrics = {k.replace(".", "_"): summary.get(k) for k in (
         "speedup_over_best_baseline", "hit_rate", "best_runtime_s", "best_baseline_s", "trials", "failed",
@@ -387,6 +437,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         logger.log_text(parent, json.dumps(summary["best_strategy"], indent=1, sort_keys=True), "best_strategy.json")
     if confirmation:
         logger.log_text(parent, json.dumps(confirmation, indent=1, sort_keys=True), "confirmation.json")
+    if summary["simulator_selection"]:
+        logger.log_text(parent, json.dumps(summary["simulator_selection"], indent=1), "simulator_selection.json")
     return summary
 
 
