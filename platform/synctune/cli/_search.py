@@ -70,6 +70,8 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         parts = []
         if summary["best_runtime_s"]:
             parts.append(f"best {summary['best_runtime_s'] * 1e3:.1f} ms")
+        if summary.get("ddp_best_s"):
+            parts.append(f"tuned DDP {summary['ddp_best_s'] * 1e3:.1f} ms")
         if speed:
             parts.append(f"x{speed:.2f} vs baselines")
         if hits is not None:

@@ -21,6 +21,7 @@ would have, without re-running finished trials, and ends with exactly ``budget``
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -156,6 +157,7 @@ def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done:
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress is ours to show, one line per trial
     space = {"comm_hook": optuna.distributions.CategoricalDistribution(ddp_hooks(model, cluster, exp.lossy)),
              "bucket_cap_mb": optuna.distributions.FloatDistribution(1.0, 256.0, log=True),
              "first_bucket_mb": optuna.distributions.FloatDistribution(0.0625, 64.0, log=True)}
@@ -259,6 +261,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     from ray import tune
     from ray.tune.search import Searcher
 
+    # Tune's console tables would interleave with the search's own progress (verbose=0 silences
+    # only its older reporter).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     search_id = search_id_of(exp)
     if node_net and exp.slices > 1:
         raise SpecError(f"{exp.source or exp.name}: slices: a lab has one set of links, so its trials run one at a "
@@ -302,7 +307,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
 
     def summary_now() -> dict:
         best = ddp_best()
-        return {**algo.summary(other_baselines=(best["runtime"],) if best else ()), "ddp_trials": len(ddp_trials)}
+        return {**algo.summary(other_baselines=(best["runtime"],) if best else ()), "ddp_trials": len(ddp_trials),
+                "ddp_best_s": best["runtime"] if best else None}
 
     def record(proposal, result: dict, **extra: Any) -> None:
         best_base = summary_now()["best_baseline_s"]
