@@ -142,3 +142,37 @@ def test_confirmation_measures_a_known_slowdown_interleaved(tmp_path):
     with pytest.raises(SpecError, match="same replicas"):
         other = build_strategy("allreduce", workload.spec(), cluster_preset("local-1x1"))
         run_confirm_local([(strategy, None), (other, None)], CLUSTER, workload=workload)
+
+
+def _cli(home, *args):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SYNCTUNE_HOME=str(home))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", "synctune", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_trial_cli_runs_and_records_a_ddp_trial(tmp_path):
+    import json
+
+    from synctune.data import TrialDataset
+
+    home = tmp_path / "home"
+    done = _cli(home, "trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "ddp", "--ddp", "bucket_cap_mb=2",
+                "--ddp", "comm_hook=fp16", "--warmup", "1", "--iters", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch DDP: ddp bucket 2 MiB, hook fp16" in done.stdout and "status ok" in done.stdout
+    (row,) = TrialDataset(home / "dataset").records()
+    assert row.runtime == "ddp" and row.origin == "ddp"
+    assert json.loads(row.runtime_json)["bucket_cap_mb"] == 2.0 and json.loads(row.runtime_json)["first_bucket_mb"] is None
+    for args, message in [(("--ddp", "bucket=3"), "--ddp: unknown key 'bucket'"),
+                          (("--ddp", "comm_hook=bf16"), "bf16 needs CUDA"),
+                          (("--ddp", "bucket_cap_mb=big"), "bucket_cap_mb: expected a number"),
+                          (("-b", "allreduce", "--ddp", "comm_hook=fp16"), None)]:
+        runtime = () if message is None else ("--runtime", "ddp")
+        bad = _cli(home, "trial", "-m", "cnn-small", "-c", "local-1x2", *runtime, *args, "--no-record")
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert (message or "--ddp applies to --runtime ddp only") in bad.stderr

@@ -52,6 +52,12 @@ def _progress_bar(total_hint: int, label: str):
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
 @click.option("--ray-address", default="local", show_default=True,
               help="With --launcher ray: 'local' starts Ray on this machine, 'auto' joins a running cluster.")
+@click.option("--runtime", type=click.Choice(["engine", "ddp"]), default="engine", show_default=True,
+              help="What runs the trial: synctune's engine executing the strategy, or plain torch DDP (the "
+                   "strategy then gives replicas and batch split only; without one, every device, even split).")
+@click.option("--ddp", "ddp_options", multiple=True, metavar="KEY=VALUE",
+              help="With --runtime ddp: bucket_cap_mb, first_bucket_mb, comm_hook (none, fp16, bf16, powersgd), "
+                   "powersgd_rank, gradient_as_bucket_view.")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Log the trial to MLflow and append it to the dataset.")
 @click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")
@@ -59,7 +65,8 @@ def _progress_bar(total_hint: int, label: str):
 def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builder: str | None,
               strategy_file: str | None, options: tuple[str, ...],
               warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
-              ray_address: str, record: bool, experiment: str, as_json: bool) -> None:
+              ray_address: str, runtime: str, ddp_options: tuple[str, ...], record: bool, experiment: str,
+              as_json: bool) -> None:
     """Run one trial: WARMUP + ITERS iterations of a model (zoo MODEL or your WORKLOAD) on CLUSTER
     under a strategy, timed.
 
@@ -69,8 +76,11 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     from ..engine.trial import TrialConfig, check_trial, run_trial_local
     from ..strategy import build_strategy, load_strategy, parse_builder_options
 
-    if (builder is None) == (strategy_file is None):
+    if builder is not None and strategy_file is not None or (builder is None and strategy_file is None
+                                                             and runtime == "engine"):
         raise SpecError("give exactly one of --builder and --strategy")
+    if ddp_options and runtime != "ddp":
+        raise SpecError("--ddp applies to --runtime ddp only")
     if (model is None) == (workload_path is None):
         raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
@@ -79,11 +89,14 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     cluster_spec = resolve_cluster_arg(cluster)
     if builder is not None:
         strategy = build_strategy(builder, model_spec, cluster_spec, parse_builder_options(builder, _parse_options(options)))
-    else:
+    elif strategy_file is not None:
         if options:
             raise SpecError("--option applies to --builder only")
         strategy = load_strategy(strategy_file)
-    check_trial(workload, strategy, cluster_spec)
+    else:
+        strategy = build_strategy("allreduce", model_spec, cluster_spec)
+    run_config = _ddp_runtime(ddp_options) if runtime == "ddp" else None
+    check_trial(workload, strategy, cluster_spec, run_config)
     node_net = node_network(cluster_spec)
     if record:
         _check_records_writable()
@@ -92,29 +105,68 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     try:
         if launcher == "local":
             result = run_trial_local(strategy, cluster_spec, config, workload=workload, on_progress=on_progress,
-                                     node_net=node_net)
+                                     node_net=node_net, runtime=run_config)
         else:
             from ..cluster.workers import RayWorkerGroup
 
             start_ray(ray_address, max(cluster_spec.num_devices, 1))
             with RayWorkerGroup(cluster_spec, node_net=node_net) as group:
-                result = group.run_trial(strategy, config, workload=workload, on_progress=on_progress)
+                result = group.run_trial(strategy, config, workload=workload, on_progress=on_progress,
+                                         runtime=run_config)
     finally:
         bar.close()
     if record:
-        _record(result, strategy, model_spec, cluster_spec, builder or f"file:{strategy_file}", experiment,
-                workload.source)
+        origin = "ddp" if run_config and not (builder or strategy_file) else (builder or f"file:{strategy_file}")
+        _record(result, strategy, model_spec, cluster_spec, origin, experiment, workload.source, run_config)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
-        _print_result(result, strategy)
+        _print_result(result, strategy, run_config)
     if result.status != "ok":
         echo_err(f"synctune: trial {result.status}: {result.error}")
         raise SystemExit(1)
 
 
-def _print_result(result, strategy) -> None:
-    click.echo(strategy.summary())
+def _ddp_runtime(options: tuple[str, ...]) -> dict:
+    """``--ddp KEY=VALUE`` options as a trial runtime (values typed as DDPConfig's fields)."""
+    from ..engine.ddp import DDP_DEFAULT, DDPConfig, ddp_runtime
+
+    values = DDP_DEFAULT.to_dict()
+    parsed = _parse_options(options)
+    if "bucket_cap_mb" in parsed and "first_bucket_mb" not in parsed:
+        values["first_bucket_mb"] = None  # a cap given alone caps every bucket, as in DDP
+    for key, text in parsed.items():
+        if key not in values:
+            raise SpecError(f"--ddp: unknown key {key!r}; valid: {', '.join(k for k in values if k != 'num_groups')}")
+        if key in ("bucket_cap_mb", "first_bucket_mb"):
+            try:
+                values[key] = None if text.lower() in ("null", "none") and key == "first_bucket_mb" else float(text)
+            except ValueError:
+                raise SpecError(f"--ddp: {key}: expected a number of MiB, got {text!r}") from None
+        elif key == "powersgd_rank":
+            if not text.isdigit():
+                raise SpecError(f"--ddp: powersgd_rank: expected a positive integer, got {text!r}")
+            values[key] = int(text)
+        elif key == "gradient_as_bucket_view":
+            if text.lower() not in ("true", "false"):
+                raise SpecError(f"--ddp: gradient_as_bucket_view: expected true or false, got {text!r}")
+            values[key] = text.lower() == "true"
+        else:
+            values[key] = text
+    if values["comm_hook"] == "powersgd":
+        values["first_bucket_mb"] = None
+        values["powersgd_rank"] = values["powersgd_rank"] or 4
+    return ddp_runtime(DDPConfig.from_dict(values))
+
+
+def _print_result(result, strategy, runtime: dict | None = None) -> None:
+    if runtime:
+        from ..engine.ddp import DDPConfig
+
+        click.echo(f"torch DDP: {DDPConfig.from_dict(runtime['ddp']).summary()} (replicas and batch split of "
+                   f"{strategy.summary()})")
+    else:
+        click.echo(strategy.summary())
     click.echo(f"status {result.status} ({result.launcher}, {result.num_workers} workers, {result.backend or '-'}, "
                f"{result.wall_s:.1f} s wall)")
     if result.cluster_scale != 1.0:
@@ -123,8 +175,9 @@ def _print_result(result, strategy) -> None:
         click.echo(f"iteration  mean {result.mean_s * 1e3:.1f} ms  median {result.median_s * 1e3:.1f} ms  "
                    f"std {result.std_s * 1e3:.1f} ms  over {len(result.iteration_times_s)} iterations")
         click.echo(f"throughput {result.samples_per_s:.1f} samples/s (global batch {result.global_batch_size})")
-        click.echo(f"traffic    {result.comm_bytes_per_iter / 2**20:.1f} MiB handed to collectives per iteration "
-                   f"(all ranks)")
+        if result.comm_bytes_per_iter is not None:
+            click.echo(f"traffic    {result.comm_bytes_per_iter / 2**20:.1f} MiB handed to collectives per iteration "
+                       f"(all ranks)")
         click.echo(f"memory     {result.peak_memory_bytes / 2**20:.0f} MiB peak (largest rank)")
 
 
@@ -142,13 +195,15 @@ def _check_records_writable() -> None:
     check_writable(folder / "write-check")
 
 
-def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str, workload_source: str) -> None:
+def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str, workload_source: str,
+            runtime: dict | None = None) -> None:
     """MLflow first (for the run id), then the dataset row, which lands even if MLflow is down."""
     from ..data import MlflowLogger, TrialDataset, dataset_dir
     from ..run import record_result
 
     rec = record_result(result.to_dict(), strategy, model_spec, cluster_spec, dataset=TrialDataset(dataset_dir()),
                         logger=MlflowLogger(experiment), origin=origin, experiment=experiment,
-                        workload_source=workload_source)
+                        workload_source=workload_source, runtime="ddp" if runtime else "engine",
+                        runtime_json=json.dumps(runtime["ddp"], sort_keys=True) if runtime else "")
     run_id = rec.mlflow_run_id
     echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

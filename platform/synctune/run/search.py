@@ -361,7 +361,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
             params = {k: trial.config[k] for k in DDP_SPACE}
             config = ddp_config_of(params)
             trial_id = f"ddp-{len(ddp_trials)}"
-            record(_DDPProposal(trial_id, skeleton), outcome, runtime="ddp",
+            record(_Recorded(trial_id, skeleton), outcome, runtime="ddp",
                    runtime_json=json.dumps(config.to_dict(), sort_keys=True))
             ddp_trials.append({"params": params, "trial_id": trial_id, "config": config.to_dict(),
                                "runtime": outcome.get("mean_s") if outcome["status"] == "ok" else None})
@@ -418,7 +418,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                     # The confirmation is part of the search's memory: a row (the candidate's
                     # per-round medians, the whole confirmation in its extra), so reports made
                     # from the dataset show it.
-                    record(_DDPProposal(f"confirm-{sum(r.trial_id.startswith('confirm-') for r in done)}", a[0],
+                    record(_Recorded(f"confirm-{sum(r.trial_id.startswith('confirm-') for r in done)}", a[0],
                                         origin="confirmation"), _confirmation_result(confirmation, a[0], cluster, exp))
     finally:
         _CALLBACKS.pop(search_id, None)
@@ -449,8 +449,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
 
 
 @dataclass(frozen=True)
-class _DDPProposal:
-    """What recording needs of a tuned-DDP trial (the strategy gives replicas and batch split)."""
+class _Recorded:
+    """What recording needs of a row that is not a proposal of the searcher: a tuned-DDP trial
+    (its strategy gives only replicas and batch split) or a confirmation."""
 
     trial_id: str
     strategy: Strategy
