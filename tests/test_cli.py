@@ -122,7 +122,7 @@ def test_python_dash_m_entry_point_reports_errors_with_status_2():
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("synctune: error: unknown builder 'nope'; valid: allreduce, horovod, ps, ps-lb, "
-                                   "partitioned-ps, uneven-partitioned-ps, partitioned-allreduce, "
+                                   "partitioned-ps, uneven-partitioned-ps, ps-hierarchical, partitioned-allreduce, "
                                    "random-axis-allreduce, parallax")
 
 

@@ -7,7 +7,9 @@ Per domain (model @ lab preset, brought up and calibrated here; root needed):
     strategies, ``--oracle`` in all), its top 5 re-measured in alternating order, the best
     median kept;
   - per algorithm and seed: a real search (``run_search``: tuned DDP, Algorithm 1 with tuned
-    baselines inside ``--budget``, then the confirmation of its best against the best baseline).
+    baselines inside ``--budget``, then the confirmation of its best against the best baseline);
+    ``tuned-ddp`` is torch DDP tuned by Optuna alone, with the whole budget (its gap to the
+    oracle is its single-trial best's).
 
 Table per domain: the confirmed speed-up over the best baseline with its 95% interval, the gap of
 the search's best (re-measured) to the oracle, trials until a trial within 5% of the oracle,
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import lab, markdown_table  # noqa: E402
 
 DOMAINS = ("ncf-small@lab-2x2", "cnn-small@lab-2x2", "ncf-small@lab-b12", "cnn-small@lab-b12")
-ALGORITHMS = ("autodist", "random-guided", "random", "genetic")
+ALGORITHMS = ("autodist", "random-guided", "random", "genetic", "tuned-ddp")
 
 
 def oracle(workload, cluster, node_net, count: int, seed: int, warmup: int, iters: int) -> tuple[float, str, int]:
@@ -76,15 +78,25 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     from synctune.search import Experiment
 
     spec = workload.spec()
+    ddp_only = algorithm == "tuned-ddp"
+    # The tuned-DDP searcher alone: its budget goes to DDP trials (one builder trial beside them).
     exp = Experiment(name=f"svb-{spec.name}-{cluster.name}-{algorithm}", model=spec.name, cluster=cluster.name,
-                     budget=budget, algorithm=algorithm, simulator="rnn" if algorithm in ("autodist", "genetic") else
-                     "analytic", proposals=500, candidates=3, warmup=warmup, iters=iters, baselines=("tuned",),
-                     ddp_trials=8, confirm_rounds=10, confirm_iters=5, seed=seed)
+                     budget=1 if ddp_only else budget, algorithm="random-guided" if ddp_only else algorithm,
+                     simulator="rnn" if algorithm in ("autodist", "genetic") else "analytic", proposals=500,
+                     candidates=3, warmup=warmup, iters=iters, baselines=("allreduce",) if ddp_only else ("tuned",),
+                     ddp_trials=budget if ddp_only else 8, confirm_rounds=0 if ddp_only else 10, confirm_iters=5,
+                     seed=seed)
     start = time.monotonic()
     summary = run_search(exp, spec, cluster, workload=workload, node_net=node_net)
     wall = time.monotonic() - start
     rows = sorted(TrialDataset(dataset_dir()).records(search_id=f"{exp.name}-seed{seed}"),
                   key=lambda r: (r.created_at, r.record_id))
+    if ddp_only:
+        ddp = [r for r in rows if r.runtime == "ddp"]
+        within = next((n for n, r in enumerate(ddp, 1) if r.status == "ok" and r.mean_s <= 1.05 * oracle_s), None)
+        best = summary["ddp_best_s"]
+        return [f"tuned DDP ({len(ddp)} trials)", seed, "-", "-", "-",
+                f"{best / oracle_s - 1:+.1%}" if best else "n/a", within or "-", "-", f"{wall:.0f}"]
     trials = [r for r in rows if r.runtime == "engine" and not r.trial_id.startswith("confirm-")]
     within = next((n for n, r in enumerate(trials, 1) if r.status == "ok" and r.mean_s <= 1.05 * oracle_s), None)
     c = summary.get("confirmed") or {}
