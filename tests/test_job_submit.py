@@ -28,8 +28,14 @@ def ray_head(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("job")
     # Unix socket paths must stay short: the session folder lives under a short /tmp name.
     temp = Path(tempfile.mkdtemp(prefix="st-ray-", dir="/tmp"))
-    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc", "env_agent",
-                                            "metrics", "node_manager", "object_manager")}
+    names = ("gcs", "dashboard", "client", "agent", "agent_grpc", "env_agent", "metrics", "node_manager",
+             "object_manager")
+    picked: list[int] = []
+    while len(picked) < len(names):  # the OS may hand a just-freed port out twice: Ray refuses duplicates
+        port = free_port()
+        if port not in picked:
+            picked.append(port)
+    ports = dict(zip(names, picked))
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
                SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
     for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
@@ -58,7 +64,10 @@ def ray_head(tmp_path_factory):
             pytest.fail("the Ray head's dashboard never answered")
         yield url, env, tmp_path / "home"
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        try:
+            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        except ProcessLookupError:  # it never came up: the assertion above says why
+            pass
         try:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:

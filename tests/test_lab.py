@@ -112,5 +112,8 @@ def test_search_on_a_lab_preset_runs_through_ray_in_the_namespaces(lab, tmp_path
     from synctune.data import TrialDataset
 
     rows = TrialDataset(home / "dataset").read(search_id="lab-tiny-seed0")
-    assert len(rows) == 3 and (rows["status"] == "ok").all() and (rows["launcher"] == "ray").all()
+    # 3 trials, 1 tuned-DDP trial and the confirmation, all run in the lab's namespaces.
+    assert len(rows) == 5 and (rows["status"] == "ok").all() and (rows["launcher"] == "ray").all()
+    assert sorted(rows["runtime"]) == ["ddp", "engine", "engine", "engine", "engine"]
+    assert rows["trial_id"].str.startswith("confirm-").sum() == 1 and "confirmed " in done.stdout
     assert (rows["cluster_scale"] == 1 / 32).all()

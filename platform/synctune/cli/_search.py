@@ -23,7 +23,9 @@ def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking
                                    logger=MlflowLogger(exp.name, tracking_uri),
                                    parent_run_id=summary.get("mlflow_parent_run") or "")
     except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus
-        echo_err(f"warning: the training file could not be written ({exc}); `synctune apply {best_path}` retries")
+        retry = (f"the tuned DDP configuration is in {best_path.with_name(best_path.stem + '-result.json')}"
+                 if summary["recommended"]["ddp"] else f"`synctune apply {best_path}` retries")
+        echo_err(f"warning: the training file could not be written ({exc}); {retry}")
         return None, ""
 
 

@@ -274,7 +274,7 @@ class RayWorkerGroup:
         (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
         speed-up of the first arm over the second with its 95% interval. A failure raises
         :class:`ConfirmFailed` (the group is torn down)."""
-        from ..engine.trial import confirm_figures, confirm_payload
+        from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
         for strategy, _runtime in arms:
             self._check_replicas(strategy)
@@ -282,7 +282,7 @@ class RayWorkerGroup:
         payload["gpu_per_rank"] = False
         start = time.monotonic()
         self.start()
-        out, status, message = self._execute(payload, config.timeout_s * 2, on_progress)
+        out, status, message = self._execute(payload, confirm_timeout_s(config, rounds, per_round), on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
         return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)

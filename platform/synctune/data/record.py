@@ -212,9 +212,9 @@ def dedup_key(row: Mapping[str, Any]) -> tuple:
     """Rows with equal keys are the same measurement (kept once)."""
     env = "|".join(str(row.get(k, "")) for k in ("synctune_version", "torch_version", "python_version", "platform",
                                                   "backend", "device_kind"))
-    runtime = (row.get("runtime") or "engine", row.get("runtime_json") or "")
-    return (row["model_hash"], row["cluster_hash"], row["strategy_hash"], env, row["search_id"], row["trial_id"],
-            runtime)
+    # A DDP trial shares its strategy hash with an engine trial but never its trial id
+    # (``ddp-N``, or a fresh id from ``synctune trial``): the key needs no runtime.
+    return (row["model_hash"], row["cluster_hash"], row["strategy_hash"], env, row["search_id"], row["trial_id"])
 
 
 def arrow_schema():

@@ -484,12 +484,19 @@ def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: Cluster
     payload = confirm_payload(workload, arms, cluster, config, rounds=rounds, per_round=per_round)
     strategy = arms[0][0]
     start = time.monotonic()
-    total_s = config.timeout_s * 2
+    total_s = confirm_timeout_s(config, rounds, per_round)
     outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
                      nets=rank_networks(cluster, strategy.replicas, node_net))
     return confirm_figures(outs[0], rounds, per_round, "local", time.monotonic() - start)
+
+
+def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int) -> float:
+    """A confirmation's time limit: the trial timeout scaled by how many more iterations it runs
+    (both arms' warm-up and every round), never below two trials' worth."""
+    ratio = (2 * config.warmup + 2 * rounds * per_round) / (config.warmup + config.iters)
+    return config.timeout_s * max(2.0, ratio)
 
 
 def confirm_figures(out: dict, rounds: int, per_round: int, launcher: str, wall_s: float) -> dict:

@@ -29,7 +29,10 @@ def best_per_domain(rows) -> list[dict]:
     out = []
     for domain, part in sorted(rows.groupby("domain"), key=lambda kv: kv[0]):
         part = part.sort_values("created_at") if "created_at" in part else part
-        figures = search_outcome((origin in BUILDERS, mean if status == "ok" else None)
+        # Only our engine's trials compete; a confirmation repeats one of them.
+        engine = (part["runtime"].fillna("engine") == "engine") if "runtime" in part else True
+        part = part[engine & ~part["trial_id"].astype(str).str.startswith("confirm-")]
+        figures = search_outcome((str(origin).partition(":")[0] in BUILDERS, mean if status == "ok" else None)
                                  for origin, status, mean in zip(part["origin"], part["status"], part["mean_s"]))
         entry = {"domain": domain, "rows": len(part), "ok": figures.num_trials - figures.num_failed, "best_ms": None,
                  "origin": "", "summary": "", "speedup_over_builders": figures.speedup}

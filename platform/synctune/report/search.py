@@ -26,8 +26,17 @@ class SearchData:
     """A search's rows in trial order, with the figures every view shares."""
 
     search_id: str
-    rows: Any  # pandas DataFrame of the trials (builders, tuned DDP, searched), sorted by created_at
+    rows: Any  # pandas DataFrame of the engine's trials (builders, then searched), sorted by created_at
     confirmations: Any = None  # pandas DataFrame of the confirmation rows, if any
+    ddp_rows: Any = None  # pandas DataFrame of the tuned-DDP trials, if any
+
+    @property
+    def ddp_best_s(self) -> float | None:
+        """The fastest tuned-DDP trial (a baseline measured outside the trials)."""
+        if self.ddp_rows is None or not len(self.ddp_rows):
+            return None
+        ok = self.ddp_rows[self.ddp_rows["status"] == "ok"]
+        return float(ok["mean_s"].min()) if len(ok) else None
 
     @property
     def confirmation(self) -> dict | None:
@@ -55,9 +64,8 @@ class SearchData:
     @property
     def baselines(self):
         """Builder baselines and the best tuned-DDP trial."""
-        ok = self.ok
-        ddp = ok[ok["trial_id"].str.startswith("ddp-")]
-        builders = ok[ok["trial_id"].str.startswith("baseline-")]
+        builders = self.ok[self.ok["trial_id"].str.startswith("baseline-")]
+        ddp = self.ddp_rows[self.ddp_rows["status"] == "ok"] if self.ddp_rows is not None else builders.iloc[:0]
         if not len(ddp):
             return builders
         import pandas as pd
@@ -71,8 +79,7 @@ class SearchData:
     @property
     def best(self):
         """The fastest ok row the engine ran (a pandas Series), or None."""
-        ok = self.ok[~self.ok["trial_id"].str.startswith("ddp-")]
-        return ok.loc[ok["mean_s"].idxmin()] if len(ok) else None
+        return self.ok.loc[self.ok["mean_s"].idxmin()] if len(self.ok) else None
 
 
 def load_search(search_id: str, data_dir=None) -> SearchData:
@@ -86,15 +93,18 @@ def load_search(search_id: str, data_dir=None) -> SearchData:
                         f"'<experiment name>-seed<seed>'; `synctune dataset stats` lists what is there)")
     rows = rows.sort_values("created_at").reset_index(drop=True)
     confirm = rows["trial_id"].str.startswith("confirm-")
-    return SearchData(search_id, rows[~confirm].reset_index(drop=True), rows[confirm].reset_index(drop=True))
+    ddp = rows["trial_id"].str.startswith("ddp-")
+    return SearchData(search_id, rows[~confirm & ~ddp].reset_index(drop=True), rows[confirm].reset_index(drop=True),
+                      rows[ddp].reset_index(drop=True))
 
 
 def outcome(data: SearchData):
     """The search's figures (speed-up, hit rate, progress), computed as the search summary does."""
     from ..strategy.outcomes import search_outcome
 
-    return search_outcome((tid.startswith(("baseline-", "ddp-")), mean if status == "ok" else None)
-                          for tid, status, mean in zip(data.rows["trial_id"], data.rows["status"], data.rows["mean_s"]))
+    return search_outcome(((tid.startswith("baseline-"), mean if status == "ok" else None)
+                           for tid, status, mean in zip(data.rows["trial_id"], data.rows["status"], data.rows["mean_s"])),
+                          other_baselines=(data.ddp_best_s,) if data.ddp_best_s else ())
 
 
 def progress_series(data: SearchData) -> dict[str, list]:
@@ -227,12 +237,14 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
     figures = outcome(data)
     base = figures.best_baseline_s
     best = data.best
-    searched = data.rows[~data.rows["trial_id"].str.startswith(("baseline-", "ddp-"))]
+    searched = data.rows[~data.rows["trial_id"].str.startswith("baseline-")]
     sources = [str(v) for v in data.rows.get("workload_source", []) if isinstance(v, str) and v]
     summary = [("search", data.search_id), ("model", data.model), ("cluster", data.cluster),
                *([("workload", sources[0])] if sources else []),
                ("trials", f"{len(data.rows)} ({int((data.rows['status'] != 'ok').sum())} failed, "
-                          f"{len(data.rows) - len(searched)} baselines)")]
+                          f"{len(data.rows) - len(searched)} baselines)"
+                          + (f" and {len(data.ddp_rows)} tuned-DDP trials" if data.ddp_rows is not None
+                             and len(data.ddp_rows) else ""))]
     if best is not None:
         summary.append(("best", f"{best['mean_s'] * 1e3:.1f} ms/iteration ({best['origin']}, {best['trial_id']})"))
     if base:

@@ -158,12 +158,19 @@ def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done:
     from ray.tune.search.optuna import OptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress is ours to show, one line per trial
-    space = {"comm_hook": optuna.distributions.CategoricalDistribution(ddp_hooks(model, cluster, exp.lossy)),
+    hooks = ddp_hooks(model, cluster, exp.lossy)
+    space = {"comm_hook": optuna.distributions.CategoricalDistribution(hooks),
              "bucket_cap_mb": optuna.distributions.FloatDistribution(1.0, 256.0, log=True),
              "first_bucket_mb": optuna.distributions.FloatDistribution(0.0625, 64.0, log=True)}
+    done = [(p, t) for p, t in done if p.get("comm_hook") in hooks]  # an edited experiment narrows the space
     points = [dict(p) for p, _t in done] or [{"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0}]
     rewards = [t for _p, t in done] or None
-    return OptunaSearch(space=space, metric="mean_s", mode="min", seed=exp.seed, points_to_evaluate=points,
+    # TPE models the space after 3 trials (Optuna's default waits 10, more than a search's DDP
+    # trials); a resumed search draws from a stream of its own, so it does not redraw the points
+    # it was told about.
+    sampler = optuna.samplers.TPESampler(seed=(exp.seed * 1_000_003 + len(done)) % 2**32,
+                                         n_startup_trials=min(3, exp.ddp_trials))
+    return OptunaSearch(space=space, metric="mean_s", mode="min", sampler=sampler, points_to_evaluate=points,
                         evaluated_rewards=rewards)
 
 
@@ -357,6 +364,12 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         """Records each tuned-DDP trial as it completes (before Optuna's study moves on)."""
 
         def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+            self._record(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info) -> None:
+            self._record(trial)
+
+        def _record(self, trial) -> None:
             outcome = _outcome(trial.last_result)
             params = {k: trial.config[k] for k in DDP_SPACE}
             config = ddp_config_of(params)
@@ -408,9 +421,12 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                 (a, b), names = arms
                 say(f"confirming {names[0]} against the best baseline ({names[1]}): {exp.confirm_rounds} interleaved "
                     f"rounds of {exp.confirm_iters} iterations each")
-                confirmation = ray.get(holders[0].confirm.remote(
-                    [(a[0].to_dict(), a[1]), (b[0].to_dict(), b[1])], trial_config, exp.confirm_rounds,
-                    exp.confirm_iters))
+                try:
+                    confirmation = ray.get(holders[0].confirm.remote(
+                        [(a[0].to_dict(), a[1]), (b[0].to_dict(), b[1])], trial_config, exp.confirm_rounds,
+                        exp.confirm_iters))
+                except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
+                    confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
                 confirmation.update({"candidate": names[0], "baseline": names[1], "candidate_hash": a[0].hash,
                                      "candidate_strategy": a[0].to_dict(), "baseline_strategy": b[0].to_dict(),
                                      "baseline_ddp": b[1]["ddp"] if b[1] else None})
@@ -430,7 +446,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                     "ddp_best_config": best_ddp["config"] if best_ddp else None,
                     "best_builder_baseline_s": algo.summary()["best_baseline_s"],
                     "confirmed": confirmation,
-                    "simulator_selection": list(getattr(algo.simulator, "history", []))})
+                    "simulator_selection": list(getattr(algo.simulator, "history", [])),
+                    **_best_builder(algo)})
     summary["recommended"] = _recommendation(summary, best_ddp, skeleton)
     metrics = {k.replace(".", "_"): summary.get(k) for k in (
         "speedup_over_best_baseline", "hit_rate", "best_runtime_s", "best_baseline_s", "trials", "failed",
@@ -472,6 +489,18 @@ def _recommendation(summary: dict, ddp_best: dict | None, skeleton: Strategy) ->
         return {"kind": "baseline", "name": confirmed["baseline"], "strategy": confirmed["baseline_strategy"],
                 "ddp": confirmed["baseline_ddp"],
                 "why": f"the best searched strategy was not confirmed faster ({confirmed['verdict']})"}
+    if confirmed:  # attempted and failed: nothing searched is confirmed, so the best baseline
+        base = summary.get("best_builder_baseline_s")
+        if ddp_best is not None and (base is None or ddp_best["runtime"] < base):
+            from ..engine.ddp import DDPConfig
+
+            return {"kind": "baseline", "name": f"tuned DDP: {DDPConfig.from_dict(ddp_best['config']).summary()}",
+                    "strategy": skeleton.to_dict(), "ddp": ddp_best["config"],
+                    "why": f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"}
+        if base is not None and summary.get("best_baseline_strategy"):
+            return {"kind": "baseline", "name": summary["best_baseline_origin"],
+                    "strategy": summary["best_baseline_strategy"], "ddp": None,
+                    "why": f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"}
     best = summary.get("best_runtime_s")
     if ddp_best is not None and (best is None or ddp_best["runtime"] < best):
         from ..engine.ddp import DDPConfig
@@ -485,6 +514,14 @@ def _recommendation(summary: dict, ddp_best: dict | None, skeleton: Strategy) ->
             "strategy": summary["best_strategy"], "ddp": None, "why": "fastest single trial (unconfirmed)"}
 
 
+def _best_builder(algo: Algorithm1) -> dict:
+    builders = [t for t in algo.trials if t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
+    if not builders:
+        return {"best_baseline_strategy": None, "best_baseline_origin": None}
+    best = min(builders, key=lambda t: t["runtime"])
+    return {"best_baseline_strategy": best["strategy"], "best_baseline_origin": best["origin"]}
+
+
 def _confirmation_result(confirmation: dict, strategy: Strategy, cluster: ClusterSpec, exp: Experiment) -> dict:
     """A confirmation as a trial result of its candidate (times: per-round medians)."""
     import statistics
@@ -494,7 +531,7 @@ def _confirmation_result(confirmation: dict, strategy: Strategy, cluster: Cluste
     return {"status": "ok", "model": strategy.model["name"], "cluster": cluster.name, "cluster_scale": cluster.scale,
             "strategy_hash": strategy.hash, "launcher": confirmation.get("launcher", "ray"),
             "backend": confirmation.get("backend", ""), "device_kind": confirmation.get("device_kind", ""),
-            "num_workers": len(strategy.replicas), "warmup": exp.warmup, "iters": exp.confirm_iters,
+            "num_workers": len(strategy.replicas), "warmup": exp.warmup, "iters": len(times),
             "global_batch_size": strategy.global_batch_size, "iteration_times_s": list(times),
             "mean_s": statistics.fmean(times), "median_s": statistics.median(times),
             "std_s": statistics.pstdev(times), "samples_per_s": strategy.global_batch_size / statistics.fmean(times),

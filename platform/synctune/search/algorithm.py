@@ -31,7 +31,9 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.builders import baseline_strategy
+from ..strategy.builders import TUNED_BASELINES, baseline_strategy
+from ..strategy.schema import StrategyError
+from ..strategy.validate import validate
 from ..strategy.outcomes import search_outcome
 from ..strategy.schema import AllReduceSynchronizer, Strategy, VariablePlan
 from .experiment import Experiment
@@ -131,6 +133,11 @@ def select_diverse(strategies: list[Strategy], scores: np.ndarray, k: int, index
     return chosen
 
 
+def experiment_explicit(experiment: Experiment) -> tuple[str, ...]:
+    """The baselines an experiment names itself (``tuned`` expands to entries that may not apply)."""
+    return getattr(experiment, "explicit_baselines", ())
+
+
 def _round_seed(seed: int, round_: int) -> int:
     return int.from_bytes(hashlib.sha256(f"synctune-round:{seed}:{round_}".encode()).digest()[:8], "big")
 
@@ -156,6 +163,11 @@ class Algorithm1:
         self.queue: list[Proposal] = []
         for b in experiment.baselines:
             strategy = baseline_strategy(b, model, cluster)
+            if b in TUNED_BASELINES and b not in experiment_explicit(experiment):
+                try:
+                    validate(strategy, model, cluster)
+                except StrategyError:  # e.g. hierarchical all-reduce on nodes of different sizes
+                    continue
             # Two builders can agree on a domain (Parallax is AllReduce without sparse variables):
             # the strategy is measured once, under the first builder's name.
             if all(p.strategy.hash != strategy.hash for p in self.queue):

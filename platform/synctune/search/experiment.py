@@ -102,6 +102,9 @@ class Experiment:
         from ..strategy.builders import BUILDERS, TUNED_BASELINES, parse_baseline
         from ..strategy.schema import StrategyError
 
+        # Entries written out are run even where they cannot apply (the trial then says why);
+        # entries of the tuned set that do not apply to a cluster are left out of the search.
+        object.__setattr__(self, "explicit_baselines", tuple(b for b in self.baselines if b != "tuned"))
         expanded = tuple(e for b in self.baselines for e in (TUNED_BASELINES if b == "tuned" else (b,)))
         object.__setattr__(self, "baselines", tuple(dict.fromkeys(expanded)))
         for b in self.baselines:

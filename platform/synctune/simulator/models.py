@@ -82,8 +82,8 @@ def domains_from_records(records: Iterable[Any]) -> list[Domain]:
         row = r if isinstance(r, dict) else r.to_row()
         if row["status"] != "ok" or row["mean_s"] is None or row["mean_s"] != row["mean_s"]:
             continue
-        if (row.get("runtime") or "engine") != "engine":
-            continue
+        if (row.get("runtime") or "engine") != "engine" or str(row.get("trial_id", "")).startswith("confirm-"):
+            continue  # a DDP trial times DDP; a confirmation repeats its candidate under another protocol
         groups.setdefault((row["model_hash"], row["cluster_hash"]), []).append(row)
     out = []
     for rows in groups.values():
