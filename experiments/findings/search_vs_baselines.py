@@ -13,7 +13,8 @@ Per domain (model @ lab preset, brought up and calibrated here; root needed):
 
 Table per domain: the confirmed speed-up over the best baseline with its 95% interval, the gap of
 the search's best (re-measured) to the oracle, trials until a trial within 5% of the oracle,
-hit rate, wall-clock. Results land in the dataset (search rows and the oracle sweep's rows).
+hit rate, wall-clock. Searches record their rows in the run's data folder (``--home``, default a
+new one, printed first); push it as a dataset release to share it.
 
     python experiments/findings/search_vs_baselines.py                      # the full table (long)
     python experiments/findings/search_vs_baselines.py --domains ncf-small@lab-2x2 --seeds 0 --oracle 120
@@ -117,7 +118,16 @@ def main() -> None:
     parser.add_argument("--oracle", type=int, default=300, help="strategies in the oracle sweep")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--home", help="synctune data folder of this run (default: a new one; its dataset keeps "
+                                       "every trial, MLflow store included)")
     args = parser.parse_args()
+    import os
+    import tempfile
+
+    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="synctune-svb-"))
+    os.environ["SYNCTUNE_HOME"] = str(home)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    print(f"data folder: {home} (dataset rows of every search and of the oracle sweeps; MLflow store)", flush=True)
 
     import ray
 
