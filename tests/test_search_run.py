@@ -19,8 +19,8 @@ from synctune.data import TrialDataset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _experiment(tmp_path: Path, budget: int) -> Path:
-    return tiny_experiment(tmp_path, budget)
+def _experiment(tmp_path: Path, budget: int, iters: int = 3) -> Path:
+    return tiny_experiment(tmp_path, budget, iters=iters)
 
 
 def _env(tmp_path: Path) -> dict:
@@ -69,7 +69,7 @@ def test_tiny_real_search(tiny_search, tmp_path):
 
 
 def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
-    experiment = _experiment(tmp_path, 8)
+    experiment = _experiment(tmp_path, 8, iters=60)  # about 1 s a trial: the kill lands mid-search
     proc = _search(tmp_path, experiment)
     try:
         until = time.monotonic() + 400

@@ -60,6 +60,25 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _stop_ray() -> None:
+    """Shut down the Ray this command started or joined, if any, before its last line.
+
+    Left to Ray's exit hook, the shutdown would print after the command's final line (errors
+    of object references that a cancelled search never read, e.g. "The actor is dead because
+    it was killed by `ray.kill`"), so "one line on stderr, last" would not hold."""
+    from . import _common
+
+    ray = sys.modules.get("ray")
+    if ray is None or not _common.RAY_STARTED_HERE:
+        return  # a Ray the caller started (a test, a notebook) is the caller's to stop
+    _common.RAY_STARTED_HERE = False
+    try:
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - the command's own outcome is what gets reported
+        pass
+
+
 class _Group(click.Group):
     """A click group whose every error is one line on stderr with the status it means."""
 
@@ -76,12 +95,14 @@ class _Group(click.Group):
 
     def _run(self, args, prog_name, complete_var, **extra) -> int:
         def fail(message: str, code: int) -> int:
+            _stop_ray()
             click.echo(f"synctune: {message}", err=True)
             return code
 
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                               **extra)
+            _stop_ray()
             return rv if isinstance(rv, int) else 0
         except click.UsageError as exc:
             return fail(f"error: {_one_line(exc.format_message())} (synctune --help)", 2)

@@ -91,6 +91,10 @@ def echo_err(message: str) -> None:
     click.echo(message, err=True)
 
 
+#: Whether :func:`start_ray` initialized Ray in this process (the command then shuts it down).
+RAY_STARTED_HERE = False
+
+
 def start_ray(address: str, num_cpus: int | None = None, **kwargs) -> None:
     """Join (or, with ``local``, start) Ray; a cluster that cannot be reached is one line, exit 1."""
     import ray
@@ -102,8 +106,10 @@ def start_ray(address: str, num_cpus: int | None = None, **kwargs) -> None:
     options = {"address": address, "log_to_driver": False, **kwargs}
     if address == "local":
         options.update(num_cpus=num_cpus, include_dashboard=False)
+    global RAY_STARTED_HERE
     try:
         ray.init(**options)
+        RAY_STARTED_HERE = True
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InfraError(f"cannot {'start' if address == 'local' else 'connect to'} Ray at {address!r}: "
