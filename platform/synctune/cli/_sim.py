@@ -73,8 +73,24 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
              f"{', '.join(d.key for d in doms)}; wrote {output}")
 
 
+def _load_for_eval(name: str):
+    """A simulator by name: ``analytic``, ``replay`` (with the measured profiles of the data
+    folder) or a saved file."""
+    from ..simulator import ReplaySimulator, load_simulator
+
+    if name == "replay":
+        from ..data import profiles_dir
+
+        return ReplaySimulator.from_folder(profiles_dir())
+    return load_simulator(name)
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 @sim_group.command("eval")
-@click.argument("sim_file")
+@click.argument("sim_files", nargs=-1, metavar="[SIM_FILE|analytic|replay]...")
 @_data
 @_domain
 @click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
@@ -82,30 +98,88 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--k", default=5, show_default=True, type=click.IntRange(1, 100_000), help="k of the top-k recall.")
 @click.option("--json", "as_json", is_flag=True)
-def eval_cmd(sim_file, data, domains, held_out, seed, k, as_json) -> None:
-    """Ranking accuracy, Kendall's tau and top-k recall of SIM_FILE (or 'analytic'), next to the
-    training-free analytic model, per domain."""
-    from ..simulator import AnalyticSimulator, evaluate, load_simulator, split_domains
+def eval_cmd(sim_files, data, domains, held_out, seed, k, as_json) -> None:
+    """Every simulator side by side, per domain and overall: pairwise ranking accuracy, Kendall's
+    tau, top-k recall, and for those that predict seconds the absolute error |predicted -
+    measured| / measured (median and 90th percentile). The training-free models (analytic, and
+    replay from the profiles `synctune sim profile` measured) are always shown; add saved
+    learned simulators as SIM_FILEs."""
+    import numpy as np
 
-    sim = load_simulator(sim_file)
+    from ..simulator import evaluate, split_domains
+
+    names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
+    sims = [(name, _load_for_eval(name)) for name in names]
     doms = _domains(data, domains)
     if held_out > 0:
         _, doms = split_domains(doms, held_out, seed)
     rows, out = [], []
-    base = {r["domain"]: r for r in evaluate(AnalyticSimulator(), doms, k)}
-    for r in evaluate(sim, doms, k):
-        b = base[r["domain"]]
-        out.append({**r, "analytic_pairwise_accuracy": b["pairwise_accuracy"]})
-        rows.append([r["domain"], r["n"], f"{r['pairwise_accuracy']:.3f}", f"{b['pairwise_accuracy']:.3f}",
-                     f"{r['kendall_tau']:.3f}", f"{r[f'top{k}_recall']:.2f}"])
+    for name, sim in sims:
+        label = name if name in ("analytic", "replay") else f"{sim.kind} ({name})"
+        results = evaluate(sim, doms, k)
+        for r in results:
+            rows.append([r["domain"], label, r["n"], f"{r['pairwise_accuracy']:.3f}", f"{r['kendall_tau']:.3f}",
+                         f"{r[f'top{k}_recall']:.2f}", _pct(r["abs_err_median"]), _pct(r["abs_err_p90"])])
+        errors = [r["errors"] for r in results if r["errors"] is not None]
+        pooled = np.concatenate(errors) if errors else None
+        overall = {"domain": "overall", "simulator": label, "n": sum(r["n"] for r in results),
+                   **{key: float(np.nanmean([r[key] for r in results]))
+                      for key in ("pairwise_accuracy", "kendall_tau", f"top{k}_recall")},
+                   "abs_err_median": float(np.median(pooled)) if pooled is not None else None,
+                   "abs_err_p90": float(np.percentile(pooled, 90)) if pooled is not None else None}
+        rows.append(["overall", label, overall["n"], f"{overall['pairwise_accuracy']:.3f}",
+                     f"{overall['kendall_tau']:.3f}", f"{overall[f'top{k}_recall']:.2f}",
+                     _pct(overall["abs_err_median"]), _pct(overall["abs_err_p90"])])
+        out += [{**{key: v for key, v in r.items() if key != "errors"}, "simulator": label} for r in results]
+        out.append(overall)
+        if getattr(sim, "fallbacks", None):
+            echo_err(f"replay: no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs "
+                     f"stand in (synctune sim profile -m MODEL -c CLUSTER measures one)")
     if as_json:
         click.echo(json.dumps(out, indent=1))
         return
-    click.echo(table(["domain", "trials", f"{sim.kind} acc", "analytic acc", "kendall tau", f"top-{k} recall"], rows,
-                     right=[1, 2, 3, 4, 5]))
-    mean = lambda key: sum(o[key] for o in out) / len(out)  # noqa: E731
-    click.echo(f"mean pairwise ranking accuracy: {sim.kind} {mean('pairwise_accuracy'):.3f}, "
-               f"analytic {mean('analytic_pairwise_accuracy'):.3f}")
+    rows.sort(key=lambda r: (r[0] == "overall", r[0]))
+    click.echo(table(["domain", "simulator", "trials", "pairwise acc", "kendall tau", f"top-{k} recall",
+                      "|err| median", "|err| p90"], rows, right=[2, 3, 4, 5, 6, 7]))
+    means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out if o["domain"] == "overall")
+    click.echo(f"mean pairwise ranking accuracy: {means}")
+
+
+@sim_group.command("profile")
+@click.option("--model", "-m", "model", required=True, help="Zoo model name or workload import path.")
+@click.option("--cluster", "-c", required=True, help="Cluster preset or spec: its devices set the workers.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0, 10_000))
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--batch-size", type=click.IntRange(1, 1 << 24), help="Per-worker batch (default: the model's).")
+def profile_cmd(model, cluster, warmup, iters, batch_size) -> None:
+    """Measure a workload's compute profile (the replay simulator's input) with as many
+    concurrent CPU workers as CLUSTER has devices, and file it in the data folder."""
+    from ..data import profiles_dir
+    from ..engine.local import WorkerFailure
+    from ..engine.profile import profile_compute
+    from ..simulator import profile_key
+    from ..spec.errors import InfraError
+    from ..spec.files import write_text_atomic
+    from ._common import resolve_workload_arg
+
+    spec_cluster = resolve_cluster_arg(cluster)
+    if spec_cluster.device_kind != "cpu":
+        raise SpecError(f"--cluster {cluster}: profiles are measured on this machine's CPU workers; cluster "
+                        f"{spec_cluster.name} has GPU nodes (a trial on them records theirs)")
+    workload = resolve_workload_arg(model)
+    workers = spec_cluster.num_devices
+    echo_err(f"profiling {workload.name} with {workers} concurrent workers: {warmup} warm-up + {iters} timed "
+             f"iterations")
+    try:
+        profile = profile_compute(workload, workers=workers, batch_size=batch_size, warmup=warmup, iters=iters)
+    except WorkerFailure as exc:
+        raise InfraError(f"profiling {workload.name}: {exc}") from None
+    path = profiles_dir() / f"{profile_key(profile.model, profile.device, profile.workers)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
+    click.echo(f"{profile.model} on {workers} {profile.device} workers (batch {profile.batch_size} each): forward "
+               f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, step "
+               f"{profile.step_s * 1e3:.1f} ms; wrote {path}")
 
 
 @sim_group.command("score")

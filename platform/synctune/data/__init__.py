@@ -4,7 +4,7 @@ Importing this package imports neither pyarrow, pandas nor mlflow; the functions
 them do.
 """
 
-from .paths import artifact_root, data_home, dataset_dir, default_tracking_uri
+from .paths import artifact_root, data_home, dataset_dir, default_tracking_uri, profiles_dir
 from .record import RECORD_SCHEMA_VERSION, TrialRecord, arrow_schema, dedup_key, environment
 from .release import pull_release, push_release, read_manifest
 from .store import TrialDataset
@@ -22,6 +22,7 @@ __all__ = [
     "dedup_key",
     "default_tracking_uri",
     "environment",
+    "profiles_dir",
     "pull_release",
     "push_release",
     "read_manifest",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..spec.errors import SpecError
 
-__all__ = ["data_home", "dataset_dir", "default_tracking_uri", "artifact_root"]
+__all__ = ["data_home", "dataset_dir", "profiles_dir", "default_tracking_uri", "artifact_root"]
 
 
 def data_home() -> Path:
@@ -32,6 +32,12 @@ def data_home() -> Path:
 def dataset_dir() -> Path:
     """The local Parquet dataset."""
     return data_home() / "dataset"
+
+
+def profiles_dir() -> Path:
+    """Measured compute profiles (``synctune sim profile``), one JSON file per (model, device,
+    workers): the replay simulator's compute input."""
+    return data_home() / "profiles"
 
 
 def default_tracking_uri() -> str:

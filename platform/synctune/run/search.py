@@ -176,13 +176,21 @@ def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done:
 
 def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpec):
     """The simulator an experiment asks for, bound to its domain (None for the random variants)."""
-    from ..simulator import AnalyticSimulator, BoundSimulator, load_simulator, make_simulator
+    from ..data.paths import profiles_dir
+    from ..simulator import AnalyticSimulator, BoundSimulator, ReplaySimulator, load_simulator, make_simulator, \
+        profile_key
 
     if exp.algorithm in ("random", "random-guided"):
         return None
     if exp.simulator == "analytic":
         return BoundSimulator(AnalyticSimulator(), model, cluster)
-    analytic = BoundSimulator(AnalyticSimulator(), model, cluster)
+    replay = ReplaySimulator.from_folder(profiles_dir())
+    if exp.simulator == "replay":
+        return BoundSimulator(replay, model, cluster)
+    # The training-free model learned models must beat: the replay where this domain's compute
+    # profile was measured (`synctune sim profile`), else the analytic model.
+    measured = profile_key(model.name, cluster.device_kind, cluster.num_devices) in replay.profiles
+    analytic = BoundSimulator(replay if measured else AnalyticSimulator(), model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
         def make():
             return make_simulator(exp.simulator, epochs=60, seed=exp.seed)

@@ -16,7 +16,7 @@ __all__ = ["ALGORITHMS", "Experiment", "load_experiment"]
 #: Search variants (AutoDist §3.3 and its ablations): the full Algorithm 1, constrained random
 #: search without a simulator ("Random+G"), plain random search, and a genetic algorithm.
 ALGORITHMS = ("autodist", "random-guided", "random", "genetic")
-SIMULATOR_CHOICES = ("analytic", "rnn", "linear", "gat")
+SIMULATOR_CHOICES = ("analytic", "replay", "rnn", "linear", "gat")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,8 +24,9 @@ class Experiment:
     """A validated experiment. What it trains is ``model`` (a zoo model) or ``workload`` (a
     user's factory, ``package.module:factory`` or ``path/to/file.py:factory``; a relative file
     path is relative to the experiment file's folder), exactly one. ``simulator`` is a kind
-    learned from scratch during the search (``rnn``, ``linear``, ``gat``), ``analytic``, or the
-    path of a saved simulator to transfer from.
+    learned from scratch during the search (``rnn``, ``linear``, ``gat``), a training-free one
+    (``analytic``; ``replay``, dPRO §4.3, from the compute profiles ``synctune sim profile``
+    measured), or the path of a saved simulator to transfer from.
 
     ``ddp_trials`` torch DDP trials (bucket size, first bucket, comm hook tuned by Optuna through
     Ray Tune) run before the search as one more baseline, outside ``budget`` (0: none). At the

@@ -5,6 +5,7 @@ Importing this package imports numpy only; the learned models import torch when 
 
 from .bound import BoundSimulator
 from .evaluate import evaluate, kendall_tau, pairwise_accuracy, split_domains, top_k_recall
+from .replay import ReplayConstants, ReplaySimulator, profile_key
 from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode
 from .models import (
     SIMULATORS,
@@ -29,6 +30,8 @@ __all__ = [
     "GATSimulator",
     "LinearSimulator",
     "RNNSimulator",
+    "ReplayConstants",
+    "ReplaySimulator",
     "Simulator",
     "StrategyBatch",
     "analytic_time",
@@ -39,6 +42,7 @@ __all__ = [
     "load_simulator",
     "make_simulator",
     "pairwise_accuracy",
+    "profile_key",
     "split_domains",
     "top_k_recall",
 ]

@@ -1,6 +1,8 @@
 """Metrics of a simulator on measured strategies (AutoSync §5): pairwise ranking accuracy (the
-papers' metric), Kendall's tau, and top-k recall of the truly fastest strategies; per domain,
-and across domains (train on one, evaluate on another without target data, §3.3)."""
+papers' metric), Kendall's tau, and top-k recall of the truly fastest strategies; and, for
+simulators that predict seconds, the absolute error |predicted - measured| / measured (median
+and 90th percentile, the figure dPRO §6 reports); per domain, and across domains (train on one,
+evaluate on another without target data, §3.3)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import numpy as np
 
 from .models import Domain, Simulator
 
-__all__ = ["pairwise_accuracy", "kendall_tau", "top_k_recall", "evaluate", "split_domains"]
+__all__ = ["pairwise_accuracy", "kendall_tau", "top_k_recall", "relative_errors", "evaluate", "split_domains"]
 
 
 def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
@@ -42,13 +44,23 @@ def top_k_recall(pred: np.ndarray, truth: np.ndarray, k: int = 5) -> float:
     return len(set(np.argsort(truth)[:k]) & set(np.argsort(pred)[:k])) / k
 
 
+def relative_errors(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """|predicted - measured| / measured, per strategy."""
+    return np.abs(np.asarray(pred, float) - truth) / truth
+
+
 def evaluate(sim: Simulator, domains: list[Domain], k: int = 5) -> list[dict[str, Any]]:
-    """Metrics per domain."""
+    """Metrics per domain; ``errors`` (the relative errors) only for a simulator that predicts
+    seconds (``abs_err_median`` and ``abs_err_p90`` are None otherwise)."""
     out = []
     for d in domains:
         pred = sim.predict_domain(d)
+        errors = relative_errors(pred, d.runtimes) if getattr(sim, "predicts_seconds", False) else None
         out.append({"domain": d.key, "n": len(d.strategies), "pairwise_accuracy": pairwise_accuracy(pred, d.runtimes),
-                    "kendall_tau": kendall_tau(pred, d.runtimes), f"top{k}_recall": top_k_recall(pred, d.runtimes, k)})
+                    "kendall_tau": kendall_tau(pred, d.runtimes), f"top{k}_recall": top_k_recall(pred, d.runtimes, k),
+                    "abs_err_median": float(np.median(errors)) if errors is not None else None,
+                    "abs_err_p90": float(np.percentile(errors, 90)) if errors is not None else None,
+                    "errors": errors})
     return out
 
 

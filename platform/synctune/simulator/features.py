@@ -116,6 +116,8 @@ class StrategyBatch:
     ngroups: np.ndarray  # (n,) merge groups per strategy
     nbytes: np.ndarray  # (S,) bytes a shard's gradient carries (sparse: rows touched)
     wire: np.ndarray  # (S,) the same after the compressor
+    #: (n,) the largest replica batch over the model's batch (an uneven split's slowest replica)
+    batch_scale: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -128,6 +130,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                                               "group", "comp", "ratio")}
     offsets = [0]
     ngroups: list[int] = []
+    scales: list[float] = []
     model = ctx.model
     wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
     for si, s in enumerate(strategies):
@@ -174,6 +177,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                     cols["group"].append(-1)
         offsets.append(len(cols["sid"]))
         ngroups.append(len(groups))
+        scales.append(max(s.batch_split) / model.batch_size if s.batch_split else 1.0)
     ints = {"sid", "var", "nshards", "axis", "kind", "node", "group", "comp"}
     arrays = {k: np.asarray(v, dtype=np.int64 if k in ints else (bool if k == "local" else np.float64))
               for k, v in cols.items()}
@@ -181,7 +185,8 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     nbytes = ctx.var_bytes[var] * frac
     nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
     return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
-                         nbytes=nbytes, wire=nbytes * arrays["ratio"], **arrays)
+                         nbytes=nbytes, wire=nbytes * arrays["ratio"], batch_scale=np.asarray(scales, np.float64),
+                         **arrays)
 
 
 PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")

@@ -99,6 +99,8 @@ class Simulator:
 
     kind = "base"
     learned = False
+    #: Whether predictions are iteration times in seconds (else only their order means something).
+    predicts_seconds = False
 
     def fit(self, domains: list[Domain], **kwargs: Any) -> "Simulator":
         return self
@@ -126,6 +128,7 @@ class AnalyticSimulator(Simulator):
     """Training-free: T = max(T_comp, T_sync) with default constants, usable before any trial."""
 
     kind = "analytic"
+    predicts_seconds = True
 
     def _predict_batch(self, batch, ctx):
         return analytic_time(batch, ctx)

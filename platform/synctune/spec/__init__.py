@@ -13,12 +13,14 @@ from .cluster import (
 )
 from .errors import SpecError
 from .model import DTYPE_BYTES, ModelSpec, VariableSpec, extract_model_spec
+from .profile import ComputeProfile
 from .registry import Registry
 
 __all__ = [
     "CLUSTER_PRESETS",
     "INSTANCE_TYPES",
     "ClusterSpec",
+    "ComputeProfile",
     "DTYPE_BYTES",
     "InstanceType",
     "ModelSpec",

@@ -1,0 +1,221 @@
+"""The replay simulator: one iteration replayed as events, from measured inputs (dPRO §4.3).
+
+dPRO predicts an iteration by replaying the trace of one run on per-device queues. synctune's
+replay does the same for a strategy it has never run, from three measured inputs:
+
+- the **compute profile** (:class:`~synctune.spec.profile.ComputeProfile`): forward time, when
+  each variable's gradient is ready in backward, the optimizer's step, measured with the
+  trial's contention (``synctune sim profile``);
+- the **links** of the cluster spec (calibrated on the lab: per-flow and NIC bandwidth, beta)
+  and a per-message latency (alpha; AutoDDL §4.2's alpha-beta model);
+- what the engine executes (:mod:`synctune.engine`): a unit per all-reduce merge group, per PS
+  shard and per all-gather shard; a unit launches when its last member's gradient is ready and
+  every earlier unit launched (the engine's scheduler issues units in one fixed order, as torch
+  DDP its buckets); units share one communication queue (the world process group, whose
+  collectives gloo runs one at a time), so a unit starts when it launched and the previous one
+  finished; ``step`` waits for the queue and the end of backward, runs the optimizer, then each PS
+  placement broadcasts its new values, one after the other.
+
+Event times follow AutoDDL's alpha-beta costs: ring all-reduce ``2(N-1)(alpha + bytes/(N beta))``,
+all-gather ``(N-1)(alpha + bytes/beta)``, a PS shard the busier of its server's NIC and its flows
+(AutoSync Eq. 2) plus alpha per message. A sparse variable on all-reduce is dense on the wire (the
+engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
+``touched_rows``). Compressors shrink what they encode (their registry's wire ratio).
+
+Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
++ d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
+Not modelled (stated, not hidden): hierarchical all-reduce runs as flat, the communication's own
+CPU cost on a shared CPU, and links shared by process groups running at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..spec.errors import SpecError
+from ..spec.profile import ComputeProfile
+from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch
+from .models import Simulator
+
+__all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "profile_key"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConstants:
+    """alpha_s: latency of one message on a link; unit_s: fixed cost of launching one unit
+    (kernel and bookkeeping, dPRO's "overhead" op); iteration_s: per-iteration fixed cost
+    (the trial's barrier and timing)."""
+
+    alpha_s: float = 1e-4
+    unit_s: float = 5e-5
+    iteration_s: float = 5e-4
+
+
+def profile_key(model: str, device: str, workers: int) -> str:
+    """How profiles are filed: a model on a device kind with so many workers computing at once."""
+    return f"{model}@{device}-w{workers}"
+
+
+@dataclass
+class _ReplayDomain:
+    ready: np.ndarray  # (vars,) gradient ready time from iteration start, seconds
+    backward_end: float
+    step_s: float
+    profile_batch: int
+    density: np.ndarray  # (vars,) share of rows a replica's batch touches (1 for dense)
+    measured: bool  # whether a measured profile was found
+
+
+class ReplaySimulator(Simulator):
+    """Training-free: predicts iteration times in seconds by replaying one iteration.
+
+    ``profiles`` maps :func:`profile_key` to measured profiles; a domain whose model has no
+    measured profile falls back on the analytic compute estimate (counted FLOPs), spread over
+    backward in proportion to the variables' bytes, and says so in :attr:`fallbacks`."""
+
+    kind = "replay"
+    predicts_seconds = True
+
+    def __init__(self, profiles: dict[str, ComputeProfile] | None = None,
+                 constants: ReplayConstants = ReplayConstants()) -> None:
+        self.profiles = dict(profiles or {})
+        self.constants = constants
+        self.fallbacks: set[str] = set()
+        self._cache: dict[int, _ReplayDomain] = {}
+
+    # ------------------------------------------------------------------ profiles
+    def add_profile(self, profile: ComputeProfile) -> None:
+        self.profiles[profile_key(profile.model, profile.device, profile.workers)] = profile
+        self._cache.clear()
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, constants: ReplayConstants = ReplayConstants()) -> "ReplaySimulator":
+        """Every ``*.json`` profile in ``folder`` (``synctune sim profile`` writes them there)."""
+        sim = cls(constants=constants)
+        folder = Path(folder)
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                sim.add_profile(ComputeProfile.from_dict(json.loads(path.read_text()), where=str(path)))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise SpecError(f"{path}: not a compute profile ({type(exc).__name__})") from None
+        return sim
+
+    def _domain(self, ctx: DomainContext) -> _ReplayDomain:
+        cached = self._cache.get(id(ctx))
+        if cached is not None:
+            return cached
+        model, cluster = ctx.model, ctx.cluster
+        profile = self.profiles.get(profile_key(model.name, cluster.device_kind, cluster.num_devices))
+        if profile is not None and len(profile.ready_s) == len(model.variables):
+            ready = profile.forward_s + np.asarray(profile.ready_s, dtype=np.float64)
+            backward_end, step_s, batch, measured = profile.forward_s + profile.backward_s, profile.step_s, \
+                profile.batch_size, True
+        else:
+            self.fallbacks.add(f"{model.name}@{cluster.name}")
+            forward = ctx.t_comp / 3
+            share = np.cumsum(ctx.var_bytes) / max(ctx.model_bytes, 1.0)
+            ready = forward + 2 * forward * share
+            backward_end, step_s, batch, measured = 3 * forward, 0.0, model.batch_size, False
+        rows = ctx.var_rows
+        if model.touched_rows is not None:
+            touched = np.array([r if r is not None else rows[i] for i, r in enumerate(model.touched_rows)], float)
+            density = np.where(ctx.var_sparse, np.minimum(1.0, touched / np.maximum(rows, 1.0)), 1.0)
+        else:
+            density = np.where(ctx.var_sparse, ctx.sparse_density, 1.0)
+        dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured)
+        self._cache = {id(ctx): dom}  # one domain at a time: a search scores one domain
+        return dom
+
+    # ------------------------------------------------------------------ replay
+    def _predict_batch(self, batch: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+        return replay_units(batch, ctx, self._domain(ctx), self.constants)["iteration_s"]
+
+    def timeline(self, batch: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
+        """Per-unit events of every strategy (``unit_sid``, ``unit_kind``, ``unit_first`` the first
+        member's variable, ``unit_launch``, ``unit_start``, ``unit_finish``, ``unit_s``), and per
+        strategy ``iteration_s``, ``comm_end`` and ``backward_end``: the critical path is the
+        chain of units whose start equals the previous unit's finish (waiting on the link)."""
+        return replay_units(batch, ctx, self._domain(ctx), self.constants)
+
+    def save(self, path: str | Path) -> None:
+        from ..spec.files import write_text_atomic
+
+        write_text_atomic(Path(path), json.dumps({"format": "synctune-replay", "profiles": [
+            p.to_dict() for p in self.profiles.values()], "constants": self.constants.__dict__}, indent=1) + "\n")
+
+
+def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Running maximum of ``values`` restarting at every segment (segments contiguous, sorted)."""
+    if not len(values):
+        return values
+    span = float(values.max() - values.min()) + 1.0
+    shifted = values + seg * span
+    return np.maximum.accumulate(shifted) - seg * span
+
+
+def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
+    """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit."""
+    n = b.size
+    nn = ctx.N
+    # A replica's compute scales with its batch; the iteration waits for the biggest share.
+    scale = np.ones(n) if b.batch_scale is None else b.batch_scale * (ctx.model.batch_size / dom.profile_batch)
+    plain = ctx.var_bytes[b.var] * b.frac
+    sparse_part = np.where(b.kind == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
+    wire = plain * sparse_part * b.ratio
+    # Units: one per merge group (all-reduce), one per shard otherwise.
+    num_shards = len(b.sid)
+    width = int(b.group.max()) + 1 if num_shards else 1
+    unit_key = np.where(b.kind == KIND_AR, b.sid * (width + num_shards) + b.group,
+                        b.sid * (width + num_shards) + width + np.arange(num_shards))
+    keys, unit_of = np.unique(unit_key, return_inverse=True)
+    u = len(keys)
+    usid = (keys // (width + num_shards)).astype(np.int64)
+    ready_shard = dom.ready[b.var] * scale[b.sid]
+    launch = np.full(u, -np.inf)
+    np.maximum.at(launch, unit_of, ready_shard)
+    first = np.full(u, np.iinfo(np.int64).max)
+    np.minimum.at(first, unit_of, b.var)
+    ukind = np.zeros(u, dtype=np.int64)
+    ukind[unit_of] = b.kind
+    ubytes = np.bincount(unit_of, weights=wire, minlength=u)
+    # Per-unit transfer time (alpha-beta).
+    ring = ctx.ring_bw
+    dur = np.zeros(u)
+    ar, ag, ps = ukind == KIND_AR, ukind == KIND_AG, ukind == KIND_PS
+    if nn > 1:
+        dur[ar] = 2 * (nn - 1) * (k.alpha_s + ubytes[ar] / (nn * ring))
+        dur[ag] = (nn - 1) * (k.alpha_s + ubytes[ag] / ring)
+    bcast = np.zeros(n)
+    if ps.any():
+        shard_ps = b.kind == KIND_PS
+        look = b.node * 2 + b.local.astype(np.int64)
+        look = np.where(shard_ps, look, 0)
+        w = max(1, ctx.W - 1)
+        per_byte = np.maximum(ctx.ps_flow_flat[look] / w, ctx.ps_nic_flat[look]) + ctx.ps_intra_flat[look]
+        msgs = ctx.ps_phi_flat[look] + np.where(b.local, ctx.r[np.maximum(b.node, 0)] - 1, 0)
+        push = np.where(shard_ps, wire * per_byte + msgs * k.alpha_s, 0.0)
+        dur += np.bincount(unit_of, weights=push, minlength=u)
+        pull = np.where(shard_ps, plain * sparse_part * per_byte + (nn - 1) * k.alpha_s + k.unit_s, 0.0)
+        bcast = np.bincount(b.sid, weights=pull, minlength=n)
+    dur += k.unit_s
+    # The fixed launch order: by strategy, then by the first member's position in backward.
+    order = np.lexsort((first, usid))
+    usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
+    launch = _segmented_cummax(launch, usid)
+    csum = np.cumsum(dur)
+    finish = csum + _segmented_cummax(launch - (csum - dur), usid)
+    start = finish - dur
+    comm_end = np.zeros(n)
+    if u:
+        last = np.r_[np.flatnonzero(np.diff(usid)), u - 1]
+        comm_end[usid[last]] = finish[last]
+    backward_end = dom.backward_end * scale
+    iteration = np.maximum(backward_end, comm_end) + dom.step_s + bcast + k.iteration_s
+    return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end, "broadcast_s": bcast,
+            "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
+            "unit_finish": finish, "unit_s": dur}

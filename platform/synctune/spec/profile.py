@@ -1,0 +1,79 @@
+"""The measured compute profile of a workload on a device (DESIGN.md vocabulary; dPRO §4.1).
+
+What the replay simulator needs of the computation, measured rather than counted: the forward
+time, when each variable's gradient becomes ready during backward, the end of backward and the
+optimizer's step, all at a stated per-replica batch and with a stated number of workers sharing
+the machine (on CPUs, four workers on two cores compute at half speed; a profile measured alone
+would not say so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ._util import is_number, require
+from .model import ModelSpec
+
+__all__ = ["ComputeProfile"]
+
+#: Version of :meth:`ComputeProfile.to_dict`'s form.
+PROFILE_SCHEMA = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeProfile:
+    """Medians over timed iterations of the slowest worker, in seconds.
+
+    ``ready_s[i]`` is when the gradient of the model spec's ``i``-th variable (backward order)
+    was ready, counted from the start of backward; ``backward_s`` is when backward returned;
+    ``step_s`` is one optimizer step over every variable (no synchronization anywhere).
+    ``batch_size`` is the per-replica batch it was measured at, ``workers`` how many workers
+    computed at once on ``device`` (the trial's contention).
+    """
+
+    model: str
+    device: str
+    workers: int
+    batch_size: int
+    forward_s: float
+    backward_s: float
+    step_s: float
+    ready_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        where = f"compute profile of {self.model!r}"
+        require(isinstance(self.model, str) and bool(self.model), "compute profile: model", "a model name", self.model)
+        require(isinstance(self.device, str) and bool(self.device), f"{where}: device", "a device name", self.device)
+        for key in ("workers", "batch_size"):
+            value = getattr(self, key)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{where}: {key}",
+                    "a positive integer", value)
+        for key in ("forward_s", "backward_s", "step_s"):
+            value = getattr(self, key)
+            require(is_number(value) and 0 <= value < 1e6, f"{where}: {key}", "seconds (a non-negative number)",
+                    value)
+        require(isinstance(self.ready_s, tuple) and all(is_number(x) and 0 <= x < 1e6 for x in self.ready_s),
+                f"{where}: ready_s", "a list of non-negative seconds", self.ready_s)
+
+    def check(self, model: ModelSpec) -> None:
+        """Refuse a profile of another model (one ready time per variable of ``model``)."""
+        require(self.model == model.name, f"compute profile of {self.model!r}: model", repr(model.name), self.model)
+        require(len(self.ready_s) == len(model.variables), f"compute profile of {self.model!r}: ready_s",
+                f"{len(model.variables)} ready times (one per variable of {model.name!r})", len(self.ready_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device, "workers": self.workers,
+                "batch_size": self.batch_size, "forward_s": self.forward_s, "backward_s": self.backward_s,
+                "step_s": self.step_s, "ready_s": list(self.ready_s)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "compute profile") -> "ComputeProfile":
+        require(isinstance(data, Mapping), where, "a mapping", type(data).__name__)
+        require(data.get("schema") == PROFILE_SCHEMA, f"{where}: schema", PROFILE_SCHEMA, data.get("schema"))
+        keys = ("model", "device", "workers", "batch_size", "forward_s", "backward_s", "step_s", "ready_s")
+        missing = [k for k in keys if k not in data]
+        require(not missing, where, f"keys {', '.join(keys)}", f"missing {', '.join(missing)}")
+        ready = data["ready_s"]
+        require(isinstance(ready, list), f"{where}: ready_s", "a list of numbers", type(ready).__name__)
+        return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready))
