@@ -64,6 +64,9 @@ def test_up_shapes_each_link_and_calibration_measures_it(lab):
     # The spec keeps 6 decimals of Gbit/s (1 kbit/s): compare at that resolution.
     assert [n.nic_gbps for n in spec.nodes] == [pytest.approx(min(n["ingress_gbps"], n["egress_gbps"]), abs=1e-6)
                                                for n in figures["nodes"]]
+    # Alpha of the replay simulator: the probe's half round trip, written into the spec.
+    assert [n.latency_ms for n in spec.nodes] == [pytest.approx(n["latency_ms"], abs=1e-4) for n in figures["nodes"]]
+    assert all(0 < n.latency_ms < 50 for n in spec.nodes)
 
 
 def test_trial_runs_over_the_shaped_links_and_records_the_scale(lab, tmp_path):

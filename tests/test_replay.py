@@ -210,3 +210,15 @@ def test_cli_profile_then_eval_side_by_side(tmp_path, monkeypatch):
     assert "no measured compute profile" not in res.stderr  # the profile just measured was used
     res = runner.invoke(cli, ["sim", "profile", "-m", "cnn-small", "-c", "B7"])
     assert res.exit_code == 2 and "GPU nodes" in res.stderr
+
+
+def test_calibrated_link_latency_is_alpha():
+    model = _model()
+    data = _cluster().to_dict()
+    data["nodes"][0]["latency_ms"], data["nodes"][1]["latency_ms"] = 0.5, 2.0  # the slower link paces the ring
+    cluster = ClusterSpec.from_dict(data)
+    assert ClusterSpec.from_dict(cluster.to_dict()) == cluster and cluster.hash != _cluster().hash
+    assert "latency_ms" not in _cluster().to_dict()["nodes"][0]  # specs never calibrated keep their hash
+    (t,), _ = _replay(model, cluster, [build_strategy("allreduce", model, cluster)])
+    d_both = 2 * (2e-3 + 1_004_000 / (2 * GB)) + 5e-5
+    assert t == pytest.approx(max(0.031, 0.030 + d_both) + 0.003 + 5e-4, rel=1e-9)

@@ -73,15 +73,15 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
              f"{', '.join(d.key for d in doms)}; wrote {output}")
 
 
-def _load_for_eval(name: str):
+def _load_for_eval(name: str, alpha_ms: float):
     """A simulator by name: ``analytic``, ``replay`` (with the measured profiles of the data
     folder) or a saved file."""
-    from ..simulator import ReplaySimulator, load_simulator
+    from ..simulator import ReplayConstants, ReplaySimulator, load_simulator
 
     if name == "replay":
         from ..data import profiles_dir
 
-        return ReplaySimulator.from_folder(profiles_dir())
+        return ReplaySimulator.from_folder(profiles_dir(), ReplayConstants(alpha_s=alpha_ms / 1e3))
     return load_simulator(name)
 
 
@@ -97,8 +97,10 @@ def _pct(value) -> str:
               help="Evaluate on the held-out share only (use the same --seed as training).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--k", default=5, show_default=True, type=click.IntRange(1, 100_000), help="k of the top-k recall.")
+@click.option("--alpha-ms", default=0.1, show_default=True, type=click.FloatRange(0, 10_000),
+              help="Replay: message latency of links whose cluster spec has no calibrated latency_ms.")
 @click.option("--json", "as_json", is_flag=True)
-def eval_cmd(sim_files, data, domains, held_out, seed, k, as_json) -> None:
+def eval_cmd(sim_files, data, domains, held_out, seed, k, alpha_ms, as_json) -> None:
     """Every simulator side by side, per domain and overall: pairwise ranking accuracy, Kendall's
     tau, top-k recall, and for those that predict seconds the absolute error |predicted -
     measured| / measured (median and 90th percentile). The training-free models (analytic, and
@@ -109,7 +111,7 @@ def eval_cmd(sim_files, data, domains, held_out, seed, k, as_json) -> None:
     from ..simulator import evaluate, split_domains
 
     names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
-    sims = [(name, _load_for_eval(name)) for name in names]
+    sims = [(name, _load_for_eval(name, alpha_ms)) for name in names]
     doms = _domains(data, domains)
     if held_out > 0:
         _, doms = split_domains(doms, held_out, seed)

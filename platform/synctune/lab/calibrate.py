@@ -91,7 +91,8 @@ def _allreduce_worker(rank: int, world: int, nbytes: int, reps: int) -> list[flo
 def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[..., list], *, nbytes: int = 16 * MB,
               reps: int = 5, on_step=None) -> tuple[ClusterSpec, dict[str, Any]]:
     """Measure the lab that ``state`` (from ``lab_up``) describes; returns the calibrated spec
-    (nic and single-flow Gbit/s = the slower direction of each node's link) and the figures.
+    (nic and single-flow Gbit/s = the slower direction of each node's link, latency_ms = half
+    the probe's round trip: beta and alpha of AutoDDL's communication model) and the figures.
 
     ``launch(fn, world, args, nets=..., threads=..., timeout_s=...)`` runs a function on worker
     processes in a gloo group, each in the namespace its net names (the engine's ``run_local``)."""
@@ -116,7 +117,8 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
                                  "egress_gbps": gbps["from_node"], "latency_ms": rtt / 2 * 1e3,
                                  "efficiency": measured / node.nic_gbps})
         values = node.to_dict()
-        values.update(nic_gbps=round(measured, 6), single_flow_gbps=round(measured, 6))
+        values.update(nic_gbps=round(measured, 6), single_flow_gbps=round(measured, 6),
+                      latency_ms=round(rtt / 2 * 1e3, 4))
         nodes.append(NodeSpec(**values))
     if len(cluster.nodes) > 1:
         if on_step:

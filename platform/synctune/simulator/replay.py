@@ -6,8 +6,8 @@ replay does the same for a strategy it has never run, from three measured inputs
 - the **compute profile** (:class:`~synctune.spec.profile.ComputeProfile`): forward time, when
   each variable's gradient is ready in backward, the optimizer's step, measured with the
   trial's contention (``synctune sim profile``);
-- the **links** of the cluster spec (calibrated on the lab: per-flow and NIC bandwidth, beta)
-  and a per-message latency (alpha; AutoDDL §4.2's alpha-beta model);
+- the **links** of the cluster spec (calibrated on the lab: per-flow and NIC bandwidth, beta,
+  and per-node message latency ``latency_ms``, alpha; AutoDDL's alpha-beta model);
 - what the engine executes (:mod:`synctune.engine`): a unit per all-reduce merge group, per PS
   shard and per all-gather shard; a unit launches when its last member's gradient is ready and
   every earlier unit launched (the engine's scheduler issues units in one fixed order, as torch
@@ -47,7 +47,8 @@ __all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "profile_key"]
 
 @dataclass(frozen=True, kw_only=True)
 class ReplayConstants:
-    """alpha_s: latency of one message on a link; unit_s: fixed cost of launching one unit
+    """alpha_s: latency of one message on a link where the cluster spec has no calibrated
+    ``latency_ms`` (a calibrated spec's slowest node latency is used instead); unit_s: fixed cost of launching one unit
     (kernel and bookkeeping, dPRO's "overhead" op); iteration_s: per-iteration fixed cost
     (the trial's barrier and timing)."""
 
@@ -69,6 +70,7 @@ class _ReplayDomain:
     profile_batch: int
     density: np.ndarray  # (vars,) share of rows a replica's batch touches (1 for dense)
     measured: bool  # whether a measured profile was found
+    alpha: float  # seconds per message: the slowest calibrated link, else the constant
 
 
 class ReplaySimulator(Simulator):
@@ -127,7 +129,9 @@ class ReplaySimulator(Simulator):
             density = np.where(ctx.var_sparse, np.minimum(1.0, touched / np.maximum(rows, 1.0)), 1.0)
         else:
             density = np.where(ctx.var_sparse, ctx.sparse_density, 1.0)
-        dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured)
+        latencies = [n.latency_ms for n in cluster.nodes]
+        alpha = max(latencies) / 1e3 if all(x is not None for x in latencies) else self.constants.alpha_s
+        dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha)
         self._cache = {id(ctx): dom}  # one domain at a time: a search scores one domain
         return dom
 
@@ -162,6 +166,7 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit."""
     n = b.size
     nn = ctx.N
+    alpha = dom.alpha
     # A replica's compute scales with its batch; the iteration waits for the biggest share.
     scale = np.ones(n) if b.batch_scale is None else b.batch_scale * (ctx.model.batch_size / dom.profile_batch)
     plain = ctx.var_bytes[b.var] * b.frac
@@ -188,8 +193,8 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     dur = np.zeros(u)
     ar, ag, ps = ukind == KIND_AR, ukind == KIND_AG, ukind == KIND_PS
     if nn > 1:
-        dur[ar] = 2 * (nn - 1) * (k.alpha_s + ubytes[ar] / (nn * ring))
-        dur[ag] = (nn - 1) * (k.alpha_s + ubytes[ag] / ring)
+        dur[ar] = 2 * (nn - 1) * (alpha + ubytes[ar] / (nn * ring))
+        dur[ag] = (nn - 1) * (alpha + ubytes[ag] / ring)
     bcast = np.zeros(n)
     if ps.any():
         shard_ps = b.kind == KIND_PS
@@ -198,9 +203,9 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
         w = max(1, ctx.W - 1)
         per_byte = np.maximum(ctx.ps_flow_flat[look] / w, ctx.ps_nic_flat[look]) + ctx.ps_intra_flat[look]
         msgs = ctx.ps_phi_flat[look] + np.where(b.local, ctx.r[np.maximum(b.node, 0)] - 1, 0)
-        push = np.where(shard_ps, wire * per_byte + msgs * k.alpha_s, 0.0)
+        push = np.where(shard_ps, wire * per_byte + msgs * alpha, 0.0)
         dur += np.bincount(unit_of, weights=push, minlength=u)
-        pull = np.where(shard_ps, plain * sparse_part * per_byte + (nn - 1) * k.alpha_s + k.unit_s, 0.0)
+        pull = np.where(shard_ps, plain * sparse_part * per_byte + (nn - 1) * alpha + k.unit_s, 0.0)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
     dur += k.unit_s
     # The fixed launch order: by strategy, then by the first member's position in backward.

@@ -113,6 +113,10 @@ class NodeSpec:
     single_flow_gbps: float
     intra_node_gbps: float
     device_memory_bytes: int = 0
+    #: One-way message latency of the node's link (alpha of AutoDDL's alpha-beta model), as
+    #: calibration measured it; None when never measured (left out of the spec then, so specs
+    #: and their hashes stay what they were).
+    latency_ms: float | None = None
 
     def __post_init__(self) -> None:
         where = f"node {self.name!r}"
@@ -132,6 +136,8 @@ class NodeSpec:
                 f"at most nic_gbps ({self.nic_gbps})", self.single_flow_gbps)
         require(in_range(self.device_memory_bytes, 0, 1 << 50), f"{where}: device_memory_bytes",
                 "a non-negative integer (0 = shared host memory)", self.device_memory_bytes)
+        require(self.latency_ms is None or (is_number(self.latency_ms) and 0 <= self.latency_ms <= 10_000),
+                f"{where}: latency_ms", "milliseconds from 0 to 10000 (or absent)", self.latency_ms)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -139,12 +145,15 @@ class NodeSpec:
         return tuple(device_id(self.name, i) for i in range(self.num_devices))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form with every field spelled out."""
-        return {k: getattr(self, k) for k in _NODE_FIELDS}
+        """Plain-data form with every field spelled out (``latency_ms`` only once measured)."""
+        out = {k: getattr(self, k) for k in _NODE_FIELDS}
+        if self.latency_ms is not None:
+            out["latency_ms"] = self.latency_ms
+        return out
 
 
 def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> NodeSpec:
-    check_keys(data, where, (), _NODE_FIELDS + ("count",))
+    check_keys(data, where, (), _NODE_FIELDS + ("count", "latency_ms"))
     if "instance_type" not in data:
         raise SpecError(f"{where}: missing key 'instance_type' (one of {', '.join(INSTANCE_TYPES)} or your own)")
     type_name = data["instance_type"]
@@ -160,7 +169,7 @@ def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> N
                 f"{where}: instance_type {type_name!r} is not in the catalog ({', '.join(INSTANCE_TYPES)}), "
                 f"so these keys are required: {', '.join(missing)}"
             )
-    for key in _NODE_FIELDS[2:]:
+    for key in _NODE_FIELDS[2:] + ("latency_ms",):
         if key in data:
             values[key] = data[key]
     try:
