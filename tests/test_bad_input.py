@@ -181,16 +181,18 @@ def test_damaged_simulator_files_are_one_line(tmp_path):
     strategy = tmp_path / "s.json"
     assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
     from synctune.simulator.features import GLOBAL_NAMES, PRE_NAMES, RAW_NAMES
+    from synctune.simulator.replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
     from synctune.strategy import compressor_vocabulary
 
     config = {"epochs": 1, "lr": 0.1, "batch": 2, "partition_penalty": 0.0, "seed": 0, "hidden": 4,
-              "raw": len(RAW_NAMES) + len(PRE_NAMES), "global": len(GLOBAL_NAMES),
-              "compressors": compressor_vocabulary()}
-    base = {"format": "synctune-simulator", "version": 2, "kind": "rnn", "config": json.dumps(config), "state": {}}
+              "raw": len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES),
+              "global": len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES), "compressors": compressor_vocabulary()}
+    base = {"format": "synctune-simulator", "version": 3, "kind": "rnn", "config": json.dumps(config), "state": {}}
     for payload, fragment in [
         (dict(base, norm={}), "normalisation 'x_mean' missing"),
         (dict(base, config=json.dumps({**config, "compressors": ["none"]}), norm={}), "trained with compressors"),
-        (dict(base, version=1, norm={}), "unsupported simulator version"),
+        (dict(base, version=2, norm={}), "unsupported simulator version"),
+        (dict(base, config=json.dumps({**config, "profiles": [{"schema": 1}]}), norm={}), "profile"),
         ({"format": "other"}, "not a synctune simulator file"),
     ]:
         path = tmp_path / "sim.pt"

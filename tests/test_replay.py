@@ -222,3 +222,29 @@ def test_calibrated_link_latency_is_alpha():
     (t,), _ = _replay(model, cluster, [build_strategy("allreduce", model, cluster)])
     d_both = 2 * (2e-3 + 1_004_000 / (2 * GB)) + 5e-5
     assert t == pytest.approx(max(0.031, 0.030 + d_both) + 0.003 + 5e-4, rel=1e-9)
+
+
+def test_learned_models_take_the_replay_as_input_and_keep_its_profiles(tmp_path):
+    from synctune.simulator import Domain, load_simulator, make_simulator
+    from synctune.simulator.features import GLOBAL_NAMES
+
+    model, cluster = _model(b_elems=12_500_000), _cluster()
+    base = build_strategy("allreduce", model, cluster)
+    strategies = [_with_groups(base, {"b": g, "a": h}) for g, h in ((0, 0), (0, 1), (1, 0))]
+    strategies.append(build_strategy("ps", model, cluster))
+    ctx = DomainContext(model, cluster)
+    replay = ReplaySimulator({}, K)
+    replay.add_profile(_profile(model))
+    truth = replay.predict(strategies, model, cluster)
+    sim = make_simulator("rnn", epochs=3, seed=0)
+    sim.use_profiles(replay)
+    sim.fit([Domain(ctx, strategies, truth)])
+    x, g = sim._features(encode(strategies, ctx), ctx)
+    # The last global inputs are the replay's: log of its predicted iteration time first.
+    np.testing.assert_allclose(g[:, len(GLOBAL_NAMES)], np.log(truth), rtol=1e-12)
+    path = tmp_path / "rnn.pt"
+    sim.save(path)
+    again = load_simulator(path)
+    assert set(again.replay.profiles) == {"two@cpu-w2"} and again.replay.constants == K
+    np.testing.assert_allclose(again.predict(strategies, model, cluster), sim.predict(strategies, model, cluster),
+                               rtol=1e-6)

@@ -230,7 +230,9 @@ def test_cli_train_eval_transfer_and_score(sample_dataset, tmp_path):
                               "--epochs", "40", "-o", str(sim)])
     assert res.exit_code == 0, res.output
     res = runner.invoke(cli, ["sim", "eval", str(sim), "--data", str(sample_dataset.root), "--held-out", "0.3"])
-    assert res.exit_code == 0 and "mean pairwise ranking accuracy: rnn" in res.output and "analytic" in res.output
+    assert res.exit_code == 0, res.output
+    assert "mean pairwise ranking accuracy: analytic " in res.output and f", rnn ({sim}) " in res.output
+    assert "replay" in res.output and "|err| median" in res.output
 
     transfer = tmp_path / "transfer.pt"
     res = runner.invoke(cli, ["sim", "train", "--model", "rnn", "--data", str(sample_dataset.root), "--domain",

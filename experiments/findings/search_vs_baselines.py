@@ -40,6 +40,7 @@ def oracle(workload, cluster, node_net, count: int, seed: int, warmup: int, iter
     """(re-measured best mean time, its origin, strategies swept)."""
     from synctune.engine.trial import TrialConfig, run_trials_local
     from synctune.search.sampler import GuidedSampler, RandomSampler
+    from synctune.strategy import StrategyError, validate
     from synctune.strategy.builders import TUNED_BASELINES, baseline_strategy
 
     spec = workload.spec()
@@ -51,7 +52,12 @@ def oracle(workload, cluster, node_net, count: int, seed: int, warmup: int, iter
             pool.append((strategy, origin))
 
     for entry in TUNED_BASELINES:
-        add(baseline_strategy(entry, spec, cluster), entry)
+        strategy = baseline_strategy(entry, spec, cluster)
+        try:
+            validate(strategy, spec, cluster)
+        except StrategyError:  # e.g. hierarchical all-reduce on nodes of different sizes: as the search does
+            continue
+        add(strategy, entry)
     guided, plain = GuidedSampler(spec, cluster, seed=seed + 7919), RandomSampler(spec, cluster, seed=seed + 104729)
     while len(pool) < count:
         add(guided.sample(), "guided")

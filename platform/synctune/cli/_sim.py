@@ -51,8 +51,10 @@ _domain = click.option("--domain", "domains", multiple=True, metavar="MODEL@CLUS
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
               help="Share of each domain kept out of training.")
+@click.option("--alpha-ms", default=0.1, show_default=True, type=click.FloatRange(0, 10_000),
+              help="Replay features: message latency of links whose cluster spec has no calibrated latency_ms.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="Simulator file to write.")
-def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
+def train_cmd(kind, data, domains, epochs, seed, held_out, alpha_ms, output) -> None:
     """Train a ranker with AutoSync's pairwise ranking loss on dataset trials."""
     from tqdm import tqdm
 
@@ -65,6 +67,7 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
     if held_out > 0:
         doms, _ = split_domains(doms, held_out, seed)
     sim = make_simulator(kind, epochs=epochs, seed=seed)
+    sim.use_profiles(_replay(alpha_ms))  # the replay under the learned model uses the measured profiles
     bar = tqdm(total=epochs, desc=f"train {kind}", unit="epoch", disable=None)
     sim.fit(doms, log=lambda epoch, loss: (bar.update(epoch - bar.n), bar.set_postfix_str(f"loss {loss:.3f}")))
     bar.close()
@@ -73,16 +76,25 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, output) -> None:
              f"{', '.join(d.key for d in doms)}; wrote {output}")
 
 
+def _replay(alpha_ms: float):
+    """The replay simulator with the compute profiles measured in the data folder."""
+    from ..data import profiles_dir
+    from ..simulator import ReplayConstants, ReplaySimulator
+
+    return ReplaySimulator.from_folder(profiles_dir(), ReplayConstants(alpha_s=alpha_ms / 1e3))
+
+
 def _load_for_eval(name: str, alpha_ms: float):
     """A simulator by name: ``analytic``, ``replay`` (with the measured profiles of the data
-    folder) or a saved file."""
-    from ..simulator import ReplayConstants, ReplaySimulator, load_simulator
+    folder) or a saved file (learned: its replay features also use those profiles)."""
+    from ..simulator import load_simulator
 
     if name == "replay":
-        from ..data import profiles_dir
-
-        return ReplaySimulator.from_folder(profiles_dir(), ReplayConstants(alpha_s=alpha_ms / 1e3))
-    return load_simulator(name)
+        return _replay(alpha_ms)
+    sim = load_simulator(name)
+    if getattr(sim, "learned", False):
+        sim.use_profiles(_replay(alpha_ms))
+    return sim
 
 
 def _pct(value) -> str:

@@ -193,11 +193,14 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     analytic = BoundSimulator(replay if measured else AnalyticSimulator(), model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
         def make():
-            return make_simulator(exp.simulator, epochs=60, seed=exp.seed)
+            sim = make_simulator(exp.simulator, epochs=60, seed=exp.seed)
+            sim.use_profiles(replay)  # its replay features use this domain's measured profile
+            return sim
 
         return SelectedSimulator(analytic, BoundSimulator(make(), model, cluster, make=make), learned_ready=False)
-    return SelectedSimulator(analytic, BoundSimulator(load_simulator(exp.simulator), model, cluster, transfer=True),
-                             learned_ready=True)
+    transferred = load_simulator(exp.simulator)
+    transferred.use_profiles(replay)
+    return SelectedSimulator(analytic, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
 
 
 def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:

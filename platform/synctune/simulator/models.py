@@ -27,6 +27,7 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
+from ..spec.profile import ComputeProfile
 from ..spec.files import write_via
 from ..strategy.compressors import compressor_vocabulary
 from ..strategy.schema import Strategy
@@ -45,8 +46,9 @@ __all__ = ["Domain", "domains_from_records", "Simulator", "AnalyticSimulator", "
            "RNNSimulator", "GATSimulator", "SIMULATORS", "make_simulator", "load_simulator", "FORMAT"]
 
 FORMAT = "synctune-simulator"
-#: 2: group_order counts merge groups; the compressor vocabulary is recorded.
-FORMAT_VERSION = 2
+#: 2: group_order counts merge groups; the compressor vocabulary is recorded. 3: the replay's
+#: features (and the compute profiles it replayed) are inputs.
+FORMAT_VERSION = 3
 
 
 @dataclass
@@ -161,16 +163,37 @@ class _Learned(Simulator):
 
     def __init__(self, *, epochs: int = 150, lr: float = 3e-3, batch: int = 48, partition_penalty: float = 0.01,
                  seed: int = 0, hidden: int | None = None) -> None:
+        from .replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES, ReplaySimulator
+
         self.config = {"epochs": epochs, "lr": lr, "batch": batch, "partition_penalty": partition_penalty,
-                       "seed": seed, "hidden": hidden or self.hidden, "raw": len(RAW_NAMES) + len(PRE_NAMES),
-                       "global": len(GLOBAL_NAMES), "compressors": compressor_vocabulary()}
+                       "seed": seed, "hidden": hidden or self.hidden,
+                       "raw": len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES),
+                       "global": len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES), "compressors": compressor_vocabulary()}
         self.net = None
         self.norm: dict[str, Any] = {}
+        #: The physics under the learned correction: its replay of each strategy is an input.
+        self.replay = ReplaySimulator()
+
+    def use_profiles(self, replay) -> None:
+        """Replay with the measured compute profiles of ``replay`` (a ReplaySimulator) too, and
+        with its constants."""
+        for profile in replay.profiles.values():
+            self.replay.add_profile(profile)
+        self.replay.constants = replay.constants
+        self.replay._cache.clear()
+
+    def _features(self, batch: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+        """AutoSync's inputs with the replay's prediction and per-unit timeline beside them."""
+        from .replay import replay_features
+
+        x, g = per_shard_inputs(batch, ctx)
+        rx, rg = replay_features(self.replay.timeline(batch, ctx), batch)
+        return np.concatenate([x, rx], axis=1), np.concatenate([g, rg], axis=1)
 
     # subclasses: _build() -> nn.Module; _forward(net, x, g, offsets, batch) -> (n,)
     def _inputs(self, batch: StrategyBatch, ctx: DomainContext):
         torch = _torch()
-        x, g = per_shard_inputs(batch, ctx)
+        x, g = self._features(batch, ctx)
         x = (torch.as_tensor(x, dtype=torch.float32) - self.norm["x_mean"]) / self.norm["x_std"]
         g = (torch.as_tensor(g, dtype=torch.float32) - self.norm["g_mean"]) / self.norm["g_std"]
         return x, g
@@ -182,8 +205,10 @@ class _Learned(Simulator):
             raise SpecError("no training data: the records hold no successful trials")
         torch.manual_seed(self.config["seed"])
         xs, gs = [], []
+        self.config["profiles"] = [p.to_dict() for p in self.replay.profiles.values()]
+        self.config["replay_constants"] = dict(self.replay.constants.__dict__)
         for d in domains:
-            x, g = per_shard_inputs(d.encoded(), d.ctx)
+            x, g = self._features(d.encoded(), d.ctx)
             xs.append(x)
             gs.append(g)
         x_all, g_all = np.concatenate(xs), np.concatenate(gs)
@@ -436,6 +461,12 @@ def load_simulator(path: str | Path) -> Simulator:
         sim = SIMULATORS[payload["kind"]](**{k: config[k] for k in ("epochs", "lr", "batch", "partition_penalty",
                                                                     "seed", "hidden")})
         sim.config.update(config)
+        for profile in config.get("profiles") or []:
+            sim.replay.add_profile(ComputeProfile.from_dict(profile, where=f"{path}: profile"))
+        if config.get("replay_constants"):
+            from .replay import ReplayConstants
+
+            sim.replay.constants = ReplayConstants(**{k: float(v) for k, v in config["replay_constants"].items()})
         norm = payload["norm"]
         widths = {"x_mean": config["raw"], "x_std": config["raw"], "g_mean": config["global"],
                   "g_std": config["global"]}
@@ -443,7 +474,10 @@ def load_simulator(path: str | Path) -> Simulator:
             value = norm.get(key) if isinstance(norm, dict) else None
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != (width,):
                 raise ValueError(f"normalisation {key!r} missing or not {width} numbers")
-        if config["raw"] != len(RAW_NAMES) + len(PRE_NAMES) or config["global"] != len(GLOBAL_NAMES):
+        from .replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
+
+        if (config["raw"] != len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES)
+                or config["global"] != len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES)):
             raise ValueError("its feature widths differ from this synctune's")
         sim._restore(payload["state"], norm)
     except SpecError:

@@ -42,7 +42,18 @@ from ..spec.profile import ComputeProfile
 from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch
 from .models import Simulator
 
-__all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "profile_key"]
+__all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key",
+           "REPLAY_SHARD_NAMES", "REPLAY_GLOBAL_NAMES"]
+
+#: Per-shard features from the replay (AutoSync's learned models on top of dPRO's replay): how
+#: long the shard's unit waited for the link, how long it took, when it finished; all over the
+#: replayed iteration time.
+REPLAY_SHARD_NAMES = ("replay_wait", "replay_unit", "replay_finish")
+#: Per-strategy features from the replay: the log of the replayed iteration time, and the end of
+#: communication, the end of backward, the PS broadcasts and the exposed communication (after
+#: backward) over it.
+REPLAY_GLOBAL_NAMES = ("replay_log_iteration", "replay_comm_end", "replay_backward_end", "replay_broadcast",
+                       "replay_exposed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +152,8 @@ class ReplaySimulator(Simulator):
 
     def timeline(self, batch: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
         """Per-unit events of every strategy (``unit_sid``, ``unit_kind``, ``unit_first`` the first
-        member's variable, ``unit_launch``, ``unit_start``, ``unit_finish``, ``unit_s``), and per
+        member's variable, ``unit_launch``, ``unit_start``, ``unit_finish``, ``unit_s``; a shard's
+        unit is ``shard_unit``), and per
         strategy ``iteration_s``, ``comm_end`` and ``backward_end``: the critical path is the
         chain of units whose start equals the previous unit's finish (waiting on the link)."""
         return replay_units(batch, ctx, self._domain(ctx), self.constants)
@@ -210,6 +222,8 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     dur += k.unit_s
     # The fixed launch order: by strategy, then by the first member's position in backward.
     order = np.lexsort((first, usid))
+    position = np.empty(u, dtype=np.int64)
+    position[order] = np.arange(u)
     usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
     launch = _segmented_cummax(launch, usid)
     csum = np.cumsum(dur)
@@ -223,4 +237,17 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     iteration = np.maximum(backward_end, comm_end) + dom.step_s + bcast + k.iteration_s
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end, "broadcast_s": bcast,
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
-            "unit_finish": finish, "unit_s": dur}
+            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of]}
+
+
+def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(S, len(REPLAY_SHARD_NAMES)) and (n, len(REPLAY_GLOBAL_NAMES)) features of a replay."""
+    it = events["iteration_s"]
+    per = it[b.sid]
+    unit = events["shard_unit"]
+    shard = np.stack([(events["unit_start"] - events["unit_launch"])[unit] / per, events["unit_s"][unit] / per,
+                      events["unit_finish"][unit] / per], axis=1)
+    exposed = np.maximum(events["comm_end"] - events["backward_end"], 0.0)
+    glob = np.stack([np.log(np.maximum(it, 1e-9)), events["comm_end"] / it, events["backward_end"] / it,
+                     events["broadcast_s"] / it, exposed / it], axis=1)
+    return shard, glob
