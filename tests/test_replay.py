@@ -248,3 +248,24 @@ def test_learned_models_take_the_replay_as_input_and_keep_its_profiles(tmp_path)
     assert set(again.replay.profiles) == {"two@cpu-w2"} and again.replay.constants == K
     np.testing.assert_allclose(again.predict(strategies, model, cluster), sim.predict(strategies, model, cluster),
                                rtol=1e-6)
+
+
+def test_a_search_measures_the_profile_once_and_starts_from_the_replay(tmp_path, monkeypatch):
+    from synctune.run.search import ensure_profile, make_search_simulator
+    from synctune.search import Experiment
+    from synctune.spec import cluster_preset
+    from synctune.workload import zoo_workload
+
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home"))
+    workload, cluster = zoo_workload("cnn-small"), cluster_preset("local-1x2")
+    model = workload.spec()
+    exp = Experiment(name="x", model="cnn-small", cluster="local-1x2", simulator="rnn", budget=4)
+    assert make_search_simulator(exp, model, cluster).training_free.kind == "analytic"  # nothing measured yet
+    said = []
+    path = ensure_profile(workload, model, cluster, said.append)
+    assert path == tmp_path / "home" / "profiles" / "cnn-small@cpu-w2.json" and len(said) == 1
+    stamp = path.stat().st_mtime_ns
+    assert ensure_profile(workload, model, cluster, said.append) == path and len(said) == 1  # reused
+    assert path.stat().st_mtime_ns == stamp
+    assert make_search_simulator(exp, model, cluster).training_free.kind == "replay"
+    assert ensure_profile(workload, model, cluster_preset("B7"), said.append) is None  # GPUs: not here

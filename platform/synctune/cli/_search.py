@@ -137,7 +137,8 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
                                                                   ("training-free", "training_free_accuracy"))
                         if last[key] is not None)
         click.echo(f"simulator {exp.simulator} scored proposals " + (f"from trial {switched}" if switched else "never")
-                   + f"; held-out pairwise accuracy over {last['held_out_pairs']} pairs: {acc or 'n/a'}")
+                   + f"; held-out pairwise accuracy over {last['held_out_pairs']} pairs: {acc or 'n/a'} "
+                   f"(training-free: {summary.get('training_free_simulator') or 'analytic'})")
     hits = summary["hit_rate"]
     click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
                "hit rate  n/a")

@@ -45,7 +45,7 @@ from ..strategy.builders import BUILDERS, build_strategy
 from ..strategy.schema import Strategy
 from .recording import record_result
 
-__all__ = ["run_search", "search_id_of", "make_search_simulator", "SelectedSimulator"]
+__all__ = ["run_search", "search_id_of", "make_search_simulator", "SelectedSimulator", "ensure_profile"]
 
 
 # Tune pickles its searcher (it checkpoints the experiment); callers' callbacks need not be
@@ -203,6 +203,34 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     return SelectedSimulator(analytic, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
 
 
+def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callable[[str], None]) -> Path | None:
+    """The compute profile the replay simulator needs for this domain (dPRO §4.1), measured once
+    and filed in the data folder when missing: one short profiling pass with as many concurrent
+    workers as the cluster has devices. CPU clusters only (their workers run on this machine);
+    for GPU clusters the replay falls back on counted FLOPs. Returns the profile's path, or None."""
+    from ..data.paths import profiles_dir
+    from ..engine.local import WorkerFailure
+    from ..engine.profile import profile_compute
+    from ..simulator import profile_key
+    from ..spec.files import write_text_atomic
+
+    if cluster.device_kind != "cpu":
+        return None
+    path = profiles_dir() / f"{profile_key(model.name, 'cpu', cluster.num_devices)}.json"
+    if path.is_file():
+        return path
+    say(f"profiling {model.name}'s compute with {cluster.num_devices} concurrent workers (the replay simulator's "
+        f"input; once per model and worker count)")
+    try:
+        profile = profile_compute(workload, workers=cluster.num_devices)
+    except WorkerFailure as exc:  # the trials will say what is wrong with the workload; score analytically
+        say(f"profiling failed ({str(exc)[:200]}); the replay falls back on counted FLOPs")
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
+    return path
+
+
 def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:
     """(pairs ordered as measured, pairs with different runtimes): higher score = faster."""
     right = total = 0.0
@@ -299,6 +327,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                          "origin": r.origin, "predicted": r.predicted_time_s,
                          "runtime": r.mean_s if r.status == "ok" else None}
                         for r in done if r.runtime == "engine" and not r.trial_id.startswith("confirm-")]}
+    say = on_phase or (lambda _message: None)
+    if exp.algorithm not in ("random", "random-guided") and exp.simulator != "analytic":
+        ensure_profile(workload, model, cluster, say)
     algo = Algorithm1.from_state(state, model, cluster, exp, make_search_simulator(exp, model, cluster))
     logger = MlflowLogger(exp.name, tracking_uri)
     parent = logger.start_search(search_id, {"experiment": exp.source or exp.name, "model": model.name,
@@ -394,7 +425,6 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     start = time.monotonic()
     if on_trial:
         _CALLBACKS[search_id] = on_trial
-    say = on_phase or (lambda _message: None)
     storage = str(path_under(data_home(), "tune"))
     confirmation: dict | None = None
     try:
@@ -458,6 +488,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                     "best_builder_baseline_s": algo.summary()["best_baseline_s"],
                     "confirmed": confirmation,
                     "simulator_selection": list(getattr(algo.simulator, "history", [])),
+                    "training_free_simulator": getattr(getattr(algo.simulator, "training_free", algo.simulator),
+                                                       "kind", None),
                     **_best_builder(algo)})
     summary["recommended"] = _recommendation(summary, best_ddp, skeleton)
     metrics = {k.replace(".", "_"): summary.get(k) for k in (
