@@ -179,8 +179,7 @@ class _Learned(Simulator):
         with its constants."""
         for profile in replay.profiles.values():
             self.replay.add_profile(profile)
-        self.replay.constants = replay.constants
-        self.replay._cache.clear()
+        self.replay.set_constants(replay.constants)
 
     def _features(self, batch: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
         """AutoSync's inputs with the replay's prediction and per-unit timeline beside them."""
@@ -466,7 +465,7 @@ def load_simulator(path: str | Path) -> Simulator:
         if config.get("replay_constants"):
             from .replay import ReplayConstants
 
-            sim.replay.constants = ReplayConstants(**{k: float(v) for k, v in config["replay_constants"].items()})
+            sim.replay.set_constants(ReplayConstants(**{k: float(v) for k, v in config["replay_constants"].items()}))
         norm = payload["norm"]
         widths = {"x_mean": config["raw"], "x_std": config["raw"], "g_mean": config["global"],
                   "g_std": config["global"]}

@@ -99,12 +99,19 @@ class ReplaySimulator(Simulator):
         self.profiles = dict(profiles or {})
         self.constants = constants
         self.fallbacks: set[str] = set()
-        self._cache: dict[int, _ReplayDomain] = {}
+        # The last domain replayed and its inputs; the context itself is held, so its identity
+        # cannot pass to another context after it is freed.
+        self._cache: tuple[DomainContext, _ReplayDomain] | None = None
 
     # ------------------------------------------------------------------ profiles
+    def set_constants(self, constants: ReplayConstants) -> None:
+        """Replay with ``constants`` from now on."""
+        self.constants = constants
+        self._cache = None
+
     def add_profile(self, profile: ComputeProfile) -> None:
         self.profiles[profile_key(profile.model, profile.device, profile.workers)] = profile
-        self._cache.clear()
+        self._cache = None
 
     @classmethod
     def from_folder(cls, folder: str | Path, constants: ReplayConstants = ReplayConstants()) -> "ReplaySimulator":
@@ -119,9 +126,8 @@ class ReplaySimulator(Simulator):
         return sim
 
     def _domain(self, ctx: DomainContext) -> _ReplayDomain:
-        cached = self._cache.get(id(ctx))
-        if cached is not None:
-            return cached
+        if self._cache is not None and self._cache[0] is ctx:
+            return self._cache[1]
         model, cluster = ctx.model, ctx.cluster
         profile = self.profiles.get(profile_key(model.name, cluster.device_kind, cluster.num_devices))
         if profile is not None and len(profile.ready_s) == len(model.variables):
@@ -143,7 +149,7 @@ class ReplaySimulator(Simulator):
         latencies = [n.latency_ms for n in cluster.nodes]
         alpha = max(latencies) / 1e3 if all(x is not None for x in latencies) else self.constants.alpha_s
         dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha)
-        self._cache = {id(ctx): dom}  # one domain at a time: a search scores one domain
+        self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
     # ------------------------------------------------------------------ replay
