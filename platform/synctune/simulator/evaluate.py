@@ -1,7 +1,7 @@
 """Metrics of a simulator on measured strategies (AutoSync §5): pairwise ranking accuracy (the
 papers' metric), Kendall's tau, and top-k recall of the truly fastest strategies; and, for
 simulators that predict seconds, the absolute error |predicted - measured| / measured (median
-and 90th percentile, the figure dPRO §6 reports); per domain, and across domains (train on one,
+and 90th percentile; dPRO §7.2 reports replay error this way); per domain, and across domains (train on one,
 evaluate on another without target data, §3.3)."""
 
 from __future__ import annotations
