@@ -168,12 +168,10 @@ def eval_cmd(sim_files, data, domains, held_out, seed, k, alpha_ms, as_json) -> 
 def profile_cmd(model, cluster, warmup, iters, batch_size) -> None:
     """Measure a workload's compute profile (the replay simulator's input) with as many
     concurrent CPU workers as CLUSTER has devices, and file it in the data folder."""
-    from ..data import profiles_dir
     from ..engine.local import WorkerFailure
     from ..engine.profile import profile_compute
-    from ..simulator import profile_key
+    from ..run.profiles import save_profile
     from ..spec.errors import InfraError
-    from ..spec.files import write_text_atomic
     from ._common import resolve_workload_arg
 
     spec_cluster = resolve_cluster_arg(cluster)
@@ -188,9 +186,7 @@ def profile_cmd(model, cluster, warmup, iters, batch_size) -> None:
         profile = profile_compute(workload, workers=workers, batch_size=batch_size, warmup=warmup, iters=iters)
     except WorkerFailure as exc:
         raise InfraError(f"profiling {workload.name}: {exc}") from None
-    path = profiles_dir() / f"{profile_key(profile.model, profile.device, profile.workers)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
+    path = save_profile(profile)
     click.echo(f"{profile.model} on {workers} {profile.device} workers (batch {profile.batch_size} each): forward "
                f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, step "
                f"{profile.step_s * 1e3:.1f} ms; wrote {path}")

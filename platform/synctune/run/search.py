@@ -43,6 +43,7 @@ from ..spec.files import check_name, path_under
 from ..spec.model import ModelSpec
 from ..strategy.builders import BUILDERS, build_strategy
 from ..strategy.schema import Strategy
+from .profiles import ensure_profile
 from .recording import record_result
 
 __all__ = ["run_search", "search_id_of", "make_search_simulator", "SelectedSimulator", "ensure_profile"]
@@ -201,34 +202,6 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     transferred = load_simulator(exp.simulator)
     transferred.use_profiles(replay)
     return SelectedSimulator(analytic, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
-
-
-def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callable[[str], None]) -> Path | None:
-    """The compute profile the replay simulator needs for this domain (dPRO §4.1), measured once
-    and filed in the data folder when missing: one short profiling pass with as many concurrent
-    workers as the cluster has devices. CPU clusters only (their workers run on this machine);
-    for GPU clusters the replay falls back on counted FLOPs. Returns the profile's path, or None."""
-    from ..data.paths import profiles_dir
-    from ..engine.local import WorkerFailure
-    from ..engine.profile import profile_compute
-    from ..simulator import profile_key
-    from ..spec.files import write_text_atomic
-
-    if cluster.device_kind != "cpu":
-        return None
-    path = profiles_dir() / f"{profile_key(model.name, 'cpu', cluster.num_devices)}.json"
-    if path.is_file():
-        return path
-    say(f"profiling {model.name}'s compute with {cluster.num_devices} concurrent workers (the replay simulator's "
-        f"input; once per model and worker count)")
-    try:
-        profile = profile_compute(workload, workers=cluster.num_devices)
-    except WorkerFailure as exc:  # the trials will say what is wrong with the workload; score analytically
-        say(f"profiling failed ({str(exc)[:200]}); the replay falls back on counted FLOPs")
-        return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
-    return path
 
 
 def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:

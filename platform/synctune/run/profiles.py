@@ -1,0 +1,54 @@
+"""Compute profiles in the data folder: where they are filed, writing one, measuring one a
+search needs (the replay simulator's compute input; dPRO §4.1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from ..data.paths import profiles_dir
+from ..simulator import profile_key
+from ..spec.cluster import ClusterSpec
+from ..spec.model import ModelSpec
+from ..spec.profile import ComputeProfile
+
+__all__ = ["profile_path", "save_profile", "ensure_profile"]
+
+
+def profile_path(model: str, device: str, workers: int) -> Path:
+    """Where the profile of ``model`` on ``workers`` concurrent ``device`` workers is filed."""
+    return profiles_dir() / f"{profile_key(model, device, workers)}.json"
+
+
+def save_profile(profile: ComputeProfile) -> Path:
+    """File ``profile`` (atomically, replacing an earlier one of the same key); returns its path."""
+    from ..spec.files import write_text_atomic
+
+    path = profile_path(profile.model, profile.device, profile.workers)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(profile.to_dict(), indent=1) + "\n")
+    return path
+
+
+def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callable[[str], None]) -> Path | None:
+    """The compute profile the replay simulator needs for this domain (dPRO §4.1), measured once
+    and filed in the data folder when missing: one short profiling pass with as many concurrent
+    workers as the cluster has devices. CPU clusters only (their workers run on this machine);
+    for GPU clusters the replay falls back on counted FLOPs. Returns the profile's path, or None."""
+    from ..engine.local import WorkerFailure
+    from ..engine.profile import profile_compute
+
+    if cluster.device_kind != "cpu":
+        return None
+    path = profile_path(model.name, "cpu", cluster.num_devices)
+    if path.is_file():
+        return path
+    say(f"profiling {model.name}'s compute with {cluster.num_devices} concurrent workers (the replay simulator's "
+        f"input; once per model and worker count)")
+    try:
+        profile = profile_compute(workload, workers=cluster.num_devices)
+    except WorkerFailure as exc:  # the trials will say what is wrong with the workload; score analytically
+        say(f"profiling failed ({str(exc)[:200]}); the replay falls back on counted FLOPs")
+        return None
+    return save_profile(profile)
