@@ -52,12 +52,16 @@ def _progress_bar(total_hint: int, label: str):
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
 @click.option("--ray-address", default="local", show_default=True,
               help="With --launcher ray: 'local' starts Ray on this machine, 'auto' joins a running cluster.")
-@click.option("--runtime", type=click.Choice(["engine", "ddp"]), default="engine", show_default=True,
-              help="What runs the trial: synctune's engine executing the strategy, or plain torch DDP (the "
-                   "strategy then gives replicas and batch split only; without one, every device, even split).")
+@click.option("--runtime", type=click.Choice(["engine", "ddp", "horovod"]), default="engine", show_default=True,
+              help="What runs the trial: synctune's engine executing the strategy, plain torch DDP, or real "
+                   "Horovod (scripts/install-horovod.sh); for ddp and horovod the strategy gives replicas and batch "
+                   "split only (without one, every device, even split).")
 @click.option("--ddp", "ddp_options", multiple=True, metavar="KEY=VALUE",
               help="With --runtime ddp: bucket_cap_mb, first_bucket_mb, comm_hook (none, fp16, bf16, powersgd), "
                    "powersgd_rank, gradient_as_bucket_view.")
+@click.option("--horovod", "horovod_options", multiple=True, metavar="KEY=VALUE",
+              help="With --runtime horovod: fusion_threshold_mb, cycle_time_ms, compression (none, fp16), "
+                   "hierarchical_allreduce, autotune, sparse_as_dense.")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Log the trial to MLflow and append it to the dataset.")
 @click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")
@@ -65,7 +69,8 @@ def _progress_bar(total_hint: int, label: str):
 def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builder: str | None,
               strategy_file: str | None, options: tuple[str, ...],
               warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
-              ray_address: str, runtime: str, ddp_options: tuple[str, ...], record: bool, experiment: str,
+              ray_address: str, runtime: str, ddp_options: tuple[str, ...],
+              horovod_options: tuple[str, ...], record: bool, experiment: str,
               as_json: bool) -> None:
     """Run one trial: WARMUP + ITERS iterations of a model (zoo MODEL or your WORKLOAD) on CLUSTER
     under a strategy, timed.
@@ -81,6 +86,8 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
         raise SpecError("give exactly one of --builder and --strategy")
     if ddp_options and runtime != "ddp":
         raise SpecError("--ddp applies to --runtime ddp only")
+    if horovod_options and runtime != "horovod":
+        raise SpecError("--horovod applies to --runtime horovod only")
     if (model is None) == (workload_path is None):
         raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
@@ -95,7 +102,8 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
         strategy = load_strategy(strategy_file)
     else:
         strategy = build_strategy("allreduce", model_spec, cluster_spec)
-    run_config = _ddp_runtime(ddp_options) if runtime == "ddp" else None
+    run_config = (_ddp_runtime(ddp_options) if runtime == "ddp"
+                  else _horovod_runtime(horovod_options) if runtime == "horovod" else None)
     check_trial(workload, strategy, cluster_spec, run_config)
     node_net = node_network(cluster_spec)
     if record:
@@ -116,7 +124,7 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     finally:
         bar.close()
     if record:
-        origin = "ddp" if run_config and not (builder or strategy_file) else (builder or f"file:{strategy_file}")
+        origin = runtime if run_config and not (builder or strategy_file) else (builder or f"file:{strategy_file}")
         _record(result, strategy, model_spec, cluster_spec, origin, experiment, workload.source, run_config)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
@@ -159,11 +167,38 @@ def _ddp_runtime(options: tuple[str, ...]) -> dict:
     return ddp_runtime(DDPConfig.from_dict(values))
 
 
+def _horovod_runtime(options: tuple[str, ...]) -> dict:
+    """``--horovod KEY=VALUE`` options as a trial runtime (values typed as HorovodConfig's fields)."""
+    from ..engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_runtime
+
+    values = HOROVOD_DEFAULT.to_dict()
+    for key, text in _parse_options(options).items():
+        if key not in values:
+            raise SpecError(f"--horovod: unknown key {key!r}; valid: {', '.join(values)}")
+        if key in ("fusion_threshold_mb", "cycle_time_ms"):
+            try:
+                values[key] = float(text)
+            except ValueError:
+                raise SpecError(f"--horovod: {key}: expected a number, got {text!r}") from None
+        elif isinstance(values[key], bool):
+            if text.lower() not in ("true", "false"):
+                raise SpecError(f"--horovod: {key}: expected true or false, got {text!r}")
+            values[key] = text.lower() == "true"
+        else:
+            values[key] = text
+    return horovod_runtime(HorovodConfig.from_dict(values))
+
+
 def _print_result(result, strategy, runtime: dict | None = None) -> None:
-    if runtime:
+    if runtime and runtime["kind"] == "ddp":
         from ..engine.ddp import DDPConfig
 
         click.echo(f"torch DDP: {DDPConfig.from_dict(runtime['ddp']).summary()} (replicas and batch split of "
+                   f"{strategy.summary()})")
+    elif runtime:
+        from ..engine.horovod import HorovodConfig
+
+        click.echo(f"Horovod: {HorovodConfig.from_dict(runtime['horovod']).summary()} (replicas and batch split of "
                    f"{strategy.summary()})")
     else:
         click.echo(strategy.summary())
@@ -203,7 +238,7 @@ def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment:
 
     rec = record_result(result.to_dict(), strategy, model_spec, cluster_spec, dataset=TrialDataset(dataset_dir()),
                         logger=MlflowLogger(experiment), origin=origin, experiment=experiment,
-                        workload_source=workload_source, runtime="ddp" if runtime else "engine",
-                        runtime_json=json.dumps(runtime["ddp"], sort_keys=True) if runtime else "")
+                        workload_source=workload_source, runtime=runtime["kind"] if runtime else "engine",
+                        runtime_json=json.dumps(runtime[runtime["kind"]], sort_keys=True) if runtime else "")
     run_id = rec.mlflow_run_id
     echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

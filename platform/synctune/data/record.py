@@ -26,8 +26,9 @@ __all__ = ["RECORD_SCHEMA_VERSION", "RUNTIMES", "TrialRecord", "arrow_schema", "
 RECORD_SCHEMA_VERSION = 3
 
 #: What executed a trial (DESIGN.md "runtime"): our engine running the strategy, or plain torch
-#: DDP configured by ``runtime_json`` (the strategy then only says replicas and batch split).
-RUNTIMES = ("engine", "ddp")
+#: DDP or real Horovod configured by ``runtime_json`` (the strategy then only says replicas and
+#: batch split).
+RUNTIMES = ("engine", "ddp", "horovod")
 
 
 def environment(backend: str = "", device_kind: str = "") -> dict[str, str]:
@@ -112,7 +113,8 @@ class TrialRecord:
     workload_source: str = ""
     #: What executed the trial (:data:`RUNTIMES`); simulators learn from ``engine`` rows only.
     runtime: str = "engine"
-    #: The runtime's configuration as JSON (a DDP trial's :class:`~synctune.engine.ddp.DDPConfig`).
+    #: The runtime's configuration as JSON (a DDP trial's :class:`~synctune.engine.ddp.DDPConfig`, a
+    #: Horovod trial's :class:`~synctune.engine.horovod.HorovodConfig`).
     runtime_json: str = ""
 
     @classmethod

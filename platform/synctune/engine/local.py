@@ -117,6 +117,7 @@ def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collecti
         # resolve the peer's hostname. Harmless; keep the output readable.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         master = net["master"]
+    os.environ["SYNCTUNE_MASTER_ADDR"] = master  # where rank 0 serves runtimes' rendezvous (Horovod)
     import torch
     import torch.distributed as dist
 

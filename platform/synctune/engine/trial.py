@@ -181,8 +181,8 @@ def trials_worker(rank: int, world: int, payload: dict) -> int:
 
 class _Arm:
     """One way of training on this rank: our engine running ``strategy``, or (``runtime`` set)
-    torch DDP configured by it. The model and the batch are built the same way for both, so two
-    arms in one process differ only in how gradients travel."""
+    torch DDP or real Horovod configured by it. The model and the batch are built the same way
+    for all, so two arms in one process differ only in how gradients travel."""
 
     def __init__(self, rank: int, payload: dict, strategy: Strategy, runtime: dict | None, device) -> None:
         import torch
@@ -196,17 +196,30 @@ class _Arm:
         with torch.device(device):
             self.model = workload.build_model()
         make_opt = lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr)  # noqa: E731
-        if runtime is None:
+        self.engine = self.horovod = None
+        kind = runtime["kind"] if runtime is not None else "engine"
+        if kind == "engine":
             self.engine = StrategyEngine(self.model, strategy, ModelSpec.from_dict(payload["model_spec"]),
                                          ClusterSpec.from_dict(payload["cluster"]), make_opt, seed=config.seed)
             self.forward_model = self.model
-        else:
+        elif kind == "ddp":
             from .ddp import DDPConfig, wrap_ddp
 
-            self.engine = None
             self.forward_model = wrap_ddp(self.model, DDPConfig.from_dict(runtime["ddp"]),
                                           device_ids=[device.index] if device.type == "cuda" else None)
             self.optimizer = make_opt(list(self.forward_model.parameters()))
+        else:
+            import os
+
+            from .horovod import HorovodConfig, HorovodSession
+
+            cluster = ClusterSpec.from_dict(payload["cluster"])
+            hv_config = HorovodConfig.from_dict(runtime["horovod"])
+            hosts = [cluster.node_of(d).name for d in strategy.replicas]
+            self.horovod = HorovodSession(hv_config, rank, hosts, os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1"),
+                                          timeout_s=config.collective_timeout_s)
+            self.forward_model = self.model
+            self.optimizer = self.horovod.optimizer(make_opt(list(self.model.parameters())), self.model, hv_config)
         gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + rank)
         self.batch = workload.make_batch(strategy.batch_split[rank], rank=rank, generator=gen, device=device)
 
@@ -219,6 +232,9 @@ class _Arm:
         if self.engine is not None:
             self.engine.step()
             self.engine.zero_grad()
+        elif self.horovod is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad()  # Horovod's wrapper takes no arguments (torch's default: set to None)
         else:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -227,13 +243,15 @@ class _Arm:
         return loss
 
     def take_comm_bytes(self) -> int | None:
-        """Bytes handed to collectives since the last call (counted by our engine; DDP's are
-        its own business and not counted)."""
+        """Bytes handed to collectives since the last call (counted by our engine; DDP's and
+        Horovod's are their own business and not counted)."""
         return self.engine.take_comm_bytes() if self.engine is not None else None
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        if self.horovod is not None:
+            self.horovod.close()
 
 
 def _device(cluster: ClusterSpec, strategy: Strategy, rank: int, gpu_per_rank: bool):
@@ -400,12 +418,25 @@ def check_trial(workload, strategy: Strategy, cluster: ClusterSpec, runtime: dic
     spec = workload.spec()
     validate(strategy, spec, cluster)
     if runtime is not None:
-        from .ddp import check_ddp_trial
-
-        check_ddp_trial(runtime, strategy, spec, cluster)
+        check_runtime(runtime, strategy, spec, cluster)
     else:
         check_supported(strategy, spec)
     return spec
+
+
+def check_runtime(runtime: dict, strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec) -> None:
+    """Refuse a trial ``runtime`` (``ddp`` or ``horovod``) that would not run what it claims."""
+    kind = runtime.get("kind") if isinstance(runtime, dict) else None
+    if kind == "ddp":
+        from .ddp import check_ddp_trial
+
+        check_ddp_trial(runtime, strategy, spec, cluster)
+    elif kind == "horovod":
+        from .horovod import check_horovod_trial
+
+        check_horovod_trial(runtime, strategy, spec, cluster)
+    else:
+        raise SpecError(f"trial runtime: kind: expected ddp or horovod, got {kind!r}")
 
 
 def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *, workload,
@@ -464,6 +495,9 @@ def confirm_payload(workload, arms: list[tuple[Strategy, dict | None]], cluster:
     if not (in_range(rounds, 2, 1000) and in_range(per_round, 1, LIMITS["iterations"])):
         raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and per_round from 1 to "
                         f"{LIMITS['iterations']}, got {rounds!r} and {per_round!r}")
+    if sum(1 for _, r in arms if r and r.get("kind") == "horovod") > 1:
+        raise SpecError("confirmation: both arms are horovod runtimes, and Horovod runs once per process; compare a "
+                        "Horovod arm with an engine or ddp arm")
     spec = None
     for strategy, runtime in arms:
         spec = check_trial(workload, strategy, cluster, runtime)

@@ -1,0 +1,138 @@
+"""The ``horovod`` runtime: real Horovod trials, checked against single-process training.
+
+Horovod is an optional build (scripts/install-horovod.sh, which ``.ci/run`` runs); without it
+these tests skip with the reason. A Horovod trial's loss is compared with one process training
+on the mean of every rank's gradient, dense and sparse (Horovod all-gathers sparse rows), and
+two trials with different settings on one warm Ray worker group check that Horovod shuts down
+and starts again with the second trial's settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from synctune.engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_available, horovod_runtime
+from synctune.engine.trial import TrialConfig, run_confirm_local, run_trial_local
+from synctune.spec import cluster_preset
+from synctune.spec.errors import SpecError
+from synctune.strategy.builders import build_strategy
+from synctune.workload import zoo_workload
+
+from test_runtimes import _cli, _reference_losses
+
+pytestmark = pytest.mark.skipif(horovod_available() is not None, reason=str(horovod_available()))
+
+CLUSTER = cluster_preset("local-1x2")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from synctune.cluster.workers import node_type_resource
+
+    # address="local": never join another Ray instance running on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             resources={node_type_resource("local-cpu"): 2})
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("config", [HOROVOD_DEFAULT, HorovodConfig(fusion_threshold_mb=0.0, cycle_time_ms=5.0)],
+                         ids=["defaults", "no-fusion"])
+def test_horovod_trial_trains_as_single_process_sgd(config):
+    workload = zoo_workload("cnn-small")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    trial = TrialConfig(warmup=2, iters=3, lr=0.05)
+    result = run_trial_local(strategy, CLUSTER, trial, workload=workload, runtime=horovod_runtime(config))
+    assert result.status == "ok", result.error
+    assert len(result.iteration_times_s) == 3 and result.comm_bytes_per_iter is None
+    reference = _reference_losses(workload, strategy, trial)
+    assert reference[-1] < reference[0]  # it trained: a frozen model would pass the comparison too
+    assert result.extra["final_loss"] == pytest.approx(reference[-1], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True], ids=["allgather-rows", "dense"])
+def test_horovod_sparse_gradients_train_as_single_process_sgd(sparse_as_dense):
+    workload = zoo_workload("ncf-small")
+    assert any(v.sparse for v in workload.spec().variables)  # the case under test
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    trial = TrialConfig(warmup=1, iters=3, lr=0.5)
+    result = run_trial_local(strategy, CLUSTER, trial, workload=workload,
+                             runtime=horovod_runtime(HorovodConfig(sparse_as_dense=sparse_as_dense)))
+    assert result.status == "ok", result.error
+    reference = _reference_losses(workload, strategy, trial)
+    assert reference[-1] < reference[0]
+    assert result.extra["final_loss"] == pytest.approx(reference[-1], rel=1e-4, abs=1e-6)
+
+
+def test_horovod_fp16_compression_runs_and_stays_close():
+    workload = zoo_workload("cnn-small")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    trial = TrialConfig(warmup=2, iters=3, lr=0.05)
+    result = run_trial_local(strategy, CLUSTER, trial, workload=workload,
+                             runtime=horovod_runtime(HorovodConfig(compression="fp16")))
+    assert result.status == "ok", result.error
+    assert result.extra["final_loss"] == pytest.approx(_reference_losses(workload, strategy, trial)[-1], rel=1e-2)
+
+
+def test_horovod_runtime_refuses_what_horovod_would_run_differently():
+    workload = zoo_workload("cnn-small")
+    even = build_strategy("allreduce", workload.spec(), CLUSTER)
+    uneven = dataclasses.replace(even, batch_split=(even.batch_split[0] + 2, even.batch_split[1] - 2))
+    with pytest.raises(SpecError, match="batch split is uneven"):
+        run_trial_local(uneven, CLUSTER, workload=workload, runtime=horovod_runtime(HOROVOD_DEFAULT))
+    # Horovod silently runs flat without NCCL: the runtime refuses instead of recording a lie.
+    with pytest.raises(SpecError, match="hierarchical_allreduce: .*NCCL"):
+        run_trial_local(even, CLUSTER, workload=workload,
+                        runtime=horovod_runtime(HorovodConfig(hierarchical_allreduce=True)))
+    sparse = zoo_workload("ncf-small")
+    s = build_strategy("allreduce", sparse.spec(), CLUSTER)
+    with pytest.raises(SpecError, match="compression: fp16 .* is sparse"):
+        run_trial_local(s, CLUSTER, workload=sparse, runtime=horovod_runtime(HorovodConfig(compression="fp16")))
+    with pytest.raises(SpecError, match="both arms are horovod"):
+        run_confirm_local([(even, horovod_runtime(HOROVOD_DEFAULT)), (even, horovod_runtime(HOROVOD_DEFAULT))],
+                          CLUSTER, workload=workload)
+    for bad, message in [({"fusion_threshold_mb": -1}, "fusion_threshold_mb"), ({"cycle_time_ms": 0}, "cycle_time_ms"),
+                         ({"compression": "int8"}, "compression"), ({"fusion": 4}, "unknown key")]:
+        with pytest.raises(SpecError, match=message):
+            HorovodConfig.from_dict(bad)
+
+
+def test_two_horovod_trials_on_one_warm_ray_worker_group(ray_local):
+    """Actor reuse: the second trial must run with its own settings after the first shut Horovod down."""
+    from synctune.cluster.workers import RayWorkerGroup
+
+    workload = zoo_workload("cnn-small")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    trial = TrialConfig(warmup=1, iters=2, lr=0.05)
+    reference = _reference_losses(workload, strategy, trial)
+    with RayWorkerGroup(CLUSTER) as group:
+        for config in (HorovodConfig(fusion_threshold_mb=1.0), HorovodConfig(fusion_threshold_mb=0.0)):
+            result = group.run_trial(strategy, trial, workload=workload, runtime=horovod_runtime(config))
+            assert result.status == "ok", result.error
+            assert result.extra["final_loss"] == pytest.approx(reference[-1], rel=1e-5, abs=1e-6)
+        engine = group.run_trial(strategy, trial, workload=workload)  # the group still runs engine trials
+        assert engine.status == "ok", engine.error
+
+
+def test_trial_cli_runs_and_records_a_horovod_trial(tmp_path):
+    from synctune.data import TrialDataset
+
+    home = tmp_path / "home"
+    done = _cli(home, "trial", "--runtime", "horovod", "-m", "bert-tiny", "-c", "local-2x2", "--horovod",
+                "fusion_threshold_mb=32", "--warmup", "1", "--iters", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Horovod: horovod fusion 32 MiB, cycle 1 ms" in done.stdout and "status ok" in done.stdout
+    (row,) = TrialDataset(home / "dataset").records()
+    assert row.runtime == "horovod" and row.origin == "horovod" and row.num_replicas == 4
+    assert json.loads(row.runtime_json)["fusion_threshold_mb"] == 32.0
+    for args, message in [(("--horovod", "fusion=3"), "--horovod: unknown key 'fusion'"),
+                          (("--horovod", "hierarchical_allreduce=true"), "hierarchical_allreduce"),
+                          (("--horovod", "cycle_time_ms=soon"), "cycle_time_ms: expected a number")]:
+        bad = _cli(home, "trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "horovod", *args, "--no-record")
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert message in bad.stderr
