@@ -136,3 +136,46 @@ def test_trial_cli_runs_and_records_a_horovod_trial(tmp_path):
         bad = _cli(home, "trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "horovod", *args, "--no-record")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert message in bad.stderr
+
+
+def _search(tmp_path, baselines: str, budget: int = 3, confirm_rounds: int = 0):
+    import subprocess
+    import sys
+
+    from _searches import search_env
+
+    path = tmp_path / "hvd.yaml"
+    path.write_text(f"name: hvd\nmodel: cnn-small\ncluster: local-1x2\nbudget: {budget}\nalgorithm: random\n"
+                    f"simulator: analytic\nproposals: 20\ncandidates: 2\nwarmup: 1\niters: 3\nbaselines: {baselines}\n"
+                    f"ddp_trials: 0\nconfirm_rounds: {confirm_rounds}\nconfirm_iters: 2\n")
+    return subprocess.run([sys.executable, "-m", "synctune", "search", str(path)], env=search_env(tmp_path / "home"),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_search_measures_real_horovod_baselines_and_confirms_against_them(tmp_path):
+    """Horovod the only baseline: it is what the best searched strategy is confirmed against,
+    interleaved on the same (restarted) processes."""
+    from synctune.data import TrialDataset
+
+    done = _search(tmp_path, "[hvd, 'hvd:fusion_threshold_mb=0,cycle_time_ms=2']", budget=2, confirm_rounds=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = TrialDataset(tmp_path / "home" / "dataset").read(search_id="hvd-seed0")
+    hvd = rows[rows["runtime"] == "horovod"].sort_values("created_at")
+    assert list(hvd["trial_id"]) == ["hvd-0", "hvd-1"] and (hvd["status"] == "ok").all()
+    assert list(hvd["origin"]) == ["hvd", "hvd:fusion_threshold_mb=0,cycle_time_ms=2"]
+    assert json.loads(hvd["runtime_json"].iloc[1])["fusion_threshold_mb"] == 0.0
+    assert "Horovod   " in done.stdout and "real Horovod baseline" in done.stdout
+    assert "against Horovod (hvd" in done.stdout, done.stdout  # the confirmation's baseline arm
+    result = json.loads((tmp_path / "home" / "searches" / "hvd-seed0-best-result.json").read_text())
+    assert result["confirmed"]["baseline"].startswith("Horovod (hvd")
+    assert result["horovod_trials"] == 2 and result["horovod_best_s"] == pytest.approx(hvd["mean_s"].min())
+
+
+@pytest.mark.parametrize("entry, message", [("'hvd:fusion=3'", "unknown Horovod setting 'fusion'"),
+                                            ("'hvd:hierarchical_allreduce=true'", "hierarchical_allreduce"),
+                                            ("'hvd:cycle_time_ms=fast'", "cycle_time_ms: expected a number"),
+                                            ("'hvd:64'", "expected hvd or hvd:KEY=VALUE")])
+def test_bad_horovod_baselines_are_refused_before_anything_runs(tmp_path, entry, message):
+    done = _search(tmp_path, f"[allreduce, {entry}]")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert message in done.stderr and not (tmp_path / "home" / "dataset").exists()

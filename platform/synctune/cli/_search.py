@@ -17,8 +17,13 @@ def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking
     from ..data import MlflowLogger
     from ..run.apply import apply_search_result
 
+    chosen = summary["recommended"]
+    if chosen.get("horovod"):
+        # A training file runs the engine or DDP; the winner here is Horovod with its settings.
+        echo_err(f"note: the recommendation is real Horovod ({chosen['name']}); its settings are in "
+                 f"{best_path.with_name(best_path.stem + '-result.json')}, and no training file is written")
+        return None, ""
     try:
-        chosen = summary["recommended"]
         return apply_search_result(chosen["strategy"], workload, cluster, best_path, seed=exp.seed, ddp=chosen["ddp"],
                                    logger=MlflowLogger(exp.name, tracking_uri),
                                    parent_run_id=summary.get("mlflow_parent_run") or "")
@@ -43,7 +48,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
 
     from ..data import data_home
     from ..run import run_search, search_id_of
-    from ..run.search import make_search_simulator
+    from ..run.search import horovod_baselines, make_search_simulator
     from ..search.experiment import load_experiment
     from ..spec.files import check_writable, path_under, write_text_atomic
 
@@ -58,15 +63,17 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     # Everything the search will need is checked before Ray starts: the simulator file, where
     # the best strategy goes, the data folder.
     make_search_simulator(exp, model, cluster)
+    horovod_baselines(exp, model, cluster)
     search_id = search_id_of(exp)
     best_path = Path(exp.output) if exp.output else path_under(data_home(), "searches", f"{search_id}-best.json")
     best_path.parent.mkdir(parents=True, exist_ok=True)
     check_writable(best_path)
     start_ray(ray_address, cluster.num_devices + 1)
-    bar = tqdm(total=exp.budget + exp.ddp_trials, desc=exp.name, unit="trial", disable=None)
+    bar = tqdm(total=exp.budget + exp.ddp_trials + len(exp.runtime_baselines), desc=exp.name, unit="trial",
+               disable=None)
 
     def on_trial(outcome: dict, summary: dict) -> None:
-        bar.n = summary["trials"] + summary.get("ddp_trials", 0)
+        bar.n = summary["trials"] + summary.get("ddp_trials", 0) + summary.get("horovod_trials", 0)
         speed = summary["speedup_over_best_baseline"]
         hits = summary["hit_rate"]
         parts = []
@@ -103,6 +110,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         # The whole answer beside it: what to run (a strategy, or tuned DDP's configuration) and why.
         result = {k: summary.get(k) for k in ("search_id", "recommended", "confirmed", "best_runtime_s",
                                               "best_builder_baseline_s", "ddp_best_s", "ddp_best_config",
+                                              "horovod_best_s", "horovod_best_config", "horovod_trials",
                                               "speedup_over_best_baseline", "hit_rate", "trials", "ddp_trials")}
         write_text_atomic(best_path.with_name(best_path.stem + "-result.json"),
                           json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
@@ -120,6 +128,11 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
 
         click.echo(f"DDP       {summary['ddp_best_s'] * 1e3:.1f} ms/iteration (best of {summary['ddp_trials']} tuned torch "
                    f"DDP trials: {DDPConfig.from_dict(summary['ddp_best_config']).summary()})")
+    if summary.get("horovod_best_s"):
+        from ..engine.horovod import HorovodConfig
+
+        click.echo(f"Horovod   {summary['horovod_best_s'] * 1e3:.1f} ms/iteration (best of {summary['horovod_trials']} "
+                   f"real Horovod baseline(s): {HorovodConfig.from_dict(summary['horovod_best_config']).summary()})")
     click.echo(f"single    {speed:.3f}x over the best baseline, trial against trial (not confirmed)" if speed
                else "single    n/a")
     confirmed = summary.get("confirmed") or {}

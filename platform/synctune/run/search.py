@@ -130,6 +130,42 @@ DDP_SPACE = ("comm_hook", "bucket_cap_mb", "first_bucket_mb")
 DDP_POWERSGD_RANK = 4
 
 
+def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec) -> list[tuple[str, Any]]:
+    """The experiment's real-Horovod baselines as (entry, :class:`~synctune.engine.horovod.HorovodConfig`),
+    each checked as a trial (Horovod installed, settings it executes) before anything runs."""
+    from ..engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_runtime
+    from ..engine.trial import check_runtime
+
+    out = []
+    where = exp.source or exp.name
+    for entry in getattr(exp, "runtime_baselines", ()):
+        values = HOROVOD_DEFAULT.to_dict()
+        options = entry.partition(":")[2]
+        for item in filter(None, options.split(",")):
+            key, _eq, text = (part.strip() for part in item.partition("="))
+            if key not in values:
+                raise SpecError(f"{where}: baselines: {entry!r}: unknown Horovod setting {key!r}; valid: "
+                                f"{', '.join(values)}")
+            if isinstance(values[key], bool):
+                if text.lower() not in ("true", "false"):
+                    raise SpecError(f"{where}: baselines: {entry!r}: {key}: expected true or false, got {text!r}")
+                values[key] = text.lower() == "true"
+            elif key == "compression":
+                values[key] = text
+            else:
+                try:
+                    values[key] = float(text)
+                except ValueError:
+                    raise SpecError(f"{where}: baselines: {entry!r}: {key}: expected a number, got {text!r}") from None
+        try:
+            config = HorovodConfig.from_dict(values)
+            check_runtime(horovod_runtime(config), build_strategy("allreduce", model, cluster), model, cluster)
+        except SpecError as exc:
+            raise SpecError(f"{where}: baselines: {entry!r}: {exc}") from None
+        out.append((entry, config))
+    return out
+
+
 def ddp_config_of(params: dict):
     """The :class:`~synctune.engine.ddp.DDPConfig` of one tuned-DDP point."""
     from ..engine.ddp import DDPConfig
@@ -294,6 +330,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                         f"pass --resume to continue it, or change the experiment's name or seed")
     done = sorted(done, key=lambda r: (r.created_at, r.record_id))
     ddp_done = [r for r in done if r.runtime == "ddp"]
+    hvd_entries = horovod_baselines(exp, model, cluster)
     # Hashes are recomputed from the strategies (a row of an older strategy schema stores the
     # hash of its old form): the search must recognise a strategy it measured in any schema.
     state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json),
@@ -321,16 +358,31 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     ddp_trials: list[dict] = [{"params": json.loads(r.extra_json).get("ddp_params"), "trial_id": r.trial_id,
                                "config": json.loads(r.runtime_json or "{}"),
                                "runtime": r.mean_s if r.status == "ok" else None} for r in ddp_done]
+    # Real Horovod baselines, by entry: {"trial_id", "entry", "config", "runtime"}.
+    hvd_trials: list[dict] = [{"trial_id": r.trial_id, "entry": r.origin, "config": json.loads(r.runtime_json or "{}"),
+                               "runtime": r.mean_s if r.status == "ok" else None}
+                              for r in done if r.runtime == "horovod"]
     skeleton = build_strategy("allreduce", model, cluster)  # DDP's replicas and (even) batch split
 
     def ddp_best() -> dict | None:
         ok = [t for t in ddp_trials if t["runtime"] is not None]
         return min(ok, key=lambda t: t["runtime"]) if ok else None
 
+    def hvd_best() -> dict | None:
+        ok = [t for t in hvd_trials if t["runtime"] is not None]
+        return min(ok, key=lambda t: t["runtime"]) if ok else None
+
+    def runtime_best() -> dict | None:
+        """The fastest baseline run by another runtime (tuned DDP or real Horovod), with its kind."""
+        found = [{**t, "kind": kind} for kind, t in (("ddp", ddp_best()), ("horovod", hvd_best())) if t]
+        return min(found, key=lambda t: t["runtime"]) if found else None
+
     def summary_now() -> dict:
-        best = ddp_best()
-        return {**algo.summary(other_baselines=(best["runtime"],) if best else ()), "ddp_trials": len(ddp_trials),
-                "ddp_best_s": best["runtime"] if best else None}
+        best, hvd = ddp_best(), hvd_best()
+        others = tuple(t["runtime"] for t in (best, hvd) if t)
+        return {**algo.summary(other_baselines=others), "ddp_trials": len(ddp_trials),
+                "ddp_best_s": best["runtime"] if best else None, "horovod_trials": len(hvd_trials),
+                "horovod_best_s": hvd["runtime"] if hvd else None}
 
     def record(proposal, result: dict, **extra: Any) -> None:
         best_base = summary_now()["best_baseline_s"]
@@ -414,6 +466,20 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                 run_config=tune.RunConfig(name=f"{search_id}-ddp", storage_path=storage, verbose=0,
                                           callbacks=[_RecordDDP()]),
             ).fit()
+        measured = {t["entry"] for t in hvd_trials}
+        for entry, config in hvd_entries:
+            if entry in measured:
+                continue
+            say(f"real Horovod baseline {entry}: {config.summary()}")
+            from ..engine.horovod import horovod_runtime
+
+            outcome = ray.get(holders[0].run.remote(skeleton.to_dict(), trial_config, horovod_runtime(config)))
+            trial_id = f"hvd-{len(hvd_trials)}"
+            record(_Recorded(trial_id, skeleton, origin=entry), outcome, runtime="horovod",
+                   runtime_json=json.dumps(config.to_dict(), sort_keys=True))
+            hvd_trials.append({"trial_id": trial_id, "entry": entry, "config": config.to_dict(),
+                               "runtime": outcome.get("mean_s") if outcome["status"] == "ok" else None})
+            _notify(search_id, outcome, summary_now())
         remaining = exp.budget - len(algo.trials)
         if remaining > 0 and not algo.finished:
             say(f"searching: {remaining} trial(s) of {exp.algorithm}, builder baselines first")
@@ -428,7 +494,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
             )
             tuner.fit()
         if exp.confirm_rounds:
-            arms = _confirmation_arms(algo, ddp_best(), skeleton)
+            arms = _confirmation_arms(algo, runtime_best(), skeleton)
             if arms is None:
                 confirmation = {"error": "nothing to confirm: no searched strategy and baseline both finished"}
             else:
@@ -443,7 +509,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                     confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
                 confirmation.update({"candidate": names[0], "baseline": names[1], "candidate_hash": a[0].hash,
                                      "candidate_strategy": a[0].to_dict(), "baseline_strategy": b[0].to_dict(),
-                                     "baseline_ddp": b[1]["ddp"] if b[1] else None})
+                                     "baseline_ddp": b[1]["ddp"] if b[1] and b[1]["kind"] == "ddp" else None,
+                                     "baseline_horovod": b[1]["horovod"] if b[1] and b[1]["kind"] == "horovod"
+                                     else None})
                 if "ratio" in confirmation:
                     # The confirmation is part of the search's memory: a row (the candidate's
                     # per-round medians, the whole confirmation in its extra), so reports made
@@ -455,19 +523,22 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         _release(holders)
     summary = summary_now()
     best_ddp = ddp_best()
+    best_hvd = hvd_best()
     summary.update({"search_id": search_id, "wall_s": time.monotonic() - start, "mlflow_parent_run": parent,
                     "ddp_trials": len(ddp_trials), "ddp_best_s": best_ddp["runtime"] if best_ddp else None,
                     "ddp_best_config": best_ddp["config"] if best_ddp else None,
+                    "horovod_trials": len(hvd_trials), "horovod_best_s": best_hvd["runtime"] if best_hvd else None,
+                    "horovod_best_config": best_hvd["config"] if best_hvd else None,
                     "best_builder_baseline_s": algo.summary()["best_baseline_s"],
                     "confirmed": confirmation,
                     "simulator_selection": list(getattr(algo.simulator, "history", [])),
                     "training_free_simulator": getattr(getattr(algo.simulator, "training_free", algo.simulator),
                                                        "kind", None),
                     **_best_builder(algo)})
-    summary["recommended"] = _recommendation(summary, best_ddp, skeleton)
+    summary["recommended"] = _recommendation(summary, runtime_best(), skeleton)
     metrics = {k.replace(".", "_"): summary.get(k) for k in (
         "speedup_over_best_baseline", "hit_rate", "best_runtime_s", "best_baseline_s", "trials", "failed",
-        "trials_to_1.1x", "trials_to_1.2x", "ddp_best_s", "best_builder_baseline_s")}
+        "trials_to_1.1x", "trials_to_1.2x", "ddp_best_s", "horovod_best_s", "best_builder_baseline_s")}
     if confirmation and "ratio" in confirmation:
         metrics.update({"confirmed_speedup": confirmation["ratio"], "confirmed_speedup_low": confirmation["low"],
                         "confirmed_speedup_high": confirmation["high"]})
@@ -492,42 +563,53 @@ class _Recorded:
     predicted: float | None = None
 
 
-def _recommendation(summary: dict, ddp_best: dict | None, skeleton: Strategy) -> dict | None:
+def _runtime_name(best: dict) -> str:
+    """How a tuned-DDP or Horovod baseline is named in summaries."""
+    if best["kind"] == "horovod":
+        from ..engine.horovod import HorovodConfig
+
+        return f"Horovod ({best['entry']}): {HorovodConfig.from_dict(best['config']).summary()}"
+    from ..engine.ddp import DDPConfig
+
+    return f"tuned DDP: {DDPConfig.from_dict(best['config']).summary()}"
+
+
+def _runtime_recommendation(best: dict, skeleton: Strategy, why: str) -> dict:
+    return {"kind": "baseline", "name": _runtime_name(best), "strategy": skeleton.to_dict(),
+            "ddp": best["config"] if best["kind"] == "ddp" else None,
+            "horovod": best["config"] if best["kind"] == "horovod" else None, "why": why}
+
+
+def _recommendation(summary: dict, runtime_best: dict | None, skeleton: Strategy) -> dict | None:
     """What the search recommends: the best searched strategy when the confirmation found it
     faster than the best baseline; else that baseline; without a confirmation, the fastest
-    single trial (engine or tuned DDP). ``{"kind": "search"|"baseline", "name", "strategy",
-    "ddp": DDPConfig dict or None, "why"}``."""
+    single trial (engine, tuned DDP or real Horovod). ``{"kind": "search"|"baseline", "name",
+    "strategy", "ddp": DDPConfig dict or None, "horovod": HorovodConfig dict or None, "why"}``."""
     confirmed = summary.get("confirmed") or {}
     if "ratio" in confirmed:
         if confirmed["verdict"] == "faster":
             return {"kind": "search", "name": confirmed["candidate"], "strategy": confirmed["candidate_strategy"],
-                    "ddp": None, "why": "confirmed faster than the best baseline"}
+                    "ddp": None, "horovod": None, "why": "confirmed faster than the best baseline"}
         return {"kind": "baseline", "name": confirmed["baseline"], "strategy": confirmed["baseline_strategy"],
-                "ddp": confirmed["baseline_ddp"],
+                "ddp": confirmed["baseline_ddp"], "horovod": confirmed.get("baseline_horovod"),
                 "why": f"the best searched strategy was not confirmed faster ({confirmed['verdict']})"}
     if confirmed:  # attempted and failed: nothing searched is confirmed, so the best baseline
         base = summary.get("best_builder_baseline_s")
-        if ddp_best is not None and (base is None or ddp_best["runtime"] < base):
-            from ..engine.ddp import DDPConfig
-
-            return {"kind": "baseline", "name": f"tuned DDP: {DDPConfig.from_dict(ddp_best['config']).summary()}",
-                    "strategy": skeleton.to_dict(), "ddp": ddp_best["config"],
-                    "why": f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"}
+        why = f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"
+        if runtime_best is not None and (base is None or runtime_best["runtime"] < base):
+            return _runtime_recommendation(runtime_best, skeleton, why)
         if base is not None and summary.get("best_baseline_strategy"):
             return {"kind": "baseline", "name": summary["best_baseline_origin"],
-                    "strategy": summary["best_baseline_strategy"], "ddp": None,
-                    "why": f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"}
+                    "strategy": summary["best_baseline_strategy"], "ddp": None, "horovod": None, "why": why}
     best = summary.get("best_runtime_s")
-    if ddp_best is not None and (best is None or ddp_best["runtime"] < best):
-        from ..engine.ddp import DDPConfig
-
-        return {"kind": "baseline", "name": f"tuned DDP: {DDPConfig.from_dict(ddp_best['config']).summary()}",
-                "strategy": skeleton.to_dict(), "ddp": ddp_best["config"], "why": "fastest single trial (unconfirmed)"}
+    if runtime_best is not None and (best is None or runtime_best["runtime"] < best):
+        return _runtime_recommendation(runtime_best, skeleton, "fastest single trial (unconfirmed)")
     if summary.get("best_strategy") is None:
         return None
     origin = summary.get("best_origin") or ""
     return {"kind": "baseline" if origin.partition(":")[0] in BUILDERS else "search", "name": origin,
-            "strategy": summary["best_strategy"], "ddp": None, "why": "fastest single trial (unconfirmed)"}
+            "strategy": summary["best_strategy"], "ddp": None, "horovod": None,
+            "why": "fastest single trial (unconfirmed)"}
 
 
 def _best_builder(algo: Algorithm1) -> dict:
@@ -560,21 +642,28 @@ def _outcome(result: dict | None) -> dict:
     return {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
 
 
-def _confirmation_arms(algo: Algorithm1, ddp_best: dict | None, skeleton: Strategy):
+def _confirmation_arms(algo: Algorithm1, runtime_best: dict | None, skeleton: Strategy):
     """((candidate arm, baseline arm), (their names)): the fastest searched strategy and the
-    fastest baseline (builder or tuned DDP) by their single trials; None if either is missing."""
+    fastest baseline (builder, tuned DDP or real Horovod) by their single trials; None if either
+    is missing. An arm is (strategy, runtime or None); a runtime arm's dict also carries its
+    ``kind`` and configuration under ``ddp`` or ``horovod``."""
     searched = [t for t in algo.trials if not t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
     builders = [t for t in algo.trials if t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
-    if not searched or not (builders or ddp_best):
+    if not searched or not (builders or runtime_best):
         return None
     best = min(searched, key=lambda t: t["runtime"])
     candidate = ((Strategy.from_dict(best["strategy"]), None), f"{best['trial_id']} ({best['origin']})")
     base = min(builders, key=lambda t: t["runtime"]) if builders else None
-    if ddp_best is not None and (base is None or ddp_best["runtime"] < base["runtime"]):
-        from ..engine.ddp import DDPConfig
+    if runtime_best is not None and (base is None or runtime_best["runtime"] < base["runtime"]):
+        if runtime_best["kind"] == "horovod":
+            from ..engine.horovod import HorovodConfig, horovod_runtime
 
-        config = DDPConfig.from_dict(ddp_best["config"])
-        baseline = ((skeleton, ddp_runtime(config)), f"tuned DDP: {config.summary()}")
+            runtime = horovod_runtime(HorovodConfig.from_dict(runtime_best["config"]))
+        else:
+            from ..engine.ddp import DDPConfig
+
+            runtime = ddp_runtime(DDPConfig.from_dict(runtime_best["config"]))
+        baseline = ((skeleton, runtime), _runtime_name(runtime_best))
     else:
         baseline = ((Strategy.from_dict(base["strategy"]), None), f"builder {base['origin']}")
     return (candidate[0], baseline[0]), (candidate[1], baseline[1])

@@ -17,6 +17,8 @@ __all__ = ["ALGORITHMS", "Experiment", "load_experiment"]
 #: search without a simulator ("Random+G"), plain random search, and a genetic algorithm.
 ALGORITHMS = ("autodist", "random-guided", "random", "genetic")
 SIMULATOR_CHOICES = ("analytic", "replay", "rnn", "linear", "gat")
+#: A ``baselines:`` entry that is a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``).
+HOROVOD_BASELINE = "hvd"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +29,10 @@ class Experiment:
     learned from scratch during the search (``rnn``, ``linear``, ``gat``), a training-free one
     (``analytic``; ``replay``, dPRO §4.3, from the compute profiles ``synctune sim profile``
     measured), or the path of a saved simulator to transfer from.
+
+    ``baselines`` names builders (``tuned``: the tuned set) and real Horovod runs (``hvd``,
+    ``hvd:fusion_threshold_mb=64,cycle_time_ms=5``: the ``horovod`` runtime with those settings),
+    kept apart in ``runtime_baselines``.
 
     ``ddp_trials`` torch DDP trials (bucket size, first bucket, comm hook tuned by Optuna through
     Ray Tune) run before the search as one more baseline, outside ``budget`` (0: none). At the
@@ -99,10 +105,21 @@ class Experiment:
         if isinstance(self.baselines, list):
             object.__setattr__(self, "baselines", tuple(self.baselines))
         if not isinstance(self.baselines, tuple) or not all(isinstance(b, str) for b in self.baselines):
-            raise bad("baselines", "a list of builder names, e.g. [allreduce, ps-lb, 'allreduce:chunk=8'] or [tuned]")
+            raise bad("baselines", "a list of builder names, e.g. [allreduce, ps-lb, 'allreduce:chunk=8'] or [tuned], "
+                                   "and real Horovod runs ('hvd', 'hvd:fusion_threshold_mb=64')")
         from ..strategy.builders import BUILDERS, TUNED_BASELINES, parse_baseline
         from ..strategy.schema import StrategyError
 
+        # ``hvd`` entries are real Horovod trials (a runtime, not a builder): kept apart, their
+        # options checked against Horovod's settings when the search starts (run.search).
+        runtime = tuple(b for b in self.baselines if b.partition(":")[0] == HOROVOD_BASELINE)
+        for b in runtime:
+            options = b.partition(":")[2]
+            if options and not all(k.strip() and "=" in k for k in options.split(",")):
+                raise SpecError(f"{where}: baselines: {b[:60]!r}: expected hvd or hvd:KEY=VALUE,KEY=VALUE "
+                                f"(e.g. hvd:fusion_threshold_mb=64,cycle_time_ms=5)")
+        object.__setattr__(self, "runtime_baselines", tuple(dict.fromkeys(runtime)))
+        object.__setattr__(self, "baselines", tuple(b for b in self.baselines if b not in runtime))
         # Entries written out are run even where they cannot apply (the trial then says why);
         # entries of the tuned set that do not apply to a cluster are left out of the search.
         object.__setattr__(self, "explicit_baselines", tuple(b for b in self.baselines if b != "tuned"))
@@ -110,7 +127,8 @@ class Experiment:
         object.__setattr__(self, "baselines", tuple(dict.fromkeys(expanded)))
         for b in self.baselines:
             if b.partition(":")[0] not in BUILDERS:
-                raise SpecError(f"{where}: baselines: unknown builder {b[:40]!r}; valid: tuned, {', '.join(BUILDERS)}")
+                raise SpecError(f"{where}: baselines: unknown builder {b[:40]!r}; valid: tuned, {HOROVOD_BASELINE}, "
+                                f"{', '.join(BUILDERS)}")
             try:
                 parse_baseline(b)
             except StrategyError as exc:
