@@ -52,10 +52,13 @@ def _progress_bar(total_hint: int, label: str):
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
 @click.option("--ray-address", default="local", show_default=True,
               help="With --launcher ray: 'local' starts Ray on this machine, 'auto' joins a running cluster.")
-@click.option("--runtime", type=click.Choice(["engine", "ddp", "horovod"]), default="engine", show_default=True,
-              help="What runs the trial: synctune's engine executing the strategy, plain torch DDP, or real "
-                   "Horovod (scripts/install-horovod.sh); for ddp and horovod the strategy gives replicas and batch "
-                   "split only (without one, every device, even split).")
+@click.option("--runtime", type=click.Choice(["engine", "ddp", "horovod", "tensorflow"]), default="engine",
+              show_default=True,
+              help="What runs the trial: synctune's engine executing the strategy, plain torch DDP, real Horovod "
+                   "(scripts/install-horovod.sh), or TensorFlow's MultiWorkerMirroredStrategy for a Keras model "
+                   "(keras-* models; all-reduce strategies it executes exactly, others refused). For ddp and "
+                   "horovod the strategy gives replicas and batch split only (without one, every device, even "
+                   "split).")
 @click.option("--ddp", "ddp_options", multiple=True, metavar="KEY=VALUE",
               help="With --runtime ddp: bucket_cap_mb, first_bucket_mb, comm_hook (none, fp16, bf16, powersgd), "
                    "powersgd_rank, gradient_as_bucket_view.")
@@ -82,7 +85,7 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     from ..strategy import build_strategy, load_strategy, parse_builder_options
 
     if builder is not None and strategy_file is not None or (builder is None and strategy_file is None
-                                                             and runtime == "engine"):
+                                                             and runtime in ("engine", "tensorflow")):
         raise SpecError("give exactly one of --builder and --strategy")
     if ddp_options and runtime != "ddp":
         raise SpecError("--ddp applies to --runtime ddp only")
@@ -102,8 +105,13 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
         strategy = load_strategy(strategy_file)
     else:
         strategy = build_strategy("allreduce", model_spec, cluster_spec)
-    run_config = (_ddp_runtime(ddp_options) if runtime == "ddp"
-                  else _horovod_runtime(horovod_options) if runtime == "horovod" else None)
+    if runtime == "tensorflow":
+        from ..engine.tensorflow import tensorflow_runtime
+
+        run_config = tensorflow_runtime(strategy, model_spec)
+    else:
+        run_config = (_ddp_runtime(ddp_options) if runtime == "ddp"
+                      else _horovod_runtime(horovod_options) if runtime == "horovod" else None)
     check_trial(workload, strategy, cluster_spec, run_config)
     node_net = node_network(cluster_spec)
     if record:
@@ -195,6 +203,10 @@ def _print_result(result, strategy, runtime: dict | None = None) -> None:
 
         click.echo(f"torch DDP: {DDPConfig.from_dict(runtime['ddp']).summary()} (replicas and batch split of "
                    f"{strategy.summary()})")
+    elif runtime and runtime["kind"] == "tensorflow":
+        pack = runtime["tensorflow"]["bytes_per_pack"]
+        click.echo(f"TensorFlow MultiWorkerMirroredStrategy, ring, bytes_per_pack {pack} "
+                   f"({'one pack' if pack == 0 else 'packs as the merge groups'}): {strategy.summary()}")
     elif runtime:
         from ..engine.horovod import HorovodConfig
 

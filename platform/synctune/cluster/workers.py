@@ -158,7 +158,7 @@ class RayWorkerGroup:
         if cluster.device_kind == "mixed":
             raise SpecError(f"cluster {cluster.name!r} mixes GPU and CPU nodes; one process group needs one backend")
         self.starts = 0
-        self.horovod_used = False  # whether the current processes have run Horovod (it starts once per process)
+        self.single_start_used = False  # whether the processes ran Horovod or TensorFlow (once per process)
 
     def __enter__(self) -> "RayWorkerGroup":
         return self
@@ -259,7 +259,7 @@ class RayWorkerGroup:
         self._check_replicas(strategy)
         start = time.monotonic()
         started_at = time.time()
-        self._fresh_for_horovod([runtime])
+        self._fresh_for_single_start([runtime])
         self.start()
         payload = trial_payload(workload, strategy, self.cluster, config, spec, gpu_per_rank=False, runtime=runtime)
         out, status, message = self._execute(payload, config.timeout_s, on_progress)
@@ -284,21 +284,22 @@ class RayWorkerGroup:
         payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round)
         payload["gpu_per_rank"] = False
         start = time.monotonic()
-        self._fresh_for_horovod([r for _s, r in arms])
+        self._fresh_for_single_start([r for _s, r in arms])
         self.start()
         out, status, message = self._execute(payload, confirm_timeout_s(config, rounds, per_round), on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
         return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
 
-    def _fresh_for_horovod(self, runtimes: list) -> None:
-        """Horovod starts once per process (:class:`synctune.engine.horovod.HorovodSession`):
-        before a Horovod run on processes that already ran one, restart the workers."""
-        if not any(r and r.get("kind") == "horovod" for r in runtimes):
+    def _fresh_for_single_start(self, runtimes: list) -> None:
+        """Horovod and TensorFlow start once per process (:class:`synctune.engine.horovod.HorovodSession`,
+        :mod:`synctune.engine.tensorflow`): before such a run on processes that already ran one,
+        restart the workers."""
+        if not any(r and r.get("kind") in ("horovod", "tensorflow") for r in runtimes):
             return
-        if self.actors and self.horovod_used:
+        if self.actors and self.single_start_used:
             self.shutdown()
-        self.horovod_used = True
+        self.single_start_used = True
 
     def _check_replicas(self, strategy: Strategy) -> None:
         if list(strategy.replicas) != list(self.cluster.devices):
@@ -357,7 +358,7 @@ class RayWorkerGroup:
         self.actors = []
         self.pids = []
         self.placement = []
-        self.horovod_used = False
+        self.single_start_used = False
         if self.pg is not None:
             try:
                 ray.util.remove_placement_group(self.pg)

@@ -28,7 +28,7 @@ RECORD_SCHEMA_VERSION = 3
 #: What executed a trial (DESIGN.md "runtime"): our engine running the strategy, or plain torch
 #: DDP or real Horovod configured by ``runtime_json`` (the strategy then only says replicas and
 #: batch split).
-RUNTIMES = ("engine", "ddp", "horovod")
+RUNTIMES = ("engine", "ddp", "horovod", "tensorflow")
 
 
 def environment(backend: str = "", device_kind: str = "") -> dict[str, str]:

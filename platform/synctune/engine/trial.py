@@ -161,6 +161,10 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     report({"event": "started", "rank": rank, "pid": os.getpid()})
     if "arms" in payload:
         return confirm_worker(rank, world, payload)
+    if (payload.get("runtime") or {}).get("kind") == "tensorflow":
+        from .tensorflow import tensorflow_trial_worker
+
+        return tensorflow_trial_worker(rank, world, payload)
     return _measure(rank, world, payload, Strategy.from_dict(payload["strategy"]), payload.get("gpu_per_rank", True))
 
 
@@ -417,16 +421,27 @@ def check_trial(workload, strategy: Strategy, cluster: ClusterSpec, runtime: dic
 
     spec = workload.spec()
     validate(strategy, spec, cluster)
+    kind = runtime.get("kind") if isinstance(runtime, dict) else None
+    if getattr(workload, "framework", "torch") == "tensorflow" and kind != "tensorflow":
+        raise SpecError(f"workload {workload.name!r} is a Keras model: it runs with the tensorflow runtime "
+                        f"(--runtime tensorflow), not {kind or 'the engine'}")
     if runtime is not None:
-        check_runtime(runtime, strategy, spec, cluster)
+        check_runtime(runtime, strategy, spec, cluster, workload)
     else:
         check_supported(strategy, spec)
     return spec
 
 
-def check_runtime(runtime: dict, strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec) -> None:
-    """Refuse a trial ``runtime`` (``ddp`` or ``horovod``) that would not run what it claims."""
+def check_runtime(runtime: dict, strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec,
+                  workload: Any = None) -> None:
+    """Refuse a trial ``runtime`` (``ddp``, ``horovod`` or ``tensorflow``) that would not run
+    what it claims."""
     kind = runtime.get("kind") if isinstance(runtime, dict) else None
+    if kind == "tensorflow":
+        from .tensorflow import check_tensorflow_trial
+
+        check_tensorflow_trial(runtime, strategy, spec, cluster, workload)
+        return
     if kind == "ddp":
         from .ddp import check_ddp_trial
 
@@ -436,7 +451,7 @@ def check_runtime(runtime: dict, strategy: Strategy, spec: ModelSpec, cluster: C
 
         check_horovod_trial(runtime, strategy, spec, cluster)
     else:
-        raise SpecError(f"trial runtime: kind: expected ddp or horovod, got {kind!r}")
+        raise SpecError(f"trial runtime: kind: expected ddp, horovod or tensorflow, got {kind!r}")
 
 
 def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *, workload,
@@ -495,6 +510,9 @@ def confirm_payload(workload, arms: list[tuple[Strategy, dict | None]], cluster:
     if not (in_range(rounds, 2, 1000) and in_range(per_round, 1, LIMITS["iterations"])):
         raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and per_round from 1 to "
                         f"{LIMITS['iterations']}, got {rounds!r} and {per_round!r}")
+    if any(r and r.get("kind") == "tensorflow" for _, r in arms):
+        raise SpecError("confirmation: the tensorflow runtime runs whole trials only (TensorFlow starts once per "
+                        "process); confirm engine, ddp or horovod arms")
     if sum(1 for _, r in arms if r and r.get("kind") == "horovod") > 1:
         raise SpecError("confirmation: both arms are horovod runtimes, and Horovod runs once per process; compare a "
                         "Horovod arm with an engine or ddp arm")

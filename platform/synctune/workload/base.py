@@ -22,6 +22,9 @@ class Workload:
     batch_size: int = 1
     #: Where the workload comes from (an import path, ``zoo:NAME``): recorded as provenance.
     source: str = ""
+    #: What the model is written in: ``torch`` (every runtime) or ``tensorflow`` (a Keras
+    #: model, :class:`synctune.workload.keras.KerasWorkload`, run by the ``tensorflow`` runtime).
+    framework: str = "torch"
 
     def build_model(self) -> Any:
         """A new ``nn.Module`` on the current default device (callers wrap the call in

@@ -55,6 +55,10 @@ def resolve_workload(name: str) -> Workload:
     (``package.module:factory``, ``path/to/file.py:factory``)."""
     if isinstance(name, str) and name in MODELS:
         return ZooWorkload(name)
+    if isinstance(name, str) and name.startswith("keras-"):
+        from .keras import keras_workload
+
+        return keras_workload(name)
     if isinstance(name, str) and ":" in name:
         from .define import ImportedWorkload
 

@@ -1,0 +1,236 @@
+"""The ``tensorflow`` runtime: a Keras workload trained by TensorFlow's own collectives.
+
+AutoDist and AutoSync are TensorFlow systems; their all-reduce strategies are what TensorFlow's
+``MultiWorkerMirroredStrategy`` (MWMS) executes natively. This runtime runs a strategy there
+when TensorFlow can execute it exactly, and refuses it otherwise, naming the variable and field:
+
+- every variable whole (no partition), no compressor, no parameter server;
+- dense variables on ``allreduce`` (flat: TensorFlow's ring) and their merge groups runs of
+  consecutive variables in gradient order. MWMS packs dense gradients in that order (it reverses
+  ``model.trainable_variables``, the order of the spec) and starts a new pack once the current
+  one holds more than ``bytes_per_pack`` (``cross_device_utils.group_by_size``), so a strategy's
+  groups become one ``CommunicationOptions(bytes_per_pack=...)`` when such a threshold exists;
+- sparse variables (``IndexedSlices``) on ``allgather``, which is what MWMS does with them.
+
+Replicas weigh their loss by their share of the global batch before Keras's optimizer sums the
+gradients across workers, so uneven batch splits train like one process on the whole batch, as
+in the engine. The runtime works on the trial's own processes: each rank opens a gRPC port on its
+own address (a lab worker's is its node's shaped link), the addresses travel over the trial's
+gloo group into ``TF_CONFIG``, and timing uses the same barrier and slowest-rank rule as every
+trial. TensorFlow configures its collectives once per process, so, as with Horovod, a process
+runs one TensorFlow trial (worker groups restart their processes before another).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from ..spec.errors import SpecError
+from ..spec.model import ModelSpec
+from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, Strategy
+
+__all__ = ["tensorflow_runtime", "bytes_per_pack_of", "check_tensorflow_trial", "tensorflow_trial_worker"]
+
+FIX = "use the allreduce builder (its chunk sets the merge groups) or the horovod builder"
+
+
+def bytes_per_pack_of(strategy: Strategy, spec: ModelSpec) -> int:
+    """The ``bytes_per_pack`` with which TensorFlow's MWMS executes ``strategy`` exactly, or a
+    :class:`SpecError` naming the variable and field TensorFlow cannot execute."""
+    groups: list[tuple[int, list[int]]] = []  # (group id, sizes of its members in spec order)
+    seen: set[int] = set()
+    for plan in strategy.plans:
+        var = spec[plan.variable]
+        where = f"tensorflow runtime: variable {plan.variable!r}"
+        if len(plan.shards) != 1:
+            raise SpecError(f"{where}: partition: TensorFlow's MultiWorkerMirroredStrategy mirrors whole variables, "
+                            f"and this plan has {len(plan.shards)} shards; {FIX}")
+        shard = plan.shards[0]
+        if shard.compressor.kind != "none":
+            raise SpecError(f"{where}: compressor: TensorFlow's collectives send gradients uncompressed, got "
+                            f"{shard.compressor.kind}; use compressor none")
+        sync = shard.synchronizer
+        if var.sparse:
+            if not isinstance(sync, AllGatherSynchronizer):
+                raise SpecError(f"{where}: synchronizer: TensorFlow all-gathers a sparse (IndexedSlices) gradient, got "
+                                f"{sync.kind}; use allgather for it")
+            continue
+        if not isinstance(sync, AllReduceSynchronizer):
+            raise SpecError(f"{where}: synchronizer: this runtime runs all-reduce only (TensorFlow's "
+                            f"ParameterServerStrategy is not run here), got {sync.kind}; {FIX}")
+        if sync.algorithm != "flat":
+            raise SpecError(f"{where}: allreduce: algorithm: TensorFlow's collectives run a flat ring, got "
+                            f"{sync.algorithm}; use flat")
+        if groups and groups[-1][0] == sync.group:
+            groups[-1][1].append(var.num_bytes)
+        elif sync.group in seen:
+            raise SpecError(f"{where}: allreduce: group: TensorFlow packs consecutive gradients, and group "
+                            f"{sync.group} is split by another group; {FIX}")
+        else:
+            groups.append((sync.group, [var.num_bytes]))
+            seen.add(sync.group)
+    if len(groups) <= 1:
+        return 0  # one pack of every dense gradient
+    # group_by_size closes a pack after the gradient that takes it past the threshold t: every
+    # group but the last must exceed t, and no group may exceed t before its last member.
+    low = max(sum(sizes[:-1]) for _g, sizes in groups)
+    high = min(sum(sizes) for _g, sizes in groups[:-1])
+    if low >= high:
+        raise SpecError(f"tensorflow runtime: allreduce: group: TensorFlow packs gradients by size (a new pack once "
+                        f"one exceeds bytes_per_pack), and no size gives this strategy's {len(groups)} merge groups "
+                        f"(they would need a threshold of at least {low} and below {high} bytes); {FIX}")
+    return max(low, 1)
+
+
+def tensorflow_runtime(strategy: Strategy, spec: ModelSpec) -> dict[str, Any]:
+    """The ``runtime`` a trial payload carries to run ``strategy`` with TensorFlow."""
+    return {"kind": "tensorflow", "tensorflow": {"bytes_per_pack": bytes_per_pack_of(strategy, spec),
+                                                 "implementation": "ring"}}
+
+
+def check_tensorflow_trial(runtime: dict[str, Any], strategy: Strategy, spec: ModelSpec, cluster: Any,
+                           workload: Any) -> None:
+    """Refuse, before any worker starts, a TensorFlow trial that would not run what it claims."""
+    if getattr(workload, "framework", "torch") != "tensorflow":
+        raise SpecError(f"tensorflow runtime: workload {getattr(workload, 'name', workload)!r} is a PyTorch model; "
+                        f"the tensorflow runtime trains Keras workloads (keras-cnn-small, keras-ncf-small, or a "
+                        f"KerasWorkload)")
+    config = runtime.get("tensorflow") if isinstance(runtime, dict) else None
+    if not isinstance(config, dict) or set(config) != {"bytes_per_pack", "implementation"}:
+        raise SpecError(f"trial runtime: expected {{'kind': 'tensorflow', 'tensorflow': {{'bytes_per_pack', "
+                        f"'implementation'}}}}, got {runtime!r:.80}")
+    expected = bytes_per_pack_of(strategy, spec)
+    if config["bytes_per_pack"] != expected:
+        raise SpecError(f"tensorflow runtime: bytes_per_pack {config['bytes_per_pack']} does not give this strategy's "
+                        f"merge groups ({expected} does)")
+    gpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind == "gpu"]
+    if gpu:
+        raise SpecError(f"tensorflow runtime: replica {gpu[0]!r} is a GPU, and the TensorFlow extra installed here "
+                        f"is the CPU build (tensorflow-cpu); run GPU trials with the engine, ddp or horovod runtime")
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow  # noqa: F401
+    except ImportError as exc:
+        raise SpecError(f"tensorflow runtime: TensorFlow is not installed ({exc}); install it with: python3 -m pip "
+                        f"install -c constraints.txt -e \".[tensorflow]\"") from None
+
+
+_STARTED_HERE = False
+
+
+def _own_address() -> str:
+    """The address the other workers reach this process at (its lab link, loopback, or the
+    interface that routes to rank 0)."""
+    import socket
+
+    import psutil
+
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if ifname:
+        for addr in psutil.net_if_addrs().get(ifname, []):
+            if addr.family == socket.AF_INET:
+                return addr.address
+    master = os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1")
+    if master.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master, 9))  # no packet is sent: this asks the kernel for the route's source
+        return s.getsockname()[0]
+
+
+def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
+    """One rank of a TensorFlow trial (inside a process of the trial's torch.distributed group)."""
+    import socket
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from .local import report
+    from .trial import PeakMemory, TrialConfig, _gather_max
+
+    global _STARTED_HERE
+    if _STARTED_HERE:
+        raise RuntimeError("tensorflow runtime: this process already ran a TensorFlow trial, and TensorFlow "
+                           "configures its collectives once per process; run the trial on fresh worker processes")
+    _STARTED_HERE = True
+    t_start = time.perf_counter()
+    config = TrialConfig(**payload["config"])
+    strategy = Strategy.from_dict(payload["strategy"])
+    options = payload["runtime"]["tensorflow"]
+    workload = payload["workload"]
+    memory = PeakMemory(torch.device("cpu"))
+    memory.reset()
+    host = _own_address()
+    with socket.socket() as s:  # a free port on this worker's own address, for TensorFlow's gRPC server
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    addresses: list[Any] = [None] * world
+    dist.all_gather_object(addresses, f"{host}:{port}")
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    threads = torch.get_num_threads()
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    comm = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=int(options["bytes_per_pack"]), timeout_seconds=float(config.collective_timeout_s),
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    mwms = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+    import keras
+
+    keras.utils.set_random_seed(config.seed)
+    with mwms.scope():
+        model = workload.build_model()
+        optimizer = workload.make_optimizer(name=config.optimizer, lr=config.lr)
+    share = strategy.batch_split[rank] / strategy.global_batch_size
+    x, y = workload.make_batch(strategy.batch_split[rank], rank=rank, seed=config.seed)
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = workload.loss(model, (x, y))
+                # Keras's optimizer sums gradients over workers: weighted by batch share, that sum
+                # is the gradient of the global batch's mean loss.
+                weighted = loss * share
+            grads = tape.gradient(weighted, variables)
+            optimizer.apply_gradients(zip(grads, variables))
+            return loss
+
+        return mwms.run(replica_step, args=(x, y))
+
+    t_loop = time.perf_counter()
+    total = config.warmup + config.iters
+    times: list[float] = []
+    loss = None
+    for it in range(total):
+        timed = it >= config.warmup
+        if timed:
+            dist.barrier()
+            t0 = time.perf_counter()
+        loss = float(np.asarray(step(x, y)))  # returns once the step (and its collectives) is done
+        if timed:
+            times.append(time.perf_counter() - t0)
+        if rank == 0:
+            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": loss})
+    t_end = time.perf_counter()
+    device = torch.device("cpu")
+    slowest = _gather_max(times, device)
+    peak = torch.tensor([memory.peak_bytes()], dtype=torch.float64)
+    peaks = [torch.zeros_like(peak) for _ in range(world)]
+    dist.all_gather(peaks, peak)
+    return {
+        "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
+        "times": slowest,
+        "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
+        "comm_bytes_per_iter": None,
+        "backend": f"tensorflow {tf.__version__} ring (grpc)",
+        "device_kind": "cpu",
+        "final_loss": loss,
+    }
