@@ -18,6 +18,15 @@ def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking
     from ..run.apply import apply_search_result
 
     chosen = summary["recommended"]
+    if getattr(workload, "framework", "torch") == "tensorflow":
+        from ..engine.tensorflow import bytes_per_pack_of
+        from ..strategy import Strategy
+
+        pack = bytes_per_pack_of(Strategy.from_dict(chosen["strategy"]), workload.spec())
+        echo_err(f"note: {workload.name} is a Keras model: train it with tf.distribute.MultiWorkerMirroredStrategy("
+                 f"communication_options=tf.distribute.experimental.CommunicationOptions(bytes_per_pack={pack}, "
+                 f"implementation=RING)); no training file is written")
+        return None, ""
     if chosen.get("horovod"):
         # A training file runs the engine or DDP; the winner here is Horovod with its settings.
         echo_err(f"note: the recommendation is real Horovod ({chosen['name']}); its settings are in "
@@ -119,8 +128,9 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     click.echo(f"search {summary['search_id']}: {summary['trials']} trials ({summary['failed']} failed) "
                f"in {summary['wall_s']:.0f} s")
     if summary["best_runtime_s"]:
+        runner = "TensorFlow" if getattr(workload, "framework", "torch") == "tensorflow" else "the engine"
         click.echo(f"best      {summary['best_runtime_s'] * 1e3:.1f} ms/iteration ({summary['best_origin']}), "
-                   f"fastest single trial of the engine")
+                   f"fastest single trial of {runner}")
     if summary["best_builder_baseline_s"]:
         click.echo(f"builders  {summary['best_builder_baseline_s'] * 1e3:.1f} ms/iteration (best hand-optimised builder)")
     if summary["ddp_best_s"]:

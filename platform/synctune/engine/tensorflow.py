@@ -28,13 +28,16 @@ import os
 import time
 from typing import Any
 
+from ..spec._util import import_tensorflow
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
-from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, Strategy
+from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan
 
-__all__ = ["tensorflow_runtime", "bytes_per_pack_of", "check_tensorflow_trial", "tensorflow_trial_worker"]
+__all__ = ["tensorflow_runtime", "bytes_per_pack_of", "check_tensorflow_trial", "tensorflow_trial_worker",
+           "project_to_tensorflow", "tensorflow_packs"]
 
-FIX = "use the allreduce builder (its chunk sets the merge groups) or the horovod builder"
+FIX = ("use the allreduce builder (one pack) or a strategy whose merge groups TensorFlow's packing forms "
+       "(synctune.engine.tensorflow.project_to_tensorflow)")
 
 
 def bytes_per_pack_of(strategy: Strategy, spec: ModelSpec) -> int:
@@ -85,6 +88,46 @@ def bytes_per_pack_of(strategy: Strategy, spec: ModelSpec) -> int:
     return max(low, 1)
 
 
+def tensorflow_packs(sizes: list[int], bytes_per_pack: int) -> list[int]:
+    """The pack of each dense gradient (sizes in bytes, gradient order) as MWMS forms them:
+    a new pack starts once the current one holds more than ``bytes_per_pack`` (0: one pack)."""
+    packs, current, pack = [], 0, -1
+    for size in sizes:
+        if pack < 0 or (bytes_per_pack and current > bytes_per_pack):
+            pack, current = pack + 1, 0
+        packs.append(pack)
+        current += size
+    return packs
+
+
+def project_to_tensorflow(strategy: Strategy, spec: ModelSpec, bytes_per_pack: int | None = None) -> Strategy:
+    """The strategy TensorFlow executes that is nearest to ``strategy``: the same replicas and
+    batch split; dense variables whole on a flat all-reduce, packed as MWMS packs them with
+    ``bytes_per_pack`` (default: the mean size of ``strategy``'s dense merge groups, so a
+    search's proposals keep their fusion granularity); sparse variables whole on all-gather; no
+    compression. A search over a Keras model proposes in this space."""
+    dense = [v for v in spec.variables if not v.sparse]
+    if bytes_per_pack is None:
+        sizes: dict[tuple, int] = {}
+        for plan in strategy.plans:
+            var = spec[plan.variable]
+            if var.sparse:
+                continue
+            for i, shard in enumerate(plan.shards):
+                sync = shard.synchronizer
+                key = ("ar", sync.group) if isinstance(sync, AllReduceSynchronizer) else ("own", plan.variable, i)
+                sizes[key] = sizes.get(key, 0) + var.num_bytes // len(plan.shards)
+        bytes_per_pack = 0 if len(sizes) <= 1 else int(sum(sizes.values()) / len(sizes))
+    groups = dict(zip((v.name for v in dense), tensorflow_packs([v.num_bytes for v in dense], bytes_per_pack)))
+    plans = []
+    for var in spec.variables:
+        sync = AllGatherSynchronizer() if var.sparse else AllReduceSynchronizer(group=groups[var.name])
+        plans.append(VariablePlan(variable=var.name, partition=(1,) * len(var.shape),
+                                  shards=(ShardPlan(synchronizer=sync),)))
+    return Strategy(model=strategy.model, cluster=strategy.cluster, replicas=strategy.replicas,
+                    batch_split=strategy.batch_split, plans=tuple(plans))
+
+
 def tensorflow_runtime(strategy: Strategy, spec: ModelSpec) -> dict[str, Any]:
     """The ``runtime`` a trial payload carries to run ``strategy`` with TensorFlow."""
     return {"kind": "tensorflow", "tensorflow": {"bytes_per_pack": bytes_per_pack_of(strategy, spec),
@@ -111,8 +154,7 @@ def check_tensorflow_trial(runtime: dict[str, Any], strategy: Strategy, spec: Mo
         raise SpecError(f"tensorflow runtime: replica {gpu[0]!r} is a GPU, and the TensorFlow extra installed here "
                         f"is the CPU build (tensorflow-cpu); run GPU trials with the engine, ddp or horovod runtime")
     try:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import tensorflow  # noqa: F401
+        import_tensorflow()
     except ImportError as exc:
         raise SpecError(f"tensorflow runtime: TensorFlow is not installed ({exc}); install it with: python3 -m pip "
                         f"install -c constraints.txt -e \".[tensorflow]\"") from None
@@ -171,9 +213,7 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
     addresses: list[Any] = [None] * world
     dist.all_gather_object(addresses, f"{host}:{port}")
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     threads = torch.get_num_threads()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)

@@ -112,12 +112,12 @@ def _trainable(config: dict) -> None:
     from ray import tune
 
     holder = ray.get_actor(config["slice"])
-    runtime = None
+    runtime = config.get("runtime")  # a Keras model's trials: the tensorflow runtime
     if "comm_hook" in config:  # a tuned-DDP trial: Optuna's parameters arrive in the config
         params = {k: config[k] for k in DDP_SPACE}
         runtime = ddp_runtime(ddp_config_of(params))
     result = ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime))
-    if runtime is not None:
+    if "comm_hook" in config:
         result["extra"]["ddp_params"] = params
     tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
                  "result_json": json.dumps(result)})
@@ -128,6 +128,14 @@ def _trainable(config: dict) -> None:
 DDP_SPACE = ("comm_hook", "bucket_cap_mb", "first_bucket_mb")
 #: PowerSGD's rank in tuned-DDP trials (the allreduce builder's default).
 DDP_POWERSGD_RANK = 4
+
+
+def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
+    """What a search over a Keras model proposes: each sampled strategy projected into what
+    TensorFlow's MultiWorkerMirroredStrategy executes (:func:`synctune.engine.tensorflow.project_to_tensorflow`)."""
+    from ..engine.tensorflow import project_to_tensorflow
+
+    return lambda strategy: project_to_tensorflow(strategy, model)
 
 
 def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec) -> list[tuple[str, Any]]:
@@ -331,16 +339,22 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     done = sorted(done, key=lambda r: (r.created_at, r.record_id))
     ddp_done = [r for r in done if r.runtime == "ddp"]
     hvd_entries = horovod_baselines(exp, model, cluster)
+    keras = getattr(workload, "framework", "torch") == "tensorflow"
+    if keras and hvd_entries:
+        raise SpecError(f"{exp.source or exp.name}: baselines: {hvd_entries[0][0]!r}: the Horovod build here has no "
+                        f"TensorFlow binding, and {workload.name!r} is a Keras model; leave hvd out")
+    project = tensorflow_projection(model) if keras else None
     # Hashes are recomputed from the strategies (a row of an older strategy schema stores the
     # hash of its old form): the search must recognise a strategy it measured in any schema.
     state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json),
                          "origin": r.origin, "predicted": r.predicted_time_s,
                          "runtime": r.mean_s if r.status == "ok" else None}
-                        for r in done if r.runtime == "engine" and not r.trial_id.startswith("confirm-")]}
+                        for r in done if r.runtime in ("engine", "tensorflow")
+                        and not r.trial_id.startswith("confirm-")]}
     say = on_phase or (lambda _message: None)
-    if exp.algorithm not in ("random", "random-guided") and exp.simulator != "analytic":
+    if exp.algorithm not in ("random", "random-guided") and exp.simulator != "analytic" and not keras:
         ensure_profile(workload, model, cluster, say)
-    algo = Algorithm1.from_state(state, model, cluster, exp, make_search_simulator(exp, model, cluster))
+    algo = Algorithm1.from_state(state, model, cluster, exp, make_search_simulator(exp, model, cluster), project)
     logger = MlflowLogger(exp.name, tracking_uri)
     parent = logger.start_search(search_id, {"experiment": exp.source or exp.name, "model": model.name,
                                              "cluster": cluster.name, "algorithm": exp.algorithm,
@@ -405,7 +419,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         def restore(self, checkpoint_path: str) -> None:
             nonlocal algo
             algo = Algorithm1.from_state(json.loads(Path(checkpoint_path).read_text()), model, cluster, exp,
-                                         make_search_simulator(exp, model, cluster))
+                                         make_search_simulator(exp, model, cluster), project)
 
         def suggest(self, trial_id: str):
             if algo.finished:
@@ -416,14 +430,26 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                 # Tune asks again once a running trial completes.
                 return Searcher.FINISHED if algo.finished and not proposals else None
             proposals[trial_id] = (proposal, free_slices.pop(0))
-            return {"slice": proposals[trial_id][1], "strategy": proposal.strategy.to_dict(),
-                    "trial_config": trial_config}
+            config = {"slice": proposals[trial_id][1], "strategy": proposal.strategy.to_dict(),
+                      "trial_config": trial_config}
+            if keras:
+                from ..engine.tensorflow import tensorflow_runtime
+
+                config["runtime"] = tensorflow_runtime(proposal.strategy, model)
+            return config
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
             proposal, slice_name = proposals.pop(trial_id)
             free_slices.append(slice_name)
             outcome = _outcome(result)
-            record(proposal, outcome)
+            if keras:
+                from ..engine.tensorflow import tensorflow_runtime
+
+                runtime = tensorflow_runtime(proposal.strategy, model)
+                record(proposal, outcome, runtime="tensorflow",
+                       runtime_json=json.dumps(runtime["tensorflow"], sort_keys=True))
+            else:
+                record(proposal, outcome)
             algo.tell(proposal.trial_id, outcome.get("mean_s") if outcome["status"] == "ok" else None)
             _notify(search_id, outcome, summary_now())
 
@@ -454,7 +480,9 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     confirmation: dict | None = None
     try:
         ddp_remaining = exp.ddp_trials - len(ddp_trials)
-        if ddp_remaining > 0:
+        if ddp_remaining > 0 and keras:
+            say(f"tuned torch DDP skipped: {workload.name} is a Keras model (ddp_trials: {exp.ddp_trials} ignored)")
+        elif ddp_remaining > 0:
             say(f"tuning torch DDP: {ddp_remaining} trial(s), bucket size, first bucket and comm hook by Optuna "
                 f"(TPE) through Ray Tune")
             known = [(t["params"], t["runtime"]) for t in ddp_trials if t["params"] and t["runtime"] is not None]
@@ -493,7 +521,11 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                 run_config=tune.RunConfig(name=search_id, storage_path=storage, verbose=0),
             )
             tuner.fit()
-        if exp.confirm_rounds:
+        if exp.confirm_rounds and keras:
+            confirmation = {"error": "not confirmed: TensorFlow starts once per process, so two arms cannot be "
+                                     "interleaved on the same processes; the figures are single trials"}
+            say(f"confirmation skipped: {confirmation['error']}")
+        elif exp.confirm_rounds:
             arms = _confirmation_arms(algo, runtime_best(), skeleton)
             if arms is None:
                 confirmation = {"error": "nothing to confirm: no searched strategy and baseline both finished"}

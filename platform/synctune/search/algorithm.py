@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -150,10 +150,14 @@ def _round_of(trial_id: str) -> int:
 
 class Algorithm1:
     """The searcher. ``simulator`` (a :class:`SimulatorProtocol`) is needed by ``autodist`` and
-    ``genetic``; the random variants run without one."""
+    ``genetic``; the random variants run without one. ``project`` maps every sampled strategy
+    into the space the trials' runtime executes (e.g. TensorFlow's all-reduce packs, for a Keras
+    model) before it is scored; baselines outside that space are left out."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
-                 simulator: SimulatorProtocol | None = None) -> None:
+                 simulator: SimulatorProtocol | None = None,
+                 project: Callable[[Strategy], Strategy] | None = None) -> None:
+        self.project = project
         self.model = model
         self.cluster = cluster
         self.exp = experiment
@@ -170,6 +174,8 @@ class Algorithm1:
                     continue
             # Two builders can agree on a domain (Parallax is AllReduce without sparse variables):
             # the strategy is measured once, under the first builder's name.
+            if project is not None and project(strategy).hash != strategy.hash:
+                continue  # the trials' runtime cannot execute this builder's strategy
             if all(p.strategy.hash != strategy.hash for p in self.queue):
                 self.queue.append(Proposal(f"baseline-{b}", strategy, b, None))
         self.pending: dict[str, Proposal] = {}
@@ -247,6 +253,7 @@ class Algorithm1:
         def fresh(strategies: list[Strategy]) -> list[Strategy]:
             out, hashes = [], set(seen)
             for s in strategies:
+                s = self.project(s) if self.project is not None else s
                 if s.hash not in hashes:
                     hashes.add(s.hash)
                     out.append(s)
@@ -321,11 +328,12 @@ class Algorithm1:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
-                   simulator: SimulatorProtocol | None = None) -> "Algorithm1":
+                   simulator: SimulatorProtocol | None = None,
+                   project: Callable[[Strategy], Strategy] | None = None) -> "Algorithm1":
         """Rebuild a searcher from its finished trials (in the order they were told): the
         simulator relearns at the same points as it did, the last round is drawn again and its
         unfinished trials are proposed again, so the search goes on as if never interrupted."""
-        algo = cls(model, cluster, experiment, simulator)
+        algo = cls(model, cluster, experiment, simulator, project)
         trials = []
         for t in state.get("trials", []):
             strategy = Strategy.from_dict(t["strategy"])  # migrates older schemas

@@ -16,7 +16,6 @@ model is a :class:`KerasWorkload` built from module-level factories. Keras workl
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,11 +39,9 @@ def tensorflow_available() -> str | None:
 
 def import_tf():
     """TensorFlow, imported with its C++ start-up chatter kept off the terminal."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import tensorflow as tf
+    from ..spec._util import import_tensorflow
 
-    return tf
+    return import_tensorflow()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +111,9 @@ def keras_model_spec(workload: KerasWorkload, seed: int = 0) -> ModelSpec:
     import numpy as np
 
     where = f"keras workload {workload.name!r}"
+    # Keras names layers from process-wide counters (dense, dense_1, ...): start them afresh so
+    # the spec's variable names, and the model hash, do not depend on what was built before.
+    keras.backend.clear_session()
     keras.utils.set_random_seed(seed)
     try:
         model = workload.model_fn()
