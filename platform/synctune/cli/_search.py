@@ -72,7 +72,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     # Everything the search will need is checked before Ray starts: the simulator file, where
     # the best strategy goes, the data folder.
     make_search_simulator(exp, model, cluster)
-    horovod_baselines(exp, model, cluster)
+    horovod_baselines(exp, model, cluster, workload)
     search_id = search_id_of(exp)
     best_path = Path(exp.output) if exp.output else path_under(data_home(), "searches", f"{search_id}-best.json")
     best_path.parent.mkdir(parents=True, exist_ok=True)

@@ -104,11 +104,31 @@ def horovod_runtime(config: HorovodConfig) -> dict[str, Any]:
     return {"kind": "horovod", "horovod": config.to_dict()}
 
 
-def horovod_available() -> str | None:
-    """None when Horovod's torch binding with gloo is importable here, else why not."""
-    try:
+def _binding(name: str):
+    """Horovod's ``torch`` or ``tensorflow`` binding (TensorFlow imported quietly first)."""
+    if name == "tensorflow":
+        from ..spec._util import import_tensorflow
+
+        import_tensorflow()
+        import horovod.tensorflow as hvd
+    else:
         import horovod.torch as hvd
+    return hvd
+
+
+def horovod_available(binding: str = "torch") -> str | None:
+    """None when Horovod's ``torch`` (or ``tensorflow``) binding with gloo is importable here,
+    else why not."""
+    try:
+        import horovod  # noqa: F401
     except ImportError as exc:
+        return f"horovod is not installed ({exc}); {INSTALL_HINT}"
+    try:
+        hvd = _binding(binding)
+    except ImportError as exc:
+        if binding == "tensorflow":
+            return (f"horovod has no TensorFlow binding ({exc}); install TensorFlow, then run "
+                    f"scripts/install-horovod.sh again (it builds the binding when TensorFlow is installed)")
         return f"horovod is not installed ({exc}); {INSTALL_HINT}"
     except Exception as exc:  # noqa: BLE001 - a broken build fails with anything
         return f"horovod does not load ({type(exc).__name__}: {exc}); rebuild it with scripts/install-horovod.sh"
@@ -118,9 +138,11 @@ def horovod_available() -> str | None:
     return None
 
 
-def check_horovod_trial(runtime: dict[str, Any], strategy: Any, spec: Any, cluster: Any) -> HorovodConfig:
+def check_horovod_trial(runtime: dict[str, Any], strategy: Any, spec: Any, cluster: Any,
+                        workload: Any = None) -> HorovodConfig:
     """Refuse, before any worker starts, a Horovod trial Horovod would run differently from what
-    it claims: ``strategy`` supplies only replicas and batch split."""
+    it claims: ``strategy`` supplies only replicas and batch split. A Keras ``workload`` runs on
+    Horovod's TensorFlow binding."""
     if not isinstance(runtime, dict) or runtime.get("kind") != "horovod" or not isinstance(runtime.get("horovod"),
                                                                                             dict):
         raise SpecError(f"trial runtime: expected {{'kind': 'horovod', 'horovod': {{...}}}}, got {runtime!r:.80}")
@@ -128,10 +150,11 @@ def check_horovod_trial(runtime: dict[str, Any], strategy: Any, spec: Any, clust
     if len(set(strategy.batch_split)) > 1:
         raise SpecError(f"horovod runtime: the batch split is uneven ({list(strategy.batch_split)}); Horovod averages "
                         f"replicas equally: use an even split")
-    why = horovod_available()
+    binding = "tensorflow" if getattr(workload, "framework", "torch") == "tensorflow" else "torch"
+    why = horovod_available(binding)
     if why is not None:
         raise SpecError(f"horovod runtime: {why}")
-    import horovod.torch as hvd
+    hvd = _binding(binding)
 
     if config.hierarchical_allreduce and not hvd.nccl_built():
         # Horovod itself silently ignores the flag without NCCL (operations.cc): refuse instead.
@@ -200,11 +223,10 @@ class HorovodSession:
     runs Horovod once; worker groups restart their processes before another Horovod trial."""
 
     def __init__(self, config: HorovodConfig, rank: int, hosts: list[str], master: str,
-                 timeout_s: float = 120.0) -> None:
+                 timeout_s: float = 120.0, binding: str = "torch") -> None:
         import torch.distributed as dist
 
-        import horovod.torch as hvd
-
+        hvd = _binding(binding)
         global _STARTED_HERE
         if _STARTED_HERE:
             raise RuntimeError("horovod runtime: this process already ran Horovod, which cannot start twice in one "

@@ -19,6 +19,9 @@ own address (a lab worker's is its node's shaped link), the addresses travel ove
 gloo group into ``TF_CONFIG``, and timing uses the same barrier and slowest-rank rule as every
 trial. TensorFlow configures its collectives once per process, so, as with Horovod, a process
 runs one TensorFlow trial (worker groups restart their processes before another).
+
+The same worker runs a Keras workload under real Horovod (runtime ``horovod``, its TensorFlow
+binding: ``hvd.DistributedGradientTape``), the Horovod baseline of a Keras model.
 """
 
 from __future__ import annotations
@@ -184,66 +187,104 @@ def _own_address() -> str:
 
 
 def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
-    """One rank of a TensorFlow trial (inside a process of the trial's torch.distributed group)."""
+    """One rank of a trial of a Keras workload (inside a process of the trial's torch.distributed
+    group): under TensorFlow's MultiWorkerMirroredStrategy (runtime ``tensorflow``) or Horovod's
+    TensorFlow binding (runtime ``horovod``: ``hvd.DistributedGradientTape``, averaging)."""
+    import contextlib
     import socket
 
     import numpy as np
     import torch
     import torch.distributed as dist
 
+    from ..spec.cluster import ClusterSpec
     from .local import report
     from .trial import PeakMemory, TrialConfig, _gather_max
 
     global _STARTED_HERE
-    if _STARTED_HERE:
-        raise RuntimeError("tensorflow runtime: this process already ran a TensorFlow trial, and TensorFlow "
-                           "configures its collectives once per process; run the trial on fresh worker processes")
-    _STARTED_HERE = True
     t_start = time.perf_counter()
+    runtime = payload["runtime"]
     config = TrialConfig(**payload["config"])
     strategy = Strategy.from_dict(payload["strategy"])
-    options = payload["runtime"]["tensorflow"]
     workload = payload["workload"]
     memory = PeakMemory(torch.device("cpu"))
     memory.reset()
-    host = _own_address()
-    with socket.socket() as s:  # a free port on this worker's own address, for TensorFlow's gRPC server
-        s.bind((host, 0))
-        port = s.getsockname()[1]
-    addresses: list[Any] = [None] * world
-    dist.all_gather_object(addresses, f"{host}:{port}")
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})
-    tf = import_tensorflow()
-    threads = torch.get_num_threads()
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
-    comm = tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=int(options["bytes_per_pack"]), timeout_seconds=float(config.collective_timeout_s),
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    mwms = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+    horovod = None
+    if runtime["kind"] == "horovod":
+        from .horovod import HorovodConfig, HorovodSession
+
+        hv_config = HorovodConfig.from_dict(runtime["horovod"])
+        cluster = ClusterSpec.from_dict(payload["cluster"])
+        horovod = HorovodSession(hv_config, rank, [cluster.node_of(d).name for d in strategy.replicas],
+                                 os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1"),
+                                 timeout_s=config.collective_timeout_s, binding="tensorflow")
+        tf = import_tensorflow()
+        scope = contextlib.nullcontext()
+        backend = f"horovod tensorflow (gloo), tensorflow {tf.__version__}"
+    else:
+        if _STARTED_HERE:
+            raise RuntimeError("tensorflow runtime: this process already ran a TensorFlow trial, and TensorFlow "
+                               "configures its collectives once per process; run the trial on fresh worker "
+                               "processes")
+        _STARTED_HERE = True
+        options = runtime["tensorflow"]
+        host = _own_address()
+        with socket.socket() as s:  # a free port on this worker's own address, for TensorFlow's gRPC server
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        addresses: list[Any] = [None] * world
+        dist.all_gather_object(addresses, f"{host}:{port}")
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
+                                              "task": {"type": "worker", "index": rank}})
+        tf = import_tensorflow()
+        threads = torch.get_num_threads()
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        comm = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=int(options["bytes_per_pack"]), timeout_seconds=float(config.collective_timeout_s),
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        mwms = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+        scope = mwms.scope()
+        backend = f"tensorflow {tf.__version__} ring (grpc)"
     import keras
 
     keras.utils.set_random_seed(config.seed)
-    with mwms.scope():
+    with scope:
         model = workload.build_model()
         optimizer = workload.make_optimizer(name=config.optimizer, lr=config.lr)
     share = strategy.batch_split[rank] / strategy.global_batch_size
     x, y = workload.make_batch(strategy.batch_split[rank], rank=rank, seed=config.seed)
     variables = model.trainable_variables
 
-    @tf.function
-    def step(x, y):
-        def replica_step(x, y):
+    if horovod is not None:
+        hvd = horovod.hvd
+        compression = hvd.Compression.fp16 if hv_config.compression == "fp16" else hvd.Compression.none
+
+        @tf.function
+        def step(x, y):
             with tf.GradientTape() as tape:
                 loss = workload.loss(model, (x, y))
-                # Keras's optimizer sums gradients over workers: weighted by batch share, that sum
-                # is the gradient of the global batch's mean loss.
-                weighted = loss * share
-            grads = tape.gradient(weighted, variables)
+            # Horovod averages over ranks (the split is even: checked before launch). Its tape
+            # keys gradients by tf.Variable; Keras 3 variables hold theirs in .value.
+            tape = hvd.DistributedGradientTape(tape, compression=compression,
+                                               sparse_as_dense=hv_config.sparse_as_dense, op=hvd.Average)
+            grads = tape.gradient(loss, [v.value for v in variables])
             optimizer.apply_gradients(zip(grads, variables))
             return loss
+    else:
+        @tf.function
+        def step(x, y):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = workload.loss(model, (x, y))
+                    # Keras's optimizer sums gradients over workers: weighted by batch share,
+                    # that sum is the gradient of the global batch's mean loss.
+                    weighted = loss * share
+                grads = tape.gradient(weighted, variables)
+                optimizer.apply_gradients(zip(grads, variables))
+                return loss
 
-        return mwms.run(replica_step, args=(x, y))
+            return mwms.run(replica_step, args=(x, y))
 
     t_loop = time.perf_counter()
     total = config.warmup + config.iters
@@ -265,12 +306,14 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
     peak = torch.tensor([memory.peak_bytes()], dtype=torch.float64)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
+    if horovod is not None:
+        horovod.close()
     return {
         "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
         "times": slowest,
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": None,
-        "backend": f"tensorflow {tf.__version__} ring (grpc)",
+        "backend": backend,
         "device_kind": "cpu",
         "final_loss": loss,
     }

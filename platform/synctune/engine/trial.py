@@ -161,7 +161,8 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     report({"event": "started", "rank": rank, "pid": os.getpid()})
     if "arms" in payload:
         return confirm_worker(rank, world, payload)
-    if (payload.get("runtime") or {}).get("kind") == "tensorflow":
+    kind = (payload.get("runtime") or {}).get("kind")
+    if getattr(payload["workload"], "framework", "torch") == "tensorflow" and kind in ("tensorflow", "horovod"):
         from .tensorflow import tensorflow_trial_worker
 
         return tensorflow_trial_worker(rank, world, payload)
@@ -422,9 +423,10 @@ def check_trial(workload, strategy: Strategy, cluster: ClusterSpec, runtime: dic
     spec = workload.spec()
     validate(strategy, spec, cluster)
     kind = runtime.get("kind") if isinstance(runtime, dict) else None
-    if getattr(workload, "framework", "torch") == "tensorflow" and kind != "tensorflow":
+    if getattr(workload, "framework", "torch") == "tensorflow" and kind not in ("tensorflow", "horovod"):
         raise SpecError(f"workload {workload.name!r} is a Keras model: it runs with the tensorflow runtime "
-                        f"(--runtime tensorflow), not {kind or 'the engine'}")
+                        f"(--runtime tensorflow) or Horovod's TensorFlow binding (--runtime horovod), not "
+                        f"{kind or 'the engine'}")
     if runtime is not None:
         check_runtime(runtime, strategy, spec, cluster, workload)
     else:
@@ -449,7 +451,7 @@ def check_runtime(runtime: dict, strategy: Strategy, spec: ModelSpec, cluster: C
     elif kind == "horovod":
         from .horovod import check_horovod_trial
 
-        check_horovod_trial(runtime, strategy, spec, cluster)
+        check_horovod_trial(runtime, strategy, spec, cluster, workload)
     else:
         raise SpecError(f"trial runtime: kind: expected ddp, horovod or tensorflow, got {kind!r}")
 

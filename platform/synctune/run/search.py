@@ -138,9 +138,11 @@ def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
     return lambda strategy: project_to_tensorflow(strategy, model)
 
 
-def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec) -> list[tuple[str, Any]]:
+def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec,
+                      workload: Any = None) -> list[tuple[str, Any]]:
     """The experiment's real-Horovod baselines as (entry, :class:`~synctune.engine.horovod.HorovodConfig`),
-    each checked as a trial (Horovod installed, settings it executes) before anything runs."""
+    each checked as a trial (Horovod installed, with the binding ``workload`` needs; settings it
+    executes) before anything runs."""
     from ..engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_runtime
     from ..engine.trial import check_runtime
 
@@ -167,7 +169,8 @@ def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec) -
                     raise SpecError(f"{where}: baselines: {entry!r}: {key}: expected a number, got {text!r}") from None
         try:
             config = HorovodConfig.from_dict(values)
-            check_runtime(horovod_runtime(config), build_strategy("allreduce", model, cluster), model, cluster)
+            check_runtime(horovod_runtime(config), build_strategy("allreduce", model, cluster), model, cluster,
+                          workload)
         except SpecError as exc:
             raise SpecError(f"{where}: baselines: {entry!r}: {exc}") from None
         out.append((entry, config))
@@ -338,11 +341,8 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                         f"pass --resume to continue it, or change the experiment's name or seed")
     done = sorted(done, key=lambda r: (r.created_at, r.record_id))
     ddp_done = [r for r in done if r.runtime == "ddp"]
-    hvd_entries = horovod_baselines(exp, model, cluster)
+    hvd_entries = horovod_baselines(exp, model, cluster, workload)
     keras = getattr(workload, "framework", "torch") == "tensorflow"
-    if keras and hvd_entries:
-        raise SpecError(f"{exp.source or exp.name}: baselines: {hvd_entries[0][0]!r}: the Horovod build here has no "
-                        f"TensorFlow binding, and {workload.name!r} is a Keras model; leave hvd out")
     project = tensorflow_projection(model) if keras else None
     # Hashes are recomputed from the strategies (a row of an older strategy schema stores the
     # hash of its old form): the search must recognise a strategy it measured in any schema.
