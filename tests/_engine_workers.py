@@ -332,3 +332,12 @@ def ddp_apply_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
             states[mode] = {k: v.detach().clone() for k, v in module.state_dict().items()}
         out.append(states)
     return out
+
+
+def cpu_cgroup_of(rank: int, world: int) -> str:
+    """The cgroup v1 ``cpu`` controller path of this worker (lab CPU-quota tests)."""
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return ""

@@ -145,3 +145,49 @@ def test_horovod_and_tensorflow_trials_run_across_lab_nodes(lab, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         result = json.loads(done.stdout)
         assert result["status"] == "ok" and result["cluster"] == "lab-2x1", result
+
+
+def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
+    """TAG's heterogeneous clusters in the lab: a g3-like node's workers are held to a quarter of a
+    core and a g4dn-like node's to half (cgroup v1 quotas), and calibration measures the speeds
+    that follow, independently of the quotas it set: g4dn workers at least 1.8x as fast."""
+    from synctune.engine.local import run_local
+    from synctune.lab import lab_up
+    from synctune.lab.cpu import CPU_ROOT, cgroup_quota, check_cpu_quota_support
+    from synctune.spec.errors import InfraError
+
+    try:
+        check_cpu_quota_support()
+    except InfraError as exc:
+        pytest.skip(str(exc))
+    cluster = cluster_preset("lab-b10c")
+    state = lab_up(cluster)
+    groups = {n["node"]: n["cgroup"] for n in state["nodes"]}
+    # The quota is the node's share of a core times its workers.
+    assert [cgroup_quota(groups[n.name]) for n in cluster.nodes] == [pytest.approx(0.25 * 2), pytest.approx(0.5 * 2)]
+    from synctune.lab import calibrate
+
+    spec, figures = calibrate(cluster, state, run_local, nbytes=1 << 20, reps=2)
+    slow, fast = (n.compute_gflops for n in spec.nodes)
+    assert fast / slow >= 1.8, figures["compute"]
+    assert [n.cpu_share for n in spec.nodes] == [0.25, 0.5]
+    # A trial's workers (launched from the lab's network, as trials are) run inside their node's group.
+    from _engine_workers import cpu_cgroup_of
+
+    from synctune.engine.local import rank_networks
+    from synctune.lab import lab_attach
+
+    paths = run_local(cpu_cgroup_of, cluster.num_devices, nets=rank_networks(cluster, cluster.devices,
+                                                                             lab_attach(cluster)))
+    assert paths == ["/" + groups[cluster.node_of(d).name].split("/")[-1] for d in cluster.devices]
+    home = tmp_path / "home"
+    from synctune.lab.calibrate import save_calibration
+
+    save_calibration(spec, figures, home)
+    done = _cli("trial", "--model", "cnn-small", "--cluster", "lab-b10c", "--builder", "allreduce", "--warmup", "1",
+                "--iters", "2", "--json", "--no-record", home=home)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["status"] == "ok"
+    down = _cli("lab", "down", home=home)
+    assert down.returncode == 0 and "and 2 CPU group(s)" in down.stdout, down.stdout
+    assert not list(CPU_ROOT.glob(f"{PREFIX}-n*"))

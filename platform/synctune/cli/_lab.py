@@ -38,9 +38,10 @@ def up_cmd(preset: str, latency_ms: float) -> None:
     if state["removed_stale"]:
         echo_err(f"removed an earlier lab: {', '.join(state['removed_stale'])}")
     click.echo(f"lab {preset} is up ({cluster.description}); scale {cluster.scale:g}")
-    click.echo(table(["node", "namespace", "address", "workers", "link"],
+    click.echo(table(["node", "namespace", "address", "workers", "link", "CPU per worker"],
                      [[n["node"], n["netns"], n["address"], cluster.node(n["node"]).num_devices,
-                       f"{n['rate_mbit']:.0f} Mbit/s" + (f" +{latency_ms:g} ms" if latency_ms else "")]
+                       f"{n['rate_mbit']:.0f} Mbit/s" + (f" +{latency_ms:g} ms" if latency_ms else ""),
+                       f"{n['cpu_share']:g} core" if n.get("cpu_share") else "unlimited"]
                       for n in state["nodes"]], right=(3,)))
 
 
@@ -50,7 +51,10 @@ def down_cmd() -> None:
     from ..lab import lab_down
 
     removed = lab_down()
-    click.echo(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else ""))
+    groups = [r for r in removed if r.startswith("/")]
+    removed = [r for r in removed if not r.startswith("/")]
+    click.echo(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else "")
+               + (f" and {len(groups)} CPU group(s)" if groups else ""))
 
 
 @lab_group.command("status")
@@ -97,6 +101,11 @@ def calibrate_cmd(preset: str) -> None:
         ar = figures["allreduce"]
         click.echo(f"all-reduce of {figures['nbytes'] >> 20} MiB: {ar['seconds'] * 1e3:.1f} ms, bus bandwidth "
                    f"{ar['busbw_gbps'] * 1000:.0f} Mbit/s")
+    if "compute" in figures:
+        click.echo(table(["node", "CPU per worker", "GFLOP/s per worker", "relative"],
+                         [[c["node"], f"{c['cpu_share']:g} core" if c["cpu_share"] else "unlimited",
+                           f"{c['gflops']:.2f}", f"{c['relative']:.2f}"] for c in figures["compute"]],
+                         right=(1, 2, 3)))
     click.echo(f"calibrated spec: {path}")
 
 

@@ -69,6 +69,10 @@ class _Worker:
 
             os.environ["GLOO_SOCKET_IFNAME"] = net["ifname"]
             self._pool = ThreadPoolExecutor(1, initializer=enter_netns, initargs=(net["netns"],))
+            if net.get("cgroup"):
+                from ..engine.local import join_cgroup
+
+                join_cgroup(net["cgroup"])  # the whole actor computes at its lab node's speed
 
     def _call(self, fn, *args):
         return self._pool.submit(fn, *args).result() if self._pool else fn(*args)

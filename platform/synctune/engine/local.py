@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["WorkerFailure", "run_local", "free_port", "report", "classify_error"]
+__all__ = ["WorkerFailure", "run_local", "free_port", "report", "classify_error", "enter_netns", "join_cgroup"]
 
 
 class WorkerFailure(Exception):
@@ -74,16 +74,29 @@ def enter_netns(netns: str) -> None:
         os.close(fd)
 
 
+def join_cgroup(path: str) -> None:
+    """Move the calling process (all its threads) into the cgroup at ``path``: a lab node's CPU
+    quota group (``synctune.lab.cpu``), so this worker computes at that node's speed."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+    except OSError as exc:
+        raise RuntimeError(f"cannot join the lab node's CPU group {path} ({exc.strerror or exc}); "
+                           f"synctune lab down, then up") from None
+
+
 def rank_networks(cluster, replicas, node_net) -> list[dict[str, str]] | None:
-    """Per rank, where its worker runs: ``{"netns", "ifname", "master"}`` from a node network
-    (node name -> ``{"netns", "address", "ifname"}``, e.g. a lab's), or None without one."""
+    """Per rank, where its worker runs: ``{"netns", "ifname", "master"}`` (and ``"cgroup"``, a
+    lab node's CPU quota group, where it has one) from a node network (node name -> ``{"netns",
+    "address", "ifname"[, "cgroup"]}``, e.g. a lab's), or None without one."""
     if not node_net:
         return None
     master = node_net[cluster.node_of(replicas[0]).name]["address"]
     out = []
     for device in replicas:
         net = node_net[cluster.node_of(device).name]
-        out.append({"netns": net["netns"], "ifname": net["ifname"], "master": master})
+        out.append({"netns": net["netns"], "ifname": net["ifname"], "master": master,
+                    **({"cgroup": net["cgroup"]} if net.get("cgroup") else {})})
     return out
 
 
@@ -117,6 +130,8 @@ def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collecti
         # resolve the peer's hostname. Harmless; keep the output readable.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         master = net["master"]
+        if net.get("cgroup"):
+            join_cgroup(net["cgroup"])  # a lab node of a given compute speed: its CPU quota
     os.environ["SYNCTUNE_MASTER_ADDR"] = master  # where rank 0 serves runtimes' rendezvous (Horovod)
     import torch
     import torch.distributed as dist

@@ -88,6 +88,24 @@ def _allreduce_worker(rank: int, world: int, nbytes: int, reps: int) -> list[flo
     return times
 
 
+def _compute_worker(rank: int, world: int, seconds: float, size: int) -> float:
+    """GFLOP/s of float32 matrix products on this worker, every worker computing at once."""
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    dist.barrier()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    elapsed = time.perf_counter() - start
+    return 2 * size ** 3 * count / elapsed / 1e9
+
+
 def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[..., list], *, nbytes: int = 16 * MB,
               reps: int = 5, on_step=None) -> tuple[ClusterSpec, dict[str, Any]]:
     """Measure the lab that ``state`` (from ``lab_up``) describes; returns the calibrated spec
@@ -130,6 +148,27 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
         n = len(cluster.nodes)
         figures["allreduce"] = {"seconds": slowest, "algbw_gbps": nbytes * 8 / slowest / 1e9,
                                 "busbw_gbps": 2 * (n - 1) / n * nbytes * 8 / slowest / 1e9}
+    if any(n.cpu_share is not None for n in cluster.nodes):
+        # Nodes of different compute speeds (CPU quotas): each worker's speed with all of them
+        # busy at once, as in a trial; a node's figure is the median of its workers'.
+        if on_step:
+            on_step(f"compute speed of every worker ({cluster.num_devices}, all at once)")
+        nets = [{"netns": net["netns"], "ifname": net["ifname"], "master": state["nodes"][0]["address"],
+                 **({"cgroup": net["cgroup"]} if net.get("cgroup") else {})}
+                for node, net in zip(cluster.nodes, state["nodes"]) for _ in range(node.num_devices)]
+        speeds = run_local(_compute_worker, len(nets), (3.0, 256), threads=1, timeout_s=300, nets=nets)
+        figures["compute"] = []
+        first = 0
+        for i, node in enumerate(cluster.nodes):
+            mine = speeds[first:first + node.num_devices]
+            first += node.num_devices
+            gflops = statistics.median(mine)
+            figures["compute"].append({"node": node.name, "cpu_share": node.cpu_share, "workers_gflops": mine,
+                                       "gflops": gflops})
+            nodes[i] = NodeSpec(**{**nodes[i].to_dict(), "compute_gflops": round(gflops, 4)})
+        fastest = max(c["gflops"] for c in figures["compute"])
+        for c in figures["compute"]:
+            c["relative"] = c["gflops"] / fastest
     figures["calibrated_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     spec = ClusterSpec(name=cluster.name, nodes=tuple(nodes), scale=cluster.scale,
                        description=f"{cluster.description}; links calibrated {figures['calibrated_at']}")

@@ -22,6 +22,7 @@ from typing import Any
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import InfraError, SpecError
 from ..spec.files import parse_json, write_text_atomic
+from .cpu import make_node_cgroups, remove_cgroups
 
 __all__ = ["LabNetwork", "lab_prefix", "lab_up", "lab_down", "lab_status", "lab_attach", "check_lab_support",
            "IFNAME", "PROBE_ADDRESS"]
@@ -92,8 +93,9 @@ def _shape(ns: str, dev: str, mbit: float, latency_ms: float) -> None:
 
 
 class LabNetwork(dict):
-    """Node name -> ``{"netns", "address", "ifname"}``: where each node of a lab cluster lives
-    (what the engine's launchers need to run that node's workers inside it)."""
+    """Node name -> ``{"netns", "address", "ifname"}`` (and ``"cgroup"`` for a node with a CPU
+    share): where each node of a lab cluster lives (what the engine's launchers need to run that
+    node's workers inside it, at its speed)."""
 
 
 def lab_up(cluster: ClusterSpec, *, latency_ms: float = 0.0) -> dict[str, Any]:
@@ -130,6 +132,11 @@ def lab_up(cluster: ClusterSpec, *, latency_ms: float = 0.0) -> dict[str, Any]:
             _shape(ns, IFNAME, mbit, latency_ms)       # the node's egress
             _shape(switch, port, mbit, latency_ms)     # the node's ingress
             nodes.append({"node": node.name, "netns": ns, "address": address, "ifname": IFNAME, "rate_mbit": mbit})
+        groups = make_node_cgroups(cluster, lab_prefix())
+        for entry in nodes:
+            if entry["node"] in groups:
+                entry["cgroup"] = groups[entry["node"]]
+                entry["cpu_share"] = cluster.node(entry["node"]).cpu_share
     except BaseException:
         lab_down()
         raise
@@ -156,6 +163,7 @@ def lab_down() -> list[str]:
                 pass
         _run("ip", "netns", "del", ns)
         removed.append(ns)
+    removed.extend(remove_cgroups(lab_prefix()))
     _state_file().unlink(missing_ok=True)
     return removed
 
@@ -185,5 +193,6 @@ def lab_attach(cluster: ClusterSpec) -> LabNetwork:
     if state["preset"] != cluster.name or [n["node"] for n in state["nodes"]] != names:
         raise SpecError(f"the lab is up with {state['preset']!r}, not {cluster.name!r}: "
                         f"synctune lab up {cluster.name} (it replaces the running lab)")
-    return LabNetwork({n["node"]: {"netns": n["netns"], "address": n["address"], "ifname": n["ifname"]}
+    return LabNetwork({n["node"]: {"netns": n["netns"], "address": n["address"], "ifname": n["ifname"],
+                                   **({"cgroup": n["cgroup"]} if n.get("cgroup") else {})}
                        for n in state["nodes"]})

@@ -47,6 +47,9 @@ class InstanceType:
     intra_node_gbps: float
     device_memory_bytes: int
     description: str = ""
+    #: Lab nodes only: the fraction of one CPU core each worker may use (a cgroup CPU quota),
+    #: which makes lab nodes compute at different speeds; None: unlimited.
+    cpu_share: float | None = None
 
 
 #: The instance types of the papers' testbeds (AutoDist §3 "Testbeds") plus local CPU nodes.
@@ -86,8 +89,23 @@ for _gbe in (10, 25, 50):
         description=f"lab node: CPU worker processes in a network namespace, its link shaped to {_gbe} GbE x "
                     f"{LAB_SCALE:g} = {_gbe * LAB_SCALE * 1000:.0f} Mbit/s (synctune lab up)"))
 
+#: Relative compute speed of a g3 (M60) lab node to a g4dn (T4) one: 1:2. Peak fp32 throughput
+#: is 4.8 vs 8.1 TFLOPS per GPU (1.7x; M60 is half of a two-GPU board), and T4's tensor cores,
+#: which M60 lacks, widen the gap for mixed precision: about 2x, the figure TAG and the
+#: heterogeneous-cluster issue take. A lab g4dn worker may use half a core, a g3 worker a quarter.
+LAB_G4DN_SHARE, LAB_G3_SHARE = 0.5, 0.25
+for _kind, _model, _share, _gbe in (("g3", "M60", LAB_G3_SHARE, 25), ("g4dn", "T4", LAB_G4DN_SHARE, 50)):
+    INSTANCE_TYPES.register(f"lab-{_kind}-{_gbe}gbe", InstanceType(
+        name=f"lab-{_kind}-{_gbe}gbe", device_kind="cpu", device_model=f"cpu-{_kind}", num_devices=1,
+        nic_gbps=_gbe * LAB_SCALE, single_flow_gbps=_gbe * LAB_SCALE, intra_node_gbps=8.0, device_memory_bytes=0,
+        cpu_share=_share,
+        description=f"lab node computing like a {_kind} ({_model}) node: each worker limited to {_share:g} of a CPU "
+                    f"core (cgroup quota), its link shaped to {_gbe} GbE x {LAB_SCALE:g}"))
+
 _NODE_FIELDS = ("name", "instance_type", "device_kind", "device_model", "num_devices", "nic_gbps",
                 "single_flow_gbps", "intra_node_gbps", "device_memory_bytes")
+#: Optional node fields: written only when set, so specs without them keep their hashes.
+_OPTIONAL_NODE_FIELDS = ("latency_ms", "cpu_share", "compute_gflops")
 
 
 def _is_name(value: Any) -> bool:
@@ -117,6 +135,11 @@ class NodeSpec:
     #: calibration measured it; None when never measured (left out of the spec then, so specs
     #: and their hashes stay what they were).
     latency_ms: float | None = None
+    #: Lab nodes: the fraction of one CPU core each worker may use (cgroup quota); None: unlimited.
+    cpu_share: float | None = None
+    #: Each worker's compute speed as calibration measured it (GFLOP/s of a float32 matrix
+    #: product, all workers running at once); None when never measured.
+    compute_gflops: float | None = None
 
     def __post_init__(self) -> None:
         where = f"node {self.name!r}"
@@ -138,6 +161,10 @@ class NodeSpec:
                 "a non-negative integer (0 = shared host memory)", self.device_memory_bytes)
         require(self.latency_ms is None or (is_number(self.latency_ms) and 0 <= self.latency_ms <= 10_000),
                 f"{where}: latency_ms", "milliseconds from 0 to 10000 (or absent)", self.latency_ms)
+        require(self.cpu_share is None or (is_number(self.cpu_share) and 0.01 <= self.cpu_share <= 64),
+                f"{where}: cpu_share", "a fraction of a CPU core from 0.01 to 64 (or absent)", self.cpu_share)
+        require(self.compute_gflops is None or (is_number(self.compute_gflops) and 0 < self.compute_gflops <= 1e9),
+                f"{where}: compute_gflops", "a positive number of GFLOP/s (or absent)", self.compute_gflops)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -145,15 +172,16 @@ class NodeSpec:
         return tuple(device_id(self.name, i) for i in range(self.num_devices))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form with every field spelled out (``latency_ms`` only once measured)."""
+        """Plain-data form with every field spelled out (the optional ones only once set)."""
         out = {k: getattr(self, k) for k in _NODE_FIELDS}
-        if self.latency_ms is not None:
-            out["latency_ms"] = self.latency_ms
+        for key in _OPTIONAL_NODE_FIELDS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
 def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> NodeSpec:
-    check_keys(data, where, (), _NODE_FIELDS + ("count", "latency_ms"))
+    check_keys(data, where, (), _NODE_FIELDS + ("count",) + _OPTIONAL_NODE_FIELDS)
     if "instance_type" not in data:
         raise SpecError(f"{where}: missing key 'instance_type' (one of {', '.join(INSTANCE_TYPES)} or your own)")
     type_name = data["instance_type"]
@@ -162,6 +190,8 @@ def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> N
         it = INSTANCE_TYPES.get(type_name)
         for key in _NODE_FIELDS[2:]:
             values[key] = getattr(it, key)
+        if it.cpu_share is not None:
+            values["cpu_share"] = it.cpu_share
     else:
         missing = [k for k in _NODE_FIELDS[2:] if k not in data and k != "device_memory_bytes"]
         if missing:
@@ -169,7 +199,7 @@ def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> N
                 f"{where}: instance_type {type_name!r} is not in the catalog ({', '.join(INSTANCE_TYPES)}), "
                 f"so these keys are required: {', '.join(missing)}"
             )
-    for key in _NODE_FIELDS[2:] + ("latency_ms",):
+    for key in _NODE_FIELDS[2:] + _OPTIONAL_NODE_FIELDS:
         if key in data:
             values[key] = data[key]
     try:
@@ -304,6 +334,8 @@ def _build(name: str, description: str, groups: list[tuple[str, int]], scale: fl
         it = INSTANCE_TYPES.get(type_name)
         for _ in range(count):
             values = {k: getattr(it, k) for k in _NODE_FIELDS[2:]}
+            if it.cpu_share is not None:
+                values["cpu_share"] = it.cpu_share
             values.update(overrides)
             if len(group) > 2:  # per-group device count
                 values["num_devices"] = group[2]
@@ -349,6 +381,11 @@ for _name, _desc, _groups in (
      [("lab-10gbe", 1, 1), ("lab-25gbe", 1, 2)]),
     ("lab-b12", "1 node x 1 worker at 25 GbE + 1 node x 2 workers at 50 GbE (B12's shape)",
      [("lab-25gbe", 1, 1), ("lab-50gbe", 1, 2)]),
+    # Heterogeneous compute as well as links (cgroup CPU quotas; see LAB_G3_SHARE).
+    ("lab-b10c", "1 g3-like node x 2 workers at 25 GbE + 1 g4dn-like node x 2 workers at 50 GbE (B10's shape; "
+                 "g3 workers compute at half the g4dn speed)", [("lab-g3-25gbe", 1, 2), ("lab-g4dn-50gbe", 1, 2)]),
+    ("lab-b11c", "2 g3-like nodes at 25 GbE + 2 g4dn-like nodes at 50 GbE, 1 worker each (B11's shape; g3 "
+                 "workers compute at half the g4dn speed)", [("lab-g3-25gbe", 2, 1), ("lab-g4dn-50gbe", 2, 1)]),
 ):
     CLUSTER_PRESETS.register(_name, _build(_name, f"lab: {_desc}, links x {LAB_SCALE:g}", _groups, scale=LAB_SCALE))
 
