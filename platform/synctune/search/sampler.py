@@ -9,6 +9,7 @@ of varied training data for the simulator.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -112,12 +113,41 @@ class GuidedSampler:
     lossy: bool = True
     compress_prob: float = 0.3
     hierarchical_prob: float = 0.3
+    split_prob: float = 0.6
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.servers = [node.devices[0] for node in self.cluster.nodes]
         self.nic = [node.nic_gbps for node in self.cluster.nodes]
         self.even_nodes = len({node.num_devices for node in self.cluster.nodes}) == 1
+        # Per replica, its node's measured compute speed (calibrated clusters): where they differ,
+        # proposals also split the batch unevenly (TAG §4.2's batch split).
+        speeds = [node.compute_gflops for node in self.cluster.nodes for _ in node.devices]
+        self.speeds = speeds if all(speeds) and len(set(speeds)) > 1 else None
+
+    def _batch_split(self, strategy: Strategy) -> Strategy:
+        """``strategy`` with, on nodes of different speeds and with ``split_prob``, the global
+        batch split between even and proportional to speed (a random point between the two), so
+        the slow replicas stop holding every step back. Draws nothing on homogeneous clusters (the
+        random streams of existing searches stay as they were)."""
+        if self.speeds is None or self.rng.random() >= self.split_prob:
+            return strategy
+        t = self.rng.random()
+        fastest = max(self.speeds)
+        weights = [(1 - t) + t * x / fastest for x in self.speeds]
+        total = strategy.global_batch_size
+        raw = [total * w / sum(weights) for w in weights]
+        split = [max(1, int(r)) for r in raw]
+        # Largest remainders first, until the split sums to the global batch again.
+        order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
+        i = 0
+        while sum(split) < total:
+            split[order[i % len(order)]] += 1
+            i += 1
+        while sum(split) > total:
+            j = max(range(len(split)), key=lambda k: split[k])
+            split[j] -= 1
+        return dataclasses.replace(strategy, batch_split=tuple(split))
 
     def _compressor(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str) -> Compressor:
         """``kind`` where it applies to this shard (dense, its synchronizer, its shape), else none."""
@@ -194,7 +224,7 @@ class GuidedSampler:
                     sync = AllReduceSynchronizer(group=group, algorithm=algorithm)
                 shards.append(ShardPlan(synchronizer=sync, compressor=comp))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return Strategy.over(self.model, self.cluster, plans)
+        return self._batch_split(Strategy.over(self.model, self.cluster, plans))
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]

@@ -66,6 +66,12 @@ class DomainContext:
         self.model_bytes = float(self.var_bytes.sum())
         self.node_names = [n.name for n in c.nodes]
         self.node_of_device = {d: i for i, n in enumerate(c.nodes) for d in n.devices}
+        # Heterogeneous compute (TAG §2.1): how much longer a replica on each node computes the
+        # same batch than one on the fastest node, from calibrated speeds (1 where unmeasured).
+        speeds = [n.compute_gflops for n in c.nodes]
+        known = [x for x in speeds if x]
+        self.node_slowdown = np.array([max(known) / x if (x and known) else 1.0 for x in speeds], dtype=np.float64)
+        self.device_slowdown = {d: float(self.node_slowdown[i]) for d, i in self.node_of_device.items()}
         self.r = np.array([n.num_devices for n in c.nodes], dtype=np.float64)
         self.nic = np.array([n.nic_gbps for n in c.nodes]) * GBIT
         self.flow = np.array([n.single_flow_gbps for n in c.nodes]) * GBIT
@@ -177,7 +183,10 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                     cols["group"].append(-1)
         offsets.append(len(cols["sid"]))
         ngroups.append(len(groups))
-        scales.append(max(s.batch_split) / model.batch_size if s.batch_split else 1.0)
+        # Every replica's compute time relative to one nominal batch on the fastest node: its
+        # batch share times its node's slowdown; the iteration waits for the slowest replica.
+        scales.append(max(n * ctx.device_slowdown.get(d, 1.0) for n, d in zip(s.batch_split, s.replicas))
+                      / model.batch_size if s.batch_split else 1.0)
     ints = {"sid", "var", "nshards", "axis", "kind", "node", "group", "comp"}
     arrays = {k: np.asarray(v, dtype=np.int64 if k in ints else (bool if k == "local" else np.float64))
               for k, v in cols.items()}

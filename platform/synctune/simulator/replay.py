@@ -185,7 +185,8 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     n = b.size
     nn = ctx.N
     alpha = dom.alpha
-    # A replica's compute scales with its batch; the iteration waits for the biggest share.
+    # A replica's compute scales with its batch and its node's slowdown (calibrated speeds);
+    # the iteration waits for the slowest replica (TAG §2.1).
     scale = np.ones(n) if b.batch_scale is None else b.batch_scale * (ctx.model.batch_size / dom.profile_batch)
     plain = ctx.var_bytes[b.var] * b.frac
     sparse_part = np.where(b.kind == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
