@@ -280,8 +280,36 @@ class Algorithm1:
                                    self.exp.fidelity_accuracy)
         elite = [i for i in range(len(proposals)) if scores[i] >= level] or list(range(len(proposals)))
         chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, self.index)
-        return [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, float(-scores[elite[c]]))
-                for j, c in enumerate(chosen)]
+        out = [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, float(-scores[elite[c]]))
+               for j, c in enumerate(chosen)]
+        step = self._split_step(guided, {p.hash for p in proposals} | seen)
+        if step is not None and out:
+            # One coordinate step per round (AutoDDL §4.4: one dimension, the others fixed): the
+            # best measured strategy with the batch split the simulator prefers, in place of the
+            # round's last pick. Sampled strategies change every dimension at once and rarely
+            # keep a good one while moving the split.
+            strategy, score = step
+            out[-1] = Proposal(f"{tag}-{len(out) - 1}", strategy, f"{algo}+split", float(-score))
+        return out
+
+    def _split_step(self, guided: GuidedSampler, taken: set[str]) -> tuple[Strategy, float] | None:
+        """On replicas of different measured speeds: the best measured strategy with its batch
+        split moved towards speed-proportional (a quarter, half, three quarters, all the way),
+        the variant the simulator scores best, unless every variant was tried already."""
+        if guided.speeds is None or self.simulator is None:
+            return None
+        strategies, runtimes = self._measured()
+        if not strategies:
+            return None
+        best = strategies[int(np.argmin(runtimes))]
+        variants = [v for v in (guided.split_towards_speed(best, t) for t in (0.25, 0.5, 0.75, 1.0))
+                    if v.hash not in taken]
+        variants = list({v.hash: v for v in variants}.values())
+        if not variants:
+            return None
+        scores = np.asarray(self.simulator.score(variants), dtype=float)
+        i = int(np.argmax(scores))
+        return variants[i], float(scores[i])
 
     def _crossover(self, n: int, rng: random.Random, guided: GuidedSampler) -> list[Strategy]:
         """Children of the best measured strategies: per variable, one parent's plan; a few

@@ -125,14 +125,9 @@ class GuidedSampler:
         speeds = [node.compute_gflops for node in self.cluster.nodes for _ in node.devices]
         self.speeds = speeds if all(speeds) and len(set(speeds)) > 1 else None
 
-    def _batch_split(self, strategy: Strategy) -> Strategy:
-        """``strategy`` with, on nodes of different speeds and with ``split_prob``, the global
-        batch split between even and proportional to speed (a random point between the two), so
-        the slow replicas stop holding every step back. Draws nothing on homogeneous clusters (the
-        random streams of existing searches stay as they were)."""
-        if self.speeds is None or self.rng.random() >= self.split_prob:
-            return strategy
-        t = self.rng.random()
+    def split_towards_speed(self, strategy: Strategy, t: float) -> Strategy:
+        """``strategy`` with its global batch split a fraction ``t`` of the way from even
+        (``t`` = 0) to proportional to the replicas' measured speeds (``t`` = 1)."""
         fastest = max(self.speeds)
         weights = [(1 - t) + t * x / fastest for x in self.speeds]
         total = strategy.global_batch_size
@@ -148,6 +143,15 @@ class GuidedSampler:
             j = max(range(len(split)), key=lambda k: split[k])
             split[j] -= 1
         return dataclasses.replace(strategy, batch_split=tuple(split))
+
+    def _batch_split(self, strategy: Strategy) -> Strategy:
+        """``strategy`` with, on nodes of different speeds and with ``split_prob``, the global
+        batch split between even and proportional to speed (a random point between the two), so
+        the slow replicas stop holding every step back. Draws nothing on homogeneous clusters (the
+        random streams of existing searches stay as they were)."""
+        if self.speeds is None or self.rng.random() >= self.split_prob:
+            return strategy
+        return self.split_towards_speed(strategy, self.rng.random())
 
     def _compressor(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str) -> Compressor:
         """``kind`` where it applies to this shard (dense, its synchronizer, its shape), else none."""
