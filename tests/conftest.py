@@ -27,6 +27,21 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """Ray on this machine for one test module: 4 CPUs and 2 local-cpu nodes' worth of the node
+    type resource (what a local-1x2 worker group reserves)."""
+    import ray
+
+    from synctune.cluster.workers import node_type_resource
+
+    # address="local": never join another Ray instance running on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             resources={node_type_resource("local-cpu"): 2})
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def zoo_specs():
     """Model specs of every zoo model (built once, on the meta device)."""

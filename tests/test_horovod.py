@@ -28,19 +28,6 @@ pytestmark = pytest.mark.skipif(horovod_available() is not None, reason=str(horo
 CLUSTER = cluster_preset("local-1x2")
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from synctune.cluster.workers import node_type_resource
-
-    # address="local": never join another Ray instance running on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             resources={node_type_resource("local-cpu"): 2})
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("config", [HOROVOD_DEFAULT, HorovodConfig(fusion_threshold_mb=0.0, cycle_time_ms=5.0)],
                          ids=["defaults", "no-fusion"])
 def test_horovod_trial_trains_as_single_process_sgd(config):
@@ -102,7 +89,7 @@ def test_horovod_runtime_refuses_what_horovod_would_run_differently():
             HorovodConfig.from_dict(bad)
 
 
-def test_two_horovod_trials_on_one_warm_ray_worker_group(ray_local):
+def test_two_horovod_trials_on_one_warm_ray_worker_group(local_ray):
     """Actor reuse: the second trial must run with its own settings after the first shut Horovod down."""
     from synctune.cluster.workers import RayWorkerGroup
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
 import ray
 
 from synctune.cluster import RayWorkerGroup, node_type_resource
@@ -17,15 +16,6 @@ from synctune.strategy import build_strategy
 from synctune.workload import zoo_workload
 
 WORKLOAD = zoo_workload("cnn-small")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    # address="local": never join another Ray instance running on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             resources={node_type_resource("local-cpu"): 2})
-    yield
-    ray.shutdown()
 
 
 def test_group_runs_trials_and_keeps_its_workers(local_ray):

@@ -177,24 +177,12 @@ def _ddp_runtime(options: tuple[str, ...]) -> dict:
 
 def _horovod_runtime(options: tuple[str, ...]) -> dict:
     """``--horovod KEY=VALUE`` options as a trial runtime (values typed as HorovodConfig's fields)."""
-    from ..engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_runtime
+    from ..engine.horovod import HorovodConfig, horovod_runtime
 
-    values = HOROVOD_DEFAULT.to_dict()
-    for key, text in _parse_options(options).items():
-        if key not in values:
-            raise SpecError(f"--horovod: unknown key {key!r}; valid: {', '.join(values)}")
-        if key in ("fusion_threshold_mb", "cycle_time_ms"):
-            try:
-                values[key] = float(text)
-            except ValueError:
-                raise SpecError(f"--horovod: {key}: expected a number, got {text!r}") from None
-        elif isinstance(values[key], bool):
-            if text.lower() not in ("true", "false"):
-                raise SpecError(f"--horovod: {key}: expected true or false, got {text!r}")
-            values[key] = text.lower() == "true"
-        else:
-            values[key] = text
-    return horovod_runtime(HorovodConfig.from_dict(values))
+    try:
+        return horovod_runtime(HorovodConfig.from_options(_parse_options(options)))
+    except SpecError as exc:
+        raise SpecError(f"--horovod: {exc}") from None
 
 
 def _print_result(result, strategy, runtime: dict | None = None) -> None:

@@ -24,7 +24,7 @@ from ..spec._util import is_number
 from ..spec.errors import SpecError
 
 __all__ = ["HorovodConfig", "HOROVOD_DEFAULT", "COMPRESSIONS", "horovod_runtime", "check_horovod_trial",
-           "horovod_available", "HorovodSession", "horovod_started_here"]
+           "horovod_available", "HorovodSession"]
 
 #: Gradient compressions of ``hvd.DistributedOptimizer`` (``hvd.Compression``).
 COMPRESSIONS = ("none", "fp16")
@@ -72,6 +72,27 @@ class HorovodConfig:
         if unknown:
             raise SpecError(f"horovod config: unknown key(s) {unknown}; valid: {', '.join(sorted(known))}")
         return cls(**data)
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> "HorovodConfig":
+        """The defaults with ``KEY=VALUE`` texts (``--horovod``, an experiment's ``hvd:...``
+        entry) typed as the fields are; errors start with the key."""
+        values = HOROVOD_DEFAULT.to_dict()
+        for key, text in options.items():
+            if key not in values:
+                raise SpecError(f"unknown key {key!r}; valid: {', '.join(values)}")
+            if isinstance(values[key], bool):
+                if text.lower() not in ("true", "false"):
+                    raise SpecError(f"{key}: expected true or false, got {text!r}")
+                values[key] = text.lower() == "true"
+            elif isinstance(values[key], float):
+                try:
+                    values[key] = float(text)
+                except ValueError:
+                    raise SpecError(f"{key}: expected a number, got {text!r}") from None
+            else:
+                values[key] = text
+        return cls.from_dict(values)
 
     def env(self) -> dict[str, str]:
         """The environment Horovod reads at ``hvd.init()``."""
@@ -186,30 +207,8 @@ def _slot_plan(hosts: list[str]):
     return slots
 
 
-def _iface_towards(address: str) -> str:
-    """The network interface this process uses to reach ``address`` (Horovod's gloo needs a name)."""
-    import socket
-
-    import psutil
-
-    if os.environ.get("GLOO_SOCKET_IFNAME"):  # a lab worker: its node's shaped link
-        return os.environ["GLOO_SOCKET_IFNAME"]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((address, 9))  # no packet is sent: this only asks the kernel for a route
-        local_ip = s.getsockname()[0]
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == local_ip for a in addrs):
-            return name
-    raise RuntimeError(f"horovod runtime: no network interface holds {local_ip}, the address towards {address}")
-
-
 #: Whether this process has started Horovod before (see :class:`HorovodSession`).
 _STARTED_HERE = False
-
-
-def horovod_started_here() -> bool:
-    """True once this process has run Horovod: it cannot run it again (:class:`HorovodSession`)."""
-    return _STARTED_HERE
 
 
 class HorovodSession:
@@ -225,6 +224,8 @@ class HorovodSession:
     def __init__(self, config: HorovodConfig, rank: int, hosts: list[str], master: str,
                  timeout_s: float = 120.0, binding: str = "torch") -> None:
         import torch.distributed as dist
+
+        from .local import peer_interface
 
         hvd = _binding(binding)
         global _STARTED_HERE
@@ -247,7 +248,7 @@ class HorovodSession:
             os.environ.update({
                 "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
                 "HOROVOD_GLOO_RENDEZVOUS_ADDR": master, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(box[0]),
-                "HOROVOD_GLOO_IFACE": _iface_towards(master), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s)),
+                "HOROVOD_GLOO_IFACE": peer_interface()[0], "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s)),
                 "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(slot.size),
                 "HOROVOD_LOCAL_RANK": str(slot.local_rank), "HOROVOD_LOCAL_SIZE": str(slot.local_size),
                 "HOROVOD_CROSS_RANK": str(slot.cross_rank), "HOROVOD_CROSS_SIZE": str(slot.cross_size)})

@@ -19,7 +19,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["WorkerFailure", "run_local", "free_port", "report", "classify_error", "enter_netns", "join_cgroup"]
+__all__ = ["WorkerFailure", "run_local", "free_port", "report", "classify_error", "enter_netns", "join_cgroup",
+           "peer_interface"]
 
 
 class WorkerFailure(Exception):
@@ -83,6 +84,31 @@ def join_cgroup(path: str) -> None:
     except OSError as exc:
         raise RuntimeError(f"cannot join the lab node's CPU group {path} ({exc.strerror or exc}); "
                            f"synctune lab down, then up") from None
+
+
+def peer_interface() -> tuple[str, str]:
+    """(interface name, IPv4 address) this worker reaches its peers through, for runtimes that
+    open their own connections (Horovod's gloo wants the name, TensorFlow's gRPC the address):
+    a lab worker's shaped link (``GLOO_SOCKET_IFNAME``), else the route towards rank 0
+    (``SYNCTUNE_MASTER_ADDR``, which the launchers set; loopback on one machine)."""
+    import socket
+
+    import psutil
+
+    addrs = psutil.net_if_addrs()
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if ifname:
+        ip = next((a.address for a in addrs.get(ifname, []) if a.family == socket.AF_INET), None)
+        if ip:
+            return ifname, ip
+    master = os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master, 9))  # no packet is sent: this only asks the kernel for the route's source
+        ip = s.getsockname()[0]
+    for name, entries in addrs.items():
+        if any(a.address == ip for a in entries):
+            return name, ip
+    raise RuntimeError(f"no network interface holds {ip}, this worker's address towards {master}")
 
 
 def rank_networks(cluster, replicas, node_net) -> list[dict[str, str]] | None:

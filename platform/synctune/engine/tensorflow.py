@@ -166,26 +166,6 @@ def check_tensorflow_trial(runtime: dict[str, Any], strategy: Strategy, spec: Mo
 _STARTED_HERE = False
 
 
-def _own_address() -> str:
-    """The address the other workers reach this process at (its lab link, loopback, or the
-    interface that routes to rank 0)."""
-    import socket
-
-    import psutil
-
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-    if ifname:
-        for addr in psutil.net_if_addrs().get(ifname, []):
-            if addr.family == socket.AF_INET:
-                return addr.address
-    master = os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1")
-    if master.startswith("127."):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((master, 9))  # no packet is sent: this asks the kernel for the route's source
-        return s.getsockname()[0]
-
-
 def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
     """One rank of a trial of a Keras workload (inside a process of the trial's torch.distributed
     group): under TensorFlow's MultiWorkerMirroredStrategy (runtime ``tensorflow``) or Horovod's
@@ -198,8 +178,8 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
     import torch.distributed as dist
 
     from ..spec.cluster import ClusterSpec
-    from .local import report
-    from .trial import PeakMemory, TrialConfig, _gather_max
+    from .local import peer_interface
+    from .trial import PeakMemory, TrialConfig, timed_iterations
 
     global _STARTED_HERE
     t_start = time.perf_counter()
@@ -228,7 +208,7 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
                                "processes")
         _STARTED_HERE = True
         options = runtime["tensorflow"]
-        host = _own_address()
+        host = peer_interface()[1]
         with socket.socket() as s:  # a free port on this worker's own address, for TensorFlow's gRPC server
             s.bind((host, 0))
             port = s.getsockname()[1]
@@ -286,34 +266,8 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
 
             return mwms.run(replica_step, args=(x, y))
 
-    t_loop = time.perf_counter()
-    total = config.warmup + config.iters
-    times: list[float] = []
-    loss = None
-    for it in range(total):
-        timed = it >= config.warmup
-        if timed:
-            dist.barrier()
-            t0 = time.perf_counter()
-        loss = float(np.asarray(step(x, y)))  # returns once the step (and its collectives) is done
-        if timed:
-            times.append(time.perf_counter() - t0)
-        if rank == 0:
-            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": loss})
-    t_end = time.perf_counter()
-    device = torch.device("cpu")
-    slowest = _gather_max(times, device)
-    peak = torch.tensor([memory.peak_bytes()], dtype=torch.float64)
-    peaks = [torch.zeros_like(peak) for _ in range(world)]
-    dist.all_gather(peaks, peak)
-    if horovod is not None:
-        horovod.close()
-    return {
-        "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
-        "times": slowest,
-        "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
-        "comm_bytes_per_iter": None,
-        "backend": backend,
-        "device_kind": "cpu",
-        "final_loss": loss,
-    }
+    # Reading the loss waits for the step and its collectives: the iteration is done on return.
+    timed = timed_iterations(rank, world, config, torch.device("cpu"), memory,
+                             lambda: float(np.asarray(step(x, y))), t_start=t_start,
+                             close=horovod.close if horovod is not None else None)
+    return {**timed, "backend": backend, "device_kind": "cpu"}

@@ -286,10 +286,7 @@ def _gather_max(times: list[float], device) -> list[float]:
 
 def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_rank: bool,
              progress: bool = True) -> dict:
-    import torch
     import torch.distributed as dist
-
-    from .local import report
 
     t_start = time.perf_counter()
     config = TrialConfig(**payload["config"])
@@ -297,6 +294,24 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
     memory = PeakMemory(device)
     memory.reset()
     arm = _Arm(rank, payload, strategy, payload.get("runtime"), device)
+    timed = timed_iterations(rank, world, config, device, memory, arm.iteration, t_start=t_start,
+                             take_comm=arm.take_comm_bytes, close=arm.close, progress=progress)
+    return {**timed, "backend": dist.get_backend(), "device_kind": device.type}
+
+
+def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory: PeakMemory,
+                     iteration: Callable[[], Any], *, t_start: float, take_comm: Callable[[], int | None] | None = None,
+                     close: Callable[[], None] | None = None, progress: bool = True) -> dict:
+    """What every trial measures, whatever runs its iterations (AutoDist §3.3's W + M): warm-up
+    then timed iterations, each timed one started after a barrier, ``iteration()`` returning once
+    the step is done (its loss); then, across ranks, the slowest rank per iteration, the peak
+    memory and the bytes handed to collectives (``take_comm``, where the runtime counts them).
+    ``close`` runs after the gathering."""
+    import torch
+    import torch.distributed as dist
+
+    from .local import report
+
     t_loop = time.perf_counter()
     total = config.warmup + config.iters
     times: list[float] = []
@@ -306,31 +321,30 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
         if timed:
             dist.barrier()
             t0 = time.perf_counter()
-        loss = arm.iteration()
+        loss = iteration()
         if timed:
             times.append(time.perf_counter() - t0)
-        sent = arm.take_comm_bytes()
+        sent = take_comm() if take_comm is not None else None
         if timed and sent is not None:
             comm.append(sent)
         if rank == 0 and progress:
-            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss.detach())})
+            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss)})
     t_end = time.perf_counter()
     slowest = _gather_max(times, device)
     peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
                         dtype=torch.float64, device=device)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
-    arm.close()
+    if close is not None:
+        close()
     return {
         # Where a trial's time goes on rank 0 (the overhead benchmark reads it): building the
-        # model, engine and batch; every iteration, warm-up included; gathering the results.
+        # model, runtime and batch; every iteration, warm-up included; gathering the results.
         "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
         "times": slowest,
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
-        "backend": dist.get_backend(),
-        "device_kind": device.type,
-        "final_loss": float(loss.detach()),
+        "final_loss": float(loss),
     }
 
 

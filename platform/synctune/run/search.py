@@ -149,26 +149,16 @@ def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec,
     out = []
     where = exp.source or exp.name
     for entry in getattr(exp, "runtime_baselines", ()):
-        values = HOROVOD_DEFAULT.to_dict()
-        options = entry.partition(":")[2]
-        for item in filter(None, options.split(",")):
-            key, _eq, text = (part.strip() for part in item.partition("="))
-            if key not in values:
-                raise SpecError(f"{where}: baselines: {entry!r}: unknown Horovod setting {key!r}; valid: "
-                                f"{', '.join(values)}")
-            if isinstance(values[key], bool):
-                if text.lower() not in ("true", "false"):
-                    raise SpecError(f"{where}: baselines: {entry!r}: {key}: expected true or false, got {text!r}")
-                values[key] = text.lower() == "true"
-            elif key == "compression":
-                values[key] = text
-            else:
-                try:
-                    values[key] = float(text)
-                except ValueError:
-                    raise SpecError(f"{where}: baselines: {entry!r}: {key}: expected a number, got {text!r}") from None
+        options = {}
+        for item in filter(None, entry.partition(":")[2].split(",")):
+            key, _eq, text = item.partition("=")
+            options[key.strip()] = text.strip()
+        unknown = [k for k in options if k not in HOROVOD_DEFAULT.to_dict()]
+        if unknown:
+            raise SpecError(f"{where}: baselines: {entry!r}: unknown Horovod setting {unknown[0]!r}; valid: "
+                            f"{', '.join(HOROVOD_DEFAULT.to_dict())}")
         try:
-            config = HorovodConfig.from_dict(values)
+            config = HorovodConfig.from_options(options)
             check_runtime(horovod_runtime(config), build_strategy("allreduce", model, cluster), model, cluster,
                           workload)
         except SpecError as exc:
