@@ -436,7 +436,7 @@ def test_a_signalled_search_stops_ray_and_its_workers(tmp_path):
 
     from synctune.data import TrialDataset
 
-    experiment = tiny_experiment(tmp_path, 40)
+    experiment = tiny_experiment(tmp_path, 40, iters=30)
     proc = subprocess.Popen([sys.executable, "-m", "synctune", "search", str(experiment)],
                             env=search_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)

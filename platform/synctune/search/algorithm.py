@@ -4,8 +4,11 @@ Baselines (the hand-optimised builders) are trialled first. Then, round by round
 proposals with the guided sampler, score them with the simulator, drop those below the
 simulator's fidelity level, select K candidates trading score against diversity, trial them,
 and update the simulator on everything measured so far. Variants (the papers' ablations):
-``random-guided`` (guided sampler, no simulator), ``random`` (no constraints either) and
-``genetic`` (crossover and mutation of the best strategies, scored by the simulator).
+``random-guided`` (guided sampler, no simulator), ``random`` (no constraints either),
+``genetic`` (crossover and mutation of the best strategies, scored by the simulator), and
+``coordinate-descent`` and ``mcts``, whose simulator-only search (``local_search``) picks the
+round's trials itself; with ``generator:`` either one feeds ``autodist`` its proposals instead
+of the sampler.
 
 The searcher talks to its simulator through :class:`SimulatorProtocol` only (``score``,
 ``fit``) and never runs trials itself: callers ``ask()`` for the next strategy, run it however
@@ -267,8 +270,21 @@ class Algorithm1:
             return [Proposal(f"{tag}-{i}", s, algo, None) for i, s in enumerate(picked)]
         rng = random.Random(seed)
         guided = GuidedSampler(self.model, self.cluster, seed=seed, lossy=self.exp.lossy)
-        raw = self._crossover(self.exp.proposals, rng, guided) if algo == "genetic" else guided.sample_many(
-            self.exp.proposals)
+        if algo in ("coordinate-descent", "mcts"):
+            # Alone: the simulator-only search's best strategies are the round's trials.
+            picked, hashes = [], set(seen)
+            for strategy, score in self._local_search(algo, rng, 4 * k):
+                strategy = self.project(strategy) if self.project is not None else strategy
+                if strategy.hash not in hashes and len(picked) < k:
+                    hashes.add(strategy.hash)
+                    picked.append(Proposal(f"{tag}-{len(picked)}", strategy, algo, float(-score)))
+            return picked
+        if self.exp.generator != "sampler":
+            raw = [s for s, _ in self._local_search(self.exp.generator, rng, self.exp.proposals)]
+        elif algo == "genetic":
+            raw = self._crossover(self.exp.proposals, rng, guided)
+        else:
+            raw = guided.sample_many(self.exp.proposals)
         proposals = fresh(raw)
         if not proposals:
             return []
@@ -291,6 +307,33 @@ class Algorithm1:
             strategy, score = step
             out[-1] = Proposal(f"{tag}-{len(out) - 1}", strategy, f"{algo}+split", float(-score))
         return out
+
+    def _local_search(self, kind: str, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:
+        """The best distinct strategies (with scores) of a simulator-only search under the
+        training-free model (AutoDDL §4.4: the analytic model; the learned one, where the search
+        switched to it, only picks among them), not yet measured, at most ``keep``. Coordinate
+        descent starts from the best measured strategies, then from guided samples; the tree
+        search is rooted at the best measured strategy (data parallelism before any, TAG §4.2.2)."""
+        from .local_search import ChoiceSpace, coordinate_descent, mcts
+
+        model = getattr(self.simulator, "training_free", self.simulator)
+        space = ChoiceSpace(self.model, self.cluster, lossy=self.exp.lossy)
+
+        def score(strategies: list[Strategy]) -> np.ndarray:
+            if self.project is not None:
+                strategies = [self.project(s) for s in strategies]
+            return np.asarray(model.score(strategies), dtype=float)
+
+        seen = self._seen()
+        strategies, runtimes = self._measured()
+        starts = [strategies[i] for i in np.argsort(runtimes, kind="stable")[:2]] if strategies else []
+        if kind == "coordinate-descent":
+            result = coordinate_descent(space, score, starts + [space.data_parallel()], rng=rng,
+                                        evaluations=self.exp.sim_evaluations, keep=keep + len(seen))
+        else:
+            result = mcts(space, score, rng=rng, evaluations=self.exp.sim_evaluations, keep=keep + len(seen),
+                          root=starts[0] if starts else None)
+        return result.top(keep, exclude=seen)
 
     def _split_step(self, guided: GuidedSampler, taken: set[str]) -> tuple[Strategy, float] | None:
         """On replicas of different measured speeds: the best measured strategy with its batch

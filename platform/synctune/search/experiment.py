@@ -11,11 +11,16 @@ from ..spec._util import LIMITS, check_keys, in_range, is_number
 from ..spec.errors import SpecError
 from ..spec.files import check_name, read_yaml
 
-__all__ = ["ALGORITHMS", "Experiment", "load_experiment"]
+__all__ = ["ALGORITHMS", "GENERATORS", "Experiment", "load_experiment"]
 
 #: Search variants (AutoDist §3.3 and its ablations): the full Algorithm 1, constrained random
-#: search without a simulator ("Random+G"), plain random search, and a genetic algorithm.
-ALGORITHMS = ("autodist", "random-guided", "random", "genetic")
+#: search without a simulator ("Random+G"), plain random search, a genetic algorithm, and the
+#: simulator-only searches whose best strategies are trialled directly: AutoDDL §4.4's
+#: coordinate descent and TAG §4.2.2's Monte-Carlo tree search.
+ALGORITHMS = ("autodist", "random-guided", "random", "genetic", "coordinate-descent", "mcts")
+#: Where ``autodist`` gets each round's proposals: the guided sampler (AutoDist §2.4), or the
+#: best strategies a simulator-only search found (the same selection then picks among them).
+GENERATORS = ("sampler", "coordinate-descent", "mcts")
 SIMULATOR_CHOICES = ("analytic", "replay", "rnn", "linear", "gat")
 #: A ``baselines:`` entry that is a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``).
 HOROVOD_BASELINE = "hvd"
@@ -40,7 +45,12 @@ class Experiment:
     same processes, ``confirm_rounds`` rounds of ``confirm_iters`` iterations per arm (0 rounds:
     no confirmation). ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
     the search's proposals and of tuned DDP's comm hooks: every candidate then trains exactly as
-    plain data-parallel SGD."""
+    plain data-parallel SGD.
+
+    ``generator`` is where ``autodist`` draws a round's proposals (``sampler``, or the
+    simulator-only ``coordinate-descent`` or ``mcts``); ``sim_evaluations`` is how many
+    strategies such a search may score per round (a count, not a time, so a resumed search
+    proposes exactly what the uninterrupted one would)."""
 
     name: str
     cluster: str
@@ -48,6 +58,8 @@ class Experiment:
     workload: str = ""
     budget: int
     algorithm: str = "autodist"
+    generator: str = "sampler"
+    sim_evaluations: int = 20_000
     simulator: str = "rnn"
     proposals: int = 2000
     candidates: int = 4
@@ -96,6 +108,13 @@ class Experiment:
             raise bad("lossy", "true or false")
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"one of {', '.join(ALGORITHMS)}")
+        if self.generator not in GENERATORS:
+            raise bad("generator", f"one of {', '.join(GENERATORS)}")
+        if self.generator != "sampler" and self.algorithm != "autodist":
+            raise SpecError(f"{where}: generator: {self.generator} feeds algorithm autodist, not {self.algorithm}; "
+                            f"use algorithm: autodist, or generator: sampler")
+        if not in_range(self.sim_evaluations, 100, 10_000_000):
+            raise bad("sim_evaluations", "an integer from 100 to 10000000")
         if not (self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):
             raise bad("simulator", f"one of {', '.join(SIMULATOR_CHOICES)} or a saved simulator file (.pt)")
         if not (is_number(self.fidelity_accuracy) and 0.5 <= self.fidelity_accuracy < 1):

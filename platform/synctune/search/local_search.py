@@ -1,0 +1,440 @@
+"""Simulator-only searches over per-variable choices: AutoDDL's coordinate descent (§4.4) and
+TAG's Monte-Carlo tree search (§4.2.2).
+
+Both work on a :class:`ChoiceSpace`: for a variable (or a group of adjacent variables, TAG's
+"op group"), the synchronization choices a strategy may give it, each applied with every other
+variable's plan fixed. They score strategies with a callable (higher is better: the search's
+training-free simulator, negated time) and never run trials; Algorithm 1 trials what they find
+(``algorithm: coordinate-descent`` or ``mcts``) or scores what they find with its own simulator
+(``generator:``). Their effort is bounded by a number of scored strategies and, optionally, a
+wall-clock deadline, so the search time they get is explicit (AutoDDL Fig. 7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..spec.cluster import ClusterSpec
+from ..spec.model import ModelSpec
+from ..strategy.partition import shard_shapes
+from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer, ShardPlan,
+                               Strategy, VariablePlan)
+from .sampler import GuidedSampler
+
+__all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "LocalSearchResult", "canonical_groups"]
+
+Score = Callable[[list[Strategy]], np.ndarray]
+
+#: Sparse all-reduce shards live in groups of their own (ids from here on), as the sampler does.
+SPARSE_GROUPS = 10_000
+#: Batch splits tried on replicas of different measured speeds: the fraction of the way from an
+#: even split to one proportional to speed (TAG §4.2: the batch share is part of the strategy).
+SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One synchronization choice for the variables of a coordinate.
+
+    ``kind``: ``ar`` (dense all-reduce; ``group`` an existing merge group to join, or None for
+    a new one), ``ps`` (whole variable on ``server``, ``local`` aggregation within nodes),
+    ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS), ``ag``
+    (sparse all-gather). ``algorithm``, ``compressor`` and ``rank`` as in the strategy language.
+    Sparse variables given an ``ar`` choice are all-gathered (their rows, not a dense tensor)."""
+
+    kind: str
+    server: int = 0
+    local: bool = False
+    group: int | None = None
+    algorithm: str = "flat"
+    compressor: str = "none"
+    rank: int = 0
+
+    @property
+    def label(self) -> str:
+        comp = "" if self.compressor == "none" else f"+{self.compressor}{self.rank or ''}"
+        if self.kind == "ar":
+            where = "new" if self.group is None else f"g{self.group}"
+            return f"ar:{where}:{self.algorithm}{comp}"
+        if self.kind == "ps":
+            return f"ps:{self.server}{':local' if self.local else ''}{comp}"
+        return self.kind
+
+
+def canonical_groups(strategy: Strategy) -> Strategy:
+    """``strategy`` with its dense merge groups numbered by first appearance in plan (backward)
+    order and its sparse ones from :data:`SPARSE_GROUPS`: two strategies that group the same
+    shards the same way get the same hash, so neither is measured twice."""
+    dense: dict[int, int] = {}
+    sparse: dict[int, int] = {}
+    plans, changed = [], False
+    for plan in strategy.plans:
+        shards = []
+        for shard in plan.shards:
+            sync = shard.synchronizer
+            if isinstance(sync, AllReduceSynchronizer):
+                table, base = (sparse, SPARSE_GROUPS) if sync.group >= SPARSE_GROUPS else (dense, 0)
+                gid = table.setdefault(sync.group, base + len(table))
+                if gid != sync.group:
+                    shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, group=gid))
+                    changed = True
+            shards.append(shard)
+        plans.append(dataclasses.replace(plan, shards=tuple(shards)) if changed else plan)
+    return dataclasses.replace(strategy, plans=tuple(plans)) if changed else strategy
+
+
+class ChoiceSpace:
+    """The choices of a (model, cluster) domain, and strategies with one coordinate changed.
+
+    Coordinates are groups of adjacent variables in backward order (``coordinates(n)``: at
+    most ``n`` of them, of similar bytes; one per variable for coordinate descent), plus the
+    batch split where replicas differ in measured speed. Choices: all-reduce joining a merge
+    group already used by the neighbouring variables or a new group (flat, hierarchical where
+    every node holds as many replicas; with fp16, bf16 or PowerSGD when ``lossy``), a PS on
+    each node (with and without local aggregation), a PS partitioned over every node for
+    variables of at least ``small_bytes``, all-gather for sparse variables."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
+                 small_bytes: int = 256 * 1024) -> None:
+        self.model, self.cluster, self.lossy, self.small_bytes = model, cluster, lossy, small_bytes
+        self.helper = GuidedSampler(model, cluster, seed=0, lossy=lossy)  # servers, speeds, compressor fitting
+        self.servers = self.helper.servers
+        self.variables = list(model.variables)
+        self.index = {v.name: i for i, v in enumerate(self.variables)}
+        algorithms = ["flat"] + (["hierarchical"] if self.helper.even_nodes and len(cluster.nodes) > 1 else [])
+        compressors = [("none", 0)] + ([("fp16", 0), ("bf16", 0), ("powersgd", 1), ("powersgd", 4)] if lossy else [])
+        self._new_groups = [(a, c, r) for a in algorithms for c, r in compressors if a == "flat" or c == "none"]
+        self._ps = [(j, local, c) for j in range(len(self.servers)) for local in (False, True)
+                    for c in (("none", "fp16") if lossy else ("none",)) if not (local and c != "none")]
+
+    # ------------------------------------------------------------------------------- coordinates
+
+    def coordinates(self, n: int | None = None) -> list[list[int]]:
+        """Variable indices grouped into at most ``n`` runs of adjacent variables of similar
+        bytes (None: one per variable)."""
+        count = len(self.variables)
+        if n is None or n >= count:
+            return [[i] for i in range(count)]
+        total = sum(v.num_bytes for v in self.variables) or 1
+        runs, current, filled = [], [], 0.0
+        for i, v in enumerate(self.variables):
+            if current and filled + v.num_bytes > total / n * 1.0001 and len(runs) < n - 1:
+                runs.append(current)
+                current, filled = [], 0.0
+            current.append(i)
+            filled += v.num_bytes
+        runs.append(current)
+        return runs
+
+    @property
+    def has_split(self) -> bool:
+        return self.helper.speeds is not None
+
+    def splits(self, strategy: Strategy) -> list[Strategy]:
+        """``strategy`` under each batch split of :data:`SPLIT_STEPS` (replicas of different speeds only)."""
+        if not self.has_split:
+            return []
+        return [self.helper.split_towards_speed(strategy, t) for t in SPLIT_STEPS]
+
+    # ----------------------------------------------------------------------------------- choices
+
+    def choices(self, strategy: Strategy, coordinate: Sequence[int]) -> list[Choice]:
+        """The choices for the variables of ``coordinate`` in ``strategy``: joining the dense
+        groups its neighbours use (merging with them, AutoSync's c_am) or a new group, the PS
+        placements, and the partitioned PS where a variable is large enough."""
+        variables = [self.variables[i] for i in coordinate]
+        dense = [v for v in variables if not v.sparse]
+        out: list[Choice] = []
+        for algorithm, comp, rank in self._new_groups:
+            if comp == "none" or all(self._fits(v, comp, rank, "allreduce") for v in dense) and dense:
+                out.append(Choice("ar", algorithm=algorithm, compressor=comp, rank=rank))
+        for gid, (algorithm, comp, rank) in self._neighbour_groups(strategy, coordinate).items():
+            if dense and all(comp == "none" or self._fits(v, comp, rank, "allreduce") for v in dense):
+                out.append(Choice("ar", group=gid, algorithm=algorithm, compressor=comp, rank=rank))
+        for j, local, comp in self._ps:
+            if comp != "none" and not (dense and all(self._fits(v, comp, 0, "ps") for v in dense)):
+                continue
+            out.append(Choice("ps", server=j, local=local, compressor=comp))
+        if len(self.servers) > 1 and any(v.num_bytes >= self.small_bytes and v.shape and v.shape[0] >= 2
+                                         for v in variables):
+            out.append(Choice("pps"))
+        return out
+
+    def _fits(self, var, comp: str, rank: int, sync_kind: str) -> bool:
+        if var.sparse:
+            return False
+        return self.helper._compressor(comp, rank, var, tuple(var.shape), sync_kind).kind == comp
+
+    def _neighbour_groups(self, strategy: Strategy, coordinate: Sequence[int]) -> dict[int, tuple[str, str, int]]:
+        """The dense merge groups of the variables just before and after ``coordinate``."""
+        groups: dict[int, tuple[str, str, int]] = {}
+        for i in (min(coordinate) - 1, max(coordinate) + 1):
+            if 0 <= i < len(strategy.plans):
+                for shard in strategy.plans[i].shards:
+                    sync = shard.synchronizer
+                    if isinstance(sync, AllReduceSynchronizer) and sync.group < SPARSE_GROUPS:
+                        groups[sync.group] = (sync.algorithm, shard.compressor.kind, shard.compressor.rank or 0)
+        return groups
+
+    def _plan(self, var, choice: Choice, group: int) -> VariablePlan:
+        shape = tuple(var.shape)
+        whole = tuple(1 for _ in shape)
+        if choice.kind == "pps" and var.shape and var.shape[0] >= 2 and var.num_bytes >= self.small_bytes:
+            pieces = min(len(self.servers), var.shape[0])
+            partition = (pieces,) + tuple(1 for _ in shape[1:])
+            shards = tuple(ShardPlan(synchronizer=PSSynchronizer(placement=self.servers[k]))
+                           for k in range(len(shard_shapes(shape, partition))))
+            return VariablePlan(variable=var.name, partition=partition, shards=shards)
+        if choice.kind in ("ps", "pps"):
+            server = choice.server if choice.kind == "ps" else self.index[var.name] % len(self.servers)
+            comp = Compressor(kind=choice.compressor) if choice.compressor != "none" and not var.sparse else Compressor()
+            sync = PSSynchronizer(placement=self.servers[server], local_aggregation=choice.local and not var.sparse)
+            return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(synchronizer=sync,
+                                                                                      compressor=comp),))
+        if var.sparse:  # ``ar`` and ``ag`` on a sparse variable: its rows, all-gathered
+            return VariablePlan(variable=var.name, partition=whole,
+                                shards=(ShardPlan(synchronizer=AllGatherSynchronizer()),))
+        comp = (Compressor(kind=choice.compressor, rank=choice.rank or None) if choice.compressor != "none"
+                else Compressor())
+        if comp.kind == "powersgd":
+            comp = self.helper._compressor("powersgd", choice.rank, var, shape, "allreduce")
+        sync = AllReduceSynchronizer(group=group, algorithm=choice.algorithm)
+        return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(synchronizer=sync, compressor=comp),))
+
+    def apply(self, strategy: Strategy, coordinate: Sequence[int], choice: Choice) -> Strategy:
+        """``strategy`` with the variables of ``coordinate`` synchronized by ``choice`` (its groups renumbered)."""
+        if choice.kind == "ar" and choice.group is not None:
+            group = choice.group
+        else:
+            group = 1 + max((s.synchronizer.group for p in strategy.plans for s in p.shards
+                             if isinstance(s.synchronizer, AllReduceSynchronizer)
+                             and s.synchronizer.group < SPARSE_GROUPS), default=-1)
+        plans = list(strategy.plans)
+        for i in coordinate:
+            plans[i] = self._plan(self.variables[i], choice, group)
+        return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
+
+    def neighbours(self, strategy: Strategy, coordinate: Sequence[int]) -> list[Strategy]:
+        """Every strategy one choice away along ``coordinate`` (distinct, ``strategy`` excluded)."""
+        seen = {strategy.hash}
+        out = []
+        for choice in self.choices(strategy, coordinate):
+            candidate = self.apply(strategy, coordinate, choice)
+            h = candidate.hash
+            if h not in seen:
+                seen.add(h)
+                out.append(candidate)
+        return out
+
+    def data_parallel(self) -> Strategy:
+        """TAG's baseline and the tree's root: every variable on one flat all-reduce group
+        (sparse ones all-gathered), the batch split evenly."""
+        plans = [self._plan(v, Choice("ar"), 0) for v in self.variables]
+        return canonical_groups(Strategy.over(self.model, self.cluster, plans))
+
+
+@dataclass
+class LocalSearchResult:
+    """What a simulator-only search found: distinct strategies, best first, with their scores,
+    and how much it scored (``evaluations``) in how long (``seconds``)."""
+
+    strategies: list[Strategy]
+    scores: list[float]
+    evaluations: int
+    seconds: float
+    trace: list[tuple[int, float, float]]  # (evaluations, seconds, best score so far)
+
+    def top(self, k: int, exclude: Iterable[str] = ()) -> list[tuple[Strategy, float]]:
+        skip = set(exclude)
+        return [(s, sc) for s, sc in zip(self.strategies, self.scores) if s.hash not in skip][:k]
+
+
+class _Budget:
+    """Counts scored strategies against ``evaluations`` and a wall-clock ``seconds`` limit, and
+    keeps the best distinct strategies seen."""
+
+    def __init__(self, score: Score, evaluations: int, seconds: float | None, keep: int = 64) -> None:
+        self._score, self.limit, self.keep = score, evaluations, keep
+        self.start = time.perf_counter()
+        self.deadline = None if seconds is None else self.start + seconds
+        self.used = 0
+        self.best: dict[str, tuple[float, Strategy]] = {}
+        self.trace: list[tuple[int, float, float]] = []
+        self.best_score = -math.inf
+        self._floor = -math.inf  # scores at or below it can no longer make the kept best
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.limit or (self.deadline is not None and time.perf_counter() >= self.deadline)
+
+    def score(self, strategies: list[Strategy]) -> np.ndarray:
+        if not strategies:
+            return np.zeros(0)
+        values = np.asarray(self._score(strategies), dtype=float)
+        self.used += len(strategies)
+        for s, v in zip(strategies, values):
+            if np.isfinite(v) and v > self._floor:
+                self.best[s.hash] = (float(v), s)
+        if len(self.best) > 2 * self.keep:
+            kept = sorted(self.best.items(), key=lambda item: -item[1][0])[: self.keep]
+            self.best = dict(kept)
+            self._floor = kept[-1][1][0]
+        top = float(np.max(values))
+        if top > self.best_score:
+            self.best_score = top
+        self.trace.append((self.used, time.perf_counter() - self.start, self.best_score))
+        return values
+
+    def result(self) -> LocalSearchResult:
+        ranked = sorted(self.best.values(), key=lambda x: -x[0])[: self.keep]
+        return LocalSearchResult([s for _, s in ranked], [v for v, _ in ranked], self.used,
+                                 time.perf_counter() - self.start, self.trace)
+
+
+def coordinate_descent(space: ChoiceSpace, score: Score, starts: Sequence[Strategy], *, rng: random.Random,
+                       evaluations: int = 20_000, seconds: float | None = None, max_sweeps: int = 8,
+                       keep: int = 64) -> LocalSearchResult:
+    """AutoDDL §4.4: from each start, for each coordinate in turn (the batch split, then every
+    variable in backward order), the choice the model scores best with every other coordinate
+    fixed; sweeps until a fixed point (no coordinate improves), then restart from the next start,
+    then from random guided samples, until ``evaluations`` strategies were scored or ``seconds``
+    passed ("many restarts": a single descent converges fast, restarts escape local minima)."""
+    budget = _Budget(score, evaluations, seconds, keep)
+    coords = space.coordinates()
+    sampler = GuidedSampler(space.model, space.cluster, seed=rng.getrandbits(63), lossy=space.lossy)
+    queue = list(starts)
+    while not budget.spent:
+        start = queue.pop(0) if queue else canonical_groups(sampler.sample())
+        current = start
+        current_score = float(budget.score([current])[0])
+        for _sweep in range(max_sweeps):
+            improved = False
+            order = list(range(len(coords)))
+            rng.shuffle(order)  # a fixed order favours the first variables' choices
+            steps: list[Callable[[Strategy], list[Strategy]]] = []
+            if space.has_split:
+                steps.append(space.splits)
+            steps += [lambda s, c=coords[i]: space.neighbours(s, c) for i in order]
+            for step in steps:
+                if budget.spent:
+                    break
+                candidates = [c for c in step(current) if c.hash != current.hash]
+                values = budget.score(candidates)
+                if len(values) and values.max() > current_score + 1e-12:
+                    j = int(np.argmax(values))
+                    current, current_score, improved = candidates[j], float(values[j]), True
+            if not improved or budget.spent:
+                break
+    return budget.result()
+
+
+class _Node:
+    __slots__ = ("strategy", "children", "prior", "visits", "value", "expanded")
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self.children: list[_Node] = []
+        self.prior = np.zeros(0)
+        self.visits = 0
+        self.value = 0.0  # running mean reward
+        self.expanded = False
+
+
+def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 16, evaluations: int = 20_000,
+         seconds: float | None = None, c_puct: float = 1.5, temperature: float = 0.5,
+         backup: str = "max", rollout: bool = True, keep: int = 64,
+         root: Strategy | None = None) -> LocalSearchResult:
+    """TAG §4.2.2: a tree whose root is data-parallel all-reduce (by default) and whose level ``i`` decides
+    the ``i``-th coordinate (first the batch split on replicas of different speeds, then groups
+    of adjacent variables, largest bytes first, at most ``levels`` of them); a vertex is the
+    strategy so far, the variables not yet decided keeping the root's plan. Selection by PUCT
+    (``Q + c·G·sqrt(ΣN)/(1+N)``); a vertex is expanded by scoring all its children at once
+    with the model, whose softmax (``temperature`` relative to the root's score) is the prior
+    G (where TAG uses its GNN) and whose best child's speed-up over the root is the value
+    backed up (the reward: predicted speed-up over data parallelism). ``root``: another
+    strategy to start from (a search's best measured one) in place of data parallelism."""
+    budget = _Budget(score, evaluations, seconds, keep)
+    root = _Node(canonical_groups(root) if root is not None else space.data_parallel())
+    base = float(budget.score([root.strategy])[0])
+    scale = abs(base) or 1.0
+    runs = space.coordinates(levels)
+    runs.sort(key=lambda run: -sum(space.variables[i].num_bytes for i in run))
+    depth_steps: list[Callable[[Strategy], list[Strategy]]] = []
+    if space.has_split:
+        depth_steps.append(space.splits)
+    depth_steps += [lambda s, c=run: [s] + space.neighbours(s, c) for run in runs]
+
+    def reward(value: float) -> float:
+        return (-base) / max(-value, 1e-12) if value < 0 else value / scale  # predicted speed-up over the root
+
+    idle = 0  # selections in a row that reached only vertices already scored
+    while not budget.spent and idle < 1000:
+        node, path, depth = root, [root], 0
+        while node.expanded and node.children:
+            total = math.sqrt(max(1, node.visits))
+            best, best_u = None, -math.inf
+            for child, g in zip(node.children, node.prior):
+                u = child.value + c_puct * g * total / (1 + child.visits)
+                if u > best_u:
+                    best, best_u = child, u
+            node = best
+            path.append(node)
+            depth += 1
+        value = node.value
+        if not node.expanded:
+            node.expanded = True
+            if depth < len(depth_steps):
+                children = list({s.hash: s for s in depth_steps[depth](node.strategy)}.values())
+                rng.shuffle(children)  # ties (the model often scores choices alike) broken by the seed
+                values = budget.score(children)
+                node.children = [_Node(s) for s in children]
+                if len(values):
+                    logits = (values - values.max()) / (temperature * scale)
+                    prior = np.exp(logits)
+                    node.prior = prior / prior.sum()
+                    for child, v in zip(node.children, values):
+                        child.value, child.visits = reward(float(v)), 1
+                    value = reward(float(values.max()))
+                    if rollout:
+                        # The rollout (TAG §4.2.2's evaluation of a vertex, with the model as
+                        # the policy): from the best child, the best choice level by level down
+                        # to a complete strategy. The best child is worth at least that.
+                        best_child = node.children[int(np.argmax(values))]
+                        final = _greedy_rollout(best_child.strategy, depth_steps[depth + 1:], budget)
+                        if final is not None:
+                            value = max(value, reward(final))
+                            best_child.value = max(best_child.value, reward(final))
+                    idle = 0
+        else:
+            idle += 1  # a complete strategy chosen again: its value is known
+        for n in path:
+            n.visits += 1
+            # Max backup: a vertex is worth the best complete strategy found below it. TAG backs
+            # up the running mean; with a deterministic model the mean punishes a vertex for
+            # its bad siblings' subtrees, and the tree then rarely leaves the first good path.
+            n.value = max(n.value, value) if backup == "max" else n.value + (value - n.value) / n.visits
+    return budget.result()
+
+
+def _greedy_rollout(strategy: Strategy, steps: Sequence[Callable[[Strategy], list[Strategy]]],
+                    budget: _Budget) -> float | None:
+    """The score of the strategy reached from ``strategy`` by taking, at each remaining level,
+    the choice the model scores best (None when there is no level left or the budget ran out)."""
+    value = None
+    for step in steps:
+        if budget.spent:
+            break
+        candidates = step(strategy)
+        values = budget.score(candidates)
+        if not len(values):
+            break
+        j = int(np.argmax(values))
+        strategy, value = candidates[j], float(values[j])
+    return value
