@@ -43,6 +43,20 @@ def test_the_slowest_replica_sets_the_compute_scale():
     assert list(encode([even], plain).batch_scale) == [pytest.approx(1.0)]
 
 
+
+def test_the_analytic_model_waits_for_the_slowest_replica():
+    """The training-free analytic model, which the simulator-only searches use: cnn-small is
+    compute-bound on the lab, so the even split on a node half as fast takes twice the compute
+    of the uncalibrated cluster, and the speed-proportional split 22/16 of it (independent
+    reference: the batch shares times the slowdown, worked out by hand)."""
+    even = build_strategy("allreduce", MODEL, HETERO)
+    proportional = dataclasses.replace(even, batch_split=(11, 11, 21, 21))
+    plain = BoundSimulator(AnalyticSimulator(), MODEL, cluster_preset("lab-b10c"))
+    hetero = BoundSimulator(AnalyticSimulator(), MODEL, HETERO)
+    nominal = -plain.score([build_strategy("allreduce", MODEL, cluster_preset("lab-b10c"))])[0]
+    t_even, t_prop = -hetero.score([even, proportional])
+    assert t_even == pytest.approx(2 * nominal) and t_prop == pytest.approx(22 / 16 * nominal)
+
 def test_the_sampler_splits_only_where_speeds_differ():
     splits = [s.batch_split for s in GuidedSampler(MODEL, HETERO, seed=3).sample_many(60)]
     uneven = [s for s in splits if len(set(s)) > 1]

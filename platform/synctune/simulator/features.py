@@ -270,6 +270,10 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * 2 * (nn - 1) * b.ngroups
     t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
+    if b.batch_scale is not None:
+        # The step waits for the slowest replica: its batch share times its node's slowdown
+        # (TAG §4.2's batch split on calibrated, heterogeneous nodes), as the replay does.
+        t_comp = t_comp * b.batch_scale
     return {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server}
 
 
