@@ -53,3 +53,30 @@ def test_dead_actor_fails_the_trial_and_the_next_trial_restarts(local_ray):
         assert not group.alive
         again = group.run_trial(strategy, TrialConfig(warmup=1, iters=2), workload=WORKLOAD)
         assert again.status == "ok" and group.starts == 2
+
+
+def test_a_replica_subset_runs_on_the_group_as_on_the_local_launcher(local_ray):
+    """TAG §4.2: a strategy may leave devices idle. The group re-forms its process group over
+    the strategy's replicas (rank order: the strategy's), the other actors stay reserved and
+    idle; the trial trains exactly as the local launcher's processes do (same final loss on an
+    uneven split), and the next whole-cluster trial re-forms the group over every device."""
+    import dataclasses
+
+    from synctune.engine.trial import run_trial_local
+    from synctune.strategy import validate
+
+    cluster = cluster_preset("local-2x2")
+    spec = model_spec("cnn-small")
+    full = build_strategy("ps-lb", spec, cluster)
+    subset = dataclasses.replace(full, replicas=("node1:1", "node0:1"), batch_split=(22, 10))
+    validate(subset, spec, cluster)
+    config = TrialConfig(warmup=1, iters=3, seed=5)
+    reference = run_trial_local(subset, cluster, config, workload=WORKLOAD)
+    with RayWorkerGroup(cluster) as group:
+        result = group.run_trial(subset, config, workload=WORKLOAD)
+        assert result.status == reference.status == "ok", (result.error, reference.error)
+        assert result.num_workers == 2 and group.members == [3, 1]
+        assert result.extra["final_loss"] == reference.extra["final_loss"]
+        again = group.run_trial(full, config, workload=WORKLOAD)
+        assert again.status == "ok" and again.num_workers == 4 and group.members == [0, 1, 2, 3]
+        assert group.starts == 1 and group.regroups == 2  # the actors stayed; only the group re-formed

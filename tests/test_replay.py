@@ -75,6 +75,30 @@ def test_a_busy_link_queues_the_next_unit():
     assert events["unit_start"][1] == pytest.approx(events["unit_finish"][0])  # waited on the link
 
 
+def test_the_critical_path_names_what_each_unit_waited_for():
+    """The figures of the two hand-worked cases above, read as a critical path: with 'b' (50 MB)
+    on the link when 'a' is ready, the path is 'b' (waited for its gradients, ready at 12 ms)
+    then 'a' (waited for the link until 12 ms + d_b); with a small 'b', fully overlapped, the
+    path is 'a' alone, ready when backward ends (30 ms)."""
+    cluster = _cluster()
+    d_b = 2 * (1e-4 + 50e6 / (2 * GB)) + 5e-5
+    d_a = 2 * (1e-4 + 1e6 / (2 * GB)) + 5e-5
+    for b_elems, expected in ((12_500_000, [("b", "gradients", 0.012, 0.012), ("a", "link", 0.030, 0.012 + d_b)]),
+                              (1000, [("a", "gradients", 0.030, 0.030)])):
+        model = _model(b_elems=b_elems)
+        sim = ReplaySimulator({}, K)
+        sim.add_profile(_profile(model))
+        path = sim.critical_path(_with_groups(build_strategy("allreduce", model, cluster), {"b": 0, "a": 1}),
+                                 model, cluster)
+        got = [(u["variables"][0], u["waited_for"], u["ready_s"], u["start_s"]) for u in path["units"]]
+        assert [g[:2] for g in got] == [e[:2] for e in expected]
+        for (_v, _w, ready, start), (_ev, _ew, e_ready, e_start) in zip(got, expected):
+            assert ready == pytest.approx(e_ready, rel=1e-9) and start == pytest.approx(e_start, rel=1e-9)
+        assert path["units"][-1]["finish_s"] == pytest.approx(path["comm_end_s"])
+        assert path["backward_end_s"] == pytest.approx(0.031) and path["measured"]
+        assert path["units"][-1]["finish_s"] == pytest.approx(expected[-1][3] + d_a, rel=1e-9)
+
+
 def test_parameter_server_worked_by_hand():
     model, cluster = _model(), _cluster()
     ps = build_strategy("ps", model, cluster)  # both variables on n0:0

@@ -90,7 +90,8 @@ def test_search_report_of_a_real_search(tiny_search, tmp_path):
     assert page.count('class="synctune-chart"') == 5  # progress, simulator, strategy bars + table, baselines
     assert not EXTERNAL.search(page)
     for text in ("Search progress", "pairwise ranking accuracy", "variable by variable", "Against each baseline",
-                 "cnn-small on local-1x2", "confirmed speed-up", "interleaved rounds", "ddp-tuned"):
+                 "cnn-small on local-1x2", "confirmed speed-up", "interleaved rounds", "ddp-tuned",
+                 "Where the best strategy's iteration goes", 'class="critical-path"', "waited for"):
         assert text in page, text
     index = (tmp_path / "index.html").read_text()
     assert 'href="tiny.html"' in index

@@ -104,6 +104,11 @@ class _Worker:
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return os.getpid()
 
+    def leave_group(self) -> None:
+        """Leave the process group (the group re-forms over another set of replicas)."""
+        self._call(self._shutdown)
+        self.rank = -1
+
     def run(self, payload: dict, progress) -> dict:
         return self._call(self._run, payload, progress)
 
@@ -163,6 +168,10 @@ class RayWorkerGroup:
             raise SpecError(f"cluster {cluster.name!r} mixes GPU and CPU nodes; one process group needs one backend")
         self.starts = 0
         self.single_start_used = False  # whether the processes ran Horovod or TensorFlow (once per process)
+        #: The actors (indices into the cluster's devices) in the process group now, in rank
+        #: order: every device after start; a strategy's replica subset while it runs (TAG §4.2).
+        self.members: list[int] = []
+        self.regroups = 0
 
     def __enter__(self) -> "RayWorkerGroup":
         return self
@@ -252,7 +261,32 @@ class RayWorkerGroup:
         types = {n["NodeID"]: next((k[len(NODE_TYPE_PREFIX):] for k in n.get("Resources", {})
                                     if k.startswith(NODE_TYPE_PREFIX)), None) for n in ray.nodes()}
         self.placement = [{"node_id": nid, "node_type": types.get(nid)} for nid in node_ids]
+        self.members = list(range(len(self.actors)))
         self.starts += 1
+
+    def _form_group(self, members: list[int]) -> None:
+        """Re-form the process group over the actors ``members`` (rank i: ``members[i]``); the
+        other actors stay idle, outside it, their devices still reserved by the slice. Costs one
+        rendezvous, paid only when the replica set changes between trials."""
+        import ray
+
+        if members == self.members:
+            return
+        try:
+            ray.get([a.leave_group.remote() for a in self.actors], timeout=self.startup_timeout_s)
+            first = self.actors[members[0]]
+            host, port = ray.get(first.address.remote(), timeout=self.startup_timeout_s)
+            if self.node_net:  # a lab: the first replica's node address, inside the lab's network
+                devices = self.cluster.devices
+                host = rank_networks(self.cluster, [devices[i] for i in members], self.node_net)[0]["master"]
+            ray.get([self.actors[i].init_group.remote(r, len(members), host, port, self.backend,
+                                                      self.collective_timeout_s)
+                     for r, i in enumerate(members)], timeout=self.startup_timeout_s)
+        except Exception:
+            self.shutdown()
+            raise
+        self.members = list(members)
+        self.regroups += 1
 
     def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *, workload,
                   on_progress: Callable[[dict], None] | None = None, runtime: dict | None = None) -> TrialResult:
@@ -260,18 +294,19 @@ class RayWorkerGroup:
         engine, see :func:`synctune.engine.ddp.ddp_runtime`); a worker that dies or hangs ends
         it as failed/timeout (and the group is torn down, to be restarted by the next trial)."""
         spec = check_trial(workload, strategy, self.cluster, runtime)
-        self._check_replicas(strategy)
+        members = self._check_replicas(strategy)
         start = time.monotonic()
         started_at = time.time()
         self._fresh_for_single_start([runtime])
         self.start()
+        self._form_group(members)
         payload = trial_payload(workload, strategy, self.cluster, config, spec, gpu_per_rank=False, runtime=runtime)
         out, status, message = self._execute(payload, config.timeout_s, on_progress)
         if out is None:
             return failed_result(status, message, strategy, self.cluster, config, "ray", time.monotonic() - start)
         result = result_from_rank0(out, strategy, self.cluster, config, "ray", time.monotonic() - start)
         # Where each rank ran (node types, not node ids: the ids mean nothing outside this cluster).
-        result.extra.update({"ray_node_types": [p["node_type"] for p in self.placement],
+        result.extra.update({"ray_node_types": [self.placement[i]["node_type"] for i in members],
                              "started_at": started_at, "finished_at": time.time()})
         return result
 
@@ -283,13 +318,13 @@ class RayWorkerGroup:
         :class:`ConfirmFailed` (the group is torn down)."""
         from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
-        for strategy, _runtime in arms:
-            self._check_replicas(strategy)
+        members = [self._check_replicas(strategy) for strategy, _runtime in arms][0]
         payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round)
         payload["gpu_per_rank"] = False
         start = time.monotonic()
         self._fresh_for_single_start([r for _s, r in arms])
         self.start()
+        self._form_group(members)
         out, status, message = self._execute(payload, confirm_timeout_s(config, rounds, per_round), on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
@@ -305,10 +340,15 @@ class RayWorkerGroup:
             self.shutdown()
         self.single_start_used = True
 
-    def _check_replicas(self, strategy: Strategy) -> None:
-        if list(strategy.replicas) != list(self.cluster.devices):
-            raise SpecError("the Ray worker group runs strategies whose replicas are every device of its cluster, "
-                            "in order")
+    def _check_replicas(self, strategy: Strategy) -> list[int]:
+        """The actors that run ``strategy``: its replicas' devices, in rank order (every device,
+        or a subset: the slice keeps the others reserved and idle)."""
+        devices = list(self.cluster.devices)
+        unknown = [d for d in strategy.replicas if d not in devices]
+        if unknown or len(set(strategy.replicas)) != len(strategy.replicas) or not strategy.replicas:
+            raise SpecError(f"strategy replicas {list(strategy.replicas)}: expected distinct devices of cluster "
+                            f"{self.cluster.name!r} ({', '.join(devices)})")
+        return [devices.index(d) for d in strategy.replicas]
 
     def _execute(self, payload: dict, timeout_s: float, on_progress) -> tuple[dict | None, str, str]:
         """Run ``payload`` on every rank; rank 0's output, or None with a status and a message."""
@@ -317,7 +357,7 @@ class RayWorkerGroup:
 
         start = time.monotonic()
         progress = Queue(actor_options={"num_cpus": 0}) if on_progress else None
-        refs = [a.run.remote(payload, progress) for a in self.actors]
+        refs = [self.actors[i].run.remote(payload, progress) for i in self.members]
         deadline = start + timeout_s
         pending = list(refs)
         try:
@@ -362,6 +402,7 @@ class RayWorkerGroup:
         self.actors = []
         self.pids = []
         self.placement = []
+        self.members = []
         self.single_start_used = False
         if self.pg is not None:
             try:

@@ -16,7 +16,7 @@ from ..spec.errors import SpecError
 from .page import Section, render_page
 
 __all__ = ["SearchData", "load_search", "search_sections", "search_report", "variable_table", "outcome",
-           "progress_series"]
+           "progress_series", "critical_path_html"]
 
 _COLORS = {"ps": "#1f77b4", "allreduce": "#2ca02c", "allgather": "#ff7f0e", "failed": "#d62728"}
 
@@ -232,6 +232,49 @@ def _baseline_figure(data: SearchData):
     return fig
 
 
+def critical_path_html(data: SearchData) -> str:
+    """The replay's critical path of the search's best strategy (dPRO §4.3) as an HTML table,
+    with its predicted iteration next to the measured one; empty where it cannot be replayed."""
+    import html
+
+    from ..data.paths import profiles_dir
+    from ..simulator import ReplaySimulator
+    from ..spec.cluster import ClusterSpec
+    from ..spec.model import ModelSpec
+    from ..strategy.schema import Strategy
+
+    best = data.best
+    try:
+        model = ModelSpec.from_dict(json.loads(best["model_spec_json"]))
+        cluster = ClusterSpec.from_dict(json.loads(best["cluster_spec_json"]))
+        strategy = Strategy.from_dict(json.loads(best["strategy_json"]))
+        path = ReplaySimulator.from_folder(profiles_dir()).critical_path(strategy, model, cluster)
+    except (SpecError, ValueError, KeyError, TypeError):  # rows of an older schema, a foreign profile folder
+        return ""
+
+    def ms(x: float) -> str:
+        return f"{x * 1e3:.2f}"
+
+    lead = (f"<p>Predicted iteration {ms(path['iteration_s'])} ms (measured {ms(float(best['mean_s']))} ms): "
+            f"backward ends at {ms(path['backward_end_s'])} ms, communication at {ms(path['comm_end_s'])} ms "
+            f"({ms(path['exposed_s'])} ms not hidden behind backward), then {ms(path['step_s'])} ms of update and "
+            f"parameter-server broadcast. Compute: "
+            + ("the measured profile (<code>synctune sim profile</code>)." if path["measured"] else
+               "estimated from counted FLOPs: no profile was measured for this domain.") + "</p>")
+    rows = []
+    for unit in path["units"]:
+        names = unit["variables"]
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} variables)" if len(names) > 3 else "")
+        why = ("its gradients (backward compute)" if unit["waited_for"] == "gradients" else
+               "the unit before it on the link")
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+            unit["kind"], shown, f"{unit['wire_bytes'] / 2**20:.2f}", ms(unit["ready_s"]), ms(unit["start_s"]),
+            ms(unit["finish_s"]), why)) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("unit", "variables", "MiB on the wire", "gradients ready (ms)",
+                                              "starts (ms)", "finishes (ms)", "waited for"))
+    return lead + f'<table class="critical-path"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
 def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Section]]:
     """The summary rows and the views of a search report."""
     figures = outcome(data)
@@ -277,6 +320,13 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
             "The best strategy, variable by variable", f"{best['strategy_summary']}. Bars: bytes per variable in "
             "backward order, coloured by synchronizer; hover for placement, shards, merge group and compressor.",
             [bars, grid], anchor="strategy"))
+        path = critical_path_html(data)
+        if path:
+            sections.append(Section(
+                "Where the best strategy's iteration goes", "The replay simulator's critical path (dPRO §4.3): "
+                "the chain of synchronization units that sets the iteration's end, each waiting either for its "
+                "gradients or for the unit before it on the link. A prediction: compare it with the measured time.",
+                html=path, anchor="critical-path"))
         if len(data.baselines):
             sections.append(Section("Against each baseline", "Mean iteration time of every hand-optimised "
                                     "baseline and of the best strategy found, measured on the same cluster.",

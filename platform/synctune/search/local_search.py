@@ -28,7 +28,8 @@ from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Com
                                Strategy, VariablePlan)
 from .sampler import GuidedSampler
 
-__all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "LocalSearchResult", "canonical_groups"]
+__all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
+           "canonical_groups"]
 
 Score = Callable[[list[Strategy]], np.ndarray]
 
@@ -332,6 +333,17 @@ def coordinate_descent(space: ChoiceSpace, score: Score, starts: Sequence[Strate
                     current, current_score, improved = candidates[j], float(values[j]), True
             if not improved or budget.spent:
                 break
+    return budget.result()
+
+
+def random_sampling(space: ChoiceSpace, score: Score, *, rng: random.Random, evaluations: int = 20_000,
+                    seconds: float | None = None, batch: int = 100, keep: int = 64) -> LocalSearchResult:
+    """The reference of AutoDDL Fig. 7: guided random strategies (AutoDist §2.4's sampler),
+    scored in batches, the best kept, under the same budget as the other searches."""
+    budget = _Budget(score, evaluations, seconds, keep)
+    sampler = GuidedSampler(space.model, space.cluster, seed=rng.getrandbits(63), lossy=space.lossy)
+    while not budget.spent:
+        budget.score([canonical_groups(sampler.sample()) for _ in range(batch)])
     return budget.result()
 
 

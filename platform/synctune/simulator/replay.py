@@ -42,7 +42,7 @@ from ..spec.profile import ComputeProfile
 from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch
 from .models import Simulator
 
-__all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key",
+__all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key", "critical_path",
            "REPLAY_SHARD_NAMES", "REPLAY_GLOBAL_NAMES"]
 
 #: Per-shard features from the replay (AutoSync's learned models on top of dPRO's replay): how
@@ -164,6 +164,15 @@ class ReplaySimulator(Simulator):
         chain of units whose start equals the previous unit's finish (waiting on the link)."""
         return replay_units(batch, ctx, self._domain(ctx), self.constants)
 
+    def critical_path(self, strategy, model, cluster) -> dict[str, Any]:
+        """:func:`critical_path` of ``strategy`` under this replay."""
+        from .features import encode
+
+        ctx = DomainContext(model, cluster)
+        batch = encode([strategy], ctx)
+        return critical_path(self.timeline(batch, ctx), batch, model, measured=f"{model.name}@{cluster.name}"
+                             not in self.fallbacks)
+
     def save(self, path: str | Path) -> None:
         from ..spec.files import write_text_atomic
 
@@ -244,7 +253,7 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     iteration = np.maximum(backward_end, comm_end) + dom.step_s + bcast + k.iteration_s
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end, "broadcast_s": bcast,
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
-            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of]}
+            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
 
 
 def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -258,3 +267,43 @@ def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarra
     glob = np.stack([np.log(np.maximum(it, 1e-9)), events["comm_end"] / it, events["backward_end"] / it,
                      events["broadcast_s"] / it, exposed / it], axis=1)
     return shard, glob
+
+
+_KIND_NAMES = {KIND_PS: "ps", KIND_AR: "allreduce", KIND_AG: "allgather"}
+
+
+def critical_path(events: dict[str, Any], b: StrategyBatch, model, *, measured: bool = True) -> dict[str, Any]:
+    """What one replayed iteration (the first strategy of ``b``) waits on, dPRO §4.3's critical
+    path in our terms. Walking back from the last unit to finish: a unit that started after its
+    gradients were ready waited for the unit before it on the communication queue (the link);
+    one that started as soon as they were ready waited for backward compute, and the path ends
+    there. Returns the predicted ``iteration_s``, ``backward_end_s``, ``comm_end_s`` (what is not
+    hidden behind backward: ``exposed_s``), ``step_s`` (update and PS broadcast), ``measured``
+    (whether compute came from a measured profile) and ``units``: the path in time order, each
+    with ``kind``, ``variables`` (its members, backward order), ``wire_bytes``, ``ready_s``,
+    ``start_s``, ``finish_s`` and ``waited_for`` (``gradients`` or ``link``)."""
+    sid = events["unit_sid"]
+    mine = np.flatnonzero(sid == 0)
+    names = [v.name for v in model.variables]
+    shard_unit = events["shard_unit"]
+    members: dict[int, list[str]] = {}
+    for shard in np.flatnonzero(b.sid == 0):
+        members.setdefault(int(shard_unit[shard]), []).append(names[int(b.var[shard])])
+    path = []
+    i = int(mine[-1]) if len(mine) else -1
+    eps = 1e-12
+    while i >= 0 and sid[i] == 0:
+        waited = "link" if events["unit_start"][i] > events["unit_launch"][i] + eps else "gradients"
+        path.append({"kind": _KIND_NAMES.get(int(events["unit_kind"][i]), str(events["unit_kind"][i])),
+                     "variables": list(dict.fromkeys(members.get(i, []))),
+                     "wire_bytes": float(events["unit_bytes"][i]), "ready_s": float(events["unit_launch"][i]),
+                     "start_s": float(events["unit_start"][i]), "finish_s": float(events["unit_finish"][i]),
+                     "waited_for": waited})
+        if waited == "gradients":
+            break
+        i -= 1
+    backward, comm = float(events["backward_end"][0]), float(events["comm_end"][0])
+    iteration = float(events["iteration_s"][0])
+    return {"iteration_s": iteration, "backward_end_s": backward, "comm_end_s": comm,
+            "exposed_s": max(0.0, comm - backward), "step_s": iteration - max(backward, comm),
+            "measured": measured, "units": path[::-1]}
