@@ -58,18 +58,39 @@ def test_the_analytic_model_waits_for_the_slowest_replica():
     assert t_even == pytest.approx(2 * nominal) and t_prop == pytest.approx(22 / 16 * nominal)
 
 def test_the_sampler_splits_only_where_speeds_differ():
-    splits = [s.batch_split for s in GuidedSampler(MODEL, HETERO, seed=3).sample_many(60)]
+    samples = GuidedSampler(MODEL, HETERO, seed=3).sample_many(60)
+    assert all(s.global_batch_size == 64 for s in samples)
+    splits = [s.batch_split for s in samples if len(s.replicas) == 4]
     uneven = [s for s in splits if len(set(s)) > 1]
     assert 0 < len(uneven) < len(splits)
-    assert all(sum(s) == 64 for s in splits)
     assert all(s[0] <= s[2] and s[1] <= s[3] for s in uneven)  # the slow node never gets more
     # Same speeds (or none measured): no split is drawn, and the random stream is the one a
     # sampler that never splits draws, so searches on such clusters propose what they did.
     same = _with_speeds(cluster_preset("lab-b10c"), [20.0, 20.0])
     for cluster in (same, cluster_preset("lab-b10c")):
         a = [s.hash for s in GuidedSampler(MODEL, cluster, seed=3).sample_many(20)]
-        b = [s.hash for s in GuidedSampler(MODEL, cluster, seed=3, split_prob=0.0).sample_many(20)]
+        b = [s.hash for s in GuidedSampler(MODEL, cluster, seed=3, split_prob=0.0, subset_prob=0.0).sample_many(20)]
         assert a == b
+
+
+def test_the_sampler_proposes_replica_subsets_without_the_slow_node_mostly():
+    """TAG §4.2: which devices hold replicas. On nodes of different speeds some proposals leave
+    one node out, the slower node (half the speed here) twice as often as the faster; they keep
+    the global batch and place every PS shard on a replica, and they validate."""
+    from synctune.strategy import validate
+
+    samples = GuidedSampler(MODEL, HETERO, seed=11, subset_prob=0.5).sample_many(200)
+    subsets = [s for s in samples if len(s.replicas) < 4]
+    assert 60 < len(subsets) < 140
+    slow, fast = HETERO.nodes[0].devices, HETERO.nodes[1].devices
+    without_slow = sum(s.replicas == fast for s in subsets)
+    assert without_slow + sum(s.replicas == slow for s in subsets) == len(subsets)
+    assert without_slow > 1.4 * (len(subsets) - without_slow)
+    for s in subsets:
+        validate(s, MODEL, HETERO)
+        assert s.global_batch_size == 64
+        assert all(sh.synchronizer.placement in s.replicas for p in s.plans for sh in p.shards
+                   if sh.synchronizer.kind == "ps")
 
 
 def _synthetic_runtime(strategy) -> float:

@@ -67,7 +67,7 @@ def test_a_replica_subset_runs_on_the_group_as_on_the_local_launcher(local_ray):
 
     cluster = cluster_preset("local-2x2")
     spec = model_spec("cnn-small")
-    full = build_strategy("ps-lb", spec, cluster)
+    full = build_strategy("allreduce", spec, cluster)
     subset = dataclasses.replace(full, replicas=("node1:1", "node0:1"), batch_split=(22, 10))
     validate(subset, spec, cluster)
     config = TrialConfig(warmup=1, iters=3, seed=5)

@@ -293,3 +293,44 @@ def test_a_search_measures_the_profile_once_and_starts_from_the_replay(tmp_path,
     assert path.stat().st_mtime_ns == stamp
     assert make_search_simulator(exp, model, cluster).training_free.kind == "replay"
     assert ensure_profile(workload, model, cluster_preset("B7"), said.append) is None  # GPUs: not here
+
+
+def test_a_replica_subset_is_simulated_as_the_smaller_cluster_it_runs_on():
+    """TAG §4.2: devices left out of the replicas take no part in synchronization. A strategy on
+    one device of each of two 2-device nodes is predicted, by the analytic model and by the
+    replay, exactly as the same strategy on a cluster that has only those two devices
+    (independent reference: the smaller cluster's own tables), for all-reduce, PS (with local
+    aggregation) and all-gather; the same strategy on every device is predicted slower."""
+    import dataclasses
+
+    from synctune.simulator import AnalyticSimulator
+    from synctune.strategy import validate
+
+    small = _cluster()
+    node = small.nodes[0]
+    big = dataclasses.replace(small, name="two-by-two", nodes=tuple(dataclasses.replace(n, num_devices=2)
+                                                                    for n in small.nodes))
+    model = ModelSpec(name="two", batch_size=8, variables=(
+        VariableSpec(name="emb", shape=(5000, 32), sparse=True), VariableSpec(name="b", shape=(1000,)),
+        VariableSpec(name="a", shape=(250_000,))))
+    profile = ComputeProfile(model=model.name, device="cpu", workers=2, batch_size=8, forward_s=0.010,
+                             backward_s=0.021, step_s=0.003, ready_s=(0.001, 0.002, 0.020))
+    assert node.devices[0] == "n0:0"
+    for builder in ("allreduce", "ps-lb", "parallax", "ps"):
+        on_small = build_strategy(builder, model, small)
+        data = on_small.to_dict()
+        data["cluster"] = {"name": big.name, "hash": big.hash}
+        subset = Strategy.from_dict(data)  # replicas n0:0 and n1:0 of the bigger cluster
+        validate(subset, model, big)
+        everywhere = build_strategy(builder, model, big)
+        analytic = AnalyticSimulator()
+        a_small, = analytic.predict([on_small], model, small)
+        a_subset, a_all = analytic.predict([subset, everywhere], model, big)
+        assert a_subset == pytest.approx(a_small, rel=1e-12), builder
+        sim = ReplaySimulator({}, K)
+        sim.add_profile(profile)
+        sim.add_profile(dataclasses.replace(profile, workers=4))
+        r_small, = sim.predict([on_small], model, small)
+        r_subset, r_all = sim.predict([subset, everywhere], model, big)
+        assert r_subset == pytest.approx(r_small, rel=1e-12), builder
+        assert r_all > r_subset and a_all >= a_subset, builder

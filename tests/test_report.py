@@ -91,7 +91,7 @@ def test_search_report_of_a_real_search(tiny_search, tmp_path):
     assert not EXTERNAL.search(page)
     for text in ("Search progress", "pairwise ranking accuracy", "variable by variable", "Against each baseline",
                  "cnn-small on local-1x2", "confirmed speed-up", "interleaved rounds", "ddp-tuned",
-                 "Where the best strategy's iteration goes", 'class="critical-path"', "waited for"):
+                 "Where the best strategy spends its iteration", 'class="critical-path"', "waited for"):
         assert text in page, text
     index = (tmp_path / "index.html").read_text()
     assert 'href="tiny.html"' in index

@@ -318,7 +318,11 @@ class RayWorkerGroup:
         :class:`ConfirmFailed` (the group is torn down)."""
         from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
-        members = [self._check_replicas(strategy) for strategy, _runtime in arms][0]
+        members = [self._check_replicas(strategy) for strategy, _runtime in arms]
+        if len(arms) == 2 and members[0] != members[1]:
+            return self._confirm_across_replica_sets(arms, config, workload=workload, rounds=rounds,
+                                                     per_round=per_round, on_progress=on_progress)
+        members = members[0]
         payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round)
         payload["gpu_per_rank"] = False
         start = time.monotonic()
@@ -328,6 +332,41 @@ class RayWorkerGroup:
         out, status, message = self._execute(payload, confirm_timeout_s(config, rounds, per_round), on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
+        return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
+
+    def _confirm_across_replica_sets(self, arms: list, config: TrialConfig, *, workload, rounds: int,
+                                     per_round: int, on_progress) -> dict:
+        """Arms on different replica sets (a subset against every device) cannot share one
+        process group, so each round runs each arm as a short trial (``config.warmup`` warm-up
+        iterations, ``per_round`` timed ones) on the group re-formed over its replicas, in the
+        alternating order of the interleaved confirmation; the rounds pair up as they do there."""
+        import dataclasses
+        import statistics
+
+        from ..engine.trial import confirm_figures
+
+        if len(arms) != 2 or not (2 <= rounds <= 1000):
+            raise SpecError(f"a confirmation compares two arms in 2 to 1000 rounds, got {len(arms)} arms and "
+                             f"{rounds!r} rounds")
+        if any(r and r.get("kind") in ("horovod", "tensorflow") for _s, r in arms):
+            raise SpecError("confirmation: arms on different replica sets run as separate trials, and Horovod and "
+                             "TensorFlow start once per process; confirm engine or ddp arms")
+        start = time.monotonic()
+        short = dataclasses.replace(config, iters=per_round)
+        medians: list[list[float]] = [[], []]
+        for r in range(rounds):
+            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+                strategy, runtime = arms[which]
+                result = self.run_trial(strategy, short, workload=workload, runtime=runtime)
+                if result.status != "ok":
+                    raise ConfirmFailed(f"confirmation {result.status}: round {r + 1}, arm {'AB'[which]}: "
+                                        f"{(result.error or '')[:300]}")
+                medians[which].append(statistics.median(result.iteration_times_s))
+            if on_progress:
+                on_progress({"event": "confirm_round", "round": r + 1, "rounds": rounds, "a_s": medians[0][-1],
+                             "b_s": medians[1][-1]})
+        out = {"a_s": medians[0], "b_s": medians[1], "backend": self.backend, "device_kind": self.cluster.device_kind,
+               "regrouped": True}
         return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
 
     def _fresh_for_single_start(self, runtimes: list) -> None:

@@ -344,7 +344,7 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
         "times": slowest,
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
-        "final_loss": float(loss),
+        "final_loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss),
     }
 
 

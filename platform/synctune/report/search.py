@@ -323,7 +323,7 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
         path = critical_path_html(data)
         if path:
             sections.append(Section(
-                "Where the best strategy's iteration goes", "The replay simulator's critical path (dPRO §4.3): "
+                "Where the best strategy spends its iteration", "The replay simulator's critical path (dPRO §4.3): "
                 "the chain of synchronization units that sets the iteration's end, each waiting either for its "
                 "gradients or for the unit before it on the link. A prediction: compare it with the measured time.",
                 html=path, anchor="critical-path"))

@@ -25,7 +25,8 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer, ShardPlan,
-                               Strategy, VariablePlan)
+                               Strategy, StrategyError, VariablePlan)
+from ..strategy.validate import validate
 from .sampler import GuidedSampler
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
@@ -95,8 +96,9 @@ class ChoiceSpace:
     """The choices of a (model, cluster) domain, and strategies with one coordinate changed.
 
     Coordinates are groups of adjacent variables in backward order (``coordinates(n)``: at
-    most ``n`` of them, of similar bytes; one per variable for coordinate descent), plus the
-    batch split where replicas differ in measured speed. Choices: all-reduce joining a merge
+    most ``n`` of them, of similar bytes; one per variable for coordinate descent), plus, where
+    nodes differ in measured speed, the replication: which nodes hold replicas and how the
+    batch is split among them. Choices: all-reduce joining a merge
     group already used by the neighbouring variables or a new group (flat, hierarchical where
     every node holds as many replicas; with fp16, bf16 or PowerSGD when ``lossy``), a PS on
     each node (with and without local aggregation), a PS partitioned over every node for
@@ -139,10 +141,22 @@ class ChoiceSpace:
         return self.helper.speeds is not None
 
     def splits(self, strategy: Strategy) -> list[Strategy]:
-        """``strategy`` under each batch split of :data:`SPLIT_STEPS` (replicas of different speeds only)."""
+        """The replication coordinate (TAG §4.2; replicas of different speeds only): ``strategy``
+        on every node or without one node, each under every batch split of :data:`SPLIT_STEPS`."""
         if not self.has_split:
             return []
-        return [self.helper.split_towards_speed(strategy, t) for t in SPLIT_STEPS]
+        nodes = list(range(len(self.cluster.nodes)))
+        bases = [strategy if list(strategy.replicas) == list(self.cluster.devices) else
+                 self.helper.on_nodes(strategy, nodes)]
+        if len(nodes) > 1:
+            for out in nodes:
+                candidate = self.helper.on_nodes(strategy, [j for j in nodes if j != out])
+                try:
+                    validate(candidate, self.model, self.cluster)
+                except StrategyError:  # e.g. a hierarchical all-reduce left on one node
+                    continue
+                bases.append(candidate)
+        return [self.helper.split_towards_speed(base, t) for base in bases for t in SPLIT_STEPS]
 
     # ----------------------------------------------------------------------------------- choices
 
@@ -159,11 +173,13 @@ class ChoiceSpace:
         for gid, (algorithm, comp, rank) in self._neighbour_groups(strategy, coordinate).items():
             if dense and all(comp == "none" or self._fits(v, comp, rank, "allreduce") for v in dense):
                 out.append(Choice("ar", group=gid, algorithm=algorithm, compressor=comp, rank=rank))
+        held = set(strategy.replicas)
         for j, local, comp in self._ps:
             if comp != "none" and not (dense and all(self._fits(v, comp, 0, "ps") for v in dense)):
                 continue
-            out.append(Choice("ps", server=j, local=local, compressor=comp))
-        if len(self.servers) > 1 and any(v.num_bytes >= self.small_bytes and v.shape and v.shape[0] >= 2
+            if self.servers[j] in held:  # a PS lives on a replica
+                out.append(Choice("ps", server=j, local=local, compressor=comp))
+        if len(self._servers_of(strategy)) > 1 and any(v.num_bytes >= self.small_bytes and v.shape and v.shape[0] >= 2
                                          for v in variables):
             out.append(Choice("pps"))
         return out
@@ -184,19 +200,25 @@ class ChoiceSpace:
                         groups[sync.group] = (sync.algorithm, shard.compressor.kind, shard.compressor.rank or 0)
         return groups
 
-    def _plan(self, var, choice: Choice, group: int) -> VariablePlan:
+    def _servers_of(self, strategy: Strategy) -> list[str]:
+        """The PS servers (each node's first device) that hold a replica of ``strategy``."""
+        held = set(strategy.replicas)
+        return [d for d in self.servers if d in held]
+
+    def _plan(self, var, choice: Choice, group: int, servers: list[str]) -> VariablePlan:
         shape = tuple(var.shape)
         whole = tuple(1 for _ in shape)
-        if choice.kind == "pps" and var.shape and var.shape[0] >= 2 and var.num_bytes >= self.small_bytes:
-            pieces = min(len(self.servers), var.shape[0])
+        if (choice.kind == "pps" and len(servers) > 1 and var.shape and var.shape[0] >= 2
+                and var.num_bytes >= self.small_bytes):
+            pieces = min(len(servers), var.shape[0])
             partition = (pieces,) + tuple(1 for _ in shape[1:])
-            shards = tuple(ShardPlan(synchronizer=PSSynchronizer(placement=self.servers[k]))
+            shards = tuple(ShardPlan(synchronizer=PSSynchronizer(placement=servers[k]))
                            for k in range(len(shard_shapes(shape, partition))))
             return VariablePlan(variable=var.name, partition=partition, shards=shards)
         if choice.kind in ("ps", "pps"):
-            server = choice.server if choice.kind == "ps" else self.index[var.name] % len(self.servers)
+            server = self.servers[choice.server] if choice.kind == "ps" else servers[self.index[var.name] % len(servers)]
             comp = Compressor(kind=choice.compressor) if choice.compressor != "none" and not var.sparse else Compressor()
-            sync = PSSynchronizer(placement=self.servers[server], local_aggregation=choice.local and not var.sparse)
+            sync = PSSynchronizer(placement=server, local_aggregation=choice.local and not var.sparse)
             return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(synchronizer=sync,
                                                                                       compressor=comp),))
         if var.sparse:  # ``ar`` and ``ag`` on a sparse variable: its rows, all-gathered
@@ -218,8 +240,9 @@ class ChoiceSpace:
                              if isinstance(s.synchronizer, AllReduceSynchronizer)
                              and s.synchronizer.group < SPARSE_GROUPS), default=-1)
         plans = list(strategy.plans)
+        servers = self._servers_of(strategy)
         for i in coordinate:
-            plans[i] = self._plan(self.variables[i], choice, group)
+            plans[i] = self._plan(self.variables[i], choice, group, servers)
         return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
 
     def neighbours(self, strategy: Strategy, coordinate: Sequence[int]) -> list[Strategy]:
@@ -237,7 +260,7 @@ class ChoiceSpace:
     def data_parallel(self) -> Strategy:
         """TAG's baseline and the tree's root: every variable on one flat all-reduce group
         (sparse ones all-gathered), the batch split evenly."""
-        plans = [self._plan(v, Choice("ar"), 0) for v in self.variables]
+        plans = [self._plan(v, Choice("ar"), 0, self.servers) for v in self.variables]
         return canonical_groups(Strategy.over(self.model, self.cluster, plans))
 
 

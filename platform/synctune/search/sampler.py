@@ -25,8 +25,10 @@ from ..strategy.schema import (
     PSSynchronizer,
     ShardPlan,
     Strategy,
+    StrategyError,
     VariablePlan,
 )
+from ..strategy.validate import validate
 
 __all__ = ["RandomSampler", "GuidedSampler"]
 
@@ -100,7 +102,9 @@ class GuidedSampler:
     it fits: AutoSync's "message encoding"), else, with ``hierarchical_prob`` where every node
     holds as many replicas, hierarchical all-reduce (reduce within nodes, all-reduce across, then
     broadcast: Horovod's hierarchical mode). A merge group holds shards of one algorithm and one
-    compressor.
+    compressor. On nodes of different measured speeds it also draws, with ``subset_prob``, a
+    replica subset without one node (the slower, the likelier: TAG §4.2's choice of which devices
+    hold replicas), and, with ``split_prob``, an uneven batch split.
     """
 
     model: ModelSpec
@@ -114,6 +118,7 @@ class GuidedSampler:
     compress_prob: float = 0.3
     hierarchical_prob: float = 0.3
     split_prob: float = 0.6
+    subset_prob: float = 0.25
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -124,12 +129,14 @@ class GuidedSampler:
         # proposals also split the batch unevenly (TAG §4.2's batch split).
         speeds = [node.compute_gflops for node in self.cluster.nodes for _ in node.devices]
         self.speeds = speeds if all(speeds) and len(set(speeds)) > 1 else None
+        self.device_speed = dict(zip(self.cluster.devices, speeds))
 
     def split_towards_speed(self, strategy: Strategy, t: float) -> Strategy:
         """``strategy`` with its global batch split a fraction ``t`` of the way from even
         (``t`` = 0) to proportional to the replicas' measured speeds (``t`` = 1)."""
-        fastest = max(self.speeds)
-        weights = [(1 - t) + t * x / fastest for x in self.speeds]
+        speeds = [self.device_speed[d] or 1.0 for d in strategy.replicas]
+        fastest = max(speeds)
+        weights = [(1 - t) + t * x / fastest for x in speeds]
         total = strategy.global_batch_size
         raw = [total * w / sum(weights) for w in weights]
         split = [max(1, int(r)) for r in raw]
@@ -143,6 +150,43 @@ class GuidedSampler:
             j = max(range(len(split)), key=lambda k: split[k])
             split[j] -= 1
         return dataclasses.replace(strategy, batch_split=tuple(split))
+
+    def on_nodes(self, strategy: Strategy, nodes: list[int]) -> Strategy:
+        """``strategy`` replicated on every device of the cluster's ``nodes`` only (TAG §4.2:
+        which devices hold replicas), the global batch split evenly over them; PS shards placed
+        on a node left out move to the kept nodes' first devices in turn."""
+        keep = [d for j in sorted(nodes) for d in self.cluster.nodes[j].devices]
+        kept = set(keep)
+        servers = [self.servers[j] for j in sorted(nodes)]
+        total = strategy.global_batch_size
+        split = [total // len(keep) + (1 if i < total % len(keep) else 0) for i in range(len(keep))]
+        plans, moved = [], 0
+        for plan in strategy.plans:
+            shards = []
+            for shard in plan.shards:
+                sync = shard.synchronizer
+                if isinstance(sync, PSSynchronizer) and sync.placement not in kept:
+                    sync = dataclasses.replace(sync, placement=servers[moved % len(servers)])
+                    shard = dataclasses.replace(shard, synchronizer=sync)
+                    moved += 1
+                shards.append(shard)
+            plans.append(dataclasses.replace(plan, shards=tuple(shards)))
+        return dataclasses.replace(strategy, replicas=tuple(keep), batch_split=tuple(split), plans=tuple(plans))
+
+    def _subset(self, strategy: Strategy) -> Strategy:
+        """On nodes of different measured speeds and with ``subset_prob``: ``strategy`` without
+        one node's replicas, the slower a node the likelier it is left out (draws nothing on
+        homogeneous clusters or on one node)."""
+        if self.speeds is None or len(self.cluster.nodes) < 2 or self.rng.random() >= self.subset_prob:
+            return strategy
+        slowness = [1.0 / (node.compute_gflops or 1.0) for node in self.cluster.nodes]
+        out = self.rng.choices(range(len(self.cluster.nodes)), weights=slowness)[0]
+        candidate = self.on_nodes(strategy, [j for j in range(len(self.cluster.nodes)) if j != out])
+        try:
+            validate(candidate, self.model, self.cluster)
+        except StrategyError:  # e.g. a hierarchical all-reduce left on one node
+            return strategy
+        return candidate
 
     def _batch_split(self, strategy: Strategy) -> Strategy:
         """``strategy`` with, on nodes of different speeds and with ``split_prob``, the global
@@ -228,7 +272,7 @@ class GuidedSampler:
                     sync = AllReduceSynchronizer(group=group, algorithm=algorithm)
                 shards.append(ShardPlan(synchronizer=sync, compressor=comp))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return self._batch_split(Strategy.over(self.model, self.cluster, plans))
+        return self._batch_split(self._subset(Strategy.over(self.model, self.cluster, plans)))
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]

@@ -78,17 +78,10 @@ class DomainContext:
         self.intra = np.array([n.intra_node_gbps for n in c.nodes]) * GBIT
         self.W = len(c.nodes)
         self.N = float(self.r.sum())
-        w = self.W
-        # Per server node j and hierarchical flag ip: sum over other nodes k of the messages
-        # they send (1 with local aggregation, r_k without) over the j-k per-flow bandwidth.
-        b = np.minimum(self.flow[:, None], self.flow[None, :])
-        other = 1.0 - np.eye(w)
-        self.ps_flow_coef = np.stack([(other * self.r[None, :] / b).sum(1), (other / b).sum(1)], axis=1)
-        self.ps_phi_coef = np.stack([(other * self.r[None, :]).sum(1), other.sum(1)], axis=1)
-        self.ps_nic_coef = self.ps_phi_coef / self.nic[:, None]
-        within = np.maximum(self.r - 1, 0) / self.intra
-        self.ps_intra_coef = np.stack([within, np.full(w, within.max())], axis=1)
-        self.ring_bw = float(self.flow.min()) if w > 1 else float(self.intra.min())
+        tables = self.comm_tables(self.r[None, :])
+        self.ps_flow_coef, self.ps_phi_coef = tables["ps_flow"][0], tables["ps_phi"][0]
+        self.ps_nic_coef, self.ps_intra_coef = tables["ps_nic"][0], tables["ps_intra"][0]
+        self.ring_bw = float(tables["ring_bw"][0])
         self.t_ref = self.model_bytes / float(self.flow.min())
         flops = DEVICE_FLOPS.get(c.nodes[0].device_model, DEVICE_FLOPS["cpu"])
         per_sample = m.flops_per_sample or self.constants.compute_flops_per_param_sample * m.num_parameters
@@ -101,6 +94,51 @@ class DomainContext:
 
         self.sparse_density = np.minimum(1.0, m.batch_size * self.constants.sparse_rows_per_sample
                                          / np.maximum(self.var_rows, 1.0))
+
+
+    def comm_tables(self, r: np.ndarray) -> dict[str, np.ndarray]:
+        """Communication coefficients for strategies whose replicas per node are the rows of
+        ``r`` (n, nodes): every device (``self.r``), or a subset (TAG §4.2: idle devices take
+        no part in synchronization). ``ps_flow``/``ps_phi``/``ps_nic``/``ps_intra`` are (n,
+        nodes, 2) by server node and local-aggregation flag: per server node j, the sum over
+        other nodes k of the messages they send (1 with local aggregation, r_k without) over the
+        j-k per-flow bandwidth; ``ring_bw`` the ring's slowest flow among nodes holding replicas
+        (the slowest intra-node link on one node), ``N`` replicas, ``W`` nodes holding them."""
+        r = np.asarray(r, dtype=np.float64)
+        w = self.W
+        used = r > 0
+        b = np.minimum(self.flow[:, None], self.flow[None, :])
+        other = (1.0 - np.eye(w))[None, :, :] * used[:, None, :]  # [s, j, k]: k != j sends to j
+        flow = np.stack([(other * r[:, None, :] / b[None]).sum(2), (other / b[None]).sum(2)], axis=2)
+        phi = np.stack([(other * r[:, None, :]).sum(2), other.sum(2)], axis=2)
+        nic = phi / self.nic[None, :, None]
+        within = np.maximum(r - 1, 0) / self.intra[None, :]
+        intra = np.stack([within, np.repeat(within.max(1, keepdims=True), w, axis=1)], axis=2)
+        nodes = used.sum(1)
+        flows = np.where(used, self.flow[None, :], np.inf).min(1)
+        intras = np.where(used, self.intra[None, :], np.inf).min(1)
+        ring = np.where(nodes > 1, flows, intras)
+        return {"ps_flow": flow, "ps_phi": phi, "ps_nic": nic, "ps_intra": intra, "ring_bw": ring,
+                "N": r.sum(1), "W": nodes.astype(np.float64), "r": r}
+
+
+def comm_terms(b: "StrategyBatch", ctx: DomainContext) -> dict[str, np.ndarray]:
+    """Per-strategy communication coefficients of ``b`` (:meth:`DomainContext.comm_tables`),
+    the PS ones flattened for a lookup at ``sid * 2 * nodes + node * 2 + local``: the domain's
+    own where every strategy replicates on every device."""
+    n, w = b.size, ctx.W
+    if b.replica_counts is None:
+        tabs = {"ps_flow": np.broadcast_to(ctx.ps_flow_coef, (n, w, 2)),
+                "ps_phi": np.broadcast_to(ctx.ps_phi_coef, (n, w, 2)),
+                "ps_nic": np.broadcast_to(ctx.ps_nic_coef, (n, w, 2)),
+                "ps_intra": np.broadcast_to(ctx.ps_intra_coef, (n, w, 2)),
+                "ring_bw": np.full(n, ctx.ring_bw), "N": np.full(n, ctx.N), "W": np.full(n, float(w)),
+                "r": np.broadcast_to(ctx.r, (n, w))}
+    else:
+        tabs = ctx.comm_tables(b.replica_counts)
+    for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra"):
+        tabs[key + "_flat"] = np.ascontiguousarray(tabs[key]).reshape(-1)
+    return tabs
 
 
 @dataclass
@@ -124,6 +162,8 @@ class StrategyBatch:
     wire: np.ndarray  # (S,) the same after the compressor
     #: (n,) the largest replica batch over the model's batch (an uneven split's slowest replica)
     batch_scale: np.ndarray | None = None
+    #: (n, nodes) replicas per node of each strategy; None when every strategy uses every device
+    replica_counts: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -137,6 +177,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     offsets = [0]
     ngroups: list[int] = []
     scales: list[float] = []
+    counts = np.zeros((len(strategies), ctx.W))
     model = ctx.model
     wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
     for si, s in enumerate(strategies):
@@ -183,6 +224,8 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                     cols["group"].append(-1)
         offsets.append(len(cols["sid"]))
         ngroups.append(len(groups))
+        for d in s.replicas:
+            counts[si, ctx.node_of_device[d]] += 1
         # Every replica's compute time relative to one nominal batch on the fastest node: its
         # batch share times its node's slowdown; the iteration waits for the slowest replica.
         scales.append(max(n * ctx.device_slowdown.get(d, 1.0) for n, d in zip(s.batch_split, s.replicas))
@@ -195,7 +238,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
     return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
                          nbytes=nbytes, wire=nbytes * arrays["ratio"], batch_scale=np.asarray(scales, np.float64),
-                         **arrays)
+                         replica_counts=None if (counts == ctx.r[None, :]).all() else counts, **arrays)
 
 
 PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")
@@ -212,22 +255,24 @@ def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np
     ip = b.local.astype(np.int64)
     both = wire + m_eff  # gradient up (encoded), parameters down (plain)
     out = np.zeros((len(b.sid), len(PRE_NAMES)))
-    out[:, 0] = np.where(ps, both * ctx.ps_flow_coef[node, ip], 0.0)
-    out[:, 1] = np.where(ps, both * ctx.ps_nic_coef[node, ip], 0.0)
-    out[:, 2] = np.where(ps, both * ctx.ps_intra_coef[node, ip], 0.0)
-    out[:, 3] = np.where(ps, ctx.ps_phi_coef[node, ip], 0.0)
-    n = ctx.N
+    t = comm_terms(b, ctx)
+    look = b.sid * (2 * ctx.W) + node * 2 + ip
+    out[:, 0] = np.where(ps, both * t["ps_flow_flat"][look], 0.0)
+    out[:, 1] = np.where(ps, both * t["ps_nic_flat"][look], 0.0)
+    out[:, 2] = np.where(ps, both * t["ps_intra_flat"][look], 0.0)
+    out[:, 3] = np.where(ps, t["ps_phi_flat"][look], 0.0)
+    n, ring = t["N"][b.sid], t["ring_bw"][b.sid]
     ar = b.kind == KIND_AR
-    out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ctx.ring_bw, 0.0)
+    out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ring, 0.0)
     ag = b.kind == KIND_AG
-    out[:, 6] = np.where(ag, (n - 1) * wire / ctx.ring_bw, 0.0)
+    out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0)
     out[:, 7] = np.where(ag, n - 1, 0.0)
     out[:, 8] = 1.0
     # A merge group pays the ring's 2(N-1) message overheads once: share it among members.
     if ar.any():
         key = b.sid[ar] * (b.group.max() + 1) + b.group[ar]
         _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
-        out[ar, 5] = 2 * (n - 1) / counts[inv]
+        out[ar, 5] = 2 * (n[ar] - 1) / counts[inv]
     return out, wire
 
 
@@ -251,24 +296,41 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
     m, wire = b.nbytes, b.wire
     per_server = np.zeros((n, w))
     ps = np.flatnonzero(b.kind == KIND_PS)
+    subset = b.replica_counts is not None
+    t = comm_terms(b, ctx) if subset else None
     if len(ps):
         # Each PS server: the slower of its NIC and its per-flow transfers, plus intra-node copies
         # and overheads; the strategy waits for the most loaded server.
         look = b.node[ps] * 2 + b.local[ps]
         both = wire[ps] + m[ps]  # gradient up (encoded), parameters down (plain)
         key = b.sid[ps] * w + b.node[ps]
-        flows = np.bincount(key, both * ctx.ps_flow_flat[look], n * w) / max(1, w - 1)
-        nic = np.bincount(key, both * ctx.ps_nic_flat[look], n * w)
-        rest = np.bincount(key, both * ctx.ps_intra_flat[look] + c.phi * ctx.ps_phi_flat[look] + c.delta, n * w)
+        if subset:
+            at = b.sid[ps] * (2 * w) + look
+            flow_c, nic_c, intra_c, phi_c = (t[k + "_flat"][at] for k in ("ps_flow", "ps_nic", "ps_intra", "ps_phi"))
+            spread = np.maximum(1.0, t["W"] - 1)
+        else:
+            flow_c, nic_c, intra_c, phi_c = (ctx.ps_flow_flat[look], ctx.ps_nic_flat[look], ctx.ps_intra_flat[look],
+                                             ctx.ps_phi_flat[look])
+            spread = np.full(n, float(max(1, w - 1)))
+        flows = (np.bincount(key, both * flow_c, n * w).reshape(n, w) / spread[:, None]).reshape(-1)
+        nic = np.bincount(key, both * nic_c, n * w)
+        rest = np.bincount(key, both * intra_c + c.phi * phi_c + c.delta, n * w)
         per_server = (np.maximum(flows, nic) + rest).reshape(n, w)
-    nn = ctx.N
-    # Per-kind constants looked up by kind code (ps, allreduce, allgather): one gather, no masks.
-    scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
-    fixed = np.array([0.0, c.delta, c.phi * (nn - 1)])[b.kind]
+    if subset:
+        nn, ring = t["N"][b.sid], t["ring_bw"][b.sid]
+        scale = np.select([b.kind == KIND_AR, b.kind == KIND_AG], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
+        fixed = np.select([b.kind == KIND_AR, b.kind == KIND_AG], [np.full_like(nn, c.delta), c.phi * (nn - 1)], 0.0)
+        ring_msgs = 2 * (t["N"] - 1)
+    else:
+        nn = ctx.N
+        # Per-kind constants looked up by kind code (ps, allreduce, allgather): one gather, no masks.
+        scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
+        fixed = np.array([0.0, c.delta, c.phi * (nn - 1)])[b.kind]
+        ring_msgs = 2 * (nn - 1)
     per_shard = wire * scale + fixed
     t_ag = np.bincount(b.sid, per_shard * (b.kind == KIND_AG), n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
-    t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * 2 * (nn - 1) * b.ngroups
+    t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * ring_msgs * b.ngroups
     t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
     if b.batch_scale is not None:
         # The step waits for the slowest replica: its batch share times its node's slowdown

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..spec.errors import SpecError
 from ..spec.profile import ComputeProfile
-from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch
+from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch, comm_terms
 from .models import Simulator
 
 __all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key", "critical_path",
@@ -192,7 +192,6 @@ def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
 def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
     """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit."""
     n = b.size
-    nn = ctx.N
     alpha = dom.alpha
     # A replica's compute scales with its batch and its node's slowdown (calibrated speeds);
     # the iteration waits for the slowest replica (TAG §2.1).
@@ -216,24 +215,26 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     ukind = np.zeros(u, dtype=np.int64)
     ukind[unit_of] = b.kind
     ubytes = np.bincount(unit_of, weights=wire, minlength=u)
-    # Per-unit transfer time (alpha-beta).
-    ring = ctx.ring_bw
+    # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
+    # subset it replicates on: TAG §4.2).
+    t = comm_terms(b, ctx)
+    unn, ring = t["N"][usid], t["ring_bw"][usid]
     dur = np.zeros(u)
-    ar, ag, ps = ukind == KIND_AR, ukind == KIND_AG, ukind == KIND_PS
-    if nn > 1:
-        dur[ar] = 2 * (nn - 1) * (alpha + ubytes[ar] / (nn * ring))
-        dur[ag] = (nn - 1) * (alpha + ubytes[ag] / ring)
+    ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
+    dur[ar] = 2 * (unn[ar] - 1) * (alpha + ubytes[ar] / (unn[ar] * ring[ar]))
+    dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
     bcast = np.zeros(n)
     if ps.any():
         shard_ps = b.kind == KIND_PS
         look = b.node * 2 + b.local.astype(np.int64)
-        look = np.where(shard_ps, look, 0)
-        w = max(1, ctx.W - 1)
-        per_byte = np.maximum(ctx.ps_flow_flat[look] / w, ctx.ps_nic_flat[look]) + ctx.ps_intra_flat[look]
-        msgs = ctx.ps_phi_flat[look] + np.where(b.local, ctx.r[np.maximum(b.node, 0)] - 1, 0)
+        look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
+        w = np.maximum(1.0, t["W"] - 1)[b.sid]
+        per_byte = np.maximum(t["ps_flow_flat"][look] / w, t["ps_nic_flat"][look]) + t["ps_intra_flat"][look]
+        r_server = np.asarray(t["r"])[b.sid, np.maximum(b.node, 0)]
+        msgs = t["ps_phi_flat"][look] + np.where(b.local, r_server - 1, 0)
         push = np.where(shard_ps, wire * per_byte + msgs * alpha, 0.0)
         dur += np.bincount(unit_of, weights=push, minlength=u)
-        pull = np.where(shard_ps, plain * sparse_part * per_byte + (nn - 1) * alpha + k.unit_s, 0.0)
+        pull = np.where(shard_ps, plain * sparse_part * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
     dur += k.unit_s
     # The fixed launch order: by strategy, then by the first member's position in backward.
