@@ -80,3 +80,7 @@ def test_a_replica_subset_runs_on_the_group_as_on_the_local_launcher(local_ray):
         again = group.run_trial(full, config, workload=WORKLOAD)
         assert again.status == "ok" and again.num_workers == 4 and group.members == [0, 1, 2, 3]
         assert group.starts == 1 and group.regroups == 2  # the actors stayed; only the group re-formed
+        # A subset against every device: the arms alternate round by round, each on its replicas.
+        c = group.run_confirm([(subset, None), (full, None)], config, workload=WORKLOAD, rounds=2, per_round=2)
+        assert c["regrouped"] and len(c["a_s"]) == len(c["b_s"]) == 2 and c["low"] <= c["ratio"] <= c["high"]
+        assert group.regroups == 2 + 3 and group.members == [3, 1]  # A B | B A: B twice in a row, A last
