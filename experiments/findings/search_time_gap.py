@@ -1,6 +1,7 @@
 """How close does each simulator-only search get, given how much search time? AutoDDL's Fig. 7
 view (§4.4): per domain and algorithm, the gap between the best strategy found within a time
-budget and the best strategy known, under the training-free model the searches use.
+budget and the best strategy known, under a training-free model (``--simulator``: the replay, from
+the data folder's measured compute profiles where there are, or the analytic model).
 
 Algorithms: ``random`` (guided random strategies, AutoDist §2.4's sampler), ``coordinate-descent``
 (AutoDDL §4.4, restarts from data parallelism then from guided samples) and ``mcts`` (TAG
@@ -60,12 +61,16 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--budgets", default="0.25,0.5,1,2,4,8", help="search seconds, comma-separated")
     parser.add_argument("--oracle-seconds", type=float, default=30.0)
+    parser.add_argument("--simulator", choices=("replay", "analytic"), default="replay",
+                        help="the training-free model (replay: from the data folder's measured compute profiles, "
+                             "else counted FLOPs)")
     args = parser.parse_args()
 
     from synctune.cli._common import resolve_cluster_arg
     from synctune.models import model_spec
     from synctune.search import ChoiceSpace
-    from synctune.simulator import AnalyticSimulator, BoundSimulator
+    from synctune.data.paths import profiles_dir
+    from synctune.simulator import AnalyticSimulator, BoundSimulator, ReplaySimulator
 
     budgets = [float(b) for b in args.budgets.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -74,7 +79,8 @@ def main() -> None:
         name, _at, preset = domain.partition("@")
         model, cluster = model_spec(name), resolve_cluster_arg(preset)
         speeds = [n.compute_gflops for n in cluster.nodes]
-        score = BoundSimulator(AnalyticSimulator(), model, cluster).score
+        simulator = ReplaySimulator.from_folder(profiles_dir()) if args.simulator == "replay" else AnalyticSimulator()
+        score = BoundSimulator(simulator, model, cluster).score
         space = ChoiceSpace(model, cluster)
         dp = -float(score([space.data_parallel()])[0])
         runs = {(a, s): run(a, space, score, s, max(budgets)) for a in algorithms for s in seeds}
@@ -91,7 +97,9 @@ def main() -> None:
             evals = statistics.median(runs[a, s].evaluations for s in seeds)
             row.append(f"{evals / max(budgets):,.0f}")
             rows.append(row)
-        print(f"\n{domain} ({len(model.variables)} variables; node GFLOP/s {speeds}): best known "
+        measured = args.simulator == "replay" and not getattr(simulator, "fallbacks", None)
+        print(f"\n{domain}, {args.simulator} model{' (measured profile)' if measured else ''} "
+              f"({len(model.variables)} variables; node GFLOP/s {speeds}): best known "
               f"{-best * 1e3:.2f} ms predicted, data-parallel all-reduce {dp * 1e3:.2f} ms "
               f"({dp / -best:.2f}x slower); {args.oracle_seconds:g} s oracle run in "
               f"{time.perf_counter() - t0:.0f} s; gap = predicted time of the best found / best known - 1, "
