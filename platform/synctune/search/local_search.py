@@ -25,8 +25,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer, ShardPlan,
-                               Strategy, StrategyError, VariablePlan)
-from ..strategy.validate import validate
+                               Strategy, VariablePlan)
 from .sampler import GuidedSampler
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
@@ -47,9 +46,9 @@ class Choice:
 
     ``kind``: ``ar`` (dense all-reduce; ``group`` an existing merge group to join, or None for
     a new one), ``ps`` (whole variable on ``server``, ``local`` aggregation within nodes),
-    ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS), ``ag``
-    (sparse all-gather). ``algorithm``, ``compressor`` and ``rank`` as in the strategy language.
-    Sparse variables given an ``ar`` choice are all-gathered (their rows, not a dense tensor)."""
+    ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS).
+    ``algorithm``, ``compressor`` and ``rank`` as in the strategy language. Sparse variables
+    given an ``ar`` choice are all-gathered (their rows, not a dense tensor)."""
 
     kind: str
     server: int = 0
@@ -58,16 +57,6 @@ class Choice:
     algorithm: str = "flat"
     compressor: str = "none"
     rank: int = 0
-
-    @property
-    def label(self) -> str:
-        comp = "" if self.compressor == "none" else f"+{self.compressor}{self.rank or ''}"
-        if self.kind == "ar":
-            where = "new" if self.group is None else f"g{self.group}"
-            return f"ar:{where}:{self.algorithm}{comp}"
-        if self.kind == "ps":
-            return f"ps:{self.server}{':local' if self.local else ''}{comp}"
-        return self.kind
 
 
 def canonical_groups(strategy: Strategy) -> Strategy:
@@ -149,13 +138,7 @@ class ChoiceSpace:
         bases = [strategy if list(strategy.replicas) == list(self.cluster.devices) else
                  self.helper.on_nodes(strategy, nodes)]
         if len(nodes) > 1:
-            for out in nodes:
-                candidate = self.helper.on_nodes(strategy, [j for j in nodes if j != out])
-                try:
-                    validate(candidate, self.model, self.cluster)
-                except StrategyError:  # e.g. a hierarchical all-reduce left on one node
-                    continue
-                bases.append(candidate)
+            bases += [c for c in (self.helper.without_node(strategy, out) for out in nodes) if c is not None]
         return [self.helper.split_towards_speed(base, t) for base in bases for t in SPLIT_STEPS]
 
     # ----------------------------------------------------------------------------------- choices
@@ -221,7 +204,7 @@ class ChoiceSpace:
             sync = PSSynchronizer(placement=server, local_aggregation=choice.local and not var.sparse)
             return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(synchronizer=sync,
                                                                                       compressor=comp),))
-        if var.sparse:  # ``ar`` and ``ag`` on a sparse variable: its rows, all-gathered
+        if var.sparse:  # ``ar`` on a sparse variable: its rows, all-gathered
             return VariablePlan(variable=var.name, partition=whole,
                                 shards=(ShardPlan(synchronizer=AllGatherSynchronizer()),))
         comp = (Compressor(kind=choice.compressor, rank=choice.rank or None) if choice.compressor != "none"

@@ -173,6 +173,16 @@ class GuidedSampler:
             plans.append(dataclasses.replace(plan, shards=tuple(shards)))
         return dataclasses.replace(strategy, replicas=tuple(keep), batch_split=tuple(split), plans=tuple(plans))
 
+    def without_node(self, strategy: Strategy, out: int) -> Strategy | None:
+        """:meth:`on_nodes` every node but ``out``; None where that strategy is not valid (e.g. a
+        hierarchical all-reduce left on one node)."""
+        candidate = self.on_nodes(strategy, [j for j in range(len(self.cluster.nodes)) if j != out])
+        try:
+            validate(candidate, self.model, self.cluster)
+        except StrategyError:
+            return None
+        return candidate
+
     def _subset(self, strategy: Strategy) -> Strategy:
         """On nodes of different measured speeds and with ``subset_prob``: ``strategy`` without
         one node's replicas, the slower a node the likelier it is left out (draws nothing on
@@ -181,12 +191,7 @@ class GuidedSampler:
             return strategy
         slowness = [1.0 / (node.compute_gflops or 1.0) for node in self.cluster.nodes]
         out = self.rng.choices(range(len(self.cluster.nodes)), weights=slowness)[0]
-        candidate = self.on_nodes(strategy, [j for j in range(len(self.cluster.nodes)) if j != out])
-        try:
-            validate(candidate, self.model, self.cluster)
-        except StrategyError:  # e.g. a hierarchical all-reduce left on one node
-            return strategy
-        return candidate
+        return self.without_node(strategy, out) or strategy
 
     def _batch_split(self, strategy: Strategy) -> Strategy:
         """``strategy`` with, on nodes of different speeds and with ``split_prob``, the global

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..spec.errors import SpecError
 from ..spec.profile import ComputeProfile
-from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch, comm_terms
+from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch, comm_terms, encode
 from .models import Simulator
 
 __all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key", "critical_path",
@@ -166,8 +166,6 @@ class ReplaySimulator(Simulator):
 
     def critical_path(self, strategy, model, cluster) -> dict[str, Any]:
         """:func:`critical_path` of ``strategy`` under this replay."""
-        from .features import encode
-
         ctx = DomainContext(model, cluster)
         batch = encode([strategy], ctx)
         return critical_path(self.timeline(batch, ctx), batch, model, measured=f"{model.name}@{cluster.name}"

@@ -11,6 +11,7 @@ a cluster is :func:`synctune.strategy.validate`'s job.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -346,9 +347,10 @@ class Strategy:
                    batch_split=tuple(model.batch_size for _ in replicas) if batch_split is None else tuple(batch_split),
                    plans=tuple(plans))
 
-    @property
+    @functools.cached_property
     def hash(self) -> str:
-        """``strategy_hash``: sha256 of the canonical form."""
+        """``strategy_hash``: sha256 of the canonical form (computed once: a strategy is immutable,
+        and searches look a candidate's hash up several times)."""
         return sha256_hex(self.to_dict())
 
     @property
