@@ -221,7 +221,8 @@ class StrategyEngine:
             for i, shard in enumerate(plan.shards):
                 view = nn.Parameter(param.detach()[slices[i]], requires_grad=False)
                 shape = tuple(view.shape)
-                member = Member(variable=plan.variable, shard=i, slices=slices[i], shape=shape, view=view)
+                member = Member(variable=plan.variable, shard=i, slices=slices[i], shape=shape, view=view,
+                                whole=len(plan.shards) == 1)
                 sync = shard.synchronizer
                 if isinstance(sync, AllReduceSynchronizer):
                     if sync.group not in groups:

@@ -15,6 +15,8 @@ message is the gradient of the global mean loss, also with uneven batch splits.
 
 from __future__ import annotations
 
+import bisect
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -51,6 +53,11 @@ class Member:
     slices: tuple
     shape: tuple[int, ...]
     view: torch.nn.Parameter  # shares storage with the model parameter
+    whole: bool = False  # the shard is the whole variable: its gradient needs no indexing
+
+    def of(self, grad: torch.Tensor) -> torch.Tensor:
+        """This shard's part of the variable's (dense) gradient."""
+        return grad if self.whole else grad[self.slices]
 
     @property
     def numel(self) -> int:
@@ -181,18 +188,19 @@ class AllReduceUnit(_Unit):
         self.bucket = torch.zeros(total, device=device, dtype=dtype) if bucket is None else bucket
         self.compressor = compressor
         self.group = group
-        self._index = {id(m): i for i, m in enumerate(members)}
+        # Views made once: on a GPU each view is a dispatch on the host, per member and step.
+        self._slots = {id(m): self._slot(i, m) for i, m in enumerate(members)}
         super().__init__(members, weight)
 
     def _slot(self, i: int, member: Member) -> torch.Tensor:
         return self.bucket[self.offsets[i]:self.offsets[i] + member.numel].view(member.shape)
 
     def _store(self, member, grad):
-        dst = self._slot(self._index[id(member)], member)
+        dst = self._slots[id(member)]
         if grad is None:
             dst.zero_()
         else:
-            dst.copy_(grad.dense[member.slices])
+            dst.copy_(member.of(grad.dense))
 
     def stage_groups(self):
         return [self.group] * self.compressor.stages
@@ -202,8 +210,8 @@ class AllReduceUnit(_Unit):
         yield from _staged(self.group, self.compressor.all_reduce(self.bucket, self.group))
 
     def finish(self):
-        for i, m in enumerate(self.members):
-            m.view.grad = self._slot(i, m)
+        for m in self.members:
+            m.view.grad = self._slots[id(m)]
 
 
 class HierarchicalAllReduceUnit(AllReduceUnit):
@@ -285,7 +293,7 @@ class PSUnit(_Unit):
         if grad is None:
             self.buffer.zero_()
         else:
-            self.buffer.copy_(grad.dense[member.slices])
+            self.buffer.copy_(member.of(grad.dense))
 
     def _at_root(self) -> bool:
         return self.roots is not None and self.rank in self.roots[1]
@@ -525,19 +533,25 @@ class Scheduler:
         """Forget the step (after every unit finished)."""
         self.position = {g: 0 for g in self.order}
         self.entries: dict[int, _Entry] = {}
+        # Indices of entries not done, in unit order: every gradient hook advances the scheduler,
+        # so a pass must not revisit (or re-sort) the units already finished.
+        self.active: list[int] = []
 
     def add(self, unit: _Unit) -> None:
         """``unit`` is ready: every member's gradient is in."""
-        self.entries[self._index[id(unit)]] = _Entry(unit.pipeline())
+        i = self._index[id(unit)]
+        self.entries[i] = _Entry(unit.pipeline())
+        bisect.insort(self.active, i)
 
     @property
     def idle(self) -> bool:
-        return all(e.done for e in self.entries.values())
+        return not self.active
 
     def _advance(self, block: bool) -> bool:
         """Collect completed stages, launch the stages whose turn it is; whether anything moved."""
         moved = False
-        for i in sorted(self.entries):
+        finished = False
+        for i in self.active:
             e = self.entries[i]
             while not e.done:
                 if e.work is not None:
@@ -549,7 +563,7 @@ class Scheduler:
                 if e.next_stage is None:
                     e.next_stage = next(e.stages, None)  # runs the code after the previous stage
                     if e.next_stage is None:
-                        e.done = moved = True
+                        e.done = moved = finished = True
                         break
                 key = self._key(e.next_stage[0])
                 if e.launched >= len(self.groups[i]) or key != self.groups[i][e.launched]:
@@ -566,6 +580,8 @@ class Scheduler:
                 e.launched += 1
                 self.position[key] += 1
                 moved = True
+        if finished:
+            self.active = [i for i in self.active if not self.entries[i].done]
         return moved
 
     def progress(self, block: bool = False) -> None:
@@ -574,7 +590,7 @@ class Scheduler:
         while self._advance(block):
             pass
         while block and not self.idle:
-            in_flight = [e for _i, e in sorted(self.entries.items()) if e.work is not None]
+            in_flight = [self.entries[i] for i in self.active if self.entries[i].work is not None]
             if not in_flight:
                 raise AssertionError("the scheduler is stuck: no collective in flight and none may start")
             in_flight[0].work.wait()
