@@ -14,6 +14,7 @@ from synctune.strategy import (
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
+    SFBSynchronizer,
     ShardPlan,
     Strategy,
     VariablePlan,
@@ -101,19 +102,40 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
     return out
 
 
+def sfb_strategy(model: str, cluster: ClusterSpec, split: tuple[int, ...]) -> Strategy:
+    """The all-reduce builder's strategy of a zoo model with every linear weight moved to
+    sufficient-factor broadcasting, on batch split ``split``."""
+    import dataclasses
+
+    from synctune.strategy import build_strategy
+
+    spec = model_spec(model)
+    linear = {v.name for v, r in zip(spec.variables, spec.factor_rows or ()) if r}
+    base = build_strategy("allreduce", spec, cluster)
+    plans = tuple(VariablePlan(variable=p.variable, partition=p.partition, shards=(ShardPlan(
+        synchronizer=SFBSynchronizer()),)) if p.variable in linear else p for p in base.plans)
+    return dataclasses.replace(base, plans=plans, batch_split=split)
+
+
 def random_strategy(model, cluster: ClusterSpec, rng: random.Random, compressors=("none",)) -> Strategy:
     """A random valid composed strategy of a zoo model (by name) or a model spec: partitions on
     random axes, mixed PS (with and without local aggregation) / all-reduce groups (odd groups
-    hierarchical) / all-gather, uneven batch split."""
+    hierarchical) / all-gather / sufficient-factor broadcasting of linear weights, uneven batch
+    split."""
     spec = model_spec(model) if isinstance(model, str) else model
     devices = cluster.devices
     plans = []
-    for var in spec.variables:
+    for i, var in enumerate(spec.variables):
         partition = [1] * len(var.shape)
         axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)]
         if axes and rng.random() < 0.5:
             axis = rng.choice(axes)
             partition[axis] = rng.randint(2, min(3, var.shape[axis]))
+        if spec.factor_rows and spec.factor_rows[i] and rng.random() < 0.4:
+            # Sufficient-factor broadcasting for a whole linear weight.
+            plans.append(VariablePlan(variable=var.name, partition=(1,) * len(var.shape),
+                                      shards=(ShardPlan(synchronizer=SFBSynchronizer()),)))
+            continue
         shards = []
         for _ in range(max(1, int(torch.tensor(partition).prod()))):
             roll = rng.random()
@@ -178,6 +200,65 @@ def conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                 for p in module.parameters():
                     p.zero_()
         engine.close()
+        out.append({"steps": results})
+    return out
+
+
+class LinearProbe(torch.nn.Module):
+    """One ``nn.Linear(8, 12)`` called on a batch of vectors and on a batch of 3-token sequences,
+    and once more on an output no loss uses; the loss is sum(y * c), so dY is exactly the input
+    c and the weight's gradient is cᵀx summed over both calls (sfb's known gradients).
+    ``misuse`` also passes the weight to F.linear outside the layer (a part sfb cannot carry)."""
+
+    def __init__(self, misuse: bool = False):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 12)
+        self.misuse = misuse
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.zero_()
+
+    def forward(self, x1, x2, c1, c2):
+        self.fc(x1)  # never backpropagated: adds nothing
+        loss = (self.fc(x1) * c1).sum() + (self.fc(x2) * c2).sum()
+        if self.misuse:
+            loss = loss + (torch.nn.functional.linear(x1, self.fc.weight) * c1).sum()
+        return loss
+
+
+def sfb_conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """For each case, steps of SGD (lr=1, from zero) of the linear probe, each step two
+    micro-batches, the first inside ``no_sync``: the parameters are minus the synchronized
+    gradient. A case whose engine refuses returns the message."""
+    from synctune.engine.core import StrategyEngine
+    from synctune.spec import ModelSpec, VariableSpec
+
+    out = []
+    for case in cases:
+        spec = ModelSpec(name="linear-probe", batch_size=1, factor_rows=(1, None),
+                         variables=(VariableSpec(name="fc.weight", shape=(12, 8)), VariableSpec(name="fc.bias",
+                                                                                                shape=(12,))))
+        strategy = Strategy.from_dict(case["strategy"])
+        module = LinearProbe(case.get("misuse", False))
+        engine = StrategyEngine(module, strategy, spec, ClusterSpec.from_dict(case["cluster"]),
+                                lambda ps: torch.optim.SGD(ps, lr=1.0))
+        results = []
+        try:
+            for micro in case["inputs"][rank]:
+                with engine.no_sync():
+                    module(*micro[0]).backward()
+                module(*micro[1]).backward()
+                engine.step()
+                engine.zero_grad()
+                results.append({k: -v.detach().clone() for k, v in module.state_dict().items()})
+                with torch.no_grad():
+                    for p in module.parameters():
+                        p.zero_()
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            out.append({"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        finally:
+            engine.close()
         out.append({"steps": results})
     return out
 

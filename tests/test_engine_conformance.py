@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_workers import conformance_worker, sparse_conformance_worker
+from _engine_workers import conformance_worker, sfb_conformance_worker, sparse_conformance_worker
 from synctune.engine.local import run_local
 from synctune.spec import ModelSpec, VariableSpec, cluster_preset
 from synctune.strategy import (
@@ -19,6 +19,7 @@ from synctune.strategy import (
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
+    SFBSynchronizer,
     ShardPlan,
     Strategy,
     VariablePlan,
@@ -195,3 +196,68 @@ def test_powersgd_error_feedback_recovers_what_one_round_loses():
     assert rel(applied[0]) > 0.3  # one round of rank 1 loses a lot of a full-rank 12x8 gradient
     assert rel(applied[:20].mean(0)) > rel(applied[:80].mean(0)) > rel(applied.mean(0))
     assert rel(applied.mean(0)) < 0.1  # error feedback: the average converges to the truth
+
+
+# ---------------------------------------------------------------- sufficient-factor broadcasting
+
+SFB_SPLIT = (1, 1, 2, 4)  # batch weights 1/8, 1/8, 2/8, 4/8: exact in binary
+
+
+def _sfb_strategy() -> Strategy:
+    spec = ModelSpec(name="linear-probe", batch_size=1, factor_rows=(1, None),
+                     variables=(VariableSpec(name="fc.weight", shape=(12, 8)), VariableSpec(name="fc.bias", shape=(12,))))
+    strategy = Strategy(model={"name": spec.name, "hash": spec.hash}, cluster={"name": CLUSTER.name, "hash": CLUSTER.hash},
+                        replicas=CLUSTER.devices, batch_split=SFB_SPLIT, plans=(
+                            VariablePlan(variable="fc.weight", partition=(1, 1),
+                                         shards=(ShardPlan(synchronizer=SFBSynchronizer()),)),
+                            VariablePlan(variable="fc.bias", partition=(1,),
+                                         shards=(ShardPlan(synchronizer=AllReduceSynchronizer(group=0)),))))
+    validate(strategy, spec, CLUSTER)
+    return strategy
+
+
+def _sfb_inputs(steps: int, seed: int):
+    """inputs[rank][step] = two micro-batches of (x1, x2, c1, c2), rank r with SFB_SPLIT[r] rows
+    (uneven: the gathered factors are padded), small integers (every sum is exact)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ints(*shape):
+        return torch.randint(-3, 4, shape, generator=gen).float()
+
+    return [[[(ints(n, 8), ints(n, 3, 8), ints(n, 12), ints(n, 3, 12)) for _micro in range(2)] for _ in range(steps)]
+            for n in SFB_SPLIT]
+
+
+def test_sfb_conformance():
+    """SFB gives the weight's gradient sum_r w_r sum(dY_r^T X_r) bit-exactly on every rank, with an
+    uneven split (padded factors), a 3-D input, a layer called twice, a call no loss uses, and
+    gradient accumulation under no_sync; the reference is worked out here from the inputs."""
+    inputs = _sfb_inputs(steps=2, seed=7)
+    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": inputs}
+    outputs = run_local(sfb_conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
+    weights = [n / sum(SFB_SPLIT) for n in SFB_SPLIT]
+    for step in range(2):
+        w_ref = torch.zeros(12, 8, dtype=torch.float64)
+        b_ref = torch.zeros(12, dtype=torch.float64)
+        for r in range(WORLD):
+            for x1, x2, c1, c2 in inputs[r][step]:
+                x = torch.cat([x1, x2.reshape(-1, 8)]).double()
+                c = torch.cat([c1, c2.reshape(-1, 12)]).double()
+                w_ref += weights[r] * c.t() @ x
+                b_ref += weights[r] * c.sum(0)
+        for r in range(WORLD):
+            got = outputs[r][0]["steps"][step]
+            assert torch.equal(got["fc.weight"], w_ref.float()), f"rank {r}, step {step}: sfb weight gradient"
+            assert torch.equal(got["fc.bias"], b_ref.float()), f"rank {r}, step {step}: bias gradient"
+    assert outputs[0][0]["steps"][0]["fc.weight"].abs().sum() > 0
+
+
+def test_sfb_refuses_a_weight_used_outside_its_layer():
+    """A weight also passed to F.linear has a gradient part the factors do not carry: the first
+    step refuses, naming the variable and the fix, instead of training on a wrong gradient."""
+    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": _sfb_inputs(1, 3),
+            "misuse": True}
+    outputs = run_local(sfb_conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
+    for r in range(WORLD):
+        error = outputs[r][0].get("error", "")
+        assert "SynchronizationError" in error and "'fc.weight'" in error and "use allreduce or ps" in error, error

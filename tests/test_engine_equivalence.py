@@ -1,8 +1,8 @@
 """Equivalence: any lossless strategy trains exactly like single-process training on the
 concatenated batch (2 and 4 gloo processes), every replica holds identical parameters, and
 the AllReduce builder matches torch DDP on the same data. Random strategies mix flat and
-hierarchical all-reduce groups, PS with and without local aggregation, all-gather, partitions
-and uneven batch splits."""
+hierarchical all-reduce groups, PS with and without local aggregation, all-gather,
+sufficient-factor broadcasting of linear weights, partitions and uneven batch splits."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from _engine_workers import random_strategy, reference_training, train_cases
+from _engine_workers import random_strategy, reference_training, sfb_strategy, train_cases
 from synctune.engine.local import run_local
 from synctune.models import model_spec
 from synctune.spec import cluster_preset
@@ -33,6 +33,12 @@ def _cases(cluster_name: str, num_random: int, seed: int) -> list[dict]:
             cases.append({"label": f"{builder}{options or ''}/{model}/{opt}", "strategy": s.to_dict(),
                           "cluster": cluster.to_dict(), "optimizer": opt, "lr": lr, "steps": STEPS,
                           "ddp": builder == "allreduce" and not options and model == "cnn-small"})
+    for model, opt, lr in MODELS[:1] + MODELS[2:3] + [("transformer-small", "sgd", 0.1)]:
+        # Every linear weight on sufficient-factor broadcasting, an uneven split.
+        s = sfb_strategy(model, cluster, tuple(range(1, cluster.num_devices + 1)))
+        validate(s, model_spec(model), cluster)
+        cases.append({"label": f"sfb/{model}/{opt}", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
+                      "optimizer": opt, "lr": lr, "steps": STEPS})
     rng = random.Random(seed)
     for i in range(num_random):
         model, opt, lr = MODELS[i % len(MODELS)]

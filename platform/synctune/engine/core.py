@@ -35,7 +35,8 @@ import torch.nn as nn
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.partition import shard_slices
-from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy, StrategyError
+from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy,
+                               StrategyError)
 from ..strategy.validate import validate
 from .compress import ByteCounter, make_compressor
 from .layout import RankLayout
@@ -45,6 +46,7 @@ from .units import (
     HierarchicalAllReduceUnit,
     Member,
     PSUnit,
+    SFBUnit,
     Scheduler,
     SparseAllGatherUnit,
     SparsePSUnit,
@@ -230,6 +232,9 @@ class StrategyEngine:
                         group_spec[sync.group] = (shard.compressor, sync.algorithm)
                         order.append(("group", sync.group))
                     groups[sync.group].append(member)
+                elif isinstance(sync, SFBSynchronizer):
+                    order.append(("unit", SFBUnit(member, self.weight, layer=self._linear_layer(plan.variable),
+                                                  world=self.world, device=device, counter=self.counter)))
                 elif isinstance(sync, AllGatherSynchronizer):
                     order.append(("unit", SparseAllGatherUnit(member, self.weight, world=self.world, device=device,
                                                               counter=self.counter)))
@@ -282,6 +287,21 @@ class StrategyEngine:
         return PSUnit(member, self.weight, make_compressor(compressor, counter=self.counter), rank=self.rank,
                       placement=placement, device=device, counter=self.counter, intra=intra, roots=roots,
                       local_root=local_root)
+
+    def _linear_layer(self, name: str) -> nn.Linear:
+        """The ``nn.Linear`` whose weight is variable ``name`` (sfb's factors are its input and
+        output gradient), or a StrategyError naming the variable, the field and the fix."""
+        path, _, attr = name.rpartition(".")
+        layer = self.module.get_submodule(path) if path else self.module
+        if attr != "weight" or not isinstance(layer, nn.Linear):
+            raise StrategyError(f"variable {name!r}: synchronizer sfb needs the weight of an nn.Linear layer, and this "
+                                f"is {attr!r} of a {type(layer).__name__}; use allreduce or ps for it")
+        owners = sum(1 for m in self.module.modules() for p in m.parameters(recurse=False) if p is layer.weight)
+        if owners > 1:
+            raise StrategyError(f"variable {name!r}: synchronizer sfb: the weight is shared by {owners} modules (tied), "
+                                f"and sufficient factors carry only the linear layer's part of its gradient; use "
+                                f"allreduce or ps for it")
+        return layer
 
     def _mark_full_broadcast(self) -> None:
         """Sparse PS shards broadcast only the rows they updated when the optimizer is row-sparse."""
@@ -527,3 +547,6 @@ class StrategyEngine:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for u in self.units:
+            if isinstance(u, SFBUnit):
+                u.close()

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Member", "GradView", "Scheduler", "Handle", "AllReduceUnit", "HierarchicalAllReduceUnit", "PSUnit",
-           "SparseAllGatherUnit", "SparsePSUnit", "SynchronizationError"]
+           "SparseAllGatherUnit", "SparsePSUnit", "SFBUnit", "SynchronizationError"]
 
 
 class SynchronizationError(RuntimeError):
@@ -416,6 +416,91 @@ class SparseAllGatherUnit(_SparseUnit):
 
     def finish(self):
         self.members[0].view.grad = self._gathered_grad()
+
+
+class SFBUnit(_Unit):
+    """Sufficient-factor broadcasting (TAG §2.3, §4.2.3) of one ``nn.Linear`` weight.
+
+    A forward hook keeps each call's input rows X and hooks the output for its gradient dY.
+    At synchronization every rank sends [w·dY | X] (w: its batch weight) in two chained
+    all-gathers (row counts, then the rows padded to the longest: replicas of an uneven split
+    have different counts) and every rank computes the same Σ dYᵀX, in rank order, itself.
+    The first synchronized step checks that the layer's local gradient is its local dYᵀX, so a
+    weight also used outside the layer (tied, or passed to ``F.linear``) is refused instead of
+    losing that part of its gradient."""
+
+    def __init__(self, member: Member, weight: float, *, layer: torch.nn.Module, world: int, device,
+                 counter) -> None:
+        self.world = world
+        self.device = device
+        self.counter = counter
+        self.calls: list[list] = []
+        self.verified = False
+        self.handle = layer.register_forward_hook(self._forward)
+        super().__init__([member], weight)
+
+    def _forward(self, _layer, inputs, output) -> None:
+        if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad):
+            return
+        x = inputs[0].detach()
+        call = [x.reshape(-1, x.shape[-1]), None]
+        self.calls.append(call)
+
+        def grad_out(g, _call=call):
+            _call[1] = g.detach().reshape(-1, g.shape[-1])
+
+        output.register_hook(grad_out)
+
+    def _store(self, member, grad):
+        out_features, in_features = member.shape
+        dtype = member.view.dtype
+        # A forward pass without a backward through it (a loss never backpropagated) adds nothing.
+        pairs = [(x, dy) for x, dy in self.calls if dy is not None]
+        self.calls = []
+        if pairs:
+            x = torch.cat([x for x, _ in pairs]).to(dtype)
+            dy = torch.cat([dy for _, dy in pairs]).to(dtype)
+        else:
+            x = torch.zeros(0, in_features, dtype=dtype, device=self.device)
+            dy = torch.zeros(0, out_features, dtype=dtype, device=self.device)
+        if not self.verified:
+            local = dy.t() @ x
+            got = grad.dense if grad is not None else torch.zeros_like(local)
+            scale = float(got.abs().max()) if got.numel() else 0.0
+            if not torch.allclose(local, got, rtol=1e-3, atol=1e-4 * max(scale, 1e-12)):
+                raise SynchronizationError(
+                    f"variable {member.variable!r}: synchronizer sfb: its local gradient is not the product of its "
+                    f"layer's output gradients and inputs (the weight is also used outside the layer's forward: "
+                    f"tied to another module, or passed to F.linear); use allreduce or ps for this variable")
+            self.verified = True
+        self.packed = torch.cat([dy * self.weight, x], dim=1)
+
+    def stage_groups(self):
+        return [None, None]
+
+    def pipeline(self):
+        sizes = [torch.zeros(1, dtype=torch.long, device=self.device) for _ in range(self.world)]
+        mine = torch.tensor([len(self.packed)], dtype=torch.long, device=self.device)
+        self.counter(mine)
+        yield None, lambda: dist.all_gather(sizes, mine, async_op=True)
+        self.sizes = [int(s.item()) for s in sizes]
+        # gloo gathers equal sizes only; one row at least, as an empty tensor is no message.
+        pad = torch.zeros(max(1, max(self.sizes)), self.packed.shape[1], dtype=self.packed.dtype, device=self.device)
+        pad[: len(self.packed)] = self.packed
+        self.packed = None
+        self.counter(pad)
+        self.gathered = [torch.empty_like(pad) for _ in range(self.world)]
+        yield None, lambda: dist.all_gather(self.gathered, pad, async_op=True)
+
+    def finish(self):
+        member = self.members[0]
+        rows = torch.cat([t[:n] for t, n in zip(self.gathered, self.sizes)])
+        self.gathered = []
+        out_features = member.shape[0]
+        member.view.grad = rows[:, :out_features].t() @ rows[:, out_features:]
+
+    def close(self) -> None:
+        self.handle.remove()
 
 
 class SparsePSUnit(_SparseUnit):

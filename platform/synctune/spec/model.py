@@ -7,6 +7,8 @@ the simulator featurizes them, the dataset stores it as JSON. It is extracted fr
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -93,6 +95,10 @@ class ModelSpec:
     per-variable forward+backward FLOPs for the simulator's compute term. ``touched_rows``
     (optional, one entry per variable, None for dense ones) is the measured number of distinct
     rows one replica's batch touches in each sparse variable: the size of its sparse message.
+    ``factor_rows`` (optional, one entry per variable) marks the weights of ``nn.Linear`` layers,
+    the variables sufficient-factor broadcasting can synchronize: the rows of input activations
+    (and of output gradients) one sample feeds the layer (1 for a batch of vectors, the sequence
+    length for tokens, summed over the calls of a layer used more than once); None for others.
     """
 
     name: str
@@ -102,6 +108,7 @@ class ModelSpec:
     compute_profile: tuple[float, ...] | None = None
     flops_per_sample: float | None = None
     touched_rows: tuple[int | None, ...] | None = None
+    factor_rows: tuple[int | None, ...] | None = None
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +136,14 @@ class ModelSpec:
                 r is None or (is_int(r) and 0 <= r <= v.shape[0]) for r, v in zip(self.touched_rows, self.variables)),
                 f"model {self.name!r}: touched_rows", "one row count (or null) per variable, at most its rows",
                 self.touched_rows)
+        if self.factor_rows is not None:
+            if isinstance(self.factor_rows, list):
+                object.__setattr__(self, "factor_rows", tuple(self.factor_rows))
+            require(len(self.factor_rows) == len(self.variables) and all(
+                r is None or (is_int(r) and r > 0 and len(v.shape) == 2 and not v.sparse)
+                for r, v in zip(self.factor_rows, self.variables)),
+                f"model {self.name!r}: factor_rows", "one positive row count (or null) per variable, counts only for "
+                "dense 2-dimensional variables (the weights of linear layers)", self.factor_rows)
         if self.compute_profile is not None:
             require(all(is_number(x) and x >= 0 for x in self.compute_profile), f"model {self.name!r}: compute_profile",
                     "non-negative numbers", self.compute_profile)
@@ -181,13 +196,15 @@ class ModelSpec:
             out["flops_per_sample"] = self.flops_per_sample
         if self.touched_rows is not None:
             out["touched_rows"] = list(self.touched_rows)
+        if self.factor_rows is not None:
+            out["factor_rows"] = list(self.factor_rows)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "model spec") -> "ModelSpec":
         """Inverse of :meth:`to_dict`."""
         check_keys(data, where, ("name", "variables"),
-                   ("family", "batch_size", "compute_profile", "flops_per_sample", "touched_rows"))
+                   ("family", "batch_size", "compute_profile", "flops_per_sample", "touched_rows", "factor_rows"))
         variables = data["variables"]
         require(isinstance(variables, list), f"{where}: variables", "a list", type(variables).__name__)
         profile = data.get("compute_profile")
@@ -204,6 +221,8 @@ class ModelSpec:
                 flops_per_sample=data.get("flops_per_sample"),
                 touched_rows=tuple(data["touched_rows"]) if isinstance(data.get("touched_rows"), list) else data.get(
                     "touched_rows"),
+                factor_rows=tuple(data["factor_rows"]) if isinstance(data.get("factor_rows"), list) else data.get(
+                    "factor_rows"),
             )
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
@@ -284,11 +303,12 @@ def extract_model_spec(
     sparse = _sparse_parameter_names(module)
     order = None
     flops = None
+    factors: dict[str, int] = {}
     if run_step is not None:
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
-        with torch.enable_grad(), counter:
+        with torch.enable_grad(), counter, _linear_rows(module, factors):
             order = _backward_order(module, params, run_step, strict)
         if order is not None and step_batch > 0:
             flops = float(counter.get_total_flops()) / step_batch
@@ -303,6 +323,41 @@ def extract_model_spec(
     rows = None
     if touched_rows:
         rows = tuple(touched_rows.get(v.name) if v.sparse else None for v in variables)
+    factor_rows = None
+    if order is not None and step_batch > 0 and factors:
+        per_sample = {k: n // step_batch for k, n in factors.items() if n % step_batch == 0 and n >= step_batch}
+        factor_rows = tuple(per_sample.get(v.name) if len(v.shape) == 2 and not v.sparse else None
+                            for v in variables)
+        if all(r is None for r in factor_rows):
+            factor_rows = None
     return ModelSpec(name=name, variables=tuple(variables), batch_size=batch_size, family=family,
-                     flops_per_sample=flops or None, touched_rows=rows)
+                     flops_per_sample=flops or None, touched_rows=rows, factor_rows=factor_rows)
+
+
+@contextlib.contextmanager
+def _linear_rows(module: Any, rows: dict[str, int]):
+    """While active, count into ``rows`` the input rows every ``nn.Linear`` weight sees (the rows
+    of its sufficient factors, TAG §2.3). A weight that is also another module's parameter (tied)
+    gets no count: its gradient has parts sufficient factors do not carry."""
+    import torch.nn as nn
+
+    owners: dict[int, int] = {}
+    for mod in module.modules():
+        for p in mod.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    handles = []
+    for mod_name, mod in module.named_modules():
+        if isinstance(mod, nn.Linear) and mod.weight.requires_grad and owners[id(mod.weight)] == 1:
+            key = f"{mod_name}.weight" if mod_name else "weight"
+
+            def hook(_mod, inputs, _key=key):
+                x = inputs[0]
+                rows[_key] = rows.get(_key, 0) + x.numel() // max(1, x.shape[-1])
+
+            handles.append(mod.register_forward_pre_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 

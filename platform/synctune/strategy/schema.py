@@ -33,6 +33,7 @@ __all__ = [
     "PSSynchronizer",
     "AllReduceSynchronizer",
     "AllGatherSynchronizer",
+    "SFBSynchronizer",
     "Synchronizer",
     "ShardPlan",
     "VariablePlan",
@@ -169,11 +170,29 @@ class AllGatherSynchronizer:
         return {"kind": "allgather"}
 
 
-Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer]
+@dataclass(frozen=True, kw_only=True)
+class SFBSynchronizer:
+    """Sufficient-factor broadcasting (TAG §2.3, §4.2.3; Poseidon's SFB) for the weight of a
+    linear layer: replicas all-gather the layer's input activations X and (batch-weighted)
+    output gradients dY, 2·N·(H_in + H_out) values for N rows, instead of the H_out·H_in
+    gradient, and every replica rebuilds the same gradient Σ dYᵀX. Lossless; the variable must
+    be a whole ``nn.Linear`` weight (the model spec's ``factor_rows`` marks them)."""
+
+    kind: str = "sfb"
+
+    def __post_init__(self) -> None:
+        _req(self.kind == "sfb", "synchronizer kind", "'sfb'", self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "sfb"}
+
+
+Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer, SFBSynchronizer]
 _SYNC_KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
     "ps": (PSSynchronizer, ("placement", "local_aggregation", "staleness")),
     "allreduce": (AllReduceSynchronizer, ("group", "algorithm")),
     "allgather": (AllGatherSynchronizer, ()),
+    "sfb": (SFBSynchronizer, ()),
 }
 
 
@@ -199,8 +218,9 @@ class ShardPlan:
     compressor: Compressor = Compressor()
 
     def __post_init__(self) -> None:
-        _req(isinstance(self.synchronizer, (PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer)),
-             "shard: synchronizer", "a ps, allreduce or allgather synchronizer", self.synchronizer)
+        _req(isinstance(self.synchronizer, (PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer,
+                                            SFBSynchronizer)),
+             "shard: synchronizer", "a ps, allreduce, allgather or sfb synchronizer", self.synchronizer)
         _req(isinstance(self.compressor, Compressor), "shard: compressor", "a Compressor", self.compressor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -371,7 +391,7 @@ class Strategy:
 
     def stats(self) -> dict[str, Any]:
         """Summary numbers of the strategy (dataset summary columns, one-line summary)."""
-        kinds = {"ps": 0, "allreduce": 0, "allgather": 0}
+        kinds = {"ps": 0, "allreduce": 0, "allgather": 0, "sfb": 0}
         groups: set[int] = set()
         servers: set[str] = set()
         compressors: set[str] = set()
@@ -396,6 +416,7 @@ class Strategy:
             "num_ps_shards": kinds["ps"],
             "num_allreduce_shards": kinds["allreduce"],
             "num_allgather_shards": kinds["allgather"],
+            "num_sfb_shards": kinds["sfb"],
             "num_merge_groups": len(groups),
             "num_ps_servers": len(servers),
             "num_local_aggregation": local_agg,
@@ -413,7 +434,7 @@ class Strategy:
             f"ps {s['num_ps_shards']} on {s['num_ps_servers']} server(s)"
             + (f" ({s['num_local_aggregation']} locally aggregated)" if s["num_local_aggregation"] else ""),
             f"allreduce {s['num_allreduce_shards']} in {s['num_merge_groups']} group(s)",
-            f"allgather {s['num_allgather_shards']}",
+            f"allgather {s['num_allgather_shards']}" + (f", sfb {s['num_sfb_shards']}" if s["num_sfb_shards"] else ""),
             (f"{s['num_partitioned']} partitioned into {s['num_shards'] - s['num_variables'] + s['num_partitioned']} shards"
              if s["num_partitioned"] else "unpartitioned"),
             "compressors " + ",".join(s["compressors"]),

@@ -9,7 +9,8 @@ from __future__ import annotations
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
 from .partition import shard_shapes
-from .schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy, StrategyError
+from .schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy,
+                     StrategyError)
 
 __all__ = ["validate"]
 
@@ -106,6 +107,19 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
                     raise StrategyError(
                         f"{swhere}.synchronizer.placement: device {sync.placement!r} holds no replica; "
                         f"a PS placement must be one of the replicas"
+                    )
+            elif isinstance(sync, SFBSynchronizer):
+                if model.factor_rows is None or model.factor_rows[model.position(var.name)] is None:
+                    raise StrategyError(
+                        f"{swhere}.synchronizer: sfb rebuilds the gradient of a linear layer's weight from its "
+                        f"inputs and output gradients, and model {model.name!r} does not mark this variable as one "
+                        f"(its factor_rows entry is empty: not an nn.Linear weight, tied to another module, or a "
+                        f"spec written without factor_rows); use allreduce or ps"
+                    )
+                if len(plan.shards) > 1:
+                    raise StrategyError(
+                        f"{swhere}.synchronizer: sfb sends the factors of the whole layer, and this plan cuts the "
+                        f"variable into {len(plan.shards)} shards; use partition {[1] * len(var.shape)} with sfb"
                     )
             elif isinstance(sync, AllGatherSynchronizer) and not var.sparse:
                 raise StrategyError(
