@@ -422,3 +422,43 @@ def cpu_cgroup_of(rank: int, world: int) -> str:
         if "cpu" in controllers.split(","):
             return path
     return ""
+
+
+class _NotLinear(torch.nn.Module):
+    """A dense embedding (2-D weight, not a linear layer) and a linear layer tied to it; the
+    shared weight is named after whichever registers first (``linear_first``: the linear)."""
+
+    def __init__(self, linear_first: bool):
+        super().__init__()
+        if linear_first:
+            self.out = torch.nn.Linear(4, 10, bias=False)
+            self.emb = torch.nn.Embedding(10, 4)
+            self.emb.weight = self.out.weight
+        else:
+            self.emb = torch.nn.Embedding(10, 4)
+            self.out = torch.nn.Linear(4, 10, bias=False)
+            self.out.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.out(self.emb(idx)).sum()
+
+
+def sfb_refusal_worker(rank: int, world: int, variable: str) -> str:
+    """The engine's message for an sfb plan on ``variable`` of :class:`_NotLinear` (a spec that
+    wrongly marks it as a linear weight), or '' when it builds."""
+    from synctune.engine.core import StrategyEngine
+    from synctune.spec import ModelSpec, VariableSpec, cluster_preset
+
+    cluster = cluster_preset("local-1x1")
+    module = _NotLinear(linear_first=variable.startswith("out."))
+    spec = ModelSpec(name="not-linear", batch_size=1, factor_rows=(1,),
+                     variables=(VariableSpec(name=variable, shape=(10, 4)),))
+    from synctune.strategy import SFBSynchronizer as Sfb
+
+    strategy = Strategy.over(spec, cluster, [VariablePlan(variable=variable, partition=(1, 1),
+                                                          shards=(ShardPlan(synchronizer=Sfb()),))], batch_split=(1,))
+    try:
+        StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=1.0))
+    except Exception as exc:  # noqa: BLE001 - the refusal is the result
+        return f"{type(exc).__name__}: {exc}"
+    return ""

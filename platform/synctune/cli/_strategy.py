@@ -109,7 +109,7 @@ def show_cmd(file: str, model: str | None) -> None:
             elif sync.kind == "allreduce":
                 how = f"allreduce group {sync.group}" + (f" {sync.algorithm}" if sync.algorithm != "flat" else "")
             else:
-                how = "allgather"
+                how = "sfb (sufficient factors)" if sync.kind == "sfb" else "allgather"
             name = plan.variable if i == 0 else ""
             part = "x".join(map(str, plan.partition)) if plan.is_partitioned and i == 0 else ""
             shape = "x".join(map(str, shapes[i])) if shapes else ""

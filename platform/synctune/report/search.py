@@ -18,7 +18,7 @@ from .page import Section, render_page
 __all__ = ["SearchData", "load_search", "search_sections", "search_report", "variable_table", "outcome",
            "progress_series", "critical_path_html"]
 
-_COLORS = {"ps": "#1f77b4", "allreduce": "#2ca02c", "allgather": "#ff7f0e", "failed": "#d62728"}
+_COLORS = {"ps": "#1f77b4", "allreduce": "#2ca02c", "allgather": "#ff7f0e", "sfb": "#9467bd", "failed": "#d62728"}
 
 
 @dataclass

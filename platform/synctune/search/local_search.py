@@ -24,8 +24,8 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.partition import shard_shapes
-from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer, ShardPlan,
-                               Strategy, VariablePlan)
+from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer,
+                               SFBSynchronizer, ShardPlan, Strategy, VariablePlan)
 from .sampler import GuidedSampler
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
@@ -46,7 +46,8 @@ class Choice:
 
     ``kind``: ``ar`` (dense all-reduce; ``group`` an existing merge group to join, or None for
     a new one), ``ps`` (whole variable on ``server``, ``local`` aggregation within nodes),
-    ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS).
+    ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS), ``sfb``
+    (sufficient-factor broadcasting of the coordinate's linear weights).
     ``algorithm``, ``compressor`` and ``rank`` as in the strategy language. Sparse variables
     given an ``ar`` choice are all-gathered (their rows, not a dense tensor)."""
 
@@ -91,7 +92,9 @@ class ChoiceSpace:
     group already used by the neighbouring variables or a new group (flat, hierarchical where
     every node holds as many replicas; with fp16, bf16 or PowerSGD when ``lossy``), a PS on
     each node (with and without local aggregation), a PS partitioned over every node for
-    variables of at least ``small_bytes``, all-gather for sparse variables."""
+    variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
+    broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep
+    their plans)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
                  small_bytes: int = 256 * 1024) -> None:
@@ -100,6 +103,7 @@ class ChoiceSpace:
         self.servers = self.helper.servers
         self.variables = list(model.variables)
         self.index = {v.name: i for i, v in enumerate(self.variables)}
+        self.linear = {v.name for v, r in zip(self.variables, model.factor_rows or ()) if r}
         algorithms = ["flat"] + (["hierarchical"] if self.helper.even_nodes and len(cluster.nodes) > 1 else [])
         compressors = [("none", 0)] + ([("fp16", 0), ("bf16", 0), ("powersgd", 1), ("powersgd", 4)] if lossy else [])
         self._new_groups = [(a, c, r) for a in algorithms for c, r in compressors if a == "flat" or c == "none"]
@@ -165,6 +169,8 @@ class ChoiceSpace:
         if len(self._servers_of(strategy)) > 1 and any(v.num_bytes >= self.small_bytes and v.shape and v.shape[0] >= 2
                                          for v in variables):
             out.append(Choice("pps"))
+        if any(v.name in self.linear for v in variables):
+            out.append(Choice("sfb"))
         return out
 
     def _fits(self, var, comp: str, rank: int, sync_kind: str) -> bool:
@@ -225,6 +231,12 @@ class ChoiceSpace:
         plans = list(strategy.plans)
         servers = self._servers_of(strategy)
         for i in coordinate:
+            if choice.kind == "sfb":
+                var = self.variables[i]
+                if var.name in self.linear:
+                    plans[i] = VariablePlan(variable=var.name, partition=tuple(1 for _ in var.shape),
+                                            shards=(ShardPlan(synchronizer=SFBSynchronizer()),))
+                continue
             plans[i] = self._plan(self.variables[i], choice, group, servers)
         return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
 

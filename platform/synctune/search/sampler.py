@@ -23,6 +23,7 @@ from ..strategy.schema import (
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
+    SFBSynchronizer,
     ShardPlan,
     Strategy,
     StrategyError,
@@ -104,7 +105,10 @@ class GuidedSampler:
     broadcast: Horovod's hierarchical mode). A merge group holds shards of one algorithm and one
     compressor. On nodes of different measured speeds it also draws, with ``subset_prob``, a
     replica subset without one node (the slower, the likelier: TAG §4.2's choice of which devices
-    hold replicas), and, with ``split_prob``, an uneven batch split.
+    hold replicas), and, with ``split_prob``, an uneven batch split. Where sufficient-factor
+    broadcasting sends fewer bytes than a ring all-reduce for some linear weights (N·b·rows·
+    (H_in + H_out) < 2·H_in·H_out: TAG §4.2.3's per-variable choice), a strategy draws with
+    ``sfb_prob`` a rate at which those weights take it.
     """
 
     model: ModelSpec
@@ -119,6 +123,7 @@ class GuidedSampler:
     hierarchical_prob: float = 0.3
     split_prob: float = 0.6
     subset_prob: float = 0.25
+    sfb_prob: float = 0.5
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -130,6 +135,9 @@ class GuidedSampler:
         speeds = [node.compute_gflops for node in self.cluster.nodes for _ in node.devices]
         self.speeds = speeds if all(speeds) and len(set(speeds)) > 1 else None
         self.device_speed = dict(zip(self.cluster.devices, speeds))
+        n = self.cluster.num_devices
+        self.sfb_cheaper = {v.name for v, r in zip(self.model.variables, self.model.factor_rows or ())
+                            if r and n * self.model.batch_size * r * (v.shape[0] + v.shape[1]) < 2 * v.num_elements}
 
     def split_towards_speed(self, strategy: Strategy, t: float) -> Strategy:
         """``strategy`` with its global batch split a fraction ``t`` of the way from even
@@ -237,7 +245,12 @@ class GuidedSampler:
             algorithm = "hierarchical"
         loads = [0.0] * len(self.servers)
         decisions = []
+        # Draws nothing where no linear weight is cheaper by SFB (existing streams stay as they were).
+        sfb_rate = rng.random() if self.sfb_cheaper and rng.random() < self.sfb_prob else 0.0
         for var in self.model.variables:
+            if sfb_rate and var.name in self.sfb_cheaper and rng.random() < sfb_rate:
+                decisions.append((var, [1] * len(var.shape), [("sfb", None)], var.num_bytes))
+                continue
             partition = self._partition(var)
             k = math.prod(partition)
             shard_bytes = var.num_bytes / k
@@ -267,6 +280,8 @@ class GuidedSampler:
                     sync = PSSynchronizer(placement=self.servers[j], local_aggregation=local and not var.sparse)
                 elif kind == "allgather":
                     sync = AllGatherSynchronizer()
+                elif kind == "sfb":
+                    sync = SFBSynchronizer()
                 elif var.sparse:
                     sync = AllReduceSynchronizer(group=sparse_group, algorithm=algorithm)
                 else:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, Strategy
+from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy
 from ..strategy.compressors import COMPRESSORS
 from ..strategy.partition import shard_shapes
 
@@ -31,7 +31,9 @@ __all__ = ["AnalyticConstants", "DomainContext", "StrategyBatch", "encode", "sha
            "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
-KIND_PS, KIND_AR, KIND_AG = 0, 1, 2
+#: Synchronizer kind codes. Sufficient-factor broadcasting (TAG §2.3) is an all-gather of the
+#: factors, padded to the largest replica batch, then a rebuild of the gradient on every replica.
+KIND_PS, KIND_AR, KIND_AG, KIND_SFB = 0, 1, 2, 3
 #: Peak dense float32 throughput per device model (FLOP/s), for the compute term.
 DEVICE_FLOPS = {"T4": 8.1e12, "M60": 4.8e12, "TITAN X": 11e12, "cpu": 5e10}
 
@@ -86,6 +88,15 @@ class DomainContext:
         flops = DEVICE_FLOPS.get(c.nodes[0].device_model, DEVICE_FLOPS["cpu"])
         per_sample = m.flops_per_sample or self.constants.compute_flops_per_param_sample * m.num_parameters
         self.t_comp = per_sample * m.batch_size / flops
+        # The rebuild of an SFB gradient runs at the nominal speed of the slowest replica.
+        self.device_flops = flops / float(self.node_slowdown.max())
+        # Sufficient factors: a linear weight's input and output widths in bytes per factor row,
+        # and the factor rows one sample feeds it (0 where the variable is no linear weight).
+        elem = self.var_bytes / np.maximum(1.0, np.array([v.num_elements for v in m.variables], dtype=np.float64))
+        self.factor_rows = np.array([r or 0 for r in (m.factor_rows or [0] * self.num_vars)], dtype=np.float64)
+        self.factor_width = np.array([(v.shape[0] + v.shape[1]) if len(v.shape) == 2 else 0 for v in m.variables],
+                                     dtype=np.float64) * elem
+        self.var_elems = np.array([v.num_elements for v in m.variables], dtype=np.float64)
         # Flat lookup tables: coefficient of server node j with hierarchical flag ip at j*2+ip.
         self.ps_flow_flat = self.ps_flow_coef.reshape(-1)
         self.ps_nic_flat = self.ps_nic_coef.reshape(-1)
@@ -150,7 +161,7 @@ class StrategyBatch:
     frac: np.ndarray  # (S,) share of the variable's elements
     nshards: np.ndarray  # (S,) shards of its variable
     axis: np.ndarray  # (S,) partition axis (0 when whole)
-    kind: np.ndarray  # (S,) 0 ps, 1 allreduce, 2 allgather
+    kind: np.ndarray  # (S,) 0 ps, 1 allreduce, 2 allgather, 3 sfb
     node: np.ndarray  # (S,) PS placement node (-1 otherwise)
     local: np.ndarray  # (S,) local aggregation
     group: np.ndarray  # (S,) merge group renumbered 0.. per strategy (-1 otherwise)
@@ -163,6 +174,8 @@ class StrategyBatch:
     batch_scale: np.ndarray | None = None
     #: (n, nodes) replicas per node of each strategy; None when every strategy uses every device
     replica_counts: np.ndarray | None = None
+    #: (S,) seconds every replica spends rebuilding an SFB gradient from the gathered factors
+    rebuild: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -177,6 +190,8 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     ngroups: list[int] = []
     scales: list[float] = []
     counts = np.zeros((len(strategies), ctx.W))
+    longest: list[int] = []  # the largest replica batch (SFB pads every replica's factors to it)
+    global_batch: list[int] = []  # the rows of a rebuilt SFB gradient
     model = ctx.model
     wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
     for si, s in enumerate(strategies):
@@ -216,12 +231,14 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                     cols["local"].append(False)
                     cols["group"].append(groups.setdefault(sync.group, len(groups)))
                 else:
-                    assert isinstance(sync, AllGatherSynchronizer)
-                    cols["kind"].append(KIND_AG)
+                    assert isinstance(sync, (AllGatherSynchronizer, SFBSynchronizer))
+                    cols["kind"].append(KIND_SFB if isinstance(sync, SFBSynchronizer) else KIND_AG)
                     cols["node"].append(-1)
                     cols["local"].append(False)
                     cols["group"].append(-1)
         offsets.append(len(cols["sid"]))
+        longest.append(max(s.batch_split) if s.batch_split else model.batch_size)
+        global_batch.append(sum(s.batch_split) if s.batch_split else model.batch_size)
         ngroups.append(len(groups))
         for d in s.replicas:
             counts[si, ctx.node_of_device[d]] += 1
@@ -235,9 +252,18 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     var, frac = arrays["var"], arrays["frac"]
     nbytes = ctx.var_bytes[var] * frac
     nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
+    rebuild = None
+    sfb = arrays["kind"] == KIND_SFB
+    if sfb.any():
+        sid = arrays["sid"]
+        rows = ctx.factor_rows[var]
+        nbytes = np.where(sfb, np.asarray(longest, np.float64)[sid] * rows * ctx.factor_width[var], nbytes)
+        rebuild = np.where(sfb, 2.0 * np.asarray(global_batch, np.float64)[sid] * rows * ctx.var_elems[var]
+                           / ctx.device_flops, 0.0)
     return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
                          nbytes=nbytes, wire=nbytes * arrays["ratio"], batch_scale=np.asarray(scales, np.float64),
-                         replica_counts=None if (counts == ctx.r[None, :]).all() else counts, **arrays)
+                         replica_counts=None if (counts == ctx.r[None, :]).all() else counts, rebuild=rebuild,
+                         **arrays)
 
 
 PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")
@@ -263,8 +289,8 @@ def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np
     n, ring = t["N"][b.sid], t["ring_bw"][b.sid]
     ar = b.kind == KIND_AR
     out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ring, 0.0)
-    ag = b.kind == KIND_AG
-    out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0)
+    ag = b.kind >= KIND_AG  # all-gather of rows or of sufficient factors
+    out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0) + (b.rebuild if b.rebuild is not None else 0.0)
     out[:, 7] = np.where(ag, n - 1, 0.0)
     out[:, 8] = 1.0
     # A merge group pays the ring's 2(N-1) message overheads once: share it among members.
@@ -320,17 +346,22 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
         per_server = (np.maximum(flows, nic) + rest).reshape(n, w)
     if subset:
         nn, ring = t["N"][b.sid], t["ring_bw"][b.sid]
-        scale = np.select([b.kind == KIND_AR, b.kind == KIND_AG], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
-        fixed = np.select([b.kind == KIND_AR, b.kind == KIND_AG], [np.full_like(nn, c.delta), c.phi * (nn - 1)], 0.0)
+        gather = b.kind >= KIND_AG
+        scale = np.select([b.kind == KIND_AR, gather], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
+        # SFB's two gathers (row counts, then factors) pay the per-message overhead twice.
+        fixed = np.select([b.kind == KIND_AR, b.kind == KIND_AG, b.kind == KIND_SFB],
+                          [np.full_like(nn, c.delta), c.phi * (nn - 1), 2 * c.phi * (nn - 1)], 0.0)
         ring_msgs = 2 * (t["N"] - 1)
     else:
         nn = ctx.N
-        # Per-kind constants looked up by kind code (ps, allreduce, allgather): one gather, no masks.
-        scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
-        fixed = np.array([0.0, c.delta, c.phi * (nn - 1)])[b.kind]
+        # Per-kind constants looked up by kind code (ps, allreduce, allgather, sfb): one gather, no masks.
+        scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
+        fixed = np.array([0.0, c.delta, c.phi * (nn - 1), 2 * c.phi * (nn - 1)])[b.kind]
         ring_msgs = 2 * (nn - 1)
     per_shard = wire * scale + fixed
-    t_ag = np.bincount(b.sid, per_shard * (b.kind == KIND_AG), n) if split else np.zeros(n)
+    if b.rebuild is not None:
+        per_shard = per_shard + b.rebuild
+    t_ag = np.bincount(b.sid, per_shard * (b.kind >= KIND_AG), n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * ring_msgs * b.ngroups
     t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
@@ -361,6 +392,7 @@ def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire:
     bytes_total = ctx.model_bytes
     kind_bytes = [_segment_sum(np.where(b.kind == k, ctx.var_bytes[b.var] * b.frac, 0.0), b.sid, n) / bytes_total
                   for k in (KIND_PS, KIND_AR, KIND_AG)]
+    kind_bytes[2] = kind_bytes[2] + _segment_sum(np.where(b.kind == KIND_SFB, b.nbytes, 0.0), b.sid, n) / bytes_total
     server_share = parts["per_server"].max(axis=1) / np.maximum(parts["per_server"].sum(axis=1), 1e-30)
     groups = b.ngroups
     extra = np.stack([parts["t_ps"] / ctx.t_ref, parts["t_ar"] / ctx.t_ref, parts["t_ag"] / ctx.t_ref,
@@ -369,7 +401,7 @@ def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire:
     return np.concatenate([mx, mean, extra], axis=1)
 
 
-RAW_NAMES = ("is_ps", "is_ar", "is_ag", *(f"comp_{name}" for name in COMPRESSORS), "wire_ratio", "local_agg",
+RAW_NAMES = ("is_ps", "is_ar", "is_ag", "is_sfb", *(f"comp_{name}" for name in COMPRESSORS), "wire_ratio", "local_agg",
              "server_nic", "server_devices", "server_flow", "group_members", "group_bytes", "group_order", "nshards",
              "shard_frac", "axis_gt0", "log_bytes", "bytes_share", "ndims", "sparse", "position", "nodes", "log_devices",
              "min_nic", "max_nic", "min_flow", "min_intra")

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..spec.errors import SpecError
 from ..spec.profile import ComputeProfile
-from .features import KIND_AG, KIND_AR, KIND_PS, DomainContext, StrategyBatch, comm_terms, encode
+from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SFB, DomainContext, StrategyBatch, comm_terms, encode
 from .models import Simulator
 
 __all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key", "critical_path",
@@ -82,6 +82,8 @@ class _ReplayDomain:
     density: np.ndarray  # (vars,) share of rows a replica's batch touches (1 for dense)
     measured: bool  # whether a measured profile was found
     alpha: float  # seconds per message: the slowest calibrated link, else the constant
+    #: measured compute speed over the nominal one the encoder prices SFB rebuilds at (1 unmeasured)
+    rebuild_scale: float = 1.0
 
 
 class ReplaySimulator(Simulator):
@@ -148,7 +150,12 @@ class ReplaySimulator(Simulator):
             density = np.where(ctx.var_sparse, ctx.sparse_density, 1.0)
         latencies = [n.latency_ms for n in cluster.nodes]
         alpha = max(latencies) / 1e3 if all(x is not None for x in latencies) else self.constants.alpha_s
-        dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha)
+        rebuild_scale = 1.0
+        if measured and model.flops_per_sample and backward_end > 0:
+            # The rebuild of an SFB gradient is a matmul: price it at the speed the profile measured.
+            rebuild_scale = ctx.device_flops / (model.flops_per_sample * batch / float(backward_end))
+        dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha,
+                            rebuild_scale)
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
@@ -197,6 +204,9 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     plain = ctx.var_bytes[b.var] * b.frac
     sparse_part = np.where(b.kind == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
     wire = plain * sparse_part * b.ratio
+    sfb = b.kind == KIND_SFB
+    if sfb.any():
+        wire = np.where(sfb, b.nbytes * b.ratio, wire)  # the factors, padded to the largest replica batch
     # Units: one per merge group (all-reduce), one per shard otherwise.
     num_shards = len(b.sid)
     width = int(b.group.max()) + 1 if num_shards else 1
@@ -221,6 +231,11 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
     dur[ar] = 2 * (unn[ar] - 1) * (alpha + ubytes[ar] / (unn[ar] * ring[ar]))
     dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
+    if sfb.any():
+        # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
+        fb = (ukind == KIND_SFB) & (unn > 1)
+        dur[fb] = (unn[fb] - 1) * (2 * alpha + ubytes[fb] / ring[fb])
+        dur += np.bincount(unit_of, weights=np.where(sfb, b.rebuild * dom.rebuild_scale, 0.0), minlength=u)
     bcast = np.zeros(n)
     if ps.any():
         shard_ps = b.kind == KIND_PS
@@ -268,7 +283,7 @@ def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarra
     return shard, glob
 
 
-_KIND_NAMES = {KIND_PS: "ps", KIND_AR: "allreduce", KIND_AG: "allgather"}
+_KIND_NAMES = {KIND_PS: "ps", KIND_AR: "allreduce", KIND_AG: "allgather", KIND_SFB: "sfb"}
 
 
 def critical_path(events: dict[str, Any], b: StrategyBatch, model, *, measured: bool = True) -> dict[str, Any]:
