@@ -19,7 +19,7 @@ from synctune.search.sampler import GuidedSampler
 from synctune.simulator import ReplayConstants, ReplaySimulator
 from synctune.spec import ClusterSpec, ComputeProfile, ModelSpec, SpecError, VariableSpec, cluster_preset
 from synctune.spec.model import extract_model_spec
-from synctune.strategy import (Compressor, SFBSynchronizer, ShardPlan, Strategy, StrategyError, VariablePlan,
+from synctune.strategy import (Compressor, SFBSynchronizer, ShardPlan, StrategyError, VariablePlan,
                                build_strategy, validate)
 
 
