@@ -3,7 +3,8 @@ reason, where there is no CUDA device; run it on a GPU machine.
 
 - conformance with NCCL (world size 1: every code path on CUDA tensors through NCCL);
 - equivalence of 2 processes sharing one GPU over gloo (NCCL refuses two ranks on one device),
-  and, with 2+ GPUs, 2 processes on 2 GPUs over NCCL, against single-process CPU training;
+  and, with 2+ GPUs, 2 processes on 2 GPUs over NCCL, against single-process CPU training
+  (builders, and sufficient-factor broadcasting on an uneven split);
 - a trial on a GPU cluster spec: status ok, the CUDA backend, the CUDA peak-memory figure;
 - the engine benchmark on CUDA.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _engine_workers import conformance_worker, reference_training, train_cases
+from _engine_workers import conformance_worker, reference_training, sfb_strategy, train_cases
 from synctune.engine.local import run_local
 from synctune.engine.trial import GPU_BACKEND, TrialConfig, run_trial_local
 from synctune.models import model_spec
@@ -76,6 +77,9 @@ def test_equivalence_on_cuda(world, backend):
         s = build_strategy(builder, model_spec("cnn-small"), cluster, **options)
         cases.append({"label": builder, "strategy": s.to_dict(), "cluster": cluster.to_dict(), "optimizer": "sgd",
                       "lr": 0.1, "steps": 3, "device": "cuda"})
+    # Sufficient-factor broadcasting of every linear weight, uneven split (factors on the GPU).
+    cases.append({"label": "sfb", "strategy": sfb_strategy("cnn-small", cluster, (3, 5)).to_dict(),
+                  "cluster": cluster.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3, "device": "cuda"})
     outputs = run_local(train_cases, world, (cases,), backend=backend, timeout_s=900)
     for c, case in enumerate(cases):
         ref = reference_training("cnn-small", case["strategy"]["batch_split"], "sgd", 0.1, 3)
