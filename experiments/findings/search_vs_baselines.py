@@ -4,8 +4,9 @@ tuned torch DDP) and against an oracle, per lab domain (the search issue's evide
 
 Per domain (model @ lab preset, brought up and calibrated here; root needed):
   - the oracle: the best of a large sweep (every tuned builder plus guided and plain random
-    strategies, ``--oracle`` in all), its top 5 re-measured in alternating order, the best
-    median kept;
+    strategies, ``--oracle`` in all), then a second stage around its 5 best (every batch split
+    from even to speed-proportional where node speeds differ; SFB for the linear weights whose
+    factors are fewer bytes), its top 5 re-measured in alternating order, the best median kept;
   - per algorithm and seed: a real search (``run_search``: tuned DDP, Algorithm 1 with tuned
     baselines inside ``--budget``, then the confirmation of its best against the best baseline);
     ``tuned-ddp`` is torch DDP tuned by Optuna alone, with the whole budget (its gap to the
@@ -70,6 +71,17 @@ def oracle(workload, cluster, node_net, count: int, seed: int, warmup: int, iter
     config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
     results = run_trials_local([s for s, _o in pool], cluster, config, workload=workload, node_net=node_net)
     ok = sorted((r.mean_s, i) for i, r in enumerate(results) if r.status == "ok")
+    # Second stage: the coordinates random draws rarely get right, swept around the 5 best: every
+    # batch split between even and speed-proportional (nodes of different speeds) and SFB for the
+    # linear weights whose factors are fewer bytes than their gradient.
+    refine = refinements([pool[i][0] for _t, i in ok[:5]], spec, cluster)
+    first = len(pool)
+    for strategy, origin in refine:
+        add(strategy, origin)
+    if len(pool) > first:
+        more = run_trials_local([s for s, _o in pool[first:]], cluster, config, workload=workload, node_net=node_net)
+        results = list(results) + list(more)
+        ok = sorted((r.mean_s, i) for i, r in enumerate(results) if r.status == "ok")
     top = [i for _t, i in ok[:5]]
     # Re-measure the top 5 in alternating order (two passes, reversed), keep each one's median.
     again: dict[int, list[float]] = {i: [] for i in top}
@@ -80,6 +92,38 @@ def oracle(workload, cluster, node_net, count: int, seed: int, warmup: int, iter
                 again[i].append(r.median_s)
     best = min(top, key=lambda i: statistics.median(again[i]) if again[i] else float("inf"))
     return statistics.median(again[best]), pool[best][1], len(pool), pool[best][0]
+
+
+def refinements(strategies, spec, cluster) -> list[tuple[object, str]]:
+    """Each of ``strategies`` under every batch split of the choice space (where node speeds
+    differ) and with SFB for the linear weights where its factors are fewer bytes."""
+    import dataclasses
+
+    from synctune.search.local_search import SPLIT_STEPS
+    from synctune.search.sampler import GuidedSampler
+    from synctune.strategy import SFBSynchronizer, ShardPlan, StrategyError, VariablePlan, validate
+
+    helper = GuidedSampler(spec, cluster)
+    out = []
+    for strategy in strategies:
+        variants = [(strategy, "")]
+        if helper.sfb_cheaper:
+            plans = tuple(VariablePlan(variable=p.variable, partition=(1,) * len(p.partition), shards=(ShardPlan(
+                synchronizer=SFBSynchronizer()),)) if p.variable in helper.sfb_cheaper else p for p in strategy.plans)
+            variants.append((dataclasses.replace(strategy, plans=plans), " +sfb"))
+        for base, label in variants:
+            if label:
+                out.append((base, "refined" + label))
+            if helper.speeds is not None:
+                out += [(helper.split_towards_speed(base, t), f"refined{label} split {t:g}") for t in SPLIT_STEPS]
+    valid = []
+    for candidate, origin in out:
+        try:
+            validate(candidate, spec, cluster)
+        except StrategyError:
+            continue
+        valid.append((candidate, origin))
+    return valid
 
 
 def paired_gap(workload, cluster, node_net, arm, oracle_strategy, warmup: int) -> str:
