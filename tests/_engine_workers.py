@@ -228,8 +228,10 @@ class LinearProbe(torch.nn.Module):
 
 def sfb_conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
     """For each case, steps of SGD (lr=1, from zero) of the linear probe, each step two
-    micro-batches, the first inside ``no_sync``: the parameters are minus the synchronized
-    gradient. A case whose engine refuses returns the message."""
+    micro-batches, the first inside ``no_sync`` (``retain``: the second backpropagated twice;
+    ``discard``: a micro-batch dropped by ``zero_grad`` first; ``misuse`` from step
+    ``misuse_from``): the parameters are minus the synchronized gradient. A case whose engine
+    refuses returns the message."""
     from synctune.engine.core import StrategyEngine
     from synctune.spec import ModelSpec, VariableSpec
 
@@ -244,10 +246,21 @@ def sfb_conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dic
                                 lambda ps: torch.optim.SGD(ps, lr=1.0))
         results = []
         try:
-            for micro in case["inputs"][rank]:
+            for step, micro in enumerate(case["inputs"][rank]):
+                module.misuse = step >= case.get("misuse_from", 0) and case.get("misuse", False)
+                if case.get("discard"):  # a micro-batch thrown away: its factors must go too
+                    with engine.no_sync():
+                        module(*micro[1]).backward()
+                    engine.zero_grad()
                 with engine.no_sync():
                     module(*micro[0]).backward()
-                module(*micro[1]).backward()
+                    if case.get("retain"):  # two backward passes through the same outputs
+                        loss = module(*micro[1])
+                        loss.backward(retain_graph=True)
+                if case.get("retain"):
+                    loss.backward()
+                else:
+                    module(*micro[1]).backward()
                 engine.step()
                 engine.zero_grad()
                 results.append({k: -v.detach().clone() for k, v in module.state_dict().items()})

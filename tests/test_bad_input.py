@@ -226,6 +226,10 @@ def test_outputs_that_are_not_regular_files_are_never_replaced(tmp_path):
     (["strategy", "build"], "Missing argument 'BUILDER'"),
     (["nosuchcommand"], "No such command 'nosuchcommand'"),
     (["trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "ps", "--iters", "0"], "Invalid value for '--iters'"),
+    (["cluster", "calibrate", "local-1x2", "--mb", "0"], "Invalid value for '--mb'"),
+    (["cluster", "calibrate", "no-such-cluster"], "unknown cluster 'no-such-cluster'"),
+    (["cluster", "calibrate", "B7"], "has GPU nodes; calibrate it on a Ray cluster"),
+    (["cluster", "calibrate", "local-1x2", "--save", "spec.json"], "give a .yaml file"),
 ])
 def test_usage_errors_are_one_line(args, fragment):
     assert_one_line(run(*args), 2, fragment)

@@ -228,23 +228,28 @@ def _sfb_inputs(steps: int, seed: int):
             for n in SFB_SPLIT]
 
 
-def test_sfb_conformance():
+@pytest.mark.parametrize("mode", ["plain", "retain", "discard"])
+def test_sfb_conformance(mode):
     """SFB gives the weight's gradient sum_r w_r sum(dY_r^T X_r) bit-exactly on every rank, with an
     uneven split (padded factors), a 3-D input, a layer called twice, a call no loss uses, and
-    gradient accumulation under no_sync; the reference is worked out here from the inputs."""
+    gradient accumulation under no_sync; ``retain``: the last micro-batch backpropagated twice
+    (its dY counts twice); ``discard``: a micro-batch dropped by zero_grad first (its factors go
+    too). The reference is worked out here from the inputs."""
     inputs = _sfb_inputs(steps=2, seed=7)
-    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": inputs}
+    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": inputs,
+            "retain": mode == "retain", "discard": mode == "discard"}
     outputs = run_local(sfb_conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
     weights = [n / sum(SFB_SPLIT) for n in SFB_SPLIT]
     for step in range(2):
         w_ref = torch.zeros(12, 8, dtype=torch.float64)
         b_ref = torch.zeros(12, dtype=torch.float64)
         for r in range(WORLD):
-            for x1, x2, c1, c2 in inputs[r][step]:
+            for k, (x1, x2, c1, c2) in enumerate(inputs[r][step]):
+                times = 2 if (mode == "retain" and k == 1) else 1
                 x = torch.cat([x1, x2.reshape(-1, 8)]).double()
                 c = torch.cat([c1, c2.reshape(-1, 12)]).double()
-                w_ref += weights[r] * c.t() @ x
-                b_ref += weights[r] * c.sum(0)
+                w_ref += times * weights[r] * c.t() @ x
+                b_ref += times * weights[r] * c.sum(0)
         for r in range(WORLD):
             got = outputs[r][0]["steps"][step]
             assert torch.equal(got["fc.weight"], w_ref.float()), f"rank {r}, step {step}: sfb weight gradient"
@@ -252,11 +257,13 @@ def test_sfb_conformance():
     assert outputs[0][0]["steps"][0]["fc.weight"].abs().sum() > 0
 
 
-def test_sfb_refuses_a_weight_used_outside_its_layer():
-    """A weight also passed to F.linear has a gradient part the factors do not carry: the first
-    step refuses, naming the variable and the fix, instead of training on a wrong gradient."""
-    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": _sfb_inputs(1, 3),
-            "misuse": True}
+@pytest.mark.parametrize("misuse_from", [0, 1])
+def test_sfb_refuses_a_weight_used_outside_its_layer(misuse_from):
+    """A weight also passed to F.linear has a gradient part the factors do not carry: the step it
+    starts (the first, or a later one) refuses on every rank together, naming the variable and the
+    fix, instead of training on a wrong gradient."""
+    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": _sfb_inputs(2, 3),
+            "misuse": True, "misuse_from": misuse_from}
     outputs = run_local(sfb_conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
     for r in range(WORLD):
         error = outputs[r][0].get("error", "")

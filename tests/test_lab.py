@@ -191,3 +191,29 @@ def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     down = _cli("lab", "down", home=home)
     assert down.returncode == 0 and "and 2 CPU group(s)" in down.stdout, down.stdout
     assert not list(CPU_ROOT.glob(f"{PREFIX}-n*"))
+
+
+def test_cluster_calibrate_measures_a_ray_slice_against_the_shaped_links(lab, tmp_path):
+    """`synctune cluster calibrate` on the Ray worker group of lab-b9 (a 1-worker node at 10 GbE x
+    1/32 = 312.5 Mbit/s, a 2-worker node at 781.25 Mbit/s): tc's shaping is the reference."""
+    home = tmp_path / "home"
+    assert _cli("lab", "up", "lab-b9", home=home).returncode == 0
+    out = tmp_path / "b9.calibrated.yaml"
+    done = _cli("cluster", "calibrate", "lab-b9", "--mb", "4", "--reps", "3", "--save", str(out), home=home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from synctune.spec import load_cluster_spec
+
+    spec = load_cluster_spec(out)
+    slow, fast = spec.nodes
+    # The slow node's link bounds its only pair: measured near its shaped rate (loopback would be
+    # several Gbit/s). The fast node's figure is that pair's too, a lower bound of its own link.
+    assert 0.7 * 0.3125 < slow.nic_gbps < 1.15 * 0.3125, done.stderr
+    assert 0.7 * 0.3125 < fast.nic_gbps < 1.15 * 0.78125, done.stderr
+    assert slow.single_flow_gbps == slow.nic_gbps and 0 < slow.latency_ms < 50
+    # Its two workers share the node's namespace: unshaped, far above any link.
+    assert fast.intra_node_gbps > 3 * 0.78125, done.stderr
+    assert slow.compute_gflops > 0 and fast.compute_gflops > 0
+    figures = json.loads(out.with_suffix(".json").read_text())
+    assert [p["nodes"] for p in figures["pairs"]] == [[slow.name, fast.name]]
+    assert 0 < figures["allreduce"]["busbw_gbps"] < 1.15 * 0.3125 * 2
+    assert "measured Gbit/s" in done.stderr and spec.name in done.stdout

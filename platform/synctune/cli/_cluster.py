@@ -1,16 +1,16 @@
-"""``synctune cluster check|show``: the Ray cluster a search runs on."""
+"""``synctune cluster check|show|calibrate``: the Ray cluster a search runs on."""
 
 from __future__ import annotations
 
 import click
 
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, start_ray, table
+from ._common import echo_err, node_network, resolve_cluster_arg, start_ray, table
 
 
 @cli.group("cluster")
 def cluster_group() -> None:
-    """Ray clusters: check a cluster-launcher config, describe a running cluster."""
+    """Ray clusters: check a cluster-launcher config, describe a running cluster, calibrate a slice."""
 
 
 @cluster_group.command("check")
@@ -76,4 +76,63 @@ def show_cmd(ray_address: str, name: str, save: str | None) -> None:
     if save:
         spec.save(save)
         echo_err(f"saved to {save}")
+    click.echo(yaml.safe_dump(spec.to_dict(), sort_keys=False).rstrip())
+
+
+@cluster_group.command("calibrate")
+@click.argument("cluster_name", metavar="CLUSTER")
+@click.option("--ray-address", default="local", show_default=True, envvar="RAY_ADDRESS",
+              help="'local' starts Ray on this machine (CPU clusters); 'auto' or an address joins a running cluster.")
+@click.option("--save", type=click.Path(dir_okay=False),
+              help="Write the calibrated spec as YAML (usable as --cluster FILE), its figures beside it as JSON.")
+@click.option("--mb", "megabytes", type=click.FloatRange(0.001, 4096), default=16.0, show_default=True,
+              help="MiB per point-to-point exchange and all-reduce.")
+@click.option("--reps", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timed exchanges per figure.")
+def calibrate_cmd(cluster_name: str, ray_address: str, save: str | None, megabytes: float, reps: int) -> None:
+    """Measure what CLUSTER's slice of a Ray cluster achieves (per-node link bandwidth and latency,
+    intra-node bandwidth, device compute speed) with the process group trials use, and print
+    the calibrated cluster spec: the simulators then read measured alpha-beta links and speeds
+    instead of nominal ones."""
+    import json
+    from pathlib import Path
+
+    import ray
+    import yaml
+
+    from ..cluster.calibrate import calibrate_ray
+    from ..cluster.workers import RayWorkerGroup
+    from ..spec.errors import SpecError
+    from ..spec.files import check_writable, write_text_atomic
+
+    cluster = resolve_cluster_arg(cluster_name)
+    if cluster.device_kind != "cpu" and ray_address == "local":
+        raise SpecError(f"cluster {cluster.name} has GPU nodes; calibrate it on a Ray cluster that has them "
+                        f"(--ray-address auto)")
+    if save:
+        if Path(save).suffix.lower() not in (".yaml", ".yml"):
+            raise SpecError(f"--save {save}: give a .yaml file (the figures go beside it, as .json)")
+        check_writable(save)
+    node_net = node_network(cluster)
+    start_ray(ray_address, cluster.num_devices + 1, logging_level="ERROR")
+    try:
+        with RayWorkerGroup(cluster, node_net=node_net) as group:
+            spec, figures = calibrate_ray(group, nbytes=int(megabytes * 2**20), reps=reps,
+                                          on_step=lambda step: echo_err(f"calibrating {cluster.name}: {step}"))
+    finally:
+        ray.shutdown()
+    rows = []
+    for fig in figures["nodes"]:
+        rows.append([fig["node"], f"{fig['nominal_gbps']:g}", f"{fig['gbps']:.3f}" if "gbps" in fig else "-",
+                     f"{fig['latency_ms']:.3f}" if "latency_ms" in fig else "-",
+                     f"{fig['intra_gbps']:.3f}" if "intra_gbps" in fig else "-", f"{fig['gflops']:.1f}"])
+    echo_err(table(["node", "nominal Gbit/s", "measured Gbit/s", "latency ms", "intra-node Gbit/s", "GFLOP/s"], rows,
+                   right=(1, 2, 3, 4, 5)))
+    if "allreduce" in figures:
+        echo_err(f"all-reduce of {megabytes:g} MiB over {cluster.num_devices} devices: "
+                 f"{figures['allreduce']['seconds'] * 1e3:.1f} ms (bus bandwidth {figures['allreduce']['busbw_gbps']:.3f} "
+                 f"Gbit/s)")
+    if save:
+        spec.save(save)
+        write_text_atomic(Path(save).with_suffix(".json"), json.dumps(figures, indent=1) + "\n")
+        echo_err(f"saved to {save} (figures in {Path(save).with_suffix('.json')})")
     click.echo(yaml.safe_dump(spec.to_dict(), sort_keys=False).rstrip())

@@ -124,6 +124,17 @@ class _Worker:
         finally:
             local._REPORTER = None
 
+    def probe(self, name: str, args: tuple) -> Any:
+        """Run calibration probe ``name`` (:data:`synctune.cluster.calibrate.PROBES`) on this rank."""
+        return self._call(self._probe, name, args)
+
+    def _probe(self, name: str, args: tuple) -> Any:
+        import torch.distributed as dist
+
+        from .calibrate import PROBES
+
+        return PROBES[name](self.rank, dist.get_world_size(), *args)
+
     def shutdown(self) -> None:
         self._call(self._shutdown)
 
@@ -377,6 +388,20 @@ class RayWorkerGroup:
         if self.actors and self.single_start_used:
             self.shutdown()
         self.single_start_used = True
+
+    def probe(self, name: str, *args, timeout_s: float = 600.0) -> list:
+        """Every rank's result of calibration probe ``name`` run on the whole slice (the group
+        re-forms over every device first if a replica subset holds it)."""
+        import ray
+
+        self.start()
+        self._form_group(list(range(len(self.actors))))
+        try:
+            return ray.get([a.probe.remote(name, args) for a in self.actors], timeout=timeout_s)
+        except Exception as exc:
+            self.shutdown()
+            raise InfraError(f"cluster {self.cluster.name!r}: calibration probe {name!r} failed: "
+                             f"{type(exc).__name__}: {str(exc)[:300]}") from None
 
     def _check_replicas(self, strategy: Strategy) -> list[int]:
         """The actors that run ``strategy``: its replicas' devices, in rank order (every device,

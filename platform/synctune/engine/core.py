@@ -124,7 +124,20 @@ class StrategyEngine:
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
         self._params = params
+        self.units = []
+        self._building: list = []
+        try:
+            self._build(strategy, model_spec, params, device, seed, optimizer_factory, overlap)
+        except BaseException:
+            # SFB units hook the module's layers as they are built: leave it as it was.
+            for u in self.units + self._building:
+                if isinstance(u, SFBUnit):
+                    u.close()
+            raise
+
+    def _build(self, strategy, model_spec, params, device, seed, optimizer_factory, overlap) -> None:
         self.units = self._build_units(strategy, model_spec, params, device, seed)
+        self._building = []
         # NCCL: one launch order across all process groups (concurrent communicators issued in
         # different orders on different ranks can deadlock); gloo keeps an order per group.
         self.scheduler = Scheduler(self.units, chain=overlap, one_order="nccl" in str(dist.get_backend()))
@@ -233,8 +246,10 @@ class StrategyEngine:
                         order.append(("group", sync.group))
                     groups[sync.group].append(member)
                 elif isinstance(sync, SFBSynchronizer):
-                    order.append(("unit", SFBUnit(member, self.weight, layer=self._linear_layer(plan.variable),
-                                                  world=self.world, device=device, counter=self.counter)))
+                    unit = SFBUnit(member, self.weight, layer=self._linear_layer(plan.variable), world=self.world,
+                                   device=device, counter=self.counter)
+                    self._building.append(unit)  # closed if a later unit cannot be built
+                    order.append(("unit", unit))
                 elif isinstance(sync, AllGatherSynchronizer):
                     order.append(("unit", SparseAllGatherUnit(member, self.weight, world=self.world, device=device,
                                                               counter=self.counter)))
@@ -465,12 +480,14 @@ class StrategyEngine:
         self._synchronized = False
 
     def zero_grad(self) -> None:
-        """Drop local and synchronized gradients."""
+        """Drop local and synchronized gradients (and the sufficient factors kept for them)."""
         for p in self.module.parameters():
             p.grad = None
         for unit in self.units:
             for m in unit.members:
                 m.view.grad = None
+            if isinstance(unit, SFBUnit):
+                unit.forget()
 
     # ----------------------------------------------------------------------------- checkpoints
 

@@ -291,7 +291,7 @@ def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np
     out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ring, 0.0)
     ag = b.kind >= KIND_AG  # all-gather of rows or of sufficient factors
     out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0) + (b.rebuild if b.rebuild is not None else 0.0)
-    out[:, 7] = np.where(ag, n - 1, 0.0)
+    out[:, 7] = np.where(ag, np.where(b.kind == KIND_SFB, 2.0, 1.0) * (n - 1), 0.0)  # SFB: counts, then factors
     out[:, 8] = 1.0
     # A merge group pays the ring's 2(N-1) message overheads once: share it among members.
     if ar.any():
@@ -359,8 +359,6 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
         fixed = np.array([0.0, c.delta, c.phi * (nn - 1), 2 * c.phi * (nn - 1)])[b.kind]
         ring_msgs = 2 * (nn - 1)
     per_shard = wire * scale + fixed
-    if b.rebuild is not None:
-        per_shard = per_shard + b.rebuild
     t_ag = np.bincount(b.sid, per_shard * (b.kind >= KIND_AG), n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * ring_msgs * b.ngroups
@@ -369,13 +367,16 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
         # The step waits for the slowest replica: its batch share times its node's slowdown
         # (TAG §4.2's batch split on calibrated, heterogeneous nodes), as the replay does.
         t_comp = t_comp * b.batch_scale
-    return {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server}
+    # SFB gradients are rebuilt once every gather is in (the step), after communication and compute.
+    t_rebuild = np.bincount(b.sid, b.rebuild, n) if b.rebuild is not None else np.zeros(n)
+    return {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server,
+            "t_rebuild": t_rebuild}
 
 
 def analytic_time(b: StrategyBatch, ctx: DomainContext) -> np.ndarray:
     """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1)."""
     p = analytic_parts(b, ctx, split=False)
-    return np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"])
+    return np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"]) + p["t_rebuild"]
 
 
 def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire: np.ndarray) -> np.ndarray:

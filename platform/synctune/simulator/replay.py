@@ -153,7 +153,9 @@ class ReplaySimulator(Simulator):
         rebuild_scale = 1.0
         if measured and model.flops_per_sample and backward_end > 0:
             # The rebuild of an SFB gradient is a matmul: price it at the speed the profile measured.
-            rebuild_scale = ctx.device_flops / (model.flops_per_sample * batch / float(backward_end))
+            # The encoder priced it at the slowest node's nominal speed: keep that node's slowdown.
+            rebuild_scale = ctx.device_flops * float(ctx.node_slowdown.max()) / (
+                model.flops_per_sample * batch / float(backward_end))
         dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha,
                             rebuild_scale)
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
