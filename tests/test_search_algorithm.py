@@ -235,9 +235,15 @@ def test_shipped_experiment_files_load_and_name_real_domains():
 
     files = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
     assert {f.name for f in files} >= {"quickstart.yaml", "bert-large-B7.yaml", "vgg16-A2.yaml", "ncf-dense-B7.yaml"}
+    from synctune.workload import resolve_workload
+
     for f in files:
         exp = load_experiment(f)
-        assert exp.name == f.stem and exp.model in MODELS and exp.cluster in CLUSTER_PRESETS
+        assert exp.name == f.stem and exp.cluster in CLUSTER_PRESETS
+        if exp.workload:  # a workload file shipped beside it: it imports and its spec extracts
+            assert resolve_workload(exp.workload).spec().variables
+        else:
+            assert exp.model in MODELS
 
 
 class _Oracle:
