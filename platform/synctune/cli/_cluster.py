@@ -125,7 +125,7 @@ def calibrate_cmd(cluster_name: str, ray_address: str, save: str | None, megabyt
         rows.append([fig["node"], f"{fig['nominal_gbps']:g}", f"{fig['gbps']:.3f}" if "gbps" in fig else "-",
                      f"{fig['latency_ms']:.3f}" if "latency_ms" in fig else "-",
                      f"{fig['intra_gbps']:.3f}" if "intra_gbps" in fig else "-", f"{fig['gflops']:.1f}"])
-    echo_err(table(["node", "nominal Gbit/s", "measured Gbit/s", "latency ms", "intra-node Gbit/s", "GFLOP/s"], rows,
+    echo_err(table(["node", "spec Gbit/s", "measured Gbit/s", "latency ms", "intra-node Gbit/s", "GFLOP/s"], rows,
                    right=(1, 2, 3, 4, 5)))
     if "allreduce" in figures:
         echo_err(f"all-reduce of {megabytes:g} MiB over {cluster.num_devices} devices: "

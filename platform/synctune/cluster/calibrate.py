@@ -168,6 +168,7 @@ def calibrate_ray(group, *, nbytes: int = 16 * MB, reps: int = 5, compute_s: flo
     nodes = []
     for i, node in enumerate(cluster.nodes):
         values = node.to_dict()
+        # What the spec said before (nominal, or an earlier calibration's figure).
         fig: dict[str, Any] = {"node": node.name, "nominal_gbps": node.nic_gbps}
         mine = [(p, 0 if p["nodes"][0] == node.name else 1) for p in figures["pairs"] if node.name in p["nodes"]]
         if mine:
