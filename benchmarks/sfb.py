@@ -8,11 +8,12 @@ On the same worker processes, model and data, per-iteration time of
       guided sampler proposes it by,
 iterations interleaved, medians and the paired ratio (b)/(a) with a 95% bootstrap interval;
 then the ratio the analytic model and the replay predict (training-free, no profile: compute
-from counted FLOPs). The default model, ``mlp-wide``, is a 3-layer MLP with 4096-wide layers
-and a batch of 8 per replica (where SFB should win: the factors are about 1/100 of the
-gradient); ``--model`` also takes a zoo model.
+from counted FLOPs). The default workload, the experiments' ``mlp-wide``
+(``experiments/workloads/wide_mlp.py``), is a 3-layer MLP with 4096-wide layers and a batch of 8
+per replica (where SFB should win: the factors are about 1/100 of the gradient); ``--model`` also
+takes a zoo model or another workload import path.
 
-    python benchmarks/sfb.py [--model mlp-wide] [--cluster local-2x2] [--batch 8]
+    python benchmarks/sfb.py [--model NAME|PATH:FACTORY] [--cluster local-2x2] [--batch 8]
 
 A lab preset (``--cluster lab-2x2``, after ``synctune lab up lab-2x2``) runs over shaped links.
 """
@@ -22,60 +23,31 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 
-def _model(name: str, batch: int):
-    """(module factory, batch factory(rank), model spec) of ``name``."""
-    import torch
-
-    from synctune.models import build_model, make_batch, model_spec
-    from synctune.spec.model import extract_model_spec
-
-    if name != "mlp-wide":
-        spec = model_spec(name)
-        return (lambda: build_model(name),
-                lambda rank: make_batch(name, batch, generator=torch.Generator().manual_seed(rank)), spec)
-
-    class WideMLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
-                                           torch.nn.ReLU(), torch.nn.Linear(4096, 10))
-
-        def forward(self, x, y):
-            return torch.nn.functional.cross_entropy(self.net(x), y)
-
-    def batch_of(rank: int):
-        gen = torch.Generator().manual_seed(rank)
-        return torch.randn(batch, 1024, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
-
-    with torch.device("meta"):
-        meta = WideMLP()
-    spec = extract_model_spec(meta, name="mlp-wide", batch_size=batch, step_batch=2,
-                              run_step=lambda m: m(torch.zeros(2, 1024, device="meta"),
-                                                   torch.zeros(2, dtype=torch.long, device="meta")))
-    return WideMLP, batch_of, spec
+#: The default workload: the experiments' wide MLP (``experiments/workloads/wide_mlp.py``).
+WIDE_MLP = str(Path(__file__).resolve().parents[1] / "experiments" / "workloads" / "wide_mlp.py") + ":workload"
 
 
 def strategies(model: str, cluster_name: str, batch: int):
-    """(all-reduce strategy, the same with SFB where its factors are fewer bytes, spec)."""
+    """(all-reduce strategy, the same with SFB where its factors are fewer bytes, spec, those
+    variables) of workload ``model`` (a zoo name or an import path), ``batch`` per replica."""
     import dataclasses
 
     from synctune.search.sampler import GuidedSampler
     from synctune.spec import resolve_cluster
-    from synctune.strategy import SFBSynchronizer, ShardPlan, VariablePlan, build_strategy, validate
+    from synctune.strategy import build_strategy, validate
+    from synctune.workload import resolve_workload
 
     cluster = resolve_cluster(cluster_name)
-    spec = _model(model, batch)[2]
-    spec = dataclasses.replace(spec, batch_size=batch)
+    spec = dataclasses.replace(resolve_workload(model).spec(), batch_size=batch)
     base = build_strategy("allreduce", spec, cluster)
     base = dataclasses.replace(base, batch_split=(batch,) * cluster.num_devices)
-    cheaper = GuidedSampler(spec, cluster).sfb_cheaper
-    plans = tuple(VariablePlan(variable=p.variable, partition=p.partition, shards=(ShardPlan(
-        synchronizer=SFBSynchronizer()),)) if p.variable in cheaper else p for p in base.plans)
-    sfb = dataclasses.replace(base, plans=plans)
+    helper = GuidedSampler(spec, cluster)
+    sfb = helper.with_sfb(base)
     validate(sfb, spec, cluster)
-    return base, sfb, spec, sorted(cheaper)
+    return base, sfb, spec, sorted(helper.sfb_cheaper)
 
 
 def _worker(rank: int, world: int, args: dict) -> dict:
@@ -85,18 +57,20 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     from synctune.engine.core import StrategyEngine
     from synctune.spec import resolve_cluster
 
+    from synctune.workload import resolve_workload
+
     cluster = resolve_cluster(args["cluster"])
     base, sfb, spec, _ = strategies(args["model"], args["cluster"], args["batch"])
-    make_module, batch_of, _spec = _model(args["model"], args["batch"])
-    batch = batch_of(rank)
+    workload = resolve_workload(args["model"])
+    batch = workload.make_batch(args["batch"], rank=rank, generator=torch.Generator().manual_seed(rank), device="cpu")
     configs = {}
     for key, strategy in (("allreduce", base), ("sfb", sfb)):
         torch.manual_seed(0)
-        module = make_module()
+        module = workload.build_model()
         engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=1e-3))
 
         def run(module=module, engine=engine):
-            module(*batch).backward()
+            workload.loss(module, batch).backward()
             engine.step()
             engine.zero_grad()
 
@@ -118,7 +92,8 @@ def _worker(rank: int, world: int, args: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mlp-wide")
+    parser.add_argument("--model", default=WIDE_MLP, help="a zoo model or a workload import path (default: the "
+                        "experiments' wide MLP)")
     parser.add_argument("--cluster", default="local-2x2")
     parser.add_argument("--batch", type=int, default=8, help="samples per replica")
     parser.add_argument("--warmup", type=int, default=3)
@@ -148,7 +123,7 @@ def main() -> None:
     t_a = analytic_time(encode([base, sfb], ctx), ctx)
     t_r = ReplaySimulator().predict([base, sfb], spec, cluster)
     med = {k: statistics.median(v) for k, v in out.items()}
-    print(f"model {args.model} ({spec.num_bytes / 2**20:.1f} MiB of gradients), cluster {args.cluster} "
+    print(f"model {spec.name} ({spec.num_bytes / 2**20:.1f} MiB of gradients), cluster {args.cluster} "
           f"({cluster.num_devices} processes), batch {args.batch} per replica, {args.rounds * args.iters} interleaved "
           f"iterations of each")
     print(f"SFB for: {', '.join(cheaper) or 'no variable (no linear weight has fewer factor bytes)'}")

@@ -97,20 +97,16 @@ def oracle(workload, cluster, node_net, count: int, seed: int, warmup: int, iter
 def refinements(strategies, spec, cluster) -> list[tuple[object, str]]:
     """Each of ``strategies`` under every batch split of the choice space (where node speeds
     differ) and with SFB for the linear weights where its factors are fewer bytes."""
-    import dataclasses
-
     from synctune.search.local_search import SPLIT_STEPS
     from synctune.search.sampler import GuidedSampler
-    from synctune.strategy import SFBSynchronizer, ShardPlan, StrategyError, VariablePlan, validate
+    from synctune.strategy import StrategyError, validate
 
     helper = GuidedSampler(spec, cluster)
     out = []
     for strategy in strategies:
         variants = [(strategy, "")]
         if helper.sfb_cheaper:
-            plans = tuple(VariablePlan(variable=p.variable, partition=(1,) * len(p.partition), shards=(ShardPlan(
-                synchronizer=SFBSynchronizer()),)) if p.variable in helper.sfb_cheaper else p for p in strategy.plans)
-            variants.append((dataclasses.replace(strategy, plans=plans), " +sfb"))
+            variants.append((helper.with_sfb(strategy), " +sfb"))
         for base, label in variants:
             if label:
                 out.append((base, "refined" + label))

@@ -61,26 +61,22 @@ def pair_probe(rank: int, world: int, a: int, b: int, nbytes: int, reps: int) ->
             dist.recv(payload, peer)
             dist.send(tiny, peer)
 
+    def timed(sender: int, payload) -> float:
+        dist.barrier()  # every rank, probed or not: the group's collectives stay in step
+        start = time.perf_counter()
+        if me:
+            exchange(sender, payload)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
     if me:
         for _ in range(3):  # warm the connection
             exchange(a, tiny)
     for _ in range(reps):
         for key, sender in (("a_to_b", a), ("b_to_a", b)):
-            dist.barrier()
-            start = time.perf_counter()
-            if me:
-                exchange(sender, big)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            out[key].append(time.perf_counter() - start)
-    for _ in range(20):
-        dist.barrier()
-        start = time.perf_counter()
-        if me:
-            exchange(a, tiny)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        out["rtt"].append(time.perf_counter() - start)
+            out[key].append(timed(sender, big))
+    out["rtt"] = [timed(a, tiny) for _ in range(20)]
     if rank == a:
         return {"a_to_b": out["a_to_b"], "rtt": out["rtt"]}
     return {"b_to_a": out["b_to_a"]} if rank == b else None

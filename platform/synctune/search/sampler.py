@@ -139,6 +139,13 @@ class GuidedSampler:
         self.sfb_cheaper = {v.name for v, r in zip(self.model.variables, self.model.factor_rows or ())
                             if r and n * self.model.batch_size * r * (v.shape[0] + v.shape[1]) < 2 * v.num_elements}
 
+    def with_sfb(self, strategy: Strategy) -> Strategy:
+        """``strategy`` with sufficient-factor broadcasting for the linear weights whose factors are
+        fewer bytes than their gradient (:attr:`sfb_cheaper`), each whole."""
+        plans = tuple(VariablePlan(variable=p.variable, partition=(1,) * len(p.partition), shards=(ShardPlan(
+            synchronizer=SFBSynchronizer()),)) if p.variable in self.sfb_cheaper else p for p in strategy.plans)
+        return dataclasses.replace(strategy, plans=plans)
+
     def split_towards_speed(self, strategy: Strategy, t: float) -> Strategy:
         """``strategy`` with its global batch split a fraction ``t`` of the way from even
         (``t`` = 0) to proportional to the replicas' measured speeds (``t`` = 1)."""
