@@ -159,17 +159,21 @@ def compact_cmd(data_path: str | None) -> None:
 @click.option("--cluster", "-c", "clusters", multiple=True, required=True,
               help="Local (CPU) cluster preset or spec file (repeatable).")
 @click.option("--random", "num_random", default=50, show_default=True, type=click.IntRange(0, 100_000), help="Random strategies per domain.")
+@click.option("--guided", "num_guided", default=0, show_default=True, type=click.IntRange(0, 100_000),
+              help="Guided-sampler strategies per domain (compressors, hierarchical all-reduce, batch splits).")
 @click.option("--builders/--no-builders", default=True, show_default=True, help="Also run every builder.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(0, 1_000_000))
 @click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--mlflow/--no-mlflow", "use_mlflow", default=False, show_default=True,
               help="Also log every trial to MLflow (experiment collect-<model>@<cluster>).")
-def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup, iters, use_mlflow) -> None:
-    """Measure builders and random strategies for real on local clusters and add them to the dataset.
+def collect_cmd(data_path, models, clusters, num_random, num_guided, builders, seed, warmup, iters,
+                use_mlflow) -> None:
+    """Measure builders and sampled strategies for real on local clusters and add them to the dataset.
 
     Trials of one domain share one process group (start-up paid once); each row lands as soon
-    as its trial ends, so an interrupted collection keeps what it measured.
+    as its trial ends, and the same command again (same --seed) runs only the trials not yet
+    recorded, so an interrupted collection continues where it stopped.
     """
     from ..run import collect_domain
     from ._common import node_network, resolve_cluster_arg, resolve_workload_arg
@@ -179,7 +183,8 @@ def collect_cmd(data_path, models, clusters, num_random, builders, seed, warmup,
     cluster_specs = [resolve_cluster_arg(c) for c in clusters]
     for workload in workloads:
         for cluster in cluster_specs:
-            results = collect_domain(ds, workload, cluster, num_random=num_random, builders=builders, seed=seed,
-                                     warmup=warmup, iters=iters, use_mlflow=use_mlflow, node_net=node_network(cluster))
+            results = collect_domain(ds, workload, cluster, num_random=num_random, num_guided=num_guided,
+                                     builders=builders, seed=seed, warmup=warmup, iters=iters, use_mlflow=use_mlflow,
+                                     node_net=node_network(cluster), say=echo_err)
             ok = sum(r.status == "ok" for r in results)
             click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")

@@ -109,41 +109,84 @@ def calibrate_cmd(preset: str) -> None:
     click.echo(f"calibrated spec: {path}")
 
 
+#: The presets `lab collect` measures by default: two homogeneous shapes and three heterogeneous
+#: ones (links of different speeds; links and compute of different speeds).
+COLLECT_PRESETS = ("lab-2x2", "lab-4x1", "lab-b12", "lab-b10c", "lab-b11c")
+
+
+def _small_models() -> tuple[str, ...]:
+    from ..models.zoo import MODELS
+
+    return tuple(name for name, entry in MODELS.items() if entry.small)
+
+
 @lab_group.command("collect")
-@click.option("--preset", "-p", "presets", multiple=True, default=("lab-2x2", "lab-4x1", "lab-b12"),
-              show_default=True, help="Lab preset (repeatable).")
-@click.option("--model", "-m", "models", multiple=True, default=("bert-tiny", "cnn-small", "ncf-small"),
-              show_default=True, help="Zoo model (repeatable).")
-@click.option("--random", "num_random", default=25, show_default=True, type=click.IntRange(0, 100_000), help="Random strategies per domain.")
+@click.option("--preset", "-p", "presets", multiple=True, default=COLLECT_PRESETS, show_default=True,
+              help="Lab preset (repeatable).")
+@click.option("--model", "-m", "models", multiple=True, help="Zoo model or workload (repeatable; default: every small "
+              "zoo model).")
+@click.option("--random", "num_random", default=25, show_default=True, type=click.IntRange(0, 100_000),
+              help="Unconstrained random strategies per domain.")
+@click.option("--guided", "num_guided", default=45, show_default=True, type=click.IntRange(0, 100_000),
+              help="Guided-sampler strategies per domain (compressors, hierarchical all-reduce, uneven batch "
+                   "splits, replica subsets, SFB where they apply).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1_000_000))
 @click.option("--iters", default=6, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--data", "data_path", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
 @click.option("--release", help="Then publish the dataset as a release here (folder or s3://).")
 @click.option("--name", help="Release name (with --release).")
-def collect_cmd(presets, models, num_random, seed, warmup, iters, data_path, release, name) -> None:
-    """For each preset: bring the lab up, calibrate it, trial every builder and RANDOM sampled
-    strategies of each model over the shaped links; then take the lab down."""
+def collect_cmd(presets, models, num_random, num_guided, seed, warmup, iters, data_path, release, name) -> None:
+    """For each preset: bring the lab up, calibrate it, measure each model's compute profile
+    (once per model and worker count), trial every builder, RANDOM unconstrained and GUIDED
+    guided-sampler strategies of each model over the shaped links; then take the lab down.
+
+    Resumable: the same command again (same --seed) runs only the trials not yet recorded, on
+    the calibration the recorded rows of that preset were measured with (so a domain stays one
+    cluster), and skips presets whose domains are complete."""
+    import json
+
     from ..data import TrialDataset, dataset_dir, push_release
     from ..lab import lab_down, lab_status, lab_up
-    from ..run import calibrate_lab, collect_domain
+    from ..run import calibrate_lab, collect_domain, ensure_profile
+    from ..run.collect import collect_search_id, collection_plan
+    from ..spec.cluster import ClusterSpec
     from ._common import node_network, resolve_workload_arg
 
     ds = TrialDataset(data_path or dataset_dir())
-    workloads = [resolve_workload_arg(m) for m in models]
+    workloads = [resolve_workload_arg(m) for m in (models or _small_models())]
     clusters = [_lab_preset(p) for p in presets]
     try:
         for nominal in clusters:
-            lab_up(nominal)
-            _spec, figures, _path = calibrate_lab(nominal, lab_status()["state"])
-            cluster = resolve_cluster_arg(nominal.name)  # the calibrated spec
-            echo_err(f"{cluster.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
-                                                              for n in figures["nodes"]) + " of nominal")
+            recorded, todo = None, 0
             for workload in workloads:
-                results = collect_domain(ds, workload, cluster, num_random=num_random, builders=True, seed=seed,
-                                         warmup=warmup, iters=iters, node_net=node_network(cluster))
+                spec = workload.spec()
+                plan = collection_plan(spec, nominal, num_random=num_random, num_guided=num_guided, seed=seed)
+                rows = ds.table(model=spec.name, cluster=nominal.name,
+                                search_id=collect_search_id(spec.name, nominal.name, seed))
+                todo += len(plan) - len(set(rows.column("trial_id").to_pylist()) & {t for t, _o, _s in plan})
+                if rows.num_rows and recorded is None:
+                    recorded = ClusterSpec.from_dict(json.loads(rows.column("cluster_spec_json")[0].as_py()),
+                                                     where="recorded cluster_spec_json")
+            if not todo:
+                click.echo(f"{nominal.name}: every trial already recorded")
+                continue
+            lab_up(nominal)
+            if recorded is not None:  # continue on the calibration the recorded rows were measured with
+                cluster = recorded
+                echo_err(f"{cluster.name}: continuing a collection on its recorded calibration")
+            else:
+                _spec, figures, _path = calibrate_lab(nominal, lab_status()["state"])
+                cluster = resolve_cluster_arg(nominal.name)  # the calibrated spec
+                echo_err(f"{cluster.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
+                                                                  for n in figures["nodes"]) + " of nominal")
+            for workload in workloads:
+                ensure_profile(workload, workload.spec(), cluster, echo_err)
+                results = collect_domain(ds, workload, cluster, num_random=num_random, num_guided=num_guided,
+                                         builders=True, seed=seed, warmup=warmup, iters=iters,
+                                         node_net=node_network(cluster), say=echo_err)
                 ok = sum(r.status == "ok" for r in results)
-                click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok, recorded in {ds.root}")
+                click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok now, recorded in {ds.root}")
     finally:
         lab_down()
     if release:

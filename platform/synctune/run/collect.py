@@ -1,48 +1,76 @@
 """Collecting the dataset: builders and sampled strategies of one domain measured for real,
-each row recorded as its trial ends (so an interrupted collection keeps what it measured)."""
+each row recorded as its trial ends, and resumable: a collection started again with the same
+seed trials only what is not recorded yet (so a long collection may be spread over sittings)."""
 
 from __future__ import annotations
 
 from ..data.store import TrialDataset
 from ..data.tracking import MlflowLogger
 from ..engine.trial import TrialConfig, TrialResult, run_trials_local
-from ..search.sampler import RandomSampler
+from ..search.sampler import GuidedSampler, RandomSampler
 from ..spec.cluster import ClusterSpec
 from ..strategy.builders import BUILDERS, build_strategy
 from .recording import record_result
 
-__all__ = ["collect_domain"]
+__all__ = ["collect_domain", "collection_plan", "collect_search_id"]
+
+
+def collect_search_id(model: str, cluster: str, seed: int) -> str:
+    """The search id a collection's rows carry: what a resumed collection looks up."""
+    return f"collect-{model}@{cluster}-seed{seed}"
+
+
+def collection_plan(spec, cluster: ClusterSpec, *, num_random: int, num_guided: int = 0, builders: bool = True,
+                    seed: int = 0) -> list[tuple[str, str, object]]:
+    """``(trial_id, origin, strategy)`` of a collection, in order: every builder, ``num_random``
+    strategies of the unconstrained sampler (the papers' "random") and ``num_guided`` of the
+    guided one (compressors, hierarchical all-reduce, uneven batch splits, replica subsets and
+    SFB where they apply). Each stream depends on the seed only, and a trial's id on its place
+    in its own stream, so a larger ``num_random`` or ``num_guided`` extends a collection
+    without renaming what it measured."""
+    plan = []
+    if builders:
+        plan += [(b, b, build_strategy(b, spec, cluster)) for b in BUILDERS]
+    plan += [(f"random-{i:04d}", "random", s)
+             for i, s in enumerate(RandomSampler(spec, cluster, seed=seed).sample_many(num_random))]
+    plan += [(f"guided-{i:04d}", "random-guided", s)
+             for i, s in enumerate(GuidedSampler(spec, cluster, seed=seed).sample_many(num_guided))]
+    return plan
 
 
 def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_random: int, builders: bool, seed: int,
-                   warmup: int, iters: int, use_mlflow: bool = False, node_net=None) -> list[TrialResult]:
-    """Trial every builder (optionally) and ``num_random`` random strategies of ``workload`` on
-    ``cluster``, one process group for all, each row recorded as its trial ends; returns the
-    results in order."""
+                   warmup: int, iters: int, num_guided: int = 0, use_mlflow: bool = False, node_net=None,
+                   say=None) -> list[TrialResult]:
+    """Trial the :func:`collection_plan` of ``workload`` on ``cluster`` in one process group,
+    each row recorded as its trial ends. Trials this collection (same model, cluster name and
+    seed) already recorded in ``ds`` are skipped, failed ones included; returns the results of
+    the trials run now, in order."""
     from tqdm import tqdm
 
     spec = workload.spec()
     config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
-    strategies, origins = [], []
-    if builders:
-        for b in BUILDERS:
-            strategies.append(build_strategy(b, spec, cluster))
-            origins.append(b)
-    strategies += RandomSampler(spec, cluster, seed=seed).sample_many(num_random)
-    origins += ["random"] * num_random
-    search_id = f"collect-{spec.name}@{cluster.name}-seed{seed}"
+    search_id = collect_search_id(spec.name, cluster.name, seed)
+    plan = collection_plan(spec, cluster, num_random=num_random, num_guided=num_guided, builders=builders, seed=seed)
+    done = set(ds.table(model=spec.name, cluster=cluster.name, search_id=search_id).column("trial_id").to_pylist())
+    todo = [p for p in plan if p[0] not in done]
+    if say is not None and len(todo) < len(plan):
+        say(f"{spec.name}@{cluster.name}: {len(plan) - len(todo)} of {len(plan)} trials already recorded "
+            f"({search_id}); running the other {len(todo)}")
+    if not todo:
+        return []
     logger = MlflowLogger(f"collect-{spec.name}@{cluster.name}") if use_mlflow else None
     parent = logger.start_search(search_id, {"model": spec.name, "cluster": cluster.name}) if logger else ""
-    bar = tqdm(total=len(strategies), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
+    bar = tqdm(total=len(todo), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
 
     def on_result(i: int, result: TrialResult) -> None:
-        record_result(result.to_dict(), strategies[i], spec, cluster, dataset=ds, logger=logger, origin=origins[i],
-                      search_id=search_id, trial_id=f"{i:04d}", experiment=logger.experiment if logger else "",
+        trial_id, origin, strategy = todo[i]
+        record_result(result.to_dict(), strategy, spec, cluster, dataset=ds, logger=logger, origin=origin,
+                      search_id=search_id, trial_id=trial_id, experiment=logger.experiment if logger else "",
                       parent_run_id=parent, workload_source=workload.source)
         bar.update(1)
 
     try:
-        return run_trials_local(strategies, cluster, config, workload=workload, on_result=on_result,
+        return run_trials_local([s for _t, _o, s in todo], cluster, config, workload=workload, on_result=on_result,
                                 node_net=node_net)
     finally:
         bar.close()
