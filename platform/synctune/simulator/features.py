@@ -84,6 +84,7 @@ class DomainContext:
         self.ps_flow_coef, self.ps_phi_coef = tables["ps_flow"][0], tables["ps_phi"][0]
         self.ps_nic_coef, self.ps_intra_coef = tables["ps_nic"][0], tables["ps_intra"][0]
         self.ring_bw = float(tables["ring_bw"][0])
+        self.hier_per_byte, self.hier_msgs = float(tables["hier_per_byte"][0]), float(tables["hier_msgs"][0])
         self.t_ref = self.model_bytes / float(self.flow.min())
         flops = DEVICE_FLOPS.get(c.nodes[0].device_model, DEVICE_FLOPS["cpu"])
         per_sample = m.flops_per_sample or self.constants.compute_flops_per_param_sample * m.num_parameters
@@ -128,8 +129,18 @@ class DomainContext:
         flows = np.where(used, self.flow[None, :], np.inf).min(1)
         intras = np.where(used, self.intra[None, :], np.inf).min(1)
         ring = np.where(nodes > 1, flows, intras)
+        # Hierarchical all-reduce as the engine runs it (Horovod's hierarchical mode): a
+        # reduce-scatter inside each node, the node's r pieces all-reduced across the W nodes as r
+        # rings in parallel (sharing the NIC), an all-gather inside each node. Seconds per byte
+        # of the message, and messages per replica.
+        per_node = r.max(1)
+        w_used = nodes.astype(np.float64)
+        cross = np.where(used, np.minimum(self.nic[None, :], per_node[:, None] * self.flow[None, :]), np.inf).min(1)
+        hier_bytes = (2 * np.maximum(per_node - 1, 0) / np.maximum(per_node, 1) / intras
+                      + np.where(w_used > 1, 2 * (w_used - 1) / np.maximum(w_used, 1) / cross, 0.0))
+        hier_msgs = 2 * np.maximum(per_node - 1, 0) + 2 * np.maximum(w_used - 1, 0)
         return {"ps_flow": flow, "ps_phi": phi, "ps_nic": nic, "ps_intra": intra, "ring_bw": ring,
-                "N": r.sum(1), "W": nodes.astype(np.float64), "r": r}
+                "N": r.sum(1), "W": w_used, "r": r, "hier_per_byte": hier_bytes, "hier_msgs": hier_msgs}
 
 
 def comm_terms(b: "StrategyBatch", ctx: DomainContext) -> dict[str, np.ndarray]:
@@ -143,7 +154,8 @@ def comm_terms(b: "StrategyBatch", ctx: DomainContext) -> dict[str, np.ndarray]:
                 "ps_nic": np.broadcast_to(ctx.ps_nic_coef, (n, w, 2)),
                 "ps_intra": np.broadcast_to(ctx.ps_intra_coef, (n, w, 2)),
                 "ring_bw": np.full(n, ctx.ring_bw), "N": np.full(n, ctx.N), "W": np.full(n, float(w)),
-                "r": np.broadcast_to(ctx.r, (n, w))}
+                "r": np.broadcast_to(ctx.r, (n, w)), "hier_per_byte": np.full(n, ctx.hier_per_byte),
+                "hier_msgs": np.full(n, ctx.hier_msgs)}
     else:
         tabs = ctx.comm_tables(b.replica_counts)
     for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra"):
@@ -176,6 +188,9 @@ class StrategyBatch:
     replica_counts: np.ndarray | None = None
     #: (S,) seconds every replica spends rebuilding an SFB gradient from the gathered factors
     rebuild: np.ndarray | None = None
+    #: (S,) all-reduce shards run hierarchically (reduce-scatter in each node, all-reduce across
+    #: nodes, all-gather in each node); None when no shard does
+    hier: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -194,6 +209,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     global_batch: list[int] = []  # the rows of a rebuilt SFB gradient
     model = ctx.model
     wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
+    hier: list[int] = []  # shard indices on hierarchical all-reduce
     for si, s in enumerate(strategies):
         groups: dict[int, int] = {}
         plans = sorted(s.plans, key=lambda p: ctx.var_index[p.variable])
@@ -230,6 +246,8 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
                     cols["node"].append(-1)
                     cols["local"].append(False)
                     cols["group"].append(groups.setdefault(sync.group, len(groups)))
+                    if sync.algorithm == "hierarchical":
+                        hier.append(len(cols["sid"]) - 1)
                 else:
                     assert isinstance(sync, (AllGatherSynchronizer, SFBSynchronizer))
                     cols["kind"].append(KIND_SFB if isinstance(sync, SFBSynchronizer) else KIND_AG)
@@ -263,7 +281,15 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
                          nbytes=nbytes, wire=nbytes * arrays["ratio"], batch_scale=np.asarray(scales, np.float64),
                          replica_counts=None if (counts == ctx.r[None, :]).all() else counts, rebuild=rebuild,
-                         **arrays)
+                         hier=_flags(hier, len(arrays["sid"])), **arrays)
+
+
+def _flags(indices: list[int], size: int) -> np.ndarray | None:
+    if not indices:
+        return None
+    out = np.zeros(size, dtype=bool)
+    out[indices] = True
+    return out
 
 
 PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")
@@ -289,6 +315,8 @@ def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np
     n, ring = t["N"][b.sid], t["ring_bw"][b.sid]
     ar = b.kind == KIND_AR
     out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ring, 0.0)
+    if b.hier is not None:
+        out[:, 4] = np.where(b.hier, wire * t["hier_per_byte"][b.sid], out[:, 4])
     ag = b.kind >= KIND_AG  # all-gather of rows or of sufficient factors
     out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0) + (b.rebuild if b.rebuild is not None else 0.0)
     out[:, 7] = np.where(ag, np.where(b.kind == KIND_SFB, 2.0, 1.0) * (n - 1), 0.0)  # SFB: counts, then factors
@@ -358,6 +386,9 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
         scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
         fixed = np.array([0.0, c.delta, c.phi * (nn - 1), 2 * c.phi * (nn - 1)])[b.kind]
         ring_msgs = 2 * (nn - 1)
+    if b.hier is not None:
+        hier_scale = t["hier_per_byte"][b.sid] if subset else ctx.hier_per_byte
+        scale = np.where(b.hier, hier_scale, scale)
     per_shard = wire * scale + fixed
     t_ag = np.bincount(b.sid, per_shard * (b.kind >= KIND_AG), n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.

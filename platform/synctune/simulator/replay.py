@@ -232,6 +232,11 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
     dur[ar] = 2 * (unn[ar] - 1) * (alpha + ubytes[ar] / (unn[ar] * ring[ar]))
+    if b.hier is not None:
+        uhier = np.zeros(u, dtype=bool)
+        uhier[unit_of] = b.hier
+        hr = uhier & (ukind == KIND_AR)
+        dur[hr] = t["hier_msgs"][usid[hr]] * alpha + ubytes[hr] * t["hier_per_byte"][usid[hr]]
     dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
     if sfb.any():
         # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
