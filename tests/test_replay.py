@@ -228,8 +228,8 @@ def test_cli_profile_then_eval_side_by_side(tmp_path, monkeypatch):
     res = runner.invoke(cli, ["sim", "eval", "--data", str(ds.root), "--domain", "cnn-small@local-1x2"])
     assert res.exit_code == 0, res.output
     lines = [line.split() for line in res.output.splitlines()]
-    replay = next(line for line in lines if line[:2] == ["cnn-small@local-1x2", "replay"])
-    analytic = next(line for line in lines if line[:2] == ["cnn-small@local-1x2", "analytic"])
+    replay = next(line for line in lines if line[1:3] == ["cnn-small@local-1x2", "replay"])
+    analytic = next(line for line in lines if line[1:3] == ["cnn-small@local-1x2", "analytic"])
     assert replay[-1].endswith("%") and analytic[-1].endswith("%")  # both predict seconds: errors shown
     assert "no measured compute profile" not in res.stderr  # the profile just measured was used
     res = runner.invoke(cli, ["sim", "profile", "-m", "cnn-small", "-c", "B7"])

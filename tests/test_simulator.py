@@ -255,6 +255,42 @@ def test_cli_train_eval_transfer_and_score(sample_dataset, tmp_path):
     assert res.exit_code == 2 and "no such simulator file" in res.stderr
 
 
+def test_cross_domain_protocols_never_train_on_what_they_test(sample_dataset):
+    """`sim eval --protocol`: held out, an unseen model, an unseen cluster, both. No fold's test
+    strategies are among its training ones, an unseen model's (cluster's) folds train on no domain
+    of that model (cluster), and every protocol tests each domain it can."""
+    from synctune.simulator import domains_from_records, protocol_folds
+
+    doms = domains_from_records(sample_dataset.records())
+    keys = {d.key for d in doms}
+    assert keys == {"cnn-small@local-1x2", "cnn-small@local-2x2", "ncf-small@local-1x2", "ncf-small@local-2x2"}
+    (name, train, test), = protocol_folds(doms, "held-out", held_out=0.3, seed=0)
+    for tr, te in zip(train, test):
+        assert tr.key == te.key and not {s.hash for s in tr.strategies} & {s.hash for s in te.strategies}
+    for protocol, part in (("unseen-model", lambda k: k.split("@")[0]), ("unseen-cluster", lambda k: k.split("@")[1])):
+        folds = protocol_folds(doms, protocol)
+        assert sorted(d.key for _f, _tr, test in folds for d in test) == sorted(keys)
+        for fold, train, test in folds:
+            assert {part(d.key) for d in test} == {fold}
+            assert fold not in {part(d.key) for d in train}
+    folds = protocol_folds(doms, "unseen-both")
+    assert [(f, [d.key for d in tr], [d.key for d in te]) for f, tr, te in folds] == [
+        ("cnn-small@local-1x2", ["ncf-small@local-2x2"], ["cnn-small@local-1x2"]),
+        ("ncf-small@local-2x2", ["cnn-small@local-1x2"], ["ncf-small@local-2x2"])]
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["sim", "eval", "--data", str(sample_dataset.root), "--protocol", "unseen-model",
+                              "--protocol", "held-out", "--train", "linear", "--epochs", "5"])
+    assert res.exit_code == 0, res.output
+    lines = [line.split() for line in res.output.splitlines()]
+    trained = [line for line in lines if line[:1] == ["unseen-model"] and line[2:4] == ["linear", "(trained)"]]
+    assert sorted(line[1] for line in trained) == sorted(keys) + ["overall"]
+    assert "unseen-model: mean pairwise ranking accuracy: analytic" in res.output
+    assert "held-out: mean pairwise ranking accuracy: analytic" in res.output
+    res = runner.invoke(cli, ["sim", "eval", "--data", str(sample_dataset.root), "--train", "rnn"])
+    assert res.exit_code == 2 and "--train needs --protocol" in res.stderr
+
+
 def test_failed_trials_are_not_training_data(sample_dataset):
     rec = sample_dataset.records()[0]
     failed = dataclasses.replace(rec, record_id="x", status="failed", mean_s=None)

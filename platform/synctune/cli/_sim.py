@@ -106,57 +106,107 @@ def _pct(value) -> str:
 @_data
 @_domain
 @click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
-              help="Evaluate on the held-out share only (use the same --seed as training).")
+              help="Evaluate on the held-out share only (use the same --seed as training; with --protocol "
+                   "held-out: the share, default 0.3).")
+@click.option("--protocol", "protocols", multiple=True, type=click.Choice(["held-out", "unseen-model",
+              "unseen-cluster", "unseen-both"]), help="Train the --train kinds on part of the data and test on "
+              "the rest: a held-out share of each domain, or whole domains of a model, a cluster, or both never "
+              "seen in training (repeatable; each protocol is one block of the table).")
+@click.option("--train", "train_kinds", multiple=True, type=click.Choice(["linear", "rnn", "gat"]),
+              help="With --protocol: learned simulators trained per fold (repeatable).")
+@click.option("--epochs", default=150, show_default=True, type=click.IntRange(1, 100_000),
+              help="Training epochs of the --train kinds.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--k", default=5, show_default=True, type=click.IntRange(1, 100_000), help="k of the top-k recall.")
 @click.option("--alpha-ms", default=0.1, show_default=True, type=click.FloatRange(0, 10_000),
               help="Replay: message latency of links whose cluster spec has no calibrated latency_ms.")
 @click.option("--json", "as_json", is_flag=True)
-def eval_cmd(sim_files, data, domains, held_out, seed, k, alpha_ms, as_json) -> None:
+def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs, seed, k, alpha_ms, as_json) -> None:
     """Every simulator side by side, per domain and overall: pairwise ranking accuracy, Kendall's
     tau, top-k recall, and for those that predict seconds the absolute error |predicted -
     measured| / measured (median and 90th percentile). The training-free models (analytic, and
     replay from the profiles `synctune sim profile` measured) are always shown; add saved
-    learned simulators as SIM_FILEs."""
-    import numpy as np
+    learned simulators as SIM_FILEs, and with --protocol and --train, learned simulators
+    trained here on each fold's training domains and tested on its test domains (held out, or
+    an unseen model, cluster or both: AutoSync §3.3's transfer)."""
+    from tqdm import tqdm
 
-    from ..simulator import evaluate, split_domains
+    from ..simulator import evaluate, make_simulator, protocol_folds, split_domains
 
+    if train_kinds and not protocols:
+        raise SpecError("--train needs --protocol: which data the simulators train on and which they are tested on")
     names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
-    sims = [(name, _load_for_eval(name, alpha_ms)) for name in names]
+    fixed = [(name if name in ("analytic", "replay") else None, _load_for_eval(name, alpha_ms)) for name in names]
+    fixed = [(label or f"{sim.kind} ({name})", sim) for (label, sim), name in zip(fixed, names)]
     doms = _domains(data, domains)
-    if held_out > 0:
-        _, doms = split_domains(doms, held_out, seed)
+    blocks = []  # (protocol, [(label, sim, test domains)])
+    if not protocols:
+        if held_out > 0:
+            _, doms = split_domains(doms, held_out, seed)
+        blocks.append(("all" if not held_out else "held-out", [(label, sim, doms) for label, sim in fixed]))
+    folds_of = {p: protocol_folds(doms, p, held_out=held_out or 0.3, seed=seed) for p in protocols}
+    bar = tqdm(total=sum(len(f) for f in folds_of.values()) * len(train_kinds), desc="train per fold",
+               unit="model", disable=None if train_kinds else True)
+    for protocol in protocols:
+        folds = folds_of[protocol]
+        if not folds:
+            raise SpecError(f"--protocol {protocol}: no fold has both training and test domains "
+                            f"(domains: {', '.join(d.key for d in doms)})")
+        entries = [(label, sim, [d for _n, _tr, test in folds for d in test]) for label, sim in fixed]
+        for kind in train_kinds:
+            for fold, train, test in folds:
+                sim = make_simulator(kind, epochs=epochs, seed=seed)
+                sim.use_profiles(_replay(alpha_ms))
+                bar.set_postfix_str(f"{protocol} {fold}")
+                sim.fit(train)
+                bar.update(1)
+                entries.append((f"{kind} (trained)", sim, test))
+        blocks.append((protocol, entries))
+    bar.close()
     rows, out = [], []
-    for name, sim in sims:
-        label = name if name in ("analytic", "replay") else f"{sim.kind} ({name})"
-        results = evaluate(sim, doms, k)
-        for r in results:
-            rows.append([r["domain"], label, r["n"], f"{r['pairwise_accuracy']:.3f}", f"{r['kendall_tau']:.3f}",
-                         f"{r[f'top{k}_recall']:.2f}", _pct(r["abs_err_median"]), _pct(r["abs_err_p90"])])
-        errors = [r["errors"] for r in results if r["errors"] is not None]
-        pooled = np.concatenate(errors) if errors else None
-        overall = {"domain": "overall", "simulator": label, "n": sum(r["n"] for r in results),
-                   **{key: float(np.nanmean([r[key] for r in results]))
-                      for key in ("pairwise_accuracy", "kendall_tau", f"top{k}_recall")},
-                   "abs_err_median": float(np.median(pooled)) if pooled is not None else None,
-                   "abs_err_p90": float(np.percentile(pooled, 90)) if pooled is not None else None}
-        rows.append(["overall", label, overall["n"], f"{overall['pairwise_accuracy']:.3f}",
-                     f"{overall['kendall_tau']:.3f}", f"{overall[f'top{k}_recall']:.2f}",
-                     _pct(overall["abs_err_median"]), _pct(overall["abs_err_p90"])])
-        out += [{**{key: v for key, v in r.items() if key != "errors"}, "simulator": label} for r in results]
-        out.append(overall)
+    for protocol, entries in blocks:
+        by_label: dict[str, list] = {}
+        for label, sim, test in entries:
+            by_label.setdefault(label, []).extend((r, sim) for r in evaluate(sim, test, k))
+        for label, results in by_label.items():
+            results = [r for r, _sim in results]
+            for r in sorted(results, key=lambda r: r["domain"]):
+                rows.append([protocol, r["domain"], label, r["n"], f"{r['pairwise_accuracy']:.3f}",
+                             f"{r['kendall_tau']:.3f}", f"{r[f'top{k}_recall']:.2f}", _pct(r["abs_err_median"]),
+                             _pct(r["abs_err_p90"])])
+            overall = _overall(results, k, protocol, label)
+            rows.append([protocol, "overall", label, overall["n"], f"{overall['pairwise_accuracy']:.3f}",
+                         f"{overall['kendall_tau']:.3f}", f"{overall[f'top{k}_recall']:.2f}",
+                         _pct(overall["abs_err_median"]), _pct(overall["abs_err_p90"])])
+            out += [{**{key: v for key, v in r.items() if key != "errors"}, "simulator": label, "protocol": protocol}
+                    for r in results]
+            out.append(overall)
+    for _label, sim in fixed:
         if getattr(sim, "fallbacks", None):
             echo_err(f"replay: no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs "
                      f"stand in (synctune sim profile -m MODEL -c CLUSTER measures one)")
     if as_json:
         click.echo(json.dumps(out, indent=1))
         return
-    rows.sort(key=lambda r: (r[0] == "overall", r[0]))
-    click.echo(table(["domain", "simulator", "trials", "pairwise acc", "kendall tau", f"top-{k} recall",
-                      "|err| median", "|err| p90"], rows, right=[2, 3, 4, 5, 6, 7]))
-    means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out if o["domain"] == "overall")
-    click.echo(f"mean pairwise ranking accuracy: {means}")
+    click.echo(table(["protocol", "domain", "simulator", "trials", "pairwise acc", "kendall tau", f"top-{k} recall",
+                      "|err| median", "|err| p90"], rows, right=[3, 4, 5, 6, 7, 8]))
+    for protocol, _entries in blocks:
+        means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out
+                          if o["domain"] == "overall" and o["protocol"] == protocol)
+        click.echo(f"{protocol}: mean pairwise ranking accuracy: {means}")
+
+
+def _overall(results: list[dict], k: int, protocol: str, label: str) -> dict:
+    """Means of the per-domain metrics; absolute errors pooled over every strategy."""
+    import numpy as np
+
+    errors = [r["errors"] for r in results if r["errors"] is not None]
+    pooled = np.concatenate(errors) if errors else None
+    return {"domain": "overall", "simulator": label, "protocol": protocol, "n": sum(r["n"] for r in results),
+            **{key: float(np.nanmean([r[key] for r in results]))
+               for key in ("pairwise_accuracy", "kendall_tau", f"top{k}_recall")},
+            "abs_err_median": float(np.median(pooled)) if pooled is not None else None,
+            "abs_err_p90": float(np.percentile(pooled, 90)) if pooled is not None else None}
 
 
 @sim_group.command("profile")

@@ -4,7 +4,8 @@ Importing this package imports numpy only; the learned models import torch when 
 """
 
 from .bound import BoundSimulator
-from .evaluate import evaluate, kendall_tau, pairwise_accuracy, split_domains, top_k_recall
+from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
+    top_k_recall
 from .replay import ReplayConstants, ReplaySimulator, profile_key
 from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode
 from .models import (
@@ -38,6 +39,8 @@ __all__ = [
     "domains_from_records",
     "encode",
     "evaluate",
+    "PROTOCOLS",
+    "protocol_folds",
     "kendall_tau",
     "load_simulator",
     "make_simulator",

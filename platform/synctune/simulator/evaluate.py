@@ -13,7 +13,13 @@ import numpy as np
 
 from .models import Domain, Simulator
 
-__all__ = ["pairwise_accuracy", "kendall_tau", "top_k_recall", "relative_errors", "evaluate", "split_domains"]
+__all__ = ["pairwise_accuracy", "kendall_tau", "top_k_recall", "relative_errors", "evaluate", "split_domains",
+           "PROTOCOLS", "protocol_folds"]
+
+#: How `synctune sim eval` separates training from test data: a held-out share of every domain,
+#: or whole domains never seen in training (AutoSync §3.3's transfer): an unseen model, an unseen
+#: cluster, or both at once.
+PROTOCOLS = ("held-out", "unseen-model", "unseen-cluster", "unseen-both")
 
 
 def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
@@ -65,13 +71,52 @@ def evaluate(sim: Simulator, domains: list[Domain], k: int = 5) -> list[dict[str
 
 
 def split_domains(domains: list[Domain], held_out: float = 0.3, seed: int = 0) -> tuple[list[Domain], list[Domain]]:
-    """Per domain, a random ``held_out`` share of the strategies for testing, the rest for training."""
+    """Per domain, a random ``held_out`` share of the distinct strategies for testing, the rest
+    for training. A strategy measured more than once (builders that coincide on a small model,
+    a re-measurement) lands on one side with every measurement of it: a held-out test never
+    scores what training saw."""
     rng = random.Random(seed)
     train, test = [], []
     for d in domains:
-        idx = list(range(len(d.strategies)))
-        rng.shuffle(idx)
-        cut = max(1, int(round(len(idx) * held_out)))
-        test.append(d.subset(sorted(idx[:cut])))
-        train.append(d.subset(sorted(idx[cut:])))
+        hashes = sorted({s.hash for s in d.strategies})
+        rng.shuffle(hashes)
+        cut = max(1, int(round(len(hashes) * held_out)))
+        out = set(hashes[:cut])
+        test.append(d.subset([i for i, s in enumerate(d.strategies) if s.hash in out]))
+        train.append(d.subset([i for i, s in enumerate(d.strategies) if s.hash not in out]))
     return train, test
+
+
+def protocol_folds(domains: list[Domain], protocol: str, *, held_out: float = 0.3, seed: int = 0
+                   ) -> list[tuple[str, list[Domain], list[Domain]]]:
+    """``(fold name, training domains, test domains)`` of ``protocol`` (:data:`PROTOCOLS`):
+
+    - ``held-out``: one fold, a random ``held_out`` share of each domain tested (:func:`split_domains`);
+    - ``unseen-model``: one fold per model, its domains tested, trained on every other model's;
+    - ``unseen-cluster``: the same per cluster;
+    - ``unseen-both``: one fold per model, tested on its domain with one cluster (the clusters
+      taken in turn, so each model meets a different one where there are enough), trained only on
+      domains that share neither the model nor the cluster.
+
+    Folds with nothing to train on or nothing to test are left out."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    if protocol == "held-out":
+        train, test = split_domains(domains, held_out, seed)
+        return [("held-out", train, test)]
+    models = sorted({d.ctx.model.name for d in domains})
+    clusters = sorted({d.ctx.cluster.name for d in domains})
+    folds = []
+    if protocol == "unseen-model":
+        for m in models:
+            folds.append((m, [d for d in domains if d.ctx.model.name != m], [d for d in domains if d.ctx.model.name == m]))
+    elif protocol == "unseen-cluster":
+        for c in clusters:
+            folds.append((c, [d for d in domains if d.ctx.cluster.name != c],
+                          [d for d in domains if d.ctx.cluster.name == c]))
+    else:
+        for i, m in enumerate(models):
+            c = clusters[i % len(clusters)]
+            folds.append((f"{m}@{c}", [d for d in domains if d.ctx.model.name != m and d.ctx.cluster.name != c],
+                          [d for d in domains if d.ctx.model.name == m and d.ctx.cluster.name == c]))
+    return [f for f in folds if f[1] and f[2]]
