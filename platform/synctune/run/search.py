@@ -283,6 +283,9 @@ class SelectedSimulator:
     def score(self, strategies):
         return (self.learned if self.use_learned else self.training_free).score(strategies)
 
+    def score_columns(self, columns):
+        return (self.learned if self.use_learned else self.training_free).score_columns(columns)
+
     def fit(self, strategies, runtimes) -> None:
         runtimes = np.asarray(runtimes, dtype=float)
         new = slice(self.seen, len(strategies))

@@ -50,7 +50,9 @@ class SimulatorProtocol(Protocol):
 
     ``score(strategies)``: one number per strategy, higher is better. ``fit(strategies,
     runtimes)``: learn from what was measured (a training-free simulator ignores it). An
-    optional ``fine_tune(strategies, runtimes)`` is the caller's business, not the search's.
+    optional ``score_columns(columns)`` scores :class:`~synctune.strategy.columns.StrategyColumns`
+    (the round's proposals then stay columns until picked); an optional ``fine_tune(strategies,
+    runtimes)`` is the caller's business, not the search's.
     """
 
     def score(self, strategies: list[Strategy]) -> np.ndarray: ...
@@ -116,18 +118,20 @@ def _signature(strategy: Strategy, index: _Index) -> np.ndarray:
     return codes
 
 
-def select_diverse(strategies: list[Strategy], scores: np.ndarray, k: int, index: _Index,
-                   weight: float = 0.5) -> list[int]:
+def select_diverse(strategies: list[Strategy] | None, scores: np.ndarray, k: int, index: _Index | None,
+                   weight: float = 0.5, *, signatures: np.ndarray | None = None) -> list[int]:
     """Greedy selection of ``k`` indices maximising normalised score minus ``weight`` times the
-    largest similarity to those already chosen (AutoSync §3.2, after AutoTVM)."""
-    if not strategies:
+    largest similarity to those already chosen (AutoSync §3.2, after AutoTVM). Similarity is
+    the share of variables decided alike, from ``strategies`` or from their ``signatures``
+    (one code per variable, :meth:`~synctune.strategy.columns.StrategyColumns.signatures`)."""
+    if signatures is None and not strategies or signatures is not None and not len(signatures):
         return []
-    sig = np.stack([_signature(s, index) for s in strategies])
+    sig = signatures if signatures is not None else np.stack([_signature(s, index) for s in strategies])
     span = scores.max() - scores.min()
     norm = (scores - scores.min()) / span if span > 0 else np.zeros_like(scores)
     chosen = [int(np.argmax(norm))]
     best_sim = (sig == sig[chosen[0]]).mean(axis=1)
-    while len(chosen) < min(k, len(strategies)):
+    while len(chosen) < min(k, len(sig)):
         value = norm - weight * best_sim
         value[chosen] = -np.inf
         nxt = int(np.argmax(value))
@@ -279,26 +283,14 @@ class Algorithm1:
                     hashes.add(strategy.hash)
                     picked.append(Proposal(f"{tag}-{len(picked)}", strategy, algo, float(-score)))
             return picked
-        if self.exp.generator != "sampler":
-            raw = [s for s, _ in self._local_search(self.exp.generator, rng, self.exp.proposals)]
-        elif algo == "genetic":
-            raw = self._crossover(self.exp.proposals, rng, guided)
+        if (algo == "autodist" and self.exp.generator == "sampler" and self.project is None and guided.speeds is None
+                and hasattr(self.simulator, "score_columns")):
+            out = self._round_from_columns(guided, k, tag, seen)
         else:
-            raw = guided.sample_many(self.exp.proposals)
-        proposals = fresh(raw)
-        if not proposals:
+            out = self._round_from_objects(guided, rng, k, tag, seen, fresh)
+        if out is None:
             return []
-        scores = np.asarray(self.simulator.score(proposals), dtype=float)
-        strategies, runtimes = self._measured(self.fitted_on)
-        level = -np.inf
-        if len(strategies) >= 4:
-            level = fidelity_level(np.asarray(self.simulator.score(strategies), dtype=float), runtimes,
-                                   self.exp.fidelity_accuracy)
-        elite = [i for i in range(len(proposals)) if scores[i] >= level] or list(range(len(proposals)))
-        chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, self.index)
-        out = [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, float(-scores[elite[c]]))
-               for j, c in enumerate(chosen)]
-        step = self._split_step(guided, {p.hash for p in proposals} | seen)
+        step = self._split_step(guided, {p.strategy.hash for p in out} | seen)
         if step is not None and out:
             # One coordinate step per round (AutoDDL §4.4: one dimension, the others fixed): the
             # best measured strategy with the batch split the simulator prefers, in place of the
@@ -307,6 +299,55 @@ class Algorithm1:
             strategy, score = step
             out[-1] = Proposal(f"{tag}-{len(out) - 1}", strategy, f"{algo}+split", float(-score))
         return out
+
+    def _elite(self, scores: np.ndarray) -> np.ndarray:
+        """Proposals scored at or above the simulator's fidelity level on what was measured
+        (every proposal while fewer than 4 trials were)."""
+        strategies, runtimes = self._measured(self.fitted_on)
+        level = -np.inf
+        if len(strategies) >= 4:
+            level = fidelity_level(np.asarray(self.simulator.score(strategies), dtype=float), runtimes,
+                                   self.exp.fidelity_accuracy)
+        elite = np.flatnonzero(scores >= level)
+        return elite if len(elite) else np.arange(len(scores))
+
+    def _round_from_columns(self, guided: GuidedSampler, k: int, tag: str, seen: set[str]) -> list[Proposal] | None:
+        """The round's proposals drawn and scored as columns (:meth:`GuidedSampler.sample_columns`);
+        only those picked become strategies. Equal draws count once; a pick equal to a measured
+        strategy is passed over for the next most diverse."""
+        cols = guided.sample_columns(self.exp.proposals)
+        _, first = np.unique(cols.digests(), return_index=True)
+        distinct = np.sort(first)
+        scores = np.asarray(self.simulator.score_columns(cols), dtype=float)[distinct]
+        elite = self._elite(scores)
+        sig = cols.signatures()[distinct[elite]]
+        out: list[Proposal] = []
+        for c in select_diverse(None, scores[elite], k + 8, None, signatures=sig):
+            strategy = cols.strategy(int(distinct[elite[c]]))
+            if strategy.hash in seen:
+                continue
+            out.append(Proposal(f"{tag}-{len(out)}", strategy, self.exp.algorithm, float(-scores[elite[c]])))
+            if len(out) == k:
+                break
+        return out or None
+
+    def _round_from_objects(self, guided: GuidedSampler, rng: random.Random, k: int, tag: str, seen: set[str],
+                            fresh) -> list[Proposal] | None:
+        algo = self.exp.algorithm
+        if self.exp.generator != "sampler":
+            raw = [s for s, _ in self._local_search(self.exp.generator, rng, self.exp.proposals)]
+        elif algo == "genetic":
+            raw = self._crossover(self.exp.proposals, rng, guided)
+        else:
+            raw = guided.sample_many(self.exp.proposals)
+        proposals = fresh(raw)
+        if not proposals:
+            return None
+        scores = np.asarray(self.simulator.score(proposals), dtype=float)
+        elite = [int(i) for i in self._elite(scores)]
+        chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, self.index)
+        return [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, float(-scores[elite[c]]))
+                for j, c in enumerate(chosen)]
 
     def _local_search(self, kind: str, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:
         """The best distinct strategies (with scores) of a simulator-only search under the

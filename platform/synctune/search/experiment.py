@@ -21,7 +21,7 @@ ALGORITHMS = ("autodist", "random-guided", "random", "genetic", "coordinate-desc
 #: Where ``autodist`` gets each round's proposals: the guided sampler (AutoDist §2.4), or the
 #: best strategies a simulator-only search found (the same selection then picks among them).
 GENERATORS = ("sampler", "coordinate-descent", "mcts")
-SIMULATOR_CHOICES = ("analytic", "replay", "rnn", "linear", "gat")
+SIMULATOR_CHOICES = ("pretrained", "analytic", "replay", "rnn", "linear", "gat")
 #: A ``baselines:`` entry that is a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``).
 HOROVOD_BASELINE = "hvd"
 
@@ -30,10 +30,13 @@ HOROVOD_BASELINE = "hvd"
 class Experiment:
     """A validated experiment. What it trains is ``model`` (a zoo model) or ``workload`` (a
     user's factory, ``package.module:factory`` or ``path/to/file.py:factory``; a relative file
-    path is relative to the experiment file's folder), exactly one. ``simulator`` is a kind
-    learned from scratch during the search (``rnn``, ``linear``, ``gat``), a training-free one
-    (``analytic``; ``replay``, dPRO §4.3, from the compute profiles ``synctune sim profile``
-    measured), or the path of a saved simulator to transfer from.
+    path is relative to the experiment file's folder), exactly one. ``simulator`` is
+    ``pretrained`` (the default: the simulator shipped with synctune, fine-tuned on the search's
+    own trials, never re-initialised), a kind learned from scratch during the search (``rnn``,
+    ``linear``, ``gat``), a training-free one (``analytic``; ``replay``, dPRO §4.3, from the
+    compute profiles ``synctune sim profile`` measured), or the path of a saved simulator to
+    transfer from. Learned ones score proposals only while they rank this search's new trials
+    better than the training-free model (AutoDist §2.4).
 
     ``baselines`` names builders (``tuned``: the tuned set) and real Horovod runs (``hvd``,
     ``hvd:fusion_threshold_mb=64,cycle_time_ms=5``: the ``horovod`` runtime with those settings),
@@ -60,7 +63,7 @@ class Experiment:
     algorithm: str = "autodist"
     generator: str = "sampler"
     sim_evaluations: int = 20_000
-    simulator: str = "rnn"
+    simulator: str = "pretrained"
     proposals: int = 2000
     candidates: int = 4
     warmup: int = 10

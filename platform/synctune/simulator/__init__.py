@@ -7,7 +7,7 @@ from .bound import BoundSimulator
 from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
     top_k_recall
 from .replay import ReplayConstants, ReplaySimulator, profile_key
-from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode
+from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode, encode_columns
 from .models import (
     SIMULATORS,
     AnalyticSimulator,
@@ -17,7 +17,10 @@ from .models import (
     RNNSimulator,
     Simulator,
     domains_from_records,
+    PRETRAINED,
     load_simulator,
+    pretrained_info,
+    pretrained_path,
     make_simulator,
 )
 
@@ -38,11 +41,15 @@ __all__ = [
     "analytic_time",
     "domains_from_records",
     "encode",
+    "encode_columns",
     "evaluate",
     "PROTOCOLS",
     "protocol_folds",
     "kendall_tau",
+    "PRETRAINED",
     "load_simulator",
+    "pretrained_info",
+    "pretrained_path",
     "make_simulator",
     "pairwise_accuracy",
     "profile_key",

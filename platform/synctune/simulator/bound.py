@@ -10,7 +10,7 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
-from .features import DomainContext, encode
+from .features import DomainContext, encode, encode_columns
 from .models import Domain, Simulator
 
 __all__ = ["BoundSimulator"]
@@ -39,6 +39,11 @@ class BoundSimulator:
     def score(self, strategies: list[Strategy]) -> np.ndarray:
         """Higher is better: the negated prediction."""
         return -self.simulator._predict_batch(encode(strategies, self.ctx), self.ctx)
+
+    def score_columns(self, columns) -> np.ndarray:
+        """:meth:`score` of :class:`~synctune.strategy.columns.StrategyColumns` (a round's
+        proposals, never made objects)."""
+        return -self.simulator._predict_batch(encode_columns(columns, self.ctx), self.ctx)
 
     def _domain(self, strategies: list[Strategy], runtimes: np.ndarray) -> Domain:
         return Domain(self.ctx, list(strategies), np.asarray(runtimes, dtype=np.float64))

@@ -430,11 +430,34 @@ def make_simulator(kind: str, **options: Any) -> Simulator:
     return SIMULATORS[kind]() if kind == "analytic" else SIMULATORS[kind](**options)
 
 
+#: The simulator shipped with synctune (``simulator: pretrained``): trained on the dataset release
+#: its metadata file names (``pretrained.json`` beside it), fine-tuned by each search on its own
+#: trials (transfer, AutoSync §3.3).
+PRETRAINED = "pretrained"
+
+
+def pretrained_path() -> Path:
+    """Where the shipped simulator is."""
+    return Path(__file__).resolve().parent / "pretrained" / "simulator.pt"
+
+
+def pretrained_info() -> dict:
+    """What the shipped simulator was trained on, and how it scored (``pretrained.json``)."""
+    meta = pretrained_path().with_name("pretrained.json")
+    return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
 def load_simulator(path: str | Path) -> Simulator:
-    """Load a saved simulator (``analytic`` needs no file). Refuses anything else with a clear message."""
+    """Load a saved simulator (``analytic`` needs no file; ``pretrained`` is the shipped one).
+    Refuses anything else with a clear message."""
     torch = _torch()
     if str(path) == "analytic":
         return AnalyticSimulator()
+    if str(path) == PRETRAINED:
+        path = pretrained_path()
+        if not path.is_file():
+            raise SpecError(f"simulator: pretrained: this installation has no shipped simulator ({path} is missing; "
+                            f"reinstall synctune, or name a kind such as rnn or a simulator file)")
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such simulator file")
