@@ -142,3 +142,23 @@ def test_peak_memory_is_each_trials_own_when_workers_are_reused():
     assert first.peak_memory_bytes > 48 * 8e6  # the scratch tensor was resident
     assert second.peak_memory_bytes < first.peak_memory_bytes - 250e6, (first.peak_memory_bytes,
                                                                         second.peak_memory_bytes)
+
+
+def test_trials_on_different_replica_subsets_share_no_process_group():
+    """A collection mixes strategies on every device with strategies on a replica subset (TAG
+    §4.2). Each runs on as many processes as it has replicas: the subset trial's batch split is
+    its own and its result matches the same strategy run alone (before the fix, every trial ran
+    in the first trial's group: 'strategy has 2 replicas but the process group has 4 ranks')."""
+    from synctune.engine.trial import run_trials_local
+    from synctune.search import GuidedSampler
+
+    spec, cluster = model_spec("cnn-small"), cluster_preset("local-2x2")
+    full = build_strategy("allreduce", spec, cluster)
+    subset = GuidedSampler(spec, cluster).on_nodes(full, [1])
+    assert len(subset.replicas) == 2
+    config = TrialConfig(warmup=1, iters=2, seed=3)
+    results = run_trials_local([full, subset, subset, full], cluster, config, workload=zoo_workload("cnn-small"))
+    assert [r.status for r in results] == ["ok"] * 4, [r.error for r in results]
+    alone = run_trial_local(subset, cluster, config, workload=zoo_workload("cnn-small"))
+    assert alone.status == "ok"
+    assert results[1].extra.get("final_loss") == pytest.approx(alone.extra.get("final_loss"), rel=1e-6)

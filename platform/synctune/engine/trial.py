@@ -8,6 +8,7 @@ synchronization and compute, not input pipelines.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -580,8 +581,8 @@ def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: T
                      ) -> list[TrialResult]:
     """Run many trials of ``workload`` on one cluster and one local process group, in order.
 
-    Start-up (spawn, imports, rendezvous) is paid once per group, not per trial. If a trial
-    fails, it gets its failure as result and the remaining trials continue in a fresh group.
+    Start-up (spawn, imports, rendezvous) is paid once per group, not per trial; consecutive
+    trials on the same replicas share a group. If a trial fails, it gets its failure as result and the remaining trials continue in a fresh group.
     ``on_result(index, result)`` is called as each trial finishes; ``node_net`` as for
     :func:`run_trial_local`.
     """
@@ -597,7 +598,10 @@ def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: T
     pending = list(range(len(strategies)))
     while pending:
         first = pending[0]
-        group = [strategies[i] for i in pending]
+        # One process group runs consecutive trials on the same replicas only: a strategy on a
+        # replica subset (TAG §4.2) needs a group of its own size and placement.
+        run = list(itertools.takewhile(lambda i: strategies[i].replicas == strategies[first].replicas, pending))
+        group = [strategies[i] for i in run]
         start = time.monotonic()
         last = [start]
 
@@ -618,7 +622,7 @@ def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: T
                       collective_timeout_s=config.collective_timeout_s, on_progress=on_progress,
                       nets=rank_networks(cluster, group[0].replicas, node_net))
         except WorkerFailure as failure:
-            culprit = next(i for i in pending if i not in results)
+            culprit = next(i for i in run if i not in results)
             results[culprit] = failed_result(failure.status, failure.message, strategies[culprit], cluster, config,
                                              "local", time.monotonic() - last[0])
             if on_result:
