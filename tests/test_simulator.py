@@ -295,3 +295,32 @@ def test_failed_trials_are_not_training_data(sample_dataset):
     rec = sample_dataset.records()[0]
     failed = dataclasses.replace(rec, record_id="x", status="failed", mean_s=None)
     assert sum(len(d.strategies) for d in domains_from_records([rec, failed])) == 1
+
+
+def test_the_shipped_simulator_is_the_default_and_transfers(tmp_path, monkeypatch):
+    """`simulator: pretrained` (an experiment's default) loads the simulator shipped in the
+    package; a search starts from it as a transferred model (fine-tuned, never re-initialised)
+    and judges it against the training-free model from its first trials."""
+    from synctune.run.search import SelectedSimulator, make_search_simulator
+    from synctune.search import Experiment
+    from synctune.simulator import load_simulator, pretrained_info, pretrained_path
+
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home"))
+    assert pretrained_path().is_file()
+    info = pretrained_info()
+    sim = load_simulator("pretrained")
+    assert sim.learned and sim.kind == info["kind"]
+    exp = Experiment(name="p", model="cnn-small", cluster="local-2x2", budget=4)
+    assert exp.simulator == "pretrained"
+    bound = make_search_simulator(exp, model_spec("cnn-small"), cluster_preset("local-2x2"))
+    assert isinstance(bound, SelectedSimulator) and bound.ready and bound.learned.transfer
+    before = {k: v.clone() for k, v in bound.learned.simulator.net.state_dict().items()}
+    strategies = [build_strategy(b, model_spec("cnn-small"), cluster_preset("local-2x2"))
+                  for b in ("allreduce", "ps", "parallax", "horovod")]
+    bound.fit(strategies, np.array([0.02, 0.05, 0.03, 0.021]))
+    after = bound.learned.simulator.net.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # fine-tuned
+    # ... from the shipped weights: they moved a little (a fresh initialisation is uncorrelated).
+    a = torch.cat([before[k].flatten().float() for k in before])
+    b = torch.cat([after[k].flatten().float() for k in before])
+    assert float(torch.corrcoef(torch.stack([a, b]))[0, 1]) > 0.95

@@ -1,6 +1,7 @@
 """Strategies: the plain-data representation, validation and the hand-optimised builders."""
 
 from .builders import BUILDERS, BuilderInfo, build_strategy, parse_builder_options
+from .columns import StrategyColumns
 from .compressors import COMPRESSORS, CompressorInfo, compressor_vocabulary
 from .schema import (
     ALLREDUCE_ALGORITHMS,
@@ -21,6 +22,7 @@ from .partition import shard_shapes, shard_slices
 from .validate import validate
 
 __all__ = [
+    "StrategyColumns",
     "ALLREDUCE_ALGORITHMS",
     "BUILDERS",
     "COMPRESSORS",
