@@ -236,9 +236,39 @@ def test_push_and_pull_through_a_folder(tmp_path):
     on_disk = json.loads((tmp_path / "rel" / "manifest.json").read_text())
     assert on_disk == manifest
     dst = TrialDataset(tmp_path / "empty")
-    assert pull_release(str(tmp_path / "rel"), dst) == {"files": 2, "rows": 9, "new_rows": 9}
+    assert pull_release(str(tmp_path / "rel"), dst) == {"files": 2, "rows": 9, "new_rows": 9, "profiles": {}}
     assert _stats_rows(dst) == _stats_rows(src)
     assert pull_release(str(tmp_path / "rel"), dst)["new_rows"] == 0  # merging twice adds nothing
+
+
+def test_a_release_carries_its_compute_profiles(tmp_path, monkeypatch):
+    """`dataset push` publishes the data folder's compute profiles of the release's models (the
+    replay simulator's measured inputs); `dataset pull` into a fresh data folder files them
+    without replacing one measured there, and refuses a tampered one before merging anything."""
+    from synctune.run import profile_path, save_profile
+    from synctune.spec import ComputeProfile
+
+    src = _populated(tmp_path)
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home-a"))
+    mine = ComputeProfile(model="bert-tiny", device="cpu", workers=4, batch_size=8, forward_s=0.01, backward_s=0.02,
+                          step_s=0.001, ready_s=tuple(0.001 * i for i in range(len(model_spec("bert-tiny").variables))))
+    other = dataclasses.replace(mine, model="vgg16", ready_s=(0.0,))
+    save_profile(mine)
+    save_profile(other)  # a model the release does not hold: not published
+    runner = CliRunner()
+    res = runner.invoke(cli, ["dataset", "push", str(tmp_path / "rel"), "--data", str(src.root)])
+    assert res.exit_code == 0 and "1 compute profile(s)" in res.output, res.output
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home-b"))
+    res = runner.invoke(cli, ["dataset", "pull", str(tmp_path / "rel"), "--data", str(tmp_path / "b")])
+    assert res.exit_code == 0 and "filed 1 compute profile(s)" in res.output, res.output
+    assert ComputeProfile.from_dict(json.loads(profile_path("bert-tiny", "cpu", 4).read_text()), where="x") == mine
+    assert not profile_path("vgg16", "cpu", 4).exists()
+    shipped = tmp_path / "rel" / "profiles" / "bert-tiny@cpu-w4.json"
+    shipped.write_text(shipped.read_text().replace("0.01", "0.02", 1))
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home-c"))
+    res = runner.invoke(cli, ["dataset", "pull", str(tmp_path / "rel"), "--data", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "checksum mismatch" in res.stderr
+    assert not (tmp_path / "c").exists() or not TrialDataset(tmp_path / "c").files()
 
 
 def test_tampered_release_is_refused_and_local_data_unchanged(tmp_path):

@@ -89,10 +89,13 @@ def export_cmd(data_path, fmt, output, model, cluster, status) -> None:
 def push_cmd(data_path: str | None, dest: str, name: str | None) -> None:
     """Publish the dataset as a release (Parquet files + manifest.json) to DEST: a folder or s3://."""
     from ..data import push_release
+    from ..run import profiles_for_release
 
-    manifest = push_release(_dataset(data_path), dest, name=name)
-    click.echo(f"pushed {manifest['total_rows']} rows in {len(manifest['files'])} file(s) to {dest} "
-               f"(release {manifest['name']})")
+    ds = _dataset(data_path)
+    models = set(ds.table().column("model_name").to_pylist())
+    manifest = push_release(ds, dest, name=name, profiles=profiles_for_release(models))
+    click.echo(f"pushed {manifest['total_rows']} rows in {len(manifest['files'])} file(s) and "
+               f"{len(manifest.get('profiles', []))} compute profile(s) to {dest} (release {manifest['name']})")
 
 
 @dataset_group.command("pull")
@@ -101,10 +104,13 @@ def push_cmd(data_path: str | None, dest: str, name: str | None) -> None:
 def pull_cmd(data_path: str | None, source: str) -> None:
     """Verify the release at SOURCE (folder, http(s)://, s3://) and merge it into the dataset."""
     from ..data import pull_release
+    from ..run import file_release_profiles
 
     counts = pull_release(source, _dataset(data_path))
+    filed = file_release_profiles(counts["profiles"], source)
     click.echo(f"pulled {counts['rows']} rows in {counts['files']} file(s) from {source}: "
-               f"{counts['new_rows']} new, {counts['rows'] - counts['new_rows']} already present")
+               f"{counts['new_rows']} new, {counts['rows'] - counts['new_rows']} already present"
+               + (f"; filed {len(filed)} compute profile(s)" if counts["profiles"] else ""))
 
 
 @cli.group("mlflow")

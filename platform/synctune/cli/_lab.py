@@ -190,5 +190,8 @@ def collect_cmd(presets, models, num_random, num_guided, seed, warmup, iters, da
     finally:
         lab_down()
     if release:
-        manifest = push_release(ds, release, name=name)
+        from ..run import profiles_for_release
+
+        models = set(ds.table().column("model_name").to_pylist())
+        manifest = push_release(ds, release, name=name, profiles=profiles_for_release(models))
         click.echo(f"released {manifest['total_rows']} rows as {manifest['name']} at {release}")

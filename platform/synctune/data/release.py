@@ -158,8 +158,11 @@ def read_manifest(source: str) -> dict[str, Any]:
     return manifest
 
 
-def push_release(dataset: TrialDataset, dest: str, *, name: str | None = None) -> dict[str, Any]:
-    """Write the dataset as a release at ``dest``; returns the manifest."""
+def push_release(dataset: TrialDataset, dest: str, *, name: str | None = None,
+                 profiles: dict[str, dict] | None = None) -> dict[str, Any]:
+    """Write the dataset as a release at ``dest``; returns the manifest. ``profiles`` (file
+    name -> compute profile as a mapping) travel with it under ``profiles/``: the replay
+    simulator's measured inputs for the release's domains."""
     import pyarrow.parquet as pq
 
     table = dataset.table()
@@ -190,6 +193,15 @@ def push_release(dataset: TrialDataset, dest: str, *, name: str | None = None) -
         "total_rows": table.num_rows,
         "files": files,
     }
+    if profiles:
+        entries = []
+        for fname, profile in sorted(profiles.items()):
+            if not fname.endswith(".json") or "/" in fname or fname.startswith("."):
+                raise SpecError(f"profile file name {fname!r}: expected NAME.json")
+            data = (json.dumps(profile, indent=1) + "\n").encode()
+            loc.write(f"profiles/{fname}", data)
+            entries.append({"path": f"profiles/{fname}", "sha256": _sha256(data)})
+        manifest["profiles"] = entries
     loc.write(MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
@@ -211,8 +223,10 @@ def _conform_release(table):
 def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
     """Verify the release at ``source`` and merge it into ``dataset``.
 
-    Returns ``{"files", "rows", "new_rows"}``. Raises :class:`SpecError` naming the file on
-    any checksum, size or format problem, before anything is merged.
+    Returns ``{"files", "rows", "new_rows", "profiles"}`` (``profiles``: the release's compute
+    profiles, file name -> mapping, checked against their checksums; the caller files them).
+    Raises :class:`SpecError` naming the file on any checksum, size or format problem, before
+    anything is merged.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -240,12 +254,26 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
                 raise SpecError(f"{source}: {entry['path']}: {table.num_rows} rows, manifest says {entry['rows']}; "
                                 f"refused, the local dataset is unchanged")
             tables.append(table)
+        profiles = {}
+        listed = manifest.get("profiles") or []
+        if not isinstance(listed, list):
+            raise SpecError(f"{source}: {MANIFEST}: profiles: expected a list of {{path, sha256}}")
+        for i, entry in enumerate(listed):
+            path = entry.get("path") if isinstance(entry, dict) else None
+            if not (isinstance(path, str) and path.startswith("profiles/") and path.endswith(".json")
+                    and "/" not in path[len("profiles/"):] and ".." not in path):
+                raise SpecError(f"{source}: {MANIFEST}: profiles[{i}]: expected a path profiles/NAME.json")
+            data = loc.read(path, limit=MAX_FILE_BYTES)
+            if _sha256(data) != entry.get("sha256"):
+                raise SpecError(f"{source}: {path}: checksum mismatch; refused, the local dataset is unchanged")
+            profiles[path[len("profiles/"):]] = parse_json(data, f"{source}: {path}")
         try:
             merged = pa.concat_tables(tables, promote_options="default") if tables else None
             checked = _conform_release(merged) if merged is not None else None
         except (pa.ArrowException, ValueError, TypeError) as exc:
             raise SpecError(f"{source}: its files are not synctune trial records: {str(exc)[:300]}") from None
         new_rows = dataset.append_table(checked, skip_existing=True) if checked is not None else 0
-        return {"files": len(tables), "rows": sum(t.num_rows for t in tables), "new_rows": new_rows}
+        return {"files": len(tables), "rows": sum(t.num_rows for t in tables), "new_rows": new_rows,
+                "profiles": profiles}
     finally:
         shutil.rmtree(staging, ignore_errors=True)

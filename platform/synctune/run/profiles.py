@@ -13,7 +13,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 
-__all__ = ["profile_path", "save_profile", "ensure_profile"]
+__all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_release", "file_release_profiles"]
 
 
 def profile_path(model: str, device: str, workers: int) -> Path:
@@ -52,3 +52,27 @@ def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callab
         say(f"profiling failed ({str(exc)[:200]}); the replay falls back on counted FLOPs")
         return None
     return save_profile(profile)
+
+
+def profiles_for_release(models: set[str]) -> dict[str, dict]:
+    """The data folder's compute profiles of ``models`` (file name -> mapping), to publish with
+    a dataset release (the replay simulator's measured inputs for its domains)."""
+    folder = profiles_dir()
+    out = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        data = json.loads(path.read_text())
+        if data.get("model") in models:
+            out[path.name] = data
+    return out
+
+
+def file_release_profiles(profiles: dict[str, dict], where: str) -> list[str]:
+    """File a pulled release's compute profiles in the data folder, each checked, none
+    replacing a profile measured here; returns the names filed."""
+    filed = []
+    for name, data in profiles.items():
+        profile = ComputeProfile.from_dict(data, where=f"{where}: profiles/{name}")
+        if not profile_path(profile.model, profile.device, profile.workers).is_file():
+            save_profile(profile)
+            filed.append(name)
+    return filed
