@@ -68,3 +68,21 @@ def test_sparse_models_really_produce_sparse_gradients():
     model(*make_batch("ncf-small", 4, generator=torch.Generator().manual_seed(0))).backward()
     assert model.user_embedding.weight.grad.is_sparse
     assert not model.output.weight.grad.is_sparse
+
+
+def test_zoo_workloads_record_the_rows_a_batch_touches():
+    """A zoo model's sparse embeddings carry the distinct rows one batch of the model's size
+    reads (the simulator's sparse message size), counted here from the batch itself."""
+    import torch
+
+    from synctune.models import make_batch
+    from synctune.workload import zoo_workload
+
+    spec = zoo_workload("ncf-small").spec()
+    users, items = make_batch("ncf-small", spec.batch_size, generator=torch.Generator().manual_seed(0),
+                              device="cpu")[:2]
+    rows = dict(zip([v.name for v in spec.variables], spec.touched_rows))
+    sparse = [v.name for v in spec.variables if v.sparse]
+    assert sorted(rows[n] for n in sparse) == sorted([len(torch.unique(users)), len(torch.unique(items))])
+    assert all(rows[v.name] is None for v in spec.variables if not v.sparse)
+    assert zoo_workload("cnn-small").spec().touched_rows is None  # no sparse variable

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +11,7 @@ from ..models.zoo import MODELS, make_batch, model_spec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from .base import Workload
+from .extract import CPU_CHECK_BYTES, touched_rows
 
 __all__ = ["ZooWorkload", "zoo_workload", "resolve_workload"]
 
@@ -42,7 +45,25 @@ class ZooWorkload(Workload):
         return make_batch(self.model, batch_size, generator=generator, device=device)
 
     def spec(self) -> ModelSpec:
-        return model_spec(self.model)
+        return _zoo_spec(self.model)
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo_spec(name: str) -> ModelSpec:
+    """The zoo model's spec with, for its sparse embeddings, the distinct rows one batch of the
+    model's size reads, measured on a real batch (the simulator's sparse message sizes; counted
+    once per process). Models too large to build on the CPU keep the simulator's estimate."""
+    spec = model_spec(name)
+    if not spec.num_sparse or spec.num_bytes > CPU_CHECK_BYTES:
+        return spec
+    import torch
+
+    workload = ZooWorkload(name)
+    module = workload.build_model()
+    batch = workload.make_batch(spec.batch_size, rank=0, generator=torch.Generator().manual_seed(0), device="cpu")
+    rows = touched_rows(module, workload, batch)
+    return dataclasses.replace(spec, touched_rows=tuple(rows.get(v.name) if v.sparse else None
+                                                        for v in spec.variables))
 
 
 def zoo_workload(name: str) -> ZooWorkload:
