@@ -103,3 +103,42 @@ def test_a_round_drawn_as_columns_proposes_the_best_scored():
     every = [cols.strategy(i) for i in range(cols.size)]
     scores = -AnalyticSimulator().predict(every, spec, cluster)
     assert picks[0].strategy.hash == every[int(np.argmax(scores))].hash
+
+
+def test_measured_strategies_are_passed_over_not_counted():
+    """A pick the search already measured takes no place and pushes no other candidate away:
+    with the best candidate measured, its twin (same decisions) is picked, not a worse,
+    different one (before the fix the round picked k + 8, then dropped the measured ones)."""
+    from synctune.search import select_diverse
+
+    sig = np.array([[1, 1, 1], [1, 1, 1], [2, 2, 2]])
+    scores = np.array([1.0, 0.9, 0.1])
+    assert select_diverse(None, scores, 1, None, weight=2.0, signatures=sig, accept=lambda i: i != 0) == [1]
+    assert select_diverse(None, scores, 5, None, signatures=sig, accept=lambda i: False) == []
+
+
+def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
+    """Algorithm 1's columns round with the simulator's 12 best proposals already measured still
+    proposes `candidates` strategies, none measured, the first the best-scored unmeasured one
+    (independent reference: the analytic model scoring every proposal as an object)."""
+    from synctune.search import Algorithm1, Experiment
+    from synctune.search.algorithm import _round_seed
+    from synctune.simulator import AnalyticSimulator, BoundSimulator
+
+    spec, cluster = model_spec("ncf-small"), cluster_preset("local-2x2")
+    exp = Experiment(name="cols2", model="ncf-small", cluster="local-2x2", budget=20, proposals=300, candidates=4,
+                     baselines=("allreduce",), simulator="analytic", seed=2)
+    algo = Algorithm1(spec, cluster, exp, BoundSimulator(AnalyticSimulator(), spec, cluster))
+    guided = GuidedSampler(spec, cluster, seed=_round_seed(exp.seed, 1), lossy=exp.lossy)
+    cols = GuidedSampler(spec, cluster, seed=_round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(300)
+    every = [cols.strategy(i) for i in range(cols.size)]
+    scores = -AnalyticSimulator().predict(every, spec, cluster)
+    ranked = []
+    for i in np.argsort(-scores, kind="stable"):
+        if every[i].hash not in ranked:
+            ranked.append(every[i].hash)
+    seen = set(ranked[:12])
+    picks = algo._round_from_columns(guided, 4, "r1", seen)
+    assert len(picks) == 4 and not {p.strategy.hash for p in picks} & seen
+    assert len({p.strategy.hash for p in picks}) == 4
+    assert picks[0].strategy.hash == ranked[12]

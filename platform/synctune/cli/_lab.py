@@ -158,29 +158,30 @@ def collect_cmd(presets, models, num_random, num_guided, seed, warmup, iters, da
     clusters = [_lab_preset(p) for p in presets]
     try:
         for nominal in clusters:
-            recorded, todo = None, 0
+            recorded, todo = {}, 0  # per model: the calibration its recorded rows were measured on
             for workload in workloads:
                 spec = workload.spec()
                 plan = collection_plan(spec, nominal, num_random=num_random, num_guided=num_guided, seed=seed)
                 rows = ds.table(model=spec.name, cluster=nominal.name,
                                 search_id=collect_search_id(spec.name, nominal.name, seed))
                 todo += len(plan) - len(set(rows.column("trial_id").to_pylist()) & {t for t, _o, _s in plan})
-                if rows.num_rows and recorded is None:
-                    recorded = ClusterSpec.from_dict(json.loads(rows.column("cluster_spec_json")[0].as_py()),
-                                                     where="recorded cluster_spec_json")
+                if rows.num_rows:
+                    recorded[spec.name] = ClusterSpec.from_dict(
+                        json.loads(rows.column("cluster_spec_json")[0].as_py()), where="recorded cluster_spec_json")
             if not todo:
                 click.echo(f"{nominal.name}: every trial already recorded")
                 continue
             lab_up(nominal)
-            if recorded is not None:  # continue on the calibration the recorded rows were measured with
-                cluster = recorded
-                echo_err(f"{cluster.name}: continuing a collection on its recorded calibration")
-            else:
+            fresh = None
+            if len(recorded) < len(workloads):
                 _spec, figures, _path = calibrate_lab(nominal, lab_status()["state"])
-                cluster = resolve_cluster_arg(nominal.name)  # the calibrated spec
-                echo_err(f"{cluster.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
-                                                                  for n in figures["nodes"]) + " of nominal")
+                fresh = resolve_cluster_arg(nominal.name)  # the calibrated spec
+                echo_err(f"{fresh.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
+                                                                for n in figures["nodes"]) + " of nominal")
+            if recorded:  # a domain continues on the calibration its recorded rows were measured with
+                echo_err(f"{nominal.name}: continuing {', '.join(sorted(recorded))} on their recorded calibration")
             for workload in workloads:
+                cluster = recorded.get(workload.spec().name) or fresh
                 ensure_profile(workload, workload.spec(), cluster, echo_err)
                 results = collect_domain(ds, workload, cluster, num_random=num_random, num_guided=num_guided,
                                          builders=True, seed=seed, warmup=warmup, iters=iters,

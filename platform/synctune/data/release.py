@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from ..spec.errors import InfraError, SpecError
 from ..spec.files import MAX_FILE_BYTES, parse_json, write_text_atomic
+from ..spec.profile import ComputeProfile
 from .record import RECORD_SCHEMA_VERSION
 from .store import TrialDataset
 
@@ -266,7 +267,9 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
             data = loc.read(path, limit=MAX_FILE_BYTES)
             if _sha256(data) != entry.get("sha256"):
                 raise SpecError(f"{source}: {path}: checksum mismatch; refused, the local dataset is unchanged")
-            profiles[path[len("profiles/"):]] = parse_json(data, f"{source}: {path}")
+            profile = parse_json(data, f"{source}: {path}")
+            ComputeProfile.from_dict(profile, where=f"{source}: {path}")  # refused before anything merges
+            profiles[path[len("profiles/"):]] = profile
         try:
             merged = pa.concat_tables(tables, promote_options="default") if tables else None
             checked = _conform_release(merged) if merged is not None else None

@@ -11,6 +11,7 @@ from ..data.paths import profiles_dir
 from ..simulator import profile_key
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..spec.errors import SpecError
 from ..spec.profile import ComputeProfile
 
 __all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_release", "file_release_profiles"]
@@ -60,7 +61,11 @@ def profiles_for_release(models: set[str]) -> dict[str, dict]:
     folder = profiles_dir()
     out = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        data = json.loads(path.read_text())
+        try:
+            data = ComputeProfile.from_dict(json.loads(path.read_text()), where=str(path)).to_dict()
+        except (ValueError, TypeError, AttributeError):
+            raise SpecError(f"{path}: not a compute profile; remove it or measure it again (synctune sim profile)") \
+                from None
         if data.get("model") in models:
             out[path.name] = data
     return out

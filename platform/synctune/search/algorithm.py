@@ -119,22 +119,28 @@ def _signature(strategy: Strategy, index: _Index) -> np.ndarray:
 
 
 def select_diverse(strategies: list[Strategy] | None, scores: np.ndarray, k: int, index: _Index | None,
-                   weight: float = 0.5, *, signatures: np.ndarray | None = None) -> list[int]:
+                   weight: float = 0.5, *, signatures: np.ndarray | None = None,
+                   accept: Callable[[int], bool] | None = None) -> list[int]:
     """Greedy selection of ``k`` indices maximising normalised score minus ``weight`` times the
     largest similarity to those already chosen (AutoSync §3.2, after AutoTVM). Similarity is
     the share of variables decided alike, from ``strategies`` or from their ``signatures``
-    (one code per variable, :meth:`~synctune.strategy.columns.StrategyColumns.signatures`)."""
+    (one code per variable, :meth:`~synctune.strategy.columns.StrategyColumns.signatures`).
+    A candidate ``accept`` refuses (one already measured) is passed over as if never drawn:
+    it takes no place and pushes no other candidate away."""
     if signatures is None and not strategies or signatures is not None and not len(signatures):
         return []
     sig = signatures if signatures is not None else np.stack([_signature(s, index) for s in strategies])
     span = scores.max() - scores.min()
     norm = (scores - scores.min()) / span if span > 0 else np.zeros_like(scores)
-    chosen = [int(np.argmax(norm))]
-    best_sim = (sig == sig[chosen[0]]).mean(axis=1)
-    while len(chosen) < min(k, len(sig)):
-        value = norm - weight * best_sim
-        value[chosen] = -np.inf
+    chosen: list[int] = []
+    out = np.zeros(len(sig), dtype=bool)  # chosen or refused
+    best_sim = np.zeros(len(sig))
+    while len(chosen) < k and not out.all():
+        value = np.where(out, -np.inf, norm - weight * best_sim)
         nxt = int(np.argmax(value))
+        out[nxt] = True
+        if accept is not None and not accept(nxt):
+            continue
         chosen.append(nxt)
         best_sim = np.maximum(best_sim, (sig == sig[nxt]).mean(axis=1))
     return chosen
@@ -321,15 +327,15 @@ class Algorithm1:
         scores = np.asarray(self.simulator.score_columns(cols), dtype=float)[distinct]
         elite = self._elite(scores)
         sig = cols.signatures()[distinct[elite]]
-        out: list[Proposal] = []
-        for c in select_diverse(None, scores[elite], k + 8, None, signatures=sig):
-            strategy = cols.strategy(int(distinct[elite[c]]))
-            if strategy.hash in seen:
-                continue
-            out.append(Proposal(f"{tag}-{len(out)}", strategy, self.exp.algorithm, float(-scores[elite[c]])))
-            if len(out) == k:
-                break
-        return out or None
+        made: dict[int, Strategy] = {}
+
+        def fresh(c: int) -> bool:
+            made[c] = cols.strategy(int(distinct[elite[c]]))
+            return made[c].hash not in seen
+
+        chosen = select_diverse(None, scores[elite], k, None, signatures=sig, accept=fresh)
+        return [Proposal(f"{tag}-{j}", made[c], self.exp.algorithm, float(-scores[elite[c]]))
+                for j, c in enumerate(chosen)] or None
 
     def _round_from_objects(self, guided: GuidedSampler, rng: random.Random, k: int, tag: str, seen: set[str],
                             fresh) -> list[Proposal] | None:

@@ -94,9 +94,9 @@ def protocol_folds(domains: list[Domain], protocol: str, *, held_out: float = 0.
     - ``held-out``: one fold, a random ``held_out`` share of each domain tested (:func:`split_domains`);
     - ``unseen-model``: one fold per model, its domains tested, trained on every other model's;
     - ``unseen-cluster``: the same per cluster;
-    - ``unseen-both``: one fold per model, tested on its domain with one cluster (the clusters
-      taken in turn, so each model meets a different one where there are enough), trained only on
-      domains that share neither the model nor the cluster.
+    - ``unseen-both``: one fold per model, tested on its domain with one of its clusters (taken
+      in turn, so the models meet different ones where they can), trained only on domains that
+      share neither the model nor the cluster.
 
     Folds with nothing to train on or nothing to test are left out."""
     if protocol not in PROTOCOLS:
@@ -116,7 +116,8 @@ def protocol_folds(domains: list[Domain], protocol: str, *, held_out: float = 0.
                           [d for d in domains if d.ctx.cluster.name == c]))
     else:
         for i, m in enumerate(models):
-            c = clusters[i % len(clusters)]
+            own = sorted({d.ctx.cluster.name for d in domains if d.ctx.model.name == m})
+            c = own[i % len(own)]
             folds.append((f"{m}@{c}", [d for d in domains if d.ctx.model.name != m and d.ctx.cluster.name != c],
                           [d for d in domains if d.ctx.model.name == m and d.ctx.cluster.name == c]))
     return [f for f in folds if f[1] and f[2]]

@@ -370,7 +370,8 @@ def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np
     if ar.any():
         key = b.sid[ar] * (b.group.max() + 1) + b.group[ar]
         _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
-        out[ar, 5] = 2 * (n[ar] - 1) / counts[inv]
+        msgs = 2 * (n[ar] - 1) if b.hier is None else np.where(b.hier[ar], t["hier_msgs"][b.sid[ar]], 2 * (n[ar] - 1))
+        out[ar, 5] = msgs / counts[inv]
     return out, wire
 
 
@@ -438,6 +439,13 @@ def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) 
     t_ag = np.bincount(b.sid, per_shard * (b.kind >= KIND_AG), n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * ring_msgs * b.ngroups
+    if b.hier is not None:
+        # A hierarchical group pays its stages' messages, 2(r-1) + 2(W-1), not the flat ring's.
+        rows = np.flatnonzero(b.hier & (b.kind == KIND_AR))
+        owner = np.unique(b.sid[rows] * (int(b.group.max()) + 1) + b.group[rows]) // (int(b.group.max()) + 1)
+        hier_groups = np.bincount(owner, minlength=n)
+        hier_msgs = t["hier_msgs"] if subset else ctx.hier_msgs
+        t_ar = t_ar + c.phi * hier_groups * (hier_msgs - ring_msgs)
     t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
     if b.batch_scale is not None:
         # The step waits for the slowest replica: its batch share times its node's slowdown
