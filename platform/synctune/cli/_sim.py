@@ -136,8 +136,8 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     if train_kinds and not protocols:
         raise SpecError("--train needs --protocol: which data the simulators train on and which they are tested on")
     names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
-    fixed = [(name if name in ("analytic", "replay") else None, _load_for_eval(name, alpha_ms)) for name in names]
-    fixed = [(label or f"{sim.kind} ({name})", sim) for (label, sim), name in zip(fixed, names)]
+    sims = [(name, _load_for_eval(name, alpha_ms)) for name in names]
+    fixed = [(name if name in ("analytic", "replay") else f"{sim.kind} ({name})", sim) for name, sim in sims]
     doms = _domains(data, domains)
     blocks = []  # (protocol, [(label, sim, test domains)])
     if not protocols:

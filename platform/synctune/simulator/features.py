@@ -197,6 +197,22 @@ class StrategyBatch:
         return len(self.offsets) - 1
 
 
+def _message_sizes(ctx: DomainContext, var, frac, kind, sid, longest, global_batch):
+    """Per shard, the bytes its gradient carries (sparse: the rows touched; SFB: the factors,
+    padded to the largest replica batch ``longest`` of its strategy) and, for SFB shards, the
+    seconds the rebuild of the gradient from ``global_batch`` rows takes (None without SFB)."""
+    nbytes = ctx.var_bytes[var] * frac
+    nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
+    sfb = kind == KIND_SFB
+    if not sfb.any():
+        return nbytes, None
+    rows = ctx.factor_rows[var]
+    nbytes = np.where(sfb, np.asarray(longest, np.float64)[sid] * rows * ctx.factor_width[var], nbytes)
+    rebuild = np.where(sfb, 2.0 * np.asarray(global_batch, np.float64)[sid] * rows * ctx.var_elems[var]
+                       / ctx.device_flops, 0.0)
+    return nbytes, rebuild
+
+
 def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     """Encode strategies of ``ctx``'s domain (they must validate against it)."""
     cols: dict[str, list] = {k: [] for k in ("sid", "var", "frac", "nshards", "axis", "kind", "node", "local",
@@ -268,16 +284,7 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
     arrays = {k: np.asarray(v, dtype=np.int64 if k in ints else (bool if k == "local" else np.float64))
               for k, v in cols.items()}
     var, frac = arrays["var"], arrays["frac"]
-    nbytes = ctx.var_bytes[var] * frac
-    nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
-    rebuild = None
-    sfb = arrays["kind"] == KIND_SFB
-    if sfb.any():
-        sid = arrays["sid"]
-        rows = ctx.factor_rows[var]
-        nbytes = np.where(sfb, np.asarray(longest, np.float64)[sid] * rows * ctx.factor_width[var], nbytes)
-        rebuild = np.where(sfb, 2.0 * np.asarray(global_batch, np.float64)[sid] * rows * ctx.var_elems[var]
-                           / ctx.device_flops, 0.0)
+    nbytes, rebuild = _message_sizes(ctx, var, frac, arrays["kind"], arrays["sid"], longest, global_batch)
     return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
                          nbytes=nbytes, wire=nbytes * arrays["ratio"], batch_scale=np.asarray(scales, np.float64),
                          replica_counts=None if (counts == ctx.r[None, :]).all() else counts, rebuild=rebuild,
@@ -320,15 +327,7 @@ def encode_columns(cols, ctx: DomainContext) -> StrategyBatch:
         split = np.asarray(cols.batch_split, np.int64)
     slowdown = np.array([ctx.device_slowdown.get(d, 1.0) for d in ctx.cluster.devices])
     scales = (split * slowdown[None, :]).max(1) / model.batch_size
-    nbytes = ctx.var_bytes[var] * cols.frac
-    nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
-    rebuild = None
-    sfb = kind == KIND_SFB
-    if sfb.any():
-        rows = ctx.factor_rows[var]
-        nbytes = np.where(sfb, split.max(1).astype(np.float64)[sid] * rows * ctx.factor_width[var], nbytes)
-        rebuild = np.where(sfb, 2.0 * split.sum(1).astype(np.float64)[sid] * rows * ctx.var_elems[var]
-                           / ctx.device_flops, 0.0)
+    nbytes, rebuild = _message_sizes(ctx, var, cols.frac, kind, sid, split.max(1), split.sum(1))
     node = cols.node
     return StrategyBatch(offsets=np.asarray(cols.offsets, np.int64), sid=sid, var=var, frac=cols.frac,
                          nshards=cols.nshards, axis=cols.axis, kind=kind, node=node, local=cols.local, group=group,
