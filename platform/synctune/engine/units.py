@@ -654,12 +654,23 @@ class Scheduler:
         """Collect completed stages, launch the stages whose turn it is; whether anything moved."""
         moved = False
         finished = False
+        # Groups whose earlier collective in flight is not complete: a later unit on them that has
+        # nothing left to launch is not asked (it is collected later; a unit with stages left
+        # still is). A step of a large model has dozens of units in flight while the host runs
+        # ahead of the device, and asking each of them at every gradient hook cost more host time
+        # than torch DDP's whole iteration overhead (bert-large on a GPU).
+        stalled: set[int] = set()
         for i in self.active:
             e = self.entries[i]
             while not e.done:
                 if e.work is not None:
-                    if not (e.waited or e.work.is_completed()):
-                        break
+                    if not e.waited:
+                        key = self.groups[i][e.launched - 1]
+                        if key in stalled and e.launched == len(self.groups[i]):
+                            break
+                        if not e.work.is_completed():
+                            stalled.add(key)
+                            break
                     e.work.wait()
                     e.work, e.waited = None, False
                     moved = True
