@@ -144,6 +144,27 @@ def test_confirmation_measures_a_known_slowdown_interleaved(tmp_path):
         run_confirm_local([(strategy, None), (other, None)], CLUSTER, workload=workload)
 
 
+def test_screening_picks_the_faster_candidate_and_confirms_it_on_fresh_rounds(tmp_path):
+    """Several candidates, the baseline last: the screening must pick the candidate that is
+    really faster (the engine arm; the DDP candidate pays 40 ms more), whatever its place, and
+    the confirmation then compares that pick with the baseline on rounds of its own."""
+    (tmp_path / "slow_job.py").write_text(_SLOW_UNDER_DDP)
+    workload = ImportedWorkload(f"{tmp_path / 'slow_job.py'}:workload")
+    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
+    slow = ddp_runtime(DDP_DEFAULT)
+    events = []
+    out = run_confirm_local([(strategy, slow), (strategy, None), (strategy, slow)], CLUSTER,
+                            TrialConfig(warmup=1, iters=1), workload=workload, rounds=3, per_round=2,
+                            screen_rounds=3, on_progress=events.append)
+    assert out["picked"] == 1, out
+    assert [len(s) for s in out["screen_s"]] == [3, 3, 3]
+    assert [m["round"] for m in events if m.get("event") == "screen_round"] == [1, 2, 3]
+    assert len(out["a_s"]) == len(out["b_s"]) == 3
+    assert out["low"] > 1.5 and out["verdict"] == "faster", out
+    with pytest.raises(SpecError, match="two arms"):
+        run_confirm_local([(strategy, slow), (strategy, None), (strategy, slow)], CLUSTER, workload=workload)
+
+
 def _cli(home, *args):
     import os
     import subprocess

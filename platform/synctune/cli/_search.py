@@ -150,6 +150,9 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         click.echo(f"confirmed {confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, {confirmed['high']:.3f}] (95%): "
                    f"{confirmed['candidate']} against {confirmed['baseline']}, {confirmed['rounds']} interleaved rounds "
                    f"of {confirmed['per_round']} iterations on the same processes: {confirmed['verdict']}")
+        if confirmed.get("screened"):
+            click.echo(f"          picked by a screening of the {len(confirmed['screened'])} fastest searched strategies "
+                       f"({', '.join(confirmed['screened'])}) on rounds of their own")
     elif confirmed:
         click.echo(f"confirmed n/a ({confirmed.get('error', 'no result')})")
     selection = summary.get("simulator_selection") or []

@@ -322,61 +322,87 @@ class RayWorkerGroup:
         return result
 
     def run_confirm(self, arms: list, config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10,
-                    per_round: int = 5, on_progress: Callable[[dict], None] | None = None) -> dict:
-        """Re-measure two arms (strategy, runtime or None) interleaved on the group's processes
+                    per_round: int = 5, screen_rounds: int = 0, on_progress: Callable[[dict], None] | None = None
+                    ) -> dict:
+        """Re-measure arms (strategy, runtime or None) interleaved on the group's processes
         (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
-        speed-up of the first arm over the second with its 95% interval. A failure raises
-        :class:`ConfirmFailed` (the group is torn down)."""
+        speed-up of the first arm over the last with its 95% interval. With ``screen_rounds``,
+        several candidates before the baseline are screened first and the first arm is the
+        pick (``picked``). A failure raises :class:`ConfirmFailed` (the group is torn down)."""
         from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
         members = [self._check_replicas(strategy) for strategy, _runtime in arms]
-        if len(arms) == 2 and members[0] != members[1]:
+        if any(m != members[0] for m in members):
             return self._confirm_across_replica_sets(arms, config, workload=workload, rounds=rounds,
-                                                     per_round=per_round, on_progress=on_progress)
+                                                     per_round=per_round, screen_rounds=screen_rounds,
+                                                     on_progress=on_progress)
         members = members[0]
-        payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round)
+        payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round,
+                                  screen_rounds=screen_rounds)
         payload["gpu_per_rank"] = False
         start = time.monotonic()
         self._fresh_for_single_start([r for _s, r in arms])
         self.start()
         self._form_group(members)
-        out, status, message = self._execute(payload, confirm_timeout_s(config, rounds, per_round), on_progress)
+        out, status, message = self._execute(
+            payload, confirm_timeout_s(config, rounds, per_round, arms=len(arms), screen_rounds=screen_rounds),
+            on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
         return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
 
     def _confirm_across_replica_sets(self, arms: list, config: TrialConfig, *, workload, rounds: int,
-                                     per_round: int, on_progress) -> dict:
+                                     per_round: int, screen_rounds: int, on_progress) -> dict:
         """Arms on different replica sets (a subset against every device) cannot share one
         process group, so each round runs each arm as a short trial (``config.warmup`` warm-up
         iterations, ``per_round`` timed ones) on the group re-formed over its replicas, in the
-        alternating order of the interleaved confirmation; the rounds pair up as they do there."""
+        orders of the interleaved confirmation (a screening first when there are several
+        candidates); the rounds pair up as they do there."""
         import dataclasses
         import statistics
 
         from ..engine.trial import confirm_figures
 
-        if not 2 <= rounds <= 1000:
-            raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000, got {rounds!r}")
+        if not (2 <= rounds <= 1000 and 0 <= screen_rounds <= 1000):
+            raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and screen_rounds from 0 to "
+                            f"1000, got {rounds!r} and {screen_rounds!r}")
+        if len(arms) < 2 or (len(arms) > 2 and not screen_rounds):
+            raise SpecError(f"a confirmation compares two arms (more only with screening rounds), got {len(arms)}")
         if any(r and r.get("kind") in ("horovod", "tensorflow") for _s, r in arms):
             raise SpecError("confirmation: arms on different replica sets run as separate trials, and Horovod and "
                              "TensorFlow start once per process; confirm engine or ddp arms")
         start = time.monotonic()
         short = dataclasses.replace(config, iters=per_round)
+
+        def timed(which: int, what: str) -> float:
+            strategy, runtime = arms[which]
+            result = self.run_trial(strategy, short, workload=workload, runtime=runtime)
+            if result.status != "ok":
+                raise ConfirmFailed(f"confirmation {result.status}: {what}, arm {which + 1}: "
+                                    f"{(result.error or '')[:300]}")
+            return statistics.median(result.iteration_times_s)
+
+        n = len(arms)
+        screen_rounds = screen_rounds if n > 2 else 0
+        screen: list[list[float]] = [[] for _ in range(n)]
+        for r in range(screen_rounds):
+            for which in [(r + j) % n for j in range(n)]:
+                screen[which].append(timed(which, f"screening round {r + 1}"))
+        picked = 0
+        if screen_rounds:
+            picked = min(range(n - 1), key=lambda i: statistics.median(a / b for a, b in zip(screen[i], screen[-1])))
+        pair = (picked, n - 1)
         medians: list[list[float]] = [[], []]
         for r in range(rounds):
-            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
-                strategy, runtime = arms[which]
-                result = self.run_trial(strategy, short, workload=workload, runtime=runtime)
-                if result.status != "ok":
-                    raise ConfirmFailed(f"confirmation {result.status}: round {r + 1}, arm {'AB'[which]}: "
-                                        f"{(result.error or '')[:300]}")
-                medians[which].append(statistics.median(result.iteration_times_s))
+            for slot in ((0, 1) if r % 2 == 0 else (1, 0)):
+                medians[slot].append(timed(pair[slot], f"round {r + 1}"))
             if on_progress:
                 on_progress({"event": "confirm_round", "round": r + 1, "rounds": rounds, "a_s": medians[0][-1],
                              "b_s": medians[1][-1]})
         out = {"a_s": medians[0], "b_s": medians[1], "backend": self.backend, "device_kind": self.cluster.device_kind,
                "regrouped": True}
+        if screen_rounds:
+            out.update({"picked": picked, "screen_s": screen})
         return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
 
     def _fresh_for_single_start(self, runtimes: list) -> None:

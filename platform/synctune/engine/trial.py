@@ -350,11 +350,17 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
 
 
 def confirm_worker(rank: int, world: int, payload: dict) -> dict:
-    """Interleaved re-measurement of two arms on the same processes (DESIGN.md "confirmed
-    speed-up"): both arms are built once and warmed up, then each round times ``per_round``
-    iterations of one arm and then of the other, the order alternating between rounds
-    (A B, B A, A B, ...) so a slow drift of the machine weighs on both alike. Returns, per
-    round, each arm's median iteration time (slowest rank per iteration)."""
+    """Interleaved re-measurement on the same processes (DESIGN.md "confirmed speed-up"): every
+    arm is built once and warmed up, then each round times ``per_round`` iterations of one arm
+    and then of the other, the order alternating between rounds (A B, B A, A B, ...) so a slow
+    drift of the machine weighs on both alike. Returns, per round, each arm's median iteration
+    time (slowest rank per iteration).
+
+    With ``screen_rounds`` and more than two arms (candidates, then the baseline last), a
+    screening comes first: ``screen_rounds`` rounds of every arm, the order rotating, pick the
+    candidate whose per-round ratio to the baseline has the smallest median; then the rounds
+    above compare that pick with the baseline on fresh iterations, so the reported speed-up is
+    not the maximum of several noisy ones (the winner's curse, one level up)."""
     import statistics
 
     import torch.distributed as dist
@@ -372,25 +378,45 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
         for _ in range(config.warmup):
             arm.iteration()
             arm.take_comm_bytes()
-    rounds, per_round = int(payload["rounds"]), int(payload["per_round"])
-    medians: list[list[float]] = [[], []]
-    for r in range(rounds):
-        order = (0, 1) if r % 2 == 0 else (1, 0)
-        for which in order:
-            arm, times = arms[which], []
-            for _ in range(per_round):
-                dist.barrier()
-                t0 = time.perf_counter()
-                arm.iteration()
-                times.append(time.perf_counter() - t0)
-                arm.take_comm_bytes()
-            medians[which].append(statistics.median(_gather_max(times, device)))
+    per_round = int(payload["per_round"])
+
+    def timed(which: int) -> float:
+        arm, times = arms[which], []
+        for _ in range(per_round):
+            dist.barrier()
+            t0 = time.perf_counter()
+            arm.iteration()
+            times.append(time.perf_counter() - t0)
+            arm.take_comm_bytes()
+        # Every rank gets the same gathered times, so every rank makes the same pick below.
+        return statistics.median(_gather_max(times, device))
+
+    n = len(arms)
+    screen_rounds = int(payload.get("screen_rounds", 0)) if n > 2 else 0
+    screen: list[list[float]] = [[] for _ in range(n)]
+    for r in range(screen_rounds):
+        for which in [(r + j) % n for j in range(n)]:
+            screen[which].append(timed(which))
         if rank == 0:
-            report({"event": "confirm_round", "round": r + 1, "rounds": rounds,
+            report({"event": "screen_round", "round": r + 1, "rounds": screen_rounds})
+    picked = 0
+    if screen_rounds:
+        base = screen[-1]
+        picked = min(range(n - 1), key=lambda i: statistics.median(a / b for a, b in zip(screen[i], base)))
+    pair = (picked, n - 1)
+    medians: list[list[float]] = [[], []]
+    for r in range(int(payload["rounds"])):
+        for slot in ((0, 1) if r % 2 == 0 else (1, 0)):
+            medians[slot].append(timed(pair[slot]))
+        if rank == 0:
+            report({"event": "confirm_round", "round": r + 1, "rounds": int(payload["rounds"]),
                     "a_s": medians[0][-1], "b_s": medians[1][-1]})
     for arm in arms:
         arm.close()
-    return {"a_s": medians[0], "b_s": medians[1], "backend": dist.get_backend(), "device_kind": device.type}
+    out = {"a_s": medians[0], "b_s": medians[1], "backend": dist.get_backend(), "device_kind": device.type}
+    if screen_rounds:
+        out.update({"picked": picked, "screen_s": screen})
+    return out
 
 
 def _describe(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, launcher: str) -> dict[str, Any]:
@@ -516,44 +542,51 @@ def _backend_for(cluster: ClusterSpec, strategy: Strategy) -> str:
 
 
 def confirm_payload(workload, arms: list[tuple[Strategy, dict | None]], cluster: ClusterSpec, config: TrialConfig,
-                    *, rounds: int, per_round: int) -> dict:
-    """The payload of an interleaved re-measurement of two arms (strategy, runtime or None);
-    both are checked as trials first. Both arms must use the same replicas."""
-    if len(arms) != 2:
-        raise SpecError(f"a confirmation compares two arms, got {len(arms)}")
-    if list(arms[0][0].replicas) != list(arms[1][0].replicas):
-        raise SpecError("a confirmation runs both arms on the same processes: their strategies must have the same "
-                        f"replicas, got {list(arms[0][0].replicas)} and {list(arms[1][0].replicas)}")
-    if not (in_range(rounds, 2, 1000) and in_range(per_round, 1, LIMITS["iterations"])):
-        raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and per_round from 1 to "
-                        f"{LIMITS['iterations']}, got {rounds!r} and {per_round!r}")
+                    *, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
+    """The payload of an interleaved re-measurement of arms (strategy, runtime or None): two, or
+    with ``screen_rounds`` several candidates and the baseline last (:func:`confirm_worker`);
+    every arm is checked as a trial first. All arms must use the same replicas."""
+    if len(arms) < 2 or (len(arms) > 2 and not screen_rounds):
+        raise SpecError(f"a confirmation compares two arms (more only with screening rounds), got {len(arms)}")
+    if any(list(s.replicas) != list(arms[0][0].replicas) for s, _r in arms):
+        raise SpecError("a confirmation runs its arms on the same processes: their strategies must have the same "
+                        f"replicas, got {sorted({tuple(s.replicas) for s, _r in arms})}")
+    if not (in_range(rounds, 2, 1000) and in_range(per_round, 1, LIMITS["iterations"])
+            and in_range(screen_rounds, 0, 1000)):
+        raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000, per_round from 1 to "
+                        f"{LIMITS['iterations']} and screen_rounds from 0 to 1000, got {rounds!r}, {per_round!r} "
+                        f"and {screen_rounds!r}")
     if any(r and r.get("kind") == "tensorflow" for _, r in arms):
         raise SpecError("confirmation: the tensorflow runtime runs whole trials only (TensorFlow starts once per "
                         "process); confirm engine, ddp or horovod arms")
     if sum(1 for _, r in arms if r and r.get("kind") == "horovod") > 1:
-        raise SpecError("confirmation: both arms are horovod runtimes, and Horovod runs once per process; compare a "
-                        "Horovod arm with an engine or ddp arm")
+        raise SpecError("confirmation: two arms are horovod runtimes, and Horovod runs once per process; compare a "
+                        "Horovod arm with engine or ddp arms")
     spec = None
     for strategy, runtime in arms:
         spec = check_trial(workload, strategy, cluster, runtime)
     return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rounds, per_round=per_round,
+                         screen_rounds=screen_rounds,
                          arms=[{"strategy": s.to_dict(), "runtime": r} for s, r in arms])
 
 
 def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: ClusterSpec,
                       config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10, per_round: int = 5,
-                      node_net=None, on_progress: Callable[[dict], None] | None = None) -> dict:
-    """Re-measure two arms interleaved on one set of local worker processes (see
+                      screen_rounds: int = 0, node_net=None, on_progress: Callable[[dict], None] | None = None
+                      ) -> dict:
+    """Re-measure arms interleaved on one set of local worker processes (see
     :func:`confirm_worker`); returns the per-round medians (``a_s``, ``b_s``) and, from them,
     the speed-up of A over B with its 95% interval (:func:`synctune.strategy.outcomes.paired_ratio`).
-    Raises :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
+    With ``screen_rounds`` and several candidates before the baseline, A is the screening's
+    pick (``picked``). Raises :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
     from .local import rank_networks, run_local
 
     check_network(cluster, node_net)
-    payload = confirm_payload(workload, arms, cluster, config, rounds=rounds, per_round=per_round)
+    payload = confirm_payload(workload, arms, cluster, config, rounds=rounds, per_round=per_round,
+                              screen_rounds=screen_rounds)
     strategy = arms[0][0]
     start = time.monotonic()
-    total_s = confirm_timeout_s(config, rounds, per_round)
+    total_s = confirm_timeout_s(config, rounds, per_round, arms=len(arms), screen_rounds=screen_rounds)
     outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
@@ -561,11 +594,12 @@ def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: Cluster
     return confirm_figures(outs[0], rounds, per_round, "local", time.monotonic() - start)
 
 
-def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int) -> float:
+def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int, *, arms: int = 2,
+                      screen_rounds: int = 0) -> float:
     """A confirmation's time limit: the trial timeout scaled by how many more iterations it runs
-    (both arms' warm-up and every round), never below two trials' worth."""
-    ratio = (2 * config.warmup + 2 * rounds * per_round) / (config.warmup + config.iters)
-    return config.timeout_s * max(2.0, ratio)
+    (every arm's warm-up, the screening and every round), never below two trials' worth."""
+    iterations = arms * config.warmup + (arms * screen_rounds + 2 * rounds) * per_round
+    return config.timeout_s * max(2.0, iterations / (config.warmup + config.iters))
 
 
 def confirm_figures(out: dict, rounds: int, per_round: int, launcher: str, wall_s: float) -> dict:

@@ -298,6 +298,10 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
         summary.append(("confirmed speed-up", f"{confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, "
                         f"{confirmed['high']:.3f}] (95%, {confirmed['rounds']} interleaved rounds): "
                         f"{confirmed['candidate']} against {confirmed['baseline']}: {confirmed['verdict']}"))
+        if confirmed.get("screened"):
+            summary.append(("screening", f"{confirmed['candidate']} picked from the {len(confirmed['screened'])} fastest "
+                                         f"searched strategies ({', '.join(confirmed['screened'])}), interleaved with the "
+                                         f"baseline on rounds of their own"))
     if figures.hit_rate is not None:
         summary.append(("hit rate", f"{figures.hit_rate:.0%} of searched strategies beat the best baseline"))
     sections = [Section(

@@ -87,13 +87,15 @@ class _Slice:
             return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
                                  trial_config.timeout_s).to_dict()
 
-    def confirm(self, arms: list, config: dict, rounds: int, per_round: int) -> dict:
-        """Interleaved re-measurement of two arms ((strategy dict, runtime or None) pairs)."""
+    def confirm(self, arms: list, config: dict, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
+        """Interleaved re-measurement of arms ((strategy dict, runtime or None) pairs, the
+        baseline last; several candidates are screened first)."""
         from ..cluster.workers import ConfirmFailed, SlicePending
 
         try:
             return self.group.run_confirm([(Strategy.from_dict(st), rt) for st, rt in arms], TrialConfig(**config),
-                                          workload=self.workload, rounds=rounds, per_round=per_round)
+                                          workload=self.workload, rounds=rounds, per_round=per_round,
+                                          screen_rounds=screen_rounds)
         except (ConfirmFailed, SlicePending) as exc:
             return {"error": str(exc)}
 
@@ -519,20 +521,31 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
                                      "interleaved on the same processes; the figures are single trials"}
             say(f"confirmation skipped: {confirmation['error']}")
         elif exp.confirm_rounds:
-            arms = _confirmation_arms(algo, runtime_best(), skeleton)
+            arms = _confirmation_arms(algo, runtime_best(), skeleton, exp.confirm_candidates)
             if arms is None:
                 confirmation = {"error": "nothing to confirm: no searched strategy and baseline both finished"}
             else:
-                (a, b), names = arms
-                say(f"confirming {names[0]} against the best baseline ({names[1]}): {exp.confirm_rounds} interleaved "
-                    f"rounds of {exp.confirm_iters} iterations each")
+                (candidates, b), names = arms
+                screen_rounds = max(2, exp.confirm_rounds // 2) if len(candidates) > 1 else 0
+                if screen_rounds:
+                    say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names[:-1])}) with the "
+                        f"best baseline ({names[-1]}): {screen_rounds} interleaved rounds of {exp.confirm_iters} "
+                        f"iterations each")
+                say(f"confirming {'the pick' if screen_rounds else names[0]} against the best baseline ({names[-1]}): "
+                    f"{exp.confirm_rounds} interleaved rounds of {exp.confirm_iters} iterations each")
                 try:
                     confirmation = ray.get(holders[0].confirm.remote(
-                        [(a[0].to_dict(), a[1]), (b[0].to_dict(), b[1])], trial_config, exp.confirm_rounds,
-                        exp.confirm_iters))
+                        [(c[0].to_dict(), c[1]) for c in candidates] + [(b[0].to_dict(), b[1])], trial_config,
+                        exp.confirm_rounds, exp.confirm_iters, screen_rounds))
                 except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
                     confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-                confirmation.update({"candidate": names[0], "baseline": names[1], "candidate_hash": a[0].hash,
+                picked = int(confirmation.get("picked", 0))
+                a = candidates[picked]
+                if screen_rounds:
+                    confirmation["screened"] = names[:-1]
+                    if "picked" in confirmation:
+                        say(f"screening picked {names[picked]}")
+                confirmation.update({"candidate": names[picked], "baseline": names[-1], "candidate_hash": a[0].hash,
                                      "candidate_strategy": a[0].to_dict(), "baseline_strategy": b[0].to_dict(),
                                      "baseline_ddp": b[1]["ddp"] if b[1] and b[1]["kind"] == "ddp" else None,
                                      "baseline_horovod": b[1]["horovod"] if b[1] and b[1]["kind"] == "horovod"
@@ -667,17 +680,22 @@ def _outcome(result: dict | None) -> dict:
     return {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
 
 
-def _confirmation_arms(algo: Algorithm1, runtime_best: dict | None, skeleton: Strategy):
-    """((candidate arm, baseline arm), (their names)): the fastest searched strategy and the
-    fastest baseline (builder, tuned DDP or real Horovod) by their single trials; None if either
-    is missing. An arm is (strategy, runtime or None); a runtime arm's dict also carries its
-    ``kind`` and configuration under ``ddp`` or ``horovod``."""
+def _confirmation_arms(algo: Algorithm1, runtime_best: dict | None, skeleton: Strategy, candidates: int = 1):
+    """((candidate arms, baseline arm), names): the ``candidates`` searched strategies with the
+    fastest single trials (distinct strategies, fastest first) and the fastest baseline
+    (builder, tuned DDP or real Horovod) by its single trial, the baseline's name last; None if
+    either is missing. An arm is (strategy, runtime or None); a runtime arm's dict also carries
+    its ``kind`` and configuration under ``ddp`` or ``horovod``."""
     searched = [t for t in algo.trials if not t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
     builders = [t for t in algo.trials if t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
     if not searched or not (builders or runtime_best):
         return None
-    best = min(searched, key=lambda t: t["runtime"])
-    candidate = ((Strategy.from_dict(best["strategy"]), None), f"{best['trial_id']} ({best['origin']})")
+    picks, seen = [], set()
+    for t in sorted(searched, key=lambda t: t["runtime"]):
+        strategy = Strategy.from_dict(t["strategy"])
+        if strategy.hash not in seen and len(picks) < candidates:
+            seen.add(strategy.hash)
+            picks.append(((strategy, None), f"{t['trial_id']} ({t['origin']})"))
     base = min(builders, key=lambda t: t["runtime"]) if builders else None
     if runtime_best is not None and (base is None or runtime_best["runtime"] < base["runtime"]):
         if runtime_best["kind"] == "horovod":
@@ -691,7 +709,7 @@ def _confirmation_arms(algo: Algorithm1, runtime_best: dict | None, skeleton: St
         baseline = ((skeleton, runtime), _runtime_name(runtime_best))
     else:
         baseline = ((Strategy.from_dict(base["strategy"]), None), f"builder {base['origin']}")
-    return (candidate[0], baseline[0]), (candidate[1], baseline[1])
+    return ([p[0] for p in picks], baseline[0]), [p[1] for p in picks] + [baseline[1]]
 
 
 def _release(holders: list) -> None:

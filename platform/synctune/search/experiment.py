@@ -46,7 +46,10 @@ class Experiment:
     Ray Tune) run before the search as one more baseline, outside ``budget`` (0: none). At the
     end the best searched strategy is re-measured against the best baseline interleaved on the
     same processes, ``confirm_rounds`` rounds of ``confirm_iters`` iterations per arm (0 rounds:
-    no confirmation). ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
+    no confirmation). With ``confirm_candidates`` above 1, the searched strategies with that many
+    fastest single trials are screened first, interleaved with the baseline (half as many rounds,
+    at least 2), and the confirmation re-measures the screening's pick on fresh rounds: the
+    fastest single trial of many noisy ones is partly luck. ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
     the search's proposals and of tuned DDP's comm hooks: every candidate then trains exactly as
     plain data-parallel SGD.
 
@@ -76,6 +79,7 @@ class Experiment:
     ddp_trials: int = 8
     confirm_rounds: int = 10
     confirm_iters: int = 5
+    confirm_candidates: int = 3
     lossy: bool = True
     output: str = ""
     source: str = field(default="", compare=False)
@@ -102,6 +106,7 @@ class Experiment:
                                ("candidates", 1, LIMITS["budget"]), ("warmup", 0, LIMITS["iterations"]),
                                ("iters", 1, LIMITS["iterations"]), ("slices", 1, 1024),
                                ("ddp_trials", 0, LIMITS["budget"]), ("confirm_iters", 1, LIMITS["iterations"]),
+                               ("confirm_candidates", 1, 16),
                                ("seed", 0, LIMITS["seed"])):
             if not in_range(getattr(self, key), low, high):
                 raise bad(key, f"an integer from {low} to {high}")
