@@ -168,7 +168,7 @@ def test_the_searches_run_in_algorithm1_deterministically_and_resume_exactly(alg
     first = Algorithm1(model, CLUSTER, exp, sim())
     hashes = _drive(first)
     assert len(hashes) == exp.budget and len(set(hashes)) == len(hashes)  # nothing measured twice
-    assert {t["origin"] for t in first.trials[2:]} <= {algorithm, f"{algorithm}+split"}
+    assert {t["origin"] for t in first.trials[2:]} <= {algorithm, f"{algorithm}+split", f"{algorithm}+incumbent"}
     assert _drive(Algorithm1(model, CLUSTER, exp, sim())) == hashes
     # Interrupted after 7 trials (mid-round) and rebuilt from its finished trials: the same search.
     interrupted = Algorithm1(model, CLUSTER, exp, sim())

@@ -299,3 +299,36 @@ def test_the_learned_model_scores_only_once_it_beats_the_training_free_one_on_he
     # A transferred model is judged from the first batch on.
     sim = run(_Oracle(table, +1.0), _Oracle(table), ready=True)
     assert sim.history[0]["held_out_pairs"] == 10 and sim.history[0]["scoring"] == "learned"
+
+
+def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
+    """Exploitation beside the sampler: once the baselines are measured, every round's last
+    proposal is the fastest baseline with one move (a compressor or hierarchical all-reduce on
+    all its merge groups, its groups re-cut, or one choice on a run of variables), the move the
+    simulator scores best; never a strategy measured before."""
+    from synctune.search.algorithm import _global_moves
+    from synctune.search.local_search import ChoiceSpace
+
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
+                     baselines=("allreduce", "horovod", "ps-lb"))
+    algo = Algorithm1(MODEL, CLUSTER, exp, analytic())
+    measured, asked = {}, []
+    while (p := algo.ask()) is not None:
+        if p.strategy.hash in measured:
+            raise AssertionError(f"{p.trial_id} re-measures a strategy")
+        prefix = p.trial_id.split("-")[0]
+        if not asked or asked[-1].trial_id.split("-")[0] != prefix:
+            before = dict(measured)  # a round is drawn when its first trial is asked
+        if p.origin == "autodist+incumbent":
+            best = min(before.values(), key=lambda v: v[1])[0]
+            space = ChoiceSpace(MODEL, CLUSTER)
+            moves = _global_moves(best, space) + [n for c in space.coordinates(8) for n in space.neighbours(best, c)]
+            assert p.strategy.hash in {m.hash for m in moves}
+            same_round = {q.strategy.hash for q in asked if q.trial_id.split("-")[0] == p.trial_id.split("-")[0]}
+            fresh = [m for m in moves if m.hash not in before and m.hash not in same_round and m.hash != best.hash]
+            assert -p.predicted == pytest.approx(float(np.max(algo.simulator.score(fresh))), rel=1e-9)
+        asked.append(p)
+        measured[p.strategy.hash] = (p.strategy, runtime(p.strategy))
+        algo.tell(p.trial_id, measured[p.strategy.hash][1])
+    origins = [t["origin"] for t in algo.trials]
+    assert origins.count("autodist+incumbent") == 3, origins  # rounds of 4, 4 and 3 after 3 baselines

@@ -296,6 +296,12 @@ class Algorithm1:
             out = self._round_from_objects(guided, rng, k, tag, seen, fresh)
         if out is None:
             return []
+        if algo == "autodist" and len(out) >= 2:
+            move = self._incumbent_step({p.strategy.hash for p in out} | seen)
+            if move is not None:
+                # Exploitation beside the sampler's exploration: the best measured strategy
+                # (a tuned baseline, often) one move away, in place of the round's last pick.
+                out[-1] = Proposal(f"{tag}-{len(out) - 1}", move[0], f"{algo}+incumbent", float(-move[1]))
         step = self._split_step(guided, {p.strategy.hash for p in out} | seen)
         if step is not None and out:
             # One coordinate step per round (AutoDDL §4.4: one dimension, the others fixed): the
@@ -381,6 +387,42 @@ class Algorithm1:
             result = mcts(space, score, rng=rng, evaluations=self.exp.sim_evaluations, keep=keep + len(seen),
                           root=starts[0] if starts else None)
         return result.top(keep, exclude=seen)
+
+    def _incumbent_step(self, taken: set[str]) -> tuple[Strategy, float] | None:
+        """The best measured strategy one move away, the move the simulator scores best among
+        those not measured or proposed yet: a compressor on every all-reduce merge group that
+        takes it, hierarchical all-reduce, its merge groups halved or doubled (re-cut by bytes
+        along backward order), or one choice changed on one of 8 runs of adjacent variables
+        (AutoDDL §4.4's coordinate step, on the incumbent). The sampler's draws change every
+        variable at once and rarely keep what made a tuned baseline fast."""
+        if self.simulator is None:
+            return None
+        strategies, runtimes = self._measured()
+        if not strategies:
+            return None
+        from .local_search import ChoiceSpace
+
+        best = strategies[int(np.argmin(runtimes))]
+        space = ChoiceSpace(self.model, self.cluster, lossy=self.exp.lossy)
+        moves = _global_moves(best, space)
+        for coordinate in space.coordinates(8):
+            moves += space.neighbours(best, coordinate)
+        if self.project is not None:
+            moves = [self.project(m) for m in moves]
+        unique: dict[str, Strategy] = {}
+        for m in moves:
+            if m.hash not in taken and m.hash != best.hash and m.hash not in unique:
+                try:
+                    validate(m, self.model, self.cluster)
+                except StrategyError:
+                    continue
+                unique[m.hash] = m
+        if not unique:
+            return None
+        candidates = list(unique.values())
+        scores = np.asarray(self.simulator.score(candidates), dtype=float)
+        i = int(np.argmax(scores))
+        return candidates[i], float(scores[i])
 
     def _split_step(self, guided: GuidedSampler, taken: set[str]) -> tuple[Strategy, float] | None:
         """On replicas of different measured speeds: the best measured strategy with its batch
@@ -478,6 +520,60 @@ class Algorithm1:
         if not algo.queue:
             algo._fit(len(trials))
         return algo
+
+
+def _global_moves(strategy: Strategy, space) -> list[Strategy]:
+    """Moves of every dense all-reduce merge group of ``strategy`` at once (see
+    :meth:`Algorithm1._incumbent_step`): each lossy compressor on the groups whose members all
+    take it, hierarchical all-reduce (where every node holds as many replicas), and the groups
+    re-cut into half or twice as many by bytes (when they share one compressor and algorithm)."""
+    from ..strategy.schema import Compressor
+    from .local_search import SPARSE_GROUPS, canonical_groups
+
+    variables = {v.name: v for v in space.variables}
+    dense = [(i, j, sh) for i, plan in enumerate(strategy.plans) for j, sh in enumerate(plan.shards)
+             if isinstance(sh.synchronizer, AllReduceSynchronizer) and sh.synchronizer.group < SPARSE_GROUPS
+             and not variables[plan.variable].sparse]
+    if not dense:
+        return []
+
+    def rebuilt(change) -> Strategy:
+        plans = [list(p.shards) for p in strategy.plans]
+        for i, j, sh in dense:
+            new = change(i, j, sh)
+            if new is not None:
+                plans[i][j] = new
+        return canonical_groups(dataclasses.replace(strategy, plans=tuple(
+            dataclasses.replace(p, shards=tuple(sh)) for p, sh in zip(strategy.plans, plans))))
+
+    out = []
+    groups: dict[int, list[str]] = {}
+    for i, _j, sh in dense:
+        groups.setdefault(sh.synchronizer.group, []).append(strategy.plans[i].variable)
+    kinds = [("fp16", 0), ("bf16", 0)] if space.lossy else []
+    for kind, _rank in kinds:
+        fits = {g for g, names in groups.items() if all(space._fits(variables[n], kind, 0, "allreduce") for n in names)}
+        if fits:
+            out.append(rebuilt(lambda i, j, sh, kind=kind, fits=fits: dataclasses.replace(
+                sh, compressor=Compressor(kind=kind), synchronizer=dataclasses.replace(sh.synchronizer, algorithm="flat"))
+                if sh.synchronizer.group in fits else None))
+    if "hierarchical" in {a for a, _c, _r in space._new_groups}:
+        out.append(rebuilt(lambda i, j, sh: dataclasses.replace(
+            sh, compressor=Compressor(), synchronizer=dataclasses.replace(sh.synchronizer, algorithm="hierarchical"))))
+    if len({(sh.compressor, sh.synchronizer.algorithm) for _i, _j, sh in dense}) == 1:
+        sizes = [variables[strategy.plans[i].variable].num_bytes / max(1, len(strategy.plans[i].shards))
+                 for i, _j, _sh in dense]
+        total = float(sum(sizes)) or 1.0
+        for count in {max(1, len(groups) // 2), 2 * len(groups)}:
+            if count == len(groups):
+                continue
+            cut, filled = {}, 0.0
+            for (i, j, _sh), size in zip(dense, sizes):
+                cut[(i, j)] = min(count - 1, int(filled / total * count))
+                filled += size
+            out.append(rebuilt(lambda i, j, sh, cut=cut: dataclasses.replace(
+                sh, synchronizer=dataclasses.replace(sh.synchronizer, group=cut[(i, j)]))))
+    return out
 
 
 def _renumber_groups(template: Strategy, plans: list[tuple[int, VariablePlan]]) -> Strategy:
