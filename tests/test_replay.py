@@ -373,3 +373,58 @@ def test_hierarchical_all_reduce_worked_by_hand():
     assert t_hier == pytest.approx(0.030 + d_hier + 0.003 + 5e-4, rel=1e-9)
     a_flat, a_hier = AnalyticSimulator().predict([flat, hier], model, big)
     assert a_hier < a_flat
+
+
+def test_an_all_reduce_units_cpu_cost_worked_by_hand():
+    """A per-unit CPU cost lengthens each all-reduce unit by exactly that much, and a compute
+    scale scales forward, backward and step."""
+    model, cluster = _model(), _cluster()
+    strategy = build_strategy("allreduce", model, cluster)  # one merge group: one unit
+    base = ReplaySimulator({}, K)
+    base.add_profile(_profile(model))
+    t0 = base.predict([strategy], model, cluster)[0]
+    slow = ReplaySimulator(dict(base.profiles), ReplayConstants(alpha_s=1e-4, unit_s=5e-5, iteration_s=5e-4,
+                                                                ar_unit_s=0.004))
+    # The unit starts at the last gradient (30 ms) and ends after backward (31 ms): all on the path.
+    assert slow.predict([strategy], model, cluster)[0] - t0 == pytest.approx(0.004, rel=1e-6)
+    scaled = ReplaySimulator(dict(base.profiles), ReplayConstants(alpha_s=1e-4, unit_s=5e-5, iteration_s=5e-4,
+                                                                  compute_scale=0.5))
+    comm = base.timeline(encode([strategy], DomainContext(model, cluster)), DomainContext(model, cluster))
+    unit = float(comm["unit_s"][0])
+    # Forward 10 ms + ready at 20 ms, halved: the unit starts at 15 ms; then the step (3 ms, halved).
+    assert scaled.predict([strategy], model, cluster)[0] == pytest.approx(
+        max(0.0155, 0.015 + unit) + 0.0015 + 5e-4, rel=1e-6)
+
+
+def test_calibration_recovers_the_cpu_costs_that_generated_the_times():
+    """Times generated with known CPU costs and a known compute scale (the replay's own event
+    model, other constants): the calibration of the training-free replay finds those constants
+    again, and predicts held-out strategies within 2%."""
+    from synctune.models import model_spec
+    from synctune.search import GuidedSampler
+    from synctune.simulator import CalibratedReplay, Domain, calibrate_replay
+    from synctune.spec import cluster_preset
+
+    model, cluster = model_spec("ncf-small"), cluster_preset("lab-2x2")
+    profile = ComputeProfile(model=model.name, device="cpu", workers=4, batch_size=model.batch_size,
+                             forward_s=0.004, backward_s=0.009, step_s=0.001,
+                             ready_s=tuple(0.009 * (i + 1) / len(model.variables) for i in range(len(model.variables))))
+    truth = ReplayConstants(ar_unit_s=0.0012, ag_unit_s=0.004, ps_unit_s=0.0006, compute_scale=1.3)
+    generator = ReplaySimulator({}, truth)
+    generator.add_profile(profile)
+    strategies = list({s.hash: s for s in GuidedSampler(model, cluster, seed=3).sample_many(160)}.values())
+    ctx = DomainContext(model, cluster)
+    domain = Domain(ctx, strategies, generator.predict(strategies, model, cluster))
+    train, test = domain.subset(range(0, len(strategies), 2)), domain.subset(range(1, len(strategies), 2))
+    blank = ReplaySimulator({}, ReplayConstants())
+    blank.add_profile(profile)
+    fitted = calibrate_replay(blank, [train], rounds=10)
+    assert fitted.compute_scale == pytest.approx(1.3, rel=0.05)
+    assert fitted.ar_unit_s == pytest.approx(0.0012, rel=0.15)
+    assert fitted.ag_unit_s == pytest.approx(0.004, rel=0.15)
+    before = np.median(np.abs(blank.predict_domain(test) / test.runtimes - 1))
+    sim = CalibratedReplay()
+    sim.use_profiles(blank)
+    sim.fit([train])
+    after = np.median(np.abs(sim.predict_domain(test) / test.runtimes - 1))
+    assert before > 0.1 and after < 0.02, (before, after)

@@ -112,8 +112,9 @@ def _pct(value) -> str:
               "unseen-cluster", "unseen-both"]), help="Train the --train kinds on part of the data and test on "
               "the rest: a held-out share of each domain, or whole domains of a model, a cluster, or both never "
               "seen in training (repeatable; each protocol is one block of the table).")
-@click.option("--train", "train_kinds", multiple=True, type=click.Choice(["linear", "rnn", "gat"]),
-              help="With --protocol: learned simulators trained per fold (repeatable).")
+@click.option("--train", "train_kinds", multiple=True, type=click.Choice(["linear", "rnn", "gat", "replay"]),
+              help="With --protocol: learned simulators trained per fold (repeatable); replay: the replay with "
+                   "its communication CPU costs and compute scale calibrated on the fold's training trials.")
 @click.option("--epochs", default=150, show_default=True, type=click.IntRange(1, 100_000),
               help="Training epochs of the --train kinds.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
@@ -131,7 +132,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     an unseen model, cluster or both: AutoSync §3.3's transfer)."""
     from tqdm import tqdm
 
-    from ..simulator import evaluate, make_simulator, protocol_folds, split_domains
+    from ..simulator import CalibratedReplay, evaluate, make_simulator, protocol_folds, split_domains
 
     if train_kinds and not protocols:
         raise SpecError("--train needs --protocol: which data the simulators train on and which they are tested on")
@@ -155,12 +156,12 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
         entries = [(label, sim, [d for _n, _tr, test in folds for d in test]) for label, sim in fixed]
         for kind in train_kinds:
             for fold, train, test in folds:
-                sim = make_simulator(kind, epochs=epochs, seed=seed)
+                sim = CalibratedReplay() if kind == "replay" else make_simulator(kind, epochs=epochs, seed=seed)
                 sim.use_profiles(_replay(alpha_ms))
                 bar.set_postfix_str(f"{protocol} {fold}")
                 sim.fit(train)
                 bar.update(1)
-                entries.append((f"{kind} (trained)", sim, test))
+                entries.append((f"{kind} ({'calibrated' if kind == 'replay' else 'trained'})", sim, test))
         blocks.append((protocol, entries))
     bar.close()
     rows, out = [], []

@@ -6,7 +6,7 @@ Importing this package imports numpy only; the learned models import torch when 
 from .bound import BoundSimulator
 from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
     top_k_recall
-from .replay import ReplayConstants, ReplaySimulator, profile_key
+from .replay import CalibratedReplay, ReplayConstants, ReplaySimulator, calibrate_replay, profile_key
 from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode, encode_columns
 from .models import (
     SIMULATORS,
@@ -25,10 +25,12 @@ from .models import (
 )
 
 __all__ = [
+    "calibrate_replay",
     "SIMULATORS",
     "AnalyticConstants",
     "AnalyticSimulator",
     "BoundSimulator",
+    "CalibratedReplay",
     "Domain",
     "DomainContext",
     "GATSimulator",

@@ -42,7 +42,8 @@ from ..spec.profile import ComputeProfile
 from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SFB, DomainContext, StrategyBatch, comm_terms, encode
 from .models import Simulator
 
-__all__ = ["ReplayConstants", "ReplaySimulator", "replay_units", "replay_features", "profile_key", "critical_path",
+__all__ = ["ReplayConstants", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
+           "replay_features", "profile_key", "critical_path",
            "REPLAY_SHARD_NAMES", "REPLAY_GLOBAL_NAMES"]
 
 #: Per-shard features from the replay (AutoSync's learned models on top of dPRO's replay): how
@@ -66,6 +67,19 @@ class ReplayConstants:
     alpha_s: float = 1e-4
     unit_s: float = 5e-5
     iteration_s: float = 5e-4
+    #: The communication's own CPU time, which the links do not show (zero: training-free;
+    #: :func:`calibrate_replay` fits them on measured trials): per unit of each kind, beyond
+    #: ``unit_s``, and per MB compressed (encode and decode). Not per MB sent: every strategy
+    #: of a domain sends about the model's bytes, so such a cost could not be told apart from
+    #: the compute scale below.
+    ps_unit_s: float = 0.0
+    ar_unit_s: float = 0.0
+    ag_unit_s: float = 0.0
+    compress_s_per_mb: float = 0.0
+    #: Measured compute over the profile's (1: the profile as measured). A profile is keyed by
+    #: model, device kind and worker count, so a cluster whose CPUs run at other quotas replays
+    #: another cluster's compute; :func:`calibrate_replay` fits this factor too.
+    compute_scale: float = 1.0
 
 
 def profile_key(model: str, device: str, workers: int) -> str:
@@ -142,6 +156,8 @@ class ReplaySimulator(Simulator):
             share = np.cumsum(ctx.var_bytes) / max(ctx.model_bytes, 1.0)
             ready = forward + 2 * forward * share
             backward_end, step_s, batch, measured = 3 * forward, 0.0, model.batch_size, False
+        c = self.constants.compute_scale
+        ready, backward_end, step_s = ready * c, backward_end * c, step_s * c
         rows = ctx.var_rows
         if model.touched_rows is not None:
             touched = np.array([r if r is not None else rows[i] for i, r in enumerate(model.touched_rows)], float)
@@ -256,7 +272,9 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
         dur += np.bincount(unit_of, weights=push, minlength=u)
         pull = np.where(shard_ps, plain * sparse_part * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
-    dur += k.unit_s
+    dur += k.unit_s + _cpu_terms(k, ukind)
+    if k.compress_s_per_mb and b.comp.any():
+        dur += k.compress_s_per_mb * np.bincount(unit_of, weights=np.where(b.comp > 0, plain, 0.0), minlength=u) / 1e6
     # The fixed launch order: by strategy, then by the first member's position in backward.
     order = np.lexsort((first, usid))
     position = np.empty(u, dtype=np.int64)
@@ -275,6 +293,107 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end, "broadcast_s": bcast,
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
             "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
+
+
+_CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb")
+
+
+def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
+    """Per unit, the CPU seconds of :class:`ReplayConstants`' calibrated per-unit costs."""
+    per_unit = np.array([k.ps_unit_s, k.ar_unit_s, k.ag_unit_s, 0.0])
+    return per_unit[ukind] if per_unit.any() else np.zeros(len(ukind))
+
+
+def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
+    """(replayed seconds, per-strategy sums of the calibrated terms' inputs, one column per
+    field of :data:`_CPU_FIELDS`) of domain ``d`` under ``sim``'s current constants."""
+    b, ctx = d.encoded(), d.ctx
+    ev = sim.timeline(b, ctx)
+    n = b.size
+    usid, ukind = ev["unit_sid"], ev["unit_kind"]
+    cols = [np.bincount(usid, weights=(ukind == kind).astype(float), minlength=n) for kind in (KIND_PS, KIND_AR, KIND_AG)]
+    cols.append(np.bincount(b.sid, weights=np.where(b.comp > 0, ctx.var_bytes[b.var] * b.frac, 0.0), minlength=n) / 1e6)
+    return ev["iteration_s"], np.stack(cols, axis=1)
+
+
+def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10) -> ReplayConstants:
+    """The communication's CPU terms of :class:`ReplayConstants` fitted on measured trials
+    (dPRO §4.3 calibrates its replay's overhead ops from a trace in the same spirit): what the
+    replay leaves unexplained, ``measured - replayed``, in proportion to each trial's time (so
+    every trial weighs alike), as non-negative per-unit and per-MB costs by kind (least squares,
+    :func:`scipy.optimize.nnls`). A cost added to a unit can hide behind backward, so the fit is
+    repeated on the residual of the replay with the constants so far (``rounds`` times). The
+    other constants and the measured compute profiles are kept."""
+    import dataclasses
+
+    from scipy.optimize import lsq_linear
+
+    base = sim.constants
+    current = np.array([getattr(base, f) for f in _CPU_FIELDS], dtype=float)
+    scale = base.compute_scale
+    trial = ReplaySimulator(sim.profiles, base)
+    for _ in range(rounds):
+        rows, target = [], []
+        for d in domains:
+            replayed, feats = _cpu_features(trial, d)
+            compute = trial.timeline(d.encoded(), d.ctx)["backward_end"] + trial._domain(d.ctx).step_s
+            truth = np.asarray(d.runtimes, dtype=float)
+            rows.append(np.column_stack([feats, compute]) / truth[:, None])
+            target.append((truth - replayed) / truth)
+        if not rows:
+            break
+        # A round may take back what an earlier one overshot, never below zero; the compute may
+        # be scaled down as well as up.
+        lower = np.r_[-current, -0.5]
+        step = lsq_linear(np.vstack(rows), np.concatenate(target), bounds=(lower, np.inf)).x
+        if np.abs(step).max() < 1e-9:
+            break
+        current, scale = np.maximum(0.0, current + step[:-1]), scale * (1.0 + step[-1])
+        trial.set_constants(dataclasses.replace(base, compute_scale=float(scale),
+                                                **dict(zip(_CPU_FIELDS, current.tolist()))))
+    return trial.constants
+
+
+class CalibratedReplay(ReplaySimulator):
+    """The replay with the communication's CPU costs and the compute scale fitted on measured
+    trials (:func:`calibrate_replay`): one set of constants per training domain with at least
+    ``min_trials`` trials, and one over all of them for domains never measured (an unseen model
+    or cluster). Still the replay: seconds, a timeline, a critical path."""
+
+    kind = "replay-calibrated"
+
+    def __init__(self, profiles: dict[str, ComputeProfile] | None = None,
+                 constants: ReplayConstants = ReplayConstants(), *, min_trials: int = 10) -> None:
+        super().__init__(profiles, constants)
+        self.general = constants
+        self.per_domain: dict[str, ReplayConstants] = {}
+        self.min_trials = min_trials
+
+    def use_profiles(self, replay: ReplaySimulator) -> None:
+        """Replay with the profiles and the base constants of ``replay``."""
+        for profile in replay.profiles.values():
+            self.add_profile(profile)
+        self.general = replay.constants
+        self.set_constants(replay.constants)
+
+    def fit(self, domains: list) -> "CalibratedReplay":
+        base = self.general
+        self.set_constants(base)
+        self.general = calibrate_replay(self, domains)
+        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.runtimes) >= self.min_trials}
+        return self
+
+    def _predict_batch(self, batch: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+        wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}", self.general)
+        if wanted is not self.constants:
+            self.set_constants(wanted)
+        return super()._predict_batch(batch, ctx)
+
+    def timeline(self, batch: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
+        wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}", self.general)
+        if wanted is not self.constants:
+            self.set_constants(wanted)
+        return super().timeline(batch, ctx)
 
 
 def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarray, np.ndarray]:
