@@ -332,3 +332,20 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
         algo.tell(p.trial_id, measured[p.strategy.hash][1])
     origins = [t["origin"] for t in algo.trials]
     assert origins.count("autodist+incumbent") == 3, origins  # rounds of 4, 4 and 3 after 3 baselines
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_search_runs_its_whole_budget_when_the_elite_is_what_it_measured(seed):
+    """Searched strategies twice as fast as the baselines make the simulator's fidelity level
+    the score of what was measured, so a round's elite can hold the measured strategies and
+    nothing else: the round must then fill its places from the rest of its proposals, not end
+    the search (it ended after 13-16 of 24 trials)."""
+    model, cluster = model_spec("ncf-small"), cluster_preset("lab-2x2")
+    exp = Experiment(name="t", model=model.name, cluster=cluster.name, budget=24, seed=seed, proposals=300,
+                     candidates=3, baselines=("tuned",))
+    algo = Algorithm1(model, cluster, exp, BoundSimulator(AnalyticSimulator(), model, cluster))
+    hashes = []
+    while (p := algo.ask()) is not None:
+        hashes.append(p.strategy.hash)
+        algo.tell(p.trial_id, 1.0 if p.trial_id.startswith("baseline-") else 0.5)
+    assert algo.asked == 24 and len(set(hashes)) == 24

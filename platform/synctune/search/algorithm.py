@@ -326,22 +326,33 @@ class Algorithm1:
     def _round_from_columns(self, guided: GuidedSampler, k: int, tag: str, seen: set[str]) -> list[Proposal] | None:
         """The round's proposals drawn and scored as columns (:meth:`GuidedSampler.sample_columns`);
         only those picked become strategies. Equal draws count once; a pick equal to a measured
-        strategy is passed over for the next most diverse."""
+        strategy is passed over for the next most diverse. Picks come from the elite first; if it
+        holds fewer than ``k`` strategies not measured yet (the elite is what scores at least as
+        well as the measured strategies the simulator ranks right, so it can be the measured ones
+        and little else), the rest of the round fills the places."""
         cols = guided.sample_columns(self.exp.proposals)
         _, first = np.unique(cols.digests(), return_index=True)
         distinct = np.sort(first)
         scores = np.asarray(self.simulator.score_columns(cols), dtype=float)[distinct]
-        elite = self._elite(scores)
-        sig = cols.signatures()[distinct[elite]]
+        signatures = cols.signatures()[distinct]
         made: dict[int, Strategy] = {}
+        picks: list[int] = []
+        elite = self._elite(scores)
+        rest = np.setdiff1d(np.arange(len(scores)), elite)
+        for pool in (elite, rest):
+            if len(picks) >= k or not len(pool):
+                continue
 
-        def fresh(c: int) -> bool:
-            made[c] = cols.strategy(int(distinct[elite[c]]))
-            return made[c].hash not in seen
+            def fresh(c: int, pool=pool) -> bool:
+                i = int(pool[c])
+                made[i] = cols.strategy(int(distinct[i]))
+                return made[i].hash not in seen and all(made[i].hash != made[j].hash for j in picks)
 
-        chosen = select_diverse(None, scores[elite], k, None, signatures=sig, accept=fresh)
-        return [Proposal(f"{tag}-{j}", made[c], self.exp.algorithm, float(-scores[elite[c]]))
-                for j, c in enumerate(chosen)] or None
+            chosen = select_diverse(None, scores[pool], k - len(picks), None, signatures=signatures[pool],
+                                    accept=fresh)
+            picks += [int(pool[c]) for c in chosen]
+        return [Proposal(f"{tag}-{j}", made[i], self.exp.algorithm, float(-scores[i])) for j, i in enumerate(picks)] \
+            or None
 
     def _round_from_objects(self, guided: GuidedSampler, rng: random.Random, k: int, tag: str, seen: set[str],
                             fresh) -> list[Proposal] | None:
