@@ -172,7 +172,8 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
         if summary["ddp_best_config"]:
             arm = (build_strategy("allreduce", spec, cluster), ddp_runtime(DDPConfig.from_dict(summary["ddp_best_config"])))
             gap = paired_gap(workload, cluster, node_net, arm, oracle_strategy, warmup)
-        return [f"tuned DDP ({len(ddp)} trials)", seed, "-", "-", "-", "-", gap, within or "-", "-", f"{wall:.0f}"]
+        return [f"tuned DDP ({len(ddp)} trials)", seed, len(ddp), "-", "-", "-", "-", gap, within or "-", "-",
+                f"{wall:.0f}"]
     trials = [r for r in rows if r.runtime == "engine" and not r.trial_id.startswith("confirm-")]
     # TAG's baseline: data-parallel all-reduce on every device, even split (single trials).
     # (Measured once under the first builder that gives it: often an allreduce:chunk= entry.)
@@ -186,8 +187,9 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     gap = paired_gap(workload, cluster, node_net, (Strategy.from_dict(best), None), oracle_strategy,
                      warmup) if best else "n/a"
     hits = summary["hit_rate"]
-    return [algorithm, seed, confirmed, c.get("verdict", "n/a"), c.get("baseline", "n/a"), over_dp, gap, within or "-",
-            f"{hits:.0%}" if hits is not None else "n/a", f"{wall:.0f}"]
+    # Trials the search ran (its budget, tuned baselines included): fewer means it stopped early.
+    return [algorithm, seed, len(trials), confirmed, c.get("verdict", "n/a"), c.get("baseline", "n/a"), over_dp, gap,
+            within or "-", f"{hits:.0%}" if hits is not None else "n/a", f"{wall:.0f}"]
 
 
 def main() -> None:
@@ -239,7 +241,7 @@ def main() -> None:
     for domain, oracle_s, origin, swept, rows in tables:
         print(f"\n{domain}: oracle {oracle_s * 1e3:.1f} ms ({origin}; best of {swept}, re-measured); budget "
               f"{args.budget} trials (tuned baselines included) + 8 tuned-DDP trials per search")
-        print(markdown_table(["algorithm", "seed", "confirmed speed-up [95%]", "verdict", "best baseline",
+        print(markdown_table(["algorithm", "seed", "trials", "confirmed speed-up [95%]", "verdict", "best baseline",
                               "best vs DP all-reduce (single trials)", "gap to oracle [95%]", "trials to within 5%", "hit rate", "wall s"], rows))
 
 
