@@ -310,7 +310,7 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
     from synctune.search.local_search import ChoiceSpace
 
     exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
-                     baselines=("allreduce", "horovod", "ps-lb"))
+                     baselines=("allreduce", "horovod", "ps-lb"), incumbent_moves=True)
     algo = Algorithm1(MODEL, CLUSTER, exp, analytic())
     measured, asked = {}, []
     while (p := algo.ask()) is not None:

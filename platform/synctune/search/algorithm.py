@@ -296,7 +296,7 @@ class Algorithm1:
             out = self._round_from_objects(guided, rng, k, tag, seen, fresh)
         if out is None:
             return []
-        if algo == "autodist" and len(out) >= 2:
+        if algo == "autodist" and self.exp.incumbent_moves and len(out) >= 2:
             move = self._incumbent_step({p.strategy.hash for p in out} | seen)
             if move is not None:
                 # Exploitation beside the sampler's exploration: the best measured strategy

@@ -49,7 +49,9 @@ class Experiment:
     no confirmation). With ``confirm_candidates`` above 1, the searched strategies with that many
     fastest single trials are screened first, interleaved with the baseline (half as many rounds,
     at least 2), and the confirmation re-measures the screening's pick on fresh rounds: the
-    fastest single trial of many noisy ones is partly luck. ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
+    fastest single trial of many noisy ones is partly luck. ``incumbent_moves: true`` makes each
+    ``autodist`` round's last proposal the best measured strategy one move away (off by default:
+    on ncf-small@lab-b12 it cost the search its wins, 0.75x where 1.80x without). ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
     the search's proposals and of tuned DDP's comm hooks: every candidate then trains exactly as
     plain data-parallel SGD.
 
@@ -80,6 +82,7 @@ class Experiment:
     confirm_rounds: int = 10
     confirm_iters: int = 5
     confirm_candidates: int = 3
+    incumbent_moves: bool = False
     lossy: bool = True
     output: str = ""
     source: str = field(default="", compare=False)
@@ -114,6 +117,8 @@ class Experiment:
             raise bad("confirm_rounds", "0 (no confirmation) or an integer from 2 to 1000")
         if not isinstance(self.lossy, bool):
             raise bad("lossy", "true or false")
+        if not isinstance(self.incumbent_moves, bool):
+            raise bad("incumbent_moves", "true or false")
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"one of {', '.join(ALGORITHMS)}")
         if self.generator not in GENERATORS:
