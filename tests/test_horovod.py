@@ -80,7 +80,7 @@ def test_horovod_runtime_refuses_what_horovod_would_run_differently():
     s = build_strategy("allreduce", sparse.spec(), CLUSTER)
     with pytest.raises(SpecError, match="compression: fp16 .* is sparse"):
         run_trial_local(s, CLUSTER, workload=sparse, runtime=horovod_runtime(HorovodConfig(compression="fp16")))
-    with pytest.raises(SpecError, match="both arms are horovod"):
+    with pytest.raises(SpecError, match="two arms are horovod"):
         run_confirm_local([(even, horovod_runtime(HOROVOD_DEFAULT)), (even, horovod_runtime(HOROVOD_DEFAULT))],
                           CLUSTER, workload=workload)
     for bad, message in [({"fusion_threshold_mb": -1}, "fusion_threshold_mb"), ({"cycle_time_ms": 0}, "cycle_time_ms"),
