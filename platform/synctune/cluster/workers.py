@@ -361,7 +361,7 @@ class RayWorkerGroup:
         import dataclasses
         import statistics
 
-        from ..engine.trial import confirm_figures
+        from ..engine.trial import confirm_figures, interleave
 
         if not (2 <= rounds <= 1000 and 0 <= screen_rounds <= 1000):
             raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and screen_rounds from 0 to "
@@ -373,35 +373,27 @@ class RayWorkerGroup:
                              "TensorFlow start once per process; confirm engine or ddp arms")
         start = time.monotonic()
         short = dataclasses.replace(config, iters=per_round)
+        done = [0]
 
-        def timed(which: int, what: str) -> float:
+        def timed(which: int) -> float:
             strategy, runtime = arms[which]
             result = self.run_trial(strategy, short, workload=workload, runtime=runtime)
+            done[0] += 1
             if result.status != "ok":
-                raise ConfirmFailed(f"confirmation {result.status}: {what}, arm {which + 1}: "
+                raise ConfirmFailed(f"confirmation {result.status}: arm {which + 1}, short trial {done[0]}: "
                                     f"{(result.error or '')[:300]}")
             return statistics.median(result.iteration_times_s)
 
-        n = len(arms)
-        screen_rounds = screen_rounds if n > 2 else 0
-        screen: list[list[float]] = [[] for _ in range(n)]
-        for r in range(screen_rounds):
-            for which in [(r + j) % n for j in range(n)]:
-                screen[which].append(timed(which, f"screening round {r + 1}"))
-        picked = 0
-        if screen_rounds:
-            picked = min(range(n - 1), key=lambda i: statistics.median(a / b for a, b in zip(screen[i], screen[-1])))
-        pair = (picked, n - 1)
-        medians: list[list[float]] = [[], []]
-        for r in range(rounds):
-            for slot in ((0, 1) if r % 2 == 0 else (1, 0)):
-                medians[slot].append(timed(pair[slot], f"round {r + 1}"))
+        def on_round(r: int, total: int, medians: list[list[float]]) -> None:
             if on_progress:
-                on_progress({"event": "confirm_round", "round": r + 1, "rounds": rounds, "a_s": medians[0][-1],
+                on_progress({"event": "confirm_round", "round": r, "rounds": total, "a_s": medians[0][-1],
                              "b_s": medians[1][-1]})
+
+        medians, picked, screen = interleave(timed, len(arms), rounds=rounds, screen_rounds=screen_rounds,
+                                             on_round=on_round)
         out = {"a_s": medians[0], "b_s": medians[1], "backend": self.backend, "device_kind": self.cluster.device_kind,
                "regrouped": True}
-        if screen_rounds:
+        if screen:
             out.update({"picked": picked, "screen_s": screen})
         return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
 

@@ -22,7 +22,8 @@ from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
-           "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local"]
+           "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local",
+           "interleave"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
@@ -388,35 +389,56 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
             arm.iteration()
             times.append(time.perf_counter() - t0)
             arm.take_comm_bytes()
-        # Every rank gets the same gathered times, so every rank makes the same pick below.
+        # Every rank gets the same gathered times, so every rank makes the same pick.
         return statistics.median(_gather_max(times, device))
 
-    n = len(arms)
-    screen_rounds = int(payload.get("screen_rounds", 0)) if n > 2 else 0
-    screen: list[list[float]] = [[] for _ in range(n)]
-    for r in range(screen_rounds):
-        for which in [(r + j) % n for j in range(n)]:
-            screen[which].append(timed(which))
-        if rank == 0:
-            report({"event": "screen_round", "round": r + 1, "rounds": screen_rounds})
-    picked = 0
-    if screen_rounds:
-        base = screen[-1]
-        picked = min(range(n - 1), key=lambda i: statistics.median(a / b for a, b in zip(screen[i], base)))
-    pair = (picked, n - 1)
-    medians: list[list[float]] = [[], []]
-    for r in range(int(payload["rounds"])):
-        for slot in ((0, 1) if r % 2 == 0 else (1, 0)):
-            medians[slot].append(timed(pair[slot]))
-        if rank == 0:
-            report({"event": "confirm_round", "round": r + 1, "rounds": int(payload["rounds"]),
-                    "a_s": medians[0][-1], "b_s": medians[1][-1]})
+    def on_screen_round(r: int, rounds: int) -> None:
+        report({"event": "screen_round", "round": r, "rounds": rounds})
+
+    def on_round(r: int, rounds: int, medians: list[list[float]]) -> None:
+        report({"event": "confirm_round", "round": r, "rounds": rounds, "a_s": medians[0][-1], "b_s": medians[1][-1]})
+
+    medians, picked, screen = interleave(
+        timed, len(arms), rounds=int(payload["rounds"]), screen_rounds=int(payload.get("screen_rounds", 0)),
+        on_screen_round=on_screen_round if rank == 0 else None, on_round=on_round if rank == 0 else None)
     for arm in arms:
         arm.close()
     out = {"a_s": medians[0], "b_s": medians[1], "backend": dist.get_backend(), "device_kind": device.type}
-    if screen_rounds:
+    if screen:
         out.update({"picked": picked, "screen_s": screen})
     return out
+
+
+def interleave(timed: Callable[[int], float], arms: int, *, rounds: int, screen_rounds: int = 0,
+               on_screen_round: Callable[[int, int], None] | None = None,
+               on_round: Callable[[int, int, list[list[float]]], None] | None = None
+               ) -> tuple[list[list[float]], int, list[list[float]] | None]:
+    """The schedule of a confirmation (:func:`confirm_worker`), over ``timed(arm)``, which times
+    one round of an arm: with more than two arms (candidates, the baseline last) and
+    ``screen_rounds``, that many rounds of every arm, the order rotating, and the pick: the
+    candidate whose per-round ratio to the baseline has the smallest median; then ``rounds``
+    rounds of the pick and the baseline, alternating A B, B A. Returns (per-round times of the
+    pick and of the baseline, the pick's index, the screening's times or None)."""
+    import statistics
+
+    screen_rounds = screen_rounds if arms > 2 else 0
+    screen: list[list[float]] = [[] for _ in range(arms)]
+    for r in range(screen_rounds):
+        for which in [(r + j) % arms for j in range(arms)]:
+            screen[which].append(timed(which))
+        if on_screen_round:
+            on_screen_round(r + 1, screen_rounds)
+    picked = 0
+    if screen_rounds:
+        picked = min(range(arms - 1), key=lambda i: statistics.median(a / b for a, b in zip(screen[i], screen[-1])))
+    pair = (picked, arms - 1)
+    medians: list[list[float]] = [[], []]
+    for r in range(rounds):
+        for slot in ((0, 1) if r % 2 == 0 else (1, 0)):
+            medians[slot].append(timed(pair[slot]))
+        if on_round:
+            on_round(r + 1, rounds, medians)
+    return medians, picked, screen if screen_rounds else None
 
 
 def _describe(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, launcher: str) -> dict[str, Any]:

@@ -692,8 +692,10 @@ def _confirmation_arms(algo: Algorithm1, runtime_best: dict | None, skeleton: St
         return None
     picks, seen = [], set()
     for t in sorted(searched, key=lambda t: t["runtime"]):
+        if len(picks) == candidates:
+            break
         strategy = Strategy.from_dict(t["strategy"])
-        if strategy.hash not in seen and len(picks) < candidates:
+        if strategy.hash not in seen:
             seen.add(strategy.hash)
             picks.append(((strategy, None), f"{t['trial_id']} ({t['origin']})"))
     base = min(builders, key=lambda t: t["runtime"]) if builders else None

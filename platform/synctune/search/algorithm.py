@@ -561,8 +561,7 @@ def _global_moves(strategy: Strategy, space) -> list[Strategy]:
     groups: dict[int, list[str]] = {}
     for i, _j, sh in dense:
         groups.setdefault(sh.synchronizer.group, []).append(strategy.plans[i].variable)
-    kinds = [("fp16", 0), ("bf16", 0)] if space.lossy else []
-    for kind, _rank in kinds:
+    for kind in ("fp16", "bf16") if space.lossy else ():
         fits = {g for g, names in groups.items() if all(space._fits(variables[n], kind, 0, "allreduce") for n in names)}
         if fits:
             out.append(rebuilt(lambda i, j, sh, kind=kind, fits=fits: dataclasses.replace(

@@ -305,25 +305,28 @@ def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
 
 
 def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
-    """(replayed seconds, per-strategy sums of the calibrated terms' inputs, one column per
-    field of :data:`_CPU_FIELDS`) of domain ``d`` under ``sim``'s current constants."""
+    """(replayed seconds, inputs of the calibrated terms) of domain ``d`` under ``sim``'s
+    current constants, one replay: per strategy, one column per field of :data:`_CPU_FIELDS`
+    (units of each kind, MB compressed), then the compute the replay charges (backward and step)."""
     b, ctx = d.encoded(), d.ctx
     ev = sim.timeline(b, ctx)
     n = b.size
     usid, ukind = ev["unit_sid"], ev["unit_kind"]
     cols = [np.bincount(usid, weights=(ukind == kind).astype(float), minlength=n) for kind in (KIND_PS, KIND_AR, KIND_AG)]
     cols.append(np.bincount(b.sid, weights=np.where(b.comp > 0, ctx.var_bytes[b.var] * b.frac, 0.0), minlength=n) / 1e6)
+    cols.append(ev["backward_end"] + sim._domain(ctx).step_s)
     return ev["iteration_s"], np.stack(cols, axis=1)
 
 
 def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10) -> ReplayConstants:
-    """The communication's CPU terms of :class:`ReplayConstants` fitted on measured trials
-    (dPRO §4.3 calibrates its replay's overhead ops from a trace in the same spirit): what the
-    replay leaves unexplained, ``measured - replayed``, in proportion to each trial's time (so
-    every trial weighs alike), as non-negative per-unit and per-MB costs by kind (least squares,
-    :func:`scipy.optimize.nnls`). A cost added to a unit can hide behind backward, so the fit is
-    repeated on the residual of the replay with the constants so far (``rounds`` times). The
-    other constants and the measured compute profiles are kept."""
+    """The communication's CPU terms and the compute scale of :class:`ReplayConstants` fitted on
+    measured trials (dPRO §4.3 calibrates its replay's overhead ops from a trace in the same
+    spirit): what the replay leaves unexplained, ``measured - replayed``, in proportion to each
+    trial's time (so every trial weighs alike), as non-negative costs per unit of each kind and
+    per MB compressed, and a factor on the compute (bounded least squares,
+    :func:`scipy.optimize.lsq_linear`). A cost added to a unit can hide behind backward, so the
+    fit is repeated on the residual of the replay with the constants so far (``rounds`` times).
+    The other constants and the measured compute profiles are kept."""
     import dataclasses
 
     from scipy.optimize import lsq_linear
@@ -336,9 +339,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10)
         rows, target = [], []
         for d in domains:
             replayed, feats = _cpu_features(trial, d)
-            compute = trial.timeline(d.encoded(), d.ctx)["backward_end"] + trial._domain(d.ctx).step_s
             truth = np.asarray(d.runtimes, dtype=float)
-            rows.append(np.column_stack([feats, compute]) / truth[:, None])
+            rows.append(feats / truth[:, None])
             target.append((truth - replayed) / truth)
         if not rows:
             break
@@ -383,17 +385,12 @@ class CalibratedReplay(ReplaySimulator):
         self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.runtimes) >= self.min_trials}
         return self
 
-    def _predict_batch(self, batch: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+    def _domain(self, ctx: DomainContext) -> _ReplayDomain:
+        # Every replay of a domain comes through here: switch to that domain's constants first.
         wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}", self.general)
         if wanted is not self.constants:
             self.set_constants(wanted)
-        return super()._predict_batch(batch, ctx)
-
-    def timeline(self, batch: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
-        wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}", self.general)
-        if wanted is not self.constants:
-            self.set_constants(wanted)
-        return super().timeline(batch, ctx)
+        return super()._domain(ctx)
 
 
 def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarray, np.ndarray]:
