@@ -18,7 +18,7 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.columns import COMPRESSOR_KINDS, KIND_CODES, StrategyColumns
+from ..strategy.columns import COMPRESSOR_KINDS, StrategyColumns
 from ..strategy.compressors import COMPRESSORS
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (
@@ -355,7 +355,22 @@ class GuidedSampler:
                             "always": var.num_bytes >= self.large_bytes, "sparse": var.sparse,
                             "bytes": float(var.num_bytes), "sfb": var.name in self.sfb_cheaper})
         codes = np.array([COMPRESSORS.get(k).code for k in COMPRESSOR_KINDS])
-        self._tables = {"frac": np.array(frac), "ok": np.stack(ok), "rank": np.stack(rank), "ratio": np.stack(ratio),
+        amax = max(1, max(info["naxes"] for info in per_var) if per_var else 1)
+        kmax = max((info["kmax"] for info in per_var), default=1)
+        padded = {"base": np.array([info["base"] for info in per_var], np.int64),
+                  "naxes": np.array([info["naxes"] for info in per_var], np.int64),
+                  "always": np.array([info["always"] for info in per_var], bool),
+                  "upper": np.ones((len(per_var), amax), np.int64), "axes": np.zeros((len(per_var), amax), np.int64),
+                  "combo": np.zeros((len(per_var), amax, kmax + 1), np.int64),
+                  "sfb": np.array([i for i, info in enumerate(per_var) if info["sfb"]], np.int64),
+                  "cuttable": np.array([i for i, info in enumerate(per_var) if info["naxes"]], np.int64)}
+        for i, info in enumerate(per_var):
+            na = info["naxes"]
+            if na:
+                padded["upper"][i, :na] = info["upper"]
+                padded["axes"][i, :na] = info["axes"]
+                padded["combo"][i, :na, :info["kmax"] + 1] = info["combo"]
+        self._tables = {"per_var": padded, "frac": np.array(frac), "ok": np.stack(ok), "rank": np.stack(rank), "ratio": np.stack(ratio),
                         "vars": per_var, "codes": codes}
         return self._tables
 
@@ -366,155 +381,60 @@ class GuidedSampler:
         splits), written straight into columns, with a random stream of their own (numpy's,
         from ``seed``): a search round's tens of thousands of proposals cost microseconds each
         (:mod:`synctune.strategy.columns`). Replica subsets are not drawn here (each would
-        change the cluster the strategy's columns describe); :meth:`sample` draws them."""
+        change the cluster the strategy's columns describe); :meth:`sample` draws them.
+
+        What is independent across variables is drawn with numpy for all ``n`` strategies at
+        once; what is sequential inside a strategy (placement by load, merging) runs compiled,
+        ``chunk`` strategies per call (:mod:`synctune.search.column_kernel`): the output is
+        allocated once and filled chunk by chunk."""
+        from .column_kernel import draw_partitions, fill_rows
+
         if not hasattr(self, "np_rng"):
             self.np_rng = np.random.default_rng(self.seed)
-        parts = [self._sample_chunk(min(chunk, n - at)) for at in range(0, n, chunk)] if n else [self._sample_chunk(0)]
-        if len(parts) == 1:
-            return parts[0]
-        shift = np.cumsum([0] + [p.size for p in parts[:-1]])
-        rows = np.cumsum([0] + [len(p.sid) for p in parts[:-1]])
-        cat = {k: np.concatenate([getattr(p, k) for p in parts]) for k in (
-            "var", "axis", "nshards", "kind", "node", "local", "group", "hier", "comp", "rank", "frac", "comp_code",
-            "ratio")}
-        return StrategyColumns(
-            model=self.model, cluster=self.cluster,
-            offsets=np.concatenate([[0]] + [p.offsets[1:] + r for p, r in zip(parts, rows)]),
-            sid=np.concatenate([p.sid + s for p, s in zip(parts, shift)]),
-            batch_split=None if parts[0].batch_split is None else np.concatenate([p.batch_split for p in parts]), **cat)
-
-    def _sample_chunk(self, n: int) -> StrategyColumns:
-        # Decisions are drawn variable by variable for all n strategies at once (numpy over
-        # strategies; the loops run over the model's variables and shards), each written straight
-        # to its row: strategy i's rows for variable v start at offsets[i] + (shards of the
-        # variables before v). Only the strategies that cut a variable into more than j pieces
-        # draw for its shard j.
         rng = self.np_rng
         t = self._column_tables()
         infos = t["vars"]
-        w, nv = len(self.servers), len(infos)
-        nic = np.asarray(self.nic, dtype=np.float64)
+        nv = len(infos)
         ps_share, local_rate = rng.random(n), rng.random(n)
         compress = (rng.random(n) < self.compress_prob) if self.lossy else np.zeros(n, bool)
         comp_kind = rng.integers(1, 4, n)  # fp16, bf16, powersgd
         rank_idx = rng.integers(0, 3, n)
         hier = ~compress & (rng.random(n) < self.hierarchical_prob) if self.even_nodes else np.zeros(n, bool)
         sfb_rate = np.where(rng.random(n) < self.sfb_prob, rng.random(n), 0.0) if self.sfb_cheaper else None
+        # Per variable, for all strategies: how many pieces, along which axis, where its
+        # per-(variable, axis, pieces, shard) table entries start, and whether it goes by SFB
+        # (every variable at once, from the tables' padded per-variable arrays).
+        v = t["per_var"]
+        base = np.broadcast_to(v["base"], (n, nv)).copy()
         pieces = np.ones((n, nv), np.int64)
         axes = np.zeros((n, nv), np.int64)
-        base = np.empty((n, nv), np.int64)
         sfb = np.zeros((n, nv), bool)
-        for vi, info in enumerate(infos):
-            if info["sfb"] and sfb_rate is not None:
-                sfb[:, vi] = rng.random(n) < sfb_rate
-            if info["naxes"]:
-                cut = np.ones(n, bool) if info["always"] else rng.random(n) < self.partition_prob
-                cut &= ~sfb[:, vi]
-                ai = rng.integers(0, info["naxes"], n)
-                k = np.where(cut, 2 + (rng.random(n) * (info["upper"][ai] - 1)).astype(np.int64), 1)
-                pieces[:, vi] = k
-                axes[:, vi] = np.where(cut, info["axes"][ai], 0)
-                base[:, vi] = np.where(cut, info["combo"][ai, k], info["base"])
-            else:
-                base[:, vi] = info["base"]
-        counts = pieces.sum(1)
-        offsets = np.r_[0, np.cumsum(counts)]
-        start = offsets[:-1, None] + np.cumsum(pieces, axis=1) - pieces
-        flat_k = pieces.ravel()
-        sid = np.repeat(np.arange(n), counts)
-        var = np.repeat(np.tile(np.arange(nv), n), flat_k)
-        nshards = np.repeat(flat_k, flat_k)
-        first = np.repeat(start.ravel(), flat_k)
-        j_of = np.arange(len(sid)) - first
-        combo = np.repeat(base.ravel(), flat_k) + np.where(nshards > 1, j_of, 0)
-        var_bytes = np.array([info["bytes"] for info in infos])
-        var_sparse = np.array([info["sparse"] for info in infos])
-        shard_bytes = var_bytes[var] / nshards
-        kind = np.full(len(sid), KIND_CODES["allreduce"], np.int64)
-        node = np.full(len(sid), -1, np.int64)
-        loads = np.zeros((n, w))
-
-        def slots():
-            """(variable, shard, strategies drawing it (None: all), their rows)."""
-            for vi, info in enumerate(infos):
-                for j in range(info["kmax"]):
-                    idx = None if j == 0 else np.flatnonzero(pieces[:, vi] > j)
-                    if idx is not None and not len(idx):
-                        break
-                    yield vi, info, idx, (start[:, vi] if idx is None else start[idx, vi] + j)
-
-        for vi, info, idx, pos in slots():
-            m = n if idx is None else len(idx)
-            sb = shard_bytes[pos]
-            ps = rng.random(m) < (ps_share if idx is None else ps_share[idx])
-            is_sfb = None
-            if info["sfb"]:
-                is_sfb = sfb[:, vi] if idx is None else sfb[idx, vi]
-                ps &= ~is_sfb
-            here = loads if idx is None else loads[idx]
-            cum = np.cumsum(nic[None, :] / (1.0 + here / np.maximum(1.0, sb)[:, None]), axis=1)
-            chosen = np.minimum((cum < (rng.random(m) * cum[:, -1])[:, None]).sum(1), w - 1)
-            rows = (np.arange(n) if idx is None else idx)[ps]
-            loads[rows, chosen[ps]] += sb[ps]
-            node[pos[ps]] = chosen[ps]
-            kd = np.where(ps, KIND_CODES["ps"], KIND_CODES["allreduce"])
-            if info["sparse"]:
-                kd = np.where(~ps & (rng.random(m) < 0.5), KIND_CODES["allgather"], kd)
-            if is_sfb is not None:
-                kd = np.where(is_sfb, KIND_CODES["sfb"], kd)
-            kind[pos] = kd
-        # Each compressing strategy's compressor where it applies to the shard (none elsewhere).
-        is_ar = kind == KIND_CODES["allreduce"]
-        comp = np.zeros(len(sid), np.int64)
-        rank = np.zeros(len(sid), np.int64)
-        ratio = np.ones(len(sid))
-        at = np.flatnonzero(compress[sid] & (kind <= KIND_CODES["allreduce"]))
-        if len(at):
-            want = comp_kind[sid[at]]
-            cell = ((combo[at] * 4 + want) * 2 + is_ar[at]) * 3 + rank_idx[sid[at]]
-            usable = t["ok"].reshape(-1)[cell]
-            at, want, cell = at[usable], want[usable], cell[usable]
-            comp[at] = want
-            rank[at] = np.where(want == 3, t["rank"].reshape(-1)[cell], 0)
-            ratio[at] = t["ratio"].reshape(-1)[cell]
-        label = comp * 64 + rank
-        # Adjacent merging (c_am): dense all-reduce shards join groups in backward order, a group
-        # closing once it holds its share of the strategy's all-reduce bytes or the compressor
-        # changes; sparse all-reduce shards share one group of their own.
-        ar_count = np.bincount(sid, weights=is_ar, minlength=n)
-        ar_bytes = np.bincount(sid, weights=shard_bytes * is_ar, minlength=n)
-        num_groups = 1 + (rng.random(n) * np.maximum(1, np.minimum(16, ar_count))).astype(np.int64)
-        target = np.where(ar_bytes > 0, ar_bytes / num_groups, 1.0) * 1.0001
-        group = np.where(is_ar & var_sparse[var], 10_000, -1)
-        g, filled, open_label = np.zeros(n, np.int64), np.zeros(n), np.full(n, -1, np.int64)
-        for vi, info, idx, pos in slots():
-            if info["sparse"]:
-                continue
-            dense = is_ar[pos]
-            if not dense.any():
-                continue
-            x, lab = shard_bytes[pos], label[pos]
-            if idx is None:
-                brk = dense & (filled > 0) & ((filled + x > target) | (lab != open_label))
-                g += brk
-                filled = np.where(brk, 0.0, filled) + np.where(dense, x, 0.0)
-                open_label = np.where(dense, lab, open_label)
-                group[pos] = np.where(dense, g, -1)
-            else:
-                f = filled[idx]
-                brk = dense & (f > 0) & ((f + x > target[idx]) | (lab != open_label[idx]))
-                gi = g[idx] + brk
-                g[idx] = gi
-                filled[idx] = np.where(brk, 0.0, f) + np.where(dense, x, 0.0)
-                open_label[idx] = np.where(dense, lab, open_label[idx])
-                group[pos] = np.where(dense, gi, -1)
-        is_ps = kind == KIND_CODES["ps"]
-        local = is_ps & ~var_sparse[var] & (rng.random(len(sid)) < local_rate[sid])
-        return StrategyColumns(
-            model=self.model, cluster=self.cluster, offsets=offsets, sid=sid, var=var,
-            axis=np.repeat(axes.ravel(), flat_k), nshards=nshards, kind=kind, node=node, local=local, group=group,
-            hier=hier[sid] & is_ar, comp=comp, rank=rank, frac=t["frac"][combo], comp_code=t["codes"][comp],
-            ratio=ratio, batch_split=self._split_columns(n) if self.speeds is not None else None)
+        if sfb_rate is not None and len(v["sfb"]):
+            sfb[:, v["sfb"]] = rng.random((n, len(v["sfb"]))) < sfb_rate[:, None]
+        if len(v["cuttable"]):
+            draw_partitions(rng.random((3, n, len(v["cuttable"])), dtype=np.float32), v["cuttable"], v["always"],
+                            v["naxes"], v["upper"], v["axes"], v["combo"], self.partition_prob, sfb, pieces, axes, base)
+        offsets = np.r_[0, np.cumsum(pieces.sum(1))].astype(np.int64)
+        rows = int(offsets[-1])
+        out = {k: np.empty(rows, np.int64) for k in ("sid", "var", "axis", "nshards", "kind", "node", "group", "comp",
+                                                      "rank", "comp_code")}
+        out.update(local=np.empty(rows, bool), hier=np.empty(rows, bool), frac=np.empty(rows), ratio=np.empty(rows),
+                   group_order=np.empty(rows, np.int64), ngroups=np.zeros(n))
+        tables = (t["frac"], t["ok"].reshape(-1), t["rank"].reshape(-1).astype(np.int64), t["ratio"].reshape(-1),
+                  t["codes"].astype(np.int64))
+        var_bytes = np.array([info["bytes"] for info in infos], dtype=np.float64)
+        var_sparse = np.array([info["sparse"] for info in infos], dtype=bool)
+        nic = np.asarray(self.nic, dtype=np.float64)
+        for lo in range(0, n, max(1, chunk)):
+            hi = min(n, lo + max(1, chunk))
+            u = rng.random((int(offsets[hi] - offsets[lo]), 2), dtype=np.float32)
+            fill_rows(lo, hi, u, rng.random(hi - lo), offsets, pieces, axes, base, sfb, var_bytes, var_sparse, nic,
+                      ps_share, local_rate, compress, comp_kind, rank_idx, hier, *tables,
+                      out["sid"], out["var"], out["axis"], out["nshards"], out["kind"], out["node"], out["local"],
+                      out["group"], out["hier"], out["comp"], out["rank"], out["frac"], out["comp_code"], out["ratio"],
+                      out["group_order"], out["ngroups"])
+        return StrategyColumns(model=self.model, cluster=self.cluster, offsets=offsets,
+                               batch_split=self._split_columns(n) if self.speeds is not None else None, **out)
 
     def _split_columns(self, n: int) -> np.ndarray:
         """(n, replicas) batch splits: with ``split_prob`` a point between even and proportional

@@ -201,15 +201,18 @@ def _message_sizes(ctx: DomainContext, var, frac, kind, sid, longest, global_bat
     """Per shard, the bytes its gradient carries (sparse: the rows touched; SFB: the factors,
     padded to the largest replica batch ``longest`` of its strategy) and, for SFB shards, the
     seconds the rebuild of the gradient from ``global_batch`` rows takes (None without SFB)."""
+    # Only the sparse and SFB shards are worked on (a round's proposals have millions of rows).
     nbytes = ctx.var_bytes[var] * frac
-    nbytes = np.where(ctx.var_sparse[var], nbytes * ctx.sparse_density[var], nbytes)
-    sfb = kind == KIND_SFB
-    if not sfb.any():
+    sparse = np.flatnonzero(ctx.var_sparse[var])
+    nbytes[sparse] *= ctx.sparse_density[var[sparse]]
+    sfb = np.flatnonzero(kind == KIND_SFB)
+    if not len(sfb):
         return nbytes, None
-    rows = ctx.factor_rows[var]
-    nbytes = np.where(sfb, np.asarray(longest, np.float64)[sid] * rows * ctx.factor_width[var], nbytes)
-    rebuild = np.where(sfb, 2.0 * np.asarray(global_batch, np.float64)[sid] * rows * ctx.var_elems[var]
-                       / ctx.device_flops, 0.0)
+    v, s = var[sfb], sid[sfb]
+    rows = ctx.factor_rows[v]
+    nbytes[sfb] = np.asarray(longest, np.float64)[s] * rows * ctx.factor_width[v]
+    rebuild = np.zeros(len(var))
+    rebuild[sfb] = 2.0 * np.asarray(global_batch, np.float64)[s] * rows * ctx.var_elems[v] / ctx.device_flops
     return nbytes, rebuild
 
 
@@ -309,7 +312,9 @@ def encode_columns(cols, ctx: DomainContext) -> StrategyBatch:
     # Merge groups renumbered 0.. per strategy in the order they first appear (as encode does).
     group = np.full(len(sid), -1, np.int64)
     ngroups = np.zeros(n)
-    if is_ar.any():
+    if cols.group_order is not None and cols.ngroups is not None:  # the producer numbered them
+        group, ngroups = cols.group_order, np.asarray(cols.ngroups, np.float64)
+    elif is_ar.any():
         rows = np.flatnonzero(is_ar)
         key = sid[rows] * (int(cols.group.max()) + 2) + cols.group[rows]
         uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)

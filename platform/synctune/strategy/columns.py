@@ -50,7 +50,12 @@ class StrategyColumns:
     shard's share of its variable's elements), ``comp_code`` and ``ratio`` (the compressor's
     simulator code and wire bytes per gradient byte). Per strategy: ``batch_split`` (size,
     replicas) or None where every replica takes the model's batch. Every strategy replicates on
-    every device."""
+    every device.
+
+    Optionally, what the simulator's encoder would make of the merge groups, written by a
+    producer that has it at hand (the guided sampler does): ``group_order`` (per shard, its
+    group numbered 0.. in the order the strategy's groups first appear; -1 off all-reduce) and
+    ``ngroups`` (per strategy, how many groups). Absent, the encoder works them out."""
 
     model: Any
     cluster: Any
@@ -70,6 +75,8 @@ class StrategyColumns:
     comp_code: np.ndarray
     ratio: np.ndarray
     batch_split: np.ndarray | None = None
+    group_order: np.ndarray | None = None
+    ngroups: np.ndarray | None = None
 
     @property
     def size(self) -> int:
