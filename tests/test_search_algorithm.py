@@ -349,3 +349,39 @@ def test_a_search_runs_its_whole_budget_when_the_elite_is_what_it_measured(seed)
         hashes.append(p.strategy.hash)
         algo.tell(p.trial_id, 1.0 if p.trial_id.startswith("baseline-") else 0.5)
     assert algo.asked == 24 and len(set(hashes)) == 24
+
+
+def test_a_proposal_records_a_predicted_time_only_from_a_model_that_predicts_times():
+    """The dataset's ``predicted_time_s`` is seconds: the analytic model's prediction of the
+    proposed strategy (independent reference: the analytic model run on it again), and nothing
+    where a learned ranker scored the round (its scores are not times; before the fix its
+    negated scores were recorded, -16 to -32 "seconds" in a lab search)."""
+    from synctune.simulator import LinearSimulator
+
+    spec, cluster = model_spec("cnn-small"), cluster_preset("local-2x2")
+
+    def proposals(sim):
+        exp = Experiment(name="t", model=spec.name, cluster=cluster.name, budget=9, proposals=60, candidates=4,
+                         baselines=("allreduce",), seed=3)
+        algo = Algorithm1(spec, cluster, exp, sim)
+        out = []
+        while (p := algo.ask()) is not None:
+            algo.tell(p.trial_id, 0.02 + 0.001 * len(out))
+            out.append(p)
+        return [p for p in out if not p.trial_id.startswith("baseline")]
+
+    searched = proposals(BoundSimulator(AnalyticSimulator(), spec, cluster))
+    assert searched
+    for p in searched:
+        expected = float(AnalyticSimulator().predict([p.strategy], spec, cluster)[0])
+        assert p.predicted == pytest.approx(expected, rel=1e-9) and p.predicted > 0
+    from synctune.search import RandomSampler
+    from synctune.simulator import Domain
+
+    strategies = RandomSampler(spec, cluster, seed=0).sample_many(24)
+    ctx = DomainContext(spec, cluster)
+    trained = LinearSimulator(epochs=5).fit([Domain(ctx, strategies, AnalyticSimulator().predict(strategies, spec,
+                                                                                                 cluster))])
+    ranker = BoundSimulator(trained, spec, cluster, transfer=True)
+    searched = proposals(ranker)
+    assert searched and all(p.predicted is None for p in searched)

@@ -214,11 +214,16 @@ def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done:
                         evaluated_rewards=rewards)
 
 
+#: Trials of its own a search measures before its replay is calibrated on them (5 constants fitted).
+CALIBRATE_AFTER = 8
+
+
 def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpec):
     """The simulator an experiment asks for, bound to its domain (None for the random variants)."""
     from ..data.paths import profiles_dir
     from ..simulator import AnalyticSimulator, BoundSimulator, ReplaySimulator, load_simulator, make_simulator, \
         profile_key
+    from ..simulator.replay import CalibratedReplay
 
     if exp.algorithm in ("random", "random-guided"):
         return None
@@ -227,10 +232,14 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     replay = ReplaySimulator.from_folder(profiles_dir())
     if exp.simulator == "replay":
         return BoundSimulator(replay, model, cluster)
-    # The training-free model learned models must beat: the replay where this domain's compute
-    # profile was measured (`synctune sim profile`), else the analytic model.
+    # The physical model learned models must beat: the replay where this domain's compute profile
+    # was measured (`synctune sim profile`), calibrated on the search's own trials as they come
+    # (its communication's CPU costs and compute scale; dPRO §4.3), else the analytic model.
     measured = profile_key(model.name, cluster.device_kind, cluster.num_devices) in replay.profiles
-    analytic = BoundSimulator(replay if measured else AnalyticSimulator(), model, cluster)
+    if measured:
+        calibrated = CalibratedReplay(min_trials=CALIBRATE_AFTER)
+        calibrated.use_profiles(replay)
+    analytic = BoundSimulator(calibrated if measured else AnalyticSimulator(), model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
         def make():
             sim = make_simulator(exp.simulator, epochs=60, seed=exp.seed)
@@ -260,11 +269,14 @@ def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:
 
 
 class SelectedSimulator:
-    """The training-free model until the learned one beats it on trials it had not seen
-    (AutoDist §2.4: start analytic, switch once the learned model is better).
+    """The physical model (analytic, or the replay calibrated as the search goes: called
+    training-free here, it has no learned weights) until the learned one beats it on trials it
+    had not seen (AutoDist §2.4: start analytic, switch once the learned model is better).
 
     At every update (a batch boundary of the search), the trials measured since the previous
-    update are held out: both models score them before the learned model learns from them,
+    update are held out: both models score them before either learns from them (the learned
+    model trains; a calibrated replay refits its constants,
+    :class:`~synctune.simulator.CalibratedReplay`),
     and each model's pairwise ranking accuracy on those pairs accumulates. The learned model
     scores proposals only while its accumulated held-out accuracy is above the training-free
     model's on the same pairs (and at least :attr:`MIN_PAIRS` pairs were judged). A transferred
@@ -281,6 +293,12 @@ class SelectedSimulator:
         self.pairs = 0
         self.use_learned = False
         self.history: list[dict] = []
+
+    @property
+    def predicts_seconds(self) -> bool:
+        """Whether the model scoring now predicts seconds (the training-free ones do; a learned
+        ranker does not)."""
+        return bool(getattr(self.learned if self.use_learned else self.training_free, "predicts_seconds", False))
 
     def score(self, strategies):
         return (self.learned if self.use_learned else self.training_free).score(strategies)
@@ -299,6 +317,8 @@ class SelectedSimulator:
             self.right["training_free"] += free_right
             self.pairs += pairs
         self.learned.fit(strategies, runtimes)
+        # A calibrated replay refits its constants too, after it was judged on these trials.
+        self.training_free.fit(strategies, runtimes)
         self.ready = True
         self.seen = len(strategies)
         acc = {k: (v / self.pairs if self.pairs else None) for k, v in self.right.items()}

@@ -62,7 +62,9 @@ class SimulatorProtocol(Protocol):
 
 @dataclass(frozen=True)
 class Proposal:
-    """A strategy to trial: its id, origin (builder name or the algorithm) and predicted score."""
+    """A strategy to trial: its id, origin (builder name or the algorithm) and predicted iteration
+    time in seconds (None for baselines, and where the simulator scoring it ranks rather than
+    predicts times)."""
 
     trial_id: str
     strategy: Strategy
@@ -287,7 +289,7 @@ class Algorithm1:
                 strategy = self.project(strategy) if self.project is not None else strategy
                 if strategy.hash not in hashes and len(picked) < k:
                     hashes.add(strategy.hash)
-                    picked.append(Proposal(f"{tag}-{len(picked)}", strategy, algo, float(-score)))
+                    picked.append(Proposal(f"{tag}-{len(picked)}", strategy, algo, self._seconds(score)))
             return picked
         if (algo == "autodist" and self.exp.generator == "sampler" and self.project is None and guided.speeds is None
                 and hasattr(self.simulator, "score_columns")):
@@ -301,7 +303,7 @@ class Algorithm1:
             if move is not None:
                 # Exploitation beside the sampler's exploration: the best measured strategy
                 # (a tuned baseline, often) one move away, in place of the round's last pick.
-                out[-1] = Proposal(f"{tag}-{len(out) - 1}", move[0], f"{algo}+incumbent", float(-move[1]))
+                out[-1] = Proposal(f"{tag}-{len(out) - 1}", move[0], f"{algo}+incumbent", self._seconds(move[1]))
         step = self._split_step(guided, {p.strategy.hash for p in out} | seen)
         if step is not None and out:
             # One coordinate step per round (AutoDDL §4.4: one dimension, the others fixed): the
@@ -309,8 +311,14 @@ class Algorithm1:
             # round's last pick. Sampled strategies change every dimension at once and rarely
             # keep a good one while moving the split.
             strategy, score = step
-            out[-1] = Proposal(f"{tag}-{len(out) - 1}", strategy, f"{algo}+split", float(-score))
+            out[-1] = Proposal(f"{tag}-{len(out) - 1}", strategy, f"{algo}+split", self._seconds(score))
         return out
+
+    def _seconds(self, score: float) -> float | None:
+        """A proposal's predicted iteration time: the negated score where the simulator scoring
+        now predicts seconds (analytic, replay); None where it ranks (a learned ranker's scores
+        are not times, and the dataset's ``predicted_time_s`` must not pretend they are)."""
+        return float(-score) if getattr(self.simulator, "predicts_seconds", False) else None
 
     def _elite(self, scores: np.ndarray) -> np.ndarray:
         """Proposals scored at or above the simulator's fidelity level on what was measured
@@ -351,7 +359,7 @@ class Algorithm1:
             chosen = select_diverse(None, scores[pool], k - len(picks), None, signatures=signatures[pool],
                                     accept=fresh)
             picks += [int(pool[c]) for c in chosen]
-        return [Proposal(f"{tag}-{j}", made[i], self.exp.algorithm, float(-scores[i])) for j, i in enumerate(picks)] \
+        return [Proposal(f"{tag}-{j}", made[i], self.exp.algorithm, self._seconds(scores[i])) for j, i in enumerate(picks)] \
             or None
 
     def _round_from_objects(self, guided: GuidedSampler, rng: random.Random, k: int, tag: str, seen: set[str],
@@ -369,7 +377,7 @@ class Algorithm1:
         scores = np.asarray(self.simulator.score(proposals), dtype=float)
         elite = [int(i) for i in self._elite(scores)]
         chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, self.index)
-        return [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, float(-scores[elite[c]]))
+        return [Proposal(f"{tag}-{j}", proposals[elite[c]], algo, self._seconds(scores[elite[c]]))
                 for j, c in enumerate(chosen)]
 
     def _local_search(self, kind: str, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:

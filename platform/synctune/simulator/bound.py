@@ -20,7 +20,7 @@ class BoundSimulator:
     """``simulator`` scoring strategies of (``model``, ``cluster``).
 
     ``fit(strategies, runtimes)`` lets it learn from what the search measured: a training-free
-    simulator ignores it; a learned one is trained from scratch on everything measured (``make``
+    simulator ignores it, a calibrated replay refits its constants for this domain; a learned one is trained from scratch on everything measured (``make``
     gives the untrained one), or, when it was learned elsewhere (``transfer``), fine-tuned from
     where it was, so what it brought is kept (AutoSync §3.3).
     """
@@ -36,6 +36,11 @@ class BoundSimulator:
     def kind(self) -> str:
         return self.simulator.kind
 
+    @property
+    def predicts_seconds(self) -> bool:
+        """Whether its scores are negated iteration times (else a ranker's scores)."""
+        return bool(getattr(self.simulator, "predicts_seconds", False))
+
     def score(self, strategies: list[Strategy]) -> np.ndarray:
         """Higher is better: the negated prediction."""
         return -self.simulator._predict_batch(encode(strategies, self.ctx), self.ctx)
@@ -49,6 +54,9 @@ class BoundSimulator:
         return Domain(self.ctx, list(strategies), np.asarray(runtimes, dtype=np.float64))
 
     def fit(self, strategies: list[Strategy], runtimes: np.ndarray) -> None:
+        if getattr(self.simulator, "calibrates", False):  # a calibrated replay: its constants, not weights
+            self.simulator.calibrate(self._domain(strategies, runtimes))
+            return
         if not self.simulator.learned:
             return
         if self.transfer:

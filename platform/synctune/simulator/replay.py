@@ -385,6 +385,19 @@ class CalibratedReplay(ReplaySimulator):
         self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.runtimes) >= self.min_trials}
         return self
 
+    #: :class:`~synctune.simulator.BoundSimulator` calls :meth:`calibrate` with a search's trials.
+    calibrates = True
+
+    def calibrate(self, domain) -> None:
+        """Fit ``domain``'s constants on its measured trials, from the general ones (a search
+        recalibrates after every batch of trials, dPRO §4.3's calibration from the job's own
+        measurements); fewer than ``min_trials`` trials leave the general constants in use."""
+        if len(domain.runtimes) < self.min_trials:
+            return
+        self.per_domain.pop(domain.key, None)
+        self.set_constants(self.general)
+        self.per_domain[domain.key] = calibrate_replay(self, [domain])
+
     def _domain(self, ctx: DomainContext) -> _ReplayDomain:
         # Every replay of a domain comes through here: switch to that domain's constants first.
         wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}", self.general)
