@@ -142,7 +142,7 @@ def paired_gap(workload, cluster, node_net, arm, oracle_strategy, warmup: int) -
 
 
 def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: int, warmup: int, iters: int,
-               oracle_s: float, oracle_strategy) -> list[object]:
+               oracle_s: float, oracle_strategy, incumbent_moves: bool = False) -> list[object]:
     from synctune.data import TrialDataset, dataset_dir
     from synctune.run.search import run_search
     from synctune.search import Experiment
@@ -155,7 +155,7 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
                      simulator="rnn" if algorithm in ("autodist", "genetic") else "analytic", proposals=500,
                      candidates=3, warmup=warmup, iters=iters, baselines=("allreduce",) if ddp_only else ("tuned",),
                      ddp_trials=budget if ddp_only else 8, confirm_rounds=0 if ddp_only else 10, confirm_iters=5,
-                     seed=seed)
+                     seed=seed, incumbent_moves=incumbent_moves)
     start = time.monotonic()
     summary = run_search(exp, spec, cluster, workload=workload, node_net=node_net)
     wall = time.monotonic() - start
@@ -198,6 +198,8 @@ def main() -> None:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--budget", type=int, default=30)
+    parser.add_argument("--incumbent-moves", action="store_true",
+                        help="autodist: each round's last proposal the best measured strategy one move away")
     parser.add_argument("--oracle", type=int, default=300, help="strategies in the oracle sweep")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
@@ -233,7 +235,8 @@ def main() -> None:
                 for algorithm in args.algorithms.split(","):
                     for seed in seeds:
                         rows.append(one_search(workload, cluster, node_net, algorithm, seed, args.budget,
-                                               args.warmup, args.iters, oracle_s, oracle_strategy))
+                                               args.warmup, args.iters, oracle_s, oracle_strategy,
+                                               incumbent_moves=args.incumbent_moves))
                         print("  " + " | ".join(str(c) for c in rows[-1]), flush=True)
             finally:
                 ray.shutdown()
