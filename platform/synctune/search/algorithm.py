@@ -289,7 +289,8 @@ class Algorithm1:
                 strategy = self.project(strategy) if self.project is not None else strategy
                 if strategy.hash not in hashes and len(picked) < k:
                     hashes.add(strategy.hash)
-                    picked.append(Proposal(f"{tag}-{len(picked)}", strategy, algo, self._seconds(score)))
+                    picked.append(Proposal(f"{tag}-{len(picked)}", strategy, algo,
+                                           self._seconds(score, getattr(self.simulator, "training_free", None))))
             return picked
         if (algo == "autodist" and self.exp.generator == "sampler" and self.project is None and guided.speeds is None
                 and hasattr(self.simulator, "score_columns")):
@@ -314,11 +315,13 @@ class Algorithm1:
             out[-1] = Proposal(f"{tag}-{len(out) - 1}", strategy, f"{algo}+split", self._seconds(score))
         return out
 
-    def _seconds(self, score: float) -> float | None:
-        """A proposal's predicted iteration time: the negated score where the simulator scoring
-        now predicts seconds (analytic, replay); None where it ranks (a learned ranker's scores
-        are not times, and the dataset's ``predicted_time_s`` must not pretend they are)."""
-        return float(-score) if getattr(self.simulator, "predicts_seconds", False) else None
+    def _seconds(self, score: float, model: Any = None) -> float | None:
+        """A proposal's predicted iteration time: the negated score where the model that scored
+        it (``model``, else the simulator scoring now) predicts seconds (analytic, replay); None
+        where it ranks (a learned ranker's scores are not times, and the dataset's
+        ``predicted_time_s`` must not pretend they are)."""
+        model = self.simulator if model is None else model
+        return float(-score) if getattr(model, "predicts_seconds", False) else None
 
     def _elite(self, scores: np.ndarray) -> np.ndarray:
         """Proposals scored at or above the simulator's fidelity level on what was measured

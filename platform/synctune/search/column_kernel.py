@@ -53,7 +53,8 @@ def fill_rows(lo, hi, u, u_groups, offsets, pieces, axes, base, sfb,
     """Fill rows ``offsets[lo]:offsets[hi]`` of the output columns (strategies ``lo..hi-1``).
 
     The uniforms come from the sampler's numpy stream: ``u[r - offsets[lo]]`` holds row r's
-    two (PS or not; which node), ``u_groups[i - lo]`` strategy i's number of merge groups.
+    two (PS or not; which node), ``u_groups[i - lo]`` the one that draws strategy i's number of
+    merge groups.
     (numba's own generator cost more than the rest of the loop.) The first uniform, rescaled
     within the side of the PS threshold it fell on, is again uniform and independent of that
     decision: it draws sparse all-gather for a non-PS sparse shard or local aggregation for a

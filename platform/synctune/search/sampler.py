@@ -370,8 +370,8 @@ class GuidedSampler:
                 padded["upper"][i, :na] = info["upper"]
                 padded["axes"][i, :na] = info["axes"]
                 padded["combo"][i, :na, :info["kmax"] + 1] = info["combo"]
-        self._tables = {"per_var": padded, "frac": np.array(frac), "ok": np.stack(ok), "rank": np.stack(rank), "ratio": np.stack(ratio),
-                        "vars": per_var, "codes": codes}
+        self._tables = {"per_var": padded, "frac": np.array(frac), "ok": np.stack(ok), "rank": np.stack(rank),
+                        "ratio": np.stack(ratio), "vars": per_var, "codes": codes}
         return self._tables
 
     def sample_columns(self, n: int, chunk: int = 4096) -> StrategyColumns:

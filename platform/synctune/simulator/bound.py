@@ -20,9 +20,10 @@ class BoundSimulator:
     """``simulator`` scoring strategies of (``model``, ``cluster``).
 
     ``fit(strategies, runtimes)`` lets it learn from what the search measured: a training-free
-    simulator ignores it, a calibrated replay refits its constants for this domain; a learned one is trained from scratch on everything measured (``make``
-    gives the untrained one), or, when it was learned elsewhere (``transfer``), fine-tuned from
-    where it was, so what it brought is kept (AutoSync §3.3).
+    simulator ignores it, a calibrated replay refits its constants for this domain; a learned one
+    is trained from scratch on everything measured (``make`` gives the untrained one), or, when it
+    was learned elsewhere (``transfer``), fine-tuned from where it was, so what it brought is kept
+    (AutoSync §3.3).
     """
 
     def __init__(self, simulator: Simulator, model: ModelSpec, cluster: ClusterSpec, *,

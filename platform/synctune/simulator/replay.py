@@ -391,7 +391,8 @@ class CalibratedReplay(ReplaySimulator):
     def calibrate(self, domain) -> None:
         """Fit ``domain``'s constants on its measured trials, from the general ones (a search
         recalibrates after every batch of trials, dPRO §4.3's calibration from the job's own
-        measurements); fewer than ``min_trials`` trials leave the general constants in use."""
+        measurements); with fewer than ``min_trials`` trials the domain keeps the constants it
+        had (the general ones, unless :meth:`fit` calibrated it)."""
         if len(domain.runtimes) < self.min_trials:
             return
         self.per_domain.pop(domain.key, None)

@@ -55,7 +55,8 @@ class StrategyColumns:
     Optionally, what the simulator's encoder would make of the merge groups, written by a
     producer that has it at hand (the guided sampler does): ``group_order`` (per shard, its
     group numbered 0.. in the order the strategy's groups first appear; -1 off all-reduce) and
-    ``ngroups`` (per strategy, how many groups). Absent, the encoder works them out."""
+    ``ngroups`` (per strategy, how many groups). Absent, the encoder works them out. Whoever
+    changes ``kind`` or ``group`` of such columns must clear both (the encoder trusts them)."""
 
     model: Any
     cluster: Any
