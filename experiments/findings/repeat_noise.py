@@ -22,14 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
-
-def pairwise_accuracy(truth: np.ndarray, measured: np.ndarray) -> float:
-    right = total = 0
-    for i, j in itertools.combinations(range(len(truth)), 2):
-        if measured[i] != measured[j]:
-            total += 1
-            right += (truth[i] < truth[j]) == (measured[i] < measured[j])
-    return right / total if total else float("nan")
+from synctune.simulator.evaluate import pairwise_accuracy
 
 
 def main() -> None:
@@ -58,6 +51,7 @@ def main() -> None:
     for sigma in (noise * 0.5, noise, p["diff"].median()):
         accs = []
         for _ in range(10):
+            # the true times as the prediction, a noisy measurement of them as the truth
             per = [pairwise_accuracy(g.median_s.to_numpy(), g.median_s.to_numpy() * (1 + rng.normal(0, sigma, len(g))))
                    for _, g in t.groupby(["model_name", "cluster_name"]) if len(g) > 1]
             accs.append(np.nanmean(per))

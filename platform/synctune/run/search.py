@@ -221,9 +221,8 @@ CALIBRATE_AFTER = 8
 def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpec):
     """The simulator an experiment asks for, bound to its domain (None for the random variants)."""
     from ..data.paths import profiles_dir
-    from ..simulator import AnalyticSimulator, BoundSimulator, ReplaySimulator, load_simulator, make_simulator, \
-        profile_key
-    from ..simulator.replay import CalibratedReplay
+    from ..simulator import AnalyticSimulator, BoundSimulator, CalibratedReplay, ReplaySimulator, load_simulator, \
+        make_simulator, profile_key
 
     if exp.algorithm in ("random", "random-guided"):
         return None
@@ -236,10 +235,10 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     # was measured (`synctune sim profile`), calibrated on the search's own trials as they come
     # (its communication's CPU costs and compute scale; dPRO §4.3), else the analytic model.
     measured = profile_key(model.name, cluster.device_kind, cluster.num_devices) in replay.profiles
+    physical = CalibratedReplay(min_trials=CALIBRATE_AFTER) if measured else AnalyticSimulator()
     if measured:
-        calibrated = CalibratedReplay(min_trials=CALIBRATE_AFTER)
-        calibrated.use_profiles(replay)
-    analytic = BoundSimulator(calibrated if measured else AnalyticSimulator(), model, cluster)
+        physical.use_profiles(replay)
+    analytic = BoundSimulator(physical, model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
         def make():
             sim = make_simulator(exp.simulator, epochs=60, seed=exp.seed)

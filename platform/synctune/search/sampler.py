@@ -363,15 +363,19 @@ class GuidedSampler:
                   "upper": np.ones((len(per_var), amax), np.int64), "axes": np.zeros((len(per_var), amax), np.int64),
                   "combo": np.zeros((len(per_var), amax, kmax + 1), np.int64),
                   "sfb": np.array([i for i, info in enumerate(per_var) if info["sfb"]], np.int64),
-                  "cuttable": np.array([i for i, info in enumerate(per_var) if info["naxes"]], np.int64)}
+                  "cuttable": np.array([i for i, info in enumerate(per_var) if info["naxes"]], np.int64),
+                  "bytes": np.array([info["bytes"] for info in per_var], np.float64),
+                  "sparse": np.array([info["sparse"] for info in per_var], bool)}
         for i, info in enumerate(per_var):
             na = info["naxes"]
             if na:
                 padded["upper"][i, :na] = info["upper"]
                 padded["axes"][i, :na] = info["axes"]
                 padded["combo"][i, :na, :info["kmax"] + 1] = info["combo"]
-        self._tables = {"per_var": padded, "frac": np.array(frac), "ok": np.stack(ok), "rank": np.stack(rank),
-                        "ratio": np.stack(ratio), "vars": per_var, "codes": codes}
+        # Per (variable, axis, pieces, shard) x compressor x sync x rank cell, flattened as the
+        # compiled sampler indexes them.
+        self._tables = {"per_var": padded, "frac": np.array(frac), "ok": np.stack(ok).reshape(-1),
+                        "rank": np.stack(rank).reshape(-1), "ratio": np.stack(ratio).reshape(-1), "codes": codes}
         return self._tables
 
     def sample_columns(self, n: int, chunk: int = 4096) -> StrategyColumns:
@@ -393,8 +397,8 @@ class GuidedSampler:
             self.np_rng = np.random.default_rng(self.seed)
         rng = self.np_rng
         t = self._column_tables()
-        infos = t["vars"]
-        nv = len(infos)
+        v = t["per_var"]
+        nv = len(v["base"])
         ps_share, local_rate = rng.random(n), rng.random(n)
         compress = (rng.random(n) < self.compress_prob) if self.lossy else np.zeros(n, bool)
         comp_kind = rng.integers(1, 4, n)  # fp16, bf16, powersgd
@@ -404,7 +408,6 @@ class GuidedSampler:
         # Per variable, for all strategies: how many pieces, along which axis, where its
         # per-(variable, axis, pieces, shard) table entries start, and whether it goes by SFB
         # (every variable at once, from the tables' padded per-variable arrays).
-        v = t["per_var"]
         base = np.broadcast_to(v["base"], (n, nv)).copy()
         pieces = np.ones((n, nv), np.int64)
         axes = np.zeros((n, nv), np.int64)
@@ -420,16 +423,13 @@ class GuidedSampler:
                                                       "rank", "comp_code")}
         out.update(local=np.empty(rows, bool), hier=np.empty(rows, bool), frac=np.empty(rows), ratio=np.empty(rows),
                    group_order=np.empty(rows, np.int64), ngroups=np.zeros(n))
-        tables = (t["frac"], t["ok"].reshape(-1), t["rank"].reshape(-1).astype(np.int64), t["ratio"].reshape(-1),
-                  t["codes"].astype(np.int64))
-        var_bytes = np.array([info["bytes"] for info in infos], dtype=np.float64)
-        var_sparse = np.array([info["sparse"] for info in infos], dtype=bool)
         nic = np.asarray(self.nic, dtype=np.float64)
         for lo in range(0, n, max(1, chunk)):
             hi = min(n, lo + max(1, chunk))
             u = rng.random((int(offsets[hi] - offsets[lo]), 2), dtype=np.float32)
-            fill_rows(lo, hi, u, rng.random(hi - lo), offsets, pieces, axes, base, sfb, var_bytes, var_sparse, nic,
-                      ps_share, local_rate, compress, comp_kind, rank_idx, hier, *tables,
+            fill_rows(lo, hi, u, rng.random(hi - lo), offsets, pieces, axes, base, sfb, v["bytes"], v["sparse"], nic,
+                      ps_share, local_rate, compress, comp_kind, rank_idx, hier,
+                      t["frac"], t["ok"], t["rank"], t["ratio"], t["codes"],
                       out["sid"], out["var"], out["axis"], out["nshards"], out["kind"], out["node"], out["local"],
                       out["group"], out["hier"], out["comp"], out["rank"], out["frac"], out["comp_code"], out["ratio"],
                       out["group_order"], out["ngroups"])

@@ -395,8 +395,7 @@ class CalibratedReplay(ReplaySimulator):
         had (the general ones, unless :meth:`fit` calibrated it)."""
         if len(domain.runtimes) < self.min_trials:
             return
-        self.per_domain.pop(domain.key, None)
-        self.set_constants(self.general)
+        self.set_constants(self.general)  # the fit starts from the constants it replays with
         self.per_domain[domain.key] = calibrate_replay(self, [domain])
 
     def _domain(self, ctx: DomainContext) -> _ReplayDomain:
