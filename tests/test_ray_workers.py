@@ -84,3 +84,40 @@ def test_a_replica_subset_runs_on_the_group_as_on_the_local_launcher(local_ray):
         c = group.run_confirm([(subset, None), (full, None)], config, workload=WORKLOAD, rounds=2, per_round=2)
         assert c["regrouped"] and len(c["a_s"]) == len(c["b_s"]) == 2 and c["low"] <= c["ratio"] <= c["high"]
         assert group.regroups == 2 + 3 and group.members == [3, 1]  # A B | B A: B twice in a row, A last
+
+
+def test_a_confirmation_whose_worker_dies_runs_again_on_fresh_workers(local_ray):
+    """A worker killed during the interleaved re-measurement: the confirmation starts over on
+    fresh processes and pairs every round, naming the failure; with no retry left it fails."""
+    from synctune.cluster.workers import ConfirmFailed
+
+    cluster = cluster_preset("local-1x2")
+    spec = model_spec("cnn-small")
+    arms = [(build_strategy("ps", spec, cluster), None), (build_strategy("allreduce", spec, cluster), None)]
+    config = TrialConfig(warmup=1, seed=0, timeout_s=120)
+    with RayWorkerGroup(cluster) as group:
+        group.start()
+        killed = []
+
+        def kill_once(msg):
+            if not killed:
+                killed.append(group.pids[1])
+                os.kill(group.pids[1], signal.SIGKILL)
+
+        out = group.run_confirm(arms, config, workload=WORKLOAD, rounds=3, per_round=2, on_progress=kill_once)
+        assert killed and group.starts == 2 and killed[0] not in group.pids
+        assert len(out["a_s"]) == len(out["b_s"]) == 3 and out["low"] <= out["ratio"] <= out["high"]
+        assert len(out["retried"]) == 1 and "a worker died" in out["retried"][0], out["retried"]
+
+        def kill_always(msg):
+            if group.pids and group.pids[1] not in killed:
+                killed.append(group.pids[1])
+                os.kill(group.pids[1], signal.SIGKILL)
+
+        try:
+            group.run_confirm(arms, config, workload=WORKLOAD, rounds=3, per_round=2, on_progress=kill_always,
+                              retries=0)
+        except ConfirmFailed as exc:
+            assert "a worker died" in str(exc)
+        else:
+            raise AssertionError("a confirmation whose worker died with no retry left must fail")

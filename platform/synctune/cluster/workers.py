@@ -322,13 +322,37 @@ class RayWorkerGroup:
         return result
 
     def run_confirm(self, arms: list, config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10,
-                    per_round: int = 5, screen_rounds: int = 0, on_progress: Callable[[dict], None] | None = None
-                    ) -> dict:
+                    per_round: int = 5, screen_rounds: int = 0, on_progress: Callable[[dict], None] | None = None,
+                    retries: int = 1) -> dict:
         """Re-measure arms (strategy, runtime or None) interleaved on the group's processes
         (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
         speed-up of the first arm over the last with its 95% interval. With ``screen_rounds``,
         several candidates before the baseline are screened first and the first arm is the
-        pick (``picked``). A failure raises :class:`ConfirmFailed` (the group is torn down)."""
+        pick (``picked``).
+
+        A confirmation whose worker died is run again from the start on fresh workers, up to
+        ``retries`` times (the result names each failure under ``retried``): a crash in one
+        process (seen in gloo's sparse all-gather under torch DDP) says nothing about the arms,
+        and half a confirmation cannot be paired. Other failures are not retried: an arm that
+        raises would raise again, and a timeout would take as long again. A failure that remains
+        raises :class:`ConfirmFailed` (the group is torn down)."""
+        failures: list[str] = []
+        while True:
+            try:
+                out = self._confirm_once(arms, config, workload=workload, rounds=rounds, per_round=per_round,
+                                         screen_rounds=screen_rounds, on_progress=on_progress)
+            except ConfirmFailed as exc:
+                if len(failures) >= retries or "a worker died" not in str(exc):
+                    raise
+                failures.append(str(exc)[:300])
+                self.shutdown()  # fresh processes: whatever broke in the old ones goes with them
+                continue
+            if failures:
+                out["retried"] = failures
+            return out
+
+    def _confirm_once(self, arms: list, config: TrialConfig, *, workload, rounds: int, per_round: int,
+                      screen_rounds: int, on_progress) -> dict:
         from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
         members = [self._check_replicas(strategy) for strategy, _runtime in arms]
