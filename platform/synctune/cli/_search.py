@@ -153,6 +153,8 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
         if confirmed.get("screened"):
             click.echo(f"          picked by a screening of the {len(confirmed['screened'])} fastest searched strategies "
                        f"({', '.join(confirmed['screened'])}) on rounds of their own")
+        for failure in confirmed.get("retried") or ():
+            click.echo(f"          run again from the start on fresh workers after: {failure[:160]}")
     elif confirmed:
         click.echo(f"confirmed n/a ({confirmed.get('error', 'no result')})")
     selection = summary.get("simulator_selection") or []
