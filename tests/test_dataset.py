@@ -137,6 +137,27 @@ def test_contending_writers_compactors_and_readers_lose_nothing_and_duplicate_no
                 and not p.name.endswith(".parquet")]
 
 
+def test_compacting_one_partition_leaves_the_others_as_they_are(tmp_path):
+    """What a search does when it ends: its (model, cluster) partition becomes one file holding
+    every row once; another partition's files are not touched."""
+    ds = TrialDataset(tmp_path)
+    for i in range(3):
+        ds.append(make_records(4, writer=i))
+        ds.append(make_records(2, writer=i, cluster="local-2x2"))
+    ds.append(make_records(4, writer=0))  # the same rows again: read once, compacted once
+    mine = lambda: [f for f in ds.files() if f.parent.name.endswith("local-1x2")]  # noqa: E731
+    other = [f for f in ds.files() if f.parent.name.endswith("local-2x2")]
+    before = ds.read().sort_values("record_id").reset_index(drop=True)
+    assert len(mine()) == 4 and len(other) == 3
+    out = ds.compact(model="cnn-small", cluster="local-1x2")
+    assert out == {"files_before": 4, "files_after": 1, "rows": 12}
+    assert len(mine()) == 1 and [f for f in ds.files() if f.parent.name.endswith("local-2x2")] == other
+    after = ds.read().sort_values("record_id").reset_index(drop=True)
+    assert list(after["record_id"]) == list(before["record_id"]) and len(after) == 18
+    assert list(after["mean_s"]) == list(before["mean_s"])
+    assert ds.compact(model="ncf-small")["files_before"] == 0
+
+
 def _slow_writer(root: str) -> None:
     ds = TrialDataset(root)
     batch = 0

@@ -44,6 +44,8 @@ def test_tiny_real_search(tiny_search, tmp_path):
     assert "single " in out and "hit rate" in out
     rows = TrialDataset(home / "dataset").read(search_id="tiny-seed0")
     assert len(rows) == 6 + 2 + 1 and (rows["status"] == "ok").all()
+    # Rows are committed one file per trial; the search leaves its partition as one file.
+    assert len(TrialDataset(home / "dataset").files()) == 1
     assert set(rows["origin"]) >= {"allreduce", "ps-lb", "partitioned-ps", "autodist", "ddp-tuned", "confirmation"}
     assert rows["mlflow_run_id"].str.len().eq(32).all()
     # Tuned DDP: real DDP trials, recorded with their configuration; the first is DDP's default.

@@ -89,8 +89,9 @@ class TrialDataset:
             written += part.num_rows
         return written
 
-    def compact(self) -> dict[str, int]:
-        """Rewrite every partition with several files as one file without duplicates.
+    def compact(self, *, model: str | None = None, cluster: str | None = None) -> dict[str, int]:
+        """Rewrite every partition with several files (only the ``model`` / ``cluster`` one where
+        given) as one file without duplicates.
 
         Safe with concurrent readers (they drop duplicates while both old and new files are
         visible) and writers (files committed after the listing are left alone).
@@ -98,6 +99,9 @@ class TrialDataset:
         files_before = rows_after = 0
         partitions: dict[Path, list[Path]] = {}
         for f in self.files():
+            if (model is not None and f.parent.parent.name != _segment("model", model)) or (
+                    cluster is not None and f.parent.name != _segment("cluster", cluster)):
+                continue
             partitions.setdefault(f.parent, []).append(f)
         import pyarrow.dataset as ds
 
@@ -114,7 +118,8 @@ class TrialDataset:
             _write_file(table, part_dir)
             for f in files:
                 f.unlink(missing_ok=True)
-        return {"files_before": files_before, "files_after": len(self.files()), "rows": rows_after}
+        return {"files_before": files_before, "files_after": sum(len(list(d.glob("part-*.parquet")))
+                                                                 for d in partitions), "rows": rows_after}
 
     def _keys(self, part_dir: Path) -> set:
         def load():

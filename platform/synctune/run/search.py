@@ -606,6 +606,14 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         logger.log_text(parent, json.dumps(confirmation, indent=1, sort_keys=True), "confirmation.json")
     if summary["simulator_selection"]:
         logger.log_text(parent, json.dumps(summary["simulator_selection"], indent=1), "simulator_selection.json")
+    # Each trial's row is its own Parquet file (committed the moment it is measured, so a killed
+    # search loses nothing); a search leaves its partition as one file again, since reads slow
+    # with the file count (2,244 rows: 4.2 s as one file each, 0.12 s compacted).
+    try:
+        ds.compact(model=model.name, cluster=cluster.name)
+    except OSError as exc:  # the rows are all there as they were: only reading them is slower
+        say(f"the dataset's {model.name}/{cluster.name} partition was left uncompacted ({exc}); "
+            f"`synctune dataset compact` does it later")
     return summary
 
 
