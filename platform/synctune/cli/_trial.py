@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..engine.runtimes import RUNTIMES
 from ..spec.errors import SpecError
 from . import cli
 from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
@@ -52,7 +53,7 @@ def _progress_bar(total_hint: int, label: str):
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")
 @click.option("--ray-address", default="local", show_default=True,
               help="With --launcher ray: 'local' starts Ray on this machine, 'auto' joins a running cluster.")
-@click.option("--runtime", type=click.Choice(["engine", "ddp", "horovod", "tensorflow"]), default="engine",
+@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default="engine",
               show_default=True,
               help="What runs the trial: synctune's engine executing the strategy, plain torch DDP, real Horovod "
                    "(scripts/install-horovod.sh), or TensorFlow's MultiWorkerMirroredStrategy for a Keras model "
@@ -81,16 +82,18 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
     memory (the result says why), 2 on bad input.
     """
+    from ..engine.runtimes import runtime_class
     from ..engine.trial import TrialConfig, check_trial, run_trial_local
     from ..strategy import build_strategy, load_strategy, parse_builder_options
 
+    runs = runtime_class(runtime)
     if builder is not None and strategy_file is not None or (builder is None and strategy_file is None
-                                                             and runtime in ("engine", "tensorflow")):
+                                                             and runs.runs_strategy):
         raise SpecError("give exactly one of --builder and --strategy")
-    if ddp_options and runtime != "ddp":
-        raise SpecError("--ddp applies to --runtime ddp only")
-    if horovod_options and runtime != "horovod":
-        raise SpecError("--horovod applies to --runtime horovod only")
+    settings = {"ddp": ddp_options, "horovod": horovod_options}  # --ddp and --horovod: one flag per runtime
+    for flag, given in settings.items():
+        if given and runtime != flag:
+            raise SpecError(f"--{flag} applies to --runtime {flag} only")
     if (model is None) == (workload_path is None):
         raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
@@ -105,13 +108,7 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
         strategy = load_strategy(strategy_file)
     else:
         strategy = build_strategy("allreduce", model_spec, cluster_spec)
-    if runtime == "tensorflow":
-        from ..engine.tensorflow import tensorflow_runtime
-
-        run_config = tensorflow_runtime(strategy, model_spec)
-    else:
-        run_config = (_ddp_runtime(ddp_options) if runtime == "ddp"
-                      else _horovod_runtime(horovod_options) if runtime == "horovod" else None)
+    run_config = runs.from_options(_parse_options(settings.get(runtime, ())), strategy, model_spec)
     check_trial(workload, strategy, cluster_spec, run_config)
     node_net = node_network(cluster_spec)
     if record:
@@ -132,7 +129,7 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     finally:
         bar.close()
     if record:
-        origin = runtime if run_config and not (builder or strategy_file) else (builder or f"file:{strategy_file}")
+        origin = runtime if runtime != "engine" and not (builder or strategy_file) else (builder or f"file:{strategy_file}")
         _record(result, strategy, model_spec, cluster_spec, origin, experiment, workload.source, run_config)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
@@ -143,65 +140,8 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
         raise SystemExit(1)
 
 
-def _ddp_runtime(options: tuple[str, ...]) -> dict:
-    """``--ddp KEY=VALUE`` options as a trial runtime (values typed as DDPConfig's fields)."""
-    from ..engine.ddp import DDP_DEFAULT, DDPConfig, ddp_runtime
-
-    values = DDP_DEFAULT.to_dict()
-    parsed = _parse_options(options)
-    if "bucket_cap_mb" in parsed and "first_bucket_mb" not in parsed:
-        values["first_bucket_mb"] = None  # a cap given alone caps every bucket, as in DDP
-    for key, text in parsed.items():
-        if key not in values:
-            raise SpecError(f"--ddp: unknown key {key!r}; valid: {', '.join(k for k in values if k != 'num_groups')}")
-        if key in ("bucket_cap_mb", "first_bucket_mb"):
-            try:
-                values[key] = None if text.lower() in ("null", "none") and key == "first_bucket_mb" else float(text)
-            except ValueError:
-                raise SpecError(f"--ddp: {key}: expected a number of MiB, got {text!r}") from None
-        elif key == "powersgd_rank":
-            if not text.isdigit():
-                raise SpecError(f"--ddp: powersgd_rank: expected a positive integer, got {text!r}")
-            values[key] = int(text)
-        elif key == "gradient_as_bucket_view":
-            if text.lower() not in ("true", "false"):
-                raise SpecError(f"--ddp: gradient_as_bucket_view: expected true or false, got {text!r}")
-            values[key] = text.lower() == "true"
-        else:
-            values[key] = text
-    if values["comm_hook"] == "powersgd":
-        values["first_bucket_mb"] = None
-        values["powersgd_rank"] = values["powersgd_rank"] or 4
-    return ddp_runtime(DDPConfig.from_dict(values))
-
-
-def _horovod_runtime(options: tuple[str, ...]) -> dict:
-    """``--horovod KEY=VALUE`` options as a trial runtime (values typed as HorovodConfig's fields)."""
-    from ..engine.horovod import HorovodConfig, horovod_runtime
-
-    try:
-        return horovod_runtime(HorovodConfig.from_options(_parse_options(options)))
-    except SpecError as exc:
-        raise SpecError(f"--horovod: {exc}") from None
-
-
-def _print_result(result, strategy, runtime: dict | None = None) -> None:
-    if runtime and runtime["kind"] == "ddp":
-        from ..engine.ddp import DDPConfig
-
-        click.echo(f"torch DDP: {DDPConfig.from_dict(runtime['ddp']).summary()} (replicas and batch split of "
-                   f"{strategy.summary()})")
-    elif runtime and runtime["kind"] == "tensorflow":
-        pack = runtime["tensorflow"]["bytes_per_pack"]
-        click.echo(f"TensorFlow MultiWorkerMirroredStrategy, ring, bytes_per_pack {pack} "
-                   f"({'one pack' if pack == 0 else 'packs as the merge groups'}): {strategy.summary()}")
-    elif runtime:
-        from ..engine.horovod import HorovodConfig
-
-        click.echo(f"Horovod: {HorovodConfig.from_dict(runtime['horovod']).summary()} (replicas and batch split of "
-                   f"{strategy.summary()})")
-    else:
-        click.echo(strategy.summary())
+def _print_result(result, strategy, runtime) -> None:
+    click.echo(runtime.describe(strategy))
     click.echo(f"status {result.status} ({result.launcher}, {result.num_workers} workers, {result.backend or '-'}, "
                f"{result.wall_s:.1f} s wall)")
     if result.cluster_scale != 1.0:
@@ -231,14 +171,13 @@ def _check_records_writable() -> None:
 
 
 def _record(result, strategy, model_spec, cluster_spec, origin: str, experiment: str, workload_source: str,
-            runtime: dict | None = None) -> None:
+            runtime) -> None:
     """MLflow first (for the run id), then the dataset row, which lands even if MLflow is down."""
     from ..data import MlflowLogger, TrialDataset, dataset_dir
     from ..run import record_result
 
-    rec = record_result(result.to_dict(), strategy, model_spec, cluster_spec, dataset=TrialDataset(dataset_dir()),
+    rec = record_result(result, strategy, model_spec, cluster_spec, dataset=TrialDataset(dataset_dir()),
                         logger=MlflowLogger(experiment), origin=origin, experiment=experiment,
-                        workload_source=workload_source, runtime=runtime["kind"] if runtime else "engine",
-                        runtime_json=json.dumps(runtime[runtime["kind"]], sort_keys=True) if runtime else "")
+                        workload_source=workload_source, runtime=runtime)
     run_id = rec.mlflow_run_id
     echo_err(f"recorded trial {rec.trial_id}: dataset {dataset_dir()}" + (f", MLflow run {run_id}" if run_id else ""))

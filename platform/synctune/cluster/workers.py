@@ -13,6 +13,8 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.local import rank_networks
+from ..engine.runtime import Runtime
+from ..engine.runtimes import as_runtime
 from ..engine.trial import (
     GPU_BACKEND,
     TrialConfig,
@@ -300,9 +302,9 @@ class RayWorkerGroup:
         self.regroups += 1
 
     def run_trial(self, strategy: Strategy, config: TrialConfig = TrialConfig(), *, workload,
-                  on_progress: Callable[[dict], None] | None = None, runtime: dict | None = None) -> TrialResult:
-        """Run one trial of ``workload`` on the group (``runtime``: torch DDP instead of the
-        engine, see :func:`synctune.engine.ddp.ddp_runtime`); a worker that dies or hangs ends
+                  on_progress: Callable[[dict], None] | None = None, runtime: Runtime | dict | None = None
+                  ) -> TrialResult:
+        """Run one trial of ``workload`` on the group by ``runtime`` (default: the engine); a worker that dies or hangs ends
         it as failed/timeout (and the group is torn down, to be restarted by the next trial)."""
         spec = check_trial(workload, strategy, self.cluster, runtime)
         members = self._check_replicas(strategy)
@@ -392,9 +394,10 @@ class RayWorkerGroup:
                             f"1000, got {rounds!r} and {screen_rounds!r}")
         if len(arms) < 2 or (len(arms) > 2 and not screen_rounds):
             raise SpecError(f"a confirmation compares two arms (more only with screening rounds), got {len(arms)}")
-        if any(r and r.get("kind") in ("horovod", "tensorflow") for _s, r in arms):
-            raise SpecError("confirmation: arms on different replica sets run as separate trials, and Horovod and "
-                             "TensorFlow start once per process; confirm engine or ddp arms")
+        once = [r.name for r in map(as_runtime, (r for _s, r in arms)) if r.once_per_process]
+        if once:
+            raise SpecError(f"confirmation: arms on different replica sets run as separate trials, and the {once[0]} "
+                            f"runtime starts once per process; confirm engine or ddp arms")
         start = time.monotonic()
         short = dataclasses.replace(config, iters=per_round)
         done = [0]
@@ -425,7 +428,7 @@ class RayWorkerGroup:
         """Horovod and TensorFlow start once per process (:class:`synctune.engine.horovod.HorovodSession`,
         :mod:`synctune.engine.tensorflow`): before such a run on processes that already ran one,
         restart the workers."""
-        if not any(r and r.get("kind") in ("horovod", "tensorflow") for r in runtimes):
+        if not any(as_runtime(r).once_per_process for r in runtimes):
             return
         if self.actors and self.single_start_used:
             self.shutdown()

@@ -15,8 +15,9 @@ from typing import Any
 
 from ..spec._util import is_int, is_number
 from ..spec.errors import SpecError
+from .runtime import ArmContext, Runtime, Stepper
 
-__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "wrap_ddp", "ddp_runtime", "check_ddp_trial"]
+__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "DDPRuntime", "wrap_ddp", "ddp_runtime", "check_ddp_trial"]
 
 #: Comm hooks a DDP trial can register (torch.distributed.algorithms.ddp_comm_hooks).
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -101,26 +102,102 @@ def wrap_ddp(model: Any, config: DDPConfig | dict, device_ids: list[int] | None 
     return ddp
 
 
-def ddp_runtime(config: DDPConfig) -> dict[str, Any]:
-    """The ``runtime`` a trial payload carries to run ``config`` (plain data: it is pickled)."""
-    return {"kind": "ddp", "ddp": config.to_dict()}
+@dataclass(frozen=True)
+class DDPRuntime(Runtime):
+    """torch DDP as :attr:`config` says; the strategy gives only replicas and batch split."""
+
+    config: DDPConfig = DDP_DEFAULT
+    name = "ddp"
+
+    def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
+        """Refuse, before any worker starts, a DDP trial DDP would run differently from what it
+        claims."""
+        config = self.config
+        if len(set(strategy.batch_split)) > 1:
+            raise SpecError(f"ddp runtime: the batch split is uneven ({list(strategy.batch_split)}); DDP averages "
+                            f"replicas equally: use an even split")
+        sparse = [v.name for v in spec.variables if v.sparse]
+        if sparse and config.comm_hook != "none":
+            raise SpecError(f"ddp config: comm_hook: {config.comm_hook} compresses dense buckets, and variable "
+                            f"{sparse[0]!r} has sparse gradients; use comm_hook none for this model")
+        cpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind != "gpu"]
+        if cpu and config.comm_hook == "bf16":
+            raise SpecError(f"ddp config: comm_hook: bf16 needs CUDA and NCCL, and replica {cpu[0]!r} is a CPU "
+                            f"device; use fp16 or none")
+
+    def prepare(self, ctx: ArmContext) -> Stepper:
+        device = ctx.device
+        model = wrap_ddp(ctx.model, self.config, device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = ctx.make_optimizer(list(model.parameters()))
+
+        def step() -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return Stepper(forward_model=model, step=step)
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "DDPRuntime":
+        return cls(DDPConfig.from_dict(config))
+
+    def summary(self) -> str:
+        return self.config.summary()
+
+    def describe(self, strategy: Any) -> str:
+        return f"torch DDP: {self.summary()} (replicas and batch split of {strategy.summary()})"
+
+    @classmethod
+    def from_options(cls, options: dict[str, str], strategy: Any = None, spec: Any = None) -> "DDPRuntime":
+        """``--ddp KEY=VALUE`` settings, typed as :class:`DDPConfig`'s fields; unset ones are
+        :data:`DDP_DEFAULT`'s (a cap given alone caps every bucket, as in DDP)."""
+        values = DDP_DEFAULT.to_dict()
+        if "bucket_cap_mb" in options and "first_bucket_mb" not in options:
+            values["first_bucket_mb"] = None
+        for key, text in options.items():
+            if key not in values:
+                raise SpecError(f"--ddp: unknown key {key!r}; valid: "
+                                f"{', '.join(k for k in values if k != 'num_groups')}")
+            values[key] = _typed_option(key, text)
+        if values["comm_hook"] == "powersgd":
+            values["first_bucket_mb"] = None
+            values["powersgd_rank"] = values["powersgd_rank"] or 4
+        return cls(DDPConfig.from_dict(values))
 
 
-def check_ddp_trial(runtime: dict[str, Any], strategy: Any, spec: Any, cluster: Any) -> DDPConfig:
-    """Refuse, before any worker starts, a DDP trial DDP would run differently from what it
-    claims: ``strategy`` supplies only replicas and batch split."""
-    if not isinstance(runtime, dict) or runtime.get("kind") != "ddp" or not isinstance(runtime.get("ddp"), dict):
-        raise SpecError(f"trial runtime: expected {{'kind': 'ddp', 'ddp': {{...}}}}, got {runtime!r:.80}")
-    config = DDPConfig.from_dict(runtime["ddp"])
-    if len(set(strategy.batch_split)) > 1:
-        raise SpecError(f"ddp runtime: the batch split is uneven ({list(strategy.batch_split)}); DDP averages "
-                        f"replicas equally: use an even split")
-    sparse = [v.name for v in spec.variables if v.sparse]
-    if sparse and config.comm_hook != "none":
-        raise SpecError(f"ddp config: comm_hook: {config.comm_hook} compresses dense buckets, and variable "
-                        f"{sparse[0]!r} has sparse gradients; use comm_hook none for this model")
-    cpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind != "gpu"]
-    if cpu and config.comm_hook == "bf16":
-        raise SpecError(f"ddp config: comm_hook: bf16 needs CUDA and NCCL, and replica {cpu[0]!r} is a CPU device; "
-                        f"use fp16 or none")
-    return config
+def _typed_option(key: str, text: str) -> Any:
+    """One ``--ddp`` value as its field's type."""
+    if key in ("bucket_cap_mb", "first_bucket_mb"):
+        if key == "first_bucket_mb" and text.lower() in ("null", "none"):
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise SpecError(f"--ddp: {key}: expected a number of MiB, got {text!r}") from None
+    if key == "powersgd_rank":
+        if not text.isdigit():
+            raise SpecError(f"--ddp: powersgd_rank: expected a positive integer, got {text!r}")
+        return int(text)
+    if key == "gradient_as_bucket_view":
+        if text.lower() not in ("true", "false"):
+            raise SpecError(f"--ddp: gradient_as_bucket_view: expected true or false, got {text!r}")
+        return text.lower() == "true"
+    return text
+
+
+def ddp_runtime(config: DDPConfig) -> DDPRuntime:
+    """The runtime that runs torch DDP as ``config`` says."""
+    return DDPRuntime(config)
+
+
+def check_ddp_trial(runtime: Any, strategy: Any, spec: Any, cluster: Any) -> DDPConfig:
+    """Refuse a DDP trial DDP would run differently from what it claims (:meth:`DDPRuntime.check`);
+    ``runtime`` is a :class:`DDPRuntime` or its plain-data form."""
+    if isinstance(runtime, dict):
+        if runtime.get("kind") != "ddp" or not isinstance(runtime.get("ddp"), dict):
+            raise SpecError(f"trial runtime: expected {{'kind': 'ddp', 'ddp': {{...}}}}, got {runtime!r:.80}")
+        runtime = DDPRuntime.from_config(runtime["ddp"])
+    runtime.check(strategy, spec, cluster)
+    return runtime.config

@@ -22,9 +22,10 @@ from typing import Any
 
 from ..spec._util import is_number
 from ..spec.errors import SpecError
+from .runtime import ArmContext, Runtime, Stepper
 
-__all__ = ["HorovodConfig", "HOROVOD_DEFAULT", "COMPRESSIONS", "horovod_runtime", "check_horovod_trial",
-           "horovod_available", "HorovodSession"]
+__all__ = ["HorovodConfig", "HOROVOD_DEFAULT", "COMPRESSIONS", "HorovodRuntime", "horovod_runtime",
+           "check_horovod_trial", "horovod_available", "HorovodSession"]
 
 #: Gradient compressions of ``hvd.DistributedOptimizer`` (``hvd.Compression``).
 COMPRESSIONS = ("none", "fp16")
@@ -120,9 +121,9 @@ class HorovodConfig:
 HOROVOD_DEFAULT = HorovodConfig()
 
 
-def horovod_runtime(config: HorovodConfig) -> dict[str, Any]:
-    """The ``runtime`` a trial payload carries to run ``config`` (plain data: it is pickled)."""
-    return {"kind": "horovod", "horovod": config.to_dict()}
+def horovod_runtime(config: HorovodConfig) -> "HorovodRuntime":
+    """The runtime that runs real Horovod as ``config`` says."""
+    return HorovodRuntime(config)
 
 
 def _binding(name: str):
@@ -159,37 +160,141 @@ def horovod_available(binding: str = "torch") -> str | None:
     return None
 
 
-def check_horovod_trial(runtime: dict[str, Any], strategy: Any, spec: Any, cluster: Any,
-                        workload: Any = None) -> HorovodConfig:
-    """Refuse, before any worker starts, a Horovod trial Horovod would run differently from what
-    it claims: ``strategy`` supplies only replicas and batch split. A Keras ``workload`` runs on
-    Horovod's TensorFlow binding."""
-    if not isinstance(runtime, dict) or runtime.get("kind") != "horovod" or not isinstance(runtime.get("horovod"),
-                                                                                            dict):
-        raise SpecError(f"trial runtime: expected {{'kind': 'horovod', 'horovod': {{...}}}}, got {runtime!r:.80}")
-    config = HorovodConfig.from_dict(runtime["horovod"])
-    if len(set(strategy.batch_split)) > 1:
-        raise SpecError(f"horovod runtime: the batch split is uneven ({list(strategy.batch_split)}); Horovod averages "
-                        f"replicas equally: use an even split")
-    binding = "tensorflow" if getattr(workload, "framework", "torch") == "tensorflow" else "torch"
-    why = horovod_available(binding)
-    if why is not None:
-        raise SpecError(f"horovod runtime: {why}")
-    hvd = _binding(binding)
+def check_horovod_trial(runtime: Any, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> HorovodConfig:
+    """Refuse a Horovod trial Horovod would run differently from what it claims
+    (:meth:`HorovodRuntime.check`); ``runtime`` is a :class:`HorovodRuntime` or its plain-data form."""
+    if isinstance(runtime, dict):
+        if runtime.get("kind") != "horovod" or not isinstance(runtime.get("horovod"), dict):
+            raise SpecError(f"trial runtime: expected {{'kind': 'horovod', 'horovod': {{...}}}}, got {runtime!r:.80}")
+        runtime = HorovodRuntime.from_config(runtime["horovod"])
+    runtime.check(strategy, spec, cluster, workload)
+    return runtime.config
 
-    if config.hierarchical_allreduce and not hvd.nccl_built():
-        # Horovod itself silently ignores the flag without NCCL (operations.cc): refuse instead.
-        raise SpecError("horovod config: hierarchical_allreduce: Horovod runs hierarchical all-reduce only with "
-                        "NCCL, and this build has none (it would silently run flat); set it false")
-    gpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind == "gpu"]
-    if gpu and not hvd.cuda_built():
-        raise SpecError(f"horovod runtime: replica {gpu[0]!r} is a GPU and this Horovod build has no CUDA support; "
-                        f"rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL on a CUDA machine")
-    sparse = [v.name for v in spec.variables if v.sparse]
-    if sparse and config.compression != "none" and not config.sparse_as_dense:
-        raise SpecError(f"horovod config: compression: {config.compression} applies to dense gradients, and variable "
-                        f"{sparse[0]!r} is sparse; set sparse_as_dense true or compression none")
-    return config
+
+@dataclass(frozen=True)
+class HorovodRuntime(Runtime):
+    """Real Horovod as :attr:`config` says (``hvd.DistributedOptimizer`` for PyTorch workloads,
+    ``hvd.DistributedGradientTape`` for Keras ones); the strategy gives only replicas and batch
+    split. Horovod starts once per process (:class:`HorovodSession`)."""
+
+    config: HorovodConfig = HOROVOD_DEFAULT
+    name = "horovod"
+    frameworks = ("torch", "tensorflow")
+    once_per_process = True
+
+    def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
+        """Refuse, before any worker starts, a Horovod trial Horovod would run differently from
+        what it claims. A Keras ``workload`` runs on Horovod's TensorFlow binding."""
+        config = self.config
+        if len(set(strategy.batch_split)) > 1:
+            raise SpecError(f"horovod runtime: the batch split is uneven ({list(strategy.batch_split)}); Horovod "
+                            f"averages replicas equally: use an even split")
+        binding = "tensorflow" if getattr(workload, "framework", "torch") == "tensorflow" else "torch"
+        why = horovod_available(binding)
+        if why is not None:
+            raise SpecError(f"horovod runtime: {why}")
+        hvd = _binding(binding)
+        if config.hierarchical_allreduce and not hvd.nccl_built():
+            # Horovod itself silently ignores the flag without NCCL (operations.cc): refuse instead.
+            raise SpecError("horovod config: hierarchical_allreduce: Horovod runs hierarchical all-reduce only with "
+                            "NCCL, and this build has none (it would silently run flat); set it false")
+        gpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind == "gpu"]
+        if gpu and not hvd.cuda_built():
+            raise SpecError(f"horovod runtime: replica {gpu[0]!r} is a GPU and this Horovod build has no CUDA "
+                            f"support; rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL on a CUDA machine")
+        sparse = [v.name for v in spec.variables if v.sparse]
+        if sparse and config.compression != "none" and not config.sparse_as_dense:
+            raise SpecError(f"horovod config: compression: {config.compression} applies to dense gradients, and "
+                            f"variable {sparse[0]!r} is sparse; set sparse_as_dense true or compression none")
+
+    def session(self, rank: int, strategy: Any, cluster: Any, timeout_s: float, binding: str = "torch"):
+        """Horovod started on this rank of the trial's group (a collective)."""
+        hosts = [cluster.node_of(d).name for d in strategy.replicas]
+        return HorovodSession(self.config, rank, hosts, os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1"),
+                              timeout_s=timeout_s, binding=binding)
+
+    def prepare(self, ctx: ArmContext) -> Stepper:
+        session = self.session(ctx.rank, ctx.strategy, ctx.cluster, ctx.collective_timeout_s)
+        optimizer = session.optimizer(ctx.make_optimizer(list(ctx.model.parameters())), ctx.model, self.config)
+
+        def step() -> None:
+            optimizer.step()
+            optimizer.zero_grad()  # Horovod's wrapper takes no arguments (torch's default: set to None)
+
+        return Stepper(forward_model=ctx.model, step=step, close=session.close)
+
+    def run_keras(self, rank: int, world: int, payload: dict) -> dict:
+        from .tensorflow import keras_trial_worker
+
+        return keras_trial_worker(rank, world, payload, _HorovodKeras(self))
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "HorovodRuntime":
+        return cls(HorovodConfig.from_dict(config))
+
+    def summary(self) -> str:
+        return self.config.summary()
+
+    def describe(self, strategy: Any) -> str:
+        return f"Horovod: {self.summary()} (replicas and batch split of {strategy.summary()})"
+
+    @classmethod
+    def from_options(cls, options: dict[str, str], strategy: Any = None, spec: Any = None) -> "HorovodRuntime":
+        """``--horovod KEY=VALUE`` settings (:meth:`HorovodConfig.from_options`)."""
+        try:
+            return cls(HorovodConfig.from_options(options))
+        except SpecError as exc:
+            raise SpecError(f"--horovod: {exc}") from None
+
+
+class _HorovodKeras:
+    """A Keras workload's step under Horovod's TensorFlow binding (``hvd.DistributedGradientTape``,
+    averaging; the split is even: checked before launch), for
+    :func:`synctune.engine.tensorflow.keras_trial_worker`."""
+
+    def __init__(self, runtime: HorovodRuntime) -> None:
+        self.runtime = runtime
+        self.session: HorovodSession | None = None
+
+    def open(self, rank: int, world: int, payload: dict, config: Any):
+        """Start Horovod; returns (tensorflow, a context to build the model in, the backend's name)."""
+        import contextlib
+
+        from ..spec.cluster import ClusterSpec
+        from ..strategy.schema import Strategy
+        from .tensorflow import import_tensorflow
+
+        self.session = self.runtime.session(rank, Strategy.from_dict(payload["strategy"]),
+                                            ClusterSpec.from_dict(payload["cluster"]), config.collective_timeout_s,
+                                            binding="tensorflow")
+        tf = import_tensorflow()
+        return tf, contextlib.nullcontext(), f"horovod tensorflow (gloo), tensorflow {tf.__version__}"
+
+    def make_step(self, tf, workload, model, optimizer, variables, share: float):
+        hvd = self.session.hvd
+        settings = self.runtime.config
+        compression = hvd.Compression.fp16 if settings.compression == "fp16" else hvd.Compression.none
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = workload.loss(model, (x, y))
+            # Horovod averages over ranks. Its tape keys gradients by tf.Variable; Keras 3
+            # variables hold theirs in .value.
+            tape = hvd.DistributedGradientTape(tape, compression=compression,
+                                               sparse_as_dense=settings.sparse_as_dense, op=hvd.Average)
+            grads = tape.gradient(loss, [v.value for v in variables])
+            optimizer.apply_gradients(zip(grads, variables))
+            return loss
+
+        return step
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
 
 
 def _slot_plan(hosts: list[str]):

@@ -20,7 +20,7 @@ gloo group into ``TF_CONFIG``, and timing uses the same barrier and slowest-rank
 trial. TensorFlow configures its collectives once per process, so, as with Horovod, a process
 runs one TensorFlow trial (worker groups restart their processes before another).
 
-The same worker runs a Keras workload under real Horovod (runtime ``horovod``, its TensorFlow
+The same worker (:func:`keras_trial_worker`) runs a Keras workload under real Horovod (runtime ``horovod``, its TensorFlow
 binding: ``hvd.DistributedGradientTape``), the Horovod baseline of a Keras model.
 """
 
@@ -29,15 +29,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..spec._util import import_tensorflow
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan
+from .runtime import Runtime
 
-__all__ = ["tensorflow_runtime", "bytes_per_pack_of", "check_tensorflow_trial", "tensorflow_trial_worker",
-           "project_to_tensorflow", "tensorflow_packs"]
+__all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of", "check_tensorflow_trial",
+           "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs", "import_tensorflow"]
 
 FIX = ("use the allreduce builder (one pack) or a strategy whose merge groups TensorFlow's packing forms "
        "(synctune.engine.tensorflow.project_to_tensorflow)")
@@ -131,83 +133,117 @@ def project_to_tensorflow(strategy: Strategy, spec: ModelSpec, bytes_per_pack: i
                     batch_split=strategy.batch_split, plans=tuple(plans))
 
 
-def tensorflow_runtime(strategy: Strategy, spec: ModelSpec) -> dict[str, Any]:
-    """The ``runtime`` a trial payload carries to run ``strategy`` with TensorFlow."""
-    return {"kind": "tensorflow", "tensorflow": {"bytes_per_pack": bytes_per_pack_of(strategy, spec),
-                                                 "implementation": "ring"}}
+@dataclass(frozen=True)
+class TensorFlowRuntime(Runtime):
+    """TensorFlow's MultiWorkerMirroredStrategy with ``bytes_per_pack`` (the packing that forms the
+    strategy's merge groups: :func:`bytes_per_pack_of`) and the ring implementation, for Keras
+    workloads. TensorFlow configures its collectives once per process, so it runs whole trials,
+    never one arm of an interleaved confirmation."""
+
+    bytes_per_pack: int = 0
+    implementation: str = "ring"
+    name = "tensorflow"
+    frameworks = ("tensorflow",)
+    once_per_process = True
+    interleavable = False
+    runs_strategy = True
+
+    def check(self, strategy: Strategy, spec: ModelSpec, cluster: Any, workload: Any = None) -> None:
+        """Refuse, before any worker starts, a TensorFlow trial that would not run what it claims."""
+        if getattr(workload, "framework", "torch") != "tensorflow":
+            raise SpecError(f"tensorflow runtime: workload {getattr(workload, 'name', workload)!r} is a PyTorch "
+                            f"model; the tensorflow runtime trains Keras workloads (keras-cnn-small, "
+                            f"keras-ncf-small, or a KerasWorkload)")
+        expected = bytes_per_pack_of(strategy, spec)
+        if self.bytes_per_pack != expected:
+            raise SpecError(f"tensorflow runtime: bytes_per_pack {self.bytes_per_pack} does not give this "
+                            f"strategy's merge groups ({expected} does)")
+        gpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind == "gpu"]
+        if gpu:
+            raise SpecError(f"tensorflow runtime: replica {gpu[0]!r} is a GPU, and the TensorFlow extra installed "
+                            f"here is the CPU build (tensorflow-cpu); run GPU trials with the engine, ddp or horovod "
+                            f"runtime")
+        try:
+            import_tensorflow()
+        except ImportError as exc:
+            raise SpecError(f"tensorflow runtime: TensorFlow is not installed ({exc}); install it with: python3 -m "
+                            f"pip install -c constraints.txt -e \".[tensorflow]\"") from None
+
+    def run_keras(self, rank: int, world: int, payload: dict) -> dict:
+        return keras_trial_worker(rank, world, payload, _Mirrored(self))
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"bytes_per_pack": self.bytes_per_pack, "implementation": self.implementation}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "TensorFlowRuntime":
+        if not isinstance(config, dict) or set(config) != {"bytes_per_pack", "implementation"}:
+            raise SpecError(f"trial runtime: expected {{'kind': 'tensorflow', 'tensorflow': {{'bytes_per_pack', "
+                            f"'implementation'}}}}, got {config!r:.80}")
+        if config["implementation"] != "ring" or not isinstance(config["bytes_per_pack"], int) \
+                or isinstance(config["bytes_per_pack"], bool) or config["bytes_per_pack"] < 0:
+            raise SpecError(f"tensorflow config: expected a non-negative integer bytes_per_pack and implementation "
+                            f"ring, got {config!r:.80}")
+        return cls(bytes_per_pack=config["bytes_per_pack"], implementation=config["implementation"])
+
+    def summary(self) -> str:
+        pack = self.bytes_per_pack
+        return f"tensorflow MWMS ring, {'one pack' if not pack else f'packs of {pack / 2**20:.3g} MiB'}"
+
+    def describe(self, strategy: Strategy) -> str:
+        pack = self.bytes_per_pack
+        return (f"TensorFlow MultiWorkerMirroredStrategy, ring, bytes_per_pack {pack} "
+                f"({'one pack' if pack == 0 else 'packs as the merge groups'}): {strategy.summary()}")
+
+    @classmethod
+    def from_options(cls, options: dict[str, str], strategy: Strategy, spec: ModelSpec) -> "TensorFlowRuntime":
+        """The runtime that executes ``strategy`` (its packing is the strategy's merge groups)."""
+        if options:
+            raise SpecError(f"tensorflow runtime: its settings come from the strategy, got {', '.join(options)}")
+        return tensorflow_runtime(strategy, spec)
 
 
-def check_tensorflow_trial(runtime: dict[str, Any], strategy: Strategy, spec: ModelSpec, cluster: Any,
-                           workload: Any) -> None:
-    """Refuse, before any worker starts, a TensorFlow trial that would not run what it claims."""
-    if getattr(workload, "framework", "torch") != "tensorflow":
-        raise SpecError(f"tensorflow runtime: workload {getattr(workload, 'name', workload)!r} is a PyTorch model; "
-                        f"the tensorflow runtime trains Keras workloads (keras-cnn-small, keras-ncf-small, or a "
-                        f"KerasWorkload)")
-    config = runtime.get("tensorflow") if isinstance(runtime, dict) else None
-    if not isinstance(config, dict) or set(config) != {"bytes_per_pack", "implementation"}:
-        raise SpecError(f"trial runtime: expected {{'kind': 'tensorflow', 'tensorflow': {{'bytes_per_pack', "
-                        f"'implementation'}}}}, got {runtime!r:.80}")
-    expected = bytes_per_pack_of(strategy, spec)
-    if config["bytes_per_pack"] != expected:
-        raise SpecError(f"tensorflow runtime: bytes_per_pack {config['bytes_per_pack']} does not give this strategy's "
-                        f"merge groups ({expected} does)")
-    gpu = [d for d in strategy.replicas if cluster.node_of(d).device_kind == "gpu"]
-    if gpu:
-        raise SpecError(f"tensorflow runtime: replica {gpu[0]!r} is a GPU, and the TensorFlow extra installed here "
-                        f"is the CPU build (tensorflow-cpu); run GPU trials with the engine, ddp or horovod runtime")
-    try:
-        import_tensorflow()
-    except ImportError as exc:
-        raise SpecError(f"tensorflow runtime: TensorFlow is not installed ({exc}); install it with: python3 -m pip "
-                        f"install -c constraints.txt -e \".[tensorflow]\"") from None
+def tensorflow_runtime(strategy: Strategy, spec: ModelSpec) -> TensorFlowRuntime:
+    """The runtime that runs ``strategy`` with TensorFlow (refuses what TensorFlow cannot execute
+    exactly, naming the variable and field)."""
+    return TensorFlowRuntime(bytes_per_pack=bytes_per_pack_of(strategy, spec))
+
+
+def check_tensorflow_trial(runtime: Any, strategy: Strategy, spec: ModelSpec, cluster: Any, workload: Any) -> None:
+    """Refuse a TensorFlow trial that would not run what it claims (:meth:`TensorFlowRuntime.check`);
+    ``runtime`` is a :class:`TensorFlowRuntime` or its plain-data form."""
+    if isinstance(runtime, dict):
+        runtime = TensorFlowRuntime.from_config(runtime.get("tensorflow"))
+    runtime.check(strategy, spec, cluster, workload)
 
 
 _STARTED_HERE = False
 
 
-def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
-    """One rank of a trial of a Keras workload (inside a process of the trial's torch.distributed
-    group): under TensorFlow's MultiWorkerMirroredStrategy (runtime ``tensorflow``) or Horovod's
-    TensorFlow binding (runtime ``horovod``: ``hvd.DistributedGradientTape``, averaging)."""
-    import contextlib
-    import socket
+class _Mirrored:
+    """A Keras workload's step under TensorFlow's MultiWorkerMirroredStrategy, for
+    :func:`keras_trial_worker`. Each rank opens a gRPC port on its own address (a lab worker's is
+    its node's shaped link); the addresses travel over the trial's gloo group into ``TF_CONFIG``."""
 
-    import numpy as np
-    import torch
-    import torch.distributed as dist
+    def __init__(self, runtime: TensorFlowRuntime) -> None:
+        self.runtime = runtime
+        self.mwms = None
 
-    from ..spec.cluster import ClusterSpec
-    from .local import peer_interface
-    from .trial import PeakMemory, TrialConfig, timed_iterations
+    def open(self, rank: int, world: int, payload: dict, config: Any):
+        """Start TensorFlow's collectives; returns (tensorflow, the strategy's scope, the backend's name)."""
+        import socket
 
-    global _STARTED_HERE
-    t_start = time.perf_counter()
-    runtime = payload["runtime"]
-    config = TrialConfig(**payload["config"])
-    strategy = Strategy.from_dict(payload["strategy"])
-    workload = payload["workload"]
-    memory = PeakMemory(torch.device("cpu"))
-    memory.reset()
-    horovod = None
-    if runtime["kind"] == "horovod":
-        from .horovod import HorovodConfig, HorovodSession
+        import torch
+        import torch.distributed as dist
 
-        hv_config = HorovodConfig.from_dict(runtime["horovod"])
-        cluster = ClusterSpec.from_dict(payload["cluster"])
-        horovod = HorovodSession(hv_config, rank, [cluster.node_of(d).name for d in strategy.replicas],
-                                 os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1"),
-                                 timeout_s=config.collective_timeout_s, binding="tensorflow")
-        tf = import_tensorflow()
-        scope = contextlib.nullcontext()
-        backend = f"horovod tensorflow (gloo), tensorflow {tf.__version__}"
-    else:
+        from .local import peer_interface
+
+        global _STARTED_HERE
         if _STARTED_HERE:
             raise RuntimeError("tensorflow runtime: this process already ran a TensorFlow trial, and TensorFlow "
                                "configures its collectives once per process; run the trial on fresh worker "
                                "processes")
         _STARTED_HERE = True
-        options = runtime["tensorflow"]
         host = peer_interface()[1]
         with socket.socket() as s:  # a free port on this worker's own address, for TensorFlow's gRPC server
             s.bind((host, 0))
@@ -221,37 +257,14 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
         comm = tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=int(options["bytes_per_pack"]), timeout_seconds=float(config.collective_timeout_s),
+            bytes_per_pack=int(self.runtime.bytes_per_pack), timeout_seconds=float(config.collective_timeout_s),
             implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-        mwms = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
-        scope = mwms.scope()
-        backend = f"tensorflow {tf.__version__} ring (grpc)"
-    import keras
+        self.mwms = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+        return tf, self.mwms.scope(), f"tensorflow {tf.__version__} ring (grpc)"
 
-    keras.utils.set_random_seed(config.seed)
-    with scope:
-        model = workload.build_model()
-        optimizer = workload.make_optimizer(name=config.optimizer, lr=config.lr)
-    share = strategy.batch_split[rank] / strategy.global_batch_size
-    x, y = workload.make_batch(strategy.batch_split[rank], rank=rank, seed=config.seed)
-    variables = model.trainable_variables
+    def make_step(self, tf, workload, model, optimizer, variables, share: float):
+        mwms = self.mwms
 
-    if horovod is not None:
-        hvd = horovod.hvd
-        compression = hvd.Compression.fp16 if hv_config.compression == "fp16" else hvd.Compression.none
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = workload.loss(model, (x, y))
-            # Horovod averages over ranks (the split is even: checked before launch). Its tape
-            # keys gradients by tf.Variable; Keras 3 variables hold theirs in .value.
-            tape = hvd.DistributedGradientTape(tape, compression=compression,
-                                               sparse_as_dense=hv_config.sparse_as_dense, op=hvd.Average)
-            grads = tape.gradient(loss, [v.value for v in variables])
-            optimizer.apply_gradients(zip(grads, variables))
-            return loss
-    else:
         @tf.function
         def step(x, y):
             def replica_step(x, y):
@@ -266,8 +279,39 @@ def tensorflow_trial_worker(rank: int, world: int, payload: dict) -> dict:
 
             return mwms.run(replica_step, args=(x, y))
 
+        return step
+
+    def close(self) -> None:
+        pass
+
+
+def keras_trial_worker(rank: int, world: int, payload: dict, session: Any) -> dict:
+    """One rank of a trial of a Keras workload (inside a process of the trial's torch.distributed
+    group), its step made by ``session`` (TensorFlow's MultiWorkerMirroredStrategy, or Horovod's
+    TensorFlow binding: :class:`synctune.engine.horovod.HorovodRuntime`); timed like every trial
+    (:func:`synctune.engine.measure.timed_iterations`)."""
+    import numpy as np
+    import torch
+
+    from .measure import PeakMemory, TrialConfig, timed_iterations
+
+    t_start = time.perf_counter()
+    config = TrialConfig(**payload["config"])
+    strategy = Strategy.from_dict(payload["strategy"])
+    workload = payload["workload"]
+    memory = PeakMemory(torch.device("cpu"))
+    memory.reset()
+    tf, scope, backend = session.open(rank, world, payload, config)
+    import keras
+
+    keras.utils.set_random_seed(config.seed)
+    with scope:
+        model = workload.build_model()
+        optimizer = workload.make_optimizer(name=config.optimizer, lr=config.lr)
+    share = strategy.batch_split[rank] / strategy.global_batch_size
+    x, y = workload.make_batch(strategy.batch_split[rank], rank=rank, seed=config.seed)
+    step = session.make_step(tf, workload, model, optimizer, model.trainable_variables, share)
     # Reading the loss waits for the step and its collectives: the iteration is done on return.
     timed = timed_iterations(rank, world, config, torch.device("cpu"), memory,
-                             lambda: float(np.asarray(step(x, y))), t_start=t_start,
-                             close=horovod.close if horovod is not None else None)
+                             lambda: float(np.asarray(step(x, y))), t_start=t_start, close=session.close)
     return {**timed, "backend": backend, "device_kind": "cpu"}

@@ -1,157 +1,42 @@
-"""A trial: one strategy run for real, W warm-up then M timed iterations (AutoDist §3.3: 10 + 40).
+"""A trial: one strategy run for real, W warm-up then M timed iterations (AutoDist §3.3: 10 + 40),
+by one runtime (:mod:`synctune.engine.runtimes`), on local processes or a worker group.
 
-Timing is taken on every rank around whole iterations, each started after a barrier, and an
-iteration's time is the slowest rank's (the step is not done until every replica has its
-parameters). Data is synthetic, of the model's shapes, made once per rank: the trial times
-synchronization and compute, not input pipelines.
+What is measured and how (:mod:`synctune.engine.measure`) is the same whatever the runtime.
+Data is synthetic, of the model's shapes, made once per rank: the trial times synchronization
+and compute, not input pipelines.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
-from ..spec._util import LIMITS, in_range, is_number
+from ..spec._util import LIMITS, in_range
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
+from .measure import STATUSES, PeakMemory, TrialConfig, TrialResult, gather_max, timed_iterations
+from .runtime import ArmContext, Runtime
+from .runtimes import as_runtime
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
            "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local",
-           "interleave"]
+           "interleave", "timed_iterations"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
 GPU_BACKEND = "cpu:gloo,cuda:nccl"
 
-#: Every trial ends in one of these.
-STATUSES = ("ok", "failed", "timeout", "oom")
-OPTIMIZERS = ("sgd", "adam")  # names a workload's make_optimizer takes
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrialConfig:
-    """How a trial runs: iteration counts, optimizer, seed and the bounds on waiting."""
-
-    warmup: int = 10
-    iters: int = 40
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    seed: int = 0
-    timeout_s: float = 900.0
-    collective_timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        top = LIMITS["iterations"]
-        if not in_range(self.warmup, 0, top):
-            raise SpecError(f"trial config: warmup: expected an integer from 0 to {top}, got {self.warmup!r}")
-        if not in_range(self.iters, 1, top):
-            raise SpecError(f"trial config: iters: expected an integer from 1 to {top}, got {self.iters!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise SpecError(f"trial config: optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if not in_range(self.seed, 0, LIMITS["seed"]):
-            raise SpecError(f"trial config: seed: expected an integer from 0 to {LIMITS['seed']}, got {self.seed!r}")
-        for key, top in (("lr", 1e6), ("timeout_s", LIMITS["timeout_s"]), ("collective_timeout_s", LIMITS["timeout_s"])):
-            value = getattr(self, key)
-            if not (is_number(value) and 0 < value <= top):
-                raise SpecError(f"trial config: {key}: expected a positive number up to {top:g}, got {value!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrialResult:
-    """What a trial measured. Times in seconds; ``iteration_times_s`` are per timed iteration,
-    the max over ranks. ``comm_bytes_per_iter`` is the payload all ranks together handed to
-    collectives in one iteration (counted by the engine, not estimated)."""
-
-    status: str
-    error: str = ""
-    model: str = ""
-    cluster: str = ""
-    cluster_scale: float = 1.0  # link speeds' scale-down (lab clusters), as in the cluster spec
-    strategy_hash: str = ""
-    launcher: str = "local"
-    backend: str = ""
-    device_kind: str = ""
-    num_workers: int = 0
-    warmup: int = 0
-    iters: int = 0
-    global_batch_size: int = 0
-    iteration_times_s: tuple[float, ...] = ()
-    mean_s: float | None = None
-    median_s: float | None = None
-    std_s: float | None = None
-    samples_per_s: float | None = None
-    comm_bytes_per_iter: int | None = None
-    peak_memory_bytes: int | None = None
-    wall_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["iteration_times_s"] = list(self.iteration_times_s)
-        return out
-
-    @classmethod
-    def from_times(cls, times: list[float], **kw: Any) -> "TrialResult":
-        mean = statistics.fmean(times)
-        return cls(status="ok", iteration_times_s=tuple(times), mean_s=mean, median_s=statistics.median(times),
-                   std_s=statistics.pstdev(times) if len(times) > 1 else 0.0,
-                   samples_per_s=kw["global_batch_size"] / mean if mean > 0 else math.inf, **kw)
-
-
-class PeakMemory:
-    """The peak memory of this process during one trial (workers are reused across trials, so a
-    lifetime high-water mark would only grow): CUDA's allocator peak, reset per trial; on the
-    CPU the peak resident set (Linux: ``/proc/self/clear_refs`` resets VmHWM; elsewhere the
-    lifetime maximum is all there is)."""
-
-    def __init__(self, device) -> None:
-        self.device = device
-        self.cuda = getattr(device, "type", "cpu") == "cuda"
-
-    def reset(self) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")
-        except OSError:
-            pass
-
-    def peak_bytes(self) -> int:
-        if self.cuda:
-            import torch
-
-            return int(torch.cuda.max_memory_allocated(self.device))
-        try:
-            with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
 
 def trial_payload(workload, strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, spec: ModelSpec,
-                  **extra: Any) -> dict:
-    """What every rank of a trial receives (picklable: it crosses process boundaries)."""
+                  *, runtime: Runtime | dict | None = None, **extra: Any) -> dict:
+    """What every rank of a trial receives (plain data and the workload: it crosses process
+    boundaries); the runtime travels in its plain-data form."""
     return {"workload": workload, "model_spec": spec.to_dict(), "strategy": strategy.to_dict(),
-            "cluster": cluster.to_dict(), "config": asdict(config), **extra}
+            "cluster": cluster.to_dict(), "config": asdict(config), "runtime": as_runtime(runtime).to_dict(), **extra}
 
 
 def trial_worker(rank: int, world: int, payload: dict) -> dict:
@@ -163,11 +48,8 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     report({"event": "started", "rank": rank, "pid": os.getpid()})
     if "arms" in payload:
         return confirm_worker(rank, world, payload)
-    kind = (payload.get("runtime") or {}).get("kind")
-    if getattr(payload["workload"], "framework", "torch") == "tensorflow" and kind in ("tensorflow", "horovod"):
-        from .tensorflow import tensorflow_trial_worker
-
-        return tensorflow_trial_worker(rank, world, payload)
+    if getattr(payload["workload"], "framework", "torch") == "tensorflow":
+        return as_runtime(payload.get("runtime")).run_keras(rank, world, payload)
     return _measure(rank, world, payload, Strategy.from_dict(payload["strategy"]), payload.get("gpu_per_rank", True))
 
 
@@ -187,46 +69,24 @@ def trials_worker(rank: int, world: int, payload: dict) -> int:
 
 
 class _Arm:
-    """One way of training on this rank: our engine running ``strategy``, or (``runtime`` set)
-    torch DDP or real Horovod configured by it. The model and the batch are built the same way
-    for all, so two arms in one process differ only in how gradients travel."""
+    """One way of training on this rank: a runtime (our engine running ``strategy``, or torch
+    DDP or real Horovod following its replicas and batch split). The model and the batch are
+    built the same way for all, so two arms in one process differ only in how gradients travel."""
 
-    def __init__(self, rank: int, payload: dict, strategy: Strategy, runtime: dict | None, device) -> None:
+    def __init__(self, rank: int, payload: dict, strategy: Strategy, runtime: Runtime | dict | None, device) -> None:
         import torch
-
-        from .core import StrategyEngine
 
         workload = payload["workload"]
         config = TrialConfig(**payload["config"])
         self.workload, self.device = workload, device
         torch.manual_seed(config.seed)
         with torch.device(device):
-            self.model = workload.build_model()
-        make_opt = lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr)  # noqa: E731
-        self.engine = self.horovod = None
-        kind = runtime["kind"] if runtime is not None else "engine"
-        if kind == "engine":
-            self.engine = StrategyEngine(self.model, strategy, ModelSpec.from_dict(payload["model_spec"]),
-                                         ClusterSpec.from_dict(payload["cluster"]), make_opt, seed=config.seed)
-            self.forward_model = self.model
-        elif kind == "ddp":
-            from .ddp import DDPConfig, wrap_ddp
-
-            self.forward_model = wrap_ddp(self.model, DDPConfig.from_dict(runtime["ddp"]),
-                                          device_ids=[device.index] if device.type == "cuda" else None)
-            self.optimizer = make_opt(list(self.forward_model.parameters()))
-        else:
-            import os
-
-            from .horovod import HorovodConfig, HorovodSession
-
-            cluster = ClusterSpec.from_dict(payload["cluster"])
-            hv_config = HorovodConfig.from_dict(runtime["horovod"])
-            hosts = [cluster.node_of(d).name for d in strategy.replicas]
-            self.horovod = HorovodSession(hv_config, rank, hosts, os.environ.get("SYNCTUNE_MASTER_ADDR", "127.0.0.1"),
-                                          timeout_s=config.collective_timeout_s)
-            self.forward_model = self.model
-            self.optimizer = self.horovod.optimizer(make_opt(list(self.model.parameters())), self.model, hv_config)
+            model = workload.build_model()
+        self.stepper = as_runtime(runtime).prepare(ArmContext(
+            rank=rank, model=model, strategy=strategy, spec=ModelSpec.from_dict(payload["model_spec"]),
+            cluster=ClusterSpec.from_dict(payload["cluster"]), device=device, seed=config.seed,
+            make_optimizer=lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr),
+            collective_timeout_s=config.collective_timeout_s))
         gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + rank)
         self.batch = workload.make_batch(strategy.batch_split[rank], rank=rank, generator=gen, device=device)
 
@@ -234,31 +94,19 @@ class _Arm:
         """One training iteration; returns the loss (the step is done on return)."""
         import torch
 
-        loss = self.workload.loss(self.forward_model, self.batch)
+        loss = self.workload.loss(self.stepper.forward_model, self.batch)
         loss.backward()
-        if self.engine is not None:
-            self.engine.step()
-            self.engine.zero_grad()
-        elif self.horovod is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad()  # Horovod's wrapper takes no arguments (torch's default: set to None)
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self.stepper.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss
 
     def take_comm_bytes(self) -> int | None:
-        """Bytes handed to collectives since the last call (counted by our engine; DDP's and
-        Horovod's are their own business and not counted)."""
-        return self.engine.take_comm_bytes() if self.engine is not None else None
+        """Bytes handed to collectives since the last call, where the runtime counts them."""
+        return self.stepper.take_comm_bytes()
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-        if self.horovod is not None:
-            self.horovod.close()
+        self.stepper.close()
 
 
 def _device(cluster: ClusterSpec, strategy: Strategy, rank: int, gpu_per_rank: bool):
@@ -273,17 +121,6 @@ def _device(cluster: ClusterSpec, strategy: Strategy, rank: int, gpu_per_rank: b
         return device
     return torch.device("cpu")
 
-
-def _gather_max(times: list[float], device) -> list[float]:
-    """Per iteration, the slowest rank's time (every rank calls it)."""
-    import torch
-    import torch.distributed as dist
-
-    # Bookkeeping travels on the engine's device: a CUDA-only backend (NCCL) takes nothing else.
-    t = torch.tensor(times, dtype=torch.float64, device=device)
-    gathered = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, t)
-    return torch.stack(gathered).max(dim=0).values.cpu().tolist()
 
 
 def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_rank: bool,
@@ -301,53 +138,6 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
     return {**timed, "backend": dist.get_backend(), "device_kind": device.type}
 
 
-def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory: PeakMemory,
-                     iteration: Callable[[], Any], *, t_start: float, take_comm: Callable[[], int | None] | None = None,
-                     close: Callable[[], None] | None = None, progress: bool = True) -> dict:
-    """What every trial measures, whatever runs its iterations (AutoDist §3.3's W + M): warm-up
-    then timed iterations, each timed one started after a barrier, ``iteration()`` returning once
-    the step is done (its loss); then, across ranks, the slowest rank per iteration, the peak
-    memory and the bytes handed to collectives (``take_comm``, where the runtime counts them).
-    ``close`` runs after the gathering."""
-    import torch
-    import torch.distributed as dist
-
-    from .local import report
-
-    t_loop = time.perf_counter()
-    total = config.warmup + config.iters
-    times: list[float] = []
-    comm: list[int] = []
-    for it in range(total):
-        timed = it >= config.warmup
-        if timed:
-            dist.barrier()
-            t0 = time.perf_counter()
-        loss = iteration()
-        if timed:
-            times.append(time.perf_counter() - t0)
-        sent = take_comm() if take_comm is not None else None
-        if timed and sent is not None:
-            comm.append(sent)
-        if rank == 0 and progress:
-            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss)})
-    t_end = time.perf_counter()
-    slowest = _gather_max(times, device)
-    peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
-                        dtype=torch.float64, device=device)
-    peaks = [torch.zeros_like(peak) for _ in range(world)]
-    dist.all_gather(peaks, peak)
-    if close is not None:
-        close()
-    return {
-        # Where a trial's time goes on rank 0 (the overhead benchmark reads it): building the
-        # model, runtime and batch; every iteration, warm-up included; gathering the results.
-        "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
-        "times": slowest,
-        "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
-        "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
-        "final_loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss),
-    }
 
 
 def confirm_worker(rank: int, world: int, payload: dict) -> dict:
@@ -390,7 +180,7 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
             times.append(time.perf_counter() - t0)
             arm.take_comm_bytes()
         # Every rank gets the same gathered times, so every rank makes the same pick.
-        return statistics.median(_gather_max(times, device))
+        return statistics.median(gather_max(times, device))
 
     def on_screen_round(r: int, rounds: int) -> None:
         report({"event": "screen_round", "round": r, "rounds": rounds})
@@ -476,59 +266,44 @@ def check_network(cluster: ClusterSpec, node_net) -> None:
             raise SpecError(f"cluster {cluster.name!r}: the node network has no entry for node(s) {missing}")
 
 
-def check_trial(workload, strategy: Strategy, cluster: ClusterSpec, runtime: dict | None = None) -> ModelSpec:
+def check_trial(workload, strategy: Strategy, cluster: ClusterSpec, runtime: Runtime | dict | None = None
+                ) -> ModelSpec:
     """Validate ``strategy`` for ``workload`` on ``cluster`` and refuse, before any worker starts,
-    what the engine (or, with ``runtime``, torch DDP) does not execute; returns the workload's
+    what ``runtime`` (default: the engine) does not execute as claimed; returns the workload's
     model spec."""
     from ..strategy.validate import validate
-    from .core import check_supported
 
     spec = workload.spec()
     validate(strategy, spec, cluster)
-    kind = runtime.get("kind") if isinstance(runtime, dict) else None
-    if getattr(workload, "framework", "torch") == "tensorflow" and kind not in ("tensorflow", "horovod"):
-        raise SpecError(f"workload {workload.name!r} is a Keras model: it runs with the tensorflow runtime "
-                        f"(--runtime tensorflow) or Horovod's TensorFlow binding (--runtime horovod), not "
-                        f"{kind or 'the engine'}")
-    if runtime is not None:
-        check_runtime(runtime, strategy, spec, cluster, workload)
-    else:
-        check_supported(strategy, spec)
+    check_runtime(runtime, strategy, spec, cluster, workload)
     return spec
 
 
-def check_runtime(runtime: dict, strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec,
-                  workload: Any = None) -> None:
-    """Refuse a trial ``runtime`` (``ddp``, ``horovod`` or ``tensorflow``) that would not run
-    what it claims."""
-    kind = runtime.get("kind") if isinstance(runtime, dict) else None
-    if kind == "tensorflow":
-        from .tensorflow import check_tensorflow_trial
-
-        check_tensorflow_trial(runtime, strategy, spec, cluster, workload)
-        return
-    if kind == "ddp":
-        from .ddp import check_ddp_trial
-
-        check_ddp_trial(runtime, strategy, spec, cluster)
-    elif kind == "horovod":
-        from .horovod import check_horovod_trial
-
-        check_horovod_trial(runtime, strategy, spec, cluster, workload)
-    else:
-        raise SpecError(f"trial runtime: kind: expected ddp, horovod or tensorflow, got {kind!r}")
+def check_runtime(runtime: Runtime | dict | None, strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec,
+                  workload: Any = None) -> Runtime:
+    """Refuse a trial ``runtime`` that would not run what it claims (or does not train the
+    workload's framework); returns the runtime."""
+    runtime = as_runtime(runtime)
+    framework = getattr(workload, "framework", "torch")
+    if framework == "tensorflow" and framework not in runtime.frameworks:
+        raise SpecError(f"workload {workload.name!r} is a Keras model: it runs with the tensorflow runtime "
+                        f"(--runtime tensorflow) or Horovod's TensorFlow binding (--runtime horovod), not "
+                        f"{'the engine' if runtime.name == 'engine' else runtime.name}")
+    runtime.check(strategy, spec, cluster, workload)
+    return runtime
 
 
 def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig = TrialConfig(), *, workload,
                     on_progress: Callable[[dict], None] | None = None, node_net=None,
-                    runtime: dict | None = None) -> TrialResult:
+                    runtime: Runtime | dict | None = None) -> TrialResult:
     """Run a trial of ``workload`` on local worker processes, one per replica (CPU clusters, or
     GPUs of this machine).
 
     ``node_net`` (node name -> ``{"netns", "address", "ifname"}``, a lab's network) runs each
-    node's workers inside that node's namespace, over its shaped link. ``runtime`` (see
-    :func:`synctune.engine.ddp.ddp_runtime`) runs torch DDP instead of the engine; ``strategy``
-    then gives replicas and batch split only. Never raises for a trial that fails at run time:
+    node's workers inside that node's namespace, over its shaped link. ``runtime`` (a
+    :class:`~synctune.engine.runtime.Runtime` or its plain-data form; default the engine) runs
+    the trial: torch DDP, Horovod and TensorFlow take only replicas and batch split from
+    ``strategy``. Never raises for a trial that fails at run time:
     the result's status says what happened.
     """
     from .local import WorkerFailure, rank_networks, run_local
@@ -563,7 +338,8 @@ def _backend_for(cluster: ClusterSpec, strategy: Strategy) -> str:
     return GPU_BACKEND
 
 
-def confirm_payload(workload, arms: list[tuple[Strategy, dict | None]], cluster: ClusterSpec, config: TrialConfig,
+def confirm_payload(workload, arms: list[tuple[Strategy, Runtime | dict | None]], cluster: ClusterSpec,
+                    config: TrialConfig,
                     *, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
     """The payload of an interleaved re-measurement of arms (strategy, runtime or None): two, or
     with ``screen_rounds`` several candidates and the baseline last (:func:`confirm_worker`);
@@ -578,21 +354,31 @@ def confirm_payload(workload, arms: list[tuple[Strategy, dict | None]], cluster:
         raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000, per_round from 1 to "
                         f"{LIMITS['iterations']} and screen_rounds from 0 to 1000, got {rounds!r}, {per_round!r} "
                         f"and {screen_rounds!r}")
-    if any(r and r.get("kind") == "tensorflow" for _, r in arms):
-        raise SpecError("confirmation: the tensorflow runtime runs whole trials only (TensorFlow starts once per "
-                        "process); confirm engine, ddp or horovod arms")
-    if sum(1 for _, r in arms if r and r.get("kind") == "horovod") > 1:
-        raise SpecError("confirmation: two arms are horovod runtimes, and Horovod runs once per process; compare a "
-                        "Horovod arm with engine or ddp arms")
+    check_arms([r for _s, r in arms])
     spec = None
     for strategy, runtime in arms:
         spec = check_trial(workload, strategy, cluster, runtime)
     return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rounds, per_round=per_round,
                          screen_rounds=screen_rounds,
-                         arms=[{"strategy": s.to_dict(), "runtime": r} for s, r in arms])
+                         arms=[{"strategy": s.to_dict(), "runtime": as_runtime(r).to_dict()} for s, r in arms])
 
 
-def run_confirm_local(arms: list[tuple[Strategy, dict | None]], cluster: ClusterSpec,
+def check_arms(runtimes: list[Runtime | dict | None]) -> list[Runtime]:
+    """Refuse runtimes that cannot share processes as arms of one confirmation: one that runs
+    whole trials only, or two that start once per process."""
+    out = [as_runtime(r) for r in runtimes]
+    whole = [r.name for r in out if not r.interleavable]
+    if whole:
+        raise SpecError(f"confirmation: the {whole[0]} runtime runs whole trials only (it starts once per process); "
+                        f"confirm engine, ddp or horovod arms")
+    once = [r.name for r in out if r.once_per_process]
+    if len(once) > 1:
+        raise SpecError(f"confirmation: two arms are {once[0]} runtimes, which start once per process; compare a "
+                        f"{once[0]} arm with engine or ddp arms")
+    return out
+
+
+def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluster: ClusterSpec,
                       config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10, per_round: int = 5,
                       screen_rounds: int = 0, node_net=None, on_progress: Callable[[dict], None] | None = None
                       ) -> dict:

@@ -1,0 +1,58 @@
+"""The ``engine`` runtime: our engine executing a composed strategy variable by variable
+(AutoDist §2.3's composable kernels; :class:`synctune.engine.core.StrategyEngine`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..spec.errors import SpecError
+from .runtime import ArmContext, Runtime, Stepper
+
+__all__ = ["EngineRuntime", "ENGINE"]
+
+
+@dataclass(frozen=True)
+class EngineRuntime(Runtime):
+    """Runs the whole strategy: every plan's partition, synchronizer and compressor; refuses
+    what the engine does not execute exactly (:func:`synctune.engine.core.check_supported`)."""
+
+    name = "engine"
+    runs_strategy = True
+
+    def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
+        from .core import check_supported
+
+        check_supported(strategy, spec)
+
+    def prepare(self, ctx: ArmContext) -> Stepper:
+        from .core import StrategyEngine
+
+        engine = StrategyEngine(ctx.model, ctx.strategy, ctx.spec, ctx.cluster, ctx.make_optimizer, seed=ctx.seed)
+
+        def step() -> None:
+            engine.step()
+            engine.zero_grad()
+
+        return Stepper(forward_model=ctx.model, step=step, take_comm_bytes=engine.take_comm_bytes,
+                       close=engine.close)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "EngineRuntime":
+        if config:
+            raise SpecError(f"engine runtime: it takes no settings (the strategy is its configuration), got "
+                            f"{sorted(config)}")
+        return ENGINE
+
+    def summary(self) -> str:
+        return "engine"
+
+    def describe(self, strategy: Any) -> str:
+        return strategy.summary()
+
+
+#: The engine runtime (it has no settings of its own: one value serves every trial).
+ENGINE = EngineRuntime()

@@ -1,0 +1,219 @@
+"""What every trial measures, whatever runtime runs it: the trial's settings, its result, the
+peak memory of a rank, and the timed loop (AutoDist §3.3: W warm-up, then M timed iterations).
+
+Timing is taken on every rank around whole iterations, each started after a barrier, and an
+iteration's time is the slowest rank's (the step is not done until every replica has its
+parameters). Runtimes (:mod:`synctune.engine.runtime`) import this module; it imports none of
+them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable
+
+from ..spec._util import LIMITS, in_range, is_number
+from ..spec.errors import SpecError
+
+__all__ = ["TrialConfig", "TrialResult", "PeakMemory", "STATUSES", "OPTIMIZERS", "timed_iterations", "gather_max"]
+
+#: Every trial ends in one of these.
+STATUSES = ("ok", "failed", "timeout", "oom")
+OPTIMIZERS = ("sgd", "adam")  # names a workload's make_optimizer takes
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """How a trial runs: iteration counts, optimizer, seed and the bounds on waiting."""
+
+    warmup: int = 10
+    iters: int = 40
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    seed: int = 0
+    timeout_s: float = 900.0
+    collective_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        top = LIMITS["iterations"]
+        if not in_range(self.warmup, 0, top):
+            raise SpecError(f"trial config: warmup: expected an integer from 0 to {top}, got {self.warmup!r}")
+        if not in_range(self.iters, 1, top):
+            raise SpecError(f"trial config: iters: expected an integer from 1 to {top}, got {self.iters!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise SpecError(f"trial config: optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if not in_range(self.seed, 0, LIMITS["seed"]):
+            raise SpecError(f"trial config: seed: expected an integer from 0 to {LIMITS['seed']}, got {self.seed!r}")
+        for key, top in (("lr", 1e6), ("timeout_s", LIMITS["timeout_s"]), ("collective_timeout_s", LIMITS["timeout_s"])):
+            value = getattr(self, key)
+            if not (is_number(value) and 0 < value <= top):
+                raise SpecError(f"trial config: {key}: expected a positive number up to {top:g}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult:
+    """What a trial measured. Times in seconds; ``iteration_times_s`` are per timed iteration,
+    the max over ranks. ``comm_bytes_per_iter`` is the payload all ranks together handed to
+    collectives in one iteration (counted by the engine, not estimated)."""
+
+    status: str
+    error: str = ""
+    model: str = ""
+    cluster: str = ""
+    cluster_scale: float = 1.0  # link speeds' scale-down (lab clusters), as in the cluster spec
+    strategy_hash: str = ""
+    launcher: str = "local"
+    backend: str = ""
+    device_kind: str = ""
+    num_workers: int = 0
+    warmup: int = 0
+    iters: int = 0
+    global_batch_size: int = 0
+    iteration_times_s: tuple[float, ...] = ()
+    mean_s: float | None = None
+    median_s: float | None = None
+    std_s: float | None = None
+    samples_per_s: float | None = None
+    comm_bytes_per_iter: int | None = None
+    peak_memory_bytes: int | None = None
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["iteration_times_s"] = list(self.iteration_times_s)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+        """The result back from its plain-data form (:meth:`to_dict`: what crosses Ray and Tune)."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["iteration_times_s"] = tuple(kw.get("iteration_times_s") or ())
+        kw["extra"] = dict(kw.get("extra") or {})
+        return cls(**kw)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the trial finished and measured its iterations."""
+        return self.status == "ok"
+
+    @property
+    def measured_s(self) -> float | None:
+        """The mean iteration time of a finished trial, else None (what a search ranks by)."""
+        return self.mean_s if self.status == "ok" else None
+
+    @classmethod
+    def from_times(cls, times: list[float], **kw: Any) -> "TrialResult":
+        mean = statistics.fmean(times)
+        return cls(status="ok", iteration_times_s=tuple(times), mean_s=mean, median_s=statistics.median(times),
+                   std_s=statistics.pstdev(times) if len(times) > 1 else 0.0,
+                   samples_per_s=kw["global_batch_size"] / mean if mean > 0 else math.inf, **kw)
+
+
+class PeakMemory:
+    """The peak memory of this process during one trial (workers are reused across trials, so a
+    lifetime high-water mark would only grow): CUDA's allocator peak, reset per trial; on the
+    CPU the peak resident set (Linux: ``/proc/self/clear_refs`` resets VmHWM; elsewhere the
+    lifetime maximum is all there is)."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.cuda = getattr(device, "type", "cpu") == "cuda"
+
+    def reset(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+        except OSError:
+            pass
+
+    def peak_bytes(self) -> int:
+        if self.cuda:
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def gather_max(times: list[float], device) -> list[float]:
+    """Per iteration, the slowest rank's time (every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    # Bookkeeping travels on the engine's device: a CUDA-only backend (NCCL) takes nothing else.
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    gathered = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, t)
+    return torch.stack(gathered).max(dim=0).values.cpu().tolist()
+
+
+
+def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory: PeakMemory,
+                     iteration: Callable[[], Any], *, t_start: float, take_comm: Callable[[], int | None] | None = None,
+                     close: Callable[[], None] | None = None, progress: bool = True) -> dict:
+    """What every trial measures, whatever runs its iterations (AutoDist §3.3's W + M): warm-up
+    then timed iterations, each timed one started after a barrier, ``iteration()`` returning once
+    the step is done (its loss); then, across ranks, the slowest rank per iteration, the peak
+    memory and the bytes handed to collectives (``take_comm``, where the runtime counts them).
+    ``close`` runs after the gathering."""
+    import torch
+    import torch.distributed as dist
+
+    from .local import report
+
+    t_loop = time.perf_counter()
+    total = config.warmup + config.iters
+    times: list[float] = []
+    comm: list[int] = []
+    for it in range(total):
+        timed = it >= config.warmup
+        if timed:
+            dist.barrier()
+            t0 = time.perf_counter()
+        loss = iteration()
+        if timed:
+            times.append(time.perf_counter() - t0)
+        sent = take_comm() if take_comm is not None else None
+        if timed and sent is not None:
+            comm.append(sent)
+        if rank == 0 and progress:
+            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss)})
+    t_end = time.perf_counter()
+    slowest = gather_max(times, device)
+    peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
+                        dtype=torch.float64, device=device)
+    peaks = [torch.zeros_like(peak) for _ in range(world)]
+    dist.all_gather(peaks, peak)
+    if close is not None:
+        close()
+    return {
+        # Where a trial's time goes on rank 0 (the overhead benchmark reads it): building the
+        # model, runtime and batch; every iteration, warm-up included; gathering the results.
+        "phases_s": {"setup": t_loop - t_start, "iterations": t_end - t_loop, "gather": time.perf_counter() - t_end},
+        "times": slowest,
+        "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
+        "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
+        "final_loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss),
+    }

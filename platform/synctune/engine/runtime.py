@@ -1,0 +1,127 @@
+"""The interface every runtime implements: what executes a trial (DESIGN.md "runtime").
+
+A runtime is our engine running a composed strategy (``engine``), or a system users run
+today as a baseline (``ddp``, ``horovod``, ``tensorflow``). In the spirit of torch's DDP comm
+hooks (``torch.distributed.algorithms.ddp_comm_hooks``: one hook signature, state objects,
+every hook interchangeable), each runtime is one small frozen value with the same methods:
+
+- :meth:`Runtime.check`, before any worker starts: refuse, with a message naming the field,
+  what the runtime would run differently from what the trial claims;
+- :meth:`Runtime.prepare`, on each worker of a PyTorch workload: wrap the rank's model and
+  optimizer and return a :class:`Stepper` that steps after each backward;
+- :meth:`Runtime.run_keras`, on each worker of a Keras workload, for the runtimes that train
+  one (:attr:`Runtime.frameworks`);
+- :attr:`Runtime.once_per_process`: the runtime configures its collectives once per process
+  (Horovod, TensorFlow), so worker groups restart their processes before another such trial;
+- :meth:`Runtime.to_dict` / :func:`synctune.engine.runtimes.as_runtime`: the plain-data form
+  that crosses Ray and pickling and is recorded (``runtime`` and ``runtime_json`` columns).
+
+Implementations live one per module and are registered in :mod:`synctune.engine.runtimes`;
+this module imports none of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from ..spec.errors import SpecError
+
+__all__ = ["Runtime", "ArmContext", "Stepper"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmContext:
+    """What a runtime is handed on one rank to train a PyTorch workload: the rank's freshly
+    built model (on its device), the strategy (whose replicas and batch split every runtime
+    follows), the specs, and the workload's optimizer factory (``make_optimizer(params)``)."""
+
+    rank: int
+    model: Any
+    strategy: Any
+    spec: Any
+    cluster: Any
+    device: Any
+    make_optimizer: Callable[[Any], Any]
+    seed: int
+    collective_timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stepper:
+    """A prepared runtime on one rank: the module the loss is computed through, and what to do
+    after each backward (``step``: synchronize, update, clear the gradients). ``take_comm_bytes``
+    returns the bytes handed to collectives since its last call where the runtime counts them
+    (our engine does; DDP's and Horovod's are their own business: None)."""
+
+    forward_model: Any
+    step: Callable[[], None]
+    take_comm_bytes: Callable[[], int | None] = lambda: None
+    close: Callable[[], None] = lambda: None
+
+
+class Runtime(ABC):
+    """What executes a trial; see the module docstring. Subclasses are frozen dataclasses
+    holding their configuration, named by :attr:`name` in the registry."""
+
+    #: The registry key, the ``runtime`` column of a dataset row and ``--runtime`` on the CLI.
+    name: ClassVar[str]
+    #: The workload frameworks it trains (``torch``, ``tensorflow``).
+    frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    #: It configures its collectives once per process: a process runs one such trial.
+    once_per_process: ClassVar[bool] = False
+    #: It can be one arm of an interleaved confirmation on shared processes.
+    interleavable: ClassVar[bool] = True
+    #: It executes the strategy's synchronization (refusing what it cannot execute exactly); the
+    #: others take only the strategy's replicas and batch split.
+    runs_strategy: ClassVar[bool] = False
+
+    @abstractmethod
+    def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
+        """Refuse (:class:`SpecError` naming the field) a trial this runtime would not run as
+        claimed; called before any worker starts."""
+
+    def prepare(self, ctx: ArmContext) -> Stepper:
+        """Wrap one rank's model and optimizer for a PyTorch workload."""
+        raise SpecError(f"{self.name} runtime: it does not train PyTorch workloads")
+
+    def run_keras(self, rank: int, world: int, payload: dict) -> dict:
+        """One rank of a trial of a Keras workload (rank 0's output is the trial's)."""
+        raise SpecError(f"{self.name} runtime: it does not train Keras workloads")
+
+    @abstractmethod
+    def config_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (the ``runtime_json`` of a dataset row)."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: dict[str, Any]) -> "Runtime":
+        """The runtime back from :meth:`config_dict`'s form; refuses unknown keys."""
+
+    @abstractmethod
+    def summary(self) -> str:
+        """A short human-readable form, as summaries name a baseline."""
+
+    @classmethod
+    def from_options(cls, options: dict[str, str], strategy: Any, spec: Any) -> "Runtime":
+        """The runtime from command-line ``KEY=VALUE`` settings (text values, typed here) for a
+        trial of ``strategy``; a runtime without settings refuses any."""
+        if options:
+            raise SpecError(f"{cls.name} runtime: it takes no settings, got {', '.join(sorted(options))}")
+        return cls.from_config({})
+
+    def describe(self, strategy: Any) -> str:
+        """What a trial of ``strategy`` under this runtime runs, in one line."""
+        return f"{self.summary()} (replicas and batch split of {strategy.summary()})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain-data form a trial payload carries (``{"kind": name, name: config}``)."""
+        return {"kind": self.name, self.name: self.config_dict()}
+
+    def config_json(self) -> str:
+        """:meth:`config_dict` as canonical JSON; empty for a runtime with nothing to configure."""
+        import json
+
+        config = self.config_dict()
+        return json.dumps(config, sort_keys=True) if config else ""

@@ -1,0 +1,61 @@
+"""The registry of runtimes (DESIGN.md "runtime"): every implementation of
+:class:`~synctune.engine.runtime.Runtime`, by name. Adding a runtime touches its own module
+and this one only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec.errors import SpecError
+from .composed import ENGINE, EngineRuntime
+from .ddp import DDPRuntime
+from .horovod import HorovodRuntime
+from .runtime import Runtime
+from .tensorflow import TensorFlowRuntime
+
+__all__ = ["RUNTIMES", "register_runtime", "runtime_class", "as_runtime", "runtime_from_record"]
+
+#: name -> runtime class.
+RUNTIMES: dict[str, type[Runtime]] = {}
+
+
+def register_runtime(cls: type[Runtime]) -> type[Runtime]:
+    """Add ``cls`` under its ``name``; a name registered twice is refused."""
+    if cls.name in RUNTIMES:
+        raise ValueError(f"runtime {cls.name!r} is registered already ({RUNTIMES[cls.name].__name__})")
+    RUNTIMES[cls.name] = cls
+    return cls
+
+
+for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime):
+    register_runtime(_cls)
+
+
+def runtime_class(name: Any) -> type[Runtime]:
+    """The runtime registered as ``name``; an unknown one is refused, listing the valid names."""
+    if not isinstance(name, str) or name not in RUNTIMES:
+        raise SpecError(f"trial runtime: kind: expected one of {', '.join(RUNTIMES)}, got {name!r:.60}")
+    return RUNTIMES[name]
+
+
+def as_runtime(value: Runtime | dict | None) -> Runtime:
+    """A runtime from what callers and payloads hand around: a :class:`Runtime`, its plain-data
+    form (``{"kind": name, name: config}``, :meth:`Runtime.to_dict`), or None (the engine)."""
+    if value is None:
+        return ENGINE
+    if isinstance(value, Runtime):
+        return value
+    if not isinstance(value, dict):
+        raise SpecError(f"trial runtime: expected a runtime or {{'kind': name, name: {{...}}}}, got {value!r:.80}")
+    cls = runtime_class(value.get("kind"))
+    config = value.get(cls.name, {})
+    if not isinstance(config, dict):
+        raise SpecError(f"trial runtime: {cls.name}: expected a mapping of settings, got {config!r:.80}")
+    return cls.from_config(config)
+
+
+def runtime_from_record(name: str, config_json: str) -> Runtime:
+    """The runtime of a dataset row (its ``runtime`` and ``runtime_json`` columns)."""
+    import json
+
+    return as_runtime({"kind": name, name: json.loads(config_json) if config_json else {}})
