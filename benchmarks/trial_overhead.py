@@ -96,7 +96,7 @@ def main() -> None:
         for before, after in zip(trials, trials[1:]):
             cycle = json.loads(after.extra_json)["finished_at"] - json.loads(before.extra_json)["finished_at"]
             rows["search"].append({"wall": cycle, "iterations": json_phase(after, "iterations")})
-        once = summary["wall_s"] - sum(r["wall"] for r in rows["search"])
+        once = summary.wall_s - sum(r["wall"] for r in rows["search"])
     finally:
         ray.shutdown()
 

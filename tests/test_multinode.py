@@ -101,9 +101,9 @@ def test_two_slices_run_trials_concurrently_and_are_released(multinode):
             slice_nodes.add(ray.get(actor.where.remote(), timeout=30))
 
     summary = run_search(exp, model_spec("cnn-small"), HETERO, workload=zoo_workload("cnn-small"), on_trial=on_trial)
-    assert summary["trials"] == 4 and summary["failed"] == 0, [o.get("error") for o in outcomes]
-    assert all(o["extra"]["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"] for o in outcomes)
-    spans = sorted((o["extra"]["started_at"], o["extra"]["finished_at"]) for o in outcomes)
+    assert summary.trials == 4 and summary.failed == 0, [o.error for o in outcomes]
+    assert all(o.extra["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"] for o in outcomes)
+    spans = sorted((o.extra["started_at"], o.extra["finished_at"]) for o in outcomes)
     overlapping = sum(b_start < a_end for (_a0, a_end), (b_start, _b1) in zip(spans, spans[1:]))
     assert overlapping >= 1, spans
     assert slice_nodes == {head}  # the driver side stays on the head
@@ -140,6 +140,6 @@ def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multino
     killer.join(timeout=60)
     assert removed, "the node was never removed"
     rows = TrialDataset(dataset_dir()).read(search_id="node-loss-seed0").sort_values("created_at")
-    assert len(rows) == 4 and summary["trials"] == 4
+    assert len(rows) == 4 and summary.trials == 4
     assert list(rows["status"]) == ["ok", "failed", "ok", "ok"], rows[["trial_id", "status", "error"]].to_string()
     assert rows["error"].iloc[1].startswith("rank "), rows["error"].iloc[1]

@@ -165,13 +165,12 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     from synctune.strategy import Strategy, build_strategy
 
     if ddp_only:
-        from synctune.engine.ddp import DDPConfig, ddp_runtime
-
         ddp = [r for r in rows if r.runtime == "ddp"]
         within = next((n for n, r in enumerate(ddp, 1) if r.status == "ok" and r.mean_s <= 1.05 * oracle_s), None)
         gap = "n/a"
-        if summary["ddp_best_config"]:
-            arm = (build_strategy("allreduce", spec, cluster), ddp_runtime(DDPConfig.from_dict(summary["ddp_best_config"])))
+        tuned = summary.runtime_best("ddp")
+        if tuned is not None:
+            arm = (build_strategy("allreduce", spec, cluster), tuned.runtime)
             gap = paired_gap(workload, cluster, node_net, arm, oracle_strategy, warmup)
         return [f"tuned DDP ({len(ddp)} trials)", seed, len(ddp), "-", "-", "-", "-", "-", gap, within or "-", "-",
                 f"{wall:.0f}"]
@@ -180,17 +179,17 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     # (Measured once under the first builder that gives it: often an allreduce:chunk= entry.)
     dp_hash = build_strategy("allreduce", spec, cluster).hash
     dp = next((r.mean_s for r in trials if r.strategy_hash == dp_hash and r.status == "ok"), None)
-    over_dp = f"{dp / summary['best_runtime_s']:.2f}x" if dp and summary.get("best_runtime_s") else "n/a"
+    over_dp = f"{dp / summary.best_mean_s:.2f}x" if dp and summary.best_mean_s else "n/a"
     within = next((n for n, r in enumerate(trials, 1) if r.status == "ok" and r.mean_s <= 1.05 * oracle_s), None)
-    c = summary.get("confirmed") or {}
+    c = summary.confirmed or {}
     confirmed = f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}]" if "ratio" in c else "n/a"
-    best = c.get("candidate_strategy") or summary.get("best_strategy")
+    best = c.get("candidate_strategy") or summary.best_strategy
     gap = paired_gap(workload, cluster, node_net, (Strategy.from_dict(best), None), oracle_strategy,
                      warmup) if best else "n/a"
-    hits = summary["hit_rate"]
+    hits = summary.hit_rate
     # What the user is handed: the searched strategy only when confirmed faster, else the best
     # baseline itself (so a searched strategy confirmed slower costs the user nothing).
-    kind = (summary.get("recommended") or {}).get("kind", "n/a")
+    kind = summary.recommended.kind if summary.recommended else "n/a"
     handed = f"search, {c['ratio']:.3f}" if kind == "search" and "ratio" in c else (
         "baseline, 1.000" if kind == "baseline" else kind)
     # Trials the search ran (its budget, tuned baselines included): fewer means it stopped early.

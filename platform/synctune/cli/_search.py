@@ -12,33 +12,35 @@ from . import cli
 from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 
 
-def _apply_best(summary: dict, workload, cluster, best_path: Path, exp, tracking_uri: str | None):
-    """The best strategy as a training file next to it, also attached to the search's MLflow run."""
+def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: str | None):
+    """The recommended strategy as a training file next to it, also attached to the search's
+    MLflow run; returns (path or None, format used)."""
     from ..data import MlflowLogger
     from ..run.apply import apply_search_result
 
-    chosen = summary["recommended"]
+    chosen = summary.recommended
+    settings = best_path.with_name(best_path.stem + "-result.json")
     if getattr(workload, "framework", "torch") == "tensorflow":
         from ..engine.tensorflow import bytes_per_pack_of
         from ..strategy import Strategy
 
-        pack = bytes_per_pack_of(Strategy.from_dict(chosen["strategy"]), workload.spec())
+        pack = bytes_per_pack_of(Strategy.from_dict(chosen.strategy), workload.spec())
         echo_err(f"note: {workload.name} is a Keras model: train it with tf.distribute.MultiWorkerMirroredStrategy("
                  f"communication_options=tf.distribute.experimental.CommunicationOptions(bytes_per_pack={pack}, "
                  f"implementation=RING)); no training file is written")
         return None, ""
-    if chosen.get("horovod"):
-        # A training file runs the engine or DDP; the winner here is Horovod with its settings.
-        echo_err(f"note: the recommendation is real Horovod ({chosen['name']}); its settings are in "
-                 f"{best_path.with_name(best_path.stem + '-result.json')}, and no training file is written")
+    if chosen.runtime.name not in ("engine", "ddp"):  # a training file runs the engine or DDP
+        echo_err(f"note: the recommendation is {chosen.name}; its settings are in {settings}, and no training file "
+                 f"is written")
         return None, ""
     try:
-        return apply_search_result(chosen["strategy"], workload, cluster, best_path, seed=exp.seed, ddp=chosen["ddp"],
+        return apply_search_result(chosen.strategy, workload, cluster, best_path, seed=exp.seed,
+                                   ddp=chosen.runtime.config_dict() if chosen.runtime.name == "ddp" else None,
                                    logger=MlflowLogger(exp.name, tracking_uri),
-                                   parent_run_id=summary.get("mlflow_parent_run") or "")
+                                   parent_run_id=summary.mlflow_parent_run or "")
     except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus
-        retry = (f"the tuned DDP configuration is in {best_path.with_name(best_path.stem + '-result.json')}"
-                 if summary["recommended"]["ddp"] else f"`synctune apply {best_path}` retries")
+        retry = (f"the tuned DDP configuration is in {settings}" if chosen.runtime.name == "ddp"
+                 else f"`synctune apply {best_path}` retries")
         echo_err(f"warning: the training file could not be written ({exc}); {retry}")
         return None, ""
 
@@ -80,27 +82,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     start_ray(ray_address, cluster.num_devices + 1)
     bar = tqdm(total=exp.budget + exp.ddp_trials + len(exp.runtime_baselines), desc=exp.name, unit="trial",
                disable=None)
-
-    def on_trial(outcome: dict, summary: dict) -> None:
-        bar.n = summary["trials"] + summary.get("ddp_trials", 0) + summary.get("horovod_trials", 0)
-        speed = summary["speedup_over_best_baseline"]
-        hits = summary["hit_rate"]
-        parts = []
-        if summary["best_runtime_s"]:
-            parts.append(f"best {summary['best_runtime_s'] * 1e3:.1f} ms")
-        if summary.get("ddp_best_s"):
-            parts.append(f"tuned DDP {summary['ddp_best_s'] * 1e3:.1f} ms")
-        if speed:
-            parts.append(f"x{speed:.2f} vs baselines")
-        if hits is not None:
-            parts.append(f"hit rate {hits:.0%}")
-        if bar.disable:  # no terminal (a Ray job's log, CI): one line per trial instead of a bar
-            this = (f"{outcome['mean_s'] * 1e3:.1f} ms" if outcome.get("status") == "ok" and outcome.get("mean_s")
-                    else outcome.get("status", "failed"))
-            echo_err(f"{exp.name}: trial {bar.n}/{bar.total}: {this}; " + ", ".join(parts))
-            return
-        bar.set_postfix_str(", ".join(parts))
-        bar.refresh()
+    on_trial = _progress(bar, exp.name)
 
     def on_phase(message: str) -> None:
         if not bar.disable:
@@ -112,40 +94,86 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
                              on_trial=on_trial, node_net=node_net, on_phase=on_phase)
     finally:
         bar.close()
-    train_path = None
-    chosen = summary.get("recommended")
-    if chosen:
-        write_text_atomic(best_path, json.dumps(chosen["strategy"], indent=2, sort_keys=True) + "\n")
-        # The whole answer beside it: what to run (a strategy, or tuned DDP's configuration) and why.
-        result = {k: summary.get(k) for k in ("search_id", "recommended", "confirmed", "best_runtime_s",
-                                              "best_builder_baseline_s", "ddp_best_s", "ddp_best_config",
-                                              "horovod_best_s", "horovod_best_config", "horovod_trials",
-                                              "speedup_over_best_baseline", "hit_rate", "trials", "ddp_trials")}
+    train_path, used = None, ""
+    if summary.recommended:
+        write_text_atomic(best_path, json.dumps(summary.recommended.strategy, indent=2, sort_keys=True) + "\n")
+        # The whole answer beside it: what to run (a strategy, or a tuned runtime's settings) and why.
         write_text_atomic(best_path.with_name(best_path.stem + "-result.json"),
-                          json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+                          json.dumps(summary.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
         train_path, used = _apply_best(summary, workload, cluster, best_path, exp, tracking_uri)
-    speed = summary["speedup_over_best_baseline"]
-    click.echo(f"search {summary['search_id']}: {summary['trials']} trials ({summary['failed']} failed) "
-               f"in {summary['wall_s']:.0f} s")
-    if summary["best_runtime_s"]:
+    _print_summary(summary, exp, workload, best_path)
+    if train_path is not None:
+        from ..run.apply import run_command
+        from ..strategy import Strategy
+
+        click.echo(f"apply     {train_path} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'}): "
+                   f"{run_command(Strategy.from_dict(summary.recommended.strategy), train_path)}")
+    echo_err(f"MLflow parent run {summary.mlflow_parent_run or '(MLflow unavailable)'}; "
+             f"dataset rows under search id {summary.search_id}")
+    if summary.trials:
+        _publish_report(summary.search_id, tracking_uri)
+
+
+def _progress(bar, name: str):
+    """The ``on_trial`` of a search: the bar's position and the figures so far (one line per
+    trial when there is no terminal: a Ray job's log, CI)."""
+
+    def on_trial(result, summary) -> None:
+        bar.n = summary.all_trials
+        parts = []
+        if summary.best_mean_s:
+            parts.append(f"best {summary.best_mean_s * 1e3:.1f} ms")
+        ddp = summary.runtime_best("ddp")
+        if ddp:
+            parts.append(f"tuned DDP {ddp.mean_s * 1e3:.1f} ms")
+        if summary.speedup_over_best_baseline:
+            parts.append(f"x{summary.speedup_over_best_baseline:.2f} vs baselines")
+        if summary.hit_rate is not None:
+            parts.append(f"hit rate {summary.hit_rate:.0%}")
+        if bar.disable:
+            this = f"{result.mean_s * 1e3:.1f} ms" if result.ok and result.mean_s else result.status
+            echo_err(f"{name}: trial {bar.n}/{bar.total}: {this}; " + ", ".join(parts))
+            return
+        bar.set_postfix_str(", ".join(parts))
+        bar.refresh()
+
+    return on_trial
+
+
+#: How the summary names each runtime's baselines: (label, what its trials are).
+_BASELINE_LINES = {"ddp": ("DDP", "tuned torch DDP trials"), "horovod": ("Horovod", "real Horovod baseline(s)")}
+
+
+def _print_summary(summary, exp, workload, best_path: Path) -> None:
+    """The search's figures, one line each."""
+    speed = summary.speedup_over_best_baseline
+    click.echo(f"search {summary.search_id}: {summary.trials} trials ({summary.failed} failed) "
+               f"in {summary.wall_s:.0f} s")
+    if summary.best_mean_s:
         runner = "TensorFlow" if getattr(workload, "framework", "torch") == "tensorflow" else "the engine"
-        click.echo(f"best      {summary['best_runtime_s'] * 1e3:.1f} ms/iteration ({summary['best_origin']}), "
+        click.echo(f"best      {summary.best_mean_s * 1e3:.1f} ms/iteration ({summary.best_origin}), "
                    f"fastest single trial of {runner}")
-    if summary["best_builder_baseline_s"]:
-        click.echo(f"builders  {summary['best_builder_baseline_s'] * 1e3:.1f} ms/iteration (best hand-optimised builder)")
-    if summary["ddp_best_s"]:
-        from ..engine.ddp import DDPConfig
-
-        click.echo(f"DDP       {summary['ddp_best_s'] * 1e3:.1f} ms/iteration (best of {summary['ddp_trials']} tuned torch "
-                   f"DDP trials: {DDPConfig.from_dict(summary['ddp_best_config']).summary()})")
-    if summary.get("horovod_best_s"):
-        from ..engine.horovod import HorovodConfig
-
-        click.echo(f"Horovod   {summary['horovod_best_s'] * 1e3:.1f} ms/iteration (best of {summary['horovod_trials']} "
-                   f"real Horovod baseline(s): {HorovodConfig.from_dict(summary['horovod_best_config']).summary()})")
+    if summary.best_builder_baseline_s:
+        click.echo(f"builders  {summary.best_builder_baseline_s * 1e3:.1f} ms/iteration (best hand-optimised builder)")
+    for name in dict.fromkeys(t.runtime.name for t in summary.baselines):
+        best = summary.runtime_best(name)
+        if best is not None:
+            label, what = _BASELINE_LINES.get(name, (name, f"{name} baseline trial(s)"))
+            click.echo(f"{label:<9} {best.mean_s * 1e3:.1f} ms/iteration (best of {summary.runtime_trials(name)} "
+                       f"{what}: {best.runtime.summary()})")
     click.echo(f"single    {speed:.3f}x over the best baseline, trial against trial (not confirmed)" if speed
                else "single    n/a")
-    confirmed = summary.get("confirmed") or {}
+    _print_confirmation(summary.confirmed or {})
+    _print_selection(summary, exp)
+    hits = summary.hit_rate
+    click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
+               "hit rate  n/a")
+    click.echo(f"trials to 1.1x: {summary.trials_to_1_1x or '-'}, to 1.2x: {summary.trials_to_1_2x or '-'}")
+    if summary.recommended:
+        click.echo(f"result    {summary.recommended.name} ({summary.recommended.why}), saved to {best_path}")
+
+
+def _print_confirmation(confirmed: dict) -> None:
     if "ratio" in confirmed:
         click.echo(f"confirmed {confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, {confirmed['high']:.3f}] (95%): "
                    f"{confirmed['candidate']} against {confirmed['baseline']}, {confirmed['rounds']} interleaved rounds "
@@ -157,36 +185,28 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
             click.echo(f"          run again from the start on fresh workers after: {failure[:160]}")
     elif confirmed:
         click.echo(f"confirmed n/a ({confirmed.get('error', 'no result')})")
-    selection = summary.get("simulator_selection") or []
-    if selection:
-        last = selection[-1]
-        switched = next((s["trials"] for s in selection if s["scoring"] == "learned"), None)
-        acc = ", ".join(f"{name} {last[key]:.0%}" for name, key in (("learned", "learned_accuracy"),
-                                                                  ("training-free", "training_free_accuracy"))
-                        if last[key] is not None)
-        click.echo(f"simulator {exp.simulator} scored proposals " + (f"from trial {switched}" if switched else "never")
-                   + f"; held-out pairwise accuracy over {last['held_out_pairs']} pairs: {acc or 'n/a'} "
-                   f"(training-free: {summary.get('training_free_simulator') or 'analytic'})")
-    hits = summary["hit_rate"]
-    click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
-               "hit rate  n/a")
-    click.echo(f"trials to 1.1x: {summary['trials_to_1.1x'] or '-'}, to 1.2x: {summary['trials_to_1.2x'] or '-'}")
-    if chosen:
-        click.echo(f"result    {chosen['name']} ({chosen['why']}), saved to {best_path}")
-    if train_path is not None:
-        from ..run.apply import run_command
-        from ..strategy import Strategy
 
-        click.echo(f"apply     {train_path} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'}): "
-                   f"{run_command(Strategy.from_dict(chosen['strategy']), train_path)}")
-    echo_err(f"MLflow parent run {summary['mlflow_parent_run'] or '(MLflow unavailable)'}; "
-             f"dataset rows under search id {summary['search_id']}")
-    if summary["trials"]:
-        from ..report import publish_search_report
 
-        try:
-            path, run_id = publish_search_report(summary["search_id"], tracking_uri=tracking_uri)
-            echo_err(f"report {path}" + (" (also report.html of the MLflow parent run)" if run_id else ""))
-        except (SpecError, OSError) as exc:  # the search is done and recorded; the page is a bonus
-            echo_err(f"warning: the report could not be made ({type(exc).__name__}: {exc}); "
-                     f"`synctune report {summary['search_id']}` retries")
+def _print_selection(summary, exp) -> None:
+    selection = summary.simulator_selection
+    if not selection:
+        return
+    last = selection[-1]
+    switched = next((s["trials"] for s in selection if s["scoring"] == "learned"), None)
+    acc = ", ".join(f"{name} {last[key]:.0%}" for name, key in (("learned", "learned_accuracy"),
+                                                              ("training-free", "training_free_accuracy"))
+                    if last[key] is not None)
+    click.echo(f"simulator {exp.simulator} scored proposals " + (f"from trial {switched}" if switched else "never")
+               + f"; held-out pairwise accuracy over {last['held_out_pairs']} pairs: {acc or 'n/a'} "
+               f"(training-free: {summary.training_free_simulator or 'analytic'})")
+
+
+def _publish_report(search_id: str, tracking_uri: str | None) -> None:
+    from ..report import publish_search_report
+
+    try:
+        path, run_id = publish_search_report(search_id, tracking_uri=tracking_uri)
+        echo_err(f"report {path}" + (" (also report.html of the MLflow parent run)" if run_id else ""))
+    except (SpecError, OSError) as exc:  # the search is done and recorded; the page is a bonus
+        echo_err(f"warning: the report could not be made ({type(exc).__name__}: {exc}); "
+                 f"`synctune report {search_id}` retries")

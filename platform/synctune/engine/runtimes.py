@@ -13,7 +13,8 @@ from .horovod import HorovodRuntime
 from .runtime import Runtime
 from .tensorflow import TensorFlowRuntime
 
-__all__ = ["RUNTIMES", "register_runtime", "runtime_class", "as_runtime", "runtime_from_record"]
+__all__ = ["RUNTIMES", "register_runtime", "runtime_class", "as_runtime", "runtime_from_record",
+           "strategy_runtime_class"]
 
 #: name -> runtime class.
 RUNTIMES: dict[str, type[Runtime]] = {}
@@ -59,3 +60,13 @@ def runtime_from_record(name: str, config_json: str) -> Runtime:
     import json
 
     return as_runtime({"kind": name, name: json.loads(config_json) if config_json else {}})
+
+
+def strategy_runtime_class(framework: str) -> type[Runtime]:
+    """The runtime that executes searched strategies for a workload of ``framework`` (``torch``:
+    the engine; ``tensorflow``: TensorFlow's own collectives, for what they execute exactly)."""
+    for cls in RUNTIMES.values():
+        if cls.runs_strategy and framework in cls.frameworks:
+            return cls
+    raise SpecError(f"workload framework {framework!r}: no runtime executes strategies for it; known: "
+                    f"{', '.join(sorted({f for c in RUNTIMES.values() for f in c.frameworks}))}")

@@ -1,21 +1,30 @@
 """Running a search: AutoDist Algorithm 1 driven through Ray Tune, one Tune trial per strategy.
 
-The Tune searcher wraps :class:`synctune.search.Algorithm1` (ask/tell by trial id). Each Tune
-trial hands its strategy to a named "slice" actor that owns a :class:`RayWorkerGroup` for
-the experiment's cluster, so the process group is started once per slice for the whole
-search, not once per trial. ``slices`` (an experiment key) slices run trials concurrently,
-each on its own nodes; the searcher gives each new trial a free slice. Results come back to
-the driver, which records each one (an MLflow child run of the search's parent run, and a
-dataset row) *before* telling the searcher.
+A search is a :class:`SearchSession` (the domain, the workload, the dataset, the MLflow logger,
+the slices, the search algorithm and its simulator, the baselines' ledger) and one function
+per phase, run in order on the same slices:
 
-The driver side (Tune's trial actors and the slice actors) asks only for a sliver of the
-head node's own resource, so it never takes CPUs or GPUs a worker slice needs; the slices'
-placement groups are the only demand the autoscaler sees. Slices are released when the
-search ends, however it ends.
+1. :func:`tune_runtime`: tuned torch DDP (Optuna's TPE through Ray Tune);
+2. :func:`measure_runtime_baselines`: the experiment's real Horovod baselines;
+3. :func:`run_algorithm`: the search algorithm (builder baselines first), ``budget`` trials;
+4. :func:`confirm_best`: the best searched strategies screened and confirmed against the best
+   baseline, interleaved on the same processes;
+5. :func:`summarize` and :func:`finish`: the :class:`~synctune.run.summary.SearchSummary`, its
+   MLflow metrics, the dataset partition compacted.
 
-The dataset is the search's memory: ``resume`` rebuilds the searcher from the rows of this
-search id, in the order they were recorded, so an interrupted search continues exactly as it
-would have, without re-running finished trials, and ends with exactly ``budget`` rows.
+Each Tune trial hands its strategy to a named slice actor (:mod:`synctune.run.slices`) that
+owns a worker group for the experiment's cluster; ``slices`` (an experiment key) slices run
+trials concurrently. Results come back to the driver, which records each one (an MLflow child
+run of the search's parent run, and a dataset row) *before* telling the search algorithm.
+
+The driver side (Tune's trial actors and the slice actors) asks only for a sliver of the head
+node's own resource, so it never takes CPUs or GPUs a worker slice needs; the slices'
+placement groups are the only demand the autoscaler sees. Slices are released when the search
+ends, however it ends.
+
+The dataset is the search's memory: ``resume`` rebuilds the search algorithm from the rows of
+this search id, in the order they were recorded, so an interrupted search continues exactly as
+it would have, without re-running finished trials, and ends with exactly ``budget`` rows.
 """
 
 from __future__ import annotations
@@ -23,113 +32,38 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any, Callable
-
-import numpy as np
 
 from ..cluster.workers import HEAD_RESOURCE
 from ..data.paths import data_home, dataset_dir
 from ..data.store import TrialDataset
 from ..data.tracking import MlflowLogger
-from ..engine.ddp import ddp_runtime
-from ..engine.trial import TrialConfig
+from ..engine.measure import TrialConfig, TrialResult
+from ..engine.runtime import Runtime
+from ..engine.runtimes import runtime_class, strategy_runtime_class
 from ..search.algorithm import Algorithm1
 from ..search.experiment import Experiment
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.files import check_name, path_under
 from ..spec.model import ModelSpec
-from ..strategy.builders import BUILDERS, build_strategy
+from ..strategy.builders import build_strategy
 from ..strategy.schema import Strategy
+from .baselines import TUNERS, BaselineLedger, BaselineTrial, RuntimeTuner, horovod_baselines
+from .confirm import confirmation_arms, confirmation_result, is_builder_trial, trial_mean_s
 from .profiles import ensure_profile
 from .recording import record_result
+from .simulators import SelectedSimulator, make_search_simulator
+from .summary import SearchSummary, recommend
 
-__all__ = ["run_search", "search_id_of", "make_search_simulator", "SelectedSimulator", "ensure_profile"]
-
-
-# Tune pickles its searcher (it checkpoints the experiment); callers' callbacks need not be
-# picklable, so the searcher finds them here by search id instead of holding them.
-_CALLBACKS: dict[str, Callable[[dict, dict], None]] = {}
-
-
-def _notify(search_id: str, outcome: dict, summary: dict) -> None:
-    # Module-level, so pickling the searcher pickles a reference to it, not _CALLBACKS.
-    callback = _CALLBACKS.get(search_id)
-    if callback:
-        callback(outcome, summary)
+__all__ = ["run_search", "search_id_of", "SearchSession", "make_search_simulator", "SelectedSimulator",
+           "ensure_profile", "horovod_baselines", "tensorflow_projection"]
 
 
 def search_id_of(exp: Experiment) -> str:
     """The stable id of an experiment's search (what ``--resume`` finds again); it names files."""
     return check_name(f"{exp.name}-seed{exp.seed}", f"{exp.source or 'experiment'}: search id")
-
-
-class _Slice:
-    """Actor body holding one worker group (wrapped with ray.remote lazily)."""
-
-    def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None, workload) -> None:
-        from ..cluster.workers import RayWorkerGroup
-
-        self.workload = workload
-        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s,
-                                    node_net=node_net)
-
-    def run(self, strategy: dict, config: dict, runtime: dict | None = None) -> dict:
-        from ..cluster.workers import SlicePending
-        from ..engine.trial import failed_result
-
-        plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
-        try:
-            return self.group.run_trial(plan, trial_config, workload=self.workload, runtime=runtime).to_dict()
-        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
-            return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
-                                 trial_config.timeout_s).to_dict()
-
-    def confirm(self, arms: list, config: dict, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
-        """Interleaved re-measurement of arms ((strategy dict, runtime or None) pairs, the
-        baseline last; several candidates are screened first)."""
-        from ..cluster.workers import ConfirmFailed, SlicePending
-
-        try:
-            return self.group.run_confirm([(Strategy.from_dict(st), rt) for st, rt in arms], TrialConfig(**config),
-                                          workload=self.workload, rounds=rounds, per_round=per_round,
-                                          screen_rounds=screen_rounds)
-        except (ConfirmFailed, SlicePending) as exc:
-            return {"error": str(exc)}
-
-    def where(self) -> str:
-        """The Ray node this slice actor runs on (the head: it takes no worker resources)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def shutdown(self) -> None:
-        self.group.shutdown()
-
-
-def _trainable(config: dict) -> None:
-    import ray
-    from ray import tune
-
-    holder = ray.get_actor(config["slice"])
-    runtime = config.get("runtime")  # a Keras model's trials: the tensorflow runtime
-    if "comm_hook" in config:  # a tuned-DDP trial: Optuna's parameters arrive in the config
-        params = {k: config[k] for k in DDP_SPACE}
-        runtime = ddp_runtime(ddp_config_of(params))
-    result = ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime))
-    if "comm_hook" in config:
-        result["extra"]["ddp_params"] = params
-    tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
-                 "result_json": json.dumps(result)})
-
-
-#: The tuned-DDP search space (torch DDP's knobs, as Horovod's autotune tunes its fusion buffer):
-#: the comm hook, the bucket size cap (1-256 MiB) and the first bucket's cap.
-DDP_SPACE = ("comm_hook", "bucket_cap_mb", "first_bucket_mb")
-#: PowerSGD's rank in tuned-DDP trials (the allreduce builder's default).
-DDP_POWERSGD_RANK = 4
 
 
 def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
@@ -140,616 +74,294 @@ def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
     return lambda strategy: project_to_tensorflow(strategy, model)
 
 
-def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec,
-                      workload: Any = None) -> list[tuple[str, Any]]:
-    """The experiment's real-Horovod baselines as (entry, :class:`~synctune.engine.horovod.HorovodConfig`),
-    each checked as a trial (Horovod installed, with the binding ``workload`` needs; settings it
-    executes) before anything runs."""
-    from ..engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_runtime
-    from ..engine.trial import check_runtime
-
-    out = []
-    where = exp.source or exp.name
-    for entry in getattr(exp, "runtime_baselines", ()):
-        options = {}
-        for item in filter(None, entry.partition(":")[2].split(",")):
-            key, _eq, text = item.partition("=")
-            options[key.strip()] = text.strip()
-        unknown = [k for k in options if k not in HOROVOD_DEFAULT.to_dict()]
-        if unknown:
-            raise SpecError(f"{where}: baselines: {entry!r}: unknown Horovod setting {unknown[0]!r}; valid: "
-                            f"{', '.join(HOROVOD_DEFAULT.to_dict())}")
-        try:
-            config = HorovodConfig.from_options(options)
-            check_runtime(horovod_runtime(config), build_strategy("allreduce", model, cluster), model, cluster,
-                          workload)
-        except SpecError as exc:
-            raise SpecError(f"{where}: baselines: {entry!r}: {exc}") from None
-        out.append((entry, config))
-    return out
+def _search_state(records: list) -> dict[str, Any]:
+    """The search algorithm's state from its rows: the trials of runtimes that execute strategies
+    (not the tuned baselines, not confirmations), in the order recorded. Hashes are recomputed from
+    the strategies (a row of an older strategy schema stores the hash of its old form)."""
+    return {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "origin": r.origin,
+                        "predicted": r.predicted_time_s, "runtime": r.mean_s if r.status == "ok" else None}
+                       for r in records if runtime_class(r.runtime).runs_strategy
+                       and not r.trial_id.startswith("confirm-")]}
 
 
-def ddp_config_of(params: dict):
-    """The :class:`~synctune.engine.ddp.DDPConfig` of one tuned-DDP point."""
-    from ..engine.ddp import DDPConfig
+class SearchSession:
+    """One search's state while it runs: what it searches (``exp``, ``model``, ``cluster``,
+    ``workload``), where it records (``dataset``, ``logger`` and the parent run), where its trials
+    run (the slice actors), the search algorithm (``algo``) and the baselines' ``ledger``."""
 
-    hook = params["comm_hook"]
-    cap = float(params["bucket_cap_mb"])
-    first = min(float(params["first_bucket_mb"]), cap)
-    # torch's PowerSGD hook fails with a separate first-bucket cap (see DDPConfig): it gets none.
-    return DDPConfig(bucket_cap_mb=cap, first_bucket_mb=None if hook == "powersgd" or first >= cap else first,
-                     comm_hook=hook, powersgd_rank=DDP_POWERSGD_RANK if hook == "powersgd" else None,
-                     gradient_as_bucket_view=True)
+    def __init__(self, exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool,
+                 tracking_uri: str | None, node_net: dict | None, on_trial, say: Callable[[str], None]) -> None:
+        self.exp, self.model, self.cluster, self.workload = exp, model, cluster, workload
+        self.search_id, self.node_net, self.on_trial, self.say = search_id_of(exp), node_net, on_trial, say
+        if node_net and exp.slices > 1:
+            raise SpecError(f"{exp.source or exp.name}: slices: a lab has one set of links, so its trials run one at "
+                            f"a time (slices: 1), got {exp.slices}")
+        self.dataset = TrialDataset(dataset_dir())
+        done = self.dataset.records(model=model.name, cluster=cluster.name, search_id=self.search_id)
+        if done and not resume:
+            raise SpecError(f"search {self.search_id!r} already has {len(done)} recorded trial(s) in "
+                            f"{self.dataset.root}; pass --resume to continue it, or change the experiment's name or "
+                            f"seed")
+        self.done = sorted(done, key=lambda r: (r.created_at, r.record_id))
+        self.ledger = BaselineLedger([BaselineTrial.from_record(r) for r in self.done
+                                      if not runtime_class(r.runtime).runs_strategy])
+        self.horovod_entries = horovod_baselines(exp, model, cluster, workload)
+        self.framework = getattr(workload, "framework", "torch")
+        self.strategy_runtime = strategy_runtime_class(self.framework)
+        self.project = tensorflow_projection(model) if self.framework == "tensorflow" else None
+        if exp.algorithm not in ("random", "random-guided") and exp.simulator != "analytic" \
+                and self.framework == "torch":
+            ensure_profile(workload, model, cluster, say)
+        self.algo = self.new_algorithm(_search_state(self.done))
+        self.trial_config = TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s)
+        self.skeleton = build_strategy("allreduce", model, cluster)  # the runtimes' replicas and (even) batch split
+        self.holders: list = []
+        self.slice_names = [f"synctune-slice-{self.search_id}-{i}" for i in range(exp.slices)]
+        self.free_slices = list(self.slice_names)
+        self.proposals: dict[str, Any] = {}
+        self.started = time.monotonic()
+        self.logger = MlflowLogger(exp.name, tracking_uri)
+        self.parent = self.logger.start_search(self.search_id, {
+            "experiment": exp.source or exp.name, "model": model.name, "cluster": cluster.name,
+            "algorithm": exp.algorithm, "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed,
+            "workload": workload.source, "ddp_trials": exp.ddp_trials, "confirm_rounds": exp.confirm_rounds})
 
+    def new_algorithm(self, state: dict) -> Algorithm1:
+        """The search algorithm rebuilt from ``state`` (plain JSON), with a fresh simulator."""
+        return Algorithm1.from_state(state, self.model, self.cluster, self.exp,
+                                     make_search_simulator(self.exp, self.model, self.cluster), self.project)
 
-def ddp_hooks(model: ModelSpec, cluster: ClusterSpec, lossy: bool = True) -> list[str]:
-    """The comm hooks a tuned-DDP search tries in a domain: bf16 only on GPUs (torch's hook
-    needs NCCL); none but ``none`` for a model with sparse gradients (hooks compress dense
-    buckets) or when the experiment says ``lossy: false``."""
-    if not lossy or any(v.sparse for v in model.variables):
-        return ["none"]
-    return ["none", "fp16", "powersgd"] + (["bf16"] if cluster.device_kind == "gpu" else [])
+    def proposal_runtime(self, strategy: Strategy) -> Runtime:
+        """The runtime that runs a searched strategy (the engine; TensorFlow for a Keras model)."""
+        return self.strategy_runtime.from_options({}, strategy, self.model)
 
+    def start_slices(self) -> None:
+        """One named slice actor per slice, on a sliver of the head node."""
+        import ray
 
-def _ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done: list[tuple[dict, float]]):
-    """Ray Tune's Optuna searcher (TPE, seeded) over :data:`DDP_SPACE`, told the points this
-    search measured already; the first point of a fresh search is DDP's default."""
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
+        from .slices import SliceActor
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress is ours to show, one line per trial
-    hooks = ddp_hooks(model, cluster, exp.lossy)
-    space = {"comm_hook": optuna.distributions.CategoricalDistribution(hooks),
-             "bucket_cap_mb": optuna.distributions.FloatDistribution(1.0, 256.0, log=True),
-             "first_bucket_mb": optuna.distributions.FloatDistribution(0.0625, 64.0, log=True)}
-    done = [(p, t) for p, t in done if p.get("comm_hook") in hooks]  # an edited experiment narrows the space
-    points = [dict(p) for p, _t in done] or [{"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0}]
-    rewards = [t for _p, t in done] or None
-    # TPE models the space after 3 trials (Optuna's default waits 10, more than a search's DDP
-    # trials); a resumed search draws from a stream of its own, so it does not redraw the points
-    # it was told about.
-    sampler = optuna.samplers.TPESampler(seed=(exp.seed * 1_000_003 + len(done)) % 2**32,
-                                         n_startup_trials=min(3, exp.ddp_trials))
-    return OptunaSearch(space=space, metric="mean_s", mode="min", sampler=sampler, points_to_evaluate=points,
-                        evaluated_rewards=rewards)
+        self.holders = [ray.remote(SliceActor).options(name=name, num_cpus=0, resources={HEAD_RESOURCE: 0.001})
+                        .remote(self.cluster.to_dict(), self.exp.timeout_s,
+                                dict(self.node_net) if self.node_net else None, self.workload)
+                        for name in self.slice_names]
 
+    def record(self, trial_id: str, strategy: Strategy, origin: str, result: TrialResult, *,
+               runtime: Runtime | None = None, predicted: float | None = None) -> None:
+        """Record one trial (MLflow, then its dataset row) before anyone is told of it."""
+        best_base = self.summary().best_baseline_s
+        mean = result.measured_s
+        record_result(result, strategy, self.model, self.cluster, dataset=self.dataset, logger=self.logger,
+                      origin=origin, runtime=runtime, search_id=self.search_id, trial_id=trial_id,
+                      predicted_time_s=predicted, experiment=self.exp.name, parent_run_id=self.parent,
+                      workload_source=self.workload.source,
+                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
 
-#: Trials of its own a search measures before its replay is calibrated on them (5 constants fitted).
-CALIBRATE_AFTER = 8
+    def notify(self, result: TrialResult) -> None:
+        """Tell the caller's ``on_trial`` of a finished trial, with the summary so far."""
+        if self.on_trial:
+            self.on_trial(result, self.summary())
 
-
-def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpec):
-    """The simulator an experiment asks for, bound to its domain (None for the random variants)."""
-    from ..data.paths import profiles_dir
-    from ..simulator import AnalyticSimulator, BoundSimulator, CalibratedReplay, ReplaySimulator, load_simulator, \
-        make_simulator, profile_key
-
-    if exp.algorithm in ("random", "random-guided"):
-        return None
-    if exp.simulator == "analytic":
-        return BoundSimulator(AnalyticSimulator(), model, cluster)
-    replay = ReplaySimulator.from_folder(profiles_dir())
-    if exp.simulator == "replay":
-        return BoundSimulator(replay, model, cluster)
-    # The physical model learned models must beat: the replay where this domain's compute profile
-    # was measured (`synctune sim profile`), calibrated on the search's own trials as they come
-    # (its communication's CPU costs and compute scale; dPRO §4.3), else the analytic model.
-    measured = profile_key(model.name, cluster.device_kind, cluster.num_devices) in replay.profiles
-    physical = CalibratedReplay(min_trials=CALIBRATE_AFTER) if measured else AnalyticSimulator()
-    if measured:
-        physical.use_profiles(replay)
-    analytic = BoundSimulator(physical, model, cluster)
-    if exp.simulator in ("rnn", "linear", "gat"):
-        def make():
-            sim = make_simulator(exp.simulator, epochs=60, seed=exp.seed)
-            sim.use_profiles(replay)  # its replay features use this domain's measured profile
-            return sim
-
-        return SelectedSimulator(analytic, BoundSimulator(make(), model, cluster, make=make), learned_ready=False)
-    transferred = load_simulator(exp.simulator)
-    transferred.use_profiles(replay)
-    return SelectedSimulator(analytic, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
-
-
-def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:
-    """(pairs ordered as measured, pairs with different runtimes): higher score = faster."""
-    right = total = 0.0
-    for i in range(len(runtimes)):
-        for j in range(i + 1, len(runtimes)):
-            if runtimes[i] == runtimes[j]:
-                continue
-            total += 1
-            faster_i = runtimes[i] < runtimes[j]
-            if pred[i] == pred[j]:
-                right += 0.5
-            elif (pred[i] > pred[j]) == faster_i:
-                right += 1
-    return right, int(total)
-
-
-class SelectedSimulator:
-    """The physical model (analytic, or the replay calibrated as the search goes: called
-    training-free here, it has no learned weights) until the learned one beats it on trials it
-    had not seen (AutoDist §2.4: start analytic, switch once the learned model is better).
-
-    At every update (a batch boundary of the search), the trials measured since the previous
-    update are held out: both models score them before either learns from them (the learned
-    model trains; a calibrated replay refits its constants,
-    :class:`~synctune.simulator.CalibratedReplay`),
-    and each model's pairwise ranking accuracy on those pairs accumulates. The learned model
-    scores proposals only while its accumulated held-out accuracy is above the training-free
-    model's on the same pairs (and at least :attr:`MIN_PAIRS` pairs were judged). A transferred
-    model (``learned_ready``) is judged from the first batch; one learned from scratch from the
-    batch after its first fit. :attr:`history` keeps each judgement."""
-
-    MIN_PAIRS = 6
-
-    def __init__(self, training_free, learned, *, learned_ready: bool) -> None:
-        self.training_free, self.learned = training_free, learned
-        self.ready = learned_ready
-        self.seen = 0
-        self.right = {"learned": 0.0, "training_free": 0.0}
-        self.pairs = 0
-        self.use_learned = False
-        self.history: list[dict] = []
-
-    @property
-    def predicts_seconds(self) -> bool:
-        """Whether the model scoring now predicts seconds (the training-free ones do; a learned
-        ranker does not)."""
-        return bool(getattr(self.learned if self.use_learned else self.training_free, "predicts_seconds", False))
-
-    def score(self, strategies):
-        return (self.learned if self.use_learned else self.training_free).score(strategies)
-
-    def score_columns(self, columns):
-        return (self.learned if self.use_learned else self.training_free).score_columns(columns)
-
-    def fit(self, strategies, runtimes) -> None:
-        runtimes = np.asarray(runtimes, dtype=float)
-        new = slice(self.seen, len(strategies))
-        if self.ready and len(strategies) > self.seen:
-            held = strategies[new]
-            learned_right, pairs = _pairwise(np.asarray(self.learned.score(held), float), runtimes[new])
-            free_right, _ = _pairwise(np.asarray(self.training_free.score(held), float), runtimes[new])
-            self.right["learned"] += learned_right
-            self.right["training_free"] += free_right
-            self.pairs += pairs
-        self.learned.fit(strategies, runtimes)
-        # A calibrated replay refits its constants too, after it was judged on these trials.
-        self.training_free.fit(strategies, runtimes)
-        self.ready = True
-        self.seen = len(strategies)
-        acc = {k: (v / self.pairs if self.pairs else None) for k, v in self.right.items()}
-        self.use_learned = self.pairs >= self.MIN_PAIRS and acc["learned"] > acc["training_free"]
-        self.history.append({"trials": self.seen, "held_out_pairs": self.pairs, "learned_accuracy": acc["learned"],
-                             "training_free_accuracy": acc["training_free"],
-                             "scoring": "learned" if self.use_learned else "training-free"})
+    def summary(self, confirmation: dict | None = None) -> SearchSummary:
+        """The search's figures now (the confirmation's, when given)."""
+        stats = self.algo.summary(other_baselines=self.ledger.best_times_s())
+        builders = [t for t in self.algo.trials if is_builder_trial(t) and trial_mean_s(t) is not None]
+        builder = min(builders, key=trial_mean_s) if builders else None
+        sim = self.algo.simulator
+        return SearchSummary(
+            search_id=self.search_id, trials=stats["trials"], failed=stats["failed"],
+            best_mean_s=stats.get("best_mean_s", stats.get("best_runtime_s")), best_origin=stats["best_origin"],
+            best_strategy=stats["best_strategy"], best_baseline_s=stats["best_baseline_s"],
+            speedup_over_best_baseline=stats["speedup_over_best_baseline"], hit_rate=stats["hit_rate"],
+            trials_to_1_1x=stats["trials_to_1.1x"], trials_to_1_2x=stats["trials_to_1.2x"],
+            best_builder_baseline_s=trial_mean_s(builder) if builder else None,
+            best_baseline_strategy=builder["strategy"] if builder else None,
+            best_baseline_origin=builder["origin"] if builder else None, baselines=tuple(self.ledger.trials),
+            wall_s=time.monotonic() - self.started, mlflow_parent_run=self.parent, confirmed=confirmation,
+            simulator_selection=tuple(getattr(sim, "history", [])),
+            training_free_simulator=getattr(getattr(sim, "training_free", sim), "kind", None))
 
 
-def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool = False,
-               tracking_uri: str | None = None, on_trial: Callable[[dict, dict], None] | None = None,
-               node_net: dict | None = None, on_phase: Callable[[str], None] | None = None) -> dict:
-    """Run (or resume) the search of ``exp`` for ``workload``; returns the summary. Ray must be
-    initialized. ``node_net`` (a lab's network) runs each node's workers in that node's namespace.
+def _tune_storage() -> str:
+    return str(path_under(data_home(), "tune"))
 
-    Three phases on the same slices: tuned torch DDP (``exp.ddp_trials`` trials, Optuna through
-    Tune), then Algorithm 1 (builder baselines first, ``exp.budget`` trials), then the
-    confirmation of the best searched strategy against the best baseline (builders and DDP),
-    interleaved on the same processes. ``on_phase(message)`` announces each phase."""
-    import ray
+
+def tune_runtime(session: SearchSession, tuner: RuntimeTuner, budget: int) -> None:
+    """Phase 1: tune a runtime's settings (``budget`` trials in all, a resumed search's included)
+    with Optuna's TPE through Ray Tune, on the first slice; each trial recorded as it completes."""
     from ray import tune
-    from ray.tune.search import Searcher
 
-    # Tune's console tables would interleave with the search's own progress (verbose=0 silences
-    # only its older reporter).
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    search_id = search_id_of(exp)
-    if node_net and exp.slices > 1:
-        raise SpecError(f"{exp.source or exp.name}: slices: a lab has one set of links, so its trials run one at a "
-                        f"time (slices: 1), got {exp.slices}")
-    ds = TrialDataset(dataset_dir())
-    done = ds.records(model=model.name, cluster=cluster.name, search_id=search_id)
-    if done and not resume:
-        raise SpecError(f"search {search_id!r} already has {len(done)} recorded trial(s) in {ds.root}; "
-                        f"pass --resume to continue it, or change the experiment's name or seed")
-    done = sorted(done, key=lambda r: (r.created_at, r.record_id))
-    ddp_done = [r for r in done if r.runtime == "ddp"]
-    hvd_entries = horovod_baselines(exp, model, cluster, workload)
-    keras = getattr(workload, "framework", "torch") == "tensorflow"
-    project = tensorflow_projection(model) if keras else None
-    # Hashes are recomputed from the strategies (a row of an older strategy schema stores the
-    # hash of its old form): the search must recognise a strategy it measured in any schema.
-    state = {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json),
-                         "origin": r.origin, "predicted": r.predicted_time_s,
-                         "runtime": r.mean_s if r.status == "ok" else None}
-                        for r in done if r.runtime in ("engine", "tensorflow")
-                        and not r.trial_id.startswith("confirm-")]}
-    say = on_phase or (lambda _message: None)
-    if exp.algorithm not in ("random", "random-guided") and exp.simulator != "analytic" and not keras:
-        ensure_profile(workload, model, cluster, say)
-    algo = Algorithm1.from_state(state, model, cluster, exp, make_search_simulator(exp, model, cluster), project)
-    logger = MlflowLogger(exp.name, tracking_uri)
-    parent = logger.start_search(search_id, {"experiment": exp.source or exp.name, "model": model.name,
-                                             "cluster": cluster.name, "algorithm": exp.algorithm,
-                                             "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed,
-                                             "workload": workload.source, "ddp_trials": exp.ddp_trials,
-                                             "confirm_rounds": exp.confirm_rounds})
-    trial_config = asdict(TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s))
-    on_head = {HEAD_RESOURCE: 0.001}
-    slice_names = [f"synctune-slice-{search_id}-{i}" for i in range(exp.slices)]
-    holders = [ray.remote(_Slice).options(name=name, num_cpus=0, resources=on_head).remote(
-        cluster.to_dict(), exp.timeout_s, dict(node_net) if node_net else None, workload) for name in slice_names]
-    free_slices = list(slice_names)
-    proposals: dict[str, Any] = {}
-    # Tuned DDP: (Optuna parameters, runtime or None, DDPConfig dict) per measured trial.
-    ddp_trials: list[dict] = [{"params": json.loads(r.extra_json).get("ddp_params"), "trial_id": r.trial_id,
-                               "config": json.loads(r.runtime_json or "{}"),
-                               "runtime": r.mean_s if r.status == "ok" else None} for r in ddp_done]
-    # Real Horovod baselines, by entry: {"trial_id", "entry", "config", "runtime"}.
-    hvd_trials: list[dict] = [{"trial_id": r.trial_id, "entry": r.origin, "config": json.loads(r.runtime_json or "{}"),
-                               "runtime": r.mean_s if r.status == "ok" else None}
-                              for r in done if r.runtime == "horovod"]
-    skeleton = build_strategy("allreduce", model, cluster)  # DDP's replicas and (even) batch split
+    from .searcher import RecordTunedTrials
+    from .slices import trainable
 
-    def ddp_best() -> dict | None:
-        ok = [t for t in ddp_trials if t["runtime"] is not None]
-        return min(ok, key=lambda t: t["runtime"]) if ok else None
+    s = session
+    remaining = budget - len(s.ledger.of(tuner.runtime))
+    if remaining <= 0:
+        return
+    if s.framework not in runtime_class(tuner.runtime).frameworks:
+        s.say(f"tuned {tuner.title} skipped: {s.workload.name} is a Keras model ({tuner.runtime}_trials: {budget} "
+              f"ignored)")
+        return
+    s.say(f"tuning {tuner.title}: {remaining} trial(s), {tuner.knobs} by Optuna (TPE) through Ray Tune")
+    known = [(t.params, t.mean_s) for t in s.ledger.of(tuner.runtime) if t.params and t.mean_s is not None]
+    tune.Tuner(
+        # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
+        tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),
+        param_space={"slice": s.slice_names[0], "strategy": s.skeleton.to_dict(), "tuned": tuner.runtime,
+                     "trial_config": asdict(s.trial_config)},
+        tune_config=tune.TuneConfig(search_alg=tuner.searcher(s.exp, s.model, s.cluster, known),
+                                    num_samples=remaining, max_concurrent_trials=1, reuse_actors=True),
+        run_config=tune.RunConfig(name=f"{s.search_id}-{tuner.runtime}", storage_path=_tune_storage(), verbose=0,
+                                  callbacks=[RecordTunedTrials(s.search_id, tuner.runtime)]),
+    ).fit()
 
-    def hvd_best() -> dict | None:
-        ok = [t for t in hvd_trials if t["runtime"] is not None]
-        return min(ok, key=lambda t: t["runtime"]) if ok else None
 
-    def runtime_best() -> dict | None:
-        """The fastest baseline run by another runtime (tuned DDP or real Horovod), with its kind."""
-        found = [{**t, "kind": kind} for kind, t in (("ddp", ddp_best()), ("horovod", hvd_best())) if t]
-        return min(found, key=lambda t: t["runtime"]) if found else None
+def measure_runtime_baselines(session: SearchSession) -> None:
+    """Phase 2: each real-Horovod baseline of the experiment not measured yet, one trial each."""
+    import ray
 
-    def summary_now() -> dict:
-        best, hvd = ddp_best(), hvd_best()
-        others = tuple(t["runtime"] for t in (best, hvd) if t)
-        return {**algo.summary(other_baselines=others), "ddp_trials": len(ddp_trials),
-                "ddp_best_s": best["runtime"] if best else None, "horovod_trials": len(hvd_trials),
-                "horovod_best_s": hvd["runtime"] if hvd else None}
+    s = session
+    measured = {t.origin for t in s.ledger.of("horovod")}
+    for entry, runtime in s.horovod_entries:
+        if entry in measured:
+            continue
+        s.say(f"real Horovod baseline {entry}: {runtime.summary()}")
+        outcome = TrialResult.from_dict(ray.get(s.holders[0].run.remote(
+            s.skeleton.to_dict(), asdict(s.trial_config), runtime.to_dict())))
+        trial_id = f"hvd-{len(s.ledger.of('horovod'))}"
+        s.record(trial_id, s.skeleton, entry, outcome, runtime=runtime)
+        s.ledger.add(BaselineTrial(trial_id=trial_id, runtime=runtime, origin=entry, mean_s=outcome.measured_s))
+        s.notify(outcome)
 
-    def record(proposal, result: dict, **extra: Any) -> None:
-        best_base = summary_now()["best_baseline_s"]
-        mean = result.get("mean_s") if result.get("status") == "ok" else None
-        # The dataset row lands before the searcher learns of the trial: --resume relies on it.
-        record_result(result, proposal.strategy, model, cluster, dataset=ds, logger=logger, origin=proposal.origin,
-                      search_id=search_id, trial_id=proposal.trial_id, predicted_time_s=proposal.predicted,
-                      experiment=exp.name, parent_run_id=parent, workload_source=workload.source,
-                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None, **extra)
 
-    class _Searcher(Searcher):
-        """Ask/tell by Tune trial id; its state is Algorithm 1's plain-JSON state."""
+def run_algorithm(session: SearchSession) -> None:
+    """Phase 3: the search algorithm's trials (builder baselines first) through Ray Tune, up to
+    the experiment's budget, ``slices`` at a time."""
+    from ray import tune
 
-        def __init__(self):
-            super().__init__(metric="mean_s", mode="min")
+    from .searcher import StrategySearcher
+    from .slices import trainable
 
-        def save(self, checkpoint_path: str) -> None:
-            Path(checkpoint_path).write_text(json.dumps(algo.state()))
+    s = session
+    remaining = s.exp.budget - len(s.algo.trials)
+    if remaining <= 0 or s.algo.finished:
+        return
+    s.say(f"searching: {remaining} trial(s) of {s.exp.algorithm}, builder baselines first")
+    tune.Tuner(
+        tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),
+        # Reusing the trainables' actors saves a process start per trial (most of a small
+        # trial's overhead: benchmarks/trial_overhead.py).
+        tune_config=tune.TuneConfig(search_alg=StrategySearcher(s.search_id), num_samples=remaining,
+                                    max_concurrent_trials=s.exp.slices, reuse_actors=True),
+        run_config=tune.RunConfig(name=s.search_id, storage_path=_tune_storage(), verbose=0),
+    ).fit()
 
-        def restore(self, checkpoint_path: str) -> None:
-            nonlocal algo
-            algo = Algorithm1.from_state(json.loads(Path(checkpoint_path).read_text()), model, cluster, exp,
-                                         make_search_simulator(exp, model, cluster), project)
 
-        def suggest(self, trial_id: str):
-            if algo.finished:
-                return Searcher.FINISHED
-            proposal = algo.ask() if free_slices else None
-            if proposal is None:
-                # Nothing new to try (every proposal measured already) ends the search; otherwise
-                # Tune asks again once a running trial completes.
-                return Searcher.FINISHED if algo.finished and not proposals else None
-            proposals[trial_id] = (proposal, free_slices.pop(0))
-            config = {"slice": proposals[trial_id][1], "strategy": proposal.strategy.to_dict(),
-                      "trial_config": trial_config}
-            if keras:
-                from ..engine.tensorflow import tensorflow_runtime
+def confirm_best(session: SearchSession) -> dict | None:
+    """Phase 4: the fastest searched strategies screened, and the pick re-measured against the
+    best baseline, interleaved on the same processes; the confirmation becomes a row of its
+    candidate (its per-round medians), so reports made from the dataset show it. Returns the
+    confirmation's figures (or its error), None when the experiment asks for none."""
+    import ray
 
-                config["runtime"] = tensorflow_runtime(proposal.strategy, model)
-            return config
-
-        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-            proposal, slice_name = proposals.pop(trial_id)
-            free_slices.append(slice_name)
-            outcome = _outcome(result)
-            if keras:
-                from ..engine.tensorflow import tensorflow_runtime
-
-                runtime = tensorflow_runtime(proposal.strategy, model)
-                record(proposal, outcome, runtime="tensorflow",
-                       runtime_json=json.dumps(runtime["tensorflow"], sort_keys=True))
-            else:
-                record(proposal, outcome)
-            algo.tell(proposal.trial_id, outcome.get("mean_s") if outcome["status"] == "ok" else None)
-            _notify(search_id, outcome, summary_now())
-
-    class _RecordDDP(tune.Callback):
-        """Records each tuned-DDP trial as it completes (before Optuna's study moves on)."""
-
-        def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-            self._record(trial)
-
-        def on_trial_error(self, iteration, trials, trial, **info) -> None:
-            self._record(trial)
-
-        def _record(self, trial) -> None:
-            outcome = _outcome(trial.last_result)
-            params = {k: trial.config[k] for k in DDP_SPACE}
-            config = ddp_config_of(params)
-            trial_id = f"ddp-{len(ddp_trials)}"
-            record(_Recorded(trial_id, skeleton), outcome, runtime="ddp",
-                   runtime_json=json.dumps(config.to_dict(), sort_keys=True))
-            ddp_trials.append({"params": params, "trial_id": trial_id, "config": config.to_dict(),
-                               "runtime": outcome.get("mean_s") if outcome["status"] == "ok" else None})
-            _notify(search_id, outcome, summary_now())
-
-    start = time.monotonic()
-    if on_trial:
-        _CALLBACKS[search_id] = on_trial
-    storage = str(path_under(data_home(), "tune"))
-    confirmation: dict | None = None
+    s, exp = session, session.exp
+    if not exp.confirm_rounds:
+        return None
+    if not s.strategy_runtime.interleavable:
+        confirmation = {"error": f"not confirmed: the {s.strategy_runtime.name} runtime starts once per process, so "
+                                 f"two arms cannot be interleaved on the same processes; the figures are single "
+                                 f"trials"}
+        s.say(f"confirmation skipped: {confirmation['error']}")
+        return confirmation
+    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, exp.confirm_candidates)
+    if arms is None:
+        return {"error": "nothing to confirm: no searched strategy and baseline both finished"}
+    candidates, baseline = arms
+    names = [a[2] for a in candidates]
+    screen_rounds = max(2, exp.confirm_rounds // 2) if len(candidates) > 1 else 0
+    if screen_rounds:
+        s.say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names)}) with the best "
+              f"baseline ({baseline[2]}): {screen_rounds} interleaved rounds of {exp.confirm_iters} iterations each")
+    s.say(f"confirming {'the pick' if screen_rounds else names[0]} against the best baseline ({baseline[2]}): "
+          f"{exp.confirm_rounds} interleaved rounds of {exp.confirm_iters} iterations each")
     try:
-        ddp_remaining = exp.ddp_trials - len(ddp_trials)
-        if ddp_remaining > 0 and keras:
-            say(f"tuned torch DDP skipped: {workload.name} is a Keras model (ddp_trials: {exp.ddp_trials} ignored)")
-        elif ddp_remaining > 0:
-            say(f"tuning torch DDP: {ddp_remaining} trial(s), bucket size, first bucket and comm hook by Optuna "
-                f"(TPE) through Ray Tune")
-            known = [(t["params"], t["runtime"]) for t in ddp_trials if t["params"] and t["runtime"] is not None]
-            tune.Tuner(
-                tune.with_resources(_trainable, {"CPU": 0, **on_head}),
-                param_space={"slice": slice_names[0], "strategy": skeleton.to_dict(), "trial_config": trial_config},
-                tune_config=tune.TuneConfig(search_alg=_ddp_searcher(exp, model, cluster, known),
-                                            num_samples=ddp_remaining, max_concurrent_trials=1, reuse_actors=True),
-                run_config=tune.RunConfig(name=f"{search_id}-ddp", storage_path=storage, verbose=0,
-                                          callbacks=[_RecordDDP()]),
-            ).fit()
-        measured = {t["entry"] for t in hvd_trials}
-        for entry, config in hvd_entries:
-            if entry in measured:
-                continue
-            say(f"real Horovod baseline {entry}: {config.summary()}")
-            from ..engine.horovod import horovod_runtime
+        confirmation = ray.get(s.holders[0].confirm.remote(
+            [(a[0].to_dict(), a[1].to_dict()) for a in [*candidates, baseline]], asdict(s.trial_config),
+            exp.confirm_rounds, exp.confirm_iters, screen_rounds))
+    except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
+        confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    picked = int(confirmation.get("picked", 0))
+    strategy = candidates[picked][0]
+    if screen_rounds:
+        confirmation["screened"] = names
+        if "picked" in confirmation:
+            s.say(f"screening picked {names[picked]}")
+    confirmation.update({"candidate": names[picked], "baseline": baseline[2], "candidate_hash": strategy.hash,
+                         "candidate_strategy": strategy.to_dict(), "baseline_strategy": baseline[0].to_dict(),
+                         "baseline_runtime": baseline[1].to_dict()})
+    if "ratio" in confirmation:
+        index = sum(r.trial_id.startswith("confirm-") for r in s.done)
+        s.record(f"confirm-{index}", strategy, "confirmation",
+                 confirmation_result(confirmation, strategy, s.cluster, warmup=exp.warmup))
+    return confirmation
 
-            outcome = ray.get(holders[0].run.remote(skeleton.to_dict(), trial_config, horovod_runtime(config)))
-            trial_id = f"hvd-{len(hvd_trials)}"
-            record(_Recorded(trial_id, skeleton, origin=entry), outcome, runtime="horovod",
-                   runtime_json=json.dumps(config.to_dict(), sort_keys=True))
-            hvd_trials.append({"trial_id": trial_id, "entry": entry, "config": config.to_dict(),
-                               "runtime": outcome.get("mean_s") if outcome["status"] == "ok" else None})
-            _notify(search_id, outcome, summary_now())
-        remaining = exp.budget - len(algo.trials)
-        if remaining > 0 and not algo.finished:
-            say(f"searching: {remaining} trial(s) of {exp.algorithm}, builder baselines first")
-            tuner = tune.Tuner(
-                # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
-                tune.with_resources(_trainable, {"CPU": 0, **on_head}),
-                # Reusing the trainables' actors saves a process start per trial (most of a
-                # small trial's overhead: benchmarks/trial_overhead.py).
-                tune_config=tune.TuneConfig(search_alg=_Searcher(), num_samples=remaining,
-                                            max_concurrent_trials=exp.slices, reuse_actors=True),
-                run_config=tune.RunConfig(name=search_id, storage_path=storage, verbose=0),
-            )
-            tuner.fit()
-        if exp.confirm_rounds and keras:
-            confirmation = {"error": "not confirmed: TensorFlow starts once per process, so two arms cannot be "
-                                     "interleaved on the same processes; the figures are single trials"}
-            say(f"confirmation skipped: {confirmation['error']}")
-        elif exp.confirm_rounds:
-            arms = _confirmation_arms(algo, runtime_best(), skeleton, exp.confirm_candidates)
-            if arms is None:
-                confirmation = {"error": "nothing to confirm: no searched strategy and baseline both finished"}
-            else:
-                (candidates, b), names = arms
-                screen_rounds = max(2, exp.confirm_rounds // 2) if len(candidates) > 1 else 0
-                if screen_rounds:
-                    say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names[:-1])}) with the "
-                        f"best baseline ({names[-1]}): {screen_rounds} interleaved rounds of {exp.confirm_iters} "
-                        f"iterations each")
-                say(f"confirming {'the pick' if screen_rounds else names[0]} against the best baseline ({names[-1]}): "
-                    f"{exp.confirm_rounds} interleaved rounds of {exp.confirm_iters} iterations each")
-                try:
-                    confirmation = ray.get(holders[0].confirm.remote(
-                        [(c[0].to_dict(), c[1]) for c in candidates] + [(b[0].to_dict(), b[1])], trial_config,
-                        exp.confirm_rounds, exp.confirm_iters, screen_rounds))
-                except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
-                    confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-                picked = int(confirmation.get("picked", 0))
-                a = candidates[picked]
-                if screen_rounds:
-                    confirmation["screened"] = names[:-1]
-                    if "picked" in confirmation:
-                        say(f"screening picked {names[picked]}")
-                confirmation.update({"candidate": names[picked], "baseline": names[-1], "candidate_hash": a[0].hash,
-                                     "candidate_strategy": a[0].to_dict(), "baseline_strategy": b[0].to_dict(),
-                                     "baseline_ddp": b[1]["ddp"] if b[1] and b[1]["kind"] == "ddp" else None,
-                                     "baseline_horovod": b[1]["horovod"] if b[1] and b[1]["kind"] == "horovod"
-                                     else None})
-                if "ratio" in confirmation:
-                    # The confirmation is part of the search's memory: a row (the candidate's
-                    # per-round medians, the whole confirmation in its extra), so reports made
-                    # from the dataset show it.
-                    record(_Recorded(f"confirm-{sum(r.trial_id.startswith('confirm-') for r in done)}", a[0],
-                                        origin="confirmation"), _confirmation_result(confirmation, a[0], cluster, exp))
-    finally:
-        _CALLBACKS.pop(search_id, None)
-        _release(holders)
-    summary = summary_now()
-    best_ddp = ddp_best()
-    best_hvd = hvd_best()
-    summary.update({"search_id": search_id, "wall_s": time.monotonic() - start, "mlflow_parent_run": parent,
-                    "ddp_trials": len(ddp_trials), "ddp_best_s": best_ddp["runtime"] if best_ddp else None,
-                    "ddp_best_config": best_ddp["config"] if best_ddp else None,
-                    "horovod_trials": len(hvd_trials), "horovod_best_s": best_hvd["runtime"] if best_hvd else None,
-                    "horovod_best_config": best_hvd["config"] if best_hvd else None,
-                    "best_builder_baseline_s": algo.summary()["best_baseline_s"],
-                    "confirmed": confirmation,
-                    "simulator_selection": list(getattr(algo.simulator, "history", [])),
-                    "training_free_simulator": getattr(getattr(algo.simulator, "training_free", algo.simulator),
-                                                       "kind", None),
-                    **_best_builder(algo)})
-    summary["recommended"] = _recommendation(summary, runtime_best(), skeleton)
-    metrics = {k.replace(".", "_"): summary.get(k) for k in (
-        "speedup_over_best_baseline", "hit_rate", "best_runtime_s", "best_baseline_s", "trials", "failed",
-        "trials_to_1.1x", "trials_to_1.2x", "ddp_best_s", "horovod_best_s", "best_builder_baseline_s")}
-    if confirmation and "ratio" in confirmation:
-        metrics.update({"confirmed_speedup": confirmation["ratio"], "confirmed_speedup_low": confirmation["low"],
-                        "confirmed_speedup_high": confirmation["high"]})
-    logger.log_metrics(parent, metrics, final_status="FINISHED")
-    if summary["best_strategy"]:
-        logger.log_text(parent, json.dumps(summary["best_strategy"], indent=1, sort_keys=True), "best_strategy.json")
-    if confirmation:
-        logger.log_text(parent, json.dumps(confirmation, indent=1, sort_keys=True), "confirmation.json")
-    if summary["simulator_selection"]:
-        logger.log_text(parent, json.dumps(summary["simulator_selection"], indent=1), "simulator_selection.json")
+
+def summarize(session: SearchSession, confirmation: dict | None) -> SearchSummary:
+    """Phase 5: the final summary, with what the search recommends."""
+    from dataclasses import replace
+
+    summary = session.summary(confirmation)
+    return replace(summary, recommended=recommend(summary, session.skeleton.to_dict()))
+
+
+def finish(session: SearchSession, summary: SearchSummary) -> None:
+    """Close the search's MLflow run with its metrics and artifacts, and compact its partition."""
+    s = session
+    s.logger.log_metrics(s.parent, summary.metrics(), final_status="FINISHED")
+    if summary.best_strategy:
+        s.logger.log_text(s.parent, json.dumps(summary.best_strategy, indent=1, sort_keys=True), "best_strategy.json")
+    if summary.confirmed:
+        s.logger.log_text(s.parent, json.dumps(summary.confirmed, indent=1, sort_keys=True), "confirmation.json")
+    if summary.simulator_selection:
+        s.logger.log_text(s.parent, json.dumps(list(summary.simulator_selection), indent=1),
+                          "simulator_selection.json")
     # Each trial's row is its own Parquet file (committed the moment it is measured, so a killed
     # search loses nothing); a search leaves its partition as one file again, since reads slow
     # with the file count (2,244 rows: 4.2 s as one file each, 0.12 s compacted).
     try:
-        ds.compact(model=model.name, cluster=cluster.name)
+        s.dataset.compact(model=s.model.name, cluster=s.cluster.name)
     except Exception as exc:  # noqa: BLE001 - the rows are all there as they were (the new file is
         # written before the old ones go; pyarrow's errors on an unreadable file are not OSErrors):
         # only reading them is slower, and the summary must survive
-        say(f"the dataset's {model.name}/{cluster.name} partition was left uncompacted ({exc}); "
-            f"`synctune dataset compact` does it later")
-    return summary
+        s.say(f"the dataset's {s.model.name}/{s.cluster.name} partition was left uncompacted ({exc}); "
+              f"`synctune dataset compact` does it later")
 
 
-@dataclass(frozen=True)
-class _Recorded:
-    """What recording needs of a row that is not a proposal of the searcher: a tuned-DDP trial
-    (its strategy gives only replicas and batch split) or a confirmation."""
+def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool = False,
+               tracking_uri: str | None = None, on_trial: Callable[[TrialResult, SearchSummary], None] | None = None,
+               node_net: dict | None = None, on_phase: Callable[[str], None] | None = None) -> SearchSummary:
+    """Run (or resume) the search of ``exp`` for ``workload``; returns its summary. Ray must be
+    initialized. ``node_net`` (a lab's network) runs each node's workers in that node's
+    namespace. ``on_trial(result, summary so far)`` hears of each recorded trial;
+    ``on_phase(message)`` announces each phase."""
+    from .searcher import SESSIONS
+    from .slices import release_slices
 
-    trial_id: str
-    strategy: Strategy
-    origin: str = "ddp-tuned"
-    predicted: float | None = None
-
-
-def _runtime_name(best: dict) -> str:
-    """How a tuned-DDP or Horovod baseline is named in summaries."""
-    if best["kind"] == "horovod":
-        from ..engine.horovod import HorovodConfig
-
-        return f"Horovod ({best['entry']}): {HorovodConfig.from_dict(best['config']).summary()}"
-    from ..engine.ddp import DDPConfig
-
-    return f"tuned DDP: {DDPConfig.from_dict(best['config']).summary()}"
-
-
-def _runtime_recommendation(best: dict, skeleton: Strategy, why: str) -> dict:
-    return {"kind": "baseline", "name": _runtime_name(best), "strategy": skeleton.to_dict(),
-            "ddp": best["config"] if best["kind"] == "ddp" else None,
-            "horovod": best["config"] if best["kind"] == "horovod" else None, "why": why}
-
-
-def _recommendation(summary: dict, runtime_best: dict | None, skeleton: Strategy) -> dict | None:
-    """What the search recommends: the best searched strategy when the confirmation found it
-    faster than the best baseline; else that baseline; without a confirmation, the fastest
-    single trial (engine, tuned DDP or real Horovod). ``{"kind": "search"|"baseline", "name",
-    "strategy", "ddp": DDPConfig dict or None, "horovod": HorovodConfig dict or None, "why"}``."""
-    confirmed = summary.get("confirmed") or {}
-    if "ratio" in confirmed:
-        if confirmed["verdict"] == "faster":
-            return {"kind": "search", "name": confirmed["candidate"], "strategy": confirmed["candidate_strategy"],
-                    "ddp": None, "horovod": None, "why": "confirmed faster than the best baseline"}
-        return {"kind": "baseline", "name": confirmed["baseline"], "strategy": confirmed["baseline_strategy"],
-                "ddp": confirmed["baseline_ddp"], "horovod": confirmed.get("baseline_horovod"),
-                "why": f"the best searched strategy was not confirmed faster ({confirmed['verdict']})"}
-    if confirmed:  # attempted and failed: nothing searched is confirmed, so the best baseline
-        base = summary.get("best_builder_baseline_s")
-        why = f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"
-        if runtime_best is not None and (base is None or runtime_best["runtime"] < base):
-            return _runtime_recommendation(runtime_best, skeleton, why)
-        if base is not None and summary.get("best_baseline_strategy"):
-            return {"kind": "baseline", "name": summary["best_baseline_origin"],
-                    "strategy": summary["best_baseline_strategy"], "ddp": None, "horovod": None, "why": why}
-    best = summary.get("best_runtime_s")
-    if runtime_best is not None and (best is None or runtime_best["runtime"] < best):
-        return _runtime_recommendation(runtime_best, skeleton, "fastest single trial (unconfirmed)")
-    if summary.get("best_strategy") is None:
-        return None
-    origin = summary.get("best_origin") or ""
-    return {"kind": "baseline" if origin.partition(":")[0] in BUILDERS else "search", "name": origin,
-            "strategy": summary["best_strategy"], "ddp": None, "horovod": None,
-            "why": "fastest single trial (unconfirmed)"}
-
-
-def _best_builder(algo: Algorithm1) -> dict:
-    builders = [t for t in algo.trials if t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
-    if not builders:
-        return {"best_baseline_strategy": None, "best_baseline_origin": None}
-    best = min(builders, key=lambda t: t["runtime"])
-    return {"best_baseline_strategy": best["strategy"], "best_baseline_origin": best["origin"]}
-
-
-def _confirmation_result(confirmation: dict, strategy: Strategy, cluster: ClusterSpec, exp: Experiment) -> dict:
-    """A confirmation as a trial result of its candidate (times: per-round medians)."""
-    import statistics
-
-    times = confirmation["a_s"]
-    extra = {k: v for k, v in confirmation.items() if k not in ("candidate_strategy", "baseline_strategy")}
-    return {"status": "ok", "model": strategy.model["name"], "cluster": cluster.name, "cluster_scale": cluster.scale,
-            "strategy_hash": strategy.hash, "launcher": confirmation.get("launcher", "ray"),
-            "backend": confirmation.get("backend", ""), "device_kind": confirmation.get("device_kind", ""),
-            "num_workers": len(strategy.replicas), "warmup": exp.warmup, "iters": len(times),
-            "global_batch_size": strategy.global_batch_size, "iteration_times_s": list(times),
-            "mean_s": statistics.fmean(times), "median_s": statistics.median(times),
-            "std_s": statistics.pstdev(times), "samples_per_s": strategy.global_batch_size / statistics.fmean(times),
-            "wall_s": confirmation.get("wall_s", 0.0), "extra": {"confirmation": extra}}
-
-
-def _outcome(result: dict | None) -> dict:
-    if result and "result_json" in result:
-        return json.loads(result["result_json"])
-    return {"status": "failed", "error": "the Tune trial raised before reporting", "launcher": "ray"}
-
-
-def _confirmation_arms(algo: Algorithm1, runtime_best: dict | None, skeleton: Strategy, candidates: int = 1):
-    """((candidate arms, baseline arm), names): the ``candidates`` searched strategies with the
-    fastest single trials (distinct strategies, fastest first) and the fastest baseline
-    (builder, tuned DDP or real Horovod) by its single trial, the baseline's name last; None if
-    either is missing. An arm is (strategy, runtime or None); a runtime arm's dict also carries
-    its ``kind`` and configuration under ``ddp`` or ``horovod``."""
-    searched = [t for t in algo.trials if not t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
-    builders = [t for t in algo.trials if t["trial_id"].startswith("baseline-") and t["runtime"] is not None]
-    if not searched or not (builders or runtime_best):
-        return None
-    picks, seen = [], set()
-    for t in sorted(searched, key=lambda t: t["runtime"]):
-        if len(picks) == candidates:
-            break
-        strategy = Strategy.from_dict(t["strategy"])
-        if strategy.hash not in seen:
-            seen.add(strategy.hash)
-            picks.append(((strategy, None), f"{t['trial_id']} ({t['origin']})"))
-    base = min(builders, key=lambda t: t["runtime"]) if builders else None
-    if runtime_best is not None and (base is None or runtime_best["runtime"] < base["runtime"]):
-        if runtime_best["kind"] == "horovod":
-            from ..engine.horovod import HorovodConfig, horovod_runtime
-
-            runtime = horovod_runtime(HorovodConfig.from_dict(runtime_best["config"]))
-        else:
-            from ..engine.ddp import DDPConfig
-
-            runtime = ddp_runtime(DDPConfig.from_dict(runtime_best["config"]))
-        baseline = ((skeleton, runtime), _runtime_name(runtime_best))
-    else:
-        baseline = ((Strategy.from_dict(base["strategy"]), None), f"builder {base['origin']}")
-    return ([p[0] for p in picks], baseline[0]), [p[1] for p in picks] + [baseline[1]]
-
-
-def _release(holders: list) -> None:
-    """Tear down every slice (actors and placement groups), even if one of them hangs."""
-    import ray
-
-    refs = [h.shutdown.remote() for h in holders]
+    # Tune's console tables would interleave with the search's own progress (verbose=0 silences
+    # only its older reporter).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    session = SearchSession(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
+                            node_net=node_net, on_trial=on_trial, say=on_phase or (lambda _message: None))
+    SESSIONS[session.search_id] = session
     try:
-        ray.wait(refs, num_returns=len(refs), timeout=60)
+        session.start_slices()
+        tune_runtime(session, TUNERS["ddp"], exp.ddp_trials)
+        measure_runtime_baselines(session)
+        run_algorithm(session)
+        confirmation = confirm_best(session)
     finally:
-        for h in holders:
-            ray.kill(h)
+        SESSIONS.pop(session.search_id, None)
+        release_slices(session.holders)
+    summary = summarize(session, confirmation)
+    finish(session, summary)
+    return summary

@@ -1,0 +1,99 @@
+"""The slices a search runs its trials on: one named actor per slice, holding a
+:class:`~synctune.cluster.workers.RayWorkerGroup` for the experiment's cluster (the process
+group starts once per slice for the whole search, not once per trial), and the Tune trainable
+that hands each Tune trial's strategy to its slice. Results cross Ray as plain data
+(:meth:`~synctune.engine.measure.TrialResult.to_dict`)."""
+
+from __future__ import annotations
+
+import json
+
+from ..engine.measure import TrialConfig, TrialResult
+from ..engine.runtimes import as_runtime
+from ..spec.cluster import ClusterSpec
+from ..strategy.schema import Strategy
+from .baselines import TUNERS
+
+__all__ = ["SliceActor", "trainable", "release_slices", "outcome_of"]
+
+
+class SliceActor:
+    """Actor body holding one worker group (wrapped with ray.remote by the search)."""
+
+    def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None, workload) -> None:
+        from ..cluster.workers import RayWorkerGroup
+
+        self.workload = workload
+        self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s,
+                                    node_net=node_net)
+
+    def run(self, strategy: dict, config: dict, runtime: dict | None = None) -> dict:
+        """One trial (``runtime`` in its plain-data form); its result as plain data."""
+        from ..cluster.workers import SlicePending
+        from ..engine.trial import failed_result
+
+        plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
+        try:
+            return self.group.run_trial(plan, trial_config, workload=self.workload,
+                                        runtime=as_runtime(runtime)).to_dict()
+        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
+            return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
+                                 trial_config.timeout_s).to_dict()
+
+    def confirm(self, arms: list, config: dict, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
+        """Interleaved re-measurement of arms ((strategy dict, runtime dict) pairs, the baseline
+        last; several candidates are screened first)."""
+        from ..cluster.workers import ConfirmFailed, SlicePending
+
+        try:
+            return self.group.run_confirm([(Strategy.from_dict(st), as_runtime(rt)) for st, rt in arms],
+                                          TrialConfig(**config), workload=self.workload, rounds=rounds,
+                                          per_round=per_round, screen_rounds=screen_rounds)
+        except (ConfirmFailed, SlicePending) as exc:
+            return {"error": str(exc)}
+
+    def where(self) -> str:
+        """The Ray node this slice actor runs on (the head: it takes no worker resources)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+def trainable(config: dict) -> None:
+    """A Tune trial: its strategy (and runtime, or a tuner's point) run on its slice."""
+    import ray
+    from ray import tune
+
+    holder = ray.get_actor(config["slice"])
+    runtime = config.get("runtime")  # a Keras model's trials: the tensorflow runtime
+    tuner = TUNERS.get(config.get("tuned", ""))
+    if tuner is not None:  # a tuned runtime's trial: Optuna's parameters arrive in the config
+        params = {k: config[k] for k in tuner.space}
+        runtime = tuner.runtime_of(params).to_dict()
+    result = ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime))
+    if tuner is not None:
+        result["extra"][f"{tuner.runtime}_params"] = params
+    tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
+                 "result_json": json.dumps(result)})
+
+
+def outcome_of(reported: dict | None) -> TrialResult:
+    """The trial result a Tune trial reported (a failed one if it raised before reporting)."""
+    if reported and "result_json" in reported:
+        return TrialResult.from_dict(json.loads(reported["result_json"]))
+    return TrialResult(status="failed", error="the Tune trial raised before reporting", launcher="ray")
+
+
+def release_slices(holders: list) -> None:
+    """Tear down every slice (actors and placement groups), even if one of them hangs."""
+    import ray
+
+    refs = [h.shutdown.remote() for h in holders]
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=60)
+    finally:
+        for h in holders:
+            ray.kill(h)

@@ -1,0 +1,145 @@
+"""What a search found, as one frozen value: its figures (AutoSync §5: best strategy, speed-up
+over the best baseline, hit rate, trials to 1.1x and 1.2x), the baselines, the confirmation
+and the recommendation. The CLI, the result file and MLflow read it by attribute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.composed import ENGINE
+from ..engine.runtime import Runtime
+from ..engine.runtimes import RUNTIMES, as_runtime
+from ..strategy.builders import BUILDERS
+from .baselines import BaselineTrial
+
+__all__ = ["SearchSummary", "Recommendation", "recommend"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """What the search recommends running: a searched strategy or a baseline (``kind``), named,
+    with the runtime that runs it (the engine for a strategy; tuned DDP or Horovod with their
+    settings, the strategy then giving replicas and batch split only) and why."""
+
+    kind: str
+    name: str
+    strategy: dict
+    runtime: Runtime = ENGINE
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "strategy": self.strategy, "runtime": self.runtime.name,
+                "runtime_config": self.runtime.config_dict(), "why": self.why}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSummary:
+    """A search's outcome, so far or final. Seconds are mean iteration times of single trials
+    except in ``confirmed`` (interleaved re-measurement, with its interval)."""
+
+    search_id: str
+    trials: int
+    failed: int
+    best_mean_s: float | None
+    best_origin: str | None
+    best_strategy: dict | None
+    #: The fastest baseline's single trial: builders and the runtimes' baselines.
+    best_baseline_s: float | None
+    speedup_over_best_baseline: float | None
+    hit_rate: float | None
+    trials_to_1_1x: int | None
+    trials_to_1_2x: int | None
+    best_builder_baseline_s: float | None
+    best_baseline_strategy: dict | None
+    best_baseline_origin: str | None
+    #: Every trial of the runtimes' baselines (tuned DDP, Horovod), in the order measured.
+    baselines: tuple[BaselineTrial, ...] = ()
+    wall_s: float = 0.0
+    mlflow_parent_run: str | None = None
+    confirmed: dict | None = None
+    recommended: Recommendation | None = None
+    simulator_selection: tuple[dict, ...] = ()
+    training_free_simulator: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def runtime_trials(self, runtime: str) -> int:
+        """How many baseline trials ``runtime`` ran."""
+        return sum(t.runtime.name == runtime for t in self.baselines)
+
+    def runtime_best(self, runtime: str) -> BaselineTrial | None:
+        """The fastest finished baseline trial of ``runtime``."""
+        ok = [t for t in self.baselines if t.runtime.name == runtime and t.mean_s is not None]
+        return min(ok, key=lambda t: t.mean_s) if ok else None
+
+    @property
+    def all_trials(self) -> int:
+        """Every trial measured: the search's and the runtimes' baselines."""
+        return self.trials + len(self.baselines)
+
+    def _per_runtime(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, cls in RUNTIMES.items():
+            if cls.runs_strategy:
+                continue  # strategies' runtimes: their trials are the search's own
+            best = self.runtime_best(name)
+            out.update({f"{name}_trials": self.runtime_trials(name), f"{name}_best_s": best.mean_s if best else None,
+                        f"{name}_best_config": best.runtime.config_dict() if best else None})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result file's form (``<search>-best-result.json``): plain JSON."""
+        return {"search_id": self.search_id, "recommended": self.recommended.to_dict() if self.recommended else None,
+                "confirmed": self.confirmed, "best_mean_s": self.best_mean_s,
+                "best_builder_baseline_s": self.best_builder_baseline_s,
+                "speedup_over_best_baseline": self.speedup_over_best_baseline, "hit_rate": self.hit_rate,
+                "trials": self.trials, **self._per_runtime()}
+
+    def metrics(self) -> dict[str, float | None]:
+        """The search run's MLflow metrics."""
+        out = {"speedup_over_best_baseline": self.speedup_over_best_baseline, "hit_rate": self.hit_rate,
+               "best_mean_s": self.best_mean_s, "best_baseline_s": self.best_baseline_s, "trials": self.trials,
+               "failed": self.failed, "trials_to_1_1x": self.trials_to_1_1x, "trials_to_1_2x": self.trials_to_1_2x,
+               "best_builder_baseline_s": self.best_builder_baseline_s}
+        out.update({k: v for k, v in self._per_runtime().items() if k.endswith("_best_s")})
+        confirmed = self.confirmed or {}
+        if "ratio" in confirmed:
+            out.update({"confirmed_speedup": confirmed["ratio"], "confirmed_speedup_low": confirmed["low"],
+                        "confirmed_speedup_high": confirmed["high"]})
+        return out
+
+
+def _baseline(best: BaselineTrial, skeleton: dict, why: str) -> Recommendation:
+    return Recommendation(kind="baseline", name=best.label, strategy=skeleton, runtime=best.runtime, why=why)
+
+
+def recommend(summary: SearchSummary, skeleton: dict) -> Recommendation | None:
+    """What the search recommends: the best searched strategy when the confirmation found it
+    faster than the best baseline; else that baseline; without a confirmation, the fastest
+    single trial (engine, or a runtime's baseline, which runs on ``skeleton``'s replicas)."""
+    confirmed = summary.confirmed or {}
+    runtime_best = min((t for t in summary.baselines if t.mean_s is not None), key=lambda t: t.mean_s, default=None)
+    if "ratio" in confirmed:
+        if confirmed["verdict"] == "faster":
+            return Recommendation(kind="search", name=confirmed["candidate"], strategy=confirmed["candidate_strategy"],
+                                  why="confirmed faster than the best baseline")
+        runtime = confirmed.get("baseline_runtime")
+        return Recommendation(kind="baseline", name=confirmed["baseline"], strategy=confirmed["baseline_strategy"],
+                              runtime=as_runtime(runtime),
+                              why=f"the best searched strategy was not confirmed faster ({confirmed['verdict']})")
+    if confirmed:  # attempted and failed: nothing searched is confirmed, so the best baseline
+        base = summary.best_builder_baseline_s
+        why = f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"
+        if runtime_best is not None and (base is None or runtime_best.mean_s < base):
+            return _baseline(runtime_best, skeleton, why)
+        if base is not None and summary.best_baseline_strategy:
+            return Recommendation(kind="baseline", name=summary.best_baseline_origin or "",
+                                  strategy=summary.best_baseline_strategy, why=why)
+    best = summary.best_mean_s
+    if runtime_best is not None and (best is None or runtime_best.mean_s < best):
+        return _baseline(runtime_best, skeleton, "fastest single trial (unconfirmed)")
+    if summary.best_strategy is None:
+        return None
+    origin = summary.best_origin or ""
+    return Recommendation(kind="baseline" if origin.partition(":")[0] in BUILDERS else "search", name=origin,
+                          strategy=summary.best_strategy, why="fastest single trial (unconfirmed)")
