@@ -180,7 +180,7 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     # (Measured once under the first builder that gives it: often an allreduce:chunk= entry.)
     dp_hash = build_strategy("allreduce", spec, cluster).hash
     dp = next((r.mean_s for r in trials if r.strategy_hash == dp_hash and r.status == "ok"), None)
-    over_dp = f"{dp / summary['best_runtime_s']:.2f}x" if dp and summary.get("best_runtime_s") else "n/a"
+    over_dp = f"{dp / summary['best_mean_s']:.2f}x" if dp and summary.get("best_mean_s") else "n/a"
     within = next((n for n, r in enumerate(trials, 1) if r.status == "ok" and r.mean_s <= 1.05 * oracle_s), None)
     c = summary.get("confirmed") or {}
     confirmed = f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}]" if "ratio" in c else "n/a"
