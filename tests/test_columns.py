@@ -83,26 +83,26 @@ def test_columns_follow_the_object_samplers_distribution():
 
 
 def test_a_round_drawn_as_columns_proposes_the_best_scored():
-    """Algorithm 1 with a simulator that scores columns: a round's picks are fresh, distinct,
-    valid strategies, and the first is the proposal the simulator scores best (an independent
+    """The search (``autodist``) with a simulator that scores columns: a round's picks are fresh,
+    distinct, valid strategies, and the first is the proposal the simulator scores best (an independent
     reference: the analytic model scoring every proposal as an object)."""
-    from synctune.search import Algorithm1, Experiment
+    from synctune.search import Experiment, StrategySearch
     from synctune.simulator import AnalyticSimulator, BoundSimulator
 
     spec, cluster = model_spec("bert-tiny"), cluster_preset("B7")
     exp = Experiment(name="cols", model="bert-tiny", cluster="B7", budget=20, proposals=400, candidates=4,
                      baselines=("allreduce",), simulator="analytic", seed=5)
     sim = BoundSimulator(AnalyticSimulator(), spec, cluster)
-    algo = Algorithm1(spec, cluster, exp, sim)
+    algo = StrategySearch(spec, cluster, exp, sim)
     baseline = algo.ask()
     algo.tell(baseline.trial_id, 1.0)
     picks = [algo.ask() for _ in range(4)]
     assert len({p.strategy.hash for p in picks} | {baseline.strategy.hash}) == 5
     for p in picks:
         validate(p.strategy, spec, cluster)
-    from synctune.search.algorithm import _round_seed
+    from synctune.search.policies import round_seed
 
-    cols = GuidedSampler(spec, cluster, seed=_round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(400)
+    cols = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(400)
     every = [cols.strategy(i) for i in range(cols.size)]
     scores = -AnalyticSimulator().predict(every, spec, cluster)
     assert picks[0].strategy.hash == every[int(np.argmax(scores))].hash
@@ -121,19 +121,19 @@ def test_measured_strategies_are_passed_over_not_counted():
 
 
 def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
-    """Algorithm 1's columns round with the simulator's 12 best proposals already measured still
-    proposes `candidates` strategies, none measured, the first the best-scored unmeasured one
+    """An ``autodist`` round drawn as columns, with the simulator's 12 best proposals already
+    measured, still proposes `candidates` strategies, none measured, the first the best-scored unmeasured one
     (independent reference: the analytic model scoring every proposal as an object)."""
-    from synctune.search import Algorithm1, Experiment
-    from synctune.search.algorithm import _round_seed
+    from synctune.search import Experiment, StrategySearch
+    from synctune.search.policies import _scored_columns, round_seed
     from synctune.simulator import AnalyticSimulator, BoundSimulator
 
     spec, cluster = model_spec("ncf-small"), cluster_preset("local-2x2")
     exp = Experiment(name="cols2", model="ncf-small", cluster="local-2x2", budget=20, proposals=300, candidates=4,
                      baselines=("allreduce",), simulator="analytic", seed=2)
-    algo = Algorithm1(spec, cluster, exp, BoundSimulator(AnalyticSimulator(), spec, cluster))
-    guided = GuidedSampler(spec, cluster, seed=_round_seed(exp.seed, 1), lossy=exp.lossy)
-    cols = GuidedSampler(spec, cluster, seed=_round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(300)
+    algo = StrategySearch(spec, cluster, exp, BoundSimulator(AnalyticSimulator(), spec, cluster))
+    guided = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.lossy)
+    cols = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(300)
     every = [cols.strategy(i) for i in range(cols.size)]
     scores = -AnalyticSimulator().predict(every, spec, cluster)
     ranked = []
@@ -141,7 +141,7 @@ def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
         if every[i].hash not in ranked:
             ranked.append(every[i].hash)
     seen = set(ranked[:12])
-    picks = algo._round_from_columns(guided, 4, "r1", seen)
+    picks = _scored_columns(algo, guided, 4, "r1", seen)
     assert len(picks) == 4 and not {p.strategy.hash for p in picks} & seen
     assert len({p.strategy.hash for p in picks}) == 4
     assert picks[0].strategy.hash == ranked[12]

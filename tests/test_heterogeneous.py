@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from synctune.models import model_spec
-from synctune.search.algorithm import Algorithm1
+from synctune.search.algorithm import StrategySearch
 from synctune.search.experiment import Experiment
 from synctune.search.sampler import GuidedSampler
 from synctune.simulator import AnalyticSimulator, BoundSimulator, DomainContext, encode
@@ -101,7 +101,7 @@ def _synthetic_runtime(strategy) -> float:
 def test_each_round_takes_a_coordinate_step_on_the_split():
     exp = Experiment(name="t", model=MODEL.name, cluster=HETERO.name, budget=10, proposals=40, candidates=3,
                      baselines=("allreduce",), algorithm="autodist")
-    algo = Algorithm1(MODEL, HETERO, exp, BoundSimulator(AnalyticSimulator(), MODEL, HETERO))
+    algo = StrategySearch(MODEL, HETERO, exp, BoundSimulator(AnalyticSimulator(), MODEL, HETERO))
     told = []
     while (p := algo.ask()) is not None:
         algo.tell(p.trial_id, _synthetic_runtime(p.strategy))

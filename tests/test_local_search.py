@@ -1,6 +1,6 @@
 """The simulator-only searches (AutoDDL §4.4 coordinate descent, TAG §4.2.2 Monte-Carlo tree
 search): checked against exhaustive enumeration of small spaces, for fixed points, for valid
-strategies, and as Algorithm 1's trial pickers and proposal generators (deterministic,
+strategies, and as the search's round policies and autodist's proposal generators (deterministic,
 resumable, never re-measuring). Scores come from the analytic model; whether the searches win
 on real runs is measured in experiments/findings/, not here."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from synctune.models import model_spec
 from synctune.search import ChoiceSpace, coordinate_descent, mcts
-from synctune.search.algorithm import Algorithm1
+from synctune.search.algorithm import StrategySearch
 from synctune.search.experiment import Experiment
 from synctune.search.local_search import canonical_groups
 from synctune.simulator import AnalyticSimulator, BoundSimulator
@@ -148,7 +148,7 @@ def _truth(strategy) -> float:
     return float(t * (1 + 0.01 * sum(s.synchronizer.kind == "ps" for p in strategy.plans for s in p.shards)))
 
 
-def _drive(algo: Algorithm1, stop_after: int | None = None) -> list[str]:
+def _drive(algo: StrategySearch, stop_after: int | None = None) -> list[str]:
     hashes = []
     while (p := algo.ask()) is not None:
         validate(p.strategy, algo.model, algo.cluster)
@@ -161,19 +161,19 @@ def _drive(algo: Algorithm1, stop_after: int | None = None) -> list[str]:
 
 @pytest.mark.parametrize("algorithm,generator", [("coordinate-descent", "sampler"), ("mcts", "sampler"),
                                                  ("autodist", "coordinate-descent"), ("autodist", "mcts")])
-def test_the_searches_run_in_algorithm1_deterministically_and_resume_exactly(algorithm, generator):
+def test_the_searches_run_in_the_search_shell_deterministically_and_resume_exactly(algorithm, generator):
     model = model_spec("ncf-small")
     exp = _experiment(algorithm, generator)
     sim = lambda: BoundSimulator(AnalyticSimulator(), model, CLUSTER)  # noqa: E731
-    first = Algorithm1(model, CLUSTER, exp, sim())
+    first = StrategySearch(model, CLUSTER, exp, sim())
     hashes = _drive(first)
     assert len(hashes) == exp.budget and len(set(hashes)) == len(hashes)  # nothing measured twice
     assert {t["origin"] for t in first.trials[2:]} <= {algorithm, f"{algorithm}+split", f"{algorithm}+incumbent"}
-    assert _drive(Algorithm1(model, CLUSTER, exp, sim())) == hashes
+    assert _drive(StrategySearch(model, CLUSTER, exp, sim())) == hashes
     # Interrupted after 7 trials (mid-round) and rebuilt from its finished trials: the same search.
-    interrupted = Algorithm1(model, CLUSTER, exp, sim())
+    interrupted = StrategySearch(model, CLUSTER, exp, sim())
     _drive(interrupted, stop_after=7)
-    resumed = Algorithm1.from_state(interrupted.state(), model, CLUSTER, exp, sim())
+    resumed = StrategySearch.from_state(interrupted.state(), model, CLUSTER, exp, sim())
     assert [t["hash"] for t in resumed.trials] + _drive(resumed) == hashes
     summary = first.summary()
     assert summary["speedup_over_best_baseline"] > 1.0

@@ -1,6 +1,6 @@
-"""Algorithm 1 with a fake trial runner: a deterministic runtime function stands in for the
-cluster, so the search loop is tested exactly (ask/tell, rounds, persistence, deduplication),
-together with the experiment files.
+"""The search shell (Algorithm 1 and its variants) with a fake trial runner: a deterministic
+function of the strategy, in seconds, stands in for the cluster, so the search loop is tested
+exactly (ask/tell, rounds, persistence, deduplication), together with the experiment files.
 
 These are unit tests of the loop, not evidence that the search wins on a real cluster: the
 "cluster" here is the simulator's own cost model with other constants. Measured evidence lives
@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 from synctune.models import model_spec
-from synctune.search.algorithm import Algorithm1, fidelity_level, select_diverse
-from synctune.search.experiment import Experiment, load_experiment
+from synctune.search.algorithm import StrategySearch
+from synctune.search.experiment import ALGORITHMS, Experiment, load_experiment
+from synctune.search.policies import ROUND_POLICIES
 from synctune.search.sampler import GuidedSampler
-from synctune.search.algorithm import _Index, _signature
+from synctune.search.selection import _Index, _signature, fidelity_level, select_diverse
 from synctune.simulator import AnalyticSimulator, BoundSimulator, DomainContext, encode
 from synctune.simulator.features import AnalyticConstants
 from synctune.spec import SpecError, cluster_preset
-from synctune.strategy import validate
+from synctune.strategy import Strategy, validate
 
 MODEL, CLUSTER = model_spec("bert-large"), cluster_preset("B7")
 # The "cluster": the analytic model with other constants than the simulator's defaults, and a
@@ -30,7 +31,7 @@ MODEL, CLUSTER = model_spec("bert-large"), cluster_preset("B7")
 TRUTH = DomainContext(MODEL, CLUSTER, AnalyticConstants(phi=1e-4, delta=4e-5))
 
 
-def runtime(strategy) -> float:
+def measured_s(strategy) -> float:
     t = AnalyticSimulator()._predict_batch(encode([strategy], TRUTH), TRUTH)[0]
     return float(t * (1 + 0.002 * sum(p.num_shards - 1 for p in strategy.plans)))
 
@@ -39,13 +40,13 @@ def analytic():
     return BoundSimulator(AnalyticSimulator(), MODEL, CLUSTER)
 
 
-def run(algorithm: str, budget: int = 20, seed: int = 1) -> Algorithm1:
+def run(algorithm: str, budget: int = 20, seed: int = 1) -> StrategySearch:
     exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=budget, algorithm=algorithm,
                      proposals=120, candidates=5, seed=seed)
-    algo = Algorithm1(MODEL, CLUSTER, exp, analytic() if algorithm in ("autodist", "genetic") else None)
+    algo = StrategySearch(MODEL, CLUSTER, exp, analytic() if algorithm in ("autodist", "genetic") else None)
     while (p := algo.ask()) is not None:
         validate(p.strategy, MODEL, CLUSTER)
-        algo.tell(p.trial_id, runtime(p.strategy))
+        algo.tell(p.trial_id, measured_s(p.strategy))
     return algo
 
 
@@ -60,28 +61,28 @@ def test_the_loop_uses_its_simulator_on_a_synthetic_cost_model():
     reached = [s["trials_to_1.2x"] for s in (guided, plain) if s["trials_to_1.2x"] is not None]
     assert all(full["trials_to_1.2x"] < r for r in reached)
     assert full["hit_rate"] > guided["hit_rate"] >= plain["hit_rate"]
-    assert full["best_runtime_s"] <= min(guided["best_runtime_s"], plain["best_runtime_s"])
+    assert full["best_mean_s"] <= min(guided["best_mean_s"], plain["best_mean_s"])
 
 
 def test_baselines_come_first_and_failures_are_recorded():
     exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=8, proposals=20, candidates=2,
                      baselines=("allreduce", "ps-lb"))
-    algo = Algorithm1(MODEL, CLUSTER, exp, analytic())
+    algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     first = [algo.ask() for _ in range(2)]
     assert [p.origin for p in first] == ["allreduce", "ps-lb"]
     algo.tell(first[0].trial_id, 2.0)
     algo.tell(first[1].trial_id, None)  # a failed trial
     while (p := algo.ask()) is not None:
-        algo.tell(p.trial_id, runtime(p.strategy))
+        algo.tell(p.trial_id, measured_s(p.strategy))
     s = algo.summary()
     assert s["trials"] == 8 and s["failed"] == 1 and s["best_baseline_s"] == 2.0
 
 
-def _drive(algo: Algorithm1, until: int | None = None) -> list[tuple[str, str]]:
+def _drive(algo: StrategySearch, until: int | None = None) -> list[tuple[str, str]]:
     """Ask and tell until the search ends (or ``until`` trials are told); (trial id, hash) told."""
     told = []
     while (until is None or len(algo.trials) < until) and (p := algo.ask()) is not None:
-        algo.tell(p.trial_id, runtime(p.strategy))
+        algo.tell(p.trial_id, measured_s(p.strategy))
         told.append((p.trial_id, p.strategy.hash))
     return told
 
@@ -94,37 +95,100 @@ def test_a_restored_search_goes_on_exactly_as_the_uninterrupted_one(algorithm):
     exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4, seed=3,
                      algorithm=algorithm)
     sim = analytic if algorithm != "random-guided" else (lambda: None)
-    whole = Algorithm1(MODEL, CLUSTER, exp, sim())
+    whole = StrategySearch(MODEL, CLUSTER, exp, sim())
     expected = _drive(whole)
     assert len(expected) == 16 and len({h for _i, h in expected}) == 16  # never the same strategy twice
 
-    algo = Algorithm1(MODEL, CLUSTER, exp, sim())
+    algo = StrategySearch(MODEL, CLUSTER, exp, sim())
     _drive(algo, until=9)
     unfinished = algo.ask()  # asked, never told: the driver "died" here
     saved = json.loads(json.dumps(algo.state()))
-    back = Algorithm1.from_state(saved, MODEL, CLUSTER, exp, sim())
+    back = StrategySearch.from_state(saved, MODEL, CLUSTER, exp, sim())
     again = back.ask()
     assert (again.trial_id, again.strategy.hash) == (unfinished.trial_id, unfinished.strategy.hash)
-    back.tell(again.trial_id, runtime(again.strategy))
+    back.tell(again.trial_id, measured_s(again.strategy))
     resumed = [(t["trial_id"], t["hash"]) for t in back.trials] + _drive(back)
     assert resumed == expected
+
+
+def test_a_state_written_before_times_were_called_mean_s_resumes_exactly():
+    """Checkpoints and dataset-rebuilt states of older versions (version 2 and before) hold a
+    trial's time as ``runtime``: restored from one, the search keeps it as ``mean_s`` and goes on
+    exactly as the uninterrupted search (the reference: the uninterrupted search itself)."""
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=60, candidates=4, seed=4)
+    expected = _drive(StrategySearch(MODEL, CLUSTER, exp, analytic()))
+    algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
+    _drive(algo, until=7)
+    old = {"version": 2, "trials": [{("runtime" if k == "mean_s" else k): v for k, v in t.items()}
+                                    for t in json.loads(json.dumps(algo.state()))["trials"]]}
+    assert all("runtime" in t and "mean_s" not in t for t in old["trials"])
+    back = StrategySearch.from_state(old, MODEL, CLUSTER, exp, analytic())
+    assert [t["mean_s"] for t in back.trials] == [t["mean_s"] for t in algo.trials]
+    assert all("runtime" not in t for t in back.trials)
+    assert [(t["trial_id"], t["hash"]) for t in back.trials] + _drive(back) == expected
+    summary = back.summary()
+    assert "best_runtime_s" not in summary and summary["best_mean_s"] == min(measured_s(Strategy.from_dict(
+        t["strategy"])) for t in back.trials)
+    with pytest.raises(ValueError, match="trial 'baseline-allreduce': expected a mean_s entry"):
+        StrategySearch.from_state({"trials": [{k: v for k, v in t.items() if k != "runtime"}
+                                              for t in old["trials"]]}, MODEL, CLUSTER, exp, analytic())
+
+
+def test_every_algorithm_is_a_registered_round_policy():
+    """The experiment files' algorithms and the registry name the same policies; an unknown
+    name is refused with the valid ones listed, a second registration of a name is refused."""
+    assert ROUND_POLICIES.names() == list(ALGORITHMS)
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=4)
+    object.__setattr__(exp, "algorithm", "bayes")  # past the experiment's own check
+    with pytest.raises(SpecError, match="unknown search algorithm 'bayes'; valid: autodist, random-guided, random, "
+                                        "genetic, coordinate-descent, mcts"):
+        StrategySearch(MODEL, CLUSTER, exp)
+    with pytest.raises(ValueError, match="already registered"):
+        ROUND_POLICIES.register("mcts", ROUND_POLICIES.get("mcts"))
+
+
+def test_the_shell_trials_what_its_policy_proposes():
+    """A policy is all an algorithm is to the shell: a stand-in drawing each round from a
+    sampler of its own gets exactly its draws asked and told, in order after the baselines, and
+    is asked for each round once the previous one was told, with the places the budget leaves."""
+    from synctune.search.interface import Proposal
+
+    calls = []
+
+    class Fixed:
+        def propose(self, search, round_, k):
+            calls.append((round_, k, len(search.trials)))
+            drawn = GuidedSampler(MODEL, CLUSTER, seed=100 + round_).sample_many(k)
+            return [Proposal(trial_id=f"r{round_}-{j}", strategy=s, origin="fixed", predicted=None)
+                    for j, s in enumerate(drawn)]
+
+    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=6, candidates=2,
+                     baselines=("allreduce",), algorithm="random")
+    search = StrategySearch(MODEL, CLUSTER, exp)
+    search.policy = Fixed()
+    told = _drive(search)
+    draws = [s.hash for r in (1, 2, 3) for s in GuidedSampler(MODEL, CLUSTER, seed=100 + r).sample_many(2)]
+    assert [i for i, _h in told] == ["baseline-allreduce", "r1-0", "r1-1", "r2-0", "r2-1", "r3-0"]
+    assert [h for _i, h in told[1:]] == draws[:5]
+    assert calls == [(1, 2, 1), (2, 2, 3), (3, 1, 5)] and search.finished
+    assert [t["origin"] for t in search.trials] == ["allreduce"] + ["fixed"] * 5
 
 
 def test_no_strategy_is_measured_twice():
     """A proposal equal to a measured strategy (here: every baseline is also what the sampler
     would propose) is dropped, not re-measured."""
     exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=40, candidates=4, seed=0)
-    algo = Algorithm1(MODEL, CLUSTER, exp, analytic())
+    algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     measured = set()
     while (p := algo.ask()) is not None:
         assert p.strategy.hash not in measured or p.trial_id.startswith("baseline-")
         measured.add(p.strategy.hash)
-        algo.tell(p.trial_id, runtime(p.strategy))
+        algo.tell(p.trial_id, measured_s(p.strategy))
     # A sampler that can only repeat what was measured ends the search early instead of looping.
     exp_small = Experiment(name="t", model="cnn-small", cluster="local-1x1", budget=50, proposals=5, candidates=2,
                            seed=0, algorithm="random-guided", baselines=("allreduce",))
     small, one = model_spec("cnn-small"), cluster_preset("local-1x1")
-    tiny = Algorithm1(small, one, exp_small)
+    tiny = StrategySearch(small, one, exp_small)
     hashes = []
     while (p := tiny.ask()) is not None:
         hashes.append(p.strategy.hash)
@@ -198,10 +262,10 @@ def test_diversity_sees_every_shard():
 
 
 def test_fidelity_level_and_diverse_selection():
-    runtimes = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
-    good_scores = -runtimes  # a perfect simulator: it vouches for every score
-    assert fidelity_level(good_scores, runtimes, 0.8) == pytest.approx(-1.0)
-    assert fidelity_level(runtimes.copy(), runtimes, 0.8) == -np.inf  # ranks everything backwards
+    times_s = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    good_scores = -times_s  # a perfect simulator: it vouches for every score
+    assert fidelity_level(good_scores, times_s, 0.8) == pytest.approx(-1.0)
+    assert fidelity_level(times_s.copy(), times_s, 0.8) == -np.inf  # ranks everything backwards
     strategies = GuidedSampler(MODEL, CLUSTER, seed=5).sample_many(6)
     same = [strategies[0]] * 3 + strategies[1:4]
     chosen = select_diverse(same, np.array([5.0, 5.0, 5.0, 1.0, 1.0, 1.0]), 2, _Index(MODEL, CLUSTER), weight=2.0)
@@ -247,7 +311,7 @@ def test_shipped_experiment_files_load_and_name_real_domains():
 
 
 class _Oracle:
-    """Scores by a known runtime table (perfect), or backwards (``sign=+1``); fit does nothing."""
+    """Scores by a known table of times (perfect), or backwards (``sign=+1``); fit does nothing."""
 
     def __init__(self, table, sign=-1.0):
         self.table, self.sign = table, sign
@@ -255,7 +319,7 @@ class _Oracle:
     def score(self, items):
         return np.array([self.sign * self.table[i] for i in items])
 
-    def fit(self, items, runtimes):
+    def fit(self, items, times_s):
         pass
 
 
@@ -269,7 +333,7 @@ class _Memorizer:
     def score(self, items):
         return np.array([-self.table[i] if i in self.known else self.table[i] for i in items])
 
-    def fit(self, items, runtimes):
+    def fit(self, items, times_s):
         self.known |= set(items)
 
 
@@ -306,12 +370,12 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
     proposal is the fastest baseline with one move (a compressor or hierarchical all-reduce on
     all its merge groups, its groups re-cut, or one choice on a run of variables), the move the
     simulator scores best; never a strategy measured before."""
-    from synctune.search.algorithm import _global_moves
+    from synctune.search.moves import global_moves
     from synctune.search.local_search import ChoiceSpace
 
     exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
                      baselines=("allreduce", "horovod", "ps-lb"), incumbent_moves=True)
-    algo = Algorithm1(MODEL, CLUSTER, exp, analytic())
+    algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     measured, asked = {}, []
     while (p := algo.ask()) is not None:
         if p.strategy.hash in measured:
@@ -322,13 +386,13 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
         if p.origin == "autodist+incumbent":
             best = min(before.values(), key=lambda v: v[1])[0]
             space = ChoiceSpace(MODEL, CLUSTER)
-            moves = _global_moves(best, space) + [n for c in space.coordinates(8) for n in space.neighbours(best, c)]
+            moves = global_moves(best, space) + [n for c in space.coordinates(8) for n in space.neighbours(best, c)]
             assert p.strategy.hash in {m.hash for m in moves}
             same_round = {q.strategy.hash for q in asked if q.trial_id.split("-")[0] == p.trial_id.split("-")[0]}
             fresh = [m for m in moves if m.hash not in before and m.hash not in same_round and m.hash != best.hash]
             assert -p.predicted == pytest.approx(float(np.max(algo.simulator.score(fresh))), rel=1e-9)
         asked.append(p)
-        measured[p.strategy.hash] = (p.strategy, runtime(p.strategy))
+        measured[p.strategy.hash] = (p.strategy, measured_s(p.strategy))
         algo.tell(p.trial_id, measured[p.strategy.hash][1])
     origins = [t["origin"] for t in algo.trials]
     assert origins.count("autodist+incumbent") == 3, origins  # rounds of 4, 4 and 3 after 3 baselines
@@ -343,7 +407,7 @@ def test_a_search_runs_its_whole_budget_when_the_elite_is_what_it_measured(seed)
     model, cluster = model_spec("ncf-small"), cluster_preset("lab-2x2")
     exp = Experiment(name="t", model=model.name, cluster=cluster.name, budget=24, seed=seed, proposals=300,
                      candidates=3, baselines=("tuned",))
-    algo = Algorithm1(model, cluster, exp, BoundSimulator(AnalyticSimulator(), model, cluster))
+    algo = StrategySearch(model, cluster, exp, BoundSimulator(AnalyticSimulator(), model, cluster))
     hashes = []
     while (p := algo.ask()) is not None:
         hashes.append(p.strategy.hash)
@@ -363,7 +427,7 @@ def test_a_proposal_records_a_predicted_time_only_from_a_model_that_predicts_tim
     def proposals(sim):
         exp = Experiment(name="t", model=spec.name, cluster=cluster.name, budget=9, proposals=60, candidates=4,
                          baselines=("allreduce",), seed=3)
-        algo = Algorithm1(spec, cluster, exp, sim)
+        algo = StrategySearch(spec, cluster, exp, sim)
         out = []
         while (p := algo.ask()) is not None:
             algo.tell(p.trial_id, 0.02 + 0.001 * len(out))

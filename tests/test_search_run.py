@@ -95,14 +95,14 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
     # The uninterrupted search of the same seed, fed the same measurements, proposes exactly
     # these strategies under these ids, in this order.
     from synctune.run.search import make_search_simulator
-    from synctune.search import Algorithm1, load_experiment
+    from synctune.search import StrategySearch, load_experiment
     from synctune.spec import cluster_preset
     from synctune.workload import zoo_workload
 
     exp = load_experiment(experiment)
     model, cluster = zoo_workload(exp.model).spec(), cluster_preset(exp.cluster)
     measured = {r.trial_id: (r.strategy_hash, r.mean_s if r.status == "ok" else None) for r in rows.itertuples()}
-    reference = Algorithm1(model, cluster, exp, make_search_simulator(exp, model, cluster))
+    reference = StrategySearch(model, cluster, exp, make_search_simulator(exp, model, cluster))
     proposed = []
     while (p := reference.ask()) is not None:
         proposed.append((p.trial_id, p.strategy.hash))

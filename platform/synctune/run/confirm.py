@@ -21,7 +21,7 @@ Arm = tuple[Strategy, Runtime, str]
 
 def trial_mean_s(trial: dict) -> float | None:
     """A search trial's measured mean iteration time (None if it did not finish)."""
-    return trial.get("mean_s", trial.get("runtime"))
+    return trial["mean_s"]
 
 
 def is_builder_trial(trial: dict) -> bool:

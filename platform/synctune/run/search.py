@@ -42,7 +42,7 @@ from ..data.tracking import MlflowLogger
 from ..engine.measure import TrialConfig, TrialResult
 from ..engine.runtime import Runtime
 from ..engine.runtimes import runtime_class, strategy_runtime_class
-from ..search.algorithm import Algorithm1
+from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
@@ -79,7 +79,7 @@ def _search_state(records: list) -> dict[str, Any]:
     (not the tuned baselines, not confirmations), in the order recorded. Hashes are recomputed from
     the strategies (a row of an older strategy schema stores the hash of its old form)."""
     return {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "origin": r.origin,
-                        "predicted": r.predicted_time_s, "runtime": r.mean_s if r.status == "ok" else None}
+                        "predicted": r.predicted_time_s, "mean_s": r.mean_s if r.status == "ok" else None}
                        for r in records if runtime_class(r.runtime).runs_strategy
                        and not r.trial_id.startswith("confirm-")]}
 
@@ -126,9 +126,9 @@ class SearchSession:
             "algorithm": exp.algorithm, "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed,
             "workload": workload.source, "ddp_trials": exp.ddp_trials, "confirm_rounds": exp.confirm_rounds})
 
-    def new_algorithm(self, state: dict) -> Algorithm1:
+    def new_algorithm(self, state: dict) -> StrategySearch:
         """The search algorithm rebuilt from ``state`` (plain JSON), with a fresh simulator."""
-        return Algorithm1.from_state(state, self.model, self.cluster, self.exp,
+        return StrategySearch.from_state(state, self.model, self.cluster, self.exp,
                                      make_search_simulator(self.exp, self.model, self.cluster), self.project)
 
     def proposal_runtime(self, strategy: Strategy) -> Runtime:
@@ -170,7 +170,7 @@ class SearchSession:
         sim = self.algo.simulator
         return SearchSummary(
             search_id=self.search_id, trials=stats["trials"], failed=stats["failed"],
-            best_mean_s=stats.get("best_mean_s", stats.get("best_runtime_s")), best_origin=stats["best_origin"],
+            best_mean_s=stats["best_mean_s"], best_origin=stats["best_origin"],
             best_strategy=stats["best_strategy"], best_baseline_s=stats["best_baseline_s"],
             speedup_over_best_baseline=stats["speedup_over_best_baseline"], hit_rate=stats["hit_rate"],
             trials_to_1_1x=stats["trials_to_1.1x"], trials_to_1_2x=stats["trials_to_1.2x"],

@@ -1,10 +1,15 @@
-"""Search: samplers of strategies, experiment files, AutoDist's Algorithm 1 (ask/tell), and the
-simulator-only searches (coordinate descent, Monte-Carlo tree search) it can trial or draw from."""
+"""Search: samplers of strategies, experiment files, the ask/tell search shell
+(:class:`StrategySearch`, AutoDist's Algorithm 1) with one round policy per algorithm
+(:data:`ROUND_POLICIES`), and the simulator-only searches (coordinate descent, Monte-Carlo tree
+search) it can trial or draw from."""
 
-from .algorithm import Algorithm1, Proposal, fidelity_level, select_diverse
+from .algorithm import Algorithm1, StrategySearch
 from .experiment import ALGORITHMS, GENERATORS, Experiment, load_experiment
+from .interface import Proposal, SimulatorProtocol
 from .local_search import ChoiceSpace, LocalSearchResult, coordinate_descent, mcts
+from .policies import ROUND_POLICIES, RoundPolicy
 from .sampler import GuidedSampler, RandomSampler
+from .selection import fidelity_level, select_diverse
 
 __all__ = [
     "ALGORITHMS",
@@ -15,7 +20,11 @@ __all__ = [
     "GuidedSampler",
     "LocalSearchResult",
     "Proposal",
+    "ROUND_POLICIES",
     "RandomSampler",
+    "RoundPolicy",
+    "SimulatorProtocol",
+    "StrategySearch",
     "coordinate_descent",
     "fidelity_level",
     "load_experiment",

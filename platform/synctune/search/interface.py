@@ -1,0 +1,42 @@
+"""What a search hands out and what it needs (AutoDist §2.4, as Ray Tune's ``Searcher``: ask/tell
+by trial id): the :class:`Proposal` a caller trials, and the :class:`SimulatorProtocol` the search
+scores proposals with. Both are shared by the search shell and its round policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..strategy.schema import Strategy
+
+__all__ = ["Proposal", "SimulatorProtocol"]
+
+
+class SimulatorProtocol(Protocol):
+    """What the search needs of a simulator bound to its domain (AutoSync §3.2).
+
+    ``score(strategies)``: one number per strategy, higher is better. ``fit(strategies,
+    times_s)``: learn from what was measured, mean iteration times in seconds (a training-free
+    simulator ignores it). An optional ``score_columns(columns)`` scores
+    :class:`~synctune.strategy.columns.StrategyColumns` (the round's proposals then stay columns
+    until picked); an optional ``fine_tune(strategies, times_s)`` is the caller's business, not
+    the search's.
+    """
+
+    def score(self, strategies: list[Strategy]) -> np.ndarray: ...
+
+    def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> Any: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Proposal:
+    """A strategy to trial (AutoDist §2.4): its id, origin (builder name or the algorithm) and
+    predicted iteration time in seconds (None for baselines, and where the simulator scoring it
+    ranks rather than predicts times)."""
+
+    trial_id: str
+    strategy: Strategy
+    origin: str
+    predicted: float | None

@@ -1,0 +1,312 @@
+"""One round policy per search algorithm, in a registry keyed by the name an experiment gives
+(``algorithm:``), as Optuna's samplers beside its study: AutoDist §2.4's Algorithm 1
+(``autodist``) and its ablations (§3.3: ``random-guided``, ``random``, ``genetic``), AutoDDL
+§4.4's coordinate descent and TAG §4.2.2's Monte-Carlo tree search, whose simulator-only search
+picks the round's trials itself (and, with ``generator:``, feeds ``autodist`` its proposals).
+
+A policy proposes one round: ``propose(search, round_, k)`` returns at most ``k``
+:class:`~synctune.search.interface.Proposal`\\ s with ids ``r{round_}-{i}``, none of them
+measured, pending or queued already (``search.seen()``). It draws from the round's own random
+stream (:func:`round_seed`) and reads only what the search measured before the round
+(``search.measured()``) and its simulator; it keeps nothing between rounds, so a resumed search
+draws its last round again and gets the same proposals. Adding an algorithm is a class here and
+its ``ROUND_POLICIES.register`` line (and its name in the experiment files' ``ALGORITHMS``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from ..spec.registry import Registry
+from ..strategy.schema import Strategy, StrategyError
+from ..strategy.validate import validate
+from .interface import Proposal
+from .local_search import ChoiceSpace, LocalSearchResult, coordinate_descent, mcts
+from .moves import crossover, global_moves
+from .sampler import GuidedSampler, RandomSampler
+from .selection import select_diverse
+
+if TYPE_CHECKING:
+    from .algorithm import StrategySearch
+
+__all__ = ["ROUND_POLICIES", "RoundPolicy", "AutoDistPolicy", "RandomPolicy", "RandomGuidedPolicy",
+           "GeneticPolicy", "CoordinateDescentPolicy", "MCTSPolicy", "round_seed"]
+
+
+class RoundPolicy(Protocol):
+    """What a search algorithm is to the search shell: the proposals of one round."""
+
+    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]: ...
+
+
+def round_seed(seed: int, round_: int) -> int:
+    """The seed of round ``round_``'s random stream in a search seeded ``seed`` (one stream per
+    round, so a round drawn again draws the same)."""
+    return int.from_bytes(hashlib.sha256(f"synctune-round:{seed}:{round_}".encode()).digest()[:8], "big")
+
+
+def _fresh(search: StrategySearch, strategies: list[Strategy], seen: set[str]) -> list[Strategy]:
+    """``strategies`` projected into the trials' space, each once, none in ``seen``."""
+    out, hashes = [], set(seen)
+    for s in strategies:
+        s = search.project(s) if search.project is not None else s
+        if s.hash not in hashes:
+            hashes.add(s.hash)
+            out.append(s)
+    return out
+
+
+class RandomPolicy:
+    """``random`` (AutoDist §3.3's ablation): strategies of the unconstrained random sampler,
+    trialled as drawn, no simulator."""
+
+    def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
+        return RandomSampler(search.model, search.cluster, seed=seed)
+
+    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
+        sampler = self.sampler(search, round_seed(search.exp.seed, round_))
+        # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured.
+        picked = _fresh(search, sampler.sample_many(3 * k), search.seen())[:k]
+        return [Proposal(trial_id=f"r{round_}-{i}", strategy=s, origin=search.exp.algorithm, predicted=None)
+                for i, s in enumerate(picked)]
+
+
+class RandomGuidedPolicy(RandomPolicy):
+    """``random-guided`` (AutoDist §3.3's "Random+G"): strategies of the guided sampler (the
+    knowledge constraints, AutoDist §2.4), trialled as drawn, no simulator."""
+
+    def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
+        return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.exp.lossy)
+
+
+class _LocalSearchPolicy:
+    """A simulator-only search whose best distinct strategies are the round's trials."""
+
+    def run(self, space: ChoiceSpace, score, starts: list[Strategy], *, rng: random.Random, evaluations: int,
+            keep: int) -> LocalSearchResult:
+        raise NotImplementedError
+
+    def local_search(self, search: StrategySearch, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:
+        """The best distinct strategies (with scores) of the search under the training-free model
+        (AutoDDL §4.4: the analytic model; the learned one, where the search switched to it, only
+        picks among them), not measured yet, at most ``keep``; started from the two fastest
+        measured strategies."""
+        model = getattr(search.simulator, "training_free", search.simulator)
+        space = ChoiceSpace(search.model, search.cluster, lossy=search.exp.lossy)
+
+        def score(strategies: list[Strategy]) -> np.ndarray:
+            if search.project is not None:
+                strategies = [search.project(s) for s in strategies]
+            return np.asarray(model.score(strategies), dtype=float)
+
+        seen = search.seen()
+        strategies, times_s = search.measured()
+        starts = [strategies[i] for i in np.argsort(times_s, kind="stable")[:2]] if strategies else []
+        result = self.run(space, score, starts, rng=rng, evaluations=search.exp.sim_evaluations,
+                          keep=keep + len(seen))
+        return result.top(keep, exclude=seen)
+
+    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
+        rng = random.Random(round_seed(search.exp.seed, round_))
+        free = getattr(search.simulator, "training_free", None)  # the model that scored them
+        picked: list[Proposal] = []
+        hashes = search.seen()
+        for strategy, score in self.local_search(search, rng, 4 * k):
+            strategy = search.project(strategy) if search.project is not None else strategy
+            if strategy.hash not in hashes and len(picked) < k:
+                hashes.add(strategy.hash)
+                picked.append(Proposal(trial_id=f"r{round_}-{len(picked)}", strategy=strategy,
+                                       origin=search.exp.algorithm, predicted=search.predicted_s(score, free)))
+        return picked
+
+
+class CoordinateDescentPolicy(_LocalSearchPolicy):
+    """``coordinate-descent`` (AutoDDL §4.4): descent with restarts from the best measured
+    strategies, then from data parallelism, then from guided samples."""
+
+    def run(self, space: ChoiceSpace, score, starts: list[Strategy], *, rng: random.Random, evaluations: int,
+            keep: int) -> LocalSearchResult:
+        return coordinate_descent(space, score, starts + [space.data_parallel()], rng=rng, evaluations=evaluations,
+                                  keep=keep)
+
+
+class MCTSPolicy(_LocalSearchPolicy):
+    """``mcts`` (TAG §4.2.2): the tree search rooted at the best measured strategy (data
+    parallelism before any is measured)."""
+
+    def run(self, space: ChoiceSpace, score, starts: list[Strategy], *, rng: random.Random, evaluations: int,
+            keep: int) -> LocalSearchResult:
+        return mcts(space, score, rng=rng, evaluations=evaluations, keep=keep, root=starts[0] if starts else None)
+
+
+def _scored_columns(search: StrategySearch, guided: GuidedSampler, k: int, tag: str,
+                    seen: set[str]) -> list[Proposal]:
+    """The round's proposals drawn and scored as columns (:meth:`GuidedSampler.sample_columns`);
+    only those picked become strategies. Equal draws count once; a pick equal to a measured
+    strategy is passed over for the next most diverse. Picks come from the elite first; if it
+    holds fewer than ``k`` strategies not measured yet (the elite is what scores at least as
+    well as the measured strategies the simulator ranks right, so it can be the measured ones
+    and little else), the rest of the round fills the places."""
+    cols = guided.sample_columns(search.exp.proposals)
+    _, first = np.unique(cols.digests(), return_index=True)
+    distinct = np.sort(first)
+    scores = np.asarray(search.simulator.score_columns(cols), dtype=float)[distinct]
+    signatures = cols.signatures()[distinct]
+    made: dict[int, Strategy] = {}
+    picks: list[int] = []
+    elite = search.elite(scores)
+    rest = np.setdiff1d(np.arange(len(scores)), elite)
+    for pool in (elite, rest):
+        if len(picks) >= k or not len(pool):
+            continue
+
+        def fresh(c: int, pool=pool) -> bool:
+            i = int(pool[c])
+            made[i] = cols.strategy(int(distinct[i]))
+            return made[i].hash not in seen and all(made[i].hash != made[j].hash for j in picks)
+
+        chosen = select_diverse(None, scores[pool], k - len(picks), None, signatures=signatures[pool], accept=fresh)
+        picks += [int(pool[c]) for c in chosen]
+    return [Proposal(trial_id=f"{tag}-{j}", strategy=made[i], origin=search.exp.algorithm,
+                     predicted=search.predicted_s(scores[i])) for j, i in enumerate(picks)]
+
+
+def _scored_objects(search: StrategySearch, raw: list[Strategy], k: int, tag: str, seen: set[str]) -> list[Proposal]:
+    """``raw``'s fresh strategies scored by the simulator, filtered by its fidelity level, ``k``
+    of them picked for score and diversity (AutoDist §2.4)."""
+    proposals = _fresh(search, raw, seen)
+    if not proposals:
+        return []
+    scores = np.asarray(search.simulator.score(proposals), dtype=float)
+    elite = [int(i) for i in search.elite(scores)]
+    chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, search.index)
+    return [Proposal(trial_id=f"{tag}-{j}", strategy=proposals[elite[c]], origin=search.exp.algorithm,
+                     predicted=search.predicted_s(scores[elite[c]])) for j, c in enumerate(chosen)]
+
+
+def _split_step(search: StrategySearch, guided: GuidedSampler, out: list[Proposal], tag: str,
+                seen: set[str]) -> list[Proposal]:
+    """``out`` with its last pick replaced, on replicas of different measured speeds, by the best
+    measured strategy with its batch split moved towards speed-proportional (a quarter, half,
+    three quarters, all the way), the variant the simulator scores best, unless every variant was
+    tried already: one coordinate step per round (AutoDDL §4.4: one dimension, the others fixed).
+    Sampled strategies change every dimension at once and rarely keep a good one while moving
+    the split."""
+    if guided.speeds is None or search.simulator is None:
+        return out
+    strategies, times_s = search.measured()
+    if not strategies:
+        return out
+    best = strategies[int(np.argmin(times_s))]
+    taken = {p.strategy.hash for p in out} | seen
+    variants = [v for v in (guided.split_towards_speed(best, t) for t in (0.25, 0.5, 0.75, 1.0))
+                if v.hash not in taken]
+    variants = list({v.hash: v for v in variants}.values())
+    if not variants:
+        return out
+    scores = np.asarray(search.simulator.score(variants), dtype=float)
+    i = int(np.argmax(scores))
+    return out[:-1] + [Proposal(trial_id=f"{tag}-{len(out) - 1}", strategy=variants[i],
+                                origin=f"{search.exp.algorithm}+split", predicted=search.predicted_s(scores[i]))]
+
+
+class AutoDistPolicy:
+    """``autodist`` (AutoDist §2.4, Algorithm 1): ``proposals`` strategies from the guided
+    sampler (or, with ``generator:``, the best of a simulator-only search), scored by the
+    simulator, those below its fidelity level dropped, ``k`` picked for score and diversity;
+    with ``incumbent_moves``, the best measured strategy one move away in place of the last pick;
+    on replicas of different speeds, a step on the batch split in place of the last pick."""
+
+    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
+        seed = round_seed(search.exp.seed, round_)
+        rng = random.Random(seed)
+        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.exp.lossy)
+        tag, seen = f"r{round_}", search.seen()
+        if (search.exp.generator == "sampler" and search.project is None and guided.speeds is None
+                and hasattr(search.simulator, "score_columns")):
+            out = _scored_columns(search, guided, k, tag, seen)
+        elif search.exp.generator != "sampler":
+            generator = ROUND_POLICIES.get(search.exp.generator)
+            out = _scored_objects(search, [s for s, _ in generator.local_search(search, rng, search.exp.proposals)],
+                                  k, tag, seen)
+        else:
+            out = _scored_objects(search, guided.sample_many(search.exp.proposals), k, tag, seen)
+        if not out:
+            return []
+        if search.exp.incumbent_moves and len(out) >= 2:
+            move = self.incumbent_step(search, {p.strategy.hash for p in out} | seen)
+            if move is not None:
+                # Exploitation beside the sampler's exploration: the best measured strategy
+                # (a tuned baseline, often) one move away, in place of the round's last pick.
+                out[-1] = Proposal(trial_id=f"{tag}-{len(out) - 1}", strategy=move[0],
+                                   origin=f"{search.exp.algorithm}+incumbent", predicted=search.predicted_s(move[1]))
+        return _split_step(search, guided, out, tag, seen)
+
+    @staticmethod
+    def incumbent_step(search: StrategySearch, taken: set[str]) -> tuple[Strategy, float] | None:
+        """The best measured strategy one move away, the move the simulator scores best among
+        those not measured or proposed yet (``taken``): a compressor on every all-reduce merge
+        group that takes it, hierarchical all-reduce, its merge groups halved or doubled (re-cut
+        by bytes along backward order), or one choice changed on one of 8 runs of adjacent
+        variables (AutoDDL §4.4's coordinate step, on the incumbent). The sampler's draws change
+        every variable at once and rarely keep what made a tuned baseline fast."""
+        if search.simulator is None:
+            return None
+        strategies, times_s = search.measured()
+        if not strategies:
+            return None
+        best = strategies[int(np.argmin(times_s))]
+        space = ChoiceSpace(search.model, search.cluster, lossy=search.exp.lossy)
+        moves = global_moves(best, space)
+        for coordinate in space.coordinates(8):
+            moves += space.neighbours(best, coordinate)
+        if search.project is not None:
+            moves = [search.project(m) for m in moves]
+        unique: dict[str, Strategy] = {}
+        for m in moves:
+            if m.hash not in taken and m.hash != best.hash and m.hash not in unique:
+                try:
+                    validate(m, search.model, search.cluster)
+                except StrategyError:
+                    continue
+                unique[m.hash] = m
+        if not unique:
+            return None
+        candidates = list(unique.values())
+        scores = np.asarray(search.simulator.score(candidates), dtype=float)
+        i = int(np.argmax(scores))
+        return candidates[i], float(scores[i])
+
+
+class GeneticPolicy:
+    """``genetic`` (AutoDist §3.3's ablation): children of the best half of the measured
+    strategies (crossover, mutation from a guided sample; guided samples while fewer than two
+    were measured), scored, filtered and picked as ``autodist``'s proposals are."""
+
+    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
+        seed = round_seed(search.exp.seed, round_)
+        rng = random.Random(seed)
+        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.exp.lossy)
+        tag, seen = f"r{round_}", search.seen()
+        strategies, times_s = search.measured(search.fitted_on)
+        if len(strategies) < 2:
+            children = guided.sample_many(search.exp.proposals)
+        else:
+            parents = [strategies[i] for i in np.argsort(times_s, kind="stable")[: max(2, len(strategies) // 2)]]
+            children = crossover(parents, search.exp.proposals, rng, guided)
+        out = _scored_objects(search, children, k, tag, seen)
+        return _split_step(search, guided, out, tag, seen) if out else []
+
+
+#: Search algorithm name (an experiment's ``algorithm:``) -> its round policy.
+ROUND_POLICIES: Registry[RoundPolicy] = Registry("search algorithm")
+ROUND_POLICIES.register("autodist", AutoDistPolicy())
+ROUND_POLICIES.register("random-guided", RandomGuidedPolicy())
+ROUND_POLICIES.register("random", RandomPolicy())
+ROUND_POLICIES.register("genetic", GeneticPolicy())
+ROUND_POLICIES.register("coordinate-descent", CoordinateDescentPolicy())
+ROUND_POLICIES.register("mcts", MCTSPolicy())
