@@ -203,30 +203,7 @@ class StrategyEngine:
     def _build_units(self, strategy: Strategy, spec: ModelSpec, params, device, seed: int) -> list:
         plans = sorted(strategy.plans, key=lambda p: spec.position(p.variable))
         layout = self.layout
-        # Sub-groups, created in one deterministic order on every rank.
-        needed: set[tuple[int, ...]] = set()
-        nodes = layout.nodes()
-        hierarchical = False
-        for plan in plans:
-            for shard in plan.shards:
-                s = shard.synchronizer
-                if isinstance(s, PSSynchronizer) and s.local_aggregation:
-                    placement = layout.rank_of(s.placement)
-                    for node in nodes:
-                        ranks = layout.ranks_on_node(node)
-                        if len(ranks) > 1:
-                            needed.add(tuple(ranks))
-                    if len(nodes) > 1:
-                        needed.add(tuple(sorted(layout.local_root(n, placement) for n in nodes)))
-                elif isinstance(s, AllReduceSynchronizer) and s.algorithm == "hierarchical":
-                    hierarchical = True
-        if hierarchical:
-            per_node, per_index = self._hierarchy()
-            needed.update(tuple(r) for r in per_node if len(r) > 1)
-            needed.update(tuple(r) for r in per_index if len(r) > 1)
-        for key in sorted(needed):
-            self._group(key)
-
+        self._create_subgroups(plans)
         groups: dict[int, list[Member]] = {}
         group_spec: dict[int, tuple] = {}
         units: list = []
@@ -265,27 +242,56 @@ class StrategyEngine:
             if kind == "unit":
                 units.append(item)
                 continue
-            members = groups[item]
-            comp_spec, algorithm = group_spec[item]
-            dtype = members[0].view.dtype
-            if algorithm == "hierarchical":
-                per_node, per_index = self._hierarchy()
-                mine = next(r for r in per_node if self.rank in r)
-                cross = next(r for r in per_index if self.rank in r)
-                units.append(HierarchicalAllReduceUnit(
-                    members, self.weight, self.counter, device, dtype, rank=self.rank, intra_ranks=mine,
-                    intra=self._group(mine) if len(mine) > 1 else None,
-                    cross=self._group(cross) if len(cross) > 1 else None))
-                continue
-            offsets, at = [], 0
-            for m in members:
-                if len(m.shape) >= 2:
-                    offsets.append((at, m.shape[0], m.numel // m.shape[0]))
-                at += m.numel
-            comp = make_compressor(comp_spec, members=offsets, weight=self.weight, seed=seed * 7919 + item,
-                                   counter=self.counter)
-            units.append(AllReduceUnit(members, self.weight, comp, device, dtype))
+            units.append(self._group_unit(item, groups[item], *group_spec[item], device, seed))
         return units
+
+    def _create_subgroups(self, plans) -> None:
+        """The sub-groups the plans need (local aggregation, hierarchical all-reduce), created in
+        one deterministic order on every rank (torch.distributed.new_group is collective)."""
+        layout = self.layout
+        needed: set[tuple[int, ...]] = set()
+        nodes = layout.nodes()
+        hierarchical = False
+        for plan in plans:
+            for shard in plan.shards:
+                s = shard.synchronizer
+                if isinstance(s, PSSynchronizer) and s.local_aggregation:
+                    placement = layout.rank_of(s.placement)
+                    for node in nodes:
+                        ranks = layout.ranks_on_node(node)
+                        if len(ranks) > 1:
+                            needed.add(tuple(ranks))
+                    if len(nodes) > 1:
+                        needed.add(tuple(sorted(layout.local_root(n, placement) for n in nodes)))
+                elif isinstance(s, AllReduceSynchronizer) and s.algorithm == "hierarchical":
+                    hierarchical = True
+        if hierarchical:
+            per_node, per_index = self._hierarchy()
+            needed.update(tuple(r) for r in per_node if len(r) > 1)
+            needed.update(tuple(r) for r in per_index if len(r) > 1)
+        for key in sorted(needed):
+            self._group(key)
+
+    def _group_unit(self, group: int, members: list, comp_spec, algorithm: str, device, seed: int):
+        """The unit of one all-reduce merge group: flat (its compressor wrapped around it) or
+        hierarchical (intra-node, then across nodes)."""
+        dtype = members[0].view.dtype
+        if algorithm == "hierarchical":
+            per_node, per_index = self._hierarchy()
+            mine = next(r for r in per_node if self.rank in r)
+            cross = next(r for r in per_index if self.rank in r)
+            return HierarchicalAllReduceUnit(
+                members, self.weight, self.counter, device, dtype, rank=self.rank, intra_ranks=mine,
+                intra=self._group(mine) if len(mine) > 1 else None,
+                cross=self._group(cross) if len(cross) > 1 else None)
+        offsets, at = [], 0
+        for m in members:
+            if len(m.shape) >= 2:
+                offsets.append((at, m.shape[0], m.numel // m.shape[0]))
+            at += m.numel
+        comp = make_compressor(comp_spec, members=offsets, weight=self.weight, seed=seed * 7919 + group,
+                               counter=self.counter)
+        return AllReduceUnit(members, self.weight, comp, device, dtype)
 
     def _ps_unit(self, member: Member, sync: PSSynchronizer, compressor, device) -> PSUnit:
         layout = self.layout

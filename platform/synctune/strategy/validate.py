@@ -43,13 +43,46 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
     (lossy ones not on sparse gradients; PowerSGD on matrices with a rank that fits).
     """
     if check_refs:
-        for key, spec in (("model", model), ("cluster", cluster)):
-            ref = strategy.to_dict()[key]
-            if ref["name"] != spec.name or ref["hash"] != spec.hash:
-                raise StrategyError(
-                    f"strategy: {key}: built for {ref['name']!r} (hash {ref['hash'][:12]}), "
-                    f"validated against {spec.name!r} (hash {spec.hash[:12]})"
-                )
+        _check_refs(strategy, model, cluster)
+    seen = _check_replicas(strategy, cluster)
+    uneven_nodes = _uneven_nodes(strategy, cluster)
+    planned: set[str] = set()
+    groups: dict[int, tuple[str, str, str]] = {}
+    for i, plan in enumerate(strategy.plans):
+        where = f"variable {plan.variable!r}"
+        if plan.variable not in model:
+            raise StrategyError(f"strategy: plans[{i}]: {where} is not a variable of model {model.name!r}")
+        if plan.variable in planned:
+            raise StrategyError(f"strategy: plans[{i}]: {where} has more than one plan")
+        planned.add(plan.variable)
+        var = model[plan.variable]
+        _check_plan_shape(var, plan.partition, where)
+        shapes = shard_shapes(var.shape, plan.partition)
+        for j, shard in enumerate(plan.shards):
+            _check_shard(f"{where}: shards[{j}]", shard, var, len(plan.shards), shapes[j], model, cluster, seen,
+                         uneven_nodes, groups, plan.variable)
+    missing = [v.name for v in model.variables if v.name not in planned]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise StrategyError(
+            f"strategy: plans: no plan for variable(s) {', '.join(repr(m) for m in missing[:3])}{more} "
+            f"of model {model.name!r}"
+        )
+
+
+def _check_refs(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """The strategy was built for these specs (names and hashes)."""
+    for key, spec in (("model", model), ("cluster", cluster)):
+        ref = strategy.to_dict()[key]
+        if ref["name"] != spec.name or ref["hash"] != spec.hash:
+            raise StrategyError(
+                f"strategy: {key}: built for {ref['name']!r} (hash {ref['hash'][:12]}), "
+                f"validated against {spec.name!r} (hash {spec.hash[:12]})"
+            )
+
+
+def _check_replicas(strategy: Strategy, cluster: ClusterSpec) -> set[str]:
+    """Replicas exist and are distinct, one positive batch entry each; returns the replica devices."""
     if not strategy.replicas:
         raise StrategyError("strategy: replicas: expected at least one device, got []")
     seen: set[str] = set()
@@ -71,99 +104,90 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
         if b <= 0:
             raise StrategyError(f"strategy: batch_split[{i}]: expected a positive batch size, got {b}")
 
+    return seen
+
+
+def _uneven_nodes(strategy: Strategy, cluster: ClusterSpec) -> str:
+    """How the replicas spread over nodes when nodes hold different numbers of them, else empty."""
     per_node: dict[str, int] = {}
     for dev in strategy.replicas:
         node = cluster.node_of(dev).name
         per_node[node] = per_node.get(node, 0) + 1
-    uneven_nodes = ", ".join(f"{n} on {node}" for node, n in per_node.items()) if len(set(per_node.values())) > 1 else ""
-    planned: set[str] = set()
-    groups: dict[int, tuple[str, str, str]] = {}
-    for i, plan in enumerate(strategy.plans):
-        where = f"variable {plan.variable!r}"
-        if plan.variable not in model:
-            raise StrategyError(f"strategy: plans[{i}]: {where} is not a variable of model {model.name!r}")
-        if plan.variable in planned:
-            raise StrategyError(f"strategy: plans[{i}]: {where} has more than one plan")
-        planned.add(plan.variable)
-        var = model[plan.variable]
-        _check_plan_shape(var, plan.partition, where)
-        shapes = shard_shapes(var.shape, plan.partition)
-        for j, shard in enumerate(plan.shards):
-            swhere = f"{where}: shards[{j}]"
-            sync = shard.synchronizer
-            comp = shard.compressor
-            if isinstance(sync, PSSynchronizer):
-                if sync.local_aggregation and var.sparse:
-                    raise StrategyError(
-                        f"{swhere}.synchronizer.local_aggregation: not executed for a sparse gradient (its rows go "
-                        f"to the server directly); set it to false"
-                    )
-                if not cluster.has_device(sync.placement):
-                    raise StrategyError(
-                        f"{swhere}.synchronizer.placement: device {sync.placement!r} does not exist in cluster "
-                        f"{cluster.name!r}"
-                    )
-                if sync.placement not in seen:
-                    raise StrategyError(
-                        f"{swhere}.synchronizer.placement: device {sync.placement!r} holds no replica; "
-                        f"a PS placement must be one of the replicas"
-                    )
-            elif isinstance(sync, SFBSynchronizer):
-                if model.factor_rows is None or model.factor_rows[model.position(var.name)] is None:
-                    raise StrategyError(
-                        f"{swhere}.synchronizer: sfb rebuilds the gradient of a linear layer's weight from its "
-                        f"inputs and output gradients, and model {model.name!r} does not mark this variable as one "
-                        f"(its factor_rows entry is empty: not an nn.Linear weight, tied to another module, or a "
-                        f"spec written without factor_rows); use allreduce or ps"
-                    )
-                if len(plan.shards) > 1:
-                    raise StrategyError(
-                        f"{swhere}.synchronizer: sfb sends the factors of the whole layer, and this plan cuts the "
-                        f"variable into {len(plan.shards)} shards; use partition {[1] * len(var.shape)} with sfb"
-                    )
-            elif isinstance(sync, AllGatherSynchronizer) and not var.sparse:
-                raise StrategyError(
-                    f"{swhere}.synchronizer: allgather is for sparse gradients, and this variable's gradient is dense "
-                    f"(use allreduce or ps)"
-                )
-            if not comp.lossless and var.sparse:
-                raise StrategyError(
-                    f"{swhere}.compressor: lossy compressor {comp.label!r} on a sparse gradient; "
-                    f"sparse variables take 'none'"
-                )
-            info = comp.info
-            problem = info.problem(shapes[j], comp.rank)
-            if problem:
-                raise StrategyError(f"{swhere}.compressor: {problem}")
-            if sync.kind not in info.synchronizers:
-                raise StrategyError(
-                    f"{swhere}.compressor: {comp.label} wraps {' or '.join(info.synchronizers)} only, not {sync.kind}"
-                )
-            if isinstance(sync, AllReduceSynchronizer) and sync.algorithm == "hierarchical":
-                if comp.kind != "none":
-                    raise StrategyError(
-                        f"{swhere}.compressor: {comp.label} with a hierarchical all-reduce is not executed; use "
-                        f"compressor none, or algorithm flat"
-                    )
-                if uneven_nodes:
-                    raise StrategyError(
-                        f"{swhere}.synchronizer.algorithm: hierarchical needs the same number of replicas on every "
-                        f"node, and the replicas are {uneven_nodes}; use algorithm flat"
-                    )
-            if isinstance(sync, AllReduceSynchronizer):
-                key = (sync.algorithm, comp.label, "sparse" if var.sparse else "dense")
-                first = groups.setdefault(sync.group, key + (plan.variable,))
-                if first[:3] != key:
-                    raise StrategyError(
-                        f"{swhere}.synchronizer.group: group {sync.group} mixes "
-                        f"(algorithm {key[0]}, compressor {key[1]}, {key[2]}) with "
-                        f"(algorithm {first[0]}, compressor {first[1]}, {first[2]}) of variable {first[3]!r}; "
-                        f"a merge group is one collective"
-                    )
-    missing = [v.name for v in model.variables if v.name not in planned]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    if len(set(per_node.values())) <= 1:
+        return ""
+    return ", ".join(f"{n} on {node}" for node, n in per_node.items())
+
+
+def _check_shard(swhere: str, shard, var, num_shards: int, shape, model: ModelSpec, cluster: ClusterSpec,
+                 seen: set[str], uneven_nodes: str, groups: dict, variable: str) -> None:
+    """One shard's synchronizer and compressor against its variable, the cluster and the merge groups so far."""
+    sync = shard.synchronizer
+    comp = shard.compressor
+    if isinstance(sync, PSSynchronizer):
+        if sync.local_aggregation and var.sparse:
+            raise StrategyError(
+                f"{swhere}.synchronizer.local_aggregation: not executed for a sparse gradient (its rows go "
+                f"to the server directly); set it to false"
+            )
+        if not cluster.has_device(sync.placement):
+            raise StrategyError(
+                f"{swhere}.synchronizer.placement: device {sync.placement!r} does not exist in cluster "
+                f"{cluster.name!r}"
+            )
+        if sync.placement not in seen:
+            raise StrategyError(
+                f"{swhere}.synchronizer.placement: device {sync.placement!r} holds no replica; "
+                f"a PS placement must be one of the replicas"
+            )
+    elif isinstance(sync, SFBSynchronizer):
+        if model.factor_rows is None or model.factor_rows[model.position(var.name)] is None:
+            raise StrategyError(
+                f"{swhere}.synchronizer: sfb rebuilds the gradient of a linear layer's weight from its "
+                f"inputs and output gradients, and model {model.name!r} does not mark this variable as one "
+                f"(its factor_rows entry is empty: not an nn.Linear weight, tied to another module, or a "
+                f"spec written without factor_rows); use allreduce or ps"
+            )
+        if num_shards > 1:
+            raise StrategyError(
+                f"{swhere}.synchronizer: sfb sends the factors of the whole layer, and this plan cuts the "
+                f"variable into {num_shards} shards; use partition {[1] * len(var.shape)} with sfb"
+            )
+    elif isinstance(sync, AllGatherSynchronizer) and not var.sparse:
         raise StrategyError(
-            f"strategy: plans: no plan for variable(s) {', '.join(repr(m) for m in missing[:3])}{more} "
-            f"of model {model.name!r}"
+            f"{swhere}.synchronizer: allgather is for sparse gradients, and this variable's gradient is dense "
+            f"(use allreduce or ps)"
         )
+    if not comp.lossless and var.sparse:
+        raise StrategyError(
+            f"{swhere}.compressor: lossy compressor {comp.label!r} on a sparse gradient; "
+            f"sparse variables take 'none'"
+        )
+    info = comp.info
+    problem = info.problem(shape, comp.rank)
+    if problem:
+        raise StrategyError(f"{swhere}.compressor: {problem}")
+    if sync.kind not in info.synchronizers:
+        raise StrategyError(
+            f"{swhere}.compressor: {comp.label} wraps {' or '.join(info.synchronizers)} only, not {sync.kind}"
+        )
+    if isinstance(sync, AllReduceSynchronizer) and sync.algorithm == "hierarchical":
+        if comp.kind != "none":
+            raise StrategyError(
+                f"{swhere}.compressor: {comp.label} with a hierarchical all-reduce is not executed; use "
+                f"compressor none, or algorithm flat"
+            )
+        if uneven_nodes:
+            raise StrategyError(
+                f"{swhere}.synchronizer.algorithm: hierarchical needs the same number of replicas on every "
+                f"node, and the replicas are {uneven_nodes}; use algorithm flat"
+            )
+    if isinstance(sync, AllReduceSynchronizer):
+        key = (sync.algorithm, comp.label, "sparse" if var.sparse else "dense")
+        first = groups.setdefault(sync.group, key + (variable,))
+        if first[:3] != key:
+            raise StrategyError(
+                f"{swhere}.synchronizer.group: group {sync.group} mixes "
+                f"(algorithm {key[0]}, compressor {key[1]}, {key[2]}) with "
+                f"(algorithm {first[0]}, compressor {first[1]}, {first[2]}) of variable {first[3]!r}; "
+                f"a merge group is one collective"
+            )
