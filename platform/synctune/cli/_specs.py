@@ -32,8 +32,8 @@ def models_cmd(name, model, as_json: bool) -> None:
 
     The model (NAME, or --model / --workload) is a zoo model, a model spec file, or your own
     workload by import path: `synctune models -w my_job.py:workload --json > spec.json` writes
-    your model's spec, and `synctune models bert-large --json > spec.json` a zoo model's; every
-    command's --model accepts such files.
+    your model's spec, and `synctune models bert-large --json > spec.json` a zoo model's; --model
+    accepts such files wherever a spec is enough (strategy build, validate, show; sim score).
     """
     from ..models.zoo import MODELS
 
