@@ -118,8 +118,8 @@ def test_help_imports_no_heavy_library():
 
 def test_python_dash_m_entry_point_reports_errors_with_status_2():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "platform"))
-    proc = subprocess.run([sys.executable, "-m", "synctune", "strategy", "build", "nope", "-m", "x", "-c", "y"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "synctune", "strategy", "build", "nope", "-m", "cnn-small", "-c",
+                           "y"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("synctune: error: unknown builder 'nope'; valid: allreduce, horovod, ps, ps-lb, "
                                    "partitioned-ps, uneven-partitioned-ps, ps-hierarchical, partitioned-allreduce, "

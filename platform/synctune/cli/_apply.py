@@ -7,16 +7,14 @@ from pathlib import Path
 
 import click
 
-from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, resolve_workload_arg
+from ._common import echo_err, model_option, resolve_cluster_arg, resolve_workload_arg
 
 
 @cli.command("apply")
 @click.argument("strategy_file", metavar="STRATEGY.json")
-@click.option("--model", "-m", help="The zoo model the strategy was searched for ...")
-@click.option("--workload", "-w", "workload_path", metavar="IMPORT_PATH",
-              help="... or your workload (package.module:factory or path/to/file.py:factory).")
+@model_option(required=True, runnable=True, help="What the strategy was searched for: a zoo model or your workload "
+                                                "(package.module:factory, path/to/file.py:factory).")
 @click.option("--cluster", "-c", help="Cluster preset or spec file (default: the preset the strategy names).")
 @click.option("--format", "fmt", type=click.Choice(["auto", "ddp", "engine"]), default="auto", show_default=True,
               help="ddp: plain torch DDP (when the strategy allows it); engine: the synctune engine; auto: DDP "
@@ -24,8 +22,7 @@ from ._common import echo_err, resolve_cluster_arg, resolve_workload_arg
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="The training file (default: next to "
               "STRATEGY.json, ending in -train.py).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
-def apply_cmd(strategy_file: str, model: str | None, workload_path: str | None, cluster: str | None, fmt: str,
-              output: str | None, seed: int) -> None:
+def apply_cmd(strategy_file: str, model, cluster: str | None, fmt: str, output: str | None, seed: int) -> None:
     """Turn a strategy (the best one of a search) into a runnable training file: plain torch DDP
     with the bucket size and comm hook that reproduce it when DDP can express it, else the
     synctune engine. Run the file with torchrun, one process per replica."""
@@ -34,11 +31,9 @@ def apply_cmd(strategy_file: str, model: str | None, workload_path: str | None, 
     from ..strategy import load_strategy
 
     strategy = load_strategy(strategy_file)
-    if (model is None) == (workload_path is None):
-        raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
     target = Path(output) if output else Path(strategy_file).with_name(Path(strategy_file).stem + "-train.py")
     check_writable(target)
-    workload = resolve_workload_arg(model or workload_path)
+    workload = resolve_workload_arg(model)
     cluster_spec = resolve_cluster_arg(cluster or strategy.cluster["name"])
     used = write_training_file(strategy, workload, cluster_spec, target, fmt, seed)
     click.echo(f"wrote {target} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'})")

@@ -1,46 +1,99 @@
-"""Helpers shared by CLI commands: resolving --model/--cluster, tables, atomic output files."""
+"""Helpers shared by CLI commands: the --model option and --cluster, tables, atomic output files."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import click
 
 from ..spec.cluster import ClusterSpec, resolve_cluster
 from ..spec.errors import SpecError
-from ..spec.files import read_json, write_text_atomic
+from ..spec.files import write_text_atomic
 from ..spec.model import ModelSpec
 
-__all__ = ["resolve_model", "resolve_workload_arg", "resolve_cluster_arg", "node_network", "table",
-           "write_text_atomic", "echo_err"]
+__all__ = ["MODEL", "RUNNABLE_MODEL", "ModelType", "model_option", "resolve_model", "resolve_workload_arg",
+           "resolve_cluster_arg", "node_network", "table", "write_text_atomic", "echo_err"]
 
 
-def resolve_model(name_or_path: str) -> ModelSpec:
-    """A zoo model by name, or a model spec JSON file (as written by ``synctune models NAME --json``)."""
-    from ..models.zoo import MODELS
-    from ..workload import zoo_workload
+class ModelType(click.ParamType):
+    """A model as the user names it on the command line: a zoo model, a model spec file or a
+    workload import path, converted to a :class:`~synctune.workload.ModelSource`. Converting
+    reads no file and imports no user code (nor torch); with ``runnable``, a spec file is
+    refused at once (a trial needs something it can train)."""
 
-    if name_or_path in MODELS:
-        return zoo_workload(name_or_path).spec()
-    path = Path(name_or_path)
-    if path.suffix.lower() == ".json" or path.exists():
-        return ModelSpec.from_dict(read_json(path, "model spec"), where=str(path))
-    raise SpecError(f"unknown model {name_or_path[:60]!r}: not in the zoo ({', '.join(MODELS)}) nor a .json "
-                    f"model spec")
+    name = "model"
+
+    def __init__(self, *, runnable: bool = False) -> None:
+        self.runnable = runnable
+
+    def get_metavar(self, param, ctx=None) -> str:  # noqa: ARG002 - click's signature
+        return "MODEL"
+
+    def convert(self, value, param, ctx):
+        from ..workload.source import ModelSource, model_source
+
+        if isinstance(value, ModelSource):
+            return value
+        try:
+            source = model_source(value)
+            if self.runnable and not source.runnable:
+                source.workload()  # says why a spec file cannot run
+        except SpecError as exc:
+            self.fail(str(exc), param, ctx)
+        return source
 
 
-def resolve_workload_arg(name: str):
+MODEL = ModelType()
+RUNNABLE_MODEL = ModelType(runnable=True)
+
+MODEL_HELP = ("Zoo model, model spec file (.json, .yaml) or your workload's import path (package.module:factory, "
+              "path/to/file.py:factory).")
+RUNNABLE_MODEL_HELP = "Zoo model or your workload's import path (package.module:factory, path/to/file.py:factory)."
+
+
+def _one_model(ctx: click.Context, param: click.Parameter, value: tuple):
+    if len(value) > 1:
+        raise click.BadParameter(f"give one model, got {len(value)}: {', '.join(v.text for v in value)}", ctx, param)
+    return value[0] if value else None
+
+
+class _ModelOption(click.Option):
+    """The model option; its errors name it by its two long spellings, not all four."""
+
+    def get_error_hint(self, ctx: click.Context) -> str:  # noqa: ARG002 - click's signature
+        return "'--model' / '--workload'"
+
+
+def model_option(*, required: bool = False, multiple: bool = False, runnable: bool = False, help: str | None = None):
+    """The one option every command that takes a model uses: ``--model``/``-m``, also spelled
+    ``--workload``/``-w``, whose value is a zoo model, a model spec file or a workload import
+    path (only a zoo model or a workload with ``runnable``). The command gets a
+    :class:`~synctune.workload.ModelSource` (a tuple of them with ``multiple``; None when the
+    option is optional and absent); giving it twice without ``multiple`` is a usage error."""
+    text = help or (RUNNABLE_MODEL_HELP if runnable else MODEL_HELP) + (" Repeatable." if multiple else "")
+    return click.option("--model", "-m", "--workload", "-w", "model", cls=_ModelOption,
+                        type=RUNNABLE_MODEL if runnable else MODEL, multiple=True, required=required,
+                        callback=None if multiple else _one_model, help=text)
+
+
+def _source(model):
+    from ..workload.source import ModelSource, model_source
+
+    return model if isinstance(model, ModelSource) else model_source(model)
+
+
+def resolve_model(model) -> ModelSpec:
+    """The model spec of ``model``: a :class:`~synctune.workload.ModelSource` (a ``--model``'s
+    value) or its text (a zoo model, a model spec file, a workload import path)."""
+    return _source(model).spec()
+
+
+def resolve_workload_arg(model):
     """The workload a trial or search runs: a zoo model by name, or a user's workload by import
-    path (a model spec file describes a model but cannot train it). The user's code is imported,
-    and one step of it run, here: every failure is one line before any trial starts."""
-    from ..models.zoo import MODELS
-    from ..workload import resolve_workload
-
-    if name not in MODELS and Path(name).suffix.lower() == ".json":
-        raise SpecError(f"{name}: a model spec file describes a model, it cannot run one; trials need a zoo model "
-                        f"({', '.join(MODELS)}) or a workload (package.module:factory, file.py:factory)")
-    workload = resolve_workload(name)
+    path (a model spec file describes a model but cannot train it); ``model`` is a
+    :class:`~synctune.workload.ModelSource` or its text. The user's code is imported, and one
+    step of it run, here: every failure is one line before any trial starts."""
+    workload = _source(model).workload()
     workload.spec()
     return workload
 

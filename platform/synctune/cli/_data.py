@@ -9,7 +9,7 @@ import click
 
 from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, table
+from ._common import echo_err, model_option, table
 
 
 def _dataset(path: str | None):
@@ -161,7 +161,7 @@ def compact_cmd(data_path: str | None) -> None:
 
 @dataset_group.command("collect")
 @_data_option
-@click.option("--model", "-m", "models", multiple=True, required=True, help="Zoo model (repeatable).")
+@model_option(required=True, multiple=True, runnable=True)
 @click.option("--cluster", "-c", "clusters", multiple=True, required=True,
               help="Local (CPU) cluster preset or spec file (repeatable).")
 @click.option("--random", "num_random", default=50, show_default=True, type=click.IntRange(0, 100_000), help="Random strategies per domain.")
@@ -173,7 +173,7 @@ def compact_cmd(data_path: str | None) -> None:
 @click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--mlflow/--no-mlflow", "use_mlflow", default=False, show_default=True,
               help="Also log every trial to MLflow (experiment collect-<model>@<cluster>).")
-def collect_cmd(data_path, models, clusters, num_random, num_guided, builders, seed, warmup, iters,
+def collect_cmd(data_path, model, clusters, num_random, num_guided, builders, seed, warmup, iters,
                 use_mlflow) -> None:
     """Measure builders and sampled strategies for real on local clusters and add them to the dataset.
 
@@ -185,7 +185,7 @@ def collect_cmd(data_path, models, clusters, num_random, num_guided, builders, s
     from ._common import node_network, resolve_cluster_arg, resolve_workload_arg
 
     ds = _dataset(data_path)
-    workloads = [resolve_workload_arg(m) for m in models]
+    workloads = [resolve_workload_arg(m) for m in model]
     cluster_specs = [resolve_cluster_arg(c) for c in clusters]
     for workload in workloads:
         for cluster in cluster_specs:

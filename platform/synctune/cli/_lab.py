@@ -7,7 +7,7 @@ import json
 import click
 
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, table
+from ._common import echo_err, model_option, resolve_cluster_arg, table
 
 
 def _lab_preset(name: str):
@@ -123,8 +123,8 @@ def _small_models() -> tuple[str, ...]:
 @lab_group.command("collect")
 @click.option("--preset", "-p", "presets", multiple=True, default=COLLECT_PRESETS, show_default=True,
               help="Lab preset (repeatable).")
-@click.option("--model", "-m", "models", multiple=True, help="Zoo model or workload (repeatable; default: every small "
-              "zoo model).")
+@model_option(multiple=True, runnable=True, help="Zoo model or your workload's import path (package.module:factory, "
+              "path/to/file.py:factory); repeatable; default: every small zoo model.")
 @click.option("--random", "num_random", default=25, show_default=True, type=click.IntRange(0, 100_000),
               help="Unconstrained random strategies per domain.")
 @click.option("--guided", "num_guided", default=45, show_default=True, type=click.IntRange(0, 100_000),
@@ -136,7 +136,7 @@ def _small_models() -> tuple[str, ...]:
 @click.option("--data", "data_path", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
 @click.option("--release", help="Then publish the dataset as a release here (folder or s3://).")
 @click.option("--name", help="Release name (with --release).")
-def collect_cmd(presets, models, num_random, num_guided, seed, warmup, iters, data_path, release, name) -> None:
+def collect_cmd(presets, model, num_random, num_guided, seed, warmup, iters, data_path, release, name) -> None:
     """For each preset: bring the lab up, calibrate it, measure each model's compute profile
     (once per model and worker count), trial every builder, RANDOM unconstrained and GUIDED
     guided-sampler strategies of each model over the shaped links; then take the lab down.
@@ -154,7 +154,7 @@ def collect_cmd(presets, models, num_random, num_guided, seed, warmup, iters, da
     from ._common import node_network, resolve_workload_arg
 
     ds = TrialDataset(data_path or dataset_dir())
-    workloads = [resolve_workload_arg(m) for m in (models or _small_models())]
+    workloads = [resolve_workload_arg(m) for m in (model or _small_models())]
     clusters = [_lab_preset(p) for p in presets]
     try:
         for nominal in clusters:

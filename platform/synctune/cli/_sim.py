@@ -8,7 +8,7 @@ import click
 
 from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, resolve_model, table
+from ._common import echo_err, model_option, resolve_cluster_arg, table
 
 
 @cli.group("sim")
@@ -211,7 +211,7 @@ def _overall(results: list[dict], k: int, protocol: str, label: str) -> dict:
 
 
 @sim_group.command("profile")
-@click.option("--model", "-m", "model", required=True, help="Zoo model name or workload import path.")
+@model_option(required=True, runnable=True)
 @click.option("--cluster", "-c", required=True, help="Cluster preset or spec: its devices set the workers.")
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(0, 10_000))
 @click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 10_000))
@@ -243,10 +243,25 @@ def profile_cmd(model, cluster, warmup, iters, batch_size) -> None:
                f"{profile.step_s * 1e3:.1f} ms; wrote {path}")
 
 
+def _named_model(path: str, name: str):
+    """The zoo model a strategy file names; a model outside the zoo has to be given."""
+    from ..workload.source import model_source
+
+    try:
+        source = model_source(name)
+    except SpecError:
+        source = None
+    if source is None or source.kind != "zoo":
+        raise SpecError(f"{path}: built for model {name[:60]!r}, which is not in the zoo: give it with --model "
+                        f"(its spec file or workload import path)")
+    return source.spec()
+
+
 @sim_group.command("score")
 @click.argument("sim_file")
 @click.argument("strategies", nargs=-1, required=True)
-@click.option("--model", "-m", help="Model (default: the one each strategy names).")
+@model_option(help="Model: a zoo model, a model spec file or your workload (package.module:factory, "
+                   "path/to/file.py:factory); default: the zoo model each strategy names.")
 @click.option("--cluster", "-c", help="Cluster (default: the preset each strategy names).")
 def score_cmd(sim_file, strategies, model, cluster) -> None:
     """Score strategy files (higher is better); the analytic estimate is shown in seconds."""
@@ -254,10 +269,11 @@ def score_cmd(sim_file, strategies, model, cluster) -> None:
     from ..strategy import load_strategy, validate
 
     sim = load_simulator(sim_file)
+    given = model.spec() if model is not None else None
     rows = []
     for path in strategies:
         s = load_strategy(path)
-        m = resolve_model(model or s.model["name"])
+        m = given if given is not None else _named_model(path, s.model["name"])
         c = resolve_cluster_arg(cluster or s.cluster["name"])
         try:
             validate(s, m, c)

@@ -7,7 +7,7 @@ import json
 import click
 
 from . import cli
-from ._common import resolve_cluster_arg, resolve_model, table
+from ._common import MODEL, model_option, resolve_cluster_arg, table
 
 
 def _human(n: float) -> str:
@@ -17,27 +17,39 @@ def _human(n: float) -> str:
     return str(int(n))
 
 
-@cli.command("models")
-@click.argument("name", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the model spec as JSON (with NAME).")
-def models_cmd(name: str | None, as_json: bool) -> None:
-    """List the model zoo, or show the variables of model NAME in backward order.
+class _NameArgument(click.Argument):
+    def get_error_hint(self, ctx: click.Context) -> str:  # noqa: ARG002 - click's signature
+        return "'NAME'"
 
-    NAME may also be a model spec JSON file. `synctune models bert-large --json > spec.json`
-    writes a spec that --model accepts in every command.
+
+@cli.command("models")
+@click.argument("name", cls=_NameArgument, required=False, type=MODEL, metavar="[NAME]")
+@model_option(help="The model to show, as NAME: a zoo model, a model spec file or your workload "
+                   "(package.module:factory, path/to/file.py:factory).")
+@click.option("--json", "as_json", is_flag=True, help="Print the model spec as JSON (with a model).")
+def models_cmd(name, model, as_json: bool) -> None:
+    """List the model zoo, or show the variables of a model in backward order.
+
+    The model (NAME, or --model / --workload) is a zoo model, a model spec file, or your own
+    workload by import path: `synctune models -w my_job.py:workload --json > spec.json` writes
+    your model's spec, and `synctune models bert-large --json > spec.json` a zoo model's; --model
+    accepts such files wherever a spec is enough (strategy build, validate, show; sim score).
     """
     from ..models.zoo import MODELS
 
-    if name is None:
+    if name is not None and model is not None:
+        raise click.UsageError(f"give the model once: NAME {name.text!r} or --model {model.text!r}")
+    source = name or model
+    if source is None:
         if as_json:
-            raise click.UsageError("--json needs a model NAME")
+            raise click.UsageError("--json needs a model: NAME or --model")
         rows = []
         for entry_name, entry in MODELS.items():
             rows.append([entry_name, entry.family, _human(entry.published_params), entry.batch_size,
                          "small" if entry.small else "paper", entry.description])
         click.echo(table(["model", "family", "params", "batch", "kind", "description"], rows, right=[2, 3]))
         return
-    spec = resolve_model(name)
+    spec = source.spec()
     if as_json:
         click.echo(json.dumps(spec.to_dict(), indent=1))
         return

@@ -6,7 +6,7 @@ import click
 
 from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, resolve_cluster_arg, resolve_model, table, write_text_atomic
+from ._common import echo_err, model_option, resolve_cluster_arg, table, write_text_atomic
 
 
 @cli.group("strategy")
@@ -40,20 +40,21 @@ def builders_cmd() -> None:
 
 @strategy_group.command("build")
 @click.argument("builder")
-@click.option("--model", "-m", required=True, help="Zoo model name or model spec JSON file.")
+@model_option(required=True)
 @click.option("--cluster", "-c", required=True, help="Cluster preset name or cluster spec YAML file.")
 @click.option("--option", "-O", "options", multiple=True, metavar="KEY=VALUE",
               help="Builder option, e.g. -O chunk=64 (see `synctune strategy builders`).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the JSON here instead of stdout.")
-def build_cmd(builder: str, model: str, cluster: str, options: tuple[str, ...], output: str | None) -> None:
-    """Build a strategy with BUILDER (allreduce, horovod, ps, ps-lb, parallax, ...)."""
+def build_cmd(builder: str, model, cluster: str, options: tuple[str, ...], output: str | None) -> None:
+    """Build a strategy with BUILDER (allreduce, horovod, ps, ps-lb, parallax, ...) for a model
+    (a zoo model, a model spec file or your workload, e.g. -w my_job.py:workload)."""
     from ..strategy import build_strategy, parse_builder_options, validate
     from ..strategy.builders import BUILDERS
 
     BUILDERS.get(builder)  # unknown builder: fail before the (slower) model spec
     opts = parse_builder_options(builder, _parse_options(options))
-    model_spec = resolve_model(model)
     cluster_spec = resolve_cluster_arg(cluster)
+    model_spec = model.spec()
     strategy = build_strategy(builder, model_spec, cluster_spec, opts)
     validate(strategy, model_spec, cluster_spec)
     text = strategy.to_json() + "\n"
@@ -66,15 +67,15 @@ def build_cmd(builder: str, model: str, cluster: str, options: tuple[str, ...], 
 
 @strategy_group.command("validate")
 @click.argument("file")
-@click.option("--model", "-m", required=True, help="Zoo model name or model spec JSON file.")
+@model_option(required=True)
 @click.option("--cluster", "-c", required=True, help="Cluster preset name or cluster spec YAML file.")
-def validate_cmd(file: str, model: str, cluster: str) -> None:
+def validate_cmd(file: str, model, cluster: str) -> None:
     """Check strategy FILE against a model and a cluster; exit 2 naming the first problem."""
     from ..strategy import load_strategy, validate
 
     strategy = load_strategy(file)
-    model_spec = resolve_model(model)
     cluster_spec = resolve_cluster_arg(cluster)
+    model_spec = model.spec()
     try:
         validate(strategy, model_spec, cluster_spec)
     except SpecError as exc:
@@ -85,14 +86,15 @@ def validate_cmd(file: str, model: str, cluster: str) -> None:
 
 @strategy_group.command("show")
 @click.argument("file")
-@click.option("--model", "-m", help="Also show shapes and sizes from this model.")
-def show_cmd(file: str, model: str | None) -> None:
+@model_option(help="Also show shard shapes from this model: a zoo model, a model spec file or your workload "
+                   "(package.module:factory, path/to/file.py:factory).")
+def show_cmd(file: str, model) -> None:
     """Summarise strategy FILE and list each variable's plan in backward order."""
     from ..strategy import load_strategy
     from ..strategy.partition import shard_shapes
 
     strategy = load_strategy(file)
-    spec = resolve_model(model) if model else None
+    spec = model.spec() if model is not None else None
     click.echo(strategy.summary())
     click.echo(f"strategy hash {strategy.hash}  model {strategy.model['name']} ({strategy.model['hash'][:12]})  "
                f"cluster {strategy.cluster['name']} ({strategy.cluster['hash'][:12]})")

@@ -11,6 +11,8 @@ from .base import Workload
 from .keras import KERAS_ZOO, KerasWorkload, keras_model_spec, keras_workload
 from .define import ImportedWorkload, WorkloadDefinition, define, load_definition
 from .zoo import ZooWorkload, resolve_workload, zoo_workload
+from .source import ModelSource, model_source
 
-__all__ = ["ImportedWorkload", "KERAS_ZOO", "KerasWorkload", "Workload", "WorkloadDefinition", "ZooWorkload", "define", "load_definition",
-           "keras_model_spec", "keras_workload", "resolve_workload", "zoo_workload"]
+__all__ = ["ImportedWorkload", "KERAS_ZOO", "KerasWorkload", "ModelSource", "Workload", "WorkloadDefinition", "ZooWorkload",
+           "define", "load_definition", "keras_model_spec", "keras_workload", "model_source", "resolve_workload",
+           "zoo_workload"]

@@ -109,7 +109,8 @@ def _import_factory(path: str, root: str) -> Any:
         candidates = [file] if file.is_absolute() else [Path.cwd() / file, Path(root) / file]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
-            raise SpecError(f"workload {path!r}: no such file {target} (looked in {Path.cwd()} and {root})")
+            where = "" if file.is_absolute() else f" (looked in {' and '.join(dict.fromkeys([str(Path.cwd()), root]))})"
+            raise SpecError(f"workload {path!r}: no such file {target}{where}")
         name = "synctune_workload_" + hashlib.sha256(str(found.resolve()).encode()).hexdigest()[:16]
         module = sys.modules.get(name)
         if module is None:
