@@ -9,7 +9,7 @@ import click
 from ..engine.runtimes import RUNTIMES
 from ..spec.errors import SpecError
 from . import cli
-from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
+from ._common import echo_err, model_option, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 from ._strategy import _parse_options
 
 
@@ -34,9 +34,7 @@ def _progress_bar(total_hint: int, label: str):
 
 
 @cli.command("trial")
-@click.option("--model", "-m", help="Zoo model name ...")
-@click.option("--workload", "-w", "workload_path", metavar="IMPORT_PATH",
-              help="... or your own workload: package.module:factory or path/to/file.py:factory.")
+@model_option(required=True, runnable=True)
 @click.option("--cluster", "-c", required=True, help="Cluster preset name or cluster spec YAML file.")
 @click.option("--builder", "-b", help="Build the strategy with this builder ...")
 @click.option("--strategy", "-s", "strategy_file", help="... or read it from this JSON file.")
@@ -70,13 +68,13 @@ def _progress_bar(total_hint: int, label: str):
               help="Log the trial to MLflow and append it to the dataset.")
 @click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builder: str | None,
+def trial_cmd(model, cluster: str, builder: str | None,
               strategy_file: str | None, options: tuple[str, ...],
               warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
               ray_address: str, runtime: str, ddp_options: tuple[str, ...],
               horovod_options: tuple[str, ...], record: bool, experiment: str,
               as_json: bool) -> None:
-    """Run one trial: WARMUP + ITERS iterations of a model (zoo MODEL or your WORKLOAD) on CLUSTER
+    """Run one trial: WARMUP + ITERS iterations of a model (a zoo model or your workload) on CLUSTER
     under a strategy, timed.
 
     Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
@@ -94,10 +92,8 @@ def trial_cmd(model: str | None, workload_path: str | None, cluster: str, builde
     for flag, given in settings.items():
         if given and runtime != flag:
             raise SpecError(f"--{flag} applies to --runtime {flag} only")
-    if (model is None) == (workload_path is None):
-        raise SpecError("give exactly one of --model (a zoo model) and --workload (your workload's import path)")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
-    workload = resolve_workload_arg(model or workload_path)
+    workload = resolve_workload_arg(model)
     model_spec = workload.spec()
     cluster_spec = resolve_cluster_arg(cluster)
     if builder is not None:
