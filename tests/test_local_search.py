@@ -136,6 +136,31 @@ def test_canonical_groups_makes_equal_groupings_hash_equal():
     assert renumbered.hash != dp.hash and canonical_groups(renumbered).hash == dp.hash
 
 
+def test_the_choice_space_takes_its_compressors_from_the_registry(monkeypatch):
+    """A compressor added to the registry is offered without touching the search: a lossless
+    one (a test-only identity under another name) on new all-reduce groups and on PS servers
+    whether lossy or not, beside the shipped ones (lossy ones only where lossy: every one on
+    all-reduce, PowerSGD at ranks 1 and 4; the first on a PS); what it builds validates."""
+    from synctune.strategy.compressors import COMPRESSORS, CompressorInfo
+
+    monkeypatch.setitem(COMPRESSORS._items, "ident2", CompressorInfo(name="ident2", lossless=True,
+                                                                     description="test-only identity"))
+
+    def offered(lossy: bool):
+        space = ChoiceSpace(SMALL, CLUSTER, lossy=lossy)
+        dp = space.data_parallel()
+        choices = space.choices(dp, [1])  # "w", dense
+        for choice in choices:
+            validate(space.apply(dp, [1], choice), SMALL, CLUSTER)
+        new_groups = {(c.compressor, c.rank) for c in choices if c.kind == "ar" and c.group is None
+                      and c.algorithm == "flat"}
+        return new_groups, {c.compressor for c in choices if c.kind == "ps" and not c.local}
+
+    assert offered(False) == ({("none", 0), ("ident2", 0)}, {"none", "ident2"})
+    assert offered(True) == ({("none", 0), ("fp16", 0), ("bf16", 0), ("powersgd", 1), ("powersgd", 4),
+                              ("ident2", 0)}, {"none", "fp16", "ident2"})
+
+
 def _experiment(algorithm: str, generator: str = "sampler", budget: int = 12) -> Experiment:
     return Experiment(name="t", model="ncf-small", cluster="lab-b10c", budget=budget, algorithm=algorithm,
                       generator=generator, proposals=40, candidates=3, sim_evaluations=800, seed=2,

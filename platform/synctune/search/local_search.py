@@ -23,13 +23,14 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..strategy.compressors import COMPRESSORS
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer,
                                SFBSynchronizer, ShardPlan, Strategy, VariablePlan)
 from .sampler import GuidedSampler
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
-           "canonical_groups"]
+           "canonical_groups", "compressor_choices"]
 
 Score = Callable[[list[Strategy]], np.ndarray]
 
@@ -38,6 +39,33 @@ SPARSE_GROUPS = 10_000
 #: Batch splits tried on replicas of different measured speeds: the fraction of the way from an
 #: even split to one proportional to speed (TAG §4.2: the batch share is part of the strategy).
 SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: Ranks tried for a compressor that takes one (PowerSGD): a low and a higher one.
+RANK_CHOICES = (1, 4)
+#: Lossy compressors offered on a PS server, the first ones in registry order: each adds a
+#: choice per server to every coordinate, and the training-free model scores casts of one wire
+#: size alike (bf16 beside fp16, tried: coordinate descent on bert-tiny@B7 against the tests'
+#: synthetic cluster found 3.42x over the baselines where 3.63x without, mean of 4 seeds).
+PS_LOSSY_CHOICES = 1
+#: The identity compressor's name: gradients sent as they are.
+NO_COMPRESSION = Compressor().kind
+
+
+def compressor_choices(sync_kind: str, lossy: bool, max_lossy: int | None = None) -> list[tuple[str, int]]:
+    """``(name, rank)`` of the compressors in the registry that wrap ``sync_kind``, in registry
+    order: every lossless one, and where ``lossy`` the lossy ones (the first ``max_lossy`` of
+    them; None: all); a compressor that takes a rank once per :data:`RANK_CHOICES` (rank 0: it
+    takes none)."""
+    out: list[tuple[str, int]] = []
+    num_lossy = 0
+    for name, info in COMPRESSORS.items():
+        if sync_kind not in info.synchronizers or not (info.lossless or lossy):
+            continue
+        if not info.lossless:
+            if max_lossy is not None and num_lossy >= max_lossy:
+                continue
+            num_lossy += 1
+        out += [(name, r) for r in RANK_CHOICES] if "rank" in info.params else [(name, 0)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,7 +84,7 @@ class Choice:
     local: bool = False
     group: int | None = None
     algorithm: str = "flat"
-    compressor: str = "none"
+    compressor: str = NO_COMPRESSION
     rank: int = 0
 
 
@@ -88,13 +116,15 @@ class ChoiceSpace:
     Coordinates are groups of adjacent variables in backward order (``coordinates(n)``: at
     most ``n`` of them, of similar bytes; one per variable for coordinate descent), plus, where
     nodes differ in measured speed, the replication: which nodes hold replicas and how the
-    batch is split among them. Choices: all-reduce joining a merge
-    group already used by the neighbouring variables or a new group (flat, hierarchical where
-    every node holds as many replicas; with fp16, bf16 or PowerSGD when ``lossy``), a PS on
-    each node (with and without local aggregation), a PS partitioned over every node for
-    variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
-    broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep
-    their plans)."""
+    batch is split among them. Choices: all-reduce joining a merge group already used by the
+    neighbouring variables or a new group (flat, or hierarchical where every node holds as many
+    replicas; flat groups with every compressor of the registry that wraps all-reduce, the lossy
+    ones only when ``lossy``), a PS on each node (uncompressed with and without local
+    aggregation; without it, also with the lossless compressors that wrap a PS and, when
+    ``lossy``, the first :data:`PS_LOSSY_CHOICES` lossy ones), a PS partitioned over every node
+    for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
+    broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep their
+    plans)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
                  small_bytes: int = 256 * 1024) -> None:
@@ -104,11 +134,13 @@ class ChoiceSpace:
         self.variables = list(model.variables)
         self.index = {v.name: i for i, v in enumerate(self.variables)}
         self.linear = {v.name for v, r in zip(self.variables, model.factor_rows or ()) if r}
-        algorithms = ["flat"] + (["hierarchical"] if self.helper.even_nodes and len(cluster.nodes) > 1 else [])
-        compressors = [("none", 0)] + ([("fp16", 0), ("bf16", 0), ("powersgd", 1), ("powersgd", 4)] if lossy else [])
-        self._new_groups = [(a, c, r) for a in algorithms for c, r in compressors if a == "flat" or c == "none"]
-        self._ps = [(j, local, c) for j in range(len(self.servers)) for local in (False, True)
-                    for c in (("none", "fp16") if lossy else ("none",)) if not (local and c != "none")]
+        #: All-reduce algorithms a new merge group may use.
+        self.algorithms = ("flat",) + (("hierarchical",) if self.helper.even_nodes and len(cluster.nodes) > 1 else ())
+        self._new_groups = [(a, c, r) for a in self.algorithms for c, r in compressor_choices("allreduce", lossy)
+                            if a == "flat" or c == NO_COMPRESSION]
+        self._ps = [(j, local, c, r) for j in range(len(self.servers)) for local in (False, True)
+                    for c, r in compressor_choices("ps", lossy, PS_LOSSY_CHOICES)
+                    if not (local and c != NO_COMPRESSION)]
 
     # ------------------------------------------------------------------------------- coordinates
 
@@ -155,17 +187,17 @@ class ChoiceSpace:
         dense = [v for v in variables if not v.sparse]
         out: list[Choice] = []
         for algorithm, comp, rank in self._new_groups:
-            if comp == "none" or all(self._fits(v, comp, rank, "allreduce") for v in dense) and dense:
+            if comp == NO_COMPRESSION or all(self.fits(v, comp, rank, "allreduce") for v in dense) and dense:
                 out.append(Choice("ar", algorithm=algorithm, compressor=comp, rank=rank))
         for gid, (algorithm, comp, rank) in self._neighbour_groups(strategy, coordinate).items():
-            if dense and all(comp == "none" or self._fits(v, comp, rank, "allreduce") for v in dense):
+            if dense and all(comp == NO_COMPRESSION or self.fits(v, comp, rank, "allreduce") for v in dense):
                 out.append(Choice("ar", group=gid, algorithm=algorithm, compressor=comp, rank=rank))
         held = set(strategy.replicas)
-        for j, local, comp in self._ps:
-            if comp != "none" and not (dense and all(self._fits(v, comp, 0, "ps") for v in dense)):
+        for j, local, comp, rank in self._ps:
+            if comp != NO_COMPRESSION and not (dense and all(self.fits(v, comp, rank, "ps") for v in dense)):
                 continue
             if self.servers[j] in held:  # a PS lives on a replica
-                out.append(Choice("ps", server=j, local=local, compressor=comp))
+                out.append(Choice("ps", server=j, local=local, compressor=comp, rank=rank))
         if len(self._servers_of(strategy)) > 1 and any(v.num_bytes >= self.small_bytes and v.shape and v.shape[0] >= 2
                                          for v in variables):
             out.append(Choice("pps"))
@@ -173,7 +205,9 @@ class ChoiceSpace:
             out.append(Choice("sfb"))
         return out
 
-    def _fits(self, var, comp: str, rank: int, sync_kind: str) -> bool:
+    def fits(self, var, comp: str, rank: int, sync_kind: str) -> bool:
+        """Whether compressor ``comp`` (at ``rank``) encodes the whole of ``var`` under a
+        ``sync_kind`` synchronizer (never a sparse variable)."""
         if var.sparse:
             return False
         return self.helper._compressor(comp, rank, var, tuple(var.shape), sync_kind).kind == comp
@@ -206,19 +240,24 @@ class ChoiceSpace:
             return VariablePlan(variable=var.name, partition=partition, shards=shards)
         if choice.kind in ("ps", "pps"):
             server = self.servers[choice.server] if choice.kind == "ps" else servers[self.index[var.name] % len(servers)]
-            comp = Compressor(kind=choice.compressor) if choice.compressor != "none" and not var.sparse else Compressor()
             sync = PSSynchronizer(placement=server, local_aggregation=choice.local and not var.sparse)
-            return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(synchronizer=sync,
-                                                                                      compressor=comp),))
+            return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(
+                synchronizer=sync, compressor=self._compressor(var, choice, "ps")),))
         if var.sparse:  # ``ar`` on a sparse variable: its rows, all-gathered
             return VariablePlan(variable=var.name, partition=whole,
                                 shards=(ShardPlan(synchronizer=AllGatherSynchronizer()),))
-        comp = (Compressor(kind=choice.compressor, rank=choice.rank or None) if choice.compressor != "none"
-                else Compressor())
-        if comp.kind == "powersgd":
-            comp = self.helper._compressor("powersgd", choice.rank, var, shape, "allreduce")
         sync = AllReduceSynchronizer(group=group, algorithm=choice.algorithm)
-        return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(synchronizer=sync, compressor=comp),))
+        return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(
+            synchronizer=sync, compressor=self._compressor(var, choice, "allreduce")),))
+
+    def _compressor(self, var, choice: Choice, sync_kind: str) -> Compressor:
+        """``choice``'s compressor for ``var``: none on a sparse variable, a rank fitted to the
+        variable's shape for a compressor that takes one."""
+        if choice.compressor == NO_COMPRESSION or var.sparse:
+            return Compressor()
+        if "rank" in COMPRESSORS.get(choice.compressor).params:
+            return self.helper._compressor(choice.compressor, choice.rank, var, tuple(var.shape), sync_kind)
+        return Compressor(kind=choice.compressor)
 
     def apply(self, strategy: Strategy, coordinate: Sequence[int], choice: Choice) -> Strategy:
         """``strategy`` with the variables of ``coordinate`` synchronized by ``choice`` (its groups renumbered)."""

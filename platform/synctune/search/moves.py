@@ -8,17 +8,17 @@ import dataclasses
 import random
 
 from ..strategy.schema import AllReduceSynchronizer, Compressor, Strategy, VariablePlan
-from .local_search import SPARSE_GROUPS, ChoiceSpace, canonical_groups
+from .local_search import NO_COMPRESSION, SPARSE_GROUPS, ChoiceSpace, canonical_groups, compressor_choices
 from .sampler import GuidedSampler
 
 __all__ = ["crossover", "global_moves", "renumber_groups"]
 
 
 def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
-    """Moves of every dense all-reduce merge group of ``strategy`` at once: each lossy compressor
-    on the groups whose members all take it, hierarchical all-reduce (where every node holds as
-    many replicas), and the groups re-cut into half or twice as many by bytes (when they share
-    one compressor and algorithm)."""
+    """Moves of every dense all-reduce merge group of ``strategy`` at once: each compressor that
+    takes no rank (of the registry's, those ``space`` allows) on the groups whose members all
+    take it, hierarchical all-reduce (where every node holds as many replicas), and the groups
+    re-cut into half or twice as many by bytes (when they share one compressor and algorithm)."""
     variables = {v.name: v for v in space.variables}
     dense = [(i, j, sh) for i, plan in enumerate(strategy.plans) for j, sh in enumerate(plan.shards)
              if isinstance(sh.synchronizer, AllReduceSynchronizer) and sh.synchronizer.group < SPARSE_GROUPS
@@ -39,13 +39,14 @@ def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
     groups: dict[int, list[str]] = {}
     for i, _j, sh in dense:
         groups.setdefault(sh.synchronizer.group, []).append(strategy.plans[i].variable)
-    for kind in ("fp16", "bf16") if space.lossy else ():
-        fits = {g for g, names in groups.items() if all(space._fits(variables[n], kind, 0, "allreduce") for n in names)}
+    for kind in [c for c, rank in compressor_choices("allreduce", space.lossy) if c != NO_COMPRESSION and not rank]:
+        fits = {g for g, names in groups.items() if all(space.fits(variables[n], kind, 0, "allreduce") for n in names)}
         if fits:
             out.append(rebuilt(lambda i, j, sh, kind=kind, fits=fits: dataclasses.replace(
-                sh, compressor=Compressor(kind=kind), synchronizer=dataclasses.replace(sh.synchronizer, algorithm="flat"))
-                if sh.synchronizer.group in fits else None))
-    if "hierarchical" in {a for a, _c, _r in space._new_groups}:
+                sh, compressor=Compressor(kind=kind),
+                synchronizer=dataclasses.replace(sh.synchronizer, algorithm="flat")) if sh.synchronizer.group in fits
+                else None))
+    if "hierarchical" in space.algorithms:
         out.append(rebuilt(lambda i, j, sh: dataclasses.replace(
             sh, compressor=Compressor(), synchronizer=dataclasses.replace(sh.synchronizer, algorithm="hierarchical"))))
     if len({(sh.compressor, sh.synchronizer.algorithm) for _i, _j, sh in dense}) == 1:
