@@ -36,28 +36,28 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     physical = CalibratedReplay(min_trials=CALIBRATE_AFTER) if measured else AnalyticSimulator()
     if measured:
         physical.use_profiles(replay)
-    analytic = BoundSimulator(physical, model, cluster)
+    training_free = BoundSimulator(physical, model, cluster)
     if exp.simulator in ("rnn", "linear", "gat"):
         def make():
             sim = make_simulator(exp.simulator, epochs=60, seed=exp.seed)
             sim.use_profiles(replay)  # its replay features use this domain's measured profile
             return sim
 
-        return SelectedSimulator(analytic, BoundSimulator(make(), model, cluster, make=make), learned_ready=False)
+        return SelectedSimulator(training_free, BoundSimulator(make(), model, cluster, make=make), learned_ready=False)
     transferred = load_simulator(exp.simulator)
     transferred.use_profiles(replay)
-    return SelectedSimulator(analytic, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
+    return SelectedSimulator(training_free, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
 
 
-def _pairwise(pred: np.ndarray, runtimes: np.ndarray) -> tuple[float, int]:
-    """(pairs ordered as measured, pairs with different runtimes): higher score = faster."""
+def _pairwise(pred: np.ndarray, times_s: np.ndarray) -> tuple[float, int]:
+    """(pairs ordered as measured, pairs with different times): higher score = faster."""
     right = total = 0.0
-    for i in range(len(runtimes)):
-        for j in range(i + 1, len(runtimes)):
-            if runtimes[i] == runtimes[j]:
+    for i in range(len(times_s)):
+        for j in range(i + 1, len(times_s)):
+            if times_s[i] == times_s[j]:
                 continue
             total += 1
-            faster_i = runtimes[i] < runtimes[j]
+            faster_i = times_s[i] < times_s[j]
             if pred[i] == pred[j]:
                 right += 0.5
             elif (pred[i] > pred[j]) == faster_i:
@@ -103,19 +103,19 @@ class SelectedSimulator:
     def score_columns(self, columns):
         return (self.learned if self.use_learned else self.training_free).score_columns(columns)
 
-    def fit(self, strategies, runtimes) -> None:
-        runtimes = np.asarray(runtimes, dtype=float)
+    def fit(self, strategies, times_s) -> None:
+        times_s = np.asarray(times_s, dtype=float)
         new = slice(self.seen, len(strategies))
         if self.ready and len(strategies) > self.seen:
             held = strategies[new]
-            learned_right, pairs = _pairwise(np.asarray(self.learned.score(held), float), runtimes[new])
-            free_right, _ = _pairwise(np.asarray(self.training_free.score(held), float), runtimes[new])
+            learned_right, pairs = _pairwise(np.asarray(self.learned.score(held), float), times_s[new])
+            free_right, _ = _pairwise(np.asarray(self.training_free.score(held), float), times_s[new])
             self.right["learned"] += learned_right
             self.right["training_free"] += free_right
             self.pairs += pairs
-        self.learned.fit(strategies, runtimes)
+        self.learned.fit(strategies, times_s)
         # A calibrated replay refits its constants too, after it was judged on these trials.
-        self.training_free.fit(strategies, runtimes)
+        self.training_free.fit(strategies, times_s)
         self.ready = True
         self.seen = len(strategies)
         acc = {k: (v / self.pairs if self.pairs else None) for k, v in self.right.items()}

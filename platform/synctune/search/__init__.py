@@ -3,7 +3,7 @@
 (:data:`ROUND_POLICIES`), and the simulator-only searches (coordinate descent, Monte-Carlo tree
 search) it can trial or draw from."""
 
-from .algorithm import Algorithm1, StrategySearch
+from .algorithm import StrategySearch
 from .experiment import ALGORITHMS, GENERATORS, Experiment, load_experiment
 from .interface import Proposal, SimulatorProtocol
 from .local_search import ChoiceSpace, LocalSearchResult, coordinate_descent, mcts
@@ -13,7 +13,6 @@ from .selection import fidelity_level, select_diverse
 
 __all__ = [
     "ALGORITHMS",
-    "Algorithm1",
     "ChoiceSpace",
     "Experiment",
     "GENERATORS",

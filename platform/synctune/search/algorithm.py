@@ -37,7 +37,7 @@ from .interface import Proposal, SimulatorProtocol
 from .policies import ROUND_POLICIES
 from .selection import _Index, fidelity_level, select_diverse
 
-__all__ = ["SimulatorProtocol", "Proposal", "StrategySearch", "Algorithm1", "fidelity_level", "select_diverse"]
+__all__ = ["SimulatorProtocol", "Proposal", "StrategySearch", "fidelity_level", "select_diverse"]
 
 #: Version of :meth:`StrategySearch.state`. 3: a trial's time is ``mean_s``; states before held
 #: it as ``runtime`` (still read).
@@ -259,8 +259,3 @@ class StrategySearch:
         if not search.queue:
             search._fit(len(trials))
         return search
-
-
-#: Deprecated name of :class:`StrategySearch` (it runs six algorithms, not only Algorithm 1),
-#: kept while ``synctune.run`` still imports it.
-Algorithm1 = StrategySearch
