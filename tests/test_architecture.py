@@ -111,3 +111,110 @@ def test_the_checker_sees_relative_absolute_and_deferred_imports(tmp_path, monke
     found = violations()
     assert len(found) == 3 and all("engine imports" in f for f in found)
     assert {f.split(" imports ")[1].split()[0] for f in found} == {"models", "search", "data"}
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path | None = None) -> dict[str, set[str]]:
+    """File -> the files of ours it imports (deferred imports included, annotations-only ones
+    not): ``from .pkg import name`` points at the file ``name`` when it is a module, else at
+    ``pkg``'s ``__init__``."""
+    package = package or PACKAGE
+    files = {_module_name(p, package): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_lines(tree)
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1] + (node.module.split(".") if node.module else [])) \
+                    if node.level else node.module
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    edges.add(target if target in files else base)
+        graph[name] = {e for e in edges if e in files and e != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one file (Tarjan): each is a circle of imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_circle_of_imports_between_files():
+    assert import_cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_sees_a_circle_through_a_deferred_import(tmp_path):
+    import textwrap
+
+    fake = tmp_path / "synctune"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "trial.py").write_text("from .measure import x\n")
+    (fake / "engine" / "measure.py").write_text(textwrap.dedent("""
+        def later():
+            from . import trial
+    """))
+    (fake / "engine" / "alone.py").write_text("from .measure import x\n")
+    assert import_cycles(import_graph(fake)) == [["synctune.engine.measure", "synctune.engine.trial"]]
+
+
+def test_runtimes_are_registered_and_not_dispatched_by_name_elsewhere():
+    """DESIGN.md "runtime": one interface, one module each, one registry. Every Runtime subclass
+    is registered, each in a module of its own; no file outside the registry dispatches on a
+    runtime's plain-data ``kind``."""
+    from synctune.engine.runtime import Runtime
+    from synctune.engine.runtimes import RUNTIMES
+
+    classes = {cls.name: cls for cls in Runtime.__subclasses__()}
+    assert classes == RUNTIMES
+    modules = [cls.__module__ for cls in RUNTIMES.values()]
+    assert len(set(modules)) == len(modules), modules
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "runtimes.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                text = ast.unparse(node)
+                if ('["kind"]' in text or ".get('kind')" in text) and any(f"'{n}'" in text for n in RUNTIMES):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {text}")
+    assert found == []

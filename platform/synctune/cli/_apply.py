@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import cli
+from ._group import cli
 from ._common import echo_err, model_option, resolve_cluster_arg, resolve_workload_arg
 
 

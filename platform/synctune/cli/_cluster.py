@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli
+from ._group import cli
 from ._common import echo_err, node_network, resolve_cluster_arg, start_ray, table
 
 

@@ -169,6 +169,6 @@ def start_ray(address: str, num_cpus: int | None = None, **kwargs) -> None:
                          f"{first[:300]}") from None
     # Ray's core installs a handler that aborts on SIGTERM: take SIGTERM and SIGHUP back, so the
     # command unwinds (slices released, Ray shut down) and says so in one line.
-    from . import install_signal_handlers
+    from ._signals import install_signal_handlers
 
     install_signal_handlers()

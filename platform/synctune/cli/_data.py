@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..spec.errors import SpecError
-from . import cli
+from ._group import cli
 from ._common import echo_err, model_option, table
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from . import cli
+from ._group import cli
 from ._common import echo_err, model_option, resolve_cluster_arg, table
 
 

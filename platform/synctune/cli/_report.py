@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import cli
+from ._group import cli
 from ._common import echo_err
 
 

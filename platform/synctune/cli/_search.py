@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..spec.errors import SpecError
-from . import cli
+from ._group import cli
 from ._common import echo_err, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from . import cli
+from ._group import cli
 from ._common import MODEL, model_option, resolve_cluster_arg, table
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..spec.errors import SpecError
-from . import cli
+from ._group import cli
 from ._common import echo_err, model_option, resolve_cluster_arg, table, write_text_atomic
 
 

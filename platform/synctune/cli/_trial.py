@@ -8,7 +8,7 @@ import click
 
 from ..engine.runtimes import RUNTIMES
 from ..spec.errors import SpecError
-from . import cli
+from ._group import cli
 from ._common import echo_err, model_option, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
 from ._strategy import _parse_options
 

@@ -17,7 +17,7 @@ from ..spec._util import is_int, is_number
 from ..spec.errors import SpecError
 from .runtime import ArmContext, Runtime, Stepper
 
-__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "DDPRuntime", "wrap_ddp", "ddp_runtime", "check_ddp_trial"]
+__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "DDPRuntime", "wrap_ddp", "ddp_runtime"]
 
 #: Comm hooks a DDP trial can register (torch.distributed.algorithms.ddp_comm_hooks).
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -190,14 +190,3 @@ def _typed_option(key: str, text: str) -> Any:
 def ddp_runtime(config: DDPConfig) -> DDPRuntime:
     """The runtime that runs torch DDP as ``config`` says."""
     return DDPRuntime(config)
-
-
-def check_ddp_trial(runtime: Any, strategy: Any, spec: Any, cluster: Any) -> DDPConfig:
-    """Refuse a DDP trial DDP would run differently from what it claims (:meth:`DDPRuntime.check`);
-    ``runtime`` is a :class:`DDPRuntime` or its plain-data form."""
-    if isinstance(runtime, dict):
-        if runtime.get("kind") != "ddp" or not isinstance(runtime.get("ddp"), dict):
-            raise SpecError(f"trial runtime: expected {{'kind': 'ddp', 'ddp': {{...}}}}, got {runtime!r:.80}")
-        runtime = DDPRuntime.from_config(runtime["ddp"])
-    runtime.check(strategy, spec, cluster)
-    return runtime.config

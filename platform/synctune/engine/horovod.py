@@ -25,7 +25,7 @@ from ..spec.errors import SpecError
 from .runtime import ArmContext, Runtime, Stepper
 
 __all__ = ["HorovodConfig", "HOROVOD_DEFAULT", "COMPRESSIONS", "HorovodRuntime", "horovod_runtime",
-           "check_horovod_trial", "horovod_available", "HorovodSession"]
+           "horovod_available", "HorovodSession"]
 
 #: Gradient compressions of ``hvd.DistributedOptimizer`` (``hvd.Compression``).
 COMPRESSIONS = ("none", "fp16")
@@ -158,17 +158,6 @@ def horovod_available(binding: str = "torch") -> str | None:
         return "horovod was built without gloo, which synctune's horovod runtime needs; rebuild it with " \
                "scripts/install-horovod.sh"
     return None
-
-
-def check_horovod_trial(runtime: Any, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> HorovodConfig:
-    """Refuse a Horovod trial Horovod would run differently from what it claims
-    (:meth:`HorovodRuntime.check`); ``runtime`` is a :class:`HorovodRuntime` or its plain-data form."""
-    if isinstance(runtime, dict):
-        if runtime.get("kind") != "horovod" or not isinstance(runtime.get("horovod"), dict):
-            raise SpecError(f"trial runtime: expected {{'kind': 'horovod', 'horovod': {{...}}}}, got {runtime!r:.80}")
-        runtime = HorovodRuntime.from_config(runtime["horovod"])
-    runtime.check(strategy, spec, cluster, workload)
-    return runtime.config
 
 
 @dataclass(frozen=True)

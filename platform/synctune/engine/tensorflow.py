@@ -38,7 +38,7 @@ from ..spec.model import ModelSpec
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan
 from .runtime import Runtime
 
-__all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of", "check_tensorflow_trial",
+__all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of",
            "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs", "import_tensorflow"]
 
 FIX = ("use the allreduce builder (one pack) or a strategy whose merge groups TensorFlow's packing forms "
@@ -207,14 +207,6 @@ def tensorflow_runtime(strategy: Strategy, spec: ModelSpec) -> TensorFlowRuntime
     """The runtime that runs ``strategy`` with TensorFlow (refuses what TensorFlow cannot execute
     exactly, naming the variable and field)."""
     return TensorFlowRuntime(bytes_per_pack=bytes_per_pack_of(strategy, spec))
-
-
-def check_tensorflow_trial(runtime: Any, strategy: Strategy, spec: ModelSpec, cluster: Any, workload: Any) -> None:
-    """Refuse a TensorFlow trial that would not run what it claims (:meth:`TensorFlowRuntime.check`);
-    ``runtime`` is a :class:`TensorFlowRuntime` or its plain-data form."""
-    if isinstance(runtime, dict):
-        runtime = TensorFlowRuntime.from_config(runtime.get("tensorflow"))
-    runtime.check(strategy, spec, cluster, workload)
 
 
 _STARTED_HERE = False
