@@ -20,7 +20,7 @@ ALLOWED = {
     "search": {"spec", "strategy"},
     "data": {"spec", "strategy"},
     "cluster": {"spec", "engine", "workload"},
-    "lab": {"spec"},
+    "lab": {"spec", "engine"},  # the engine's calibration probes (engine/probes.py), shared with cluster
     "run": {"spec", "strategy", "models", "workload", "engine", "simulator", "search", "data", "cluster", "lab"},
     "report": {"spec", "strategy", "data", "simulator"},
     "cli": {"spec", "strategy", "models", "workload", "engine", "simulator", "search", "data", "cluster", "lab",

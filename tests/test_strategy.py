@@ -192,3 +192,24 @@ def test_malformed_json_gives_line_and_column(tmp_path):
         load_strategy(path)
     with pytest.raises(StrategyError, match="no such strategy file"):
         load_strategy(tmp_path / "missing.json")
+
+
+def test_paired_ratio_interval_uses_students_t_quantiles():
+    """The 95% interval's factor is Student's t for n - 1 degrees of freedom, from printed
+    tables (2.262 at 9, 2.021 at 40: no jump to the normal's 1.960 past 30 rounds)."""
+    import math
+    import statistics
+
+    from synctune.strategy.outcomes import paired_ratio, t_quantile
+
+    assert t_quantile(0.975, 9) == pytest.approx(2.262, abs=5e-4)
+    assert t_quantile(0.975, 1) == pytest.approx(12.706, abs=5e-4)
+    assert t_quantile(0.975, 40) == pytest.approx(2.021, abs=5e-4)
+    for n, expected in ((10, 2.262), (41, 2.021)):
+        base = [1.0 + 0.01 * (i % 4) for i in range(n)]
+        cand = [1.0] * n
+        got = paired_ratio(base, cand)
+        logs = [math.log(b) for b in base]
+        factor = math.log(got.high / got.ratio) * math.sqrt(n) / statistics.stdev(logs)
+        assert factor == pytest.approx(expected, abs=5e-4)
+        assert math.log(got.ratio / got.low) == pytest.approx(math.log(got.high / got.ratio))

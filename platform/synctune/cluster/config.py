@@ -51,8 +51,21 @@ class ConfigReport:
 
 
 def _ray_validate(raw: dict, where: str) -> dict:
+    """``raw`` with Ray's defaults filled in, checked against Ray's cluster schema, offline.
+
+    Ray 2.60 has no public call for this: its SDK's ``bootstrap_config`` fills the config in
+    with the cloud provider (credentials, IAM roles, key pairs), and ``fillout_defaults`` is
+    only the first of ``prepare_config``'s steps and validates nothing. ``prepare_config`` and
+    ``validate_config`` are what ``ray up`` runs before it contacts the provider, so the
+    private module is the only offline way; Ray is pinned to 2.60 and
+    ``tests/test_cluster_config.py`` fails on an upgrade that moves them."""
     import jsonschema
-    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    try:
+        from ray.autoscaler._private.util import prepare_config, validate_config
+    except ImportError as exc:
+        raise SpecError(f"{where}: cannot check the config with this Ray (synctune needs Ray 2.60's "
+                        f"ray.autoscaler._private.util): {exc}") from None
 
     quiet = logging.getLogger("ray.autoscaler._private.util")
     level = quiet.level

@@ -129,7 +129,7 @@ def horovod_runtime(config: HorovodConfig) -> "HorovodRuntime":
 def _binding(name: str):
     """Horovod's ``torch`` or ``tensorflow`` binding (TensorFlow imported quietly first)."""
     if name == "tensorflow":
-        from ..spec._util import import_tensorflow
+        from .. import import_tensorflow
 
         import_tensorflow()
         import horovod.tensorflow as hvd

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec._util import import_tensorflow
+from .. import import_tensorflow
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan

@@ -5,7 +5,9 @@ bandwidth; AutoSync §3.1 feeds Eq. 2 with the cluster's link speeds).
 Per node, a probe on the lab's bridge exchanges 16 MB with one worker in the node's namespace:
 the probe's traffic crosses only that node's link, so the figures are the node's own
 (egress and ingress), not its peer's. Latency is half the round trip of a 4-byte message.
-Across nodes, one worker per node all-reduces 16 MB; its bus bandwidth is reported too.
+Across nodes, one worker per node all-reduces 16 MB; its bus bandwidth is reported too. The
+measuring code is the engine's (:mod:`synctune.engine.probes`, which a Ray slice's calibration
+runs too); the lab only says where each worker lives.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,73 +40,6 @@ def calibrated_spec(preset: str, home: str | Path) -> ClusterSpec | None:
     return load_cluster_spec(path) if path.exists() else None
 
 
-def _p2p_worker(rank: int, world: int, nbytes: int, reps: int) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    big = torch.ones(nbytes // 4)
-    tiny = torch.ones(1)
-    out: dict[str, list[float]] = {"to_node": [], "from_node": [], "rtt": []}
-    for _ in range(3):  # warm the connection and the kernel's queues
-        (dist.send if rank == 0 else dist.recv)(tiny, 1 - rank)
-        (dist.recv if rank == 0 else dist.send)(tiny, 1 - rank)
-    for _ in range(reps):
-        for direction, sender in (("to_node", 0), ("from_node", 1)):
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == sender:
-                dist.send(big, 1 - rank)
-                dist.recv(tiny, 1 - rank)
-            else:
-                dist.recv(big, 1 - rank)
-                dist.send(tiny, 1 - rank)
-            out[direction].append(time.perf_counter() - start)
-    for _ in range(20):
-        dist.barrier()
-        start = time.perf_counter()
-        if rank == 0:
-            dist.send(tiny, 1)
-            dist.recv(tiny, 1)
-        else:
-            dist.recv(tiny, 0)
-            dist.send(tiny, 0)
-        out["rtt"].append(time.perf_counter() - start)
-    return out
-
-
-def _allreduce_worker(rank: int, world: int, nbytes: int, reps: int) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    buf = torch.ones(nbytes // 4)
-    dist.all_reduce(buf)
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(buf)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _compute_worker(rank: int, world: int, seconds: float, size: int) -> float:
-    """GFLOP/s of float32 matrix products on this worker, every worker computing at once."""
-    import torch
-    import torch.distributed as dist
-
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    for _ in range(3):
-        a @ b
-    dist.barrier()
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    elapsed = time.perf_counter() - start
-    return 2 * size ** 3 * count / elapsed / 1e9
-
-
 def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[..., list], *, nbytes: int = 16 * MB,
               reps: int = 5, on_step=None) -> tuple[ClusterSpec, dict[str, Any]]:
     """Measure the lab that ``state`` (from ``lab_up``) describes; returns the calibrated spec
@@ -114,6 +48,7 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
 
     ``launch(fn, world, args, nets=..., threads=..., timeout_s=...)`` runs a function on worker
     processes in a gloo group, each in the namespace its net names (the engine's ``run_local``)."""
+    from ..engine.probes import allreduce_probe, compute_probe, pair_probe
     from .netns import PROBE_ADDRESS
 
     run_local = launch
@@ -124,12 +59,14 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
     for node, net in zip(cluster.nodes, state["nodes"]):
         if on_step:
             on_step(f"{node.name}: point to point through its link")
-        outs = run_local(_p2p_worker, 2, (nbytes, reps), nets=[
+        # Rank 0 is the probe, rank 1 the node: each direction is timed by its sender.
+        outs = run_local(pair_probe, 2, (0, 1, nbytes, reps), nets=[
             probe, {"netns": net["netns"], "ifname": net["ifname"], "master": PROBE_ADDRESS}], threads=1,
             timeout_s=300)
         rtt = statistics.median(outs[0]["rtt"])
+        seconds = {"to_node": outs[0]["a_to_b"], "from_node": outs[1]["b_to_a"]}
         # Each timed exchange is the payload one way plus a 4-byte reply: take the reply's round trip off.
-        gbps = {d: nbytes * 8 / max(statistics.median(outs[0][d]) - rtt, 1e-9) / 1e9 for d in ("to_node", "from_node")}
+        gbps = {d: nbytes * 8 / max(statistics.median(t) - rtt, 1e-9) / 1e9 for d, t in seconds.items()}
         measured = min(gbps.values())
         figures["nodes"].append({"node": node.name, "nominal_gbps": node.nic_gbps, "ingress_gbps": gbps["to_node"],
                                  "egress_gbps": gbps["from_node"], "latency_ms": rtt / 2 * 1e3,
@@ -141,7 +78,7 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
     if len(cluster.nodes) > 1:
         if on_step:
             on_step(f"all-reduce across {len(cluster.nodes)} nodes")
-        times = run_local(_allreduce_worker, len(cluster.nodes), (nbytes, reps), threads=1, timeout_s=300, nets=[
+        times = run_local(allreduce_probe, len(cluster.nodes), (nbytes, reps), threads=1, timeout_s=300, nets=[
             {"netns": n["netns"], "ifname": n["ifname"], "master": state["nodes"][0]["address"]}
             for n in state["nodes"]])
         slowest = statistics.median(max(ts) for ts in zip(*times))
@@ -156,7 +93,7 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
         nets = [{"netns": net["netns"], "ifname": net["ifname"], "master": state["nodes"][0]["address"],
                  **({"cgroup": net["cgroup"]} if net.get("cgroup") else {})}
                 for node, net in zip(cluster.nodes, state["nodes"]) for _ in range(node.num_devices)]
-        speeds = run_local(_compute_worker, len(nets), (3.0, 256), threads=1, timeout_s=300, nets=nets)
+        speeds = run_local(compute_probe, len(nets), (3.0, 256), threads=1, timeout_s=300, nets=nets)
         figures["compute"] = []
         first = 0
         for i, node in enumerate(cluster.nodes):

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio"]
+__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio", "t_quantile"]
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,6 @@ def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[f
         best_speedup=best_so_far, running_hit_rate=hits_so_far)
 
 
-# Two-sided 95% quantiles of Student's t, by degrees of freedom (1..30); beyond, the normal's.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
 @dataclass(frozen=True)
 class PairedRatio:
     """A speed-up measured in paired rounds: per round, the baseline's time over the
@@ -98,6 +92,15 @@ class PairedRatio:
         return f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] (95%, {self.rounds} rounds)"
 
 
+def t_quantile(p: float, dof: int) -> float:
+    """The ``p`` quantile of Student's t with ``dof`` degrees of freedom: the factor of a
+    confirmed speed-up's 95% interval (DESIGN.md "Measurement conventions"), for any number of
+    rounds. ``scipy.stats.t.ppf``, imported here so the strategy layer stays light."""
+    from scipy.stats import t
+
+    return float(t.ppf(p, dof))
+
+
 def paired_ratio(baseline_s: Iterable[float], candidate_s: Iterable[float]) -> PairedRatio:
     """The speed-up of a candidate over a baseline from times measured in paired rounds (round
     i's baseline time with round i's candidate time); needs at least 2 rounds of positive
@@ -109,7 +112,6 @@ def paired_ratio(baseline_s: Iterable[float], candidate_s: Iterable[float]) -> P
     n = len(logs)
     mean = sum(logs) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.960
-    half = t * sd / math.sqrt(n)
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
     return PairedRatio(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), rounds=n,
                        per_round_ratios=tuple(b / c for b, c in pairs))

@@ -19,11 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import import_tensorflow
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec, VariableSpec
 from .base import Workload
 
-__all__ = ["KerasWorkload", "KERAS_ZOO", "keras_workload", "keras_model_spec", "tensorflow_available", "import_tf"]
+__all__ = ["KerasWorkload", "KERAS_ZOO", "keras_workload", "keras_model_spec", "tensorflow_available"]
 
 INSTALL_HINT = 'install TensorFlow with: python3 -m pip install -c constraints.txt -e ".[tensorflow]"'
 
@@ -31,17 +32,10 @@ INSTALL_HINT = 'install TensorFlow with: python3 -m pip install -c constraints.t
 def tensorflow_available() -> str | None:
     """None when TensorFlow and Keras 3 import here, else why not."""
     try:
-        import_tf()
+        import_tensorflow()
     except ImportError as exc:
         return f"TensorFlow is not installed ({exc}); {INSTALL_HINT}"
     return None
-
-
-def import_tf():
-    """TensorFlow, imported with its C++ start-up chatter kept off the terminal."""
-    from ..spec._util import import_tensorflow
-
-    return import_tensorflow()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +71,7 @@ class KerasWorkload(Workload):
 
     def make_optimizer(self, params: list = (), *, name: str = "sgd", lr: float = 0.01) -> Any:
         """A Keras optimizer (``params`` is unused: Keras optimizers bind variables when applied)."""
-        import_tf()
+        import_tensorflow()
         import keras
 
         return keras.optimizers.Adam(lr) if name == "adam" else keras.optimizers.SGD(lr)
@@ -106,7 +100,7 @@ def keras_model_spec(workload: KerasWorkload, seed: int = 0) -> ModelSpec:
     """The model spec of a Keras workload from one real step on the CPU: variables in the order
     their gradients reach TensorFlow's collectives (reverse creation order), dtype and shape from
     the variables, ``IndexedSlices`` gradients as sparse with the distinct rows of the batch."""
-    tf = import_tf()
+    tf = import_tensorflow()
     import keras
     import numpy as np
 
@@ -147,7 +141,7 @@ def keras_model_spec(workload: KerasWorkload, seed: int = 0) -> ModelSpec:
 # The small zoo, in Keras (the same families and sizes as cnn-small and ncf-small).
 
 def _cnn_small():
-    import_tf()
+    import_tensorflow()
     import keras
     from keras import layers
 
@@ -179,7 +173,7 @@ NCF_USERS, NCF_ITEMS = 2000, 1000
 
 
 def _ncf_small():
-    import_tf()
+    import_tensorflow()
     import keras
     from keras import layers
 
