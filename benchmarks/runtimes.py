@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from synctune.engine.horovod import horovod_available
-    from synctune.strategy.outcomes import paired_ratio
+    from synctune.stats import paired_ratio
 
     why = horovod_available()
     if why:

@@ -18,7 +18,7 @@ from synctune.engine.trial import TrialConfig, run_confirm_local, run_trial_loca
 from synctune.spec import cluster_preset
 from synctune.spec.errors import SpecError
 from synctune.strategy.builders import build_strategy
-from synctune.strategy.outcomes import paired_ratio
+from synctune.stats import paired_ratio
 from synctune.workload import ImportedWorkload, zoo_workload
 
 CLUSTER = cluster_preset("local-1x2")

@@ -200,7 +200,7 @@ def test_paired_ratio_interval_uses_students_t_quantiles():
     import math
     import statistics
 
-    from synctune.strategy.outcomes import paired_ratio, t_quantile
+    from synctune.stats import paired_ratio, t_quantile
 
     assert t_quantile(0.975, 9) == pytest.approx(2.262, abs=5e-4)
     assert t_quantile(0.975, 1) == pytest.approx(12.706, abs=5e-4)

@@ -254,7 +254,7 @@ class _HorovodKeras:
 
         from ..spec.cluster import ClusterSpec
         from ..strategy.schema import Strategy
-        from .tensorflow import import_tensorflow
+        from .. import import_tensorflow
 
         self.session = self.runtime.session(rank, Strategy.from_dict(payload["strategy"]),
                                             ClusterSpec.from_dict(payload["cluster"]), config.collective_timeout_s,

@@ -39,7 +39,7 @@ from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, Shar
 from .runtime import Runtime
 
 __all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of",
-           "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs", "import_tensorflow"]
+           "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs"]
 
 FIX = ("use the allreduce builder (one pack) or a strategy whose merge groups TensorFlow's packing forms "
        "(synctune.engine.tensorflow.project_to_tensorflow)")

@@ -384,7 +384,7 @@ def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluste
                       ) -> dict:
     """Re-measure arms interleaved on one set of local worker processes (see
     :func:`confirm_worker`); returns the per-round medians (``a_s``, ``b_s``) and, from them,
-    the speed-up of A over B with its 95% interval (:func:`synctune.strategy.outcomes.paired_ratio`).
+    the speed-up of A over B with its 95% interval (:func:`synctune.stats.paired_ratio`).
     With ``screen_rounds`` and several candidates before the baseline, A is the screening's
     pick (``picked``). Raises :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
     from .local import rank_networks, run_local
@@ -412,7 +412,7 @@ def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int, *, arms:
 
 def confirm_figures(out: dict, rounds: int, per_round: int, launcher: str, wall_s: float) -> dict:
     """Rank 0's confirmation output with the speed-up of arm A over arm B and its interval."""
-    from ..strategy.outcomes import paired_ratio
+    from ..stats import paired_ratio
 
     return {**out, **paired_ratio(out["b_s"], out["a_s"]).to_dict(), "rounds": rounds, "per_round": per_round,
             "launcher": launcher, "wall_s": wall_s}

@@ -24,7 +24,7 @@ def best_per_domain(rows) -> list[dict]:
     """Per domain: rows, ok rows, the fastest strategy and its speed-up over the fastest
     hand-optimised builder measured in that domain (None when no builder was measured)."""
     from ..strategy.builders import BUILDERS
-    from ..strategy.outcomes import search_outcome
+    from ..stats import search_outcome
 
     out = []
     for domain, part in sorted(rows.groupby("domain"), key=lambda kv: kv[0]):

@@ -100,7 +100,7 @@ def load_search(search_id: str, data_dir=None) -> SearchData:
 
 def outcome(data: SearchData):
     """The search's figures (speed-up, hit rate, progress), computed as the search summary does."""
-    from ..strategy.outcomes import search_outcome
+    from ..stats import search_outcome
 
     return search_outcome(((tid.startswith("baseline-"), mean if status == "ok" else None)
                            for tid, status, mean in zip(data.rows["trial_id"], data.rows["status"], data.rows["mean_s"])),

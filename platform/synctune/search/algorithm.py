@@ -29,7 +29,7 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.builders import TUNED_BASELINES, baseline_strategy
-from ..strategy.outcomes import search_outcome
+from ..stats import search_outcome
 from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
 from .experiment import Experiment
@@ -214,7 +214,7 @@ class StrategySearch:
         best = self.trials[out.best_index] if out.best_index is not None else None
         return {
             "trials": out.num_trials, "failed": out.num_failed,
-            "best_mean_s": out.best_runtime_s, "best_origin": best["origin"] if best else None,
+            "best_mean_s": out.best_mean_s, "best_origin": best["origin"] if best else None,
             "best_strategy": best["strategy"] if best else None, "best_baseline_s": out.best_baseline_s,
             "speedup_over_best_baseline": out.speedup, "hit_rate": out.hit_rate,
             "trials_to_1.1x": out.trials_to[1.1], "trials_to_1.2x": out.trials_to[1.2],

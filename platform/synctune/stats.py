@@ -1,4 +1,6 @@
-"""The figures a search is judged by (AutoDist §3.3, AutoSync §5): the speed-up of the best
+"""Statistics every layer reports, importing nothing of ours (the bottom of the module table).
+
+The figures a search is judged by (AutoDist §3.3, AutoSync §5): the speed-up of the best
 strategy over the best hand-optimised baseline, the hit rate (share of searched strategies
 faster than that baseline) and the trials it took to reach 1.1x and 1.2x.
 
@@ -23,7 +25,7 @@ class SearchOutcome:
     num_trials: int
     num_failed: int
     best_index: int | None  # fastest successful trial
-    best_runtime_s: float | None
+    best_mean_s: float | None
     best_baseline_s: float | None
     speedup: float | None  # best baseline / best runtime
     hit_rate: float | None  # among searched (non-baseline) trials
@@ -35,7 +37,7 @@ class SearchOutcome:
 
 def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[float, ...] = (1.1, 1.2),
                    other_baselines: Iterable[float] = ()) -> SearchOutcome:
-    """The outcome of ``(is_baseline, runtime_s or None when it failed)`` pairs in run order.
+    """The outcome of ``(is_baseline, mean_s or None when it failed)`` pairs in run order.
     ``other_baselines`` are baseline times measured outside these trials (tuned torch DDP):
     they count toward the best baseline, not toward the trials."""
     items = [(bool(b), r if (r is not None and math.isfinite(r) and r > 0) else None) for b, r in trials]
@@ -62,7 +64,7 @@ def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[f
                 reached[f] = i + 1
     return SearchOutcome(
         num_trials=len(items), num_failed=sum(r is None for _b, r in items), best_index=best_index,
-        best_runtime_s=best, best_baseline_s=base, speedup=(base / best) if (base and best) else None,
+        best_mean_s=best, best_baseline_s=base, speedup=(base / best) if (base and best) else None,
         hit_rate=(hits / searched) if searched else None, trials_to=reached, own_speedup=own,
         best_speedup=best_so_far, running_hit_rate=hits_so_far)
 
