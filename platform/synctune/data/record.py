@@ -19,16 +19,11 @@ from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 
-__all__ = ["RECORD_SCHEMA_VERSION", "RUNTIMES", "TrialRecord", "arrow_schema", "environment", "dedup_key"]
+__all__ = ["RECORD_SCHEMA_VERSION", "TrialRecord", "arrow_schema", "environment", "dedup_key"]
 
 #: Version of the record schema written now. 2 added ``workload_source``; 3 added ``runtime``
 #: and ``runtime_json`` (null in older rows, which are all ``engine`` trials).
 RECORD_SCHEMA_VERSION = 3
-
-#: What executed a trial (DESIGN.md "runtime"): our engine running the strategy, or plain torch
-#: DDP or real Horovod configured by ``runtime_json`` (the strategy then only says replicas and
-#: batch split).
-RUNTIMES = ("engine", "ddp", "horovod", "tensorflow")
 
 
 def environment(backend: str = "", device_kind: str = "") -> dict[str, str]:
@@ -111,7 +106,8 @@ class TrialRecord:
     #: Where the workload comes from: ``zoo:NAME`` or the user's import path (provenance; the
     #: model itself is ``model_name``/``model_hash``/``model_spec_json``).
     workload_source: str = ""
-    #: What executed the trial (:data:`RUNTIMES`); simulators learn from ``engine`` rows only.
+    #: What executed the trial: a name of the runtime registry (:mod:`synctune.engine.runtimes`;
+    #: ``engine``, ``ddp``, ``horovod``, ``tensorflow``); simulators learn from ``engine`` rows only.
     runtime: str = "engine"
     #: The runtime's configuration as JSON (a DDP trial's :class:`~synctune.engine.ddp.DDPConfig`, a
     #: Horovod trial's :class:`~synctune.engine.horovod.HorovodConfig`).
