@@ -207,7 +207,11 @@ def test_runtimes_are_registered_and_not_dispatched_by_name_elsewhere():
     from synctune.engine.runtime import Runtime
     from synctune.engine.runtimes import RUNTIMES
 
-    classes = {cls.name: cls for cls in Runtime.__subclasses__()}
+    def concrete(cls):
+        for sub in cls.__subclasses__():
+            yield from ([sub] if "name" in vars(sub) else []) + list(concrete(sub))
+
+    classes = {cls.name: cls for cls in concrete(Runtime)}
     assert classes == RUNTIMES
     modules = [cls.__module__ for cls in RUNTIMES.values()]
     assert len(set(modules)) == len(modules), modules

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..spec._util import is_int, is_number
 from ..spec.errors import SpecError
-from .runtime import ArmContext, Runtime, Stepper
+from .runtime import ArmContext, ConfiguredRuntime, Stepper
 
 __all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "DDPRuntime", "wrap_ddp", "ddp_runtime"]
 
@@ -103,11 +103,12 @@ def wrap_ddp(model: Any, config: DDPConfig | dict, device_ids: list[int] | None 
 
 
 @dataclass(frozen=True)
-class DDPRuntime(Runtime):
+class DDPRuntime(ConfiguredRuntime):
     """torch DDP as :attr:`config` says; the strategy gives only replicas and batch split."""
 
     config: DDPConfig = DDP_DEFAULT
     name = "ddp"
+    config_type = DDPConfig
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
         """Refuse, before any worker starts, a DDP trial DDP would run differently from what it
@@ -135,16 +136,6 @@ class DDPRuntime(Runtime):
             optimizer.zero_grad(set_to_none=True)
 
         return Stepper(forward_model=model, step=step)
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "DDPRuntime":
-        return cls(DDPConfig.from_dict(config))
-
-    def summary(self) -> str:
-        return self.config.summary()
 
     def describe(self, strategy: Any) -> str:
         return f"torch DDP: {self.summary()} (replicas and batch split of {strategy.summary()})"

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..spec._util import is_number
 from ..spec.errors import SpecError
-from .runtime import ArmContext, Runtime, Stepper
+from .runtime import ArmContext, ConfiguredRuntime, Stepper
 
 __all__ = ["HorovodConfig", "HOROVOD_DEFAULT", "COMPRESSIONS", "HorovodRuntime", "horovod_runtime",
            "horovod_available", "HorovodSession"]
@@ -161,13 +161,14 @@ def horovod_available(binding: str = "torch") -> str | None:
 
 
 @dataclass(frozen=True)
-class HorovodRuntime(Runtime):
+class HorovodRuntime(ConfiguredRuntime):
     """Real Horovod as :attr:`config` says (``hvd.DistributedOptimizer`` for PyTorch workloads,
     ``hvd.DistributedGradientTape`` for Keras ones); the strategy gives only replicas and batch
     split. Horovod starts once per process (:class:`HorovodSession`)."""
 
     config: HorovodConfig = HOROVOD_DEFAULT
     name = "horovod"
+    config_type = HorovodConfig
     frameworks = ("torch", "tensorflow")
     once_per_process = True
 
@@ -216,16 +217,6 @@ class HorovodRuntime(Runtime):
         from .tensorflow import keras_trial_worker
 
         return keras_trial_worker(rank, world, payload, _HorovodKeras(self))
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "HorovodRuntime":
-        return cls(HorovodConfig.from_dict(config))
-
-    def summary(self) -> str:
-        return self.config.summary()
 
     def describe(self, strategy: Any) -> str:
         return f"Horovod: {self.summary()} (replicas and batch split of {strategy.summary()})"

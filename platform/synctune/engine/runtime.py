@@ -28,7 +28,7 @@ from typing import Any, Callable, ClassVar
 
 from ..spec.errors import SpecError
 
-__all__ = ["Runtime", "ArmContext", "Stepper"]
+__all__ = ["Runtime", "ConfiguredRuntime", "ArmContext", "Stepper"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,3 +125,20 @@ class Runtime(ABC):
 
         config = self.config_dict()
         return json.dumps(config, sort_keys=True) if config else ""
+
+
+class ConfiguredRuntime(Runtime):
+    """A runtime whose settings are one frozen config value (``config``, of :attr:`config_type`,
+    with ``to_dict``, ``from_dict`` and ``summary``): torch DDP's, Horovod's."""
+
+    config_type: ClassVar[type]
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Runtime":
+        return cls(cls.config_type.from_dict(config))
+
+    def summary(self) -> str:
+        return self.config.summary()
