@@ -48,15 +48,17 @@ def make_optimizer(name: str, params, lr: float):
 
 
 def reference_training(model: str, split, optimizer: str, lr: float, steps: int, seed: int = 0,
-                       fixed_batch: bool = False) -> dict:
+                       fixed_batch: bool = False, dtype: torch.dtype = torch.float32) -> dict:
     """Single-process training on the concatenation of every rank's batch (``fixed_batch``:
-    the step-0 batches every step, a memorisation task)."""
+    the step-0 batches every step, a memorisation task); ``dtype`` float64 gives the exact
+    training that float32 runs round."""
     torch.manual_seed(seed)
-    module = build_model(model)
+    module = build_model(model).to(dtype)
     opt = make_optimizer(optimizer, module.parameters(), lr)
     for step in range(steps):
         parts = batches(model, split, 0 if fixed_batch else step, seed)
         joined = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))]
+        joined = [t.to(dtype) if t.is_floating_point() else t for t in joined]
         opt.zero_grad()
         module(*joined).backward()
         opt.step()

@@ -63,11 +63,19 @@ def _check(cases: list[dict], outputs: list[list[dict]], rtol: float, atol: floa
             for k, v in outputs[r][c]["params"].items():
                 assert torch.equal(v, first[k]), f"{label}: rank {r} differs from rank 0 on {k}"
         strategy = case["strategy"]
-        ref = reference_training(strategy["model"]["name"], strategy["batch_split"], case["optimizer"], case["lr"],
-                                 case["steps"])
+        args = (strategy["model"]["name"], strategy["batch_split"], case["optimizer"], case["lr"], case["steps"])
+        ref = reference_training(*args)
+        exact = reference_training(*args, dtype=torch.float64)
         moved = False
         for k, v in first.items():
-            torch.testing.assert_close(v, ref[k], rtol=rtol, atol=case_atol, msg=lambda m: f"{label}: {k}: {m}")
+            # The engine is held to the exact (float64) training as closely as single-process
+            # float32 training is, and never looser than the tolerance: where a ReLU sits on
+            # its kink, rounding alone moves float32 training (by 3.4e-5 on cnn-small's conv1
+            # between oneDNN's AVX2 and AVX-512 kernels), and summing the batch in parts rounds
+            # differently again.
+            rounding = 2 * (ref[k].double() - exact[k]).abs().max().item() if v.is_floating_point() else 0.0
+            torch.testing.assert_close(v.double(), exact[k].double(), rtol=rtol, atol=case_atol + rounding,
+                                       msg=lambda m: f"{label}: {k}: {m}")
             moved |= not torch.equal(v, build_initial(strategy["model"]["name"])[k])
         assert moved, f"{label}: training did not change any parameter"
         if "ddp" in outputs[0][c]:
