@@ -81,7 +81,7 @@ def main() -> None:
         parent = logger.start_search("overhead-record", {"model": spec.name})
         for i, (strategy, result) in enumerate(results):
             t0 = time.perf_counter()
-            record_result(result.to_dict(), strategy, spec, cluster, dataset=ds, logger=logger, origin="overhead",
+            record_result(result, strategy, spec, cluster, dataset=ds, logger=logger, origin="overhead",
                           search_id="overhead-record", trial_id=f"t{i}", parent_run_id=parent,
                           workload_source=workload.source)
             rows["record"].append({"wall": time.perf_counter() - t0})

@@ -64,7 +64,7 @@ def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_rand
 
     def on_result(i: int, result: TrialResult) -> None:
         trial_id, origin, strategy = todo[i]
-        record_result(result.to_dict(), strategy, spec, cluster, dataset=ds, logger=logger, origin=origin,
+        record_result(result, strategy, spec, cluster, dataset=ds, logger=logger, origin=origin,
                       search_id=search_id, trial_id=trial_id, experiment=logger.experiment if logger else "",
                       parent_run_id=parent, workload_source=workload.source)
         bar.update(1)
