@@ -11,7 +11,7 @@ import numpy as np
 
 from ..strategy.schema import Strategy
 
-__all__ = ["Proposal", "SimulatorProtocol"]
+__all__ = ["Proposal", "SimulatorProtocol", "OPTIONAL_SIMULATOR_MEMBERS"]
 
 
 class SimulatorProtocol(Protocol):
@@ -21,13 +21,18 @@ class SimulatorProtocol(Protocol):
     times_s)``: learn from what was measured, mean iteration times in seconds (a training-free
     simulator ignores it). An optional ``score_columns(columns)`` scores
     :class:`~synctune.strategy.columns.StrategyColumns` (the round's proposals then stay columns
-    until picked); an optional ``fine_tune(strategies, times_s)`` is the caller's business, not
-    the search's.
+    until picked); an optional ``predicts_seconds`` says its scores are negated seconds (so a
+    proposal records a predicted time); an optional ``fine_tune(strategies, times_s)`` is the
+    caller's business, not the search's (:data:`OPTIONAL_SIMULATOR_MEMBERS`).
     """
 
     def score(self, strategies: list[Strategy]) -> np.ndarray: ...
 
     def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> Any: ...
+
+
+#: What a simulator may also offer the search beyond :class:`SimulatorProtocol`'s two methods.
+OPTIONAL_SIMULATOR_MEMBERS = ("score_columns", "predicts_seconds", "fine_tune")
 
 
 @dataclass(frozen=True, kw_only=True)
