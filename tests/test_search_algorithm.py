@@ -41,8 +41,8 @@ def analytic():
 
 
 def run(algorithm: str, budget: int = 20, seed: int = 1) -> StrategySearch:
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=budget, algorithm=algorithm,
-                     proposals=120, candidates=5, seed=seed)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=budget, algorithm=algorithm,
+                               proposals=120, candidates=5, seed=seed)
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic() if algorithm in ("autodist", "genetic") else None)
     while (p := algo.ask()) is not None:
         validate(p.strategy, MODEL, CLUSTER)
@@ -65,8 +65,8 @@ def test_the_loop_uses_its_simulator_on_a_synthetic_cost_model():
 
 
 def test_baselines_come_first_and_failures_are_recorded():
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=8, proposals=20, candidates=2,
-                     baselines=("allreduce", "ps-lb"))
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=8, proposals=20, candidates=2,
+                               baselines=("allreduce", "ps-lb"))
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     first = [algo.ask() for _ in range(2)]
     assert [p.origin for p in first] == ["allreduce", "ps-lb"]
@@ -92,8 +92,8 @@ def test_a_restored_search_goes_on_exactly_as_the_uninterrupted_one(algorithm):
     """Interrupted mid-round (one trial asked, never told), rebuilt from its finished trials only
     (what the dataset holds): it proposes the unfinished trial again and then exactly the
     strategies, in the order, the uninterrupted search of the same seed proposes."""
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4, seed=3,
-                     algorithm=algorithm)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4,
+                               seed=3, algorithm=algorithm)
     sim = analytic if algorithm != "random-guided" else (lambda: None)
     whole = StrategySearch(MODEL, CLUSTER, exp, sim())
     expected = _drive(whole)
@@ -115,7 +115,8 @@ def test_a_state_written_before_times_were_called_mean_s_resumes_exactly():
     """Checkpoints and dataset-rebuilt states of older versions (version 2 and before) hold a
     trial's time as ``runtime``: restored from one, the search keeps it as ``mean_s`` and goes on
     exactly as the uninterrupted search (the reference: the uninterrupted search itself)."""
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=60, candidates=4, seed=4)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=60, candidates=4,
+                               seed=4)
     expected = _drive(StrategySearch(MODEL, CLUSTER, exp, analytic()))
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     _drive(algo, until=7)
@@ -138,8 +139,8 @@ def test_every_algorithm_is_a_registered_round_policy():
     """The experiment files' algorithms and the registry name the same policies; an unknown
     name is refused with the valid ones listed, a second registration of a name is refused."""
     assert ROUND_POLICIES.names() == list(ALGORITHMS)
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=4)
-    object.__setattr__(exp, "algorithm", "bayes")  # past the experiment's own check
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=4)
+    object.__setattr__(exp.search, "algorithm", "bayes")  # past the experiment's own check
     with pytest.raises(SpecError, match="unknown search algorithm 'bayes'; valid: autodist, random-guided, random, "
                                         "genetic, coordinate-descent, mcts"):
         StrategySearch(MODEL, CLUSTER, exp)
@@ -162,8 +163,8 @@ def test_the_shell_trials_what_its_policy_proposes():
             return [Proposal(trial_id=f"r{round_}-{j}", strategy=s, origin="fixed", predicted=None)
                     for j, s in enumerate(drawn)]
 
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=6, candidates=2,
-                     baselines=("allreduce",), algorithm="random")
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=6, candidates=2,
+                               baselines=("allreduce",), algorithm="random")
     search = StrategySearch(MODEL, CLUSTER, exp)
     search.policy = Fixed()
     told = _drive(search)
@@ -177,7 +178,8 @@ def test_the_shell_trials_what_its_policy_proposes():
 def test_no_strategy_is_measured_twice():
     """A proposal equal to a measured strategy (here: every baseline is also what the sampler
     would propose) is dropped, not re-measured."""
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=40, candidates=4, seed=0)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=40, candidates=4,
+                               seed=0)
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     measured = set()
     while (p := algo.ask()) is not None:
@@ -185,8 +187,8 @@ def test_no_strategy_is_measured_twice():
         measured.add(p.strategy.hash)
         algo.tell(p.trial_id, measured_s(p.strategy))
     # A sampler that can only repeat what was measured ends the search early instead of looping.
-    exp_small = Experiment(name="t", model="cnn-small", cluster="local-1x1", budget=50, proposals=5, candidates=2,
-                           seed=0, algorithm="random-guided", baselines=("allreduce",))
+    exp_small = Experiment.from_keys(name="t", model="cnn-small", cluster="local-1x1", budget=50, proposals=5,
+                                     candidates=2, seed=0, algorithm="random-guided", baselines=("allreduce",))
     small, one = model_spec("cnn-small"), cluster_preset("local-1x1")
     tiny = StrategySearch(small, one, exp_small)
     hashes = []
@@ -275,7 +277,7 @@ def test_fidelity_level_and_diverse_selection():
 def test_experiment_files(tmp_path):
     good = tmp_path / "e.yaml"
     good.write_text("name: q\nmodel: bert-tiny\ncluster: local-2x2\nbudget: 6\nalgorithm: random-guided\n")
-    assert load_experiment(good).budget == 6
+    assert load_experiment(good).search.budget == 6
     for text, fragment in [
         ("name: q\nmodel: m\ncluster: c\nbudget: 0\n", "budget: expected an integer from 1 to 1000000, got 0"),
         ("name: q\nmodel: m\ncluster: c\nbudget: 5\nalgoritm: x\n", "unknown key(s) ['algoritm']"),
@@ -303,11 +305,11 @@ def test_shipped_experiment_files_load_and_name_real_domains():
 
     for f in files:
         exp = load_experiment(f)
-        assert exp.name == f.stem and exp.cluster in CLUSTER_PRESETS
-        if exp.workload:  # a workload file shipped beside it: it imports and its spec extracts
-            assert resolve_workload(exp.workload).spec().variables
+        assert exp.name == f.stem and exp.domain.cluster in CLUSTER_PRESETS
+        if exp.domain.workload:  # a workload file shipped beside it: it imports and its spec extracts
+            assert resolve_workload(exp.domain.workload).spec().variables
         else:
-            assert exp.model in MODELS
+            assert exp.domain.model in MODELS
 
 
 class _Oracle:
@@ -373,8 +375,8 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
     from synctune.search.moves import global_moves
     from synctune.search.local_search import ChoiceSpace
 
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
-                     baselines=("allreduce", "horovod", "ps-lb"), incumbent_moves=True)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
+                               baselines=("allreduce", "horovod", "ps-lb"), incumbent_moves=True)
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     measured, asked = {}, []
     while (p := algo.ask()) is not None:
@@ -405,8 +407,8 @@ def test_a_search_runs_its_whole_budget_when_the_elite_is_what_it_measured(seed)
     nothing else: the round must then fill its places from the rest of its proposals, not end
     the search (it ended after 13-16 of 24 trials)."""
     model, cluster = model_spec("ncf-small"), cluster_preset("lab-2x2")
-    exp = Experiment(name="t", model=model.name, cluster=cluster.name, budget=24, seed=seed, proposals=300,
-                     candidates=3, baselines=("tuned",))
+    exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=24, seed=seed, proposals=300,
+                               candidates=3, baselines=("tuned",))
     algo = StrategySearch(model, cluster, exp, BoundSimulator(AnalyticSimulator(), model, cluster))
     hashes = []
     while (p := algo.ask()) is not None:
@@ -425,8 +427,8 @@ def test_a_proposal_records_a_predicted_time_only_from_a_model_that_predicts_tim
     spec, cluster = model_spec("cnn-small"), cluster_preset("local-2x2")
 
     def proposals(sim):
-        exp = Experiment(name="t", model=spec.name, cluster=cluster.name, budget=9, proposals=60, candidates=4,
-                         baselines=("allreduce",), seed=3)
+        exp = Experiment.from_keys(name="t", model=spec.name, cluster=cluster.name, budget=9, proposals=60,
+                                   candidates=4, baselines=("allreduce",), seed=3)
         algo = StrategySearch(spec, cluster, exp, sim)
         out = []
         while (p := algo.ask()) is not None:
