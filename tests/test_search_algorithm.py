@@ -293,6 +293,122 @@ def test_experiment_files(tmp_path):
         assert fragment in str(info.value) and str(bad) in str(info.value)
 
 
+FLAT = """name: q
+workload: job.py:workload
+cluster: local-2x2
+seed: 3
+budget: 6
+algorithm: autodist
+generator: mcts
+sim_evaluations: 500
+simulator: analytic
+proposals: 40
+candidates: 2
+fidelity_accuracy: 0.7
+incumbent_moves: true
+lossy: false
+warmup: 2
+iters: 5
+timeout_s: 60
+baselines: [tuned, ps, hvd, 'hvd:cycle_time_ms=5']
+ddp_trials: 2
+confirm_rounds: 4
+confirm_iters: 3
+confirm_candidates: 2
+slices: 2
+output: best.json
+"""
+
+NESTED = """name: q
+seed: 3
+domain: {workload: job.py:workload, cluster: local-2x2}
+search:
+  budget: 6
+  algorithm: autodist
+  generator: mcts
+  sim_evaluations: 500
+  simulator: analytic
+  proposals: 40
+  candidates: 2
+  fidelity_accuracy: 0.7
+  incumbent_moves: true
+  lossy: false
+trial: {warmup: 2, iters: 5, timeout_s: 60}
+baselines: {builders: [tuned, ps], horovod: [hvd, 'hvd:cycle_time_ms=5'], ddp_trials: 2}
+confirm: {rounds: 4, iters: 3, candidates: 2}
+run: {slices: 2, output: best.json}
+"""
+
+
+def test_a_flat_file_and_its_nested_form_are_the_same_experiment(tmp_path):
+    from synctune.search import DomainSection, SearchSection
+    from synctune.strategy.builders import TUNED_BASELINES
+
+    (tmp_path / "flat.yaml").write_text(FLAT)
+    (tmp_path / "nested.yaml").write_text(NESTED)
+    flat, nested = load_experiment(tmp_path / "flat.yaml"), load_experiment(tmp_path / "nested.yaml")
+    assert flat == nested
+    assert nested.domain.workload == f"{tmp_path / 'job.py'}:workload"  # relative to the file, either way
+    assert (nested.search.generator, nested.trial.timeout_s, nested.confirm.rounds, nested.run.slices) == \
+        ("mcts", 60, 4, 2)
+    assert nested.baselines.builders == ("tuned", "ps") and nested.baselines.horovod == ("hvd", "hvd:cycle_time_ms=5")
+    assert nested.baselines.expanded_builders == (*TUNED_BASELINES, "ps")
+    assert nested.baselines.explicit_builders == ("ps",)
+    assert nested.num_trials == 6 + 2 + 2
+    # Mixed (some keys flat, some nested) and built from sections in code: the same again.
+    mixed = NESTED.replace("trial: {warmup: 2, iters: 5, timeout_s: 60}", "warmup: 2\niters: 5\ntimeout_s: 60")
+    (tmp_path / "mixed.yaml").write_text(mixed)
+    assert load_experiment(tmp_path / "mixed.yaml") == flat
+    small = Experiment(name="q", domain=DomainSection(model="cnn-small", cluster="local-1x2"),
+                       search=SearchSection(budget=4))
+    assert small == Experiment.from_keys(name="q", model="cnn-small", cluster="local-1x2", budget=4)
+    assert small == Experiment.from_keys(name="q", domain={"model": "cnn-small", "cluster": "local-1x2"},
+                                         search={"budget": 4})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("budget: 5\nsearch: {budget: 6}\n", "budget and search.budget are the same setting"),
+    ("confirm_rounds: 4\nconfirm: {rounds: 2}\n", "confirm_rounds and confirm.rounds are the same setting"),
+    ("ddp_trials: 1\nbaselines: {ddp_trials: 2}\n", "ddp_trials and baselines.ddp_trials are the same setting"),
+    ("model: cnn-small\ndomain: {model: mlp}\n", "model and domain.model are the same setting"),
+])
+def test_a_setting_given_both_flat_and_nested_is_refused_naming_both(tmp_path, text, message):
+    path = tmp_path / "e.yaml"
+    path.write_text("name: q\ncluster: local-2x2\n" + ("" if "budget" in text else "budget: 3\n")
+                    + ("" if "model" in text else "model: cnn-small\n") + text)
+    with pytest.raises(SpecError) as info:
+        load_experiment(path)
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("budget: 3\nalgorithm: bayes\n", "e.yaml: algorithm: expected one of autodist, random-guided, random, genetic, "
+                                       "coordinate-descent, mcts, got 'bayes'"),
+    ("search: {budget: 3, algorithm: bayes}\n", "e.yaml: search.algorithm: expected one of autodist, random-guided, "
+                                                "random, genetic, coordinate-descent, mcts, got 'bayes'"),
+    ("search: {budget: 3, generator: tabu}\n", "e.yaml: search.generator: expected one of sampler, "
+                                               "coordinate-descent, mcts, got 'tabu'"),
+    ("search: {budget: 3, simulator: oracle}\n", "e.yaml: search.simulator: expected one of pretrained, analytic, "
+                                                 "replay, rnn, linear, gat or a saved simulator file (.pt), "
+                                                 "got 'oracle'"),
+    ("budget: 3\nconfirm: {rounds: 1}\n", "e.yaml: confirm.rounds: expected 0 (no confirmation) or an integer from 2"),
+    ("budget: 3\nconfirm_rounds: 1\n", "e.yaml: confirm_rounds: expected 0 (no confirmation) or an integer from 2"),
+    ("budget: 3\ntrial: {iter: 3}\n", "e.yaml: trial: unknown key(s) ['iter']; valid: warmup, iters, timeout_s"),
+    ("budget: 3\nsearch: 5\n", "e.yaml: search: expected a mapping of budget, algorithm"),
+    ("budget: 3\nbaselines: {builders: [hvd]}\n", "e.yaml: baselines.builders: 'hvd' is a real Horovod run, not a "
+                                                   "builder: list it under baselines.horovod"),
+    ("budget: 3\nbaselines: {horovod: [ps]}\n", "e.yaml: baselines.horovod: 'ps': expected hvd or hvd:KEY=VALUE"),
+    ("search: {proposals: 3}\n", "e.yaml: missing key 'budget' (or search.budget)"),
+])
+def test_an_error_names_the_key_as_written_and_the_valid_choices(tmp_path, text, message):
+    path = tmp_path / "e.yaml"
+    path.write_text("name: q\nmodel: cnn-small\ncluster: local-2x2\n" + text)
+    with pytest.raises(SpecError) as info:
+        load_experiment(path)
+    assert str(info.value).startswith(str(tmp_path)) and message in str(info.value), str(info.value)
+
+
 def test_shipped_experiment_files_load_and_name_real_domains():
     from pathlib import Path
 
