@@ -6,14 +6,14 @@ per phase, run in order on the same slices:
 
 1. :func:`tune_runtime`: tuned torch DDP (Optuna's TPE through Ray Tune);
 2. :func:`measure_runtime_baselines`: the experiment's real Horovod baselines;
-3. :func:`run_algorithm`: the search algorithm (builder baselines first), ``budget`` trials;
+3. :func:`run_algorithm`: the search algorithm (builder baselines first), ``search.budget`` trials;
 4. :func:`confirm_best`: the best searched strategies screened and confirmed against the best
    baseline, interleaved on the same processes;
 5. :func:`summarize` and :func:`finish`: the :class:`~synctune.run.summary.SearchSummary`, its
    MLflow metrics, the dataset partition compacted.
 
 Each Tune trial hands its strategy to a named slice actor (:mod:`synctune.run.slices`) that
-owns a worker group for the experiment's cluster; ``slices`` (an experiment key) slices run
+owns a worker group for the experiment's cluster; ``run.slices`` (an experiment key) slices run
 trials concurrently. Results come back to the driver, which records each one (an MLflow child
 run of the search's parent run, and a dataset row) *before* telling the search algorithm.
 
@@ -24,7 +24,7 @@ ends, however it ends.
 
 The dataset is the search's memory: ``resume`` rebuilds the search algorithm from the rows of
 this search id, in the order they were recorded, so an interrupted search continues exactly as
-it would have, without re-running finished trials, and ends with exactly ``budget`` rows.
+it would have, without re-running finished trials, and ends with exactly ``search.budget`` rows.
 """
 
 from __future__ import annotations
