@@ -49,8 +49,6 @@ def main() -> None:
     from synctune.data import MlflowLogger, TrialDataset, dataset_dir
     from synctune.engine.trial import TrialConfig
     from synctune.run.recording import record_result
-    from synctune.run.search import run_search
-    from synctune.search import Experiment
     from synctune.spec import resolve_cluster
     from synctune.strategy.builders import TUNED_BASELINES, baseline_strategy
     from synctune.workload import resolve_workload
@@ -85,18 +83,7 @@ def main() -> None:
                           search_id="overhead-record", trial_id=f"t{i}", parent_run_id=parent,
                           workload_source=workload.source)
             rows["record"].append({"wall": time.perf_counter() - t0})
-        exp = Experiment(name="overhead", model=spec.name if workload.source.startswith("zoo:") else "",
-                         workload="" if workload.source.startswith("zoo:") else workload.source,
-                         cluster=cluster.name, budget=args.trials, simulator="analytic", proposals=50, candidates=4,
-                         warmup=args.warmup, iters=args.iters, baselines=("tuned",), ddp_trials=0, confirm_rounds=0)
-        summary = run_search(exp, spec, cluster, workload=workload)
-        trials = sorted(TrialDataset(dataset_dir()).records(search_id="overhead-seed0"),
-                        key=lambda r: json.loads(r.extra_json)["finished_at"])
-        # Warm cycles: from one trial's end to the next one's (the slice's start-up is paid once).
-        for before, after in zip(trials, trials[1:]):
-            cycle = json.loads(after.extra_json)["finished_at"] - json.loads(before.extra_json)["finished_at"]
-            rows["search"].append({"wall": cycle, "iterations": json_phase(after, "iterations")})
-        once = summary.wall_s - sum(r["wall"] for r in rows["search"])
+        rows["search"], once = search_cycles(workload, spec, cluster, args)
     finally:
         ray.shutdown()
 
@@ -114,6 +101,29 @@ def main() -> None:
           f"{'':>7} {'':>7} {'':>7} {_median([r['wall'] - r['iterations'] for r in s]):>14.3f}")
     print(f"\nsearch: {once:.2f} s outside the warm cycles (Ray Tune, the slice's start, the first trial), once")
     print("\ngoal: outside iters <= 0.5 s per trial on a warm group (search row)")
+
+
+def search_cycles(workload, spec, cluster, args) -> tuple[list[dict], float]:
+    """A search of ``args.trials`` trials through Ray Tune (the tuned baselines first): its warm
+    cycles, from one trial's end to the next one's, and its seconds outside them (the slice's
+    start-up, paid once)."""
+    from synctune.data import TrialDataset, dataset_dir
+    from synctune.run.search import run_search
+    from synctune.search import Experiment
+
+    zoo = workload.source.startswith("zoo:")
+    exp = Experiment.from_keys(name="overhead", model=spec.name if zoo else "", workload="" if zoo else workload.source,
+                               cluster=cluster.name, budget=args.trials, simulator="analytic", proposals=50,
+                               candidates=4, warmup=args.warmup, iters=args.iters, baselines=("tuned",),
+                               ddp_trials=0, confirm_rounds=0)
+    summary = run_search(exp, spec, cluster, workload=workload)
+    trials = sorted(TrialDataset(dataset_dir()).records(search_id="overhead-seed0"),
+                    key=lambda r: json.loads(r.extra_json)["finished_at"])
+    cycles = []
+    for before, after in zip(trials, trials[1:]):
+        cycle = json.loads(after.extra_json)["finished_at"] - json.loads(before.extra_json)["finished_at"]
+        cycles.append({"wall": cycle, "iterations": json_phase(after, "iterations")})
+    return cycles, summary.wall_s - sum(r["wall"] for r in cycles)
 
 
 def json_phase(record, key: str) -> float:

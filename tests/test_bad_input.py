@@ -92,6 +92,9 @@ EXPERIMENT = "name: e\nmodel: cnn-small\ncluster: local-1x2\nbudget: 4\nsimulato
     ("timeout_s: .nan\n", "nan is not a finite number"),
     ("proposals: 100000000000\n", "proposals: expected an integer from 1"),
     ("warmup: 10000000000\n", "warmup: expected an integer from 0"),
+    ("search: {budget: 5}\n", "budget and search.budget are the same setting"),
+    ("search: {algorithm: bayes}\n", "search.algorithm: expected one of autodist, random-guided, random, genetic"),
+    ("trial: {warmup: -1}\n", "trial.warmup: expected an integer from 0"),
 ])
 def test_bad_experiment_values(tmp_path, extra, fragment):
     path = write(tmp_path / "e.yaml", EXPERIMENT + extra)

@@ -166,7 +166,8 @@ def test_tuned_baselines_parse_and_expand():
         parse_baseline("allreduce:fusion=3")
     with pytest.raises(StrategyError, match="option=value"):
         parse_baseline("allreduce:chunk")
-    exp = Experiment(name="t", model="cnn-small", cluster="local-1x2", budget=30, baselines=("tuned", "ps"))
-    assert exp.baselines == (*TUNED_BASELINES, "ps")
+    exp = Experiment.from_keys(name="t", model="cnn-small", cluster="local-1x2", budget=30, baselines=("tuned", "ps"))
+    assert exp.baselines.expanded_builders == (*TUNED_BASELINES, "ps")
     with pytest.raises(SpecError, match="baselines: builder allreduce: option chunk"):
-        Experiment(name="t", model="cnn-small", cluster="local-1x2", budget=30, baselines=("allreduce:chunk=x",))
+        Experiment.from_keys(name="t", model="cnn-small", cluster="local-1x2", budget=30,
+                             baselines=("allreduce:chunk=x",))

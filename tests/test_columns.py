@@ -90,8 +90,8 @@ def test_a_round_drawn_as_columns_proposes_the_best_scored():
     from synctune.simulator import AnalyticSimulator, BoundSimulator
 
     spec, cluster = model_spec("bert-tiny"), cluster_preset("B7")
-    exp = Experiment(name="cols", model="bert-tiny", cluster="B7", budget=20, proposals=400, candidates=4,
-                     baselines=("allreduce",), simulator="analytic", seed=5)
+    exp = Experiment.from_keys(name="cols", model="bert-tiny", cluster="B7", budget=20, proposals=400, candidates=4,
+                               baselines=("allreduce",), simulator="analytic", seed=5)
     sim = BoundSimulator(AnalyticSimulator(), spec, cluster)
     algo = StrategySearch(spec, cluster, exp, sim)
     baseline = algo.ask()
@@ -102,7 +102,7 @@ def test_a_round_drawn_as_columns_proposes_the_best_scored():
         validate(p.strategy, spec, cluster)
     from synctune.search.policies import round_seed
 
-    cols = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(400)
+    cols = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.search.lossy).sample_columns(400)
     every = [cols.strategy(i) for i in range(cols.size)]
     scores = -AnalyticSimulator().predict(every, spec, cluster)
     assert picks[0].strategy.hash == every[int(np.argmax(scores))].hash
@@ -129,11 +129,11 @@ def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
     from synctune.simulator import AnalyticSimulator, BoundSimulator
 
     spec, cluster = model_spec("ncf-small"), cluster_preset("local-2x2")
-    exp = Experiment(name="cols2", model="ncf-small", cluster="local-2x2", budget=20, proposals=300, candidates=4,
-                     baselines=("allreduce",), simulator="analytic", seed=2)
+    exp = Experiment.from_keys(name="cols2", model="ncf-small", cluster="local-2x2", budget=20, proposals=300,
+                               candidates=4, baselines=("allreduce",), simulator="analytic", seed=2)
     algo = StrategySearch(spec, cluster, exp, BoundSimulator(AnalyticSimulator(), spec, cluster))
-    guided = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.lossy)
-    cols = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.lossy).sample_columns(300)
+    guided = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.search.lossy)
+    cols = GuidedSampler(spec, cluster, seed=round_seed(exp.seed, 1), lossy=exp.search.lossy).sample_columns(300)
     every = [cols.strategy(i) for i in range(cols.size)]
     scores = -AnalyticSimulator().predict(every, spec, cluster)
     ranked = []

@@ -99,8 +99,8 @@ def _synthetic_runtime(strategy) -> float:
 
 
 def test_each_round_takes_a_coordinate_step_on_the_split():
-    exp = Experiment(name="t", model=MODEL.name, cluster=HETERO.name, budget=10, proposals=40, candidates=3,
-                     baselines=("allreduce",), algorithm="autodist")
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=HETERO.name, budget=10, proposals=40, candidates=3,
+                               baselines=("allreduce",), algorithm="autodist")
     algo = StrategySearch(MODEL, HETERO, exp, BoundSimulator(AnalyticSimulator(), MODEL, HETERO))
     told = []
     while (p := algo.ask()) is not None:

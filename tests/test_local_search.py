@@ -162,9 +162,9 @@ def test_the_choice_space_takes_its_compressors_from_the_registry(monkeypatch):
 
 
 def _experiment(algorithm: str, generator: str = "sampler", budget: int = 12) -> Experiment:
-    return Experiment(name="t", model="ncf-small", cluster="lab-b10c", budget=budget, algorithm=algorithm,
-                      generator=generator, proposals=40, candidates=3, sim_evaluations=800, seed=2,
-                      baselines=("allreduce", "ps-lb"))
+    return Experiment.from_keys(name="t", model="ncf-small", cluster="lab-b10c", budget=budget, algorithm=algorithm,
+                                generator=generator, proposals=40, candidates=3, sim_evaluations=800, seed=2,
+                                baselines=("allreduce", "ps-lb"))
 
 
 def _truth(strategy) -> float:
@@ -192,7 +192,7 @@ def test_the_searches_run_in_the_search_shell_deterministically_and_resume_exact
     sim = lambda: BoundSimulator(AnalyticSimulator(), model, CLUSTER)  # noqa: E731
     first = StrategySearch(model, CLUSTER, exp, sim())
     hashes = _drive(first)
-    assert len(hashes) == exp.budget and len(set(hashes)) == len(hashes)  # nothing measured twice
+    assert len(hashes) == exp.search.budget and len(set(hashes)) == len(hashes)  # nothing measured twice
     assert {t["origin"] for t in first.trials[2:]} <= {algorithm, f"{algorithm}+split", f"{algorithm}+incumbent"}
     assert _drive(StrategySearch(model, CLUSTER, exp, sim())) == hashes
     # Interrupted after 7 trials (mid-round) and rebuilt from its finished trials: the same search.
@@ -206,8 +206,9 @@ def test_the_searches_run_in_the_search_shell_deterministically_and_resume_exact
 
 def test_experiment_checks_generator_and_simulator_budget():
     with pytest.raises(SpecError, match="generator: mcts feeds algorithm autodist, not random"):
-        Experiment(name="t", model="ncf-small", cluster="lab-b10c", budget=4, algorithm="random", generator="mcts")
+        Experiment.from_keys(name="t", model="ncf-small", cluster="lab-b10c", budget=4, algorithm="random",
+                             generator="mcts")
     with pytest.raises(SpecError, match="generator: expected one of sampler, coordinate-descent, mcts"):
-        Experiment(name="t", model="ncf-small", cluster="lab-b10c", budget=4, generator="tabu")
+        Experiment.from_keys(name="t", model="ncf-small", cluster="lab-b10c", budget=4, generator="tabu")
     with pytest.raises(SpecError, match="sim_evaluations: expected an integer from 100"):
-        Experiment(name="t", model="ncf-small", cluster="lab-b10c", budget=4, sim_evaluations=5)
+        Experiment.from_keys(name="t", model="ncf-small", cluster="lab-b10c", budget=4, sim_evaluations=5)

@@ -77,9 +77,10 @@ def test_workers_land_on_their_node_types(multinode):
 
 
 def _experiment(name: str, budget: int, slices: int, iters: int) -> Experiment:
-    return Experiment(name=name, model="cnn-small", cluster="hetero-1-2", budget=budget, simulator="analytic",
-                      proposals=40, candidates=2, warmup=1, iters=iters, slices=slices, timeout_s=120,
-                      baselines=("allreduce", "ps-lb", "parallax", "horovod"), ddp_trials=0, confirm_rounds=0)
+    return Experiment.from_keys(name=name, model="cnn-small", cluster="hetero-1-2", budget=budget,
+                                simulator="analytic", proposals=40, candidates=2, warmup=1, iters=iters, slices=slices,
+                                timeout_s=120, baselines=("allreduce", "ps-lb", "parallax", "horovod"), ddp_trials=0,
+                                confirm_rounds=0)
 
 
 def _placement_groups_alive() -> list:
@@ -96,7 +97,7 @@ def test_two_slices_run_trials_concurrently_and_are_released(multinode):
 
     def on_trial(outcome, _summary):
         outcomes.append(outcome)
-        for i in range(exp.slices):
+        for i in range(exp.run.slices):
             actor = ray.get_actor(f"synctune-slice-{search_id_of(exp)}-{i}")
             slice_nodes.add(ray.get(actor.where.remote(), timeout=30))
 

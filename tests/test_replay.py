@@ -283,7 +283,7 @@ def test_a_search_measures_the_profile_once_and_starts_from_the_replay(tmp_path,
     monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home"))
     workload, cluster = zoo_workload("cnn-small"), cluster_preset("local-1x2")
     model = workload.spec()
-    exp = Experiment(name="x", model="cnn-small", cluster="local-1x2", simulator="rnn", budget=4)
+    exp = Experiment.from_keys(name="x", model="cnn-small", cluster="local-1x2", simulator="rnn", budget=4)
     assert make_search_simulator(exp, model, cluster).training_free.kind == "analytic"  # nothing measured yet
     said = []
     path = ensure_profile(workload, model, cluster, said.append)

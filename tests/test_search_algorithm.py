@@ -41,8 +41,8 @@ def analytic():
 
 
 def run(algorithm: str, budget: int = 20, seed: int = 1) -> StrategySearch:
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=budget, algorithm=algorithm,
-                     proposals=120, candidates=5, seed=seed)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=budget, algorithm=algorithm,
+                               proposals=120, candidates=5, seed=seed)
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic() if algorithm in ("autodist", "genetic") else None)
     while (p := algo.ask()) is not None:
         validate(p.strategy, MODEL, CLUSTER)
@@ -65,8 +65,8 @@ def test_the_loop_uses_its_simulator_on_a_synthetic_cost_model():
 
 
 def test_baselines_come_first_and_failures_are_recorded():
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=8, proposals=20, candidates=2,
-                     baselines=("allreduce", "ps-lb"))
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=8, proposals=20, candidates=2,
+                               baselines=("allreduce", "ps-lb"))
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     first = [algo.ask() for _ in range(2)]
     assert [p.origin for p in first] == ["allreduce", "ps-lb"]
@@ -92,8 +92,8 @@ def test_a_restored_search_goes_on_exactly_as_the_uninterrupted_one(algorithm):
     """Interrupted mid-round (one trial asked, never told), rebuilt from its finished trials only
     (what the dataset holds): it proposes the unfinished trial again and then exactly the
     strategies, in the order, the uninterrupted search of the same seed proposes."""
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4, seed=3,
-                     algorithm=algorithm)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4,
+                               seed=3, algorithm=algorithm)
     sim = analytic if algorithm != "random-guided" else (lambda: None)
     whole = StrategySearch(MODEL, CLUSTER, exp, sim())
     expected = _drive(whole)
@@ -115,7 +115,8 @@ def test_a_state_written_before_times_were_called_mean_s_resumes_exactly():
     """Checkpoints and dataset-rebuilt states of older versions (version 2 and before) hold a
     trial's time as ``runtime``: restored from one, the search keeps it as ``mean_s`` and goes on
     exactly as the uninterrupted search (the reference: the uninterrupted search itself)."""
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=60, candidates=4, seed=4)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=60, candidates=4,
+                               seed=4)
     expected = _drive(StrategySearch(MODEL, CLUSTER, exp, analytic()))
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     _drive(algo, until=7)
@@ -138,8 +139,8 @@ def test_every_algorithm_is_a_registered_round_policy():
     """The experiment files' algorithms and the registry name the same policies; an unknown
     name is refused with the valid ones listed, a second registration of a name is refused."""
     assert ROUND_POLICIES.names() == list(ALGORITHMS)
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=4)
-    object.__setattr__(exp, "algorithm", "bayes")  # past the experiment's own check
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=4)
+    object.__setattr__(exp.search, "algorithm", "bayes")  # past the experiment's own check
     with pytest.raises(SpecError, match="unknown search algorithm 'bayes'; valid: autodist, random-guided, random, "
                                         "genetic, coordinate-descent, mcts"):
         StrategySearch(MODEL, CLUSTER, exp)
@@ -162,8 +163,8 @@ def test_the_shell_trials_what_its_policy_proposes():
             return [Proposal(trial_id=f"r{round_}-{j}", strategy=s, origin="fixed", predicted=None)
                     for j, s in enumerate(drawn)]
 
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=6, candidates=2,
-                     baselines=("allreduce",), algorithm="random")
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=6, candidates=2,
+                               baselines=("allreduce",), algorithm="random")
     search = StrategySearch(MODEL, CLUSTER, exp)
     search.policy = Fixed()
     told = _drive(search)
@@ -177,7 +178,8 @@ def test_the_shell_trials_what_its_policy_proposes():
 def test_no_strategy_is_measured_twice():
     """A proposal equal to a measured strategy (here: every baseline is also what the sampler
     would propose) is dropped, not re-measured."""
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=40, candidates=4, seed=0)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=12, proposals=40, candidates=4,
+                               seed=0)
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     measured = set()
     while (p := algo.ask()) is not None:
@@ -185,8 +187,8 @@ def test_no_strategy_is_measured_twice():
         measured.add(p.strategy.hash)
         algo.tell(p.trial_id, measured_s(p.strategy))
     # A sampler that can only repeat what was measured ends the search early instead of looping.
-    exp_small = Experiment(name="t", model="cnn-small", cluster="local-1x1", budget=50, proposals=5, candidates=2,
-                           seed=0, algorithm="random-guided", baselines=("allreduce",))
+    exp_small = Experiment.from_keys(name="t", model="cnn-small", cluster="local-1x1", budget=50, proposals=5,
+                                     candidates=2, seed=0, algorithm="random-guided", baselines=("allreduce",))
     small, one = model_spec("cnn-small"), cluster_preset("local-1x1")
     tiny = StrategySearch(small, one, exp_small)
     hashes = []
@@ -275,7 +277,7 @@ def test_fidelity_level_and_diverse_selection():
 def test_experiment_files(tmp_path):
     good = tmp_path / "e.yaml"
     good.write_text("name: q\nmodel: bert-tiny\ncluster: local-2x2\nbudget: 6\nalgorithm: random-guided\n")
-    assert load_experiment(good).budget == 6
+    assert load_experiment(good).search.budget == 6
     for text, fragment in [
         ("name: q\nmodel: m\ncluster: c\nbudget: 0\n", "budget: expected an integer from 1 to 1000000, got 0"),
         ("name: q\nmodel: m\ncluster: c\nbudget: 5\nalgoritm: x\n", "unknown key(s) ['algoritm']"),
@@ -291,6 +293,122 @@ def test_experiment_files(tmp_path):
         assert fragment in str(info.value) and str(bad) in str(info.value)
 
 
+FLAT = """name: q
+workload: job.py:workload
+cluster: local-2x2
+seed: 3
+budget: 6
+algorithm: autodist
+generator: mcts
+sim_evaluations: 500
+simulator: analytic
+proposals: 40
+candidates: 2
+fidelity_accuracy: 0.7
+incumbent_moves: true
+lossy: false
+warmup: 2
+iters: 5
+timeout_s: 60
+baselines: [tuned, ps, hvd, 'hvd:cycle_time_ms=5']
+ddp_trials: 2
+confirm_rounds: 4
+confirm_iters: 3
+confirm_candidates: 2
+slices: 2
+output: best.json
+"""
+
+NESTED = """name: q
+seed: 3
+domain: {workload: job.py:workload, cluster: local-2x2}
+search:
+  budget: 6
+  algorithm: autodist
+  generator: mcts
+  sim_evaluations: 500
+  simulator: analytic
+  proposals: 40
+  candidates: 2
+  fidelity_accuracy: 0.7
+  incumbent_moves: true
+  lossy: false
+trial: {warmup: 2, iters: 5, timeout_s: 60}
+baselines: {builders: [tuned, ps], horovod: [hvd, 'hvd:cycle_time_ms=5'], ddp_trials: 2}
+confirm: {rounds: 4, iters: 3, candidates: 2}
+run: {slices: 2, output: best.json}
+"""
+
+
+def test_a_flat_file_and_its_nested_form_are_the_same_experiment(tmp_path):
+    from synctune.search import DomainSection, SearchSection
+    from synctune.strategy.builders import TUNED_BASELINES
+
+    (tmp_path / "flat.yaml").write_text(FLAT)
+    (tmp_path / "nested.yaml").write_text(NESTED)
+    flat, nested = load_experiment(tmp_path / "flat.yaml"), load_experiment(tmp_path / "nested.yaml")
+    assert flat == nested
+    assert nested.domain.workload == f"{tmp_path / 'job.py'}:workload"  # relative to the file, either way
+    assert (nested.search.generator, nested.trial.timeout_s, nested.confirm.rounds, nested.run.slices) == \
+        ("mcts", 60, 4, 2)
+    assert nested.baselines.builders == ("tuned", "ps") and nested.baselines.horovod == ("hvd", "hvd:cycle_time_ms=5")
+    assert nested.baselines.expanded_builders == (*TUNED_BASELINES, "ps")
+    assert nested.baselines.explicit_builders == ("ps",)
+    assert nested.num_trials == 6 + 2 + 2
+    # Mixed (some keys flat, some nested) and built from sections in code: the same again.
+    mixed = NESTED.replace("trial: {warmup: 2, iters: 5, timeout_s: 60}", "warmup: 2\niters: 5\ntimeout_s: 60")
+    (tmp_path / "mixed.yaml").write_text(mixed)
+    assert load_experiment(tmp_path / "mixed.yaml") == flat
+    small = Experiment(name="q", domain=DomainSection(model="cnn-small", cluster="local-1x2"),
+                       search=SearchSection(budget=4))
+    assert small == Experiment.from_keys(name="q", model="cnn-small", cluster="local-1x2", budget=4)
+    assert small == Experiment.from_keys(name="q", domain={"model": "cnn-small", "cluster": "local-1x2"},
+                                         search={"budget": 4})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("budget: 5\nsearch: {budget: 6}\n", "budget and search.budget are the same setting"),
+    ("confirm_rounds: 4\nconfirm: {rounds: 2}\n", "confirm_rounds and confirm.rounds are the same setting"),
+    ("ddp_trials: 1\nbaselines: {ddp_trials: 2}\n", "ddp_trials and baselines.ddp_trials are the same setting"),
+    ("model: cnn-small\ndomain: {model: mlp}\n", "model and domain.model are the same setting"),
+])
+def test_a_setting_given_both_flat_and_nested_is_refused_naming_both(tmp_path, text, message):
+    path = tmp_path / "e.yaml"
+    path.write_text("name: q\ncluster: local-2x2\n" + ("" if "budget" in text else "budget: 3\n")
+                    + ("" if "model" in text else "model: cnn-small\n") + text)
+    with pytest.raises(SpecError) as info:
+        load_experiment(path)
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("budget: 3\nalgorithm: bayes\n", "e.yaml: algorithm: expected one of autodist, random-guided, random, genetic, "
+                                       "coordinate-descent, mcts, got 'bayes'"),
+    ("search: {budget: 3, algorithm: bayes}\n", "e.yaml: search.algorithm: expected one of autodist, random-guided, "
+                                                "random, genetic, coordinate-descent, mcts, got 'bayes'"),
+    ("search: {budget: 3, generator: tabu}\n", "e.yaml: search.generator: expected one of sampler, "
+                                               "coordinate-descent, mcts, got 'tabu'"),
+    ("search: {budget: 3, simulator: oracle}\n", "e.yaml: search.simulator: expected one of pretrained, analytic, "
+                                                 "replay, rnn, linear, gat or a saved simulator file (.pt), "
+                                                 "got 'oracle'"),
+    ("budget: 3\nconfirm: {rounds: 1}\n", "e.yaml: confirm.rounds: expected 0 (no confirmation) or an integer from 2"),
+    ("budget: 3\nconfirm_rounds: 1\n", "e.yaml: confirm_rounds: expected 0 (no confirmation) or an integer from 2"),
+    ("budget: 3\ntrial: {iter: 3}\n", "e.yaml: trial: unknown key(s) ['iter']; valid: warmup, iters, timeout_s"),
+    ("budget: 3\nsearch: 5\n", "e.yaml: search: expected a mapping of budget, algorithm"),
+    ("budget: 3\nbaselines: {builders: [hvd]}\n", "e.yaml: baselines.builders: 'hvd' is a real Horovod run, not a "
+                                                   "builder: list it under baselines.horovod"),
+    ("budget: 3\nbaselines: {horovod: [ps]}\n", "e.yaml: baselines.horovod: 'ps': expected hvd or hvd:KEY=VALUE"),
+    ("search: {proposals: 3}\n", "e.yaml: missing key 'budget' (or search.budget)"),
+])
+def test_an_error_names_the_key_as_written_and_the_valid_choices(tmp_path, text, message):
+    path = tmp_path / "e.yaml"
+    path.write_text("name: q\nmodel: cnn-small\ncluster: local-2x2\n" + text)
+    with pytest.raises(SpecError) as info:
+        load_experiment(path)
+    assert str(info.value).startswith(str(tmp_path)) and message in str(info.value), str(info.value)
+
+
 def test_shipped_experiment_files_load_and_name_real_domains():
     from pathlib import Path
 
@@ -303,11 +421,11 @@ def test_shipped_experiment_files_load_and_name_real_domains():
 
     for f in files:
         exp = load_experiment(f)
-        assert exp.name == f.stem and exp.cluster in CLUSTER_PRESETS
-        if exp.workload:  # a workload file shipped beside it: it imports and its spec extracts
-            assert resolve_workload(exp.workload).spec().variables
+        assert exp.name == f.stem and exp.domain.cluster in CLUSTER_PRESETS
+        if exp.domain.workload:  # a workload file shipped beside it: it imports and its spec extracts
+            assert resolve_workload(exp.domain.workload).spec().variables
         else:
-            assert exp.model in MODELS
+            assert exp.domain.model in MODELS
 
 
 class _Oracle:
@@ -373,8 +491,8 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
     from synctune.search.moves import global_moves
     from synctune.search.local_search import ChoiceSpace
 
-    exp = Experiment(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
-                     baselines=("allreduce", "horovod", "ps-lb"), incumbent_moves=True)
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=14, proposals=60, candidates=4,
+                               baselines=("allreduce", "horovod", "ps-lb"), incumbent_moves=True)
     algo = StrategySearch(MODEL, CLUSTER, exp, analytic())
     measured, asked = {}, []
     while (p := algo.ask()) is not None:
@@ -405,8 +523,8 @@ def test_a_search_runs_its_whole_budget_when_the_elite_is_what_it_measured(seed)
     nothing else: the round must then fill its places from the rest of its proposals, not end
     the search (it ended after 13-16 of 24 trials)."""
     model, cluster = model_spec("ncf-small"), cluster_preset("lab-2x2")
-    exp = Experiment(name="t", model=model.name, cluster=cluster.name, budget=24, seed=seed, proposals=300,
-                     candidates=3, baselines=("tuned",))
+    exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=24, seed=seed, proposals=300,
+                               candidates=3, baselines=("tuned",))
     algo = StrategySearch(model, cluster, exp, BoundSimulator(AnalyticSimulator(), model, cluster))
     hashes = []
     while (p := algo.ask()) is not None:
@@ -425,8 +543,8 @@ def test_a_proposal_records_a_predicted_time_only_from_a_model_that_predicts_tim
     spec, cluster = model_spec("cnn-small"), cluster_preset("local-2x2")
 
     def proposals(sim):
-        exp = Experiment(name="t", model=spec.name, cluster=cluster.name, budget=9, proposals=60, candidates=4,
-                         baselines=("allreduce",), seed=3)
+        exp = Experiment.from_keys(name="t", model=spec.name, cluster=cluster.name, budget=9, proposals=60,
+                                   candidates=4, baselines=("allreduce",), seed=3)
         algo = StrategySearch(spec, cluster, exp, sim)
         out = []
         while (p := algo.ask()) is not None:

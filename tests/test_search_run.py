@@ -100,7 +100,7 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
     from synctune.workload import zoo_workload
 
     exp = load_experiment(experiment)
-    model, cluster = zoo_workload(exp.model).spec(), cluster_preset(exp.cluster)
+    model, cluster = zoo_workload(exp.domain.model).spec(), cluster_preset(exp.domain.cluster)
     measured = {r.trial_id: (r.strategy_hash, r.mean_s if r.status == "ok" else None) for r in rows.itertuples()}
     reference = StrategySearch(model, cluster, exp, make_search_simulator(exp, model, cluster))
     proposed = []

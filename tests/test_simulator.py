@@ -310,8 +310,8 @@ def test_the_shipped_simulator_is_the_default_and_transfers(tmp_path, monkeypatc
     info = pretrained_info()
     sim = load_simulator("pretrained")
     assert sim.learned and sim.kind == info["kind"]
-    exp = Experiment(name="p", model="cnn-small", cluster="local-2x2", budget=4)
-    assert exp.simulator == "pretrained"
+    exp = Experiment.from_keys(name="p", model="cnn-small", cluster="local-2x2", budget=4)
+    assert exp.search.simulator == "pretrained"
     bound = make_search_simulator(exp, model_spec("cnn-small"), cluster_preset("local-2x2"))
     assert isinstance(bound, SelectedSimulator) and bound.ready and bound.learned.transfer
     before = {k: v.clone() for k, v in bound.learned.simulator.net.state_dict().items()}

@@ -151,12 +151,14 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     spec = workload.spec()
     ddp_only = algorithm == "tuned-ddp"
     # The tuned-DDP searcher alone: its budget goes to DDP trials (one builder trial beside them).
-    exp = Experiment(name=f"svb-{spec.name}-{cluster.name}-{algorithm}", model=spec.name, cluster=cluster.name,
-                     budget=1 if ddp_only else budget, algorithm="random-guided" if ddp_only else algorithm,
-                     simulator="rnn" if algorithm in ("autodist", "genetic") else "analytic", proposals=500,
-                     candidates=3, warmup=warmup, iters=iters, baselines=("allreduce",) if ddp_only else ("tuned",),
-                     ddp_trials=budget if ddp_only else 8, confirm_rounds=0 if ddp_only else 10, confirm_iters=5,
-                     seed=seed, incumbent_moves=incumbent_moves)
+    exp = Experiment.from_keys(name=f"svb-{spec.name}-{cluster.name}-{algorithm}", model=spec.name,
+                               cluster=cluster.name, budget=1 if ddp_only else budget,
+                               algorithm="random-guided" if ddp_only else algorithm,
+                               simulator="rnn" if algorithm in ("autodist", "genetic") else "analytic", proposals=500,
+                               candidates=3, warmup=warmup, iters=iters,
+                               baselines=("allreduce",) if ddp_only else ("tuned",),
+                               ddp_trials=budget if ddp_only else 8, confirm_rounds=0 if ddp_only else 10,
+                               confirm_iters=5, seed=seed, incumbent_moves=incumbent_moves)
     start = time.monotonic()
     summary = run_search(exp, spec, cluster, workload=workload, node_net=node_net)
     wall = time.monotonic() - start

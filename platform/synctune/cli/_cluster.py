@@ -30,7 +30,7 @@ def check_cmd(config: str, experiment: str | None, cluster_name: str | None) -> 
     if experiment:
         from ..search.experiment import load_experiment
 
-        cluster = resolve_cluster_arg(load_experiment(experiment).cluster)
+        cluster = resolve_cluster_arg(load_experiment(experiment).domain.cluster)
     elif cluster_name:
         cluster = resolve_cluster_arg(cluster_name)
     report = check_cluster_config(config, cluster)

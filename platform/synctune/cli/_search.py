@@ -66,7 +66,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     exp = load_experiment(experiment)
     workload = resolve_workload_arg(exp.trains)
     model = workload.spec()
-    cluster = resolve_cluster_arg(exp.cluster)
+    cluster = resolve_cluster_arg(exp.domain.cluster)
     node_net = node_network(cluster)
     if cluster.device_kind != "cpu" and ray_address == "local":
         raise SpecError(f"{experiment}: cluster {cluster.name} has GPU nodes; run the search on a Ray cluster "
@@ -76,12 +76,12 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     make_search_simulator(exp, model, cluster)
     horovod_baselines(exp, model, cluster, workload)
     search_id = search_id_of(exp)
-    best_path = Path(exp.output) if exp.output else path_under(data_home(), "searches", f"{search_id}-best.json")
+    output = exp.run.output
+    best_path = Path(output) if output else path_under(data_home(), "searches", f"{search_id}-best.json")
     best_path.parent.mkdir(parents=True, exist_ok=True)
     check_writable(best_path)
     start_ray(ray_address, cluster.num_devices + 1)
-    bar = tqdm(total=exp.budget + exp.ddp_trials + len(exp.runtime_baselines), desc=exp.name, unit="trial",
-               disable=None)
+    bar = tqdm(total=exp.num_trials, desc=exp.name, unit="trial", disable=None)
     on_trial = _progress(bar, exp.name)
 
     def on_phase(message: str) -> None:
@@ -196,7 +196,8 @@ def _print_selection(summary, exp) -> None:
     acc = ", ".join(f"{name} {last[key]:.0%}" for name, key in (("learned", "learned_accuracy"),
                                                               ("training-free", "training_free_accuracy"))
                     if last[key] is not None)
-    click.echo(f"simulator {exp.simulator} scored proposals " + (f"from trial {switched}" if switched else "never")
+    click.echo(f"simulator {exp.search.simulator} scored proposals "
+               + (f"from trial {switched}" if switched else "never")
                + f"; held-out pairwise accuracy over {last['held_out_pairs']} pairs: {acc or 'n/a'} "
                f"(training-free: {summary.training_free_simulator or 'analytic'})")
 

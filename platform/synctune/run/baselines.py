@@ -59,7 +59,7 @@ def ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done: 
     from ray.tune.search.optuna import OptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress is ours to show, one line per trial
-    hooks = ddp_hooks(model, cluster, exp.lossy)
+    hooks = ddp_hooks(model, cluster, exp.search.lossy)
     space = {"comm_hook": optuna.distributions.CategoricalDistribution(hooks),
              "bucket_cap_mb": optuna.distributions.FloatDistribution(1.0, 256.0, log=True),
              "first_bucket_mb": optuna.distributions.FloatDistribution(0.0625, 64.0, log=True)}
@@ -70,7 +70,7 @@ def ddp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done: 
     # trials); a resumed search draws from a stream of its own, so it does not redraw the points
     # it was told about.
     sampler = optuna.samplers.TPESampler(seed=(exp.seed * 1_000_003 + len(done)) % 2**32,
-                                         n_startup_trials=min(3, exp.ddp_trials))
+                                         n_startup_trials=min(3, exp.baselines.ddp_trials))
     return OptunaSearch(space=space, metric="mean_s", mode="min", sampler=sampler, points_to_evaluate=points,
                         evaluated_rewards=rewards)
 
@@ -106,20 +106,21 @@ def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec,
     anything runs."""
     out = []
     where = exp.source or exp.name
-    for entry in getattr(exp, "runtime_baselines", ()):
+    label = exp.baselines.key("horovod")  # as the file wrote it: baselines or baselines.horovod
+    for entry in exp.baselines.horovod:
         options = {}
         for item in filter(None, entry.partition(":")[2].split(",")):
             key, _eq, text = item.partition("=")
             options[key.strip()] = text.strip()
         unknown = [k for k in options if k not in HOROVOD_DEFAULT.to_dict()]
         if unknown:
-            raise SpecError(f"{where}: baselines: {entry!r}: unknown Horovod setting {unknown[0]!r}; valid: "
+            raise SpecError(f"{where}: {label}: {entry!r}: unknown Horovod setting {unknown[0]!r}; valid: "
                             f"{', '.join(HOROVOD_DEFAULT.to_dict())}")
         try:
             runtime = HorovodRuntime(HorovodConfig.from_options(options))
             check_runtime(runtime, build_strategy("allreduce", model, cluster), model, cluster, workload)
         except SpecError as exc:
-            raise SpecError(f"{where}: baselines: {entry!r}: {exc}") from None
+            raise SpecError(f"{where}: {label}: {entry!r}: {exc}") from None
         out.append((entry, runtime))
     return out
 

@@ -6,14 +6,14 @@ per phase, run in order on the same slices:
 
 1. :func:`tune_runtime`: tuned torch DDP (Optuna's TPE through Ray Tune);
 2. :func:`measure_runtime_baselines`: the experiment's real Horovod baselines;
-3. :func:`run_algorithm`: the search algorithm (builder baselines first), ``budget`` trials;
+3. :func:`run_algorithm`: the search algorithm (builder baselines first), ``search.budget`` trials;
 4. :func:`confirm_best`: the best searched strategies screened and confirmed against the best
    baseline, interleaved on the same processes;
 5. :func:`summarize` and :func:`finish`: the :class:`~synctune.run.summary.SearchSummary`, its
    MLflow metrics, the dataset partition compacted.
 
 Each Tune trial hands its strategy to a named slice actor (:mod:`synctune.run.slices`) that
-owns a worker group for the experiment's cluster; ``slices`` (an experiment key) slices run
+owns a worker group for the experiment's cluster; ``run.slices`` (an experiment key) slices run
 trials concurrently. Results come back to the driver, which records each one (an MLflow child
 run of the search's parent run, and a dataset row) *before* telling the search algorithm.
 
@@ -24,7 +24,7 @@ ends, however it ends.
 
 The dataset is the search's memory: ``resume`` rebuilds the search algorithm from the rows of
 this search id, in the order they were recorded, so an interrupted search continues exactly as
-it would have, without re-running finished trials, and ends with exactly ``budget`` rows.
+it would have, without re-running finished trials, and ends with exactly ``search.budget`` rows.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ class SearchSession:
                  tracking_uri: str | None, node_net: dict | None, on_trial, say: Callable[[str], None]) -> None:
         self.exp, self.model, self.cluster, self.workload = exp, model, cluster, workload
         self.search_id, self.node_net, self.on_trial, self.say = search_id_of(exp), node_net, on_trial, say
-        if node_net and exp.slices > 1:
-            raise SpecError(f"{exp.source or exp.name}: slices: a lab has one set of links, so its trials run one at "
-                            f"a time (slices: 1), got {exp.slices}")
+        if node_net and exp.run.slices > 1:
+            slices = exp.run.key("slices")
+            raise SpecError(f"{exp.source or exp.name}: {slices}: a lab has one set of links, so its trials run one "
+                            f"at a time ({slices}: 1), got {exp.run.slices}")
         self.dataset = TrialDataset(dataset_dir())
         done = self.dataset.records(model=model.name, cluster=cluster.name, search_id=self.search_id)
         if done and not resume:
@@ -109,22 +110,23 @@ class SearchSession:
         self.framework = getattr(workload, "framework", "torch")
         self.strategy_runtime = strategy_runtime_class(self.framework)
         self.project = tensorflow_projection(model) if self.framework == "tensorflow" else None
-        if exp.algorithm not in ("random", "random-guided") and exp.simulator != "analytic" \
-                and self.framework == "torch":
+        if exp.search.uses_simulator and exp.search.simulator != "analytic" and self.framework == "torch":
             ensure_profile(workload, model, cluster, say)
         self.algo = self.new_algorithm(_search_state(self.done))
-        self.trial_config = TrialConfig(warmup=exp.warmup, iters=exp.iters, seed=exp.seed, timeout_s=exp.timeout_s)
+        self.trial_config = TrialConfig(warmup=exp.trial.warmup, iters=exp.trial.iters, seed=exp.seed,
+                                        timeout_s=exp.trial.timeout_s)
         self.skeleton = build_strategy("allreduce", model, cluster)  # the runtimes' replicas and (even) batch split
         self.holders: list = []
-        self.slice_names = [f"synctune-slice-{self.search_id}-{i}" for i in range(exp.slices)]
+        self.slice_names = [f"synctune-slice-{self.search_id}-{i}" for i in range(exp.run.slices)]
         self.free_slices = list(self.slice_names)
         self.proposals: dict[str, Any] = {}
         self.started = time.monotonic()
         self.logger = MlflowLogger(exp.name, tracking_uri)
         self.parent = self.logger.start_search(self.search_id, {
             "experiment": exp.source or exp.name, "model": model.name, "cluster": cluster.name,
-            "algorithm": exp.algorithm, "simulator": exp.simulator, "budget": exp.budget, "seed": exp.seed,
-            "workload": workload.source, "ddp_trials": exp.ddp_trials, "confirm_rounds": exp.confirm_rounds})
+            "algorithm": exp.search.algorithm, "simulator": exp.search.simulator, "budget": exp.search.budget,
+            "seed": exp.seed, "workload": workload.source, "ddp_trials": exp.baselines.ddp_trials,
+            "confirm_rounds": exp.confirm.rounds})
 
     def new_algorithm(self, state: dict) -> StrategySearch:
         """The search algorithm rebuilt from ``state`` (plain JSON), with a fresh simulator."""
@@ -142,7 +144,7 @@ class SearchSession:
         from .slices import SliceActor
 
         self.holders = [ray.remote(SliceActor).options(name=name, num_cpus=0, resources={HEAD_RESOURCE: 0.001})
-                        .remote(self.cluster.to_dict(), self.exp.timeout_s,
+                        .remote(self.cluster.to_dict(), self.exp.trial.timeout_s,
                                 dict(self.node_net) if self.node_net else None, self.workload)
                         for name in self.slice_names]
 
@@ -243,16 +245,16 @@ def run_algorithm(session: SearchSession) -> None:
     from .slices import trainable
 
     s = session
-    remaining = s.exp.budget - len(s.algo.trials)
+    remaining = s.exp.search.budget - len(s.algo.trials)
     if remaining <= 0 or s.algo.finished:
         return
-    s.say(f"searching: {remaining} trial(s) of {s.exp.algorithm}, builder baselines first")
+    s.say(f"searching: {remaining} trial(s) of {s.exp.search.algorithm}, builder baselines first")
     tune.Tuner(
         tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),
         # Reusing the trainables' actors saves a process start per trial (most of a small
         # trial's overhead: benchmarks/trial_overhead.py).
         tune_config=tune.TuneConfig(search_alg=StrategySearcher(s.search_id), num_samples=remaining,
-                                    max_concurrent_trials=s.exp.slices, reuse_actors=True),
+                                    max_concurrent_trials=s.exp.run.slices, reuse_actors=True),
         run_config=tune.RunConfig(name=s.search_id, storage_path=_tune_storage(), verbose=0),
     ).fit()
 
@@ -264,8 +266,8 @@ def confirm_best(session: SearchSession) -> dict | None:
     confirmation's figures (or its error), None when the experiment asks for none."""
     import ray
 
-    s, exp = session, session.exp
-    if not exp.confirm_rounds:
+    s, confirm = session, session.exp.confirm
+    if not confirm.rounds:
         return None
     if not s.strategy_runtime.interleavable:
         confirmation = {"error": f"not confirmed: the {s.strategy_runtime.name} runtime starts once per process, so "
@@ -273,21 +275,21 @@ def confirm_best(session: SearchSession) -> dict | None:
                                  f"trials"}
         s.say(f"confirmation skipped: {confirmation['error']}")
         return confirmation
-    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, exp.confirm_candidates)
+    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, confirm.candidates)
     if arms is None:
         return {"error": "nothing to confirm: no searched strategy and baseline both finished"}
     candidates, baseline = arms
     names = [a[2] for a in candidates]
-    screen_rounds = max(2, exp.confirm_rounds // 2) if len(candidates) > 1 else 0
+    screen_rounds = confirm.screen_rounds if len(candidates) > 1 else 0
     if screen_rounds:
         s.say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names)}) with the best "
-              f"baseline ({baseline[2]}): {screen_rounds} interleaved rounds of {exp.confirm_iters} iterations each")
+              f"baseline ({baseline[2]}): {screen_rounds} interleaved rounds of {confirm.iters} iterations each")
     s.say(f"confirming {'the pick' if screen_rounds else names[0]} against the best baseline ({baseline[2]}): "
-          f"{exp.confirm_rounds} interleaved rounds of {exp.confirm_iters} iterations each")
+          f"{confirm.rounds} interleaved rounds of {confirm.iters} iterations each")
     try:
         confirmation = ray.get(s.holders[0].confirm.remote(
             [(a[0].to_dict(), a[1].to_dict()) for a in [*candidates, baseline]], asdict(s.trial_config),
-            exp.confirm_rounds, exp.confirm_iters, screen_rounds))
+            confirm.rounds, confirm.iters, screen_rounds))
     except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
         confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     picked = int(confirmation.get("picked", 0))
@@ -302,7 +304,7 @@ def confirm_best(session: SearchSession) -> dict | None:
     if "ratio" in confirmation:
         index = sum(r.trial_id.startswith("confirm-") for r in s.done)
         s.record(f"confirm-{index}", strategy, "confirmation",
-                 confirmation_result(confirmation, strategy, s.cluster, warmup=exp.warmup))
+                 confirmation_result(confirmation, strategy, s.cluster, warmup=s.exp.trial.warmup))
     return confirmation
 
 
@@ -355,7 +357,7 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     SESSIONS[session.search_id] = session
     try:
         session.start_slices()
-        tune_runtime(session, TUNERS["ddp"], exp.ddp_trials)
+        tune_runtime(session, TUNERS["ddp"], exp.baselines.ddp_trials)
         measure_runtime_baselines(session)
         run_algorithm(session)
         confirmation = confirm_best(session)

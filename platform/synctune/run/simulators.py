@@ -22,12 +22,13 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     from ..simulator import AnalyticSimulator, BoundSimulator, CalibratedReplay, ReplaySimulator, load_simulator, \
         make_simulator, profile_key
 
-    if exp.algorithm in ("random", "random-guided"):
+    kind = exp.search.simulator
+    if not exp.search.uses_simulator:
         return None
-    if exp.simulator == "analytic":
+    if kind == "analytic":
         return BoundSimulator(AnalyticSimulator(), model, cluster)
     replay = ReplaySimulator.from_folder(profiles_dir())
-    if exp.simulator == "replay":
+    if kind == "replay":
         return BoundSimulator(replay, model, cluster)
     # The physical model learned models must beat: the replay where this domain's compute profile
     # was measured (`synctune sim profile`), calibrated on the search's own trials as they come
@@ -37,14 +38,14 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     if measured:
         physical.use_profiles(replay)
     training_free = BoundSimulator(physical, model, cluster)
-    if exp.simulator in ("rnn", "linear", "gat"):
+    if kind in ("rnn", "linear", "gat"):
         def make():
-            sim = make_simulator(exp.simulator, epochs=60, seed=exp.seed)
+            sim = make_simulator(kind, epochs=60, seed=exp.seed)
             sim.use_profiles(replay)  # its replay features use this domain's measured profile
             return sim
 
         return SelectedSimulator(training_free, BoundSimulator(make(), model, cluster, make=make), learned_ready=False)
-    transferred = load_simulator(exp.simulator)
+    transferred = load_simulator(kind)
     transferred.use_profiles(replay)
     return SelectedSimulator(training_free, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
 

@@ -4,7 +4,8 @@
 search) it can trial or draw from."""
 
 from .algorithm import StrategySearch
-from .experiment import ALGORITHMS, GENERATORS, Experiment, load_experiment
+from .experiment import (ALGORITHMS, GENERATORS, BaselinesSection, ConfirmSection, DomainSection, Experiment, RunSection,
+                         SearchSection, TrialSection, load_experiment)
 from .interface import Proposal, SimulatorProtocol
 from .local_search import ChoiceSpace, LocalSearchResult, coordinate_descent, mcts
 from .policies import ROUND_POLICIES, RoundPolicy
@@ -13,7 +14,10 @@ from .selection import fidelity_level, select_diverse
 
 __all__ = [
     "ALGORITHMS",
+    "BaselinesSection",
     "ChoiceSpace",
+    "ConfirmSection",
+    "DomainSection",
     "Experiment",
     "GENERATORS",
     "GuidedSampler",
@@ -22,8 +26,11 @@ __all__ = [
     "ROUND_POLICIES",
     "RandomSampler",
     "RoundPolicy",
+    "RunSection",
+    "SearchSection",
     "SimulatorProtocol",
     "StrategySearch",
+    "TrialSection",
     "coordinate_descent",
     "fidelity_level",
     "load_experiment",

@@ -56,8 +56,8 @@ def _baseline_proposals(model: ModelSpec, cluster: ClusterSpec, experiment: Expe
     under the first builder that gives it; tuned-set entries that do not apply to the domain and
     strategies the trials' runtime cannot execute are left out."""
     queue: list[Proposal] = []
-    explicit = getattr(experiment, "explicit_baselines", ())  # entries the experiment names itself
-    for b in experiment.baselines:
+    explicit = experiment.baselines.explicit_builders  # entries the experiment names itself
+    for b in experiment.baselines.expanded_builders:
         strategy = baseline_strategy(b, model, cluster)
         if b in TUNED_BASELINES and b not in explicit:
             try:
@@ -101,11 +101,12 @@ class StrategySearch:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
                  simulator: SimulatorProtocol | None = None,
                  project: Callable[[Strategy], Strategy] | None = None) -> None:
-        self.policy = ROUND_POLICIES.get(experiment.algorithm)
+        self.policy = ROUND_POLICIES.get(experiment.search.algorithm)
         self.project = project
         self.model = model
         self.cluster = cluster
         self.exp = experiment
+        self.settings = experiment.search  # what the round policies read: algorithm, proposals, ...
         self.index = _Index(model, cluster)
         self.simulator = simulator
         self.trials: list[dict[str, Any]] = []
@@ -125,7 +126,7 @@ class StrategySearch:
     def finished(self) -> bool:
         """Whether the search is over: the budget is spent (every trial asked for), or a round
         found no strategy that was not measured already."""
-        return self.asked >= self.exp.budget or self.exhausted
+        return self.asked >= self.settings.budget or self.exhausted
 
     @property
     def waiting(self) -> bool:
@@ -177,7 +178,7 @@ class StrategySearch:
         level = -np.inf
         if len(strategies) >= 4:
             level = fidelity_level(np.asarray(self.simulator.score(strategies), dtype=float), times_s,
-                                   self.exp.fidelity_accuracy)
+                                   self.settings.fidelity_accuracy)
         elite = np.flatnonzero(scores >= level)
         return elite if len(elite) else np.arange(len(scores))
 
@@ -192,7 +193,7 @@ class StrategySearch:
     # ---------------------------------------------------------------------------- internals
 
     def _round(self, round_: int) -> list[Proposal]:
-        return self.policy.propose(self, round_, min(self.exp.candidates, self.exp.budget - self.asked))
+        return self.policy.propose(self, round_, min(self.settings.candidates, self.settings.budget - self.asked))
 
     def _fit(self, upto: int) -> None:
         """Let the simulator learn from the first ``upto`` trials (at a batch boundary)."""

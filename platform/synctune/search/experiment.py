@@ -1,191 +1,470 @@
-"""Experiment files (``experiments/*.yaml``): what a search optimises and how, validated on load
-with errors that name the file, the key, the expected and the actual value."""
+"""Experiment files (``experiments/*.yaml``): what a search optimises and how, in sections, each
+validated where it is built with errors that name the file, the key as written, the expected and
+the actual value.
+
+A file has a ``name``, a ``seed`` and six sections: ``domain`` (what trains, on which cluster),
+``search`` (the algorithm and its budget), ``trial`` (how one trial is measured), ``baselines``
+(what the search is compared with), ``confirm`` (the interleaved re-measurement of the winner)
+and ``run`` (slices and output). Each section is written as a mapping (``search: {budget: 30}``)
+or, as before sections, with its keys at the top level of the file (``budget: 30``):
+:data:`FLAT_KEYS` says which section each top-level key belongs to. A setting given both ways is
+refused.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
 
 from ..spec._util import LIMITS, check_keys, in_range, is_number
 from ..spec.errors import SpecError
 from ..spec.files import check_name, read_yaml
 
-__all__ = ["ALGORITHMS", "GENERATORS", "Experiment", "load_experiment"]
+__all__ = ["ALGORITHMS", "GENERATORS", "SIMULATOR_CHOICES", "FLAT_KEYS", "SECTIONS", "Experiment", "DomainSection",
+           "SearchSection", "TrialSection", "BaselinesSection", "ConfirmSection", "RunSection", "load_experiment"]
 
 #: Search variants (AutoDist §3.3 and its ablations): the full Algorithm 1, constrained random
 #: search without a simulator ("Random+G"), plain random search, a genetic algorithm, and the
 #: simulator-only searches whose best strategies are trialled directly: AutoDDL §4.4's
 #: coordinate descent and TAG §4.2.2's Monte-Carlo tree search.
-ALGORITHMS = ("autodist", "random-guided", "random", "genetic", "coordinate-descent", "mcts")
+Algorithm = Literal["autodist", "random-guided", "random", "genetic", "coordinate-descent", "mcts"]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: Where ``autodist`` gets each round's proposals: the guided sampler (AutoDist §2.4), or the
 #: best strategies a simulator-only search found (the same selection then picks among them).
-GENERATORS = ("sampler", "coordinate-descent", "mcts")
-SIMULATOR_CHOICES = ("pretrained", "analytic", "replay", "rnn", "linear", "gat")
-#: A ``baselines:`` entry that is a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``).
+Generator = Literal["sampler", "coordinate-descent", "mcts"]
+GENERATORS: tuple[str, ...] = get_args(Generator)
+#: The simulators a search can name by kind; the other choice is a saved simulator file.
+SimulatorKind = Literal["pretrained", "analytic", "replay", "rnn", "linear", "gat"]
+SIMULATOR_CHOICES: tuple[str, ...] = get_args(SimulatorKind)
+#: The algorithms that score no proposal, so need no simulator.
+UNSIMULATED: tuple[str, ...] = ("random", "random-guided")
+#: A Horovod baseline entry: a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``), not a builder.
 HOROVOD_BASELINE = "hvd"
+#: The builders trialled first when an experiment names none.
+DEFAULT_BUILDERS = ("allreduce", "horovod", "ps-lb", "partitioned-ps", "parallax")
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: its repr, cut at 60 characters."""
+    shown = repr(value)
+    return shown[:60] + "..." if len(shown) > 60 else shown
+
+
+def _strings(value: Any) -> bool:
+    """Whether ``value`` is a tuple of strings."""
+    return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Section:
+    """What every section of an experiment has: its key in the file, and where it was read, so
+    that its errors name the file and each key as the user wrote it."""
+
+    #: The section's key in an experiment file.
+    KEY: ClassVar[str] = ""
+    #: A field's top-level key in the flat form, where it is not the field's own name.
+    FLAT: ClassVar[Mapping[str, str]] = {}
+
+    #: The file the section was read from ("" when built in code); its errors start with it.
+    source: str = field(default="", compare=False, repr=False)
+    #: The fields the file gave as top-level keys (the flat form); errors name them so.
+    written_flat: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    @classmethod
+    def settings(cls) -> tuple[str, ...]:
+        """The section's keys: its fields, less ``source`` and ``written_flat``."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("source", "written_flat"))
+
+    @classmethod
+    def required(cls) -> tuple[str, ...]:
+        """The keys without a default."""
+        return tuple(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+
+    @classmethod
+    def flat_key(cls, name: str) -> str:
+        """The top-level key that sets field ``name`` in the flat form."""
+        return cls.FLAT.get(name, name)
+
+    @classmethod
+    def from_flat(cls, flat: str, value: Any) -> dict[str, Any]:
+        """The fields a top-level key ``flat`` sets, with their values."""
+        return {name: tuple(value) if isinstance(value, list) else value
+                for name in cls.settings() if cls.flat_key(name) == flat}
+
+    def key(self, name: str) -> str:
+        """How errors name field ``name``: as written, ``budget`` in the flat form, else ``search.budget``."""
+        return self.flat_key(name) if name in self.written_flat else f"{self.KEY}.{name}"
+
+    def error(self, text: str) -> SpecError:
+        """A :class:`SpecError` saying ``text``, after the file."""
+        return SpecError(f"{self.source}: {text}" if self.source else text)
+
+    def bad(self, name: str, expected: str) -> SpecError:
+        """The error of field ``name``: its key, what was expected, what it holds."""
+        return self.error(f"{self.key(name)}: expected {expected}, got {_shown(getattr(self, name))}")
+
+    def check_int(self, name: str, low: int, high: int) -> None:
+        """Field ``name`` is an integer in [low, high]."""
+        if not in_range(getattr(self, name), low, high):
+            raise self.bad(name, f"an integer from {low} to {high}")
+
+    def check_choice(self, name: str, choices: tuple[str, ...]) -> None:
+        """Field ``name`` is one of ``choices`` (the error lists them)."""
+        if not (isinstance(getattr(self, name), str) and getattr(self, name) in choices):
+            raise self.bad(name, f"one of {', '.join(choices)}")
+
+    def check_bool(self, name: str) -> None:
+        """Field ``name`` is true or false."""
+        if not isinstance(getattr(self, name), bool):
+            raise self.bad(name, "true or false")
+
+    def check_text(self, name: str, expected: str, *, optional: bool) -> None:
+        """Field ``name`` is a string of at most 4096 characters, non-empty unless ``optional``."""
+        value = getattr(self, name)
+        if not isinstance(value, str) or not (value or optional) or len(value) > 4096:
+            raise self.bad(name, expected)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DomainSection(_Section):
+    """The domain (DESIGN.md): what trains, a zoo model or a user's workload (exactly one), and
+    on which cluster."""
+
+    KEY = "domain"
+
+    #: The cluster: a preset (``local-2x2``, ``B7``) or a cluster spec file.
+    cluster: str
+    #: A zoo model (``bert-tiny``); or give ``workload``.
+    model: str = ""
+    #: A user's factory, ``package.module:factory`` or ``path/to/file.py:factory`` (a relative
+    #: file path is relative to the experiment file's folder); or give ``model``.
+    workload: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("cluster", "model", "workload"):
+            self.check_text(name, "a non-empty string", optional=name != "cluster")
+        if bool(self.model) == bool(self.workload):
+            raise self.error(f"give exactly one of {self.key('model')} (a zoo model) and {self.key('workload')} "
+                             f"(package.module:factory or path/to/file.py:factory)")
+        if self.workload and ":" not in self.workload:
+            raise self.bad("workload", "package.module:factory or path/to/file.py:factory")
+
+    @property
+    def trains(self) -> str:
+        """What trains: the zoo model's name or the workload's import path."""
+        return self.workload or self.model
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSection(_Section):
+    """How the search proposes strategies (AutoDist §2.4, Algorithm 1, or a variant) and how many
+    trials it may run."""
+
+    KEY = "search"
+
+    #: Trials of the search, the builder baselines included (tuned DDP and Horovod runs are not).
+    budget: int
+    #: The search variant (:data:`ALGORITHMS`).
+    algorithm: Algorithm = "autodist"
+    #: Where ``autodist`` draws a round's proposals: the guided ``sampler``, or the
+    #: simulator-only ``coordinate-descent`` or ``mcts``.
+    generator: Generator = "sampler"
+    #: Strategies a simulator-only search may score per round (a count, not a time, so a resumed
+    #: search proposes exactly what the uninterrupted one would).
+    sim_evaluations: int = 20_000
+    #: ``pretrained`` (shipped with synctune, fine-tuned on the search's own trials, never
+    #: re-initialised), a kind learned from scratch (``rnn``, ``linear``, ``gat``), a
+    #: training-free one (``analytic``; ``replay``, dPRO §4.3, from the compute profiles
+    #: ``synctune sim profile`` measured), or the path of a saved simulator (``.pt``) to transfer
+    #: from. Learned ones score proposals only while they rank this search's new trials better
+    #: than the training-free model (AutoDist §2.4).
+    simulator: SimulatorKind | str = "pretrained"
+    #: Strategies sampled per round.
+    proposals: int = 2000
+    #: Strategies trialled per round (at most ``proposals``).
+    candidates: int = 4
+    #: The simulator's fidelity level: proposals scored below the highest score under which it
+    #: still ranks measured trials with this accuracy are dropped.
+    fidelity_accuracy: float = 0.8
+    #: Each ``autodist`` round's last proposal is the best measured strategy one move away (off
+    #: by default: on ncf-small@lab-b12 it cost the search its wins, 0.75x where 1.80x without).
+    incumbent_moves: bool = False
+    #: Whether lossy compression (fp16, bf16, PowerSGD) may be proposed, here and in tuned DDP's
+    #: comm hooks; false: every candidate trains exactly as plain data-parallel SGD.
+    lossy: bool = True
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
+                                ("candidates", 1, LIMITS["budget"]), ("sim_evaluations", 100, 10_000_000)):
+            self.check_int(name, low, high)
+        self.check_choice("algorithm", ALGORITHMS)
+        self.check_choice("generator", GENERATORS)
+        if self.generator != "sampler" and self.algorithm != "autodist":
+            raise self.error(f"{self.key('generator')}: {self.generator} feeds {self.key('algorithm')} autodist, "
+                             f"not {self.algorithm}; use {self.key('algorithm')}: autodist, or "
+                             f"{self.key('generator')}: sampler")
+        self.check_text("simulator", "a non-empty string", optional=False)
+        if not (self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):
+            raise self.bad("simulator", f"one of {', '.join(SIMULATOR_CHOICES)} or a saved simulator file (.pt)")
+        if not (is_number(self.fidelity_accuracy) and 0.5 <= self.fidelity_accuracy < 1):
+            raise self.bad("fidelity_accuracy", "a number in [0.5, 1)")
+        self.check_bool("incumbent_moves")
+        self.check_bool("lossy")
+        if self.candidates > self.proposals:
+            raise self.error(f"{self.key('candidates')} ({self.candidates}) cannot exceed "
+                             f"{self.key('proposals')} ({self.proposals})")
+
+    @property
+    def uses_simulator(self) -> bool:
+        """Whether the algorithm scores proposals with a simulator (all but the random variants)."""
+        return self.algorithm not in UNSIMULATED
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialSection(_Section):
+    """How one trial is measured: warm-up iterations, then timed ones (10 and 40 in the papers)."""
+
+    KEY = "trial"
+
+    #: Iterations run before timing starts (never counted).
+    warmup: int = 10
+    #: Timed iterations.
+    iters: int = 40
+    #: Seconds a trial may take, and a slice of the Ray cluster to come up.
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        self.check_int("warmup", 0, LIMITS["iterations"])
+        self.check_int("iters", 1, LIMITS["iterations"])
+        if not (is_number(self.timeout_s) and 0 < self.timeout_s <= LIMITS["timeout_s"]):
+            raise self.bad("timeout_s", f"a positive number of seconds up to {LIMITS['timeout_s']:g}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselinesSection(_Section):
+    """What the search is compared with: hand-optimised builders (AutoDist §3.1), trialled first
+    inside the budget; real Horovod runs and tuned torch DDP, before the search, outside it.
+
+    In the flat form one list, ``baselines:``, holds the builders and the Horovod runs."""
+
+    KEY = "baselines"
+    FLAT = {"builders": "baselines", "horovod": "baselines"}
+
+    #: Builder entries as written: a builder name, a builder with options
+    #: (``allreduce:chunk=8``), or ``tuned`` (the papers' baselines with their settings swept).
+    builders: tuple[str, ...] = DEFAULT_BUILDERS
+    #: Real Horovod runs: ``hvd`` or ``hvd:KEY=VALUE,...`` (``hvd:fusion_threshold_mb=64,cycle_time_ms=5``),
+    #: the ``horovod`` runtime with those settings (checked against Horovod's when the search starts).
+    horovod: tuple[str, ...] = ()
+    #: torch DDP trials (bucket size, first bucket, comm hook tuned by Optuna through Ray Tune),
+    #: one more baseline, run before the search (0: none).
+    ddp_trials: int = 8
+
+    @classmethod
+    def from_flat(cls, flat: str, value: Any) -> dict[str, Any]:
+        """The flat ``baselines:`` list split into builders and Horovod runs (each run once)."""
+        if flat != "baselines" or not isinstance(value, (list, tuple)):
+            return super().from_flat(flat, value)
+        runs = [e for e in value if isinstance(e, str) and e.partition(":")[0] == HOROVOD_BASELINE]
+        return {"builders": tuple(e for e in value if e not in runs), "horovod": tuple(dict.fromkeys(runs))}
+
+    def __post_init__(self) -> None:
+        from ..strategy.builders import BUILDERS, parse_baseline
+        from ..strategy.schema import StrategyError
+
+        self.check_int("ddp_trials", 0, LIMITS["budget"])
+        flat = "builders" in self.written_flat  # one list of builders and Horovod runs
+        runs = ", and real Horovod runs ('hvd', 'hvd:fusion_threshold_mb=64')" if flat else ""
+        if not _strings(self.builders):
+            raise self.bad("builders", f"a list of builder names, e.g. [allreduce, ps-lb, 'allreduce:chunk=8'] or "
+                                       f"[tuned]{runs}")
+        if not _strings(self.horovod):
+            raise self.bad("horovod", "a list of real Horovod runs, e.g. [hvd, 'hvd:fusion_threshold_mb=64']")
+        for b in self.builders:
+            if b.partition(":")[0] == HOROVOD_BASELINE:
+                raise self.error(f"{self.key('builders')}: {b[:60]!r} is a real Horovod run, not a builder: list it "
+                                 f"under {self.key('horovod')}")
+        for b in self.horovod:
+            head, _sep, options = b.partition(":")
+            if head != HOROVOD_BASELINE or (options and not all(k.strip() and "=" in k for k in options.split(","))):
+                raise self.error(f"{self.key('horovod')}: {b[:60]!r}: expected hvd or hvd:KEY=VALUE,KEY=VALUE "
+                                 f"(e.g. hvd:fusion_threshold_mb=64,cycle_time_ms=5)")
+        for b in self.expanded_builders:
+            if b.partition(":")[0] not in BUILDERS:
+                raise self.error(f"{self.key('builders')}: unknown builder {b[:40]!r}; valid: tuned, "
+                                 f"{HOROVOD_BASELINE}, {', '.join(BUILDERS)}")
+            try:
+                parse_baseline(b)
+            except StrategyError as exc:
+                raise self.error(f"{self.key('builders')}: {exc}") from None
+
+    @property
+    def expanded_builders(self) -> tuple[str, ...]:
+        """The builder entries trialled, in order, each once: ``tuned`` stands for the tuned set."""
+        from ..strategy.builders import TUNED_BASELINES
+
+        return tuple(dict.fromkeys(e for b in self.builders for e in (TUNED_BASELINES if b == "tuned" else (b,))))
+
+    @property
+    def explicit_builders(self) -> tuple[str, ...]:
+        """The builder entries written out (not through ``tuned``): these run even where they
+        cannot apply (the trial then says why), where the tuned set's are left out."""
+        return tuple(b for b in self.builders if b != "tuned")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmSection(_Section):
+    """The confirmation: the best searched strategy re-measured against the best baseline,
+    interleaved (A/B/A/B) on the same processes, with a 95% interval (DESIGN.md)."""
+
+    KEY = "confirm"
+    FLAT = {"rounds": "confirm_rounds", "iters": "confirm_iters", "candidates": "confirm_candidates"}
+
+    #: Interleaved rounds (0: no confirmation; the recommendation is then unconfirmed).
+    rounds: int = 10
+    #: Timed iterations per arm and round.
+    iters: int = 5
+    #: Searched strategies screened first, those with the fastest single trials (the fastest of
+    #: many noisy trials is partly luck): interleaved with the baseline on :attr:`screen_rounds`
+    #: rounds, and the pick confirmed on fresh rounds (1: no screening).
+    candidates: int = 3
+
+    def __post_init__(self) -> None:
+        if not (self.rounds == 0 or in_range(self.rounds, 2, 1000)):
+            raise self.bad("rounds", "0 (no confirmation) or an integer from 2 to 1000")
+        self.check_int("iters", 1, LIMITS["iterations"])
+        self.check_int("candidates", 1, 16)
+
+    @property
+    def screen_rounds(self) -> int:
+        """Rounds of the screening: half the confirmation's, at least 2."""
+        return max(2, self.rounds // 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSection(_Section):
+    """Where the search runs and what it writes."""
+
+    KEY = "run"
+
+    #: Trials run concurrently, each on its own slice of the Ray cluster (one in a lab).
+    slices: int = 1
+    #: Where the recommended strategy goes ("": ``searches/<search id>-best.json`` in the data folder).
+    output: str = ""
+
+    def __post_init__(self) -> None:
+        self.check_int("slices", 1, 1024)
+        self.check_text("output", "a file path", optional=True)
+
+
+#: The sections of an experiment file, by key.
+SECTIONS: dict[str, type[_Section]] = {s.KEY: s for s in (DomainSection, SearchSection, TrialSection,
+                                                          BaselinesSection, ConfirmSection, RunSection)}
+#: The flat form: each top-level key of a section's setting, and the section it belongs to.
+FLAT_KEYS: dict[str, type[_Section]] = {s.flat_key(name): s for s in SECTIONS.values() for name in s.settings()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Experiment:
-    """A validated experiment. What it trains is ``model`` (a zoo model) or ``workload`` (a
-    user's factory, ``package.module:factory`` or ``path/to/file.py:factory``; a relative file
-    path is relative to the experiment file's folder), exactly one. ``simulator`` is
-    ``pretrained`` (the default: the simulator shipped with synctune, fine-tuned on the search's
-    own trials, never re-initialised), a kind learned from scratch during the search (``rnn``,
-    ``linear``, ``gat``), a training-free one (``analytic``; ``replay``, dPRO §4.3, from the
-    compute profiles ``synctune sim profile`` measured), or the path of a saved simulator to
-    transfer from. Learned ones score proposals only while they rank this search's new trials
-    better than the training-free model (AutoDist §2.4).
+    """A validated experiment: a name, a seed and the sections. Build one from a file with
+    :func:`load_experiment`, from a file's keys (flat or nested) with :meth:`from_dict` or
+    :meth:`from_keys`, or from sections."""
 
-    ``baselines`` names builders (``tuned``: the tuned set) and real Horovod runs (``hvd``,
-    ``hvd:fusion_threshold_mb=64,cycle_time_ms=5``: the ``horovod`` runtime with those settings),
-    kept apart in ``runtime_baselines``.
-
-    ``ddp_trials`` torch DDP trials (bucket size, first bucket, comm hook tuned by Optuna through
-    Ray Tune) run before the search as one more baseline, outside ``budget`` (0: none). At the
-    end the best searched strategy is re-measured against the best baseline interleaved on the
-    same processes, ``confirm_rounds`` rounds of ``confirm_iters`` iterations per arm (0 rounds:
-    no confirmation). With ``confirm_candidates`` above 1, the searched strategies with that many
-    fastest single trials are screened first, interleaved with the baseline (half as many rounds,
-    at least 2), and the confirmation re-measures the screening's pick on fresh rounds: the
-    fastest single trial of many noisy ones is partly luck. ``incumbent_moves: true`` makes each
-    ``autodist`` round's last proposal the best measured strategy one move away (off by default:
-    on ncf-small@lab-b12 it cost the search its wins, 0.75x where 1.80x without). ``lossy: false`` keeps lossy compression (fp16, bf16, PowerSGD) out of
-    the search's proposals and of tuned DDP's comm hooks: every candidate then trains exactly as
-    plain data-parallel SGD.
-
-    ``generator`` is where ``autodist`` draws a round's proposals (``sampler``, or the
-    simulator-only ``coordinate-descent`` or ``mcts``); ``sim_evaluations`` is how many
-    strategies such a search may score per round (a count, not a time, so a resumed search
-    proposes exactly what the uninterrupted one would)."""
-
+    #: Names the search (``<name>-seed<seed>``, its files and its MLflow experiment).
     name: str
-    cluster: str
-    model: str = ""
-    workload: str = ""
-    budget: int
-    algorithm: str = "autodist"
-    generator: str = "sampler"
-    sim_evaluations: int = 20_000
-    simulator: str = "pretrained"
-    proposals: int = 2000
-    candidates: int = 4
-    warmup: int = 10
-    iters: int = 40
-    baselines: tuple[str, ...] = ("allreduce", "horovod", "ps-lb", "partitioned-ps", "parallax")
-    fidelity_accuracy: float = 0.8
+    #: What trains, on which cluster.
+    domain: DomainSection
+    #: The algorithm, its simulator and the budget.
+    search: SearchSection
+    #: Seeds the search's rounds, the trials' data and the tuned DDP sampler.
     seed: int = 0
-    timeout_s: float = 900.0
-    slices: int = 1
-    ddp_trials: int = 8
-    confirm_rounds: int = 10
-    confirm_iters: int = 5
-    confirm_candidates: int = 3
-    incumbent_moves: bool = False
-    lossy: bool = True
-    output: str = ""
+    #: How one trial is measured.
+    trial: TrialSection = field(default_factory=TrialSection)
+    #: What the search is compared with.
+    baselines: BaselinesSection = field(default_factory=BaselinesSection)
+    #: The interleaved re-measurement of the winner against the best baseline.
+    confirm: ConfirmSection = field(default_factory=ConfirmSection)
+    #: Slices and output.
+    run: RunSection = field(default_factory=RunSection)
+    #: The file it was read from ("" when built in code).
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         where = self.source or "experiment"
-
-        def bad(key: str, expected: str) -> SpecError:
-            shown = repr(getattr(self, key))
-            return SpecError(f"{where}: {key}: expected {expected}, got {shown[:60] + '...' if len(shown) > 60 else shown}")
-
         check_name(self.name, f"{where}: name")
-        for key in ("model", "workload", "cluster", "simulator", "output"):
-            value = getattr(self, key)
-            optional = key in ("output", "model", "workload")
-            if not isinstance(value, str) or not (value or optional) or len(value) > 4096:
-                raise bad(key, "a file path" if key == "output" else "a non-empty string")
-        if bool(self.model) == bool(self.workload):
-            raise SpecError(f"{where}: give exactly one of model (a zoo model) and workload (package.module:factory "
-                            f"or path/to/file.py:factory)")
-        if self.workload and ":" not in self.workload:
-            raise bad("workload", "package.module:factory or path/to/file.py:factory")
-        for key, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
-                               ("candidates", 1, LIMITS["budget"]), ("warmup", 0, LIMITS["iterations"]),
-                               ("iters", 1, LIMITS["iterations"]), ("slices", 1, 1024),
-                               ("ddp_trials", 0, LIMITS["budget"]), ("confirm_iters", 1, LIMITS["iterations"]),
-                               ("confirm_candidates", 1, 16),
-                               ("seed", 0, LIMITS["seed"])):
-            if not in_range(getattr(self, key), low, high):
-                raise bad(key, f"an integer from {low} to {high}")
-        if not (self.confirm_rounds == 0 or in_range(self.confirm_rounds, 2, 1000)):
-            raise bad("confirm_rounds", "0 (no confirmation) or an integer from 2 to 1000")
-        if not isinstance(self.lossy, bool):
-            raise bad("lossy", "true or false")
-        if not isinstance(self.incumbent_moves, bool):
-            raise bad("incumbent_moves", "true or false")
-        if self.algorithm not in ALGORITHMS:
-            raise bad("algorithm", f"one of {', '.join(ALGORITHMS)}")
-        if self.generator not in GENERATORS:
-            raise bad("generator", f"one of {', '.join(GENERATORS)}")
-        if self.generator != "sampler" and self.algorithm != "autodist":
-            raise SpecError(f"{where}: generator: {self.generator} feeds algorithm autodist, not {self.algorithm}; "
-                            f"use algorithm: autodist, or generator: sampler")
-        if not in_range(self.sim_evaluations, 100, 10_000_000):
-            raise bad("sim_evaluations", "an integer from 100 to 10000000")
-        if not (self.simulator in SIMULATOR_CHOICES or self.simulator.endswith((".pt", ".sim"))):
-            raise bad("simulator", f"one of {', '.join(SIMULATOR_CHOICES)} or a saved simulator file (.pt)")
-        if not (is_number(self.fidelity_accuracy) and 0.5 <= self.fidelity_accuracy < 1):
-            raise bad("fidelity_accuracy", "a number in [0.5, 1)")
-        if not (is_number(self.timeout_s) and 0 < self.timeout_s <= LIMITS["timeout_s"]):
-            raise bad("timeout_s", f"a positive number of seconds up to {LIMITS['timeout_s']:g}")
-        if isinstance(self.baselines, list):
-            object.__setattr__(self, "baselines", tuple(self.baselines))
-        if not isinstance(self.baselines, tuple) or not all(isinstance(b, str) for b in self.baselines):
-            raise bad("baselines", "a list of builder names, e.g. [allreduce, ps-lb, 'allreduce:chunk=8'] or [tuned], "
-                                   "and real Horovod runs ('hvd', 'hvd:fusion_threshold_mb=64')")
-        from ..strategy.builders import BUILDERS, TUNED_BASELINES, parse_baseline
-        from ..strategy.schema import StrategyError
-
-        # ``hvd`` entries are real Horovod trials (a runtime, not a builder): kept apart, their
-        # options checked against Horovod's settings when the search starts (run.search).
-        runtime = tuple(b for b in self.baselines if b.partition(":")[0] == HOROVOD_BASELINE)
-        for b in runtime:
-            options = b.partition(":")[2]
-            if options and not all(k.strip() and "=" in k for k in options.split(",")):
-                raise SpecError(f"{where}: baselines: {b[:60]!r}: expected hvd or hvd:KEY=VALUE,KEY=VALUE "
-                                f"(e.g. hvd:fusion_threshold_mb=64,cycle_time_ms=5)")
-        object.__setattr__(self, "runtime_baselines", tuple(dict.fromkeys(runtime)))
-        object.__setattr__(self, "baselines", tuple(b for b in self.baselines if b not in runtime))
-        # Entries written out are run even where they cannot apply (the trial then says why);
-        # entries of the tuned set that do not apply to a cluster are left out of the search.
-        object.__setattr__(self, "explicit_baselines", tuple(b for b in self.baselines if b != "tuned"))
-        expanded = tuple(e for b in self.baselines for e in (TUNED_BASELINES if b == "tuned" else (b,)))
-        object.__setattr__(self, "baselines", tuple(dict.fromkeys(expanded)))
-        for b in self.baselines:
-            if b.partition(":")[0] not in BUILDERS:
-                raise SpecError(f"{where}: baselines: unknown builder {b[:40]!r}; valid: tuned, {HOROVOD_BASELINE}, "
-                                f"{', '.join(BUILDERS)}")
-            try:
-                parse_baseline(b)
-            except StrategyError as exc:
-                raise SpecError(f"{where}: baselines: {exc}") from None
-        if self.candidates > self.proposals:
-            raise SpecError(f"{where}: candidates ({self.candidates}) cannot exceed proposals ({self.proposals})")
+        if not in_range(self.seed, 0, LIMITS["seed"]):
+            raise SpecError(f"{where}: seed: expected an integer from 0 to {LIMITS['seed']}, got {_shown(self.seed)}")
+        for key, section in SECTIONS.items():
+            if not isinstance(getattr(self, key), section):
+                raise SpecError(f"{where}: {key}: expected a {section.__name__}, got {_shown(getattr(self, key))}")
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "experiment") -> "Experiment":
-        required = ("name", "cluster", "budget")
-        known = tuple(f.name for f in fields(cls) if f.name != "source")
-        check_keys(data, source, required, tuple(k for k in known if k not in required))
-        values = dict(data)
-        workload = values.get("workload")
-        if isinstance(workload, str) and ":" in workload and source != "experiment":
-            # A file path in the workload is relative to the experiment file, as users write it.
-            target, _sep, attr = workload.rpartition(":")
-            if target.endswith(".py") and not Path(target).is_absolute():
-                values["workload"] = f"{Path(source).parent / target}:{attr}"
-        return cls(**values, source=source)
+        """The experiment of an experiment file's mapping: ``name``, ``seed`` and the sections,
+        each nested or flat (:data:`FLAT_KEYS`); errors start with ``source``."""
+        flat = tuple(k for k in FLAT_KEYS if k not in SECTIONS)
+        check_keys(data, source, ("name",), ("seed", *SECTIONS, *flat))
+        sections = {key: _read_section(section, data, source) for key, section in SECTIONS.items()}
+        return cls(name=data["name"], seed=data.get("seed", 0), **sections, source=source)
+
+    @classmethod
+    def from_keys(cls, **keys: Any) -> "Experiment":
+        """The experiment of an experiment file's keys given as arguments, flat
+        (``budget=30``) or nested (``search={"budget": 30}``)."""
+        return cls.from_dict(keys)
 
     @property
     def trains(self) -> str:
         """What the experiment trains: the zoo model's name or the workload's import path."""
-        return self.workload or self.model
+        return self.domain.trains
+
+    @property
+    def num_trials(self) -> int:
+        """Trials before the confirmation: the search's budget, tuned DDP's and the Horovod runs."""
+        return self.search.budget + self.baselines.ddp_trials + len(self.baselines.horovod)
+
+
+def _read_section(section: type[_Section], data: Mapping, source: str) -> _Section:
+    """One section of an experiment file's mapping: its nested mapping merged with its flat
+    (top-level) keys, never the same setting both ways."""
+    key = section.KEY
+    nested = data.get(key, {})
+    flat_form = key in FLAT_KEYS and not isinstance(nested, Mapping)  # baselines: [a, b]
+    if flat_form:
+        nested = {}
+    elif not isinstance(nested, Mapping):
+        raise SpecError(f"{source}: {key}: expected a mapping of {', '.join(section.settings())}, "
+                        f"got {_shown(nested)}")
+    check_keys(nested, f"{source}: {key}", (), section.settings())
+    values = {name: tuple(v) if isinstance(v, list) else v for name, v in nested.items()}
+    written_flat: set[str] = set()
+    for flat, value in data.items():
+        if FLAT_KEYS.get(flat) is not section or (flat == key and not flat_form):
+            continue
+        for name, v in section.from_flat(flat, value).items():
+            if name in values:
+                raise SpecError(f"{source}: {flat} and {key}.{name} are the same setting; give one of them "
+                                f"({key}.{name})")
+            values[name] = v
+            written_flat.add(name)
+    for name in section.required():
+        if name not in values:
+            raise SpecError(f"{source}: missing key {section.flat_key(name)!r} (or {key}.{name})")
+    if section is DomainSection:
+        values = _relative_workload(values, source)
+    return section(**values, source=source, written_flat=frozenset(written_flat))
+
+
+def _relative_workload(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` with a relative workload file made relative to the experiment file, as users write it."""
+    workload = values.get("workload")
+    if isinstance(workload, str) and ":" in workload and source != "experiment":
+        target, _sep, attr = workload.rpartition(":")
+        if target.endswith(".py") and not Path(target).is_absolute():
+            return dict(values, workload=f"{Path(source).parent / target}:{attr}")
+    return values
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -71,7 +71,7 @@ class RandomPolicy:
         sampler = self.sampler(search, round_seed(search.exp.seed, round_))
         # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured.
         picked = _fresh(search, sampler.sample_many(3 * k), search.seen())[:k]
-        return [Proposal(trial_id=f"r{round_}-{i}", strategy=s, origin=search.exp.algorithm, predicted=None)
+        return [Proposal(trial_id=f"r{round_}-{i}", strategy=s, origin=search.settings.algorithm, predicted=None)
                 for i, s in enumerate(picked)]
 
 
@@ -80,7 +80,7 @@ class RandomGuidedPolicy(RandomPolicy):
     knowledge constraints, AutoDist §2.4), trialled as drawn, no simulator."""
 
     def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
-        return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.exp.lossy)
+        return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy)
 
 
 class _LocalSearchPolicy:
@@ -96,7 +96,7 @@ class _LocalSearchPolicy:
         picks among them), not measured yet, at most ``keep``; started from the two fastest
         measured strategies."""
         model = getattr(search.simulator, "training_free", search.simulator)
-        space = ChoiceSpace(search.model, search.cluster, lossy=search.exp.lossy)
+        space = ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy)
 
         def score(strategies: list[Strategy]) -> np.ndarray:
             if search.project is not None:
@@ -106,7 +106,7 @@ class _LocalSearchPolicy:
         seen = search.seen()
         strategies, times_s = search.measured()
         starts = [strategies[i] for i in np.argsort(times_s, kind="stable")[:2]] if strategies else []
-        result = self.run(space, score, starts, rng=rng, evaluations=search.exp.sim_evaluations,
+        result = self.run(space, score, starts, rng=rng, evaluations=search.settings.sim_evaluations,
                           keep=keep + len(seen))
         return result.top(keep, exclude=seen)
 
@@ -120,7 +120,7 @@ class _LocalSearchPolicy:
             if strategy.hash not in hashes and len(picked) < k:
                 hashes.add(strategy.hash)
                 picked.append(Proposal(trial_id=f"r{round_}-{len(picked)}", strategy=strategy,
-                                       origin=search.exp.algorithm, predicted=search.predicted_s(score, free)))
+                                       origin=search.settings.algorithm, predicted=search.predicted_s(score, free)))
         return picked
 
 
@@ -151,7 +151,7 @@ def _scored_columns(search: StrategySearch, guided: GuidedSampler, k: int, tag: 
     holds fewer than ``k`` strategies not measured yet (the elite is what scores at least as
     well as the measured strategies the simulator ranks right, so it can be the measured ones
     and little else), the rest of the round fills the places."""
-    cols = guided.sample_columns(search.exp.proposals)
+    cols = guided.sample_columns(search.settings.proposals)
     _, first = np.unique(cols.digests(), return_index=True)
     distinct = np.sort(first)
     scores = np.asarray(search.simulator.score_columns(cols), dtype=float)[distinct]
@@ -171,7 +171,7 @@ def _scored_columns(search: StrategySearch, guided: GuidedSampler, k: int, tag: 
 
         chosen = select_diverse(None, scores[pool], k - len(picks), None, signatures=signatures[pool], accept=fresh)
         picks += [int(pool[c]) for c in chosen]
-    return [Proposal(trial_id=f"{tag}-{j}", strategy=made[i], origin=search.exp.algorithm,
+    return [Proposal(trial_id=f"{tag}-{j}", strategy=made[i], origin=search.settings.algorithm,
                      predicted=search.predicted_s(scores[i])) for j, i in enumerate(picks)]
 
 
@@ -184,7 +184,7 @@ def _scored_objects(search: StrategySearch, raw: list[Strategy], k: int, tag: st
     scores = np.asarray(search.simulator.score(proposals), dtype=float)
     elite = [int(i) for i in search.elite(scores)]
     chosen = select_diverse([proposals[i] for i in elite], scores[elite], k, search.index)
-    return [Proposal(trial_id=f"{tag}-{j}", strategy=proposals[elite[c]], origin=search.exp.algorithm,
+    return [Proposal(trial_id=f"{tag}-{j}", strategy=proposals[elite[c]], origin=search.settings.algorithm,
                      predicted=search.predicted_s(scores[elite[c]])) for j, c in enumerate(chosen)]
 
 
@@ -211,7 +211,7 @@ def _split_step(search: StrategySearch, guided: GuidedSampler, out: list[Proposa
     scores = np.asarray(search.simulator.score(variants), dtype=float)
     i = int(np.argmax(scores))
     return out[:-1] + [Proposal(trial_id=f"{tag}-{len(out) - 1}", strategy=variants[i],
-                                origin=f"{search.exp.algorithm}+split", predicted=search.predicted_s(scores[i]))]
+                                origin=f"{search.settings.algorithm}+split", predicted=search.predicted_s(scores[i]))]
 
 
 class AutoDistPolicy:
@@ -222,28 +222,28 @@ class AutoDistPolicy:
     on replicas of different speeds, a step on the batch split in place of the last pick."""
 
     def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
-        seed = round_seed(search.exp.seed, round_)
+        seed, settings = round_seed(search.exp.seed, round_), search.settings
         rng = random.Random(seed)
-        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.exp.lossy)
+        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=settings.lossy)
         tag, seen = f"r{round_}", search.seen()
-        if (search.exp.generator == "sampler" and search.project is None and guided.speeds is None
+        if (settings.generator == "sampler" and search.project is None and guided.speeds is None
                 and hasattr(search.simulator, "score_columns")):
             out = _scored_columns(search, guided, k, tag, seen)
-        elif search.exp.generator != "sampler":
-            generator = ROUND_POLICIES.get(search.exp.generator)
-            out = _scored_objects(search, [s for s, _ in generator.local_search(search, rng, search.exp.proposals)],
+        elif settings.generator != "sampler":
+            generator = ROUND_POLICIES.get(settings.generator)
+            out = _scored_objects(search, [s for s, _ in generator.local_search(search, rng, settings.proposals)],
                                   k, tag, seen)
         else:
-            out = _scored_objects(search, guided.sample_many(search.exp.proposals), k, tag, seen)
+            out = _scored_objects(search, guided.sample_many(settings.proposals), k, tag, seen)
         if not out:
             return []
-        if search.exp.incumbent_moves and len(out) >= 2:
+        if settings.incumbent_moves and len(out) >= 2:
             move = self.incumbent_step(search, {p.strategy.hash for p in out} | seen)
             if move is not None:
                 # Exploitation beside the sampler's exploration: the best measured strategy
                 # (a tuned baseline, often) one move away, in place of the round's last pick.
                 out[-1] = Proposal(trial_id=f"{tag}-{len(out) - 1}", strategy=move[0],
-                                   origin=f"{search.exp.algorithm}+incumbent", predicted=search.predicted_s(move[1]))
+                                   origin=f"{settings.algorithm}+incumbent", predicted=search.predicted_s(move[1]))
         return _split_step(search, guided, out, tag, seen)
 
     @staticmethod
@@ -260,7 +260,7 @@ class AutoDistPolicy:
         if not strategies:
             return None
         best = strategies[int(np.argmin(times_s))]
-        space = ChoiceSpace(search.model, search.cluster, lossy=search.exp.lossy)
+        space = ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy)
         moves = global_moves(best, space)
         for coordinate in space.coordinates(8):
             moves += space.neighbours(best, coordinate)
@@ -290,14 +290,14 @@ class GeneticPolicy:
     def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
         seed = round_seed(search.exp.seed, round_)
         rng = random.Random(seed)
-        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.exp.lossy)
+        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy)
         tag, seen = f"r{round_}", search.seen()
         strategies, times_s = search.measured(search.fitted_on)
         if len(strategies) < 2:
-            children = guided.sample_many(search.exp.proposals)
+            children = guided.sample_many(search.settings.proposals)
         else:
             parents = [strategies[i] for i in np.argsort(times_s, kind="stable")[: max(2, len(strategies) // 2)]]
-            children = crossover(parents, search.exp.proposals, rng, guided)
+            children = crossover(parents, search.settings.proposals, rng, guided)
         out = _scored_objects(search, children, k, tag, seen)
         return _split_step(search, guided, out, tag, seen) if out else []
 
