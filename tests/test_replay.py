@@ -436,7 +436,7 @@ def test_a_search_calibrates_its_replay_on_its_own_trials_after_judging_it():
     the all-gather strategies it over-rated are then ranked as the generator ranks them, and the
     cost it finds is the generator's. Independent reference: the generating replay."""
     from synctune.models import model_spec
-    from synctune.run.search import CALIBRATE_AFTER, SelectedSimulator
+    from synctune.run.simulators import CALIBRATE_AFTER, SelectedSimulator
     from synctune.search import GuidedSampler
     from synctune.simulator import BoundSimulator, CalibratedReplay
     from synctune.simulator.evaluate import pairwise_accuracy

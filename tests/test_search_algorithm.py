@@ -456,7 +456,7 @@ class _Memorizer:
 
 
 def test_the_learned_model_scores_only_once_it_beats_the_training_free_one_on_held_out_trials():
-    from synctune.run.search import SelectedSimulator
+    from synctune.run.simulators import SelectedSimulator
 
     rng = np.random.default_rng(0)
     table = {i: float(t) for i, t in enumerate(rng.uniform(1, 2, 40))}

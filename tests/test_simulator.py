@@ -301,7 +301,7 @@ def test_the_shipped_simulator_is_the_default_and_transfers(tmp_path, monkeypatc
     """`simulator: pretrained` (an experiment's default) loads the simulator shipped in the
     package; a search starts from it as a transferred model (fine-tuned, never re-initialised)
     and judges it against the training-free model from its first trials."""
-    from synctune.run.search import SelectedSimulator, make_search_simulator
+    from synctune.run.simulators import SelectedSimulator, make_search_simulator
     from synctune.search import Experiment
     from synctune.simulator import load_simulator, pretrained_info, pretrained_path
 
