@@ -153,3 +153,25 @@ def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
     assert len(picks) == 4 and not {p.strategy.hash for p in picks} & seen
     assert len({p.strategy.hash for p in picks}) == 4
     assert picks[0].strategy.hash == ranked[12]
+
+
+def test_strategies_made_columns_come_back_the_same_replica_subsets_included():
+    """Objects -> columns -> objects is the identity for what samplers draw (PS on a node's first
+    device, replicas in device order), replica subsets and uneven splits included; the columns
+    count each strategy's replicas per node as its replica list does."""
+    from synctune.strategy import StrategyColumns
+
+    spec, cluster = model_spec("transformer-small"), _heterogeneous("lab-b10c")
+    sampler = GuidedSampler(spec, cluster, seed=4, subset_prob=0.6)
+    strategies = sampler.sample_many(60)
+    assert any(len(s.replicas) < cluster.num_devices for s in strategies)  # subsets drawn
+    cols = StrategyColumns.from_strategies(spec, cluster, strategies)
+    assert [cols.strategy(i).hash for i in range(cols.size)] == [s.hash for s in strategies]
+    counts = cols.replica_counts()
+    for i, s in enumerate(strategies):
+        per_node = [sum(cluster.node_of(d).name == node.name for d in s.replicas) for node in cluster.nodes]
+        assert counts[i].tolist() == per_node
+    digests = cols.digests()
+    for i in range(len(strategies)):
+        for j in range(i):
+            assert (strategies[i].hash == strategies[j].hash) == (digests[i] == digests[j])
