@@ -1,7 +1,6 @@
 """Strategies as columns (a search round's proposals): the guided sampler's column draws are
-valid strategies, encode exactly as the simulator's encoder encodes those strategies as
-objects, follow the object sampler's distribution, and a round drawn as columns proposes
-what its simulator ranks best."""
+valid strategies, equal to the columns made of those strategies as objects, follow the object
+sampler's distribution, and a round drawn as columns proposes what its simulator ranks best."""
 
 from __future__ import annotations
 
@@ -12,9 +11,9 @@ import pytest
 
 from synctune.models import model_spec
 from synctune.search import GuidedSampler
-from synctune.simulator import DomainContext, encode, encode_columns
+from synctune.simulator import DomainContext, batch_scale, encode, message_sizes
 from synctune.spec import cluster_preset
-from synctune.strategy import validate
+from synctune.strategy import KIND_CODES, validate
 
 DOMAINS = [("cnn-small", "local-2x2"), ("ncf-small", "local-2x2"), ("bert-tiny", "B7"),
            ("transformer-small", "lab-b10c")]
@@ -37,15 +36,24 @@ def test_columns_are_valid_strategies_encoded_as_the_encoder_encodes_them(model,
         validate(s, spec, cl)
     ctx = DomainContext(spec, cl)
     ref = encode(strategies, ctx)
-    # The sampler numbers merge groups as the encoder does; without its numbering, the encoder's own.
-    for got in (encode_columns(cols, ctx), encode_columns(dataclasses.replace(cols, group_order=None, ngroups=None),
-                                                          ctx)):
+    # The sampler numbers merge groups as the columns do; without its numbering, the columns' own.
+    for got in (cols, dataclasses.replace(cols, group_order=None, ngroups=None)):
         for field in dataclasses.fields(ref):
             a, b = getattr(ref, field.name), getattr(got, field.name)
-            if a is None or b is None:
+            if field.name in ("model", "cluster"):
+                assert a == b, field.name
+            elif a is None or b is None:
                 assert a is None and b is None, field.name
             else:
                 np.testing.assert_allclose(b, a, rtol=1e-12, err_msg=field.name)
+        # What the simulator works out of columns in the domain: message sizes, SFB rebuilds, compute scale.
+        for name, a, b in (("message sizes", message_sizes(ref, ctx), message_sizes(got, ctx)),
+                           ("batch scale", (batch_scale(ref, ctx),), (batch_scale(got, ctx),))):
+            for x, y in zip(a, b):
+                if x is None or y is None:
+                    assert x is None and y is None, name
+                else:
+                    np.testing.assert_allclose(y, x, rtol=1e-12, err_msg=name)
     # Equal digests exactly for equal strategies.
     hashes = [s.hash for s in strategies]
     digests = cols.digests()
@@ -66,11 +74,11 @@ def test_columns_follow_the_object_samplers_distribution():
     objects = GuidedSampler(spec, cluster, seed=0).sample_many(1500)
     cols = GuidedSampler(spec, cluster, seed=0).sample_columns(1500)
     ctx = DomainContext(spec, cluster)
-    a, b = encode(objects, ctx), encode_columns(cols, ctx)
+    a, b = encode(objects, ctx), cols
 
     def stats(batch, strategies):
         comp = np.bincount(batch.sid, weights=batch.comp > 0, minlength=batch.size) > 0
-        ps = batch.kind == 0
+        ps = batch.kind == KIND_CODES["ps"]
         return {"ps shards": ps.mean(), "partitioned": (batch.nshards > 1).mean(),
                 "compressed strategies": comp.mean(), "local aggregation": batch.local[ps].mean(),
                 "groups per strategy": batch.ngroups.mean() / 20,
@@ -145,3 +153,25 @@ def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
     assert len(picks) == 4 and not {p.strategy.hash for p in picks} & seen
     assert len({p.strategy.hash for p in picks}) == 4
     assert picks[0].strategy.hash == ranked[12]
+
+
+def test_strategies_made_columns_come_back_the_same_replica_subsets_included():
+    """Objects -> columns -> objects is the identity for what samplers draw (PS on a node's first
+    device, replicas in device order), replica subsets and uneven splits included; the columns
+    count each strategy's replicas per node as its replica list does."""
+    from synctune.strategy import StrategyColumns
+
+    spec, cluster = model_spec("transformer-small"), _heterogeneous("lab-b10c")
+    sampler = GuidedSampler(spec, cluster, seed=4, subset_prob=0.6)
+    strategies = sampler.sample_many(60)
+    assert any(len(s.replicas) < cluster.num_devices for s in strategies)  # subsets drawn
+    cols = StrategyColumns.from_strategies(spec, cluster, strategies)
+    assert [cols.strategy(i).hash for i in range(cols.size)] == [s.hash for s in strategies]
+    counts = cols.replica_counts()
+    for i, s in enumerate(strategies):
+        per_node = [sum(cluster.node_of(d).name == node.name for d in s.replicas) for node in cluster.nodes]
+        assert counts[i].tolist() == per_node
+    digests = cols.digests()
+    for i in range(len(strategies)):
+        for j in range(i):
+            assert (strategies[i].hash == strategies[j].hash) == (digests[i] == digests[j])

@@ -16,7 +16,7 @@ from synctune.models import model_spec
 from synctune.search.algorithm import StrategySearch
 from synctune.search.experiment import Experiment
 from synctune.search.sampler import GuidedSampler
-from synctune.simulator import AnalyticSimulator, BoundSimulator, DomainContext, encode
+from synctune.simulator import AnalyticSimulator, BoundSimulator, DomainContext, batch_scale, encode
 from synctune.spec import cluster_preset
 from synctune.spec.cluster import ClusterSpec
 from synctune.strategy.builders import build_strategy
@@ -36,11 +36,11 @@ def test_the_slowest_replica_sets_the_compute_scale():
     even = build_strategy("allreduce", MODEL, HETERO)
     ctx = DomainContext(MODEL, HETERO)
     proportional = dataclasses.replace(even, batch_split=(11, 11, 21, 21))
-    scales = encode([even, proportional], ctx).batch_scale
+    scales = batch_scale(encode([even, proportional], ctx), ctx)
     # Even: the slow node's 16 samples at half speed count as 32; proportional: max(11 x 2, 21 x 1).
     assert list(scales) == [pytest.approx(32 / 16), pytest.approx(22 / 16)]
     plain = DomainContext(MODEL, cluster_preset("lab-b10c"))  # never calibrated: no slowdown
-    assert list(encode([even], plain).batch_scale) == [pytest.approx(1.0)]
+    assert list(batch_scale(encode([even], plain), plain)) == [pytest.approx(1.0)]
 
 
 

@@ -114,10 +114,10 @@ def test_group_order_is_the_position_among_merge_groups():
                  ShardPlan(synchronizer=AllReduceSynchronizer(group=g)) for g in (0, 0, 1))),
              VariablePlan(variable="b", partition=(1,), shards=(ShardPlan(synchronizer=AllReduceSynchronizer(group=1)),))]
     batch = encode([Strategy.over(spec, cluster, plans)], ctx)
-    from synctune.simulator.features import raw_features
+    from synctune.simulator.features import message_sizes, raw_features
 
     col = RAW_NAMES.index("group_order")
-    order = raw_features(batch, ctx, batch.wire)[:, col]
+    order = raw_features(batch, ctx, message_sizes(batch, ctx)[0] * batch.ratio)[:, col]
     assert order.tolist() == [0.0, 0.0, 0.5, 0.5]  # 2 groups, 4 all-reduce shards
 
 

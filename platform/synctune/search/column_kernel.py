@@ -21,7 +21,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-_PS, _AR, _AG, _SFB = 0, 1, 2, 3  # strategy.columns.KIND_CODES
 _SPARSE_GROUP = 10_000
 
 
@@ -46,9 +45,9 @@ def draw_partitions(draw, cuttable, always, naxes, upper, axes_of, combo, partit
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def fill_rows(lo, hi, u, u_groups, offsets, pieces, axes, base, sfb,
-              var_bytes, var_sparse, nic, ps_share, local_rate, compress, comp_kind, rank_idx, hier,
-              t_frac, t_ok, t_rank, t_ratio, t_codes,
-              sid, var, axis, nshards, kind, node, local, group, hier_row, comp, rank, frac, comp_code, ratio,
+              var_bytes, var_sparse, nic, ps_share, local_rate, compress, comp_kind, rank_idx, hier, codes,
+              kind_axis, t_frac, t_ok, t_rank, t_ratio,
+              sid, var, axis, nshards, kind, node, local, group, hier_row, comp, rank, frac, ratio,
               group_order, ngroups):
     """Fill rows ``offsets[lo]:offsets[hi]`` of the output columns (strategies ``lo..hi-1``).
 
@@ -58,11 +57,18 @@ def fill_rows(lo, hi, u, u_groups, offsets, pieces, axes, base, sfb,
     (numba's own generator cost more than the rest of the loop.) The first uniform, rescaled
     within the side of the PS threshold it fell on, is again uniform and independent of that
     decision: it draws sparse all-gather for a non-PS sparse shard or local aggregation for a
-    dense PS one. ``t_*`` are the sampler's per-(variable, axis,
-    pieces, shard) tables, flattened. Besides the strategy's own group numbers (``group``:
-    dense groups 0.., sparse all-reduce shards 10,000) it writes what the simulator's encoder
-    makes of them: groups numbered 0.. in the order they first appear (``group_order``) and
-    how many there are (``ngroups``)."""
+    dense PS one. ``codes`` are the kind codes of ps, allreduce, allgather and sfb
+    (``strategy.columns.KIND_CODES``: arguments, not globals, so a cached compilation never
+    keeps stale ones). ``t_*`` are the sampler's tables, indexed by (variable, axis, pieces,
+    shard) entry, compressor code, ``kind_axis[kind code]`` (-1: no compressor wraps that kind)
+    and rank choice: whether the strategy's compressor applies to the shard, the rank it takes
+    there and its wire ratio (kept small: a search round reads them from cache). Besides the strategy's
+    own group numbers (``group``: dense groups 0.., sparse all-reduce shards 10,000) it writes
+    what the simulator reads: groups numbered 0.. in the order they first appear
+    (``group_order``) and how many there are (``ngroups``)."""
+    ps_kind, ar_kind, ag_kind, sfb_kind = codes[0], codes[1], codes[2], codes[3]
+    n_comp, n_kind, n_rank = t_ok.shape[1], t_ok.shape[2], t_ok.shape[3]
+    ok_flat, rank_flat, ratio_flat = t_ok.ravel(), t_rank.ravel(), t_ratio.ravel()  # one index, one bound
     w = nic.shape[0]
     nv = pieces.shape[1]
     loads = np.zeros(w)
@@ -108,26 +114,26 @@ def fill_rows(lo, hi, u, u_groups, offsets, pieces, axes, base, sfb,
                     chosen = min(chosen, w - 1)
                     loads[chosen] += sb
                     node[r] = chosen
-                    kd = _PS
+                    kd = ps_kind
                 else:
                     node[r] = -1
-                    kd = _AG if sparse and u2 < 0.5 else _AR
+                    kd = ag_kind if sparse and u2 < 0.5 else ar_kind
                 if sfb[i, vi]:
-                    kd = _SFB
+                    kd = sfb_kind
                 kind[r] = kd
-                local[r] = kd == _PS and not sparse and u2 < local_rate[i]
-                hier_row[r] = hier[i] and kd == _AR
+                local[r] = kd == ps_kind and not sparse and u2 < local_rate[i]
+                hier_row[r] = hier[i] and kd == ar_kind
                 c, rk, rt = 0, 0, 1.0
-                if compress[i] and kd <= _AR:
+                if compress[i] and kind_axis[kd] >= 0:
                     want = comp_kind[i]
-                    cell = ((cb * 4 + want) * 2 + (1 if kd == _AR else 0)) * 3 + rank_idx[i]
-                    if t_ok[cell]:
+                    cell = ((cb * n_comp + want) * n_kind + kind_axis[kd]) * n_rank + rank_idx[i]
+                    if ok_flat[cell]:
                         c = want
-                        rk = t_rank[cell] if want == 3 else 0
-                        rt = t_ratio[cell]
-                comp[r], rank[r], ratio[r], comp_code[r] = c, rk, rt, t_codes[c]
+                        rk = rank_flat[cell]
+                        rt = ratio_flat[cell]
+                comp[r], rank[r], ratio[r] = c, rk, rt
                 q = r - offsets[i]
-                if kd == _AR:
+                if kd == ar_kind:
                     ar_count += 1
                     ar_bytes += sb
                     state[q] = 1 if sparse else 2

@@ -18,10 +18,11 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.columns import COMPRESSOR_KINDS, StrategyColumns
-from ..strategy.compressors import COMPRESSORS
+from ..strategy.columns import KIND_CODES, StrategyColumns
+from ..strategy.compressors import COMPRESSORS, lossy_compressors
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (
+    SYNCHRONIZER_KINDS,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
     Compressor,
@@ -36,8 +37,10 @@ from ..strategy.validate import validate
 
 __all__ = ["RandomSampler", "GuidedSampler"]
 
-_SYNCS = ("ps", "allreduce")  # the synchronizers a dense message's compressor may wrap
-_RANKS = (1, 2, 4)
+_RANKS = (1, 2, 4)  # the PowerSGD ranks a strategy draws from (fitted to each shard)
+_UNCOMPRESSED = Compressor()  # frozen: one object serves every shard that sends its gradient as it is
+#: The synchronizer kinds some lossy compressor can wrap: the kind axis of the column tables.
+_COMPRESSIBLE = tuple(kind for kind in SYNCHRONIZER_KINDS if lossy_compressors(kind))
 
 
 @dataclass
@@ -227,13 +230,13 @@ class GuidedSampler:
         """``kind`` where it applies to this shard (dense, its synchronizer, its shape), else none."""
         info = COMPRESSORS.get(kind)
         if kind == "none" or var.sparse or sync_kind not in info.synchronizers:
-            return Compressor()
+            return _UNCOMPRESSED
         if "rank" in info.params:
             fitted = info.fit(shard_shape, rank)
             if fitted is None or info.problem(shard_shape, fitted):
-                return Compressor()
+                return _UNCOMPRESSED
             return Compressor(kind=kind, rank=fitted)
-        return Compressor() if info.problem(shard_shape, None) else Compressor(kind=kind)
+        return _UNCOMPRESSED if info.problem(shard_shape, None) else Compressor(kind=kind)
 
     def _partition(self, var) -> list[int]:
         partition = [1] * len(var.shape)
@@ -252,8 +255,8 @@ class GuidedSampler:
         local_rate = rng.random()
         comp_kind, comp_rank, algorithm = "none", 0, "flat"
         if self.lossy and rng.random() < self.compress_prob:
-            comp_kind = rng.choice(("fp16", "bf16", "powersgd"))
-            comp_rank = rng.choice((1, 2, 4))
+            comp_kind = rng.choice(lossy_compressors())
+            comp_rank = rng.choice(_RANKS)
         elif self.even_nodes and rng.random() < self.hierarchical_prob:
             algorithm = "hierarchical"
         loads = [0.0] * len(self.servers)
@@ -317,27 +320,12 @@ class GuidedSampler:
         if getattr(self, "_tables", None) is not None:
             return self._tables
         upper_cap = max(2, 2 * len(self.servers))
-        frac, ok, rank, ratio = [], [], [], []
+        frac, cells = [], []
         per_var = []
-
-        def add(var, shape) -> None:
-            frac.append((math.prod(shape) if shape else 1) / max(1, var.num_elements))
-            ok_row, rank_row, ratio_row = np.zeros((4, 2, 3), bool), np.zeros((4, 2, 3), np.int64), np.ones((4, 2, 3))
-            for ci, kind in enumerate(COMPRESSOR_KINDS):
-                for si, sync in enumerate(_SYNCS):
-                    for ri, r in enumerate(_RANKS):
-                        comp = self._compressor(kind, r, var, shape, sync) if kind != "none" else Compressor()
-                        if comp.kind == kind:
-                            ok_row[ci, si, ri] = True
-                            rank_row[ci, si, ri] = comp.rank or 0
-                            ratio_row[ci, si, ri] = comp.info.wire_ratio(tuple(shape), comp.rank)
-            ok.append(ok_row)
-            rank.append(rank_row)
-            ratio.append(ratio_row)
-
         for var in self.model.variables:
             base = len(frac)
-            add(var, tuple(var.shape))
+            frac.append((math.prod(var.shape) if var.shape else 1) / max(1, var.num_elements))
+            cells.append(self._compressor_cells(var, tuple(var.shape)))
             eligible = bool(var.shape) and var.shape[0] >= 2 and var.num_bytes >= self.small_bytes
             axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)] if eligible else []
             uppers = [max(2, min(self.max_shards, var.shape[a], upper_cap)) for a in axes]
@@ -349,34 +337,35 @@ class GuidedSampler:
                     partition = [1] * len(var.shape)
                     partition[a] = k
                     for shape in shard_shapes(tuple(var.shape), tuple(partition)):
-                        add(var, shape)
+                        frac.append((math.prod(shape) if shape else 1) / max(1, var.num_elements))
+                        cells.append(self._compressor_cells(var, shape))
             per_var.append({"base": base, "axes": np.array(axes or [0]), "naxes": len(axes),
                             "upper": np.array(uppers or [1]), "kmax": kmax, "combo": combo,
                             "always": var.num_bytes >= self.large_bytes, "sparse": var.sparse,
                             "bytes": float(var.num_bytes), "sfb": var.name in self.sfb_cheaper})
-        codes = np.array([COMPRESSORS.get(k).code for k in COMPRESSOR_KINDS])
-        amax = max(1, max(info["naxes"] for info in per_var) if per_var else 1)
-        kmax = max((info["kmax"] for info in per_var), default=1)
-        padded = {"base": np.array([info["base"] for info in per_var], np.int64),
-                  "naxes": np.array([info["naxes"] for info in per_var], np.int64),
-                  "always": np.array([info["always"] for info in per_var], bool),
-                  "upper": np.ones((len(per_var), amax), np.int64), "axes": np.zeros((len(per_var), amax), np.int64),
-                  "combo": np.zeros((len(per_var), amax, kmax + 1), np.int64),
-                  "sfb": np.array([i for i, info in enumerate(per_var) if info["sfb"]], np.int64),
-                  "cuttable": np.array([i for i, info in enumerate(per_var) if info["naxes"]], np.int64),
-                  "bytes": np.array([info["bytes"] for info in per_var], np.float64),
-                  "sparse": np.array([info["sparse"] for info in per_var], bool)}
-        for i, info in enumerate(per_var):
-            na = info["naxes"]
-            if na:
-                padded["upper"][i, :na] = info["upper"]
-                padded["axes"][i, :na] = info["axes"]
-                padded["combo"][i, :na, :info["kmax"] + 1] = info["combo"]
-        # Per (variable, axis, pieces, shard) x compressor x sync x rank cell, flattened as the
-        # compiled sampler indexes them.
-        self._tables = {"per_var": padded, "frac": np.array(frac), "ok": np.stack(ok).reshape(-1),
-                        "rank": np.stack(rank).reshape(-1), "ratio": np.stack(ratio).reshape(-1), "codes": codes}
+        # Per (variable, axis, pieces, shard) entry x compressor x compressible synchronizer kind x rank,
+        # as the compiled sampler indexes them.
+        ok, rank, ratio = (np.stack([c[j] for c in cells]) for j in range(3))
+        self._tables = {"per_var": _padded(per_var), "frac": np.array(frac), "ok": ok, "rank": rank, "ratio": ratio}
         return self._tables
+
+    def _compressor_cells(self, var, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a shard of ``var`` of ``shape``, per compressor code, synchronizer kind of
+        :data:`_COMPRESSIBLE` and rank choice of :data:`_RANKS`: whether :meth:`_compressor`
+        keeps that compressor there, the rank it takes and its wire bytes per gradient byte."""
+        size = (len(COMPRESSORS), len(_COMPRESSIBLE), len(_RANKS))
+        ok, rank, ratio = np.zeros(size, bool), np.zeros(size, np.int8), np.ones(size)
+        for ci, (kind, info) in enumerate(COMPRESSORS.items()):
+            ranks = _RANKS if "rank" in info.params else _RANKS[:1]  # the others take no rank
+            for si, sync in enumerate(_COMPRESSIBLE):
+                for ri, r in enumerate(ranks):
+                    comp = self._compressor(kind, r, var, shape, sync)
+                    if comp.kind == kind:
+                        cell = (ci, si, slice(ri, ri + 1) if len(ranks) > 1 else slice(None))
+                        ok[cell] = True
+                        rank[cell] = comp.rank or 0
+                        ratio[cell] = comp.info.wire_ratio(tuple(shape), comp.rank)
+        return ok, rank, ratio
 
     def sample_columns(self, n: int, chunk: int = 4096) -> StrategyColumns:
         """``n`` strategies drawn as :meth:`sample` draws them (the same knowledge constraints:
@@ -401,8 +390,9 @@ class GuidedSampler:
         nv = len(v["base"])
         ps_share, local_rate = rng.random(n), rng.random(n)
         compress = (rng.random(n) < self.compress_prob) if self.lossy else np.zeros(n, bool)
-        comp_kind = rng.integers(1, 4, n)  # fp16, bf16, powersgd
-        rank_idx = rng.integers(0, 3, n)
+        lossy = np.array([COMPRESSORS.get(name).code for name in lossy_compressors()])
+        comp_kind = lossy[rng.integers(0, len(lossy), n)]
+        rank_idx = rng.integers(0, len(_RANKS), n)
         hier = ~compress & (rng.random(n) < self.hierarchical_prob) if self.even_nodes else np.zeros(n, bool)
         sfb_rate = np.where(rng.random(n) < self.sfb_prob, rng.random(n), 0.0) if self.sfb_cheaper else None
         # Per variable, for all strategies: how many pieces, along which axis, where its
@@ -420,18 +410,20 @@ class GuidedSampler:
         offsets = np.r_[0, np.cumsum(pieces.sum(1))].astype(np.int64)
         rows = int(offsets[-1])
         out = {k: np.empty(rows, np.int64) for k in ("sid", "var", "axis", "nshards", "kind", "node", "group", "comp",
-                                                      "rank", "comp_code")}
+                                                      "rank")}
         out.update(local=np.empty(rows, bool), hier=np.empty(rows, bool), frac=np.empty(rows), ratio=np.empty(rows),
                    group_order=np.empty(rows, np.int64), ngroups=np.zeros(n))
         nic = np.asarray(self.nic, dtype=np.float64)
+        codes = np.array([KIND_CODES[k] for k in ("ps", "allreduce", "allgather", "sfb")])
+        kind_axis = np.array([_COMPRESSIBLE.index(k) if k in _COMPRESSIBLE else -1 for k in SYNCHRONIZER_KINDS])
         for lo in range(0, n, max(1, chunk)):
             hi = min(n, lo + max(1, chunk))
             u = rng.random((int(offsets[hi] - offsets[lo]), 2), dtype=np.float32)
             fill_rows(lo, hi, u, rng.random(hi - lo), offsets, pieces, axes, base, sfb, v["bytes"], v["sparse"], nic,
-                      ps_share, local_rate, compress, comp_kind, rank_idx, hier,
-                      t["frac"], t["ok"], t["rank"], t["ratio"], t["codes"],
+                      ps_share, local_rate, compress, comp_kind, rank_idx, hier, codes, kind_axis,
+                      t["frac"], t["ok"], t["rank"], t["ratio"],
                       out["sid"], out["var"], out["axis"], out["nshards"], out["kind"], out["node"], out["local"],
-                      out["group"], out["hier"], out["comp"], out["rank"], out["frac"], out["comp_code"], out["ratio"],
+                      out["group"], out["hier"], out["comp"], out["rank"], out["frac"], out["ratio"],
                       out["group_order"], out["ngroups"])
         return StrategyColumns(model=self.model, cluster=self.cluster, offsets=offsets,
                                batch_split=self._split_columns(n) if self.speeds is not None else None, **out)
@@ -460,3 +452,25 @@ class GuidedSampler:
                 split[i, int(np.argmax(split[i]))] -= 1
         return np.where(draw[:, None], split, self.model.batch_size)
 
+
+def _padded(per_var: list[dict]) -> dict[str, np.ndarray]:
+    """The per-variable draw tables of :meth:`GuidedSampler._column_tables` as arrays, padded to
+    the most axes and pieces any variable has (what the compiled partition draw indexes)."""
+    amax = max(1, max(info["naxes"] for info in per_var) if per_var else 1)
+    kmax = max((info["kmax"] for info in per_var), default=1)
+    padded = {"base": np.array([info["base"] for info in per_var], np.int64),
+              "naxes": np.array([info["naxes"] for info in per_var], np.int64),
+              "always": np.array([info["always"] for info in per_var], bool),
+              "upper": np.ones((len(per_var), amax), np.int64), "axes": np.zeros((len(per_var), amax), np.int64),
+              "combo": np.zeros((len(per_var), amax, kmax + 1), np.int64),
+              "sfb": np.array([i for i, info in enumerate(per_var) if info["sfb"]], np.int64),
+              "cuttable": np.array([i for i, info in enumerate(per_var) if info["naxes"]], np.int64),
+              "bytes": np.array([info["bytes"] for info in per_var], np.float64),
+              "sparse": np.array([info["sparse"] for info in per_var], bool)}
+    for i, info in enumerate(per_var):
+        na = info["naxes"]
+        if na:
+            padded["upper"][i, :na] = info["upper"]
+            padded["axes"][i, :na] = info["axes"]
+            padded["combo"][i, :na, :info["kmax"] + 1] = info["combo"]
+    return padded

@@ -7,7 +7,7 @@ from .bound import BoundSimulator
 from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
     top_k_recall
 from .replay import CalibratedReplay, ReplayConstants, ReplaySimulator, calibrate_replay, profile_key
-from .features import AnalyticConstants, DomainContext, StrategyBatch, analytic_time, encode, encode_columns
+from .features import AnalyticConstants, DomainContext, analytic_time, batch_scale, encode, message_sizes
 from .models import (
     SIMULATORS,
     AnalyticSimulator,
@@ -39,11 +39,10 @@ __all__ = [
     "ReplayConstants",
     "ReplaySimulator",
     "Simulator",
-    "StrategyBatch",
     "analytic_time",
+    "batch_scale",
     "domains_from_records",
     "encode",
-    "encode_columns",
     "evaluate",
     "PROTOCOLS",
     "protocol_folds",
@@ -53,6 +52,7 @@ __all__ = [
     "pretrained_info",
     "pretrained_path",
     "make_simulator",
+    "message_sizes",
     "pairwise_accuracy",
     "profile_key",
     "split_domains",

@@ -10,7 +10,7 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
-from .features import DomainContext, encode, encode_columns
+from .features import DomainContext, encode
 from .models import Domain, Simulator
 
 __all__ = ["BoundSimulator"]
@@ -48,8 +48,8 @@ class BoundSimulator:
 
     def score_columns(self, columns) -> np.ndarray:
         """:meth:`score` of :class:`~synctune.strategy.columns.StrategyColumns` (a round's
-        proposals, never made objects)."""
-        return -self.simulator._predict_batch(encode_columns(columns, self.ctx), self.ctx)
+        proposals, never made objects: the form every simulator reads)."""
+        return -self.simulator._predict_batch(columns, self.ctx)
 
     def _domain(self, strategies: list[Strategy], runtimes: np.ndarray) -> Domain:
         return Domain(self.ctx, list(strategies), np.asarray(runtimes, dtype=np.float64))

@@ -1,8 +1,10 @@
 """Features of (model, cluster, strategy) for the simulator (AutoSync §3.1).
 
-A batch of strategies of one domain is encoded as flat arrays over their shards
-(:class:`StrategyBatch`), so features and the analytic estimate are computed with numpy for
-thousands of strategies at once.
+A batch of strategies of one domain is read as columns, flat arrays over their shards
+(:class:`~synctune.strategy.columns.StrategyColumns`, as the guided sampler draws them or
+:func:`encode` makes them of objects), so features and the analytic estimate are computed with
+numpy for thousands of strategies at once; what a shard sends in the domain (:func:`message_sizes`)
+and how long the slowest replica computes (:func:`batch_scale`) are worked out from them here.
 
 Predefined per-shard features follow AutoSync Eq. 2 for PS (network transfer to and from the
 server over per-flow bandwidth, coefficients of the network overhead phi and kernel latency
@@ -23,17 +25,18 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy
+from ..strategy.columns import KIND_CODES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.partition import shard_shapes
+from ..strategy.schema import SYNCHRONIZER_KINDS, Strategy
 
-__all__ = ["AnalyticConstants", "DomainContext", "StrategyBatch", "encode", "encode_columns", "shard_features", "global_features",
-           "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
+__all__ = ["AnalyticConstants", "DomainContext", "encode", "message_sizes", "batch_scale", "shard_features",
+           "global_features", "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
-#: Synchronizer kind codes. Sufficient-factor broadcasting (TAG §2.3) is an all-gather of the
-#: factors, padded to the largest replica batch, then a rebuild of the gradient on every replica.
-KIND_PS, KIND_AR, KIND_AG, KIND_SFB = 0, 1, 2, 3
+#: Synchronizer kind codes (the synchronizer registry's, :data:`KIND_CODES`). Sufficient-factor
+#: broadcasting (TAG §2.3) is an all-gather of the factors, padded to the largest replica batch,
+#: then a rebuild of the gradient on every replica.
+KIND_PS, KIND_AR, KIND_AG, KIND_SFB = (KIND_CODES[k] for k in ("ps", "allreduce", "allgather", "sfb"))
 #: Peak dense float32 throughput per device model (FLOP/s), for the compute term.
 DEVICE_FLOPS = {"T4": 8.1e12, "M60": 4.8e12, "TITAN X": 11e12, "cpu": 5e10}
 
@@ -74,6 +77,7 @@ class DomainContext:
         known = [x for x in speeds if x]
         self.node_slowdown = np.array([max(known) / x if (x and known) else 1.0 for x in speeds], dtype=np.float64)
         self.device_slowdown = {d: float(self.node_slowdown[i]) for d, i in self.node_of_device.items()}
+        self.device_slowdowns = np.array([self.device_slowdown[d] for d in c.devices], dtype=np.float64)
         self.r = np.array([n.num_devices for n in c.nodes], dtype=np.float64)
         self.nic = np.array([n.nic_gbps for n in c.nodes]) * GBIT
         self.flow = np.array([n.single_flow_gbps for n in c.nodes]) * GBIT
@@ -143,12 +147,13 @@ class DomainContext:
                 "N": r.sum(1), "W": w_used, "r": r, "hier_per_byte": hier_bytes, "hier_msgs": hier_msgs}
 
 
-def comm_terms(b: "StrategyBatch", ctx: DomainContext) -> dict[str, np.ndarray]:
+def comm_terms(b: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
     """Per-strategy communication coefficients of ``b`` (:meth:`DomainContext.comm_tables`),
     the PS ones flattened for a lookup at ``sid * 2 * nodes + node * 2 + local``: the domain's
     own where every strategy replicates on every device."""
     n, w = b.size, ctx.W
-    if b.replica_counts is None:
+    counts = b.replica_counts()
+    if counts is None:
         tabs = {"ps_flow": np.broadcast_to(ctx.ps_flow_coef, (n, w, 2)),
                 "ps_phi": np.broadcast_to(ctx.ps_phi_coef, (n, w, 2)),
                 "ps_nic": np.broadcast_to(ctx.ps_nic_coef, (n, w, 2)),
@@ -157,194 +162,64 @@ def comm_terms(b: "StrategyBatch", ctx: DomainContext) -> dict[str, np.ndarray]:
                 "r": np.broadcast_to(ctx.r, (n, w)), "hier_per_byte": np.full(n, ctx.hier_per_byte),
                 "hier_msgs": np.full(n, ctx.hier_msgs)}
     else:
-        tabs = ctx.comm_tables(b.replica_counts)
+        tabs = ctx.comm_tables(counts)
     for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra"):
         tabs[key + "_flat"] = np.ascontiguousarray(tabs[key]).reshape(-1)
     return tabs
 
 
-@dataclass
-class StrategyBatch:
-    """Shards of many strategies of one domain as flat arrays (shards in backward order)."""
-
-    offsets: np.ndarray  # (n+1,) shard range of each strategy
-    sid: np.ndarray  # (S,) strategy index of each shard
-    var: np.ndarray  # (S,) variable index
-    frac: np.ndarray  # (S,) share of the variable's elements
-    nshards: np.ndarray  # (S,) shards of its variable
-    axis: np.ndarray  # (S,) partition axis (0 when whole)
-    kind: np.ndarray  # (S,) 0 ps, 1 allreduce, 2 allgather, 3 sfb
-    node: np.ndarray  # (S,) PS placement node (-1 otherwise)
-    local: np.ndarray  # (S,) local aggregation
-    group: np.ndarray  # (S,) merge group renumbered 0.. per strategy (-1 otherwise)
-    comp: np.ndarray  # (S,) compressor code
-    ratio: np.ndarray  # (S,) wire bytes / shard bytes
-    ngroups: np.ndarray  # (n,) merge groups per strategy
-    nbytes: np.ndarray  # (S,) bytes a shard's gradient carries (sparse: rows touched)
-    wire: np.ndarray  # (S,) the same after the compressor
-    #: (n,) the largest replica batch over the model's batch (an uneven split's slowest replica)
-    batch_scale: np.ndarray | None = None
-    #: (n, nodes) replicas per node of each strategy; None when every strategy uses every device
-    replica_counts: np.ndarray | None = None
-    #: (S,) seconds every replica spends rebuilding an SFB gradient from the gathered factors
-    rebuild: np.ndarray | None = None
-    #: (S,) all-reduce shards run hierarchically (reduce-scatter in each node, all-reduce across
-    #: nodes, all-gather in each node); None when no shard does
-    hier: np.ndarray | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.offsets) - 1
+def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyColumns:
+    """Strategies of ``ctx``'s domain (they must validate against it) as the columns every
+    function here reads (:meth:`StrategyColumns.from_strategies`)."""
+    return StrategyColumns.from_strategies(ctx.model, ctx.cluster, strategies)
 
 
-def _message_sizes(ctx: DomainContext, var, frac, kind, sid, longest, global_batch):
+def batch_scale(b: StrategyColumns, ctx: DomainContext) -> np.ndarray:
+    """(n,) each strategy's compute time relative to one model batch on the fastest node: every
+    replica's batch share times its node's slowdown, the iteration waiting for the slowest
+    replica (TAG §4.2's batch split on calibrated, heterogeneous nodes)."""
+    return (b.splits() * ctx.device_slowdowns[None, :]).max(1) / ctx.model.batch_size
+
+
+def message_sizes(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray | None]:
     """Per shard, the bytes its gradient carries (sparse: the rows touched; SFB: the factors,
-    padded to the largest replica batch ``longest`` of its strategy) and, for SFB shards, the
-    seconds the rebuild of the gradient from ``global_batch`` rows takes (None without SFB)."""
+    padded to the largest replica batch of its strategy) and, for SFB shards, the seconds the
+    rebuild of the gradient from the strategy's global batch takes (None without SFB)."""
     # Only the sparse and SFB shards are worked on (a round's proposals have millions of rows).
-    nbytes = ctx.var_bytes[var] * frac
+    var = b.var
+    nbytes = ctx.var_bytes[var] * b.frac
     sparse = np.flatnonzero(ctx.var_sparse[var])
     nbytes[sparse] *= ctx.sparse_density[var[sparse]]
-    sfb = np.flatnonzero(kind == KIND_SFB)
+    sfb = np.flatnonzero(b.kind == KIND_SFB)
     if not len(sfb):
         return nbytes, None
-    v, s = var[sfb], sid[sfb]
+    split = b.splits()
+    v, s = var[sfb], b.sid[sfb]
     rows = ctx.factor_rows[v]
-    nbytes[sfb] = np.asarray(longest, np.float64)[s] * rows * ctx.factor_width[v]
+    nbytes[sfb] = split.max(1).astype(np.float64)[s] * rows * ctx.factor_width[v]
     rebuild = np.zeros(len(var))
-    rebuild[sfb] = 2.0 * np.asarray(global_batch, np.float64)[s] * rows * ctx.var_elems[v] / ctx.device_flops
+    rebuild[sfb] = 2.0 * split.sum(1).astype(np.float64)[s] * rows * ctx.var_elems[v] / ctx.device_flops
     return nbytes, rebuild
 
 
-def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyBatch:
-    """Encode strategies of ``ctx``'s domain (they must validate against it)."""
-    cols: dict[str, list] = {k: [] for k in ("sid", "var", "frac", "nshards", "axis", "kind", "node", "local",
-                                              "group", "comp", "ratio")}
-    offsets = [0]
-    ngroups: list[int] = []
-    scales: list[float] = []
-    counts = np.zeros((len(strategies), ctx.W))
-    longest: list[int] = []  # the largest replica batch (SFB pads every replica's factors to it)
-    global_batch: list[int] = []  # the rows of a rebuilt SFB gradient
-    model = ctx.model
-    wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
-    hier: list[int] = []  # shard indices on hierarchical all-reduce
-    for si, s in enumerate(strategies):
-        groups: dict[int, int] = {}
-        plans = sorted(s.plans, key=lambda p: ctx.var_index[p.variable])
-        for plan in plans:
-            vi = ctx.var_index[plan.variable]
-            var = model.variables[vi]
-            k = plan.num_shards
-            axis = next((a for a, p in enumerate(plan.partition) if p > 1), 0)
-            shapes = shard_shapes(var.shape, plan.partition) if k > 1 else [var.shape]
-            total = max(1, var.num_elements)
-            for shard, shape in zip(plan.shards, shapes):
-                sync = shard.synchronizer
-                n_el = math.prod(shape) if shape else 1
-                cols["sid"].append(si)
-                cols["var"].append(vi)
-                cols["frac"].append(n_el / total)
-                cols["nshards"].append(k)
-                cols["axis"].append(axis)
-                comp = shard.compressor
-                key = (comp.kind, comp.rank, shape)
-                if key not in wire_of:
-                    info = comp.info
-                    wire_of[key] = (info.code, info.wire_ratio(tuple(shape), comp.rank))
-                code, ratio = wire_of[key]
-                cols["comp"].append(code)
-                cols["ratio"].append(ratio)
-                if isinstance(sync, PSSynchronizer):
-                    cols["kind"].append(KIND_PS)
-                    cols["node"].append(ctx.node_of_device[sync.placement])
-                    cols["local"].append(sync.local_aggregation)
-                    cols["group"].append(-1)
-                elif isinstance(sync, AllReduceSynchronizer):
-                    cols["kind"].append(KIND_AR)
-                    cols["node"].append(-1)
-                    cols["local"].append(False)
-                    cols["group"].append(groups.setdefault(sync.group, len(groups)))
-                    if sync.algorithm == "hierarchical":
-                        hier.append(len(cols["sid"]) - 1)
-                else:
-                    assert isinstance(sync, (AllGatherSynchronizer, SFBSynchronizer))
-                    cols["kind"].append(KIND_SFB if isinstance(sync, SFBSynchronizer) else KIND_AG)
-                    cols["node"].append(-1)
-                    cols["local"].append(False)
-                    cols["group"].append(-1)
-        offsets.append(len(cols["sid"]))
-        longest.append(max(s.batch_split) if s.batch_split else model.batch_size)
-        global_batch.append(sum(s.batch_split) if s.batch_split else model.batch_size)
-        ngroups.append(len(groups))
-        for d in s.replicas:
-            counts[si, ctx.node_of_device[d]] += 1
-        # Every replica's compute time relative to one nominal batch on the fastest node: its
-        # batch share times its node's slowdown; the iteration waits for the slowest replica.
-        scales.append(max(n * ctx.device_slowdown.get(d, 1.0) for n, d in zip(s.batch_split, s.replicas))
-                      / model.batch_size if s.batch_split else 1.0)
-    ints = {"sid", "var", "nshards", "axis", "kind", "node", "group", "comp"}
-    arrays = {k: np.asarray(v, dtype=np.int64 if k in ints else (bool if k == "local" else np.float64))
-              for k, v in cols.items()}
-    var, frac = arrays["var"], arrays["frac"]
-    nbytes, rebuild = _message_sizes(ctx, var, frac, arrays["kind"], arrays["sid"], longest, global_batch)
-    return StrategyBatch(offsets=np.asarray(offsets, dtype=np.int64), ngroups=np.asarray(ngroups, np.float64),
-                         nbytes=nbytes, wire=nbytes * arrays["ratio"], batch_scale=np.asarray(scales, np.float64),
-                         replica_counts=None if (counts == ctx.r[None, :]).all() else counts, rebuild=rebuild,
-                         hier=_flags(hier, len(arrays["sid"])), **arrays)
+def hier_rows(b: StrategyColumns) -> np.ndarray | None:
+    """The shards on hierarchical all-reduce, or None when no shard is (the cheaper path)."""
+    return b.hier if b.hier.any() else None
 
 
-def _flags(indices: list[int], size: int) -> np.ndarray | None:
-    if not indices:
-        return None
-    out = np.zeros(size, dtype=bool)
-    out[indices] = True
-    return out
+def per_kind(values: dict[str, object]) -> np.ndarray:
+    """``values`` by synchronizer kind name as an array indexed by kind code (0 where absent)."""
+    return np.array([values.get(kind, 0.0) for kind in SYNCHRONIZER_KINDS], dtype=np.float64)
 
 
-def encode_columns(cols, ctx: DomainContext) -> StrategyBatch:
-    """Encode :class:`~synctune.strategy.columns.StrategyColumns` of ``ctx``'s domain without
-    making a strategy object: the same batch :func:`encode` makes of ``[cols.strategy(i) for i
-    in range(cols.size)]``, at array speed (a search round's proposals)."""
-    n = cols.size
-    sid, var, kind = cols.sid, cols.var, cols.kind
-    is_ar = kind == KIND_AR
-    # Merge groups renumbered 0.. per strategy in the order they first appear (as encode does).
-    group = np.full(len(sid), -1, np.int64)
-    ngroups = np.zeros(n)
-    if cols.group_order is not None and cols.ngroups is not None:  # the producer numbered them
-        group, ngroups = cols.group_order, np.asarray(cols.ngroups, np.float64)
-    elif is_ar.any():
-        rows = np.flatnonzero(is_ar)
-        key = sid[rows] * (int(cols.group.max()) + 2) + cols.group[rows]
-        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        owner = sid[rows][first]
-        order = np.lexsort((first, owner))  # groups by strategy, then by first appearance
-        rank = np.empty(len(uniq), np.int64)
-        starts = np.r_[0, np.flatnonzero(np.diff(owner[order])) + 1]
-        rank[order] = np.arange(len(uniq)) - np.repeat(starts, np.diff(np.r_[starts, len(uniq)]))
-        group[rows] = rank[inverse]
-        ngroups = np.bincount(owner, minlength=n).astype(np.float64)
-    model = ctx.model
-    if cols.batch_split is None:
-        split = np.full((n, len(ctx.node_of_device)), model.batch_size, np.int64)
-    else:
-        split = np.asarray(cols.batch_split, np.int64)
-    slowdown = np.array([ctx.device_slowdown.get(d, 1.0) for d in ctx.cluster.devices])
-    scales = (split * slowdown[None, :]).max(1) / model.batch_size
-    nbytes, rebuild = _message_sizes(ctx, var, cols.frac, kind, sid, split.max(1), split.sum(1))
-    node = cols.node
-    return StrategyBatch(offsets=np.asarray(cols.offsets, np.int64), sid=sid, var=var, frac=cols.frac,
-                         nshards=cols.nshards, axis=cols.axis, kind=kind, node=node, local=cols.local, group=group,
-                         comp=cols.comp_code, ratio=cols.ratio, ngroups=ngroups, nbytes=nbytes,
-                         wire=nbytes * cols.ratio, batch_scale=scales, replica_counts=None, rebuild=rebuild,
-                         hier=cols.hier if cols.hier.any() else None)
+#: By kind code: whether the kind gathers (rows, or sufficient factors) rather than reduces.
+_GATHERS = per_kind({"allgather": 1, "sfb": 1}).astype(bool)
 
 
 PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")
 
 
-def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+def shard_features(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
     """Per-shard predefined features in seconds/counts (S, 9), and per-shard wire bytes."""
     m = ctx.var_bytes[b.var] * b.frac
     sparse = ctx.var_sparse[b.var]
@@ -364,17 +239,20 @@ def shard_features(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np
     n, ring = t["N"][b.sid], t["ring_bw"][b.sid]
     ar = b.kind == KIND_AR
     out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ring, 0.0)
-    if b.hier is not None:
-        out[:, 4] = np.where(b.hier, wire * t["hier_per_byte"][b.sid], out[:, 4])
-    ag = b.kind >= KIND_AG  # all-gather of rows or of sufficient factors
-    out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0) + (b.rebuild if b.rebuild is not None else 0.0)
+    hier = hier_rows(b)
+    if hier is not None:
+        out[:, 4] = np.where(hier, wire * t["hier_per_byte"][b.sid], out[:, 4])
+    ag = _GATHERS[b.kind]  # all-gather of rows or of sufficient factors
+    rebuild = message_sizes(b, ctx)[1] if (b.kind == KIND_SFB).any() else None
+    out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0) + (rebuild if rebuild is not None else 0.0)
     out[:, 7] = np.where(ag, np.where(b.kind == KIND_SFB, 2.0, 1.0) * (n - 1), 0.0)  # SFB: counts, then factors
     out[:, 8] = 1.0
     # A merge group pays the ring's 2(N-1) message overheads once: share it among members.
     if ar.any():
-        key = b.sid[ar] * (b.group.max() + 1) + b.group[ar]
+        group = b.group_order
+        key = b.sid[ar] * (group.max() + 1) + group[ar]
         _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
-        msgs = 2 * (n[ar] - 1) if b.hier is None else np.where(b.hier[ar], t["hier_msgs"][b.sid[ar]], 2 * (n[ar] - 1))
+        msgs = 2 * (n[ar] - 1) if hier is None else np.where(hier[ar], t["hier_msgs"][b.sid[ar]], 2 * (n[ar] - 1))
         out[ar, 5] = msgs / counts[inv]
     return out, wire
 
@@ -388,86 +266,93 @@ def _segment_sum(values: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(seg, weights=values, minlength=n)
 
 
-def analytic_parts(b: StrategyBatch, ctx: DomainContext, *, split: bool = True) -> dict[str, np.ndarray]:
+def _per_server(b: StrategyColumns, ctx: DomainContext, t: dict | None, m: np.ndarray,
+                wire: np.ndarray) -> np.ndarray:
+    """(n, nodes) seconds of each PS server's load (AutoSync Eq. 2): the slower of its NIC and
+    its per-flow transfers, plus intra-node copies and overheads; ``t`` are the per-strategy
+    tables of :func:`comm_terms` where strategies replicate on subsets, else None."""
+    c = ctx.constants
+    n, w = b.size, ctx.W
+    ps = np.flatnonzero(b.kind == KIND_PS)
+    if not len(ps):
+        return np.zeros((n, w))
+    look = b.node[ps] * 2 + b.local[ps]
+    both = wire[ps] + m[ps]  # gradient up (encoded), parameters down (plain)
+    key = b.sid[ps] * w + b.node[ps]
+    if t is not None:
+        at = b.sid[ps] * (2 * w) + look
+        flow_c, nic_c, intra_c, phi_c = (t[k + "_flat"][at] for k in ("ps_flow", "ps_nic", "ps_intra", "ps_phi"))
+        spread = np.maximum(1.0, t["W"] - 1)
+    else:
+        flow_c, nic_c, intra_c, phi_c = (ctx.ps_flow_flat[look], ctx.ps_nic_flat[look], ctx.ps_intra_flat[look],
+                                         ctx.ps_phi_flat[look])
+        spread = np.full(n, float(max(1, w - 1)))
+    flows = (np.bincount(key, both * flow_c, n * w).reshape(n, w) / spread[:, None]).reshape(-1)
+    nic = np.bincount(key, both * nic_c, n * w)
+    rest = np.bincount(key, both * intra_c + c.phi * phi_c + c.delta, n * w)
+    return (np.maximum(flows, nic) + rest).reshape(n, w)
+
+
+def analytic_parts(b: StrategyColumns, ctx: DomainContext, *, split: bool = True) -> dict[str, np.ndarray]:
     """Per-strategy analytic terms in seconds (AutoSync Eq. 2 and the ring/gather analogues):
     ``per_server`` (n, nodes) PS load, ``t_ps`` the most loaded server, ``t_ar`` all-reduce,
     ``t_ag`` all-gather, ``t_comp`` compute. Computed with the fewest passes over the shards:
     proposals are scored with it tens of thousands at a time (``split=False`` saves the pass
     that tells all-gather from all-reduce: ``t_ar`` is then both collectives, ``t_ag`` zero)."""
     c = ctx.constants
-    n, w = b.size, ctx.W
-    m, wire = b.nbytes, b.wire
-    per_server = np.zeros((n, w))
-    ps = np.flatnonzero(b.kind == KIND_PS)
+    n = b.size
+    m, rebuild = message_sizes(b, ctx)
+    wire = m * b.ratio
     # Per-strategy tables only where a strategy replicates on a subset: the domain's constants
     # otherwise (measured: per-shard lookups for every strategy cut bert-large's analytic rate
     # from about 62,000 to 14,000 strategies/s, below the 50,000 goal).
-    subset = b.replica_counts is not None
+    subset = b.replica_counts() is not None
     t = comm_terms(b, ctx) if subset else None
-    if len(ps):
-        # Each PS server: the slower of its NIC and its per-flow transfers, plus intra-node copies
-        # and overheads; the strategy waits for the most loaded server.
-        look = b.node[ps] * 2 + b.local[ps]
-        both = wire[ps] + m[ps]  # gradient up (encoded), parameters down (plain)
-        key = b.sid[ps] * w + b.node[ps]
-        if subset:
-            at = b.sid[ps] * (2 * w) + look
-            flow_c, nic_c, intra_c, phi_c = (t[k + "_flat"][at] for k in ("ps_flow", "ps_nic", "ps_intra", "ps_phi"))
-            spread = np.maximum(1.0, t["W"] - 1)
-        else:
-            flow_c, nic_c, intra_c, phi_c = (ctx.ps_flow_flat[look], ctx.ps_nic_flat[look], ctx.ps_intra_flat[look],
-                                             ctx.ps_phi_flat[look])
-            spread = np.full(n, float(max(1, w - 1)))
-        flows = (np.bincount(key, both * flow_c, n * w).reshape(n, w) / spread[:, None]).reshape(-1)
-        nic = np.bincount(key, both * nic_c, n * w)
-        rest = np.bincount(key, both * intra_c + c.phi * phi_c + c.delta, n * w)
-        per_server = (np.maximum(flows, nic) + rest).reshape(n, w)
+    per_server = _per_server(b, ctx, t, m, wire)
     if subset:
         nn, ring = t["N"][b.sid], t["ring_bw"][b.sid]
-        gather = b.kind >= KIND_AG
-        scale = np.select([b.kind == KIND_AR, gather], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
+        scale = np.select([b.kind == KIND_AR, _GATHERS[b.kind]], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
         # SFB's two gathers (row counts, then factors) pay the per-message overhead twice.
         fixed = np.select([b.kind == KIND_AR, b.kind == KIND_AG, b.kind == KIND_SFB],
                           [np.full_like(nn, c.delta), c.phi * (nn - 1), 2 * c.phi * (nn - 1)], 0.0)
         ring_msgs = 2 * (t["N"] - 1)
     else:
         nn = ctx.N
-        # Per-kind constants looked up by kind code (ps, allreduce, allgather, sfb): one gather, no masks.
-        scale = np.array([0.0, 2 * (nn - 1) / nn / ctx.ring_bw, (nn - 1) / ctx.ring_bw, (nn - 1) / ctx.ring_bw])[b.kind]
-        fixed = np.array([0.0, c.delta, c.phi * (nn - 1), 2 * c.phi * (nn - 1)])[b.kind]
+        # Per-kind constants looked up by kind code: one gather, no masks.
+        scale = per_kind({"allreduce": 2 * (nn - 1) / nn / ctx.ring_bw, "allgather": (nn - 1) / ctx.ring_bw,
+                           "sfb": (nn - 1) / ctx.ring_bw})[b.kind]
+        fixed = per_kind({"allreduce": c.delta, "allgather": c.phi * (nn - 1), "sfb": 2 * c.phi * (nn - 1)})[b.kind]
         ring_msgs = 2 * (nn - 1)
-    if b.hier is not None:
-        hier_scale = t["hier_per_byte"][b.sid] if subset else ctx.hier_per_byte
-        scale = np.where(b.hier, hier_scale, scale)
+    hier = hier_rows(b)
+    if hier is not None:
+        scale = np.where(hier, t["hier_per_byte"][b.sid] if subset else ctx.hier_per_byte, scale)
     per_shard = wire * scale + fixed
-    t_ag = np.bincount(b.sid, per_shard * (b.kind >= KIND_AG), n) if split else np.zeros(n)
+    t_ag = np.bincount(b.sid, per_shard * _GATHERS[b.kind], n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * ring_msgs * b.ngroups
-    if b.hier is not None:
+    if hier is not None:
         # A hierarchical group pays its stages' messages, 2(r-1) + 2(W-1), not the flat ring's.
-        rows = np.flatnonzero(b.hier & (b.kind == KIND_AR))
-        owner = np.unique(b.sid[rows] * (int(b.group.max()) + 1) + b.group[rows]) // (int(b.group.max()) + 1)
+        rows = np.flatnonzero(hier & (b.kind == KIND_AR))
+        width = int(b.group_order.max()) + 1
+        owner = np.unique(b.sid[rows] * width + b.group_order[rows]) // width
         hier_groups = np.bincount(owner, minlength=n)
-        hier_msgs = t["hier_msgs"] if subset else ctx.hier_msgs
-        t_ar = t_ar + c.phi * hier_groups * (hier_msgs - ring_msgs)
-    t_comp = ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)  # stitching partitions costs kernels
-    if b.batch_scale is not None:
-        # The step waits for the slowest replica: its batch share times its node's slowdown
-        # (TAG §4.2's batch split on calibrated, heterogeneous nodes), as the replay does.
-        t_comp = t_comp * b.batch_scale
+        t_ar = t_ar + c.phi * hier_groups * ((t["hier_msgs"] if subset else ctx.hier_msgs) - ring_msgs)
+    # Stitching partitions costs kernels; the step waits for the slowest replica (its batch
+    # share times its node's slowdown, :func:`batch_scale`), as the replay does.
+    t_comp = (ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)) * batch_scale(b, ctx)
     # SFB gradients are rebuilt once every gather is in (the step), after communication and compute.
-    t_rebuild = np.bincount(b.sid, b.rebuild, n) if b.rebuild is not None else np.zeros(n)
+    t_rebuild = np.bincount(b.sid, rebuild, n) if rebuild is not None else np.zeros(n)
     return {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server,
             "t_rebuild": t_rebuild}
 
 
-def analytic_time(b: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+def analytic_time(b: StrategyColumns, ctx: DomainContext) -> np.ndarray:
     """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1)."""
     p = analytic_parts(b, ctx, split=False)
     return np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"]) + p["t_rebuild"]
 
 
-def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire: np.ndarray) -> np.ndarray:
+def global_features(b: StrategyColumns, ctx: DomainContext, pre: np.ndarray, wire: np.ndarray) -> np.ndarray:
     """(n, len(GLOBAL_NAMES)) domain-normalised global features."""
     n = b.size
     norm = pre.copy()
@@ -481,7 +366,9 @@ def global_features(b: StrategyBatch, ctx: DomainContext, pre: np.ndarray, wire:
     bytes_total = ctx.model_bytes
     kind_bytes = [_segment_sum(np.where(b.kind == k, ctx.var_bytes[b.var] * b.frac, 0.0), b.sid, n) / bytes_total
                   for k in (KIND_PS, KIND_AR, KIND_AG)]
-    kind_bytes[2] = kind_bytes[2] + _segment_sum(np.where(b.kind == KIND_SFB, b.nbytes, 0.0), b.sid, n) / bytes_total
+    sfb = b.kind == KIND_SFB
+    if sfb.any():  # the factors an SFB shard gathers count with the all-gathered bytes
+        kind_bytes[2] = kind_bytes[2] + _segment_sum(np.where(sfb, message_sizes(b, ctx)[0], 0.0), b.sid, n) / bytes_total
     server_share = parts["per_server"].max(axis=1) / np.maximum(parts["per_server"].sum(axis=1), 1e-30)
     groups = b.ngroups
     extra = np.stack([parts["t_ps"] / ctx.t_ref, parts["t_ar"] / ctx.t_ref, parts["t_ag"] / ctx.t_ref,
@@ -495,14 +382,17 @@ RAW_NAMES = ("is_ps", "is_ar", "is_ag", "is_sfb", *(f"comp_{name}" for name in C
              "shard_frac", "axis_gt0", "log_bytes", "bytes_share", "ndims", "sparse", "position", "nodes", "log_devices",
              "min_nic", "max_nic", "min_flow", "min_intra")
 _RAW = {name: i for i, name in enumerate(RAW_NAMES)}
+#: By kind code: the column of its one-hot raw feature.
+_KIND_COLUMN = np.array([_RAW[{"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb"}[kind]]
+                         for kind in SYNCHRONIZER_KINDS])
 
 
-def raw_features(b: StrategyBatch, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:
+def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:
     """(S, len(RAW_NAMES)) per-shard raw features (AutoSync §3.1.2), scale-free."""
     s = len(b.sid)
     out = np.zeros((s, len(RAW_NAMES)))
     col = _RAW
-    out[np.arange(s), b.kind] = 1.0
+    out[np.arange(s), _KIND_COLUMN[b.kind]] = 1.0
     out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp] = 1.0
     out[:, col["wire_ratio"]] = b.ratio
     out[:, col["local_agg"]] = b.local
@@ -513,15 +403,16 @@ def raw_features(b: StrategyBatch, ctx: DomainContext, wire: np.ndarray) -> np.n
     out[:, col["server_flow"]] = np.where(ps, ctx.flow[node] / (10 * GBIT), 0.0)
     ar = b.kind == KIND_AR
     if ar.any():
-        width = b.group.max() + 1
-        key = b.sid[ar] * width + b.group[ar]
+        group = b.group_order
+        width = group.max() + 1
+        key = b.sid[ar] * width + group[ar]
         _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
         gbytes = np.bincount(inv, weights=wire[ar])
         out[ar, col["group_members"]] = counts[inv] / ctx.num_vars
         out[ar, col["group_bytes"]] = gbytes[inv] / ctx.model_bytes
-        # Position of the shard's merge group among the strategy's groups (groups are renumbered
-        # 0.. in backward order by encode), in [0, 1).
-        out[ar, col["group_order"]] = b.group[ar] / np.maximum(1.0, b.ngroups[b.sid[ar]])
+        # Position of the shard's merge group among the strategy's groups (numbered 0.. in
+        # backward order, ``group_order``), in [0, 1).
+        out[ar, col["group_order"]] = group[ar] / np.maximum(1.0, b.ngroups[b.sid[ar]])
     out[:, col["nshards"]] = b.nshards / 4.0
     out[:, col["shard_frac"]] = b.frac
     out[:, col["axis_gt0"]] = b.axis > 0
@@ -540,7 +431,7 @@ def raw_features(b: StrategyBatch, ctx: DomainContext, wire: np.ndarray) -> np.n
     return out
 
 
-def per_shard_inputs(b: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+def per_shard_inputs(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
     """(S, raw + predefined) inputs of the sequence models, and (n, global) features."""
     pre, wire = shard_features(b, ctx)
     glob = global_features(b, ctx, pre, wire)

@@ -30,13 +30,14 @@ from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 from ..spec.files import write_via
 from ..strategy.compressors import compressor_vocabulary
+from ..strategy.columns import StrategyColumns
 from ..strategy.schema import Strategy
 from .features import (
     GLOBAL_NAMES,
+    KIND_PS,
     PRE_NAMES,
     RAW_NAMES,
     DomainContext,
-    StrategyBatch,
     analytic_time,
     encode,
     per_shard_inputs,
@@ -58,13 +59,13 @@ class Domain:
     ctx: DomainContext
     strategies: list[Strategy]
     runtimes: np.ndarray  # seconds, the ground truth f
-    batch: StrategyBatch | None = None
+    batch: StrategyColumns | None = None
 
     @property
     def key(self) -> str:
         return f"{self.ctx.model.name}@{self.ctx.cluster.name}"
 
-    def encoded(self) -> StrategyBatch:
+    def encoded(self) -> StrategyColumns:
         if self.batch is None:
             self.batch = encode(self.strategies, self.ctx)
         return self.batch
@@ -107,7 +108,7 @@ class Simulator:
     def fit(self, domains: list[Domain], **kwargs: Any) -> "Simulator":
         return self
 
-    def _predict_batch(self, batch: StrategyBatch, ctx: DomainContext) -> np.ndarray:  # pragma: no cover
+    def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
     def predict_domain(self, domain: Domain) -> np.ndarray:
@@ -181,7 +182,7 @@ class _Learned(Simulator):
             self.replay.add_profile(profile)
         self.replay.set_constants(replay.constants)
 
-    def _features(self, batch: StrategyBatch, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+    def _features(self, batch: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
         """AutoSync's inputs with the replay's prediction and per-unit timeline beside them."""
         from .replay import replay_features
 
@@ -190,7 +191,7 @@ class _Learned(Simulator):
         return np.concatenate([x, rx], axis=1), np.concatenate([g, rg], axis=1)
 
     # subclasses: _build() -> nn.Module; _forward(net, x, g, offsets, batch) -> (n,)
-    def _inputs(self, batch: StrategyBatch, ctx: DomainContext):
+    def _inputs(self, batch: StrategyColumns, ctx: DomainContext):
         torch = _torch()
         x, g = self._features(batch, ctx)
         x = (torch.as_tensor(x, dtype=torch.float32) - self.norm["x_mean"]) / self.norm["x_std"]
@@ -259,7 +260,7 @@ class _Learned(Simulator):
         self.net.eval()
         return self
 
-    def _forward_batch(self, batch: StrategyBatch, ctx: DomainContext):
+    def _forward_batch(self, batch: StrategyColumns, ctx: DomainContext):
         x, g = self._inputs(batch, ctx)
         return self._forward(x, g, batch, ctx)
 
@@ -402,7 +403,7 @@ class GATSimulator(_Learned):
         return net.head(torch.cat([_pool(h, mask), g], dim=1)).squeeze(-1)
 
     @staticmethod
-    def _adjacency(batch: StrategyBatch, longest: int):
+    def _adjacency(batch: StrategyColumns, longest: int):
         torch = _torch()
         n = batch.size
         node_key = np.full((n, longest), -2, dtype=np.int64)
@@ -410,8 +411,8 @@ class GATSimulator(_Learned):
         lengths = np.diff(batch.offsets)
         row = np.repeat(np.arange(n), lengths)
         pos = np.arange(len(batch.sid)) - np.repeat(batch.offsets[:-1], lengths)
-        node_key[row, pos] = np.where(batch.kind == 0, batch.node, -1 - 10**6)
-        group_key[row, pos] = np.where(batch.group >= 0, batch.group, -1 - 10**6)
+        node_key[row, pos] = np.where(batch.kind == KIND_PS, batch.node, -1 - 10**6)
+        group_key[row, pos] = np.where(batch.group_order >= 0, batch.group_order, -1 - 10**6)
         nk, gk = torch.as_tensor(node_key), torch.as_tensor(group_key)
         idx = torch.arange(longest)
         chain = (idx[:, None] - idx[None, :]).abs() <= 1

@@ -39,7 +39,10 @@ import numpy as np
 
 from ..spec.errors import SpecError
 from ..spec.profile import ComputeProfile
-from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SFB, DomainContext, StrategyBatch, comm_terms, encode
+from ..strategy.columns import StrategyColumns
+from ..strategy.schema import SYNCHRONIZER_KINDS
+from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, DomainContext, batch_scale, comm_terms, encode, hier_rows,
+                       message_sizes, per_kind)
 from .models import Simulator
 
 __all__ = ["ReplayConstants", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
@@ -178,10 +181,10 @@ class ReplaySimulator(Simulator):
         return dom
 
     # ------------------------------------------------------------------ replay
-    def _predict_batch(self, batch: StrategyBatch, ctx: DomainContext) -> np.ndarray:
+    def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:
         return replay_units(batch, ctx, self._domain(ctx), self.constants)["iteration_s"]
 
-    def timeline(self, batch: StrategyBatch, ctx: DomainContext) -> dict[str, np.ndarray]:
+    def timeline(self, batch: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
         """Per-unit events of every strategy (``unit_sid``, ``unit_kind``, ``unit_first`` the first
         member's variable, ``unit_launch``, ``unit_start``, ``unit_finish``, ``unit_s``; a shard's
         unit is ``shard_unit``), and per
@@ -212,23 +215,25 @@ def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(shifted) - seg * span
 
 
-def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
+def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
     """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit."""
     n = b.size
     alpha = dom.alpha
     # A replica's compute scales with its batch and its node's slowdown (calibrated speeds);
     # the iteration waits for the slowest replica (TAG §2.1).
-    scale = np.ones(n) if b.batch_scale is None else b.batch_scale * (ctx.model.batch_size / dom.profile_batch)
+    scale = batch_scale(b, ctx) * (ctx.model.batch_size / dom.profile_batch)
     plain = ctx.var_bytes[b.var] * b.frac
     sparse_part = np.where(b.kind == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
     wire = plain * sparse_part * b.ratio
     sfb = b.kind == KIND_SFB
+    rebuild = None
     if sfb.any():
-        wire = np.where(sfb, b.nbytes * b.ratio, wire)  # the factors, padded to the largest replica batch
+        nbytes, rebuild = message_sizes(b, ctx)
+        wire = np.where(sfb, nbytes * b.ratio, wire)  # the factors, padded to the largest replica batch
     # Units: one per merge group (all-reduce), one per shard otherwise.
-    num_shards = len(b.sid)
-    width = int(b.group.max()) + 1 if num_shards else 1
-    unit_key = np.where(b.kind == KIND_AR, b.sid * (width + num_shards) + b.group,
+    num_shards, group = len(b.sid), b.group_order
+    width = int(group.max()) + 1 if num_shards else 1
+    unit_key = np.where(b.kind == KIND_AR, b.sid * (width + num_shards) + group,
                         b.sid * (width + num_shards) + width + np.arange(num_shards))
     keys, unit_of = np.unique(unit_key, return_inverse=True)
     u = len(keys)
@@ -248,9 +253,10 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
     dur[ar] = 2 * (unn[ar] - 1) * (alpha + ubytes[ar] / (unn[ar] * ring[ar]))
-    if b.hier is not None:
+    hier = hier_rows(b)
+    if hier is not None:
         uhier = np.zeros(u, dtype=bool)
-        uhier[unit_of] = b.hier
+        uhier[unit_of] = hier
         hr = uhier & (ukind == KIND_AR)
         dur[hr] = t["hier_msgs"][usid[hr]] * alpha + ubytes[hr] * t["hier_per_byte"][usid[hr]]
     dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
@@ -258,19 +264,11 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
         # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
         fb = (ukind == KIND_SFB) & (unn > 1)
         dur[fb] = (unn[fb] - 1) * (2 * alpha + ubytes[fb] / ring[fb])
-        dur += np.bincount(unit_of, weights=np.where(sfb, b.rebuild * dom.rebuild_scale, 0.0), minlength=u)
+        dur += np.bincount(unit_of, weights=np.where(sfb, rebuild * dom.rebuild_scale, 0.0), minlength=u)
     bcast = np.zeros(n)
     if ps.any():
-        shard_ps = b.kind == KIND_PS
-        look = b.node * 2 + b.local.astype(np.int64)
-        look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
-        w = np.maximum(1.0, t["W"] - 1)[b.sid]
-        per_byte = np.maximum(t["ps_flow_flat"][look] / w, t["ps_nic_flat"][look]) + t["ps_intra_flat"][look]
-        r_server = np.asarray(t["r"])[b.sid, np.maximum(b.node, 0)]
-        msgs = t["ps_phi_flat"][look] + np.where(b.local, r_server - 1, 0)
-        push = np.where(shard_ps, wire * per_byte + msgs * alpha, 0.0)
+        push, pull = _ps_shards(b, ctx, t, wire, plain * sparse_part, alpha, k)
         dur += np.bincount(unit_of, weights=push, minlength=u)
-        pull = np.where(shard_ps, plain * sparse_part * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
     dur += k.unit_s + _cpu_terms(k, ukind)
     if k.compress_s_per_mb and b.comp.any():
@@ -295,12 +293,29 @@ def replay_units(b: StrategyBatch, ctx: DomainContext, dom: _ReplayDomain, k: Re
             "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
 
 
+def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray, sent: np.ndarray, alpha: float,
+               k: ReplayConstants) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard, the seconds a PS shard's push (its encoded gradient, and the messages of every
+    replica or of each node's local aggregate) and its pull (the ``sent`` parameter bytes back
+    to every replica) take on its server's links (0 off PS)."""
+    shard_ps = b.kind == KIND_PS
+    look = b.node * 2 + b.local.astype(np.int64)
+    look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
+    w = np.maximum(1.0, t["W"] - 1)[b.sid]
+    per_byte = np.maximum(t["ps_flow_flat"][look] / w, t["ps_nic_flat"][look]) + t["ps_intra_flat"][look]
+    r_server = np.asarray(t["r"])[b.sid, np.maximum(b.node, 0)]
+    msgs = t["ps_phi_flat"][look] + np.where(b.local, r_server - 1, 0)
+    push = np.where(shard_ps, wire * per_byte + msgs * alpha, 0.0)
+    pull = np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0)
+    return push, pull
+
+
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb")
 
 
 def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
     """Per unit, the CPU seconds of :class:`ReplayConstants`' calibrated per-unit costs."""
-    per_unit = np.array([k.ps_unit_s, k.ar_unit_s, k.ag_unit_s, 0.0])
+    per_unit = per_kind({"ps": k.ps_unit_s, "allreduce": k.ar_unit_s, "allgather": k.ag_unit_s})
     return per_unit[ukind] if per_unit.any() else np.zeros(len(ukind))
 
 
@@ -406,7 +421,7 @@ class CalibratedReplay(ReplaySimulator):
         return super()._domain(ctx)
 
 
-def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarray, np.ndarray]:
+def replay_features(events: dict[str, Any], b: StrategyColumns) -> tuple[np.ndarray, np.ndarray]:
     """(S, len(REPLAY_SHARD_NAMES)) and (n, len(REPLAY_GLOBAL_NAMES)) features of a replay."""
     it = events["iteration_s"]
     per = it[b.sid]
@@ -419,10 +434,10 @@ def replay_features(events: dict[str, Any], b: StrategyBatch) -> tuple[np.ndarra
     return shard, glob
 
 
-_KIND_NAMES = {KIND_PS: "ps", KIND_AR: "allreduce", KIND_AG: "allgather", KIND_SFB: "sfb"}
+_KIND_NAMES = dict(enumerate(SYNCHRONIZER_KINDS))
 
 
-def critical_path(events: dict[str, Any], b: StrategyBatch, model, *, measured: bool = True) -> dict[str, Any]:
+def critical_path(events: dict[str, Any], b: StrategyColumns, model, *, measured: bool = True) -> dict[str, Any]:
     """What one replayed iteration (the first strategy of ``b``) waits on, dPRO §4.3's critical
     path in our terms. Walking back from the last unit to finish: a unit that started after its
     gradients were ready waited for the unit before it on the communication queue (the link);

@@ -1,11 +1,12 @@
 """Strategies: the plain-data representation, validation and the hand-optimised builders."""
 
 from .builders import BUILDERS, BuilderInfo, build_strategy, parse_builder_options
-from .columns import StrategyColumns
-from .compressors import COMPRESSORS, CompressorInfo, compressor_vocabulary
+from .columns import KIND_CODES, StrategyColumns
+from .compressors import COMPRESSORS, CompressorInfo, compressor_vocabulary, lossy_compressors
 from .schema import (
     ALLREDUCE_ALGORITHMS,
     SCHEMA_VERSION,
+    SYNCHRONIZER_KINDS,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
     Compressor,
@@ -22,11 +23,13 @@ from .partition import shard_shapes, shard_slices
 from .validate import validate
 
 __all__ = [
+    "KIND_CODES",
     "StrategyColumns",
     "ALLREDUCE_ALGORITHMS",
     "BUILDERS",
     "COMPRESSORS",
     "SCHEMA_VERSION",
+    "SYNCHRONIZER_KINDS",
     "AllGatherSynchronizer",
     "AllReduceSynchronizer",
     "BuilderInfo",
@@ -42,6 +45,7 @@ __all__ = [
     "build_strategy",
     "compressor_vocabulary",
     "load_strategy",
+    "lossy_compressors",
     "parse_builder_options",
     "shard_shapes",
     "shard_slices",

@@ -1,24 +1,33 @@
-"""Many strategies of one domain as columns: the form a search round's proposals take.
+"""Many strategies of one domain as columns: the one form a batch of strategies takes.
 
 A round scores tens of thousands of proposals and trials a handful (AutoSync §3.2). Building a
 :class:`~synctune.strategy.schema.Strategy` object per proposal, hashing and encoding it, costs
 milliseconds per strategy on a model of hundreds of variables; a sampler that writes its
 decisions straight into arrays (:meth:`synctune.search.GuidedSampler.sample_columns`), and a
-simulator that reads them (``synctune.simulator.encode_columns``), make a proposal cost
-microseconds. Only the strategies a round picks become objects (:meth:`StrategyColumns.strategy`).
+simulator that reads them (every function of ``synctune.simulator.features`` takes columns),
+make a proposal cost microseconds. Only the strategies a round picks become objects
+(:meth:`StrategyColumns.strategy`); strategies that are objects already become columns with
+:meth:`StrategyColumns.from_strategies` (the simulator's ``encode``).
 
 Rows are shards, strategy after strategy; within a strategy, variables in the model's order and
 each variable's shards in row-major order (as :func:`~synctune.strategy.partition.shard_shapes`).
+Codes come from the registries: a row's synchronizer kind is its index in
+:data:`~synctune.strategy.schema.SYNCHRONIZER_KINDS` (:data:`KIND_CODES`), its compressor its
+index in :data:`~synctune.strategy.compressors.COMPRESSORS` (``CompressorInfo.code``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from .compressors import COMPRESSORS
+from .partition import shard_shapes
 from .schema import (
+    SYNCHRONIZER_KINDS,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
     Compressor,
@@ -29,12 +38,11 @@ from .schema import (
     VariablePlan,
 )
 
-__all__ = ["StrategyColumns", "KIND_CODES", "COMPRESSOR_KINDS"]
+__all__ = ["StrategyColumns", "KIND_CODES"]
 
-#: Synchronizer kind of a row (the simulator's codes).
-KIND_CODES = {"ps": 0, "allreduce": 1, "allgather": 2, "sfb": 3}
-#: Compressor kind of a row, by index.
-COMPRESSOR_KINDS = ("none", "fp16", "bf16", "powersgd")
+#: Synchronizer kind -> the code of its rows (its index in the synchronizer registry).
+KIND_CODES: dict[str, int] = {kind: i for i, kind in enumerate(SYNCHRONIZER_KINDS)}
+_AR = KIND_CODES["allreduce"]
 
 
 @dataclass
@@ -46,17 +54,22 @@ class StrategyColumns:
     (:data:`KIND_CODES`), ``node`` (a PS shard's server node, whose first device holds it; -1
     otherwise), ``local`` (PS local aggregation), ``group`` (an all-reduce shard's merge group as
     the strategy numbers it; -1 otherwise), ``hier`` (hierarchical all-reduce), ``comp`` and
-    ``rank`` (:data:`COMPRESSOR_KINDS` index and PowerSGD rank, 0 otherwise), ``frac`` (the
-    shard's share of its variable's elements), ``comp_code`` and ``ratio`` (the compressor's
-    simulator code and wire bytes per gradient byte). Per strategy: ``batch_split`` (size,
-    replicas) or None where every replica takes the model's batch. Every strategy replicates on
-    every device.
+    ``rank`` (the compressor's registry code and PowerSGD rank, 0 otherwise), ``frac`` (the
+    shard's share of its variable's elements), ``ratio`` (the compressor's wire bytes per
+    gradient byte), ``group_order`` (the merge group numbered 0.. in the order the strategy's
+    groups first appear; -1 off all-reduce). Per strategy: ``ngroups`` (how many merge groups)
+    and ``batch_split`` (size, devices of the cluster): each device's batch, 0 where it holds no
+    replica; None where every device holds a replica with the model's batch.
 
-    Optionally, what the simulator's encoder would make of the merge groups, written by a
-    producer that has it at hand (the guided sampler does): ``group_order`` (per shard, its
-    group numbered 0.. in the order the strategy's groups first appear; -1 off all-reduce) and
-    ``ngroups`` (per strategy, how many groups). Absent, the encoder works them out. Whoever
-    changes ``kind`` or ``group`` of such columns must clear both (the encoder trusts them)."""
+    ``group_order`` and ``ngroups`` are worked out on construction unless the producer wrote
+    them (the guided sampler does); whoever changes ``kind`` or ``group`` of columns must
+    rebuild them (``dataclasses.replace(cols, group_order=None, ngroups=None)``).
+
+    Columns keep what the search and the simulators read. A strategy made of columns places a
+    PS shard on its server node's first device and keeps its replicas in the cluster's device
+    order; one made into columns keeps neither another placement device of that node, nor
+    a PS staleness bound, nor another replica order (every sampler and builder writes these
+    as columns have them)."""
 
     model: Any
     cluster: Any
@@ -73,16 +86,39 @@ class StrategyColumns:
     comp: np.ndarray
     rank: np.ndarray
     frac: np.ndarray
-    comp_code: np.ndarray
     ratio: np.ndarray
     batch_split: np.ndarray | None = None
     group_order: np.ndarray | None = None
     ngroups: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        if self.group_order is None or self.ngroups is None:
+            self.group_order, self.ngroups = _number_groups(self.sid, self.kind, self.group, self.size)
+
     @property
     def size(self) -> int:
         return len(self.offsets) - 1
 
+    # --------------------------------------------------------------------------- replicas
+    def splits(self) -> np.ndarray:
+        """(size, devices) int64: each device's batch in each strategy (0: no replica there)."""
+        if self.batch_split is None:
+            return np.full((self.size, self.cluster.num_devices), self.model.batch_size, np.int64)
+        return np.asarray(self.batch_split, np.int64)
+
+    def replica_counts(self) -> np.ndarray | None:
+        """(size, nodes) replicas per node of each strategy; None when every strategy holds a
+        replica on every device (TAG §4.2: idle devices take no part in synchronization)."""
+        if self.batch_split is None:
+            return None
+        held = np.asarray(self.batch_split) > 0
+        if held.all():
+            return None
+        per_node = [node.num_devices for node in self.cluster.nodes]
+        owner = np.repeat(np.arange(len(per_node)), per_node)  # devices are listed node by node
+        return held.astype(np.float64) @ (owner[:, None] == np.arange(len(per_node))[None, :])
+
+    # ------------------------------------------------------------------------ identities
     def signatures(self) -> np.ndarray:
         """(size, variables) int64: one code per variable of each strategy, equal for two
         strategies exactly when that variable's partition and every shard's decisions are
@@ -116,16 +152,18 @@ class StrategyColumns:
                 return np.zeros(self.size, dtype=m)
             out = np.add.reduceat(code, self.offsets[:-1]) if self.size else np.zeros(0, dtype=m)
             out[np.diff(self.offsets) == 0] = 0
-            if self.batch_split is not None:
+            if self.batch_split is not None:  # the split, and with it which devices hold replicas
                 for col in self.batch_split.T.astype(m):
                     out = (out ^ col) * m(0xBF58476D1CE4E5B9)
         return out
 
+    # ------------------------------------------------------------------- objects and back
     def strategy(self, i: int) -> Strategy:
         """Strategy ``i`` as an object."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         servers = [node.devices[0] for node in self.cluster.nodes]
         variables = self.model.variables
+        names = COMPRESSORS.names()
         plans = []
         at = lo
         while at < hi:
@@ -136,21 +174,108 @@ class StrategyColumns:
                 partition[int(self.axis[at])] = k
             shards = []
             for r in range(at, at + k):
-                kind = int(self.kind[r])
-                if kind == 0:
+                kind = SYNCHRONIZER_KINDS[int(self.kind[r])]
+                if kind == "ps":
                     sync = PSSynchronizer(placement=servers[int(self.node[r])], local_aggregation=bool(self.local[r]))
-                elif kind == 1:
+                elif kind == "allreduce":
                     sync = AllReduceSynchronizer(group=int(self.group[r]),
                                                  algorithm="hierarchical" if self.hier[r] else "flat")
-                elif kind == 2:
-                    sync = AllGatherSynchronizer()
                 else:
-                    sync = SFBSynchronizer()
-                comp = COMPRESSOR_KINDS[int(self.comp[r])]
-                compressor = Compressor(kind=comp, rank=int(self.rank[r])) if comp == "powersgd" else \
-                    Compressor(kind=comp)
+                    sync = AllGatherSynchronizer() if kind == "allgather" else SFBSynchronizer()
+                comp = names[int(self.comp[r])]
+                compressor = Compressor(kind=comp, rank=int(self.rank[r])) if "rank" in COMPRESSORS.get(
+                    comp).params else Compressor(kind=comp)
                 shards.append(ShardPlan(synchronizer=sync, compressor=compressor))
             plans.append(VariablePlan(variable=variables[v].name, partition=tuple(partition), shards=tuple(shards)))
             at += k
-        split = None if self.batch_split is None else tuple(int(x) for x in self.batch_split[i])
-        return Strategy.over(self.model, self.cluster, plans, batch_split=split)
+        if self.batch_split is None:
+            return Strategy.over(self.model, self.cluster, plans)
+        row = self.batch_split[i]
+        held = [j for j in range(len(row)) if row[j] > 0]
+        devices = self.cluster.devices
+        return Strategy.over(self.model, self.cluster, plans, replicas=[devices[j] for j in held],
+                             batch_split=[int(row[j]) for j in held])
+
+    @classmethod
+    def from_strategies(cls, model: Any, cluster: Any, strategies: Sequence[Strategy]) -> "StrategyColumns":
+        """``strategies`` of (``model``, ``cluster``) as columns (they must validate against it)."""
+        cols: dict[str, list] = {k: [] for k in _ROW_FIELDS}
+        offsets = [0]
+        ngroups: list[int] = []
+        var_index = {v.name: i for i, v in enumerate(model.variables)}
+        node_of = {d: i for i, node in enumerate(cluster.nodes) for d in node.devices}
+        device_index = {d: j for j, d in enumerate(cluster.devices)}
+        split = np.zeros((len(strategies), cluster.num_devices), np.int64)
+        wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
+        for si, s in enumerate(strategies):
+            groups: dict[int, int] = {}
+            for plan in sorted(s.plans, key=lambda p: var_index[p.variable]):
+                _plan_rows(cols, si, var_index[plan.variable], model.variables[var_index[plan.variable]], plan,
+                           groups, node_of, wire_of)
+            offsets.append(len(cols["sid"]))
+            ngroups.append(len(groups))
+            for d, b in zip(s.replicas, s.batch_split):
+                split[si, device_index[d]] = b
+        arrays = {k: np.asarray(v, dtype=_ROW_FIELDS[k]) for k, v in cols.items()}
+        even = (split == model.batch_size).all()
+        return cls(model=model, cluster=cluster, offsets=np.asarray(offsets, np.int64),
+                   batch_split=None if even else split, ngroups=np.asarray(ngroups, np.float64), **arrays)
+
+
+#: The per-shard columns and their dtypes.
+_ROW_FIELDS: dict[str, type] = {
+    "sid": np.int64, "var": np.int64, "axis": np.int64, "nshards": np.int64, "kind": np.int64, "node": np.int64,
+    "local": bool, "group": np.int64, "hier": bool, "comp": np.int64, "rank": np.int64, "frac": np.float64,
+    "ratio": np.float64, "group_order": np.int64,
+}
+
+
+def _plan_rows(cols: dict[str, list], si: int, vi: int, var: Any, plan: VariablePlan, groups: dict[int, int],
+               node_of: dict[str, int], wire_of: dict[tuple, tuple[int, float]]) -> None:
+    """Append the rows of one variable's plan (strategy ``si``); ``groups`` numbers the
+    strategy's merge groups in the order they first appear."""
+    k = plan.num_shards
+    axis = next((a for a, p in enumerate(plan.partition) if p > 1), 0)
+    shapes = shard_shapes(var.shape, plan.partition) if k > 1 else [var.shape]
+    total = max(1, var.num_elements)
+    for shard, shape in zip(plan.shards, shapes):
+        sync, comp = shard.synchronizer, shard.compressor
+        key = (comp.kind, comp.rank, shape)
+        if key not in wire_of:
+            info = comp.info
+            wire_of[key] = (info.code, info.wire_ratio(tuple(shape), comp.rank))
+        code, ratio = wire_of[key]
+        cols["sid"].append(si)
+        cols["var"].append(vi)
+        cols["axis"].append(axis)
+        cols["nshards"].append(k)
+        cols["frac"].append((math.prod(shape) if shape else 1) / total)
+        cols["comp"].append(code)
+        cols["rank"].append(comp.rank or 0)
+        cols["ratio"].append(ratio)
+        cols["kind"].append(KIND_CODES[sync.kind])
+        ps, ar = isinstance(sync, PSSynchronizer), isinstance(sync, AllReduceSynchronizer)
+        cols["node"].append(node_of[sync.placement] if ps else -1)
+        cols["local"].append(sync.local_aggregation if ps else False)
+        cols["group"].append(sync.group if ar else -1)
+        cols["group_order"].append(groups.setdefault(sync.group, len(groups)) if ar else -1)
+        cols["hier"].append(ar and sync.algorithm == "hierarchical")
+
+
+def _number_groups(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard, its merge group numbered 0.. per strategy in the order the groups first appear
+    (-1 off all-reduce), and per strategy how many groups it has."""
+    order = np.full(len(sid), -1, np.int64)
+    ngroups = np.zeros(n)
+    rows = np.flatnonzero(kind == _AR)
+    if not len(rows):
+        return order, ngroups
+    key = sid[rows] * (int(group.max()) + 2) + group[rows]
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    owner = sid[rows][first]
+    by_owner = np.lexsort((first, owner))  # groups by strategy, then by first appearance
+    rank = np.empty(len(uniq), np.int64)
+    starts = np.r_[0, np.flatnonzero(np.diff(owner[by_owner])) + 1]
+    rank[by_owner] = np.arange(len(uniq)) - np.repeat(starts, np.diff(np.r_[starts, len(uniq)]))
+    order[rows] = rank[inverse]
+    return order, np.bincount(owner, minlength=n).astype(np.float64)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ..spec.registry import Registry
 
-__all__ = ["CompressorInfo", "COMPRESSORS", "compressor_vocabulary"]
+__all__ = ["CompressorInfo", "COMPRESSORS", "compressor_vocabulary", "lossy_compressors"]
 
 
 def _cols(shape: tuple[int, ...]) -> int:
@@ -215,3 +215,10 @@ for _info in (
 def compressor_vocabulary() -> list[str]:
     """The compressor names in registry order (what a saved simulator was trained with)."""
     return COMPRESSORS.names()
+
+
+def lossy_compressors(synchronizer: str | None = None) -> list[str]:
+    """The lossy compressors in registry order (what a search may try on dense messages, AutoSync
+    §3.2's "message encoding"); with ``synchronizer``, only those that can wrap that kind."""
+    return [name for name, info in COMPRESSORS.items()
+            if not info.lossless and (synchronizer is None or synchronizer in info.synchronizers)]

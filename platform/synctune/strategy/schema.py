@@ -35,6 +35,7 @@ __all__ = [
     "AllGatherSynchronizer",
     "SFBSynchronizer",
     "Synchronizer",
+    "SYNCHRONIZER_KINDS",
     "ShardPlan",
     "VariablePlan",
     "Strategy",
@@ -188,12 +189,16 @@ class SFBSynchronizer:
 
 
 Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer, SFBSynchronizer]
+#: The synchronizer registry: kind -> (class, optional keys of its JSON form).
 _SYNC_KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
     "ps": (PSSynchronizer, ("placement", "local_aggregation", "staleness")),
     "allreduce": (AllReduceSynchronizer, ("group", "algorithm")),
     "allgather": (AllGatherSynchronizer, ()),
     "sfb": (SFBSynchronizer, ()),
 }
+#: The synchronizer kinds in registry order; a kind's code in strategy columns and simulator
+#: features is its index here (:data:`synctune.strategy.columns.KIND_CODES`).
+SYNCHRONIZER_KINDS: tuple[str, ...] = tuple(_SYNC_KEYS)
 
 
 def _sync_from_dict(data: Any, where: str) -> Synchronizer:
@@ -391,7 +396,7 @@ class Strategy:
 
     def stats(self) -> dict[str, Any]:
         """Summary numbers of the strategy (dataset summary columns, one-line summary)."""
-        kinds = {"ps": 0, "allreduce": 0, "allgather": 0, "sfb": 0}
+        kinds = dict.fromkeys(SYNCHRONIZER_KINDS, 0)
         groups: set[int] = set()
         servers: set[str] = set()
         compressors: set[str] = set()
