@@ -422,11 +422,11 @@ def test_calibration_recovers_the_cpu_costs_that_generated_the_times():
     assert fitted.compute_scale == pytest.approx(1.3, rel=0.05)
     assert fitted.ar_unit_s == pytest.approx(0.0012, rel=0.15)
     assert fitted.ag_unit_s == pytest.approx(0.004, rel=0.15)
-    before = np.median(np.abs(blank.predict_domain(test) / test.runtimes - 1))
+    before = np.median(np.abs(blank.predict_domain(test) / test.times_s - 1))
     sim = CalibratedReplay()
     sim.use_profiles(blank)
     sim.fit([train])
-    after = np.median(np.abs(sim.predict_domain(test) / test.runtimes - 1))
+    after = np.median(np.abs(sim.predict_domain(test) / test.times_s - 1))
     assert before > 0.1 and after < 0.02, (before, after)
 
 

@@ -19,7 +19,7 @@ __all__ = ["BoundSimulator"]
 class BoundSimulator:
     """``simulator`` scoring strategies of (``model``, ``cluster``).
 
-    ``fit(strategies, runtimes)`` lets it learn from what the search measured: a training-free
+    ``fit(strategies, times_s)`` lets it learn from what the search measured: a training-free
     simulator ignores it, a calibrated replay refits its constants for this domain; a learned one
     is trained from scratch on everything measured (``make`` gives the untrained one), or, when it
     was learned elsewhere (``transfer``), fine-tuned from where it was, so what it brought is kept
@@ -51,21 +51,21 @@ class BoundSimulator:
         proposals, never made objects: the form every simulator reads)."""
         return -self.simulator._predict_batch(columns, self.ctx)
 
-    def _domain(self, strategies: list[Strategy], runtimes: np.ndarray) -> Domain:
-        return Domain(self.ctx, list(strategies), np.asarray(runtimes, dtype=np.float64))
+    def _domain(self, strategies: list[Strategy], times_s: np.ndarray) -> Domain:
+        return Domain(self.ctx, list(strategies), np.asarray(times_s, dtype=np.float64))
 
-    def fit(self, strategies: list[Strategy], runtimes: np.ndarray) -> None:
+    def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
         if getattr(self.simulator, "calibrates", False):  # a calibrated replay: its constants, not weights
-            self.simulator.calibrate(self._domain(strategies, runtimes))
+            self.simulator.calibrate(self._domain(strategies, times_s))
             return
         if not self.simulator.learned:
             return
         if self.transfer:
-            self.fine_tune(strategies, runtimes)
+            self.fine_tune(strategies, times_s)
             return
         fresh = self.make() if self.make else self.simulator
-        self.simulator = fresh.fit([self._domain(strategies, runtimes)])
+        self.simulator = fresh.fit([self._domain(strategies, times_s)])
 
-    def fine_tune(self, strategies: list[Strategy], runtimes: np.ndarray) -> None:
+    def fine_tune(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
         if self.simulator.learned:
-            self.simulator.fine_tune([self._domain(strategies, runtimes)])
+            self.simulator.fine_tune([self._domain(strategies, times_s)])

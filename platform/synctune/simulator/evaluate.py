@@ -23,7 +23,7 @@ PROTOCOLS = ("held-out", "unseen-model", "unseen-cluster", "unseen-both")
 
 
 def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
-    """Share of pairs with different true runtimes that the prediction orders the same way
+    """Share of pairs with different true times that the prediction orders the same way
     (a tied prediction counts half)."""
     d_true = np.sign(truth[:, None] - truth[None, :])
     d_pred = np.sign(pred[:, None] - pred[None, :])
@@ -61,9 +61,9 @@ def evaluate(sim: Simulator, domains: list[Domain], k: int = 5) -> list[dict[str
     out = []
     for d in domains:
         pred = sim.predict_domain(d)
-        errors = relative_errors(pred, d.runtimes) if getattr(sim, "predicts_seconds", False) else None
-        out.append({"domain": d.key, "n": len(d.strategies), "pairwise_accuracy": pairwise_accuracy(pred, d.runtimes),
-                    "kendall_tau": kendall_tau(pred, d.runtimes), f"top{k}_recall": top_k_recall(pred, d.runtimes, k),
+        errors = relative_errors(pred, d.times_s) if getattr(sim, "predicts_seconds", False) else None
+        out.append({"domain": d.key, "n": len(d.strategies), "pairwise_accuracy": pairwise_accuracy(pred, d.times_s),
+                    "kendall_tau": kendall_tau(pred, d.times_s), f"top{k}_recall": top_k_recall(pred, d.times_s, k),
                     "abs_err_median": float(np.median(errors)) if errors is not None else None,
                     "abs_err_p90": float(np.percentile(errors, 90)) if errors is not None else None,
                     "errors": errors})

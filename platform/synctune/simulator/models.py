@@ -9,7 +9,7 @@
   group, same PS server), pooled, and an MLP head.
 
 Learned models train with the pairwise logistic ranking loss of AutoSync Eq. 3, including the
-partition penalty sigma. Pairs are only formed within a domain: runtimes of different
+partition penalty sigma. Pairs are only formed within a domain: iteration times of different
 (model, cluster) pairs are not comparable. Saved files hold tensors and a JSON config only
 and load with ``torch.load(weights_only=True)``: loading never executes code from the file.
 """
@@ -18,28 +18,23 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
-from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 from ..spec.files import write_via
 from ..strategy.compressors import compressor_vocabulary
 from ..strategy.columns import StrategyColumns
-from ..strategy.schema import Strategy
+from .base import AnalyticSimulator, Domain, Simulator, domains_from_records
 from .features import (
     GLOBAL_NAMES,
     KIND_PS,
     PRE_NAMES,
     RAW_NAMES,
     DomainContext,
-    analytic_time,
-    encode,
     per_shard_inputs,
 )
 
@@ -52,91 +47,6 @@ FORMAT = "synctune-simulator"
 FORMAT_VERSION = 3
 
 
-@dataclass
-class Domain:
-    """Measured strategies of one (model, cluster): encoded, with their runtimes."""
-
-    ctx: DomainContext
-    strategies: list[Strategy]
-    runtimes: np.ndarray  # seconds, the ground truth f
-    batch: StrategyColumns | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.ctx.model.name}@{self.ctx.cluster.name}"
-
-    def encoded(self) -> StrategyColumns:
-        if self.batch is None:
-            self.batch = encode(self.strategies, self.ctx)
-        return self.batch
-
-    def subset(self, idx: Sequence[int]) -> "Domain":
-        return Domain(self.ctx, [self.strategies[i] for i in idx], self.runtimes[list(idx)])
-
-    def partitions(self) -> np.ndarray:
-        return np.diff(self.encoded().offsets).astype(np.float64)
-
-
-def domains_from_records(records: Iterable[Any]) -> list[Domain]:
-    """Group dataset records (``TrialRecord`` or row dicts) with status ok into domains. Only
-    trials our engine ran count: a ``ddp`` row's time is DDP's, not its strategy's."""
-    groups: dict[tuple[str, str], list] = {}
-    for r in records:
-        row = r if isinstance(r, dict) else r.to_row()
-        if row["status"] != "ok" or row["mean_s"] is None or row["mean_s"] != row["mean_s"]:
-            continue
-        if (row.get("runtime") or "engine") != "engine" or str(row.get("trial_id", "")).startswith("confirm-"):
-            continue  # a DDP trial times DDP; a confirmation repeats its candidate under another protocol
-        groups.setdefault((row["model_hash"], row["cluster_hash"]), []).append(row)
-    out = []
-    for rows in groups.values():
-        model = ModelSpec.from_dict(json.loads(rows[0]["model_spec_json"]), where="record model_spec_json")
-        cluster = ClusterSpec.from_dict(json.loads(rows[0]["cluster_spec_json"]), where="record cluster_spec_json")
-        strategies = [Strategy.from_json(r["strategy_json"], where="record strategy_json") for r in rows]
-        out.append(Domain(DomainContext(model, cluster), strategies, np.array([r["mean_s"] for r in rows])))
-    return sorted(out, key=lambda d: d.key)
-
-
-class Simulator:
-    """Base class: subclasses implement ``_predict_batch`` (and ``fit`` when learned)."""
-
-    kind = "base"
-    learned = False
-    #: Whether predictions are iteration times in seconds (else only their order means something).
-    predicts_seconds = False
-
-    def fit(self, domains: list[Domain], **kwargs: Any) -> "Simulator":
-        return self
-
-    def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
-
-    def predict_domain(self, domain: Domain) -> np.ndarray:
-        return self._predict_batch(domain.encoded(), domain.ctx)
-
-    def predict(self, strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
-        """Runtime-like values (lower is faster): seconds for ``analytic``, ranking units otherwise."""
-        ctx = DomainContext(model, cluster)
-        return self._predict_batch(encode(strategies, ctx), ctx)
-
-    def score(self, strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
-        """Higher is better (AutoDist's simulator score): the negated prediction."""
-        return -self.predict(strategies, model, cluster)
-
-    def save(self, path: str | Path) -> None:
-        raise SpecError(f"the {self.kind} simulator has no learned state to save")
-
-
-class AnalyticSimulator(Simulator):
-    """Training-free: T = max(T_comp, T_sync) with default constants, usable before any trial."""
-
-    kind = "analytic"
-    predicts_seconds = True
-
-    def _predict_batch(self, batch, ctx):
-        return analytic_time(batch, ctx)
-
-
 # ------------------------------------------------------------------------------- learned rankers
 
 
@@ -146,11 +56,11 @@ def _torch():
     return torch
 
 
-def ranking_loss(pred, runtimes, partitions, sigma: float):
+def ranking_loss(pred, times_s, partitions, sigma: float):
     """AutoSync Eq. 3: sum over pairs with f_i + sigma*I1(P_i, P_j) > f_j of log(1 + exp(f^_j - f^_i)),
-    averaged over those pairs (f: runtimes; f^: predictions; P: partition counts)."""
+    averaged over those pairs (f: mean iteration times; f^: predictions; P: partition counts)."""
     torch = _torch()
-    f = runtimes
+    f = times_s
     penalty = sigma * torch.sign(partitions[:, None] - partitions[None, :])
     target = (f[:, None] + penalty) > f[None, :]
     diff = pred[None, :] - pred[:, None]  # f^_j - f^_i at [i, j]
@@ -235,8 +145,8 @@ class _Learned(Simulator):
         opt = torch.optim.Adam(self.net.parameters(), lr=lr, weight_decay=1e-5)
         prepared = []
         for d in domains:
-            f = torch.as_tensor(d.runtimes, dtype=torch.float32)
-            sigma = self.config["partition_penalty"] * float(np.median(d.runtimes))
+            f = torch.as_tensor(d.times_s, dtype=torch.float32)
+            sigma = self.config["partition_penalty"] * float(np.median(d.times_s))
             prepared.append((d, f, torch.as_tensor(d.partitions(), dtype=torch.float32), sigma))
         self.net.train()
         for epoch in range(epochs):

@@ -43,7 +43,7 @@ from ..strategy.columns import StrategyColumns
 from ..strategy.schema import SYNCHRONIZER_KINDS
 from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, DomainContext, batch_scale, comm_terms, encode, hier_rows,
                        message_sizes, per_kind)
-from .models import Simulator
+from .base import Simulator
 
 __all__ = ["ReplayConstants", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
            "replay_features", "profile_key", "critical_path",
@@ -354,7 +354,7 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10)
         rows, target = [], []
         for d in domains:
             replayed, feats = _cpu_features(trial, d)
-            truth = np.asarray(d.runtimes, dtype=float)
+            truth = np.asarray(d.times_s, dtype=float)
             rows.append(feats / truth[:, None])
             target.append((truth - replayed) / truth)
         if not rows:
@@ -397,7 +397,7 @@ class CalibratedReplay(ReplaySimulator):
         base = self.general
         self.set_constants(base)
         self.general = calibrate_replay(self, domains)
-        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.runtimes) >= self.min_trials}
+        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.times_s) >= self.min_trials}
         return self
 
     #: :class:`~synctune.simulator.BoundSimulator` calls :meth:`calibrate` with a search's trials.
@@ -408,7 +408,7 @@ class CalibratedReplay(ReplaySimulator):
         recalibrates after every batch of trials, dPRO §4.3's calibration from the job's own
         measurements); with fewer than ``min_trials`` trials the domain keeps the constants it
         had (the general ones, unless :meth:`fit` calibrated it)."""
-        if len(domain.runtimes) < self.min_trials:
+        if len(domain.times_s) < self.min_trials:
             return
         self.set_constants(self.general)  # the fit starts from the constants it replays with
         self.per_domain[domain.key] = calibrate_replay(self, [domain])
