@@ -200,18 +200,45 @@ class StrategyColumns:
     def from_strategies(cls, model: Any, cluster: Any, strategies: Sequence[Strategy]) -> "StrategyColumns":
         """``strategies`` of (``model``, ``cluster``) as columns (they must validate against it)."""
         cols: dict[str, list] = {k: [] for k in _ROW_FIELDS}
-        offsets = [0]
-        ngroups: list[int] = []
+        # One bound append per column, taken once: objects become columns shard by shard.
+        (a_sid, a_var, a_axis, a_nshards, a_kind, a_node, a_local, a_group, a_hier, a_comp, a_rank, a_frac, a_ratio,
+         a_order) = (cols[k].append for k in _ROW_FIELDS)
+        offsets, ngroups = [0], []
         var_index = {v.name: i for i, v in enumerate(model.variables)}
         node_of = {d: i for i, node in enumerate(cluster.nodes) for d in node.devices}
         device_index = {d: j for j, d in enumerate(cluster.devices)}
         split = np.zeros((len(strategies), cluster.num_devices), np.int64)
         wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
         for si, s in enumerate(strategies):
-            groups: dict[int, int] = {}
+            groups: dict[int, int] = {}  # the strategy's merge groups, numbered as they first appear
             for plan in sorted(s.plans, key=lambda p: var_index[p.variable]):
-                _plan_rows(cols, si, var_index[plan.variable], model.variables[var_index[plan.variable]], plan,
-                           groups, node_of, wire_of)
+                vi = var_index[plan.variable]
+                var = model.variables[vi]
+                k = plan.num_shards
+                axis = next((a for a, p in enumerate(plan.partition) if p > 1), 0)
+                total = max(1, var.num_elements)
+                for shard, shape in zip(plan.shards, shard_shapes(var.shape, plan.partition) if k > 1 else [var.shape]):
+                    sync, comp = shard.synchronizer, shard.compressor
+                    key = (comp.kind, comp.rank, shape)
+                    if key not in wire_of:
+                        wire_of[key] = (comp.info.code, comp.info.wire_ratio(tuple(shape), comp.rank))
+                    code, ratio = wire_of[key]
+                    kind = sync.kind
+                    ps, ar = kind == "ps", kind == "allreduce"
+                    a_sid(si)
+                    a_var(vi)
+                    a_axis(axis)
+                    a_nshards(k)
+                    a_kind(KIND_CODES[kind])
+                    a_node(node_of[sync.placement] if ps else -1)
+                    a_local(sync.local_aggregation if ps else False)
+                    a_group(sync.group if ar else -1)
+                    a_hier(ar and sync.algorithm == "hierarchical")
+                    a_comp(code)
+                    a_rank(comp.rank or 0)
+                    a_frac((math.prod(shape) if shape else 1) / total)
+                    a_ratio(ratio)
+                    a_order(groups.setdefault(sync.group, len(groups)) if ar else -1)
             offsets.append(len(cols["sid"]))
             ngroups.append(len(groups))
             for d, b in zip(s.replicas, s.batch_split):
@@ -228,38 +255,6 @@ _ROW_FIELDS: dict[str, type] = {
     "local": bool, "group": np.int64, "hier": bool, "comp": np.int64, "rank": np.int64, "frac": np.float64,
     "ratio": np.float64, "group_order": np.int64,
 }
-
-
-def _plan_rows(cols: dict[str, list], si: int, vi: int, var: Any, plan: VariablePlan, groups: dict[int, int],
-               node_of: dict[str, int], wire_of: dict[tuple, tuple[int, float]]) -> None:
-    """Append the rows of one variable's plan (strategy ``si``); ``groups`` numbers the
-    strategy's merge groups in the order they first appear."""
-    k = plan.num_shards
-    axis = next((a for a, p in enumerate(plan.partition) if p > 1), 0)
-    shapes = shard_shapes(var.shape, plan.partition) if k > 1 else [var.shape]
-    total = max(1, var.num_elements)
-    for shard, shape in zip(plan.shards, shapes):
-        sync, comp = shard.synchronizer, shard.compressor
-        key = (comp.kind, comp.rank, shape)
-        if key not in wire_of:
-            info = comp.info
-            wire_of[key] = (info.code, info.wire_ratio(tuple(shape), comp.rank))
-        code, ratio = wire_of[key]
-        cols["sid"].append(si)
-        cols["var"].append(vi)
-        cols["axis"].append(axis)
-        cols["nshards"].append(k)
-        cols["frac"].append((math.prod(shape) if shape else 1) / total)
-        cols["comp"].append(code)
-        cols["rank"].append(comp.rank or 0)
-        cols["ratio"].append(ratio)
-        cols["kind"].append(KIND_CODES[sync.kind])
-        ps, ar = isinstance(sync, PSSynchronizer), isinstance(sync, AllReduceSynchronizer)
-        cols["node"].append(node_of[sync.placement] if ps else -1)
-        cols["local"].append(sync.local_aggregation if ps else False)
-        cols["group"].append(sync.group if ar else -1)
-        cols["group_order"].append(groups.setdefault(sync.group, len(groups)) if ar else -1)
-        cols["hier"].append(ar and sync.algorithm == "hierarchical")
 
 
 def _number_groups(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
