@@ -127,13 +127,13 @@ class _Worker:
             local._REPORTER = None
 
     def probe(self, name: str, args: tuple) -> Any:
-        """Run calibration probe ``name`` (:data:`synctune.cluster.calibrate.PROBES`) on this rank."""
+        """Run calibration probe ``name`` (:data:`synctune.engine.probes.PROBES`) on this rank."""
         return self._call(self._probe, name, args)
 
     def _probe(self, name: str, args: tuple) -> Any:
         import torch.distributed as dist
 
-        from .calibrate import PROBES
+        from ..engine.probes import PROBES
 
         return PROBES[name](self.rank, dist.get_world_size(), *args)
 

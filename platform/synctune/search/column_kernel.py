@@ -21,7 +21,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-_SPARSE_GROUP = 10_000
+from ..strategy.schema import SPARSE_GROUP_BASE
+
+_SPARSE_GROUP = SPARSE_GROUP_BASE
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

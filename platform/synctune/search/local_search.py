@@ -25,8 +25,8 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.compressors import COMPRESSORS
 from ..strategy.partition import shard_shapes
-from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, Compressor, PSSynchronizer,
-                               SFBSynchronizer, ShardPlan, Strategy, VariablePlan)
+from ..strategy.schema import (SPARSE_GROUP_BASE, AllGatherSynchronizer, AllReduceSynchronizer, Compressor,
+                               PSSynchronizer, SFBSynchronizer, ShardPlan, Strategy, VariablePlan)
 from .sampler import GuidedSampler
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
@@ -35,7 +35,7 @@ __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampli
 Score = Callable[[list[Strategy]], np.ndarray]
 
 #: Sparse all-reduce shards live in groups of their own (ids from here on), as the sampler does.
-SPARSE_GROUPS = 10_000
+SPARSE_GROUPS = SPARSE_GROUP_BASE
 #: Batch splits tried on replicas of different measured speeds: the fraction of the way from an
 #: even split to one proportional to speed (TAG §4.2: the batch share is part of the strategy).
 SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)

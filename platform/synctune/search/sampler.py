@@ -22,6 +22,7 @@ from ..strategy.columns import KIND_CODES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS, lossy_compressors
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (
+    SPARSE_GROUP_BASE,
     SYNCHRONIZER_KINDS,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
@@ -64,7 +65,7 @@ class RandomSampler:
         rng = self.rng
         plans = []
         group = 0
-        sparse_group_offset = 10_000  # sparse and dense gradients never share a merge group
+        sparse_group_offset = SPARSE_GROUP_BASE  # sparse and dense gradients never share a merge group
         for var in self.model.variables:
             partition = [1] * len(var.shape)
             axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)]
@@ -284,7 +285,7 @@ class GuidedSampler:
         num_groups = rng.randint(1, max(1, min(16, sum(1 for _v, _p, ks, _b in decisions for kd, _ in ks
                                                       if kd == "allreduce"))))
         target = ar_bytes / num_groups if ar_bytes else 1.0
-        group, filled, sparse_group = 0, 0.0, 10_000
+        group, filled, sparse_group = 0, 0.0, SPARSE_GROUP_BASE
         group_comp = None  # the compressor label of the open dense group
         plans = []
         for var, partition, kinds, shard_bytes in decisions:

@@ -23,8 +23,13 @@ from ..spec.errors import SpecError
 from ..spec.files import parse_json, read_text
 from .compressors import COMPRESSORS, CompressorInfo
 
+#: The merge groups of sparse gradients are numbered from here, so sparse and dense gradients
+#: never share a group (samplers, local searches and the compiled kernel number them alike).
+SPARSE_GROUP_BASE = 10_000
+
 __all__ = [
     "SCHEMA_VERSION",
+    "SPARSE_GROUP_BASE",
     "StrategyError",
     "CompressorInfo",
     "COMPRESSORS",
