@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..search.experiment import Experiment
+from ..simulator.evaluate import pairwise_counts
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 
@@ -48,22 +49,6 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     transferred = load_simulator(kind)
     transferred.use_profiles(replay)
     return SelectedSimulator(training_free, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
-
-
-def _pairwise(pred: np.ndarray, times_s: np.ndarray) -> tuple[float, int]:
-    """(pairs ordered as measured, pairs with different times): higher score = faster."""
-    right = total = 0.0
-    for i in range(len(times_s)):
-        for j in range(i + 1, len(times_s)):
-            if times_s[i] == times_s[j]:
-                continue
-            total += 1
-            faster_i = times_s[i] < times_s[j]
-            if pred[i] == pred[j]:
-                right += 0.5
-            elif (pred[i] > pred[j]) == faster_i:
-                right += 1
-    return right, int(total)
 
 
 class SelectedSimulator:
@@ -109,8 +94,9 @@ class SelectedSimulator:
         new = slice(self.seen, len(strategies))
         if self.ready and len(strategies) > self.seen:
             held = strategies[new]
-            learned_right, pairs = _pairwise(np.asarray(self.learned.score(held), float), times_s[new])
-            free_right, _ = _pairwise(np.asarray(self.training_free.score(held), float), times_s[new])
+            # Scores are higher-is-faster: negated, they order as times do.
+            learned_right, pairs = pairwise_counts(-np.asarray(self.learned.score(held), float), times_s[new])
+            free_right, _ = pairwise_counts(-np.asarray(self.training_free.score(held), float), times_s[new])
             self.right["learned"] += learned_right
             self.right["training_free"] += free_right
             self.pairs += pairs

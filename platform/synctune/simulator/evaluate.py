@@ -13,7 +13,7 @@ import numpy as np
 
 from .models import Domain, Simulator
 
-__all__ = ["pairwise_accuracy", "kendall_tau", "top_k_recall", "relative_errors", "evaluate", "split_domains",
+__all__ = ["pairwise_accuracy", "pairwise_counts", "kendall_tau", "top_k_recall", "relative_errors", "evaluate", "split_domains",
            "PROTOCOLS", "protocol_folds"]
 
 #: How `synctune sim eval` separates training from test data: a held-out share of every domain,
@@ -22,16 +22,23 @@ __all__ = ["pairwise_accuracy", "kendall_tau", "top_k_recall", "relative_errors"
 PROTOCOLS = ("held-out", "unseen-model", "unseen-cluster", "unseen-both")
 
 
-def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
-    """Share of pairs with different true times that the prediction orders the same way
-    (a tied prediction counts half)."""
+def pairwise_counts(pred: np.ndarray, truth: np.ndarray) -> tuple[float, int]:
+    """(pairs the prediction orders as the truth does, a tied prediction counting half; pairs
+    with different true times): what :func:`pairwise_accuracy` divides, for callers that
+    accumulate it over batches. ``pred`` is runtime-like (lower is faster), as ``truth``."""
+    pred, truth = np.asarray(pred, dtype=float), np.asarray(truth, dtype=float)
     d_true = np.sign(truth[:, None] - truth[None, :])
     d_pred = np.sign(pred[:, None] - pred[None, :])
     valid = np.triu(d_true != 0, 1)
-    if not valid.any():
-        return float("nan")
     agree = (d_true == d_pred)[valid].sum() + 0.5 * (d_pred == 0)[valid].sum()
-    return float(agree / valid.sum())
+    return float(agree), int(valid.sum())
+
+
+def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
+    """Share of pairs with different true times that the prediction orders the same way
+    (a tied prediction counts half); nan when every true time is the same."""
+    right, pairs = pairwise_counts(pred, truth)
+    return right / pairs if pairs else float("nan")
 
 
 def kendall_tau(pred: np.ndarray, truth: np.ndarray) -> float:
