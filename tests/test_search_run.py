@@ -108,3 +108,20 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
         proposed.append((p.trial_id, p.strategy.hash))
         reference.tell(p.trial_id, measured[p.trial_id][1])
     assert proposed == [(r.trial_id, r.strategy_hash) for r in rows.itertuples()]
+
+
+def test_the_tune_searcher_pickles_and_finds_its_session_by_id():
+    """Tune checkpoints its searcher: it must pickle without the live session (actors, logger,
+    callbacks), and the copy must reach the same session through its search id."""
+    import pickle
+
+    from synctune.run.searcher import SESSIONS, RecordTunedTrials, StrategySearcher
+
+    session = object()
+    SESSIONS["pickle-check"] = session
+    try:
+        copy = pickle.loads(pickle.dumps(StrategySearcher("pickle-check")))
+        assert copy.session is session and (copy.metric, copy.mode) == ("mean_s", "min")
+        assert pickle.loads(pickle.dumps(RecordTunedTrials("pickle-check", "ddp"))).runtime == "ddp"
+    finally:
+        SESSIONS.pop("pickle-check")
