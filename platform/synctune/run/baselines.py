@@ -86,16 +86,17 @@ class RuntimeTuner:
     origin: str
     runtime_of: Callable[[dict], Runtime]
     searcher: Callable[[Experiment, ModelSpec, ClusterSpec, list[tuple[dict, float]]], Any]
-    #: How progress names it, and the knobs it tunes.
+    #: How progress names it, the knobs it tunes, and how summaries name its trials.
     title: str
     knobs: str
+    label: str
 
 
 #: The runtimes a search tunes, by name.
 TUNERS: dict[str, RuntimeTuner] = {
     "ddp": RuntimeTuner(runtime="ddp", space=DDP_SPACE, origin=DDP_TUNED,
                         runtime_of=lambda params: DDPRuntime(ddp_config_of(params)), searcher=ddp_searcher,
-                        title="torch DDP", knobs="bucket size, first bucket and comm hook"),
+                        title="torch DDP", knobs="bucket size, first bucket and comm hook", label="tuned DDP"),
 }
 
 
@@ -139,7 +140,8 @@ class BaselineTrial:
     @property
     def label(self) -> str:
         """How summaries name it, e.g. ``tuned DDP: ddp bucket 25 MiB, hook none``."""
-        kind = "tuned DDP" if self.origin == DDP_TUNED else f"{self.runtime.name.capitalize()} ({self.origin})"
+        tuner = next((t for t in TUNERS.values() if t.origin == self.origin), None)
+        kind = tuner.label if tuner else f"{self.runtime.name.capitalize()} ({self.origin})"
         return f"{kind}: {self.runtime.summary()}"
 
     @classmethod

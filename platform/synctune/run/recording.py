@@ -5,7 +5,7 @@ rows are its memory)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 from ..data.record import TrialRecord
 from ..data.store import TrialDataset
@@ -33,15 +33,14 @@ def record_trial(record: TrialRecord, dataset: TrialDataset, logger: MlflowLogge
     return record
 
 
-def record_result(result: TrialResult | Mapping[str, Any], strategy: Strategy, model: ModelSpec,
+def record_result(result: TrialResult, strategy: Strategy, model: ModelSpec,
                   cluster: ClusterSpec, *, dataset: TrialDataset, logger: MlflowLogger | None, origin: str,
                   runtime: Runtime | dict | None = None, parent_run_id: str = "",
                   speedup_over_best_baseline: float | None = None, **fields: Any) -> TrialRecord:
     """Make the record of a trial's result, run by ``runtime`` (default: the engine), and record
     it; the result and the runtime become plain data here, at the Parquet boundary."""
     runtime = as_runtime(runtime)
-    plain = result.to_dict() if isinstance(result, TrialResult) else result
-    record = TrialRecord.from_trial(plain, strategy, model, cluster, origin=origin, runtime=runtime.name,
+    record = TrialRecord.from_trial(result.to_dict(), strategy, model, cluster, origin=origin, runtime=runtime.name,
                                     runtime_json=runtime.config_json(), **fields)
     return record_trial(record, dataset, logger, parent_run_id=parent_run_id,
                         speedup_over_best_baseline=speedup_over_best_baseline)

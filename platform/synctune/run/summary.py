@@ -11,7 +11,7 @@ from ..engine.composed import ENGINE
 from ..engine.runtime import Runtime
 from ..engine.runtimes import RUNTIMES, as_runtime
 from ..strategy.builders import BUILDERS
-from .baselines import BaselineTrial
+from .baselines import BaselineLedger, BaselineTrial
 
 __all__ = ["SearchSummary", "Recommendation", "recommend"]
 
@@ -70,12 +70,11 @@ class SearchSummary:
 
     def runtime_trials(self, runtime: str) -> int:
         """How many baseline trials ``runtime`` ran."""
-        return sum(t.runtime.name == runtime for t in self.baselines)
+        return len(BaselineLedger(self.baselines).of(runtime))
 
-    def runtime_best(self, runtime: str) -> BaselineTrial | None:
-        """The fastest finished baseline trial of ``runtime``."""
-        ok = [t for t in self.baselines if t.runtime.name == runtime and t.mean_s is not None]
-        return min(ok, key=lambda t: t.mean_s) if ok else None
+    def runtime_best(self, runtime: str | None = None) -> BaselineTrial | None:
+        """The fastest finished baseline trial of ``runtime`` (of any runtime when None)."""
+        return BaselineLedger(self.baselines).best(runtime)
 
     @property
     def all_trials(self) -> int:
@@ -123,7 +122,7 @@ def recommend(summary: SearchSummary, skeleton: dict) -> Recommendation | None:
     faster than the best baseline; else that baseline; without a confirmation, the fastest
     single trial (engine, or a runtime's baseline, which runs on ``skeleton``'s replicas)."""
     confirmed = summary.confirmed or {}
-    runtime_best = min((t for t in summary.baselines if t.mean_s is not None), key=lambda t: t.mean_s, default=None)
+    runtime_best = summary.runtime_best()
     if "ratio" in confirmed:
         if confirmed["verdict"] == "faster":
             return Recommendation(kind="search", name=confirmed["candidate"], strategy=confirmed["candidate_strategy"],
