@@ -57,8 +57,15 @@ def test_tiny_real_search(tiny_search, tmp_path):
     # The confirmation: a row of the candidate, its interval in the summary, the result file.
     confirm = rows[rows["trial_id"] == "confirm-0"]
     figures = json.loads(confirm["extra_json"].iloc[0])["confirmation"]
-    assert len(figures["a_s"]) == len(figures["b_s"]) == 3 and figures["low"] <= figures["ratio"] <= figures["high"]
-    assert f"confirmed {figures['ratio']:.3f}x [{figures['low']:.3f}, {figures['high']:.3f}] (95%)" in out
+    assert len(figures["a_s"]) == len(figures["b_s"]) == figures["rounds"] and figures["low"] <= figures["ratio"] <= figures["high"]
+    # Rounds from 3 until the interval decides, up to 12 (four times), a look every round.
+    assert figures["rule"] == {"min_rounds": 3, "max_rounds": 12, "step": 1, "width": 0.1, "alpha": 0.05}
+    assert 3 <= figures["rounds"] <= 12 and figures["stopped"] in ("verdict", "narrow", "cap")
+    assert f"confirmed {figures['ratio']:.3f}x [{figures['low']:.3f}, {figures['high']:.3f}] (95% sequential)" in out
+    assert f"rounds 3 to 12, stopped at {figures['rounds']}" in out
+    # Both sides screened: the searched strategies and the fastest baselines (builders, tuned DDP).
+    assert figures["screened_baselines"] and figures["baseline"] in figures["screened_baselines"]
+    assert any(b.startswith("tuned DDP") for b in figures["screened_baselines"])
     result = json.loads((home / "searches" / "tiny-seed0-best-result.json").read_text())
     assert result["confirmed"]["ratio"] == pytest.approx(figures["ratio"])
     assert result["recommended"]["kind"] == ("search" if figures["verdict"] == "faster" else "baseline")

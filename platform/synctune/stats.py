@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio", "t_quantile"]
+__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio", "t_quantile", "SequentialRule"]
 
 
 @dataclass(frozen=True)
@@ -72,26 +72,34 @@ def search_outcome(trials: Iterable[tuple[bool, float | None]], factors: tuple[f
 @dataclass(frozen=True)
 class PairedRatio:
     """A speed-up measured in paired rounds: per round, the baseline's time over the
-    candidate's; ``ratio`` is their geometric mean and ``low``/``high`` its 95% interval
-    (Student's t on the log ratios, rounds taken as independent pairs)."""
+    candidate's; ``ratio`` is their geometric mean and ``low``/``high`` its interval at
+    ``confidence`` (Student's t on the log ratios, rounds taken as independent pairs)."""
 
     ratio: float
     low: float
     high: float
     rounds: int
     per_round_ratios: tuple[float, ...]
+    confidence: float = 0.95
 
     @property
     def verdict(self) -> str:
         """``faster``/``slower`` when the interval excludes 1, else ``no difference``."""
         return "faster" if self.low > 1 else ("slower" if self.high < 1 else "no difference")
 
+    @property
+    def width(self) -> float:
+        """The interval's width relative to the ratio ((high - low) / ratio)."""
+        return (self.high - self.low) / self.ratio
+
     def to_dict(self) -> dict:
         return {"ratio": self.ratio, "low": self.low, "high": self.high, "rounds_used": self.rounds,
-                "per_round_ratios": list(self.per_round_ratios), "verdict": self.verdict}
+                "per_round_ratios": list(self.per_round_ratios), "verdict": self.verdict,
+                "confidence": self.confidence}
 
     def describe(self) -> str:
-        return f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] (95%, {self.rounds} rounds)"
+        return (f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] ({100 * self.confidence:.3g}%, "
+                f"{self.rounds} rounds)")
 
 
 def t_quantile(p: float, dof: int) -> float:
@@ -103,17 +111,88 @@ def t_quantile(p: float, dof: int) -> float:
     return float(t.ppf(p, dof))
 
 
-def paired_ratio(baseline_s: Iterable[float], candidate_s: Iterable[float]) -> PairedRatio:
+def paired_ratio(baseline_s: Iterable[float], candidate_s: Iterable[float], confidence: float = 0.95
+                 ) -> PairedRatio:
     """The speed-up of a candidate over a baseline from times measured in paired rounds (round
-    i's baseline time with round i's candidate time); needs at least 2 rounds of positive
-    times."""
+    i's baseline time with round i's candidate time), with its interval at ``confidence``;
+    needs at least 2 rounds of positive times."""
     pairs = [(float(b), float(c)) for b, c in zip(baseline_s, candidate_s)]
     if len(pairs) < 2 or not all(b > 0 and c > 0 and math.isfinite(b) and math.isfinite(c) for b, c in pairs):
         raise ValueError(f"paired_ratio needs at least 2 rounds of positive finite times, got {pairs!r:.200}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"paired_ratio: confidence must be between 0 and 1, got {confidence!r}")
     logs = [math.log(b / c) for b, c in pairs]
     n = len(logs)
     mean = sum(logs) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
     return PairedRatio(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), rounds=n,
-                       per_round_ratios=tuple(b / c for b, c in pairs))
+                       per_round_ratios=tuple(b / c for b, c in pairs), confidence=confidence)
+
+
+@dataclass(frozen=True)
+class SequentialRule:
+    """When a confirmation stops adding rounds: it looks at its paired rounds after
+    ``min_rounds``, then every ``step`` rounds up to ``max_rounds``, and stops at the first look
+    whose interval excludes 1 (a verdict) or is narrower than ``width`` (relative: a tie, or a
+    ratio known well enough), or at the cap.
+
+    Looking several times and stopping when the interval excludes 1 would make a fixed 95%
+    interval exclude 1 more often than 5% of the time when the arms do not differ. Each look's
+    interval is therefore at level ``1 - alpha / looks`` (Bonferroni over the looks the rule can
+    make): the chance that *any* look's interval misses the true ratio is at most ``alpha``, so
+    the interval reported at whichever look stops covers the true ratio with probability at
+    least ``1 - alpha``, and a "faster" or "slower" verdict between arms that do not differ
+    comes at most ``alpha`` of the time (rounds taken as independent, log ratios normal, as for
+    :func:`paired_ratio`). Bonferroni is conservative (a group-sequential bound such as
+    Pocock's is tighter); it asks nothing of the looks' correlation. ``min_rounds ==
+    max_rounds`` is the fixed design: one look, a plain ``1 - alpha`` interval."""
+
+    min_rounds: int
+    max_rounds: int
+    step: int = 5
+    width: float = 0.10
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not (2 <= self.min_rounds <= self.max_rounds and self.step >= 1 and self.width >= 0
+                and 0 < self.alpha < 1):
+            raise ValueError(f"SequentialRule: need 2 <= min_rounds <= max_rounds, step >= 1, width >= 0 and "
+                             f"0 < alpha < 1, got {self}")
+
+    @classmethod
+    def fixed(cls, rounds: int) -> "SequentialRule":
+        """Exactly ``rounds`` rounds, one look at 95%."""
+        return cls(min_rounds=rounds, max_rounds=rounds)
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """The round counts at which the rule looks (the cap always among them)."""
+        points = list(range(self.min_rounds, self.max_rounds + 1, self.step))
+        return tuple(points if points[-1] == self.max_rounds else [*points, self.max_rounds])
+
+    @property
+    def confidence(self) -> float:
+        """The level of each look's interval."""
+        return 1 - self.alpha / len(self.looks)
+
+    def interval(self, baseline_s: Iterable[float], candidate_s: Iterable[float]) -> PairedRatio:
+        """The paired ratio of the rounds so far at the rule's per-look level."""
+        return paired_ratio(baseline_s, candidate_s, self.confidence)
+
+    def stop_reason(self, baseline_s: list[float], candidate_s: list[float]) -> str | None:
+        """Why the confirmation stops after these rounds (``verdict``, ``narrow`` or ``cap``),
+        or None to go on."""
+        n = min(len(baseline_s), len(candidate_s))
+        if n not in self.looks:
+            return None
+        if n >= self.max_rounds:
+            return "cap"
+        found = self.interval(baseline_s[:n], candidate_s[:n])
+        if found.verdict != "no difference":
+            return "verdict"
+        return "narrow" if found.width <= self.width else None
+
+    def to_dict(self) -> dict:
+        return {"min_rounds": self.min_rounds, "max_rounds": self.max_rounds, "step": self.step,
+                "width": self.width, "alpha": self.alpha}

@@ -173,14 +173,25 @@ def _print_summary(summary, exp, workload, best_path: Path) -> None:
         click.echo(f"result    {summary.recommended.name} ({summary.recommended.why}), saved to {best_path}")
 
 
+_STOPPED = {"verdict": "the interval excluded 1", "narrow": "the interval was narrow enough", "cap": "the cap"}
+
+
 def _print_confirmation(confirmed: dict) -> None:
     if "ratio" in confirmed:
-        click.echo(f"confirmed {confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, {confirmed['high']:.3f}] (95%): "
+        rule = confirmed.get("rule") or {}
+        looks = "" if rule.get("min_rounds") == rule.get("max_rounds") else " sequential"
+        click.echo(f"confirmed {confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, {confirmed['high']:.3f}] (95%{looks}): "
                    f"{confirmed['candidate']} against {confirmed['baseline']}, {confirmed['rounds']} interleaved rounds "
                    f"of {confirmed['per_round']} iterations on the same processes: {confirmed['verdict']}")
+        if looks and confirmed.get("stopped"):
+            click.echo(f"          rounds {rule['min_rounds']} to {rule['max_rounds']}, stopped at "
+                       f"{confirmed['rounds']}: {_STOPPED.get(confirmed['stopped'], confirmed['stopped'])} (each look "
+                       f"at {100 * confirmed['confidence']:.2f}%, so the interval holds at 95% whenever it stops)")
         if confirmed.get("screened"):
             click.echo(f"          picked by a screening of the {len(confirmed['screened'])} fastest searched strategies "
-                       f"({', '.join(confirmed['screened'])}) on rounds of their own")
+                       f"({', '.join(confirmed['screened'])}) and the {len(confirmed.get('screened_baselines') or [])} "
+                       f"fastest baselines ({', '.join(confirmed.get('screened_baselines') or [])}) on rounds of "
+                       f"their own")
         for failure in confirmed.get("retried") or ():
             click.echo(f"          run again from the start on fresh workers after: {failure[:160]}")
     elif confirmed:

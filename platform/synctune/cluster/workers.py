@@ -324,13 +324,14 @@ class RayWorkerGroup:
         return result
 
     def run_confirm(self, arms: list, config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10,
-                    per_round: int = 5, screen_rounds: int = 0, on_progress: Callable[[dict], None] | None = None,
-                    retries: int = 1) -> dict:
+                    per_round: int = 5, screen_rounds: int = 0, rule=None, candidates: int | None = None,
+                    on_progress: Callable[[dict], None] | None = None, retries: int = 1) -> dict:
         """Re-measure arms (strategy, runtime or None) interleaved on the group's processes
         (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
-        speed-up of the first arm over the last with its 95% interval. With ``screen_rounds``,
-        several candidates before the baseline are screened first and the first arm is the
-        pick (``picked``).
+        speed-up of arm A over arm B with its interval. With ``screen_rounds`` and more than two
+        arms (the first ``candidates`` candidates, the rest baselines), a screening picks A and
+        B first (``picked``, ``picked_baseline``). ``rule`` (a :class:`~synctune.stats.SequentialRule`)
+        says when the rounds stop; default exactly ``rounds``.
 
         A confirmation whose worker died is run again from the start on fresh workers, up to
         ``retries`` times (the result names each failure under ``retried``): a crash in one
@@ -338,11 +339,15 @@ class RayWorkerGroup:
         and half a confirmation cannot be paired. Other failures are not retried: an arm that
         raises would raise again, and a timeout would take as long again. A failure that remains
         raises :class:`ConfirmFailed` (the group is torn down)."""
+        from ..engine.trial import check_confirm_shape, confirm_rule
+
+        rule = confirm_rule(rounds, rule)
+        check_confirm_shape(len(arms), per_round, screen_rounds, candidates)
         failures: list[str] = []
         while True:
             try:
-                out = self._confirm_once(arms, config, workload=workload, rounds=rounds, per_round=per_round,
-                                         screen_rounds=screen_rounds, on_progress=on_progress)
+                out = self._confirm_once(arms, config, workload=workload, rule=rule, per_round=per_round,
+                                         screen_rounds=screen_rounds, candidates=candidates, on_progress=on_progress)
             except ConfirmFailed as exc:
                 if len(failures) >= retries or "a worker died" not in str(exc):
                     raise
@@ -353,47 +358,42 @@ class RayWorkerGroup:
                 out["retried"] = failures
             return out
 
-    def _confirm_once(self, arms: list, config: TrialConfig, *, workload, rounds: int, per_round: int,
-                      screen_rounds: int, on_progress) -> dict:
+    def _confirm_once(self, arms: list, config: TrialConfig, *, workload, rule, per_round: int,
+                      screen_rounds: int, candidates: int | None, on_progress) -> dict:
         from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
         members = [self._check_replicas(strategy) for strategy, _runtime in arms]
         if any(m != members[0] for m in members):
-            return self._confirm_across_replica_sets(arms, config, workload=workload, rounds=rounds,
+            return self._confirm_across_replica_sets(arms, config, workload=workload, rule=rule,
                                                      per_round=per_round, screen_rounds=screen_rounds,
-                                                     on_progress=on_progress)
+                                                     candidates=candidates, on_progress=on_progress)
         members = members[0]
-        payload = confirm_payload(workload, arms, self.cluster, config, rounds=rounds, per_round=per_round,
-                                  screen_rounds=screen_rounds)
+        payload = confirm_payload(workload, arms, self.cluster, config, rounds=rule.min_rounds, per_round=per_round,
+                                  screen_rounds=screen_rounds, rule=rule, candidates=candidates)
         payload["gpu_per_rank"] = False
         start = time.monotonic()
         self._fresh_for_single_start([r for _s, r in arms])
         self.start()
         self._form_group(members)
         out, status, message = self._execute(
-            payload, confirm_timeout_s(config, rounds, per_round, arms=len(arms), screen_rounds=screen_rounds),
+            payload, confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms), screen_rounds=screen_rounds),
             on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
-        return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
+        return confirm_figures(out, rule, per_round, "ray", time.monotonic() - start)
 
-    def _confirm_across_replica_sets(self, arms: list, config: TrialConfig, *, workload, rounds: int,
-                                     per_round: int, screen_rounds: int, on_progress) -> dict:
+    def _confirm_across_replica_sets(self, arms: list, config: TrialConfig, *, workload, rule, per_round: int,
+                                     screen_rounds: int, candidates: int | None, on_progress) -> dict:
         """Arms on different replica sets (a subset against every device) cannot share one
         process group, so each round runs each arm as a short trial (``config.warmup`` warm-up
         iterations, ``per_round`` timed ones) on the group re-formed over its replicas, in the
-        orders of the interleaved confirmation (a screening first when there are several
-        candidates); the rounds pair up as they do there."""
+        orders of the interleaved confirmation (a screening first when there are more than two
+        arms); the rounds pair up and stop as they do there."""
         import dataclasses
         import statistics
 
         from ..engine.trial import confirm_figures, interleave
 
-        if not (2 <= rounds <= 1000 and 0 <= screen_rounds <= 1000):
-            raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and screen_rounds from 0 to "
-                            f"1000, got {rounds!r} and {screen_rounds!r}")
-        if len(arms) < 2 or (len(arms) > 2 and not screen_rounds):
-            raise SpecError(f"a confirmation compares two arms (more only with screening rounds), got {len(arms)}")
         once = [r.name for r in map(as_runtime, (r for _s, r in arms)) if r.once_per_process]
         if once:
             raise SpecError(f"confirmation: arms on different replica sets run as separate trials, and the {once[0]} "
@@ -416,13 +416,11 @@ class RayWorkerGroup:
                 on_progress({"event": "confirm_round", "round": r, "rounds": total, "a_s": medians[0][-1],
                              "b_s": medians[1][-1]})
 
-        medians, picked, screen = interleave(timed, len(arms), rounds=rounds, screen_rounds=screen_rounds,
-                                             on_round=on_round)
-        out = {"a_s": medians[0], "b_s": medians[1], "backend": self.backend, "device_kind": self.cluster.device_kind,
+        measured = interleave(timed, len(arms), rule=rule, screen_rounds=screen_rounds, candidates=candidates,
+                              on_round=on_round)
+        out = {**measured.to_dict(), "backend": self.backend, "device_kind": self.cluster.device_kind,
                "regrouped": True}
-        if screen:
-            out.update({"picked": picked, "screen_s": screen})
-        return confirm_figures(out, rounds, per_round, "ray", time.monotonic() - start)
+        return confirm_figures(out, rule, per_round, "ray", time.monotonic() - start)
 
     def _fresh_for_single_start(self, runtimes: list) -> None:
         """Horovod and TensorFlow start once per process (:class:`synctune.engine.horovod.HorovodSession`,

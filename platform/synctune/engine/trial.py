@@ -9,8 +9,9 @@ and compute, not input pipelines.
 from __future__ import annotations
 
 import itertools
+import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from ..spec._util import LIMITS, in_range
@@ -24,7 +25,7 @@ from .runtimes import as_runtime
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
            "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local",
-           "interleave", "timed_iterations"]
+           "interleave", "Interleaved", "screen_picks", "timed_iterations"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
@@ -144,14 +145,12 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
     """Interleaved re-measurement on the same processes (DESIGN.md "confirmed speed-up"): every
     arm is built once and warmed up, then each round times ``per_round`` iterations of one arm
     and then of the other, the order alternating between rounds (A B, B A, A B, ...) so a slow
-    drift of the machine weighs on both alike. Returns, per round, each arm's median iteration
-    time (slowest rank per iteration).
+    drift of the machine weighs on both alike, until the payload's :class:`~synctune.stats.SequentialRule`
+    stops it. Returns, per round, each arm's median iteration time (slowest rank per iteration).
 
-    With ``screen_rounds`` and more than two arms (candidates, then the baseline last), a
-    screening comes first: ``screen_rounds`` rounds of every arm, the order rotating, pick the
-    candidate whose per-round ratio to the baseline has the smallest median; then the rounds
-    above compare that pick with the baseline on fresh iterations, so the reported speed-up is
-    not the maximum of several noisy ones (the winner's curse, one level up)."""
+    With more than two arms (candidates first, then ``len(arms) - candidates`` baselines), a
+    screening comes first (:func:`interleave`), so that neither side of the reported speed-up
+    is the luckiest of several noisy measurements (the winner's curse, one level up)."""
     import statistics
 
     import torch.distributed as dist
@@ -179,7 +178,8 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
             arm.iteration()
             times.append(time.perf_counter() - t0)
             arm.take_comm_bytes()
-        # Every rank gets the same gathered times, so every rank makes the same pick.
+        # Every rank gets the same gathered times, so every rank makes the same picks and stops
+        # after the same round.
         return statistics.median(gather_max(times, device))
 
     def on_screen_round(r: int, rounds: int) -> None:
@@ -188,29 +188,72 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
     def on_round(r: int, rounds: int, medians: list[list[float]]) -> None:
         report({"event": "confirm_round", "round": r, "rounds": rounds, "a_s": medians[0][-1], "b_s": medians[1][-1]})
 
-    medians, picked, screen = interleave(
-        timed, len(arms), rounds=int(payload["rounds"]), screen_rounds=int(payload.get("screen_rounds", 0)),
-        on_screen_round=on_screen_round if rank == 0 else None, on_round=on_round if rank == 0 else None)
+    done = interleave(timed, len(arms), rule=_payload_rule(payload), screen_rounds=int(payload.get("screen_rounds", 0)),
+                      candidates=payload.get("candidates"),
+                      on_screen_round=on_screen_round if rank == 0 else None, on_round=on_round if rank == 0 else None)
     for arm in arms:
         arm.close()
-    out = {"a_s": medians[0], "b_s": medians[1], "backend": dist.get_backend(), "device_kind": device.type}
-    if screen:
-        out.update({"picked": picked, "screen_s": screen})
-    return out
+    return {**done.to_dict(), "backend": dist.get_backend(), "device_kind": device.type}
 
 
-def interleave(timed: Callable[[int], float], arms: int, *, rounds: int, screen_rounds: int = 0,
-               on_screen_round: Callable[[int, int], None] | None = None,
-               on_round: Callable[[int, int, list[list[float]]], None] | None = None
-               ) -> tuple[list[list[float]], int, list[list[float]] | None]:
-    """The schedule of a confirmation (:func:`confirm_worker`), over ``timed(arm)``, which times
-    one round of an arm: with more than two arms (candidates, the baseline last) and
-    ``screen_rounds``, that many rounds of every arm, the order rotating, and the pick: the
-    candidate whose per-round ratio to the baseline has the smallest median; then ``rounds``
-    rounds of the pick and the baseline, alternating A B, B A. Returns (per-round times of the
-    pick and of the baseline, the pick's index, the screening's times or None)."""
+def _payload_rule(payload: dict):
+    from ..stats import SequentialRule
+
+    rule = payload.get("rule")
+    return SequentialRule(**rule) if rule else SequentialRule.fixed(int(payload["rounds"]))
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """What :func:`interleave` measured: per-round times of the two arms compared (``medians``:
+    the candidate's, then the baseline's), the indices of those arms, why the rounds stopped,
+    and the screening's per-arm times (None without one)."""
+
+    medians: list[list[float]]
+    picked: int
+    picked_baseline: int
+    stopped: str
+    screen: list[list[float]] | None = None
+
+    def to_dict(self) -> dict:
+        out = {"a_s": self.medians[0], "b_s": self.medians[1], "stopped": self.stopped}
+        if self.screen is not None:
+            out.update({"picked": self.picked, "picked_baseline": self.picked_baseline, "screen_s": self.screen})
+        return out
+
+
+def screen_picks(screen: list[list[float]], candidates: int) -> tuple[int, int]:
+    """The screening's picks: the candidate (among the first ``candidates`` arms) and the
+    baseline (among the rest) with the smallest median of their per-round time relative to the
+    round's geometric mean over every arm (so a round the machine ran slow weighs on no arm)."""
     import statistics
 
+    rounds = len(screen[0])
+    means = [math.exp(sum(math.log(arm[r]) for arm in screen) / len(screen)) for r in range(rounds)]
+
+    def score(i: int) -> float:
+        return statistics.median(screen[i][r] / means[r] for r in range(rounds))
+
+    return (min(range(candidates), key=score), min(range(candidates, len(screen)), key=score))
+
+
+def interleave(timed: Callable[[int], float], arms: int, *, rule=None, rounds: int | None = None,
+               screen_rounds: int = 0, candidates: int | None = None,
+               on_screen_round: Callable[[int, int], None] | None = None,
+               on_round: Callable[[int, int, list[list[float]]], None] | None = None) -> Interleaved:
+    """The schedule of a confirmation (:func:`confirm_worker`), over ``timed(arm)``, which times
+    one round of an arm. The first ``candidates`` arms (default: all but the last) are
+    candidates, the others baselines. With more than two arms and ``screen_rounds``, that many
+    rounds of every arm come first, the order rotating, and pick one candidate and one baseline
+    (:func:`screen_picks`); then rounds of the two picks on fresh iterations, alternating A B,
+    B A, until ``rule`` (a :class:`~synctune.stats.SequentialRule`; default exactly ``rounds``)
+    stops them."""
+    from ..stats import SequentialRule
+
+    rule = rule or SequentialRule.fixed(int(rounds))
+    candidates = arms - 1 if candidates is None else int(candidates)
+    if not 1 <= candidates < arms:
+        raise ValueError(f"interleave: {candidates} candidate(s) among {arms} arms leaves no baseline")
     screen_rounds = screen_rounds if arms > 2 else 0
     screen: list[list[float]] = [[] for _ in range(arms)]
     for r in range(screen_rounds):
@@ -218,17 +261,17 @@ def interleave(timed: Callable[[int], float], arms: int, *, rounds: int, screen_
             screen[which].append(timed(which))
         if on_screen_round:
             on_screen_round(r + 1, screen_rounds)
-    picked = 0
-    if screen_rounds:
-        picked = min(range(arms - 1), key=lambda i: statistics.median(a / b for a, b in zip(screen[i], screen[-1])))
-    pair = (picked, arms - 1)
+    pair = screen_picks(screen, candidates) if screen_rounds else (0, arms - 1)
     medians: list[list[float]] = [[], []]
-    for r in range(rounds):
+    while True:
+        r = len(medians[0])
         for slot in ((0, 1) if r % 2 == 0 else (1, 0)):
             medians[slot].append(timed(pair[slot]))
         if on_round:
-            on_round(r + 1, rounds, medians)
-    return medians, picked, screen if screen_rounds else None
+            on_round(r + 1, rule.max_rounds, medians)
+        stopped = rule.stop_reason(medians[1], medians[0])
+        if stopped:
+            return Interleaved(medians, pair[0], pair[1], stopped, screen if screen_rounds else None)
 
 
 def _describe(strategy: Strategy, cluster: ClusterSpec, config: TrialConfig, launcher: str) -> dict[str, Any]:
@@ -339,28 +382,53 @@ def _backend_for(cluster: ClusterSpec, strategy: Strategy) -> str:
 
 
 def confirm_payload(workload, arms: list[tuple[Strategy, Runtime | dict | None]], cluster: ClusterSpec,
-                    config: TrialConfig,
-                    *, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
+                    config: TrialConfig, *, rounds: int, per_round: int, screen_rounds: int = 0, rule=None,
+                    candidates: int | None = None) -> dict:
     """The payload of an interleaved re-measurement of arms (strategy, runtime or None): two, or
-    with ``screen_rounds`` several candidates and the baseline last (:func:`confirm_worker`);
-    every arm is checked as a trial first. All arms must use the same replicas."""
-    if len(arms) < 2 or (len(arms) > 2 and not screen_rounds):
-        raise SpecError(f"a confirmation compares two arms (more only with screening rounds), got {len(arms)}")
+    with ``screen_rounds`` several candidates then several baselines (``candidates``: how many
+    come first; default all but the last), :func:`confirm_worker`; every arm is checked as a
+    trial first. All arms must use the same replicas. ``rule`` (a :class:`~synctune.stats.SequentialRule`)
+    says when the rounds stop; default exactly ``rounds``."""
+    rule = confirm_rule(rounds, rule)
+    check_confirm_shape(len(arms), per_round, screen_rounds, candidates)
     if any(list(s.replicas) != list(arms[0][0].replicas) for s, _r in arms):
         raise SpecError("a confirmation runs its arms on the same processes: their strategies must have the same "
                         f"replicas, got {sorted({tuple(s.replicas) for s, _r in arms})}")
-    if not (in_range(rounds, 2, 1000) and in_range(per_round, 1, LIMITS["iterations"])
-            and in_range(screen_rounds, 0, 1000)):
-        raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000, per_round from 1 to "
-                        f"{LIMITS['iterations']} and screen_rounds from 0 to 1000, got {rounds!r}, {per_round!r} "
-                        f"and {screen_rounds!r}")
     check_arms([r for _s, r in arms])
     spec = None
     for strategy, runtime in arms:
         spec = check_trial(workload, strategy, cluster, runtime)
-    return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rounds, per_round=per_round,
-                         screen_rounds=screen_rounds,
+    return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rule.min_rounds, per_round=per_round,
+                         screen_rounds=screen_rounds, rule=rule.to_dict(), candidates=candidates,
                          arms=[{"strategy": s.to_dict(), "runtime": as_runtime(r).to_dict()} for s, r in arms])
+
+
+def confirm_rule(rounds: int, rule=None):
+    """The confirmation's stopping rule: ``rule``, or exactly ``rounds`` rounds; refused with
+    the setting's range when out of it."""
+    from ..stats import SequentialRule
+
+    if rule is None:
+        if not in_range(rounds, 2, 1000):
+            raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000, got {rounds!r}")
+        return SequentialRule.fixed(rounds)
+    if not (in_range(rule.min_rounds, 2, 1000) and in_range(rule.max_rounds, rule.min_rounds, 1000)):
+        raise SpecError(f"confirmation: rounds must be an integer from 2 to 1000 and max_rounds from rounds to "
+                        f"1000, got {rule.min_rounds!r} and {rule.max_rounds!r}")
+    return rule
+
+
+def check_confirm_shape(arms: int, per_round: int, screen_rounds: int, candidates: int | None) -> None:
+    """Refuse a confirmation's arm count, iterations per round, screening or candidate count
+    out of range."""
+    if arms < 2 or (arms > 2 and not screen_rounds):
+        raise SpecError(f"a confirmation compares two arms (more only with screening rounds), got {arms}")
+    if not (in_range(per_round, 1, LIMITS["iterations"]) and in_range(screen_rounds, 0, 1000)):
+        raise SpecError(f"confirmation: per_round must be an integer from 1 to {LIMITS['iterations']} and "
+                        f"screen_rounds from 0 to 1000, got {per_round!r} and {screen_rounds!r}")
+    if candidates is not None and not in_range(candidates, 1, arms - 1):
+        raise SpecError(f"confirmation: candidates must leave at least one baseline among {arms} arms, got "
+                        f"{candidates!r}")
 
 
 def check_arms(runtimes: list[Runtime | dict | None]) -> list[Runtime]:
@@ -380,41 +448,45 @@ def check_arms(runtimes: list[Runtime | dict | None]) -> list[Runtime]:
 
 def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluster: ClusterSpec,
                       config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10, per_round: int = 5,
-                      screen_rounds: int = 0, node_net=None, on_progress: Callable[[dict], None] | None = None
-                      ) -> dict:
+                      screen_rounds: int = 0, rule=None, candidates: int | None = None, node_net=None,
+                      on_progress: Callable[[dict], None] | None = None) -> dict:
     """Re-measure arms interleaved on one set of local worker processes (see
     :func:`confirm_worker`); returns the per-round medians (``a_s``, ``b_s``) and, from them,
-    the speed-up of A over B with its 95% interval (:func:`synctune.stats.paired_ratio`).
-    With ``screen_rounds`` and several candidates before the baseline, A is the screening's
-    pick (``picked``). Raises :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
+    the speed-up of A over B with its interval (:func:`confirm_figures`). With
+    ``screen_rounds`` and more than two arms, A and B are the screening's picks (``picked``,
+    ``picked_baseline``). ``rule`` stops the rounds (default exactly ``rounds``). Raises
+    :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
     from .local import rank_networks, run_local
 
     check_network(cluster, node_net)
+    rule = confirm_rule(rounds, rule)
     payload = confirm_payload(workload, arms, cluster, config, rounds=rounds, per_round=per_round,
-                              screen_rounds=screen_rounds)
+                              screen_rounds=screen_rounds, rule=rule, candidates=candidates)
     strategy = arms[0][0]
     start = time.monotonic()
-    total_s = confirm_timeout_s(config, rounds, per_round, arms=len(arms), screen_rounds=screen_rounds)
+    total_s = confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms), screen_rounds=screen_rounds)
     outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
                      nets=rank_networks(cluster, strategy.replicas, node_net))
-    return confirm_figures(outs[0], rounds, per_round, "local", time.monotonic() - start)
+    return confirm_figures(outs[0], rule, per_round, "local", time.monotonic() - start)
 
 
 def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int, *, arms: int = 2,
                       screen_rounds: int = 0) -> float:
     """A confirmation's time limit: the trial timeout scaled by how many more iterations it runs
-    (every arm's warm-up, the screening and every round), never below two trials' worth."""
+    (every arm's warm-up, the screening and every round up to the cap), never below two trials'
+    worth."""
     iterations = arms * config.warmup + (arms * screen_rounds + 2 * rounds) * per_round
     return config.timeout_s * max(2.0, iterations / (config.warmup + config.iters))
 
 
-def confirm_figures(out: dict, rounds: int, per_round: int, launcher: str, wall_s: float) -> dict:
-    """Rank 0's confirmation output with the speed-up of arm A over arm B and its interval."""
-    from ..stats import paired_ratio
-
-    return {**out, **paired_ratio(out["b_s"], out["a_s"]).to_dict(), "rounds": rounds, "per_round": per_round,
+def confirm_figures(out: dict, rule, per_round: int, launcher: str, wall_s: float) -> dict:
+    """Rank 0's confirmation output with the speed-up of arm A over arm B and its interval at
+    the rule's level (95% for a fixed number of rounds; see :class:`~synctune.stats.SequentialRule`),
+    the rounds used and why they stopped."""
+    ratio = rule.interval(out["b_s"], out["a_s"])
+    return {**out, **ratio.to_dict(), "rounds": ratio.rounds, "per_round": per_round, "rule": rule.to_dict(),
             "launcher": launcher, "wall_s": wall_s}
 
 

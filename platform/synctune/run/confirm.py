@@ -1,6 +1,7 @@
 """The confirmation of a search's winner (DESIGN.md "confirmed speed-up"): its fastest searched
-strategies screened and the pick re-measured against the best baseline, interleaved on the same
-processes, with a 95% interval."""
+strategies and the fastest baselines screened together, and the two picks re-measured
+interleaved on the same processes until a 95% interval decides
+(:class:`~synctune.stats.SequentialRule`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..spec.cluster import ClusterSpec
 from ..strategy.schema import Strategy
 from .baselines import BaselineLedger
 
-__all__ = ["Arm", "confirmation_arms", "confirmation_result", "is_builder_trial", "trial_mean_s"]
+__all__ = ["Arm", "confirmation_arms", "baseline_arms", "confirmation_result", "is_builder_trial", "trial_mean_s"]
 
 #: One arm of a confirmation: a strategy, the runtime that runs it, and its name in summaries.
 Arm = tuple[Strategy, Runtime, str]
@@ -30,17 +31,12 @@ def is_builder_trial(trial: dict) -> bool:
 
 
 def confirmation_arms(search_trials: list[dict], ledger: BaselineLedger, skeleton: Strategy,
-                      candidates: int = 1) -> tuple[list[Arm], Arm] | None:
-    """(candidate arms, the baseline arm): the ``candidates`` searched strategies with the
-    fastest single trials (distinct strategies, fastest first) and the fastest baseline (builder,
-    or a runtime's baseline on ``skeleton``'s replicas) by its single trial; None if either is
-    missing."""
+                      candidates: int = 1, baselines: int = 1) -> tuple[list[Arm], list[Arm]] | None:
+    """(candidate arms, baseline arms): the ``candidates`` searched strategies with the fastest
+    single trials (distinct strategies, fastest first), and up to ``baselines`` baselines
+    (:func:`baseline_arms`); None if either side is empty."""
     finished = [t for t in search_trials if trial_mean_s(t) is not None]
     searched = [t for t in finished if not is_builder_trial(t)]
-    builders = [t for t in finished if is_builder_trial(t)]
-    other = ledger.best()
-    if not searched or not (builders or other):
-        return None
     picks: list[Arm] = []
     seen: set[str] = set()
     for t in sorted(searched, key=trial_mean_s):
@@ -50,10 +46,45 @@ def confirmation_arms(search_trials: list[dict], ledger: BaselineLedger, skeleto
         if strategy.hash not in seen:
             seen.add(strategy.hash)
             picks.append((strategy, ENGINE, f"{t['trial_id']} ({t['origin']})"))
-    base = min(builders, key=trial_mean_s) if builders else None
-    if other is not None and (base is None or other.mean_s < trial_mean_s(base)):
-        return picks, (skeleton, other.runtime, other.label)
-    return picks, (Strategy.from_dict(base["strategy"]), ENGINE, f"builder {base['origin']}")
+    bases = baseline_arms([t for t in finished if is_builder_trial(t)], ledger, skeleton, baselines)
+    if not picks or not bases:
+        return None
+    return picks, bases
+
+
+def baseline_arms(builder_trials: list[dict], ledger: BaselineLedger, skeleton: Strategy, count: int) -> list[Arm]:
+    """The baselines a confirmation screens, fastest single trial first: the fastest of each
+    kind (the builders, and each runtime of the ledger: tuned DDP, Horovod), then the next
+    fastest of any kind, up to ``count``, each distinct (a builder by its strategy, a runtime by
+    its settings); at most one runtime that starts once per process (Horovod), since two cannot
+    share the confirmation's processes."""
+    found: list[tuple[float, str, str, Arm]] = []  # (time, kind, identity, arm)
+    for t in builder_trials:
+        strategy = Strategy.from_dict(t["strategy"])
+        found.append((trial_mean_s(t), "builder", strategy.hash, (strategy, ENGINE, f"builder {t['origin']}")))
+    for t in ledger.trials:
+        if t.mean_s is not None:
+            found.append((t.mean_s, t.runtime.name, t.runtime.config_json(), (skeleton, t.runtime, t.label)))
+    found.sort(key=lambda f: f[0])
+    kinds: set[str] = set()
+    firsts = []  # the fastest of each kind first, then the rest, each in time order
+    for i, f in enumerate(found):
+        if f[1] not in kinds:
+            kinds.add(f[1])
+            firsts.append(i)
+    order = firsts + [i for i in range(len(found)) if i not in firsts]
+    arms: list[Arm] = []
+    seen: set[str] = set()
+    once = False
+    for _time, _kind, identity, arm in (found[i] for i in order):
+        if len(arms) == count:
+            break
+        if identity in seen or (once and arm[1].once_per_process):
+            continue
+        seen.add(identity)
+        once = once or arm[1].once_per_process
+        arms.append(arm)
+    return arms
 
 
 def confirmation_result(confirmation: dict[str, Any], strategy: Strategy, cluster: ClusterSpec, *,

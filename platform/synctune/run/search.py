@@ -275,29 +275,34 @@ def confirm_best(session: SearchSession) -> dict | None:
                                  f"trials"}
         s.say(f"confirmation skipped: {confirmation['error']}")
         return confirmation
-    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, confirm.candidates)
+    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, confirm.candidates, confirm.baselines)
     if arms is None:
         return {"error": "nothing to confirm: no searched strategy and baseline both finished"}
-    candidates, baseline = arms
-    names = [a[2] for a in candidates]
-    screen_rounds = confirm.screen_rounds if len(candidates) > 1 else 0
+    candidates, baselines = arms
+    every = [*candidates, *baselines]
+    names, base_names = [a[2] for a in candidates], [a[2] for a in baselines]
+    screen_rounds = confirm.screen_rounds if len(every) > 2 else 0
+    rule = confirm.rule
     if screen_rounds:
-        s.say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names)}) with the best "
-              f"baseline ({baseline[2]}): {screen_rounds} interleaved rounds of {confirm.iters} iterations each")
-    s.say(f"confirming {'the pick' if screen_rounds else names[0]} against the best baseline ({baseline[2]}): "
-          f"{confirm.rounds} interleaved rounds of {confirm.iters} iterations each")
+        s.say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names)}) and the "
+              f"{len(baselines)} fastest baselines ({', '.join(base_names)}): {screen_rounds} interleaved rounds of "
+              f"{confirm.iters} iterations each, every arm")
+    s.say(f"confirming {'the picks' if screen_rounds else names[0] + ' against ' + base_names[0]}: "
+          f"{rule.min_rounds} to {rule.max_rounds} interleaved rounds of {confirm.iters} iterations each, until the "
+          f"interval excludes 1 or is narrower than {rule.width:.0%}")
     try:
         confirmation = ray.get(s.holders[0].confirm.remote(
-            [(a[0].to_dict(), a[1].to_dict()) for a in [*candidates, baseline]], asdict(s.trial_config),
-            confirm.rounds, confirm.iters, screen_rounds))
+            [(a[0].to_dict(), a[1].to_dict()) for a in every], asdict(s.trial_config), rule.to_dict(),
+            confirm.iters, screen_rounds, len(candidates)))
     except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
         confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     picked = int(confirmation.get("picked", 0))
-    strategy = candidates[picked][0]
+    picked_base = int(confirmation.get("picked_baseline", len(candidates))) - len(candidates)
+    strategy, baseline = candidates[picked][0], baselines[picked_base]
     if screen_rounds:
-        confirmation["screened"] = names
+        confirmation.update({"screened": names, "screened_baselines": base_names})
         if "picked" in confirmation:
-            s.say(f"screening picked {names[picked]}")
+            s.say(f"screening picked {names[picked]} and, among the baselines, {base_names[picked_base]}")
     confirmation.update({"candidate": names[picked], "baseline": baseline[2], "candidate_hash": strategy.hash,
                          "candidate_strategy": strategy.to_dict(), "baseline_strategy": baseline[0].to_dict(),
                          "baseline_runtime": baseline[1].to_dict()})

@@ -40,15 +40,18 @@ class SliceActor:
             return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
                                  trial_config.timeout_s).to_dict()
 
-    def confirm(self, arms: list, config: dict, rounds: int, per_round: int, screen_rounds: int = 0) -> dict:
-        """Interleaved re-measurement of arms ((strategy dict, runtime dict) pairs, the baseline
-        last; several candidates are screened first)."""
+    def confirm(self, arms: list, config: dict, rule: dict, per_round: int, screen_rounds: int = 0,
+                candidates: int | None = None) -> dict:
+        """Interleaved re-measurement of arms ((strategy dict, runtime dict) pairs: the
+        ``candidates`` first, then the baselines; screened first when more than two), until
+        ``rule`` (a :class:`~synctune.stats.SequentialRule`'s plain form) stops it."""
         from ..cluster.workers import ConfirmFailed, SlicePending
+        from ..stats import SequentialRule
 
         try:
             return self.group.run_confirm([(Strategy.from_dict(st), as_runtime(rt)) for st, rt in arms],
-                                          TrialConfig(**config), workload=self.workload, rounds=rounds,
-                                          per_round=per_round, screen_rounds=screen_rounds)
+                                          TrialConfig(**config), workload=self.workload, rule=SequentialRule(**rule),
+                                          per_round=per_round, screen_rounds=screen_rounds, candidates=candidates)
         except (ConfirmFailed, SlicePending) as exc:
             return {"error": str(exc)}
 

@@ -317,30 +317,61 @@ class BaselinesSection(_Section):
 @dataclass(frozen=True, kw_only=True)
 class ConfirmSection(_Section):
     """The confirmation: the best searched strategy re-measured against the best baseline,
-    interleaved (A/B/A/B) on the same processes, with a 95% interval (DESIGN.md)."""
+    interleaved (A/B/A/B) on the same processes, with a 95% interval (DESIGN.md). Both sides are
+    screened first (the fastest single trial of many is partly luck, for a baseline as for a
+    candidate), and rounds are added until the interval decides (:class:`~synctune.stats.SequentialRule`)."""
 
     KEY = "confirm"
-    FLAT = {"rounds": "confirm_rounds", "iters": "confirm_iters", "candidates": "confirm_candidates"}
+    FLAT = {"rounds": "confirm_rounds", "iters": "confirm_iters", "candidates": "confirm_candidates",
+            "baselines": "confirm_baselines", "max_rounds": "confirm_max_rounds", "width": "confirm_width"}
 
-    #: Interleaved rounds (0: no confirmation; the recommendation is then unconfirmed).
+    #: Interleaved rounds before the first look (0: no confirmation; the recommendation is then
+    #: unconfirmed).
     rounds: int = 10
+    #: The cap: rounds are added (a look every ``rounds // 2``) until the interval excludes 1 or
+    #: is narrower than :attr:`width`, up to this many (0: four times ``rounds``; equal to
+    #: ``rounds``: exactly that many, one look).
+    max_rounds: int = 0
+    #: The relative interval width ((high - low) / ratio) at which a look stops without a
+    #: verdict: the arms are then known to differ by less than about half of it.
+    width: float = 0.10
     #: Timed iterations per arm and round.
     iters: int = 5
     #: Searched strategies screened first, those with the fastest single trials (the fastest of
-    #: many noisy trials is partly luck): interleaved with the baseline on :attr:`screen_rounds`
+    #: many noisy trials is partly luck): interleaved with the baselines on :attr:`screen_rounds`
     #: rounds, and the pick confirmed on fresh rounds (1: no screening).
     candidates: int = 3
+    #: Baselines screened with them: the fastest of each kind (builders, tuned DDP, Horovod),
+    #: then the next fastest, up to this many; the screening's pick is the one confirmed against.
+    baselines: int = 3
 
     def __post_init__(self) -> None:
         if not (self.rounds == 0 or in_range(self.rounds, 2, 1000)):
             raise self.bad("rounds", "0 (no confirmation) or an integer from 2 to 1000")
+        if not (self.max_rounds == 0 or in_range(self.max_rounds, max(2, self.rounds), 1000)):
+            raise self.bad("max_rounds", f"0 (four times rounds) or an integer from rounds ({self.rounds}) to 1000")
+        if not (isinstance(self.width, (int, float)) and not isinstance(self.width, bool)
+                and 0 <= self.width <= 10):
+            raise self.bad("width", "a number from 0 to 10 (the interval's width relative to the ratio)")
         self.check_int("iters", 1, LIMITS["iterations"])
         self.check_int("candidates", 1, 16)
+        self.check_int("baselines", 1, 16)
 
     @property
     def screen_rounds(self) -> int:
-        """Rounds of the screening: half the confirmation's, at least 2."""
+        """Rounds of the screening: half the confirmation's first look, at least 2."""
         return max(2, self.rounds // 2)
+
+    @property
+    def rule(self):
+        """The :class:`~synctune.stats.SequentialRule` of these settings (None without rounds)."""
+        from ..stats import SequentialRule
+
+        if not self.rounds:
+            return None
+        cap = self.max_rounds or min(1000, 4 * self.rounds)
+        return SequentialRule(min_rounds=self.rounds, max_rounds=cap, step=max(1, self.rounds // 2),
+                              width=float(self.width))
 
 
 @dataclass(frozen=True, kw_only=True)
