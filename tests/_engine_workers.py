@@ -202,7 +202,8 @@ def conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                 for p in module.parameters():
                     p.zero_()
         engine.close()
-        out.append({"steps": results})
+        # Where the parameters (so their gradients) lived: a CUDA run that fell back to the CPU fails.
+        out.append({"steps": results, "device": {p.device.type for p in module.parameters()}})
     return out
 
 
