@@ -202,7 +202,8 @@ def conformance_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                 for p in module.parameters():
                     p.zero_()
         engine.close()
-        out.append({"steps": results})
+        # Where the parameters (so their gradients) lived: a CUDA run that fell back to the CPU fails.
+        out.append({"steps": results, "device": {p.device.type for p in module.parameters()}})
     return out
 
 
@@ -477,3 +478,17 @@ def sfb_refusal_worker(rank: int, world: int, variable: str) -> str:
     except Exception as exc:  # noqa: BLE001 - the refusal is the result
         return f"{type(exc).__name__}: {exc}"
     return ""
+
+
+def backend_worker(rank: int, world: int, device_kind: str) -> dict:
+    """The process group as a rank sees it for ``device_kind`` tensors: the configured backend
+    string, the backend that really serves that device, and an all-reduce of ``rank + 1`` on a
+    tensor of that device (its value and where it stayed)."""
+    import torch.distributed as dist
+
+    device = _device({"device": device_kind}, rank)
+    t = torch.full((4,), float(rank + 1), device=device)
+    dist.all_reduce(t)
+    served_by = dist.distributed_c10d._get_default_group()._get_backend(device).name()
+    return {"configured": str(dist.get_backend()), "served_by": served_by, "sum": t.cpu().tolist(),
+            "device": t.device.type}

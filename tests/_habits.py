@@ -73,8 +73,14 @@ def batch_of(kind: str, n: int, seed: int, step: int, rank: int, device="cpu", p
              gated: bool = False) -> tuple:
     """Rank ``rank``'s batch of step ``step``; ``poison`` puts an overflowing sample in it;
     ``gated`` gates the first half of rank 1's samples (the other ranks' batches, and the second
-    half, leave the gated parameter out)."""
+    half, leave the gated parameter out). Drawn on the CPU, then moved: the same numbers on any
+    device."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank) if device != "meta" else None
+    target_device, device = device, ("meta" if device == "meta" else "cpu")
+    return tuple(t.to(target_device) for t in _draw(kind, n, rank, gen, device, poison, gated))
+
+
+def _draw(kind: str, n: int, rank: int, gen, device, poison: bool, gated: bool) -> tuple:
     if kind == "habit":
         tokens = torch.randint(0, VOCAB, (n, 5), generator=gen, device=device)
         target = torch.randint(0, VOCAB, (n,), generator=gen, device=device)
@@ -98,22 +104,46 @@ def make_optimizer(name: str, params, lr: float):
 
 
 def _state(module: nn.Module) -> dict:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+#: The autocast dtype per device type: bfloat16 on the CPU (what its autocast runs), float16 on
+#: CUDA (the mixed precision a GradScaler exists for: fp16 overflows where bf16 would not).
+AMP_DTYPE = {"cpu": torch.bfloat16, "cuda": torch.float16}
+
+
+def device_of(case: dict, rank: int = 0) -> torch.device:
+    """The case's device on this rank: ``cuda`` shares the GPUs round-robin (several processes
+    may share one GPU over gloo)."""
+    if case.get("device", "cpu") != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _amp(case: dict, device: torch.device):
+    """(GradScaler or None, autocast context factory) of a case on ``device``."""
+    if not case.get("amp"):
+        return None, contextlib.nullcontext
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 8)
+    return scaler, lambda: torch.autocast(device.type, dtype=AMP_DTYPE[device.type])
 
 
 def reference(case: dict) -> dict:
     """Single-process training on the concatenated batch, with the case's habits."""
+    device = device_of(case)
     torch.manual_seed(case["seed"])
-    module = MODELS[case["model"]]()
+    module = MODELS[case["model"]]().to(device)
     opt = make_optimizer(case["optimizer"], [p for p in module.parameters() if p.requires_grad], case["lr"])
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if case.get("amp") else None
+    scaler, autocast = _amp(case, device)
     split = case["batch_split"]
     total = sum(split)
     for step in range(case["steps"]):
         parts = [batch_of(case["model"], n, case["seed"], step, r, poison=(r == 1 and step == case.get("poison_step")),
-                          gated=case.get("gated", False)) for r, n in enumerate(split)]
+                          gated=case.get("gated", False), device=device) for r, n in enumerate(split)]
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16) if scaler else contextlib.nullcontext():
+        with autocast():
             loss = module(*_joined(parts)) / total
         (scaler.scale(loss) if scaler else loss).backward()
         if case.get("clip"):
@@ -142,9 +172,10 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
         strategies = [Strategy.from_dict(case["strategy"])] + (
             [Strategy.from_dict(case["switch_to"])] if case.get("switch_to") else [])
         split = strategies[0].batch_split
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if case.get("amp") else None
+        device = device_of(case, rank)
+        scaler, autocast = _amp(case, device)
         torch.manual_seed(case["seed"])
-        module = MODELS[case["model"]]()
+        module = MODELS[case["model"]]().to(device)
 
         def engine_for(strategy, module):
             return StrategyEngine(module, strategy, spec, cluster,
@@ -159,17 +190,18 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                     saved = engine.state_dict()
                     engine.close()
                     torch.manual_seed(case["seed"] + 99)  # a different start: the checkpoint must set it all
-                    module = MODELS[case["model"]]()
+                    module = MODELS[case["model"]]().to(device)
                     engine = engine_for(strategies[1], module)
                     engine.load_state_dict(saved)
                 batch = batch_of(case["model"], split[rank], case["seed"], step, rank,
-                                 poison=(rank == 1 and step == case.get("poison_step")), gated=case.get("gated", False))
+                                 poison=(rank == 1 and step == case.get("poison_step")), gated=case.get("gated", False),
+                                 device=device)
                 micro = case.get("micro", 1)
                 chunks = [tuple(t.tensor_split(micro)[i] for t in batch) for i in range(micro)]
                 for i, chunk in enumerate(chunks):
                     sync = i == micro - 1 or case.get("forget_no_sync")
                     with contextlib.nullcontext() if sync else engine.no_sync():
-                        with torch.autocast("cpu", dtype=torch.bfloat16) if scaler else contextlib.nullcontext():
+                        with autocast():
                             # The sum over this rank's samples over the global batch size: the engine
                             # weighs ranks by their share, so a rank's loss is its mean.
                             loss = module(*chunk) / split[rank]
@@ -189,13 +221,14 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
             continue
         engine.close()
         result["state"] = _state(module)
+        result["device"] = {p.device.type for p in module.parameters()}
         if case.get("ddp"):
             torch.manual_seed(case["seed"])
-            plain = MODELS[case["model"]]()
+            plain = MODELS[case["model"]]().to(device)
             ddp = DDP(plain, broadcast_buffers=case.get("broadcast_buffers", True))
             opt = make_optimizer(case["optimizer"], ddp.parameters(), case["lr"])
             for step in range(case["steps"]):
-                batch = batch_of(case["model"], split[rank], case["seed"], step, rank)
+                batch = batch_of(case["model"], split[rank], case["seed"], step, rank, device=device)
                 opt.zero_grad()
                 # DDP averages over ranks: the same global-mean loss for equal batches.
                 (ddp(*batch) / split[rank]).backward()

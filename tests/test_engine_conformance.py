@@ -1,4 +1,5 @@
-"""Conformance of every synchronizer x compressor on known gradients (4 gloo processes).
+"""Conformance of every synchronizer x compressor on known gradients (4 gloo processes; the dense
+cases also with CUDA tensors in the gpu tier).
 
 Each rank's gradient of the probe is its own input, so the synchronized gradient must be
 their mean. Lossless compressors must give it bit-exactly (inputs are small integers, so
@@ -84,13 +85,16 @@ for sync in SYNCS:
 CASES.append(("allreduce", Compressor(kind="powersgd", rank=2), False, "lowrank", 1e-4))
 
 
-@pytest.fixture(scope="module")
-def results():
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def results(request):
+    """The suite's runs: on the CPU, and (the gpu tier) with every tensor on CUDA, the 4 processes
+    sharing the GPUs over gloo (NCCL refuses two ranks on one device; gloo reduces, gathers and
+    broadcasts CUDA tensors), so a one-GPU machine runs the same 4-rank suite."""
     steps = 2
     cases = []
     for i, (sync, comp, partition, kind, _tol) in enumerate(CASES):
         cases.append({"shapes": SHAPES, "strategy": _strategy(sync, comp, partition).to_dict(),
-                      "cluster": CLUSTER.to_dict(), "inputs": _inputs(kind, steps, seed=i)})
+                      "cluster": CLUSTER.to_dict(), "inputs": _inputs(kind, steps, seed=i), "device": request.param})
     return cases, run_local(conformance_worker, WORLD, (cases,), timeout_s=600, threads=1)
 
 
@@ -100,6 +104,7 @@ def test_synchronizer_conformance(index, results):
     cases, outputs = results
     sync, comp, _partition, _kind, tol = CASES[index]
     case = cases[index]
+    assert all(out[index]["device"] == {case["device"]} for out in outputs), [out[index]["device"] for out in outputs]
     for step in range(len(case["inputs"][0])):
         for j, name in enumerate(SHAPES):
             exact = torch.stack([case["inputs"][r][step][j].double() for r in range(WORLD)]).mean(0)

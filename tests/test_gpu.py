@@ -1,16 +1,24 @@
-"""The gpu tier (``python3 -m pytest -m gpu``): the engine on CUDA tensors. Skipped, with the
-reason, where there is no CUDA device; run it on a GPU machine.
+"""The gpu tier (``python3 -m pytest -m gpu``): the engine on CUDA tensors, with several processes
+even on a one-GPU machine. Each test takes the device as a parameter: the ``cpu`` variant runs
+everywhere (the same code, proving the test itself works), the ``cuda`` one is marked ``gpu`` and
+skipped, with the reason, where there is no CUDA device.
 
-- conformance with NCCL (world size 1: every code path on CUDA tensors through NCCL);
+- the process group's real backend for the device's tensors, and a collective on them;
 - equivalence of 2 processes sharing one GPU over gloo (NCCL refuses two ranks on one device),
-  and, with 2+ GPUs, 2 processes on 2 GPUs over NCCL, against single-process CPU training
+  and, with 2+ GPUs, 2 processes on 2 GPUs over NCCL, against single-process training
   (builders, and sufficient-factor broadcasting on an uneven split);
-- a trial on a GPU cluster spec: status ok, the CUDA backend, the CUDA peak-memory figure;
-- the engine benchmark on CUDA.
+- autocast with a GradScaler (fp16 on CUDA, bf16 on the CPU) on 2 processes, a poisoned step
+  skipped on every rank, against single-process mixed-precision training on the same device;
+- a trial on a GPU cluster spec: status ok, CUDA, the CUDA peak-memory figure;
+- the engine benchmark's printed table, read and checked.
+
+The conformance suite's CUDA run (every synchronizer x compressor, 4 processes sharing the GPUs
+over gloo) lives with the suite: tests/test_engine_conformance.py.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,16 +26,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from _engine_workers import conformance_worker, reference_training, sfb_strategy, train_cases
+from _engine_workers import backend_worker, reference_training, sfb_strategy, train_cases
+from _habits import habits_worker, reference
 from synctune.engine.local import run_local
 from synctune.engine.trial import GPU_BACKEND, TrialConfig, run_trial_local
 from synctune.models import model_spec
 from synctune.spec import ClusterSpec, cluster_preset
-from synctune.strategy import Compressor, build_strategy
+from synctune.strategy import build_strategy
 from synctune.workload import zoo_workload
 
-pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def gpu_cluster(devices: int) -> ClusterSpec:
@@ -36,38 +45,26 @@ def gpu_cluster(devices: int) -> ClusterSpec:
          "num_devices": devices, "nic_gbps": 100.0, "single_flow_gbps": 100.0, "intra_node_gbps": 100.0}]})
 
 
-def test_conformance_on_cuda_with_nccl():
-    """World size 1 over NCCL: each synchronizer x compressor gives back the one rank's gradient
-    (lossless bit-exactly), with every tensor on the GPU."""
-    from synctune.spec import ModelSpec, VariableSpec
-    from synctune.strategy import AllReduceSynchronizer, PSSynchronizer, ShardPlan, Strategy, VariablePlan
-
-    from test_engine_conformance import SHAPES, _inputs
-
-    spec = ModelSpec(name="probe", variables=tuple(VariableSpec(name=k, shape=v) for k, v in SHAPES.items()),
-                     batch_size=1)
-    cluster = cluster_preset("local-1x1")
-    cases = []
-    for sync in (AllReduceSynchronizer(group=0), PSSynchronizer(placement="node0:0")):
-        for comp in (Compressor(), Compressor(kind="fp16")):
-            plans = [VariablePlan(variable=k, partition=(2,) + (1,) * (len(v) - 1),
-                                  shards=(ShardPlan(synchronizer=sync, compressor=comp),) * 2)
-                     for k, v in SHAPES.items()]
-            strategy = Strategy.over(spec, cluster, plans, batch_split=(1,))
-            cases.append({"shapes": SHAPES, "strategy": strategy.to_dict(), "cluster": cluster.to_dict(),
-                          "inputs": [_inputs("integer", 2, seed=1)[0]], "device": "cuda", "lossless": comp.lossless})
-    outputs = run_local(conformance_worker, 1, (cases,), backend=GPU_BACKEND, timeout_s=600)
-    for case, out in zip(cases, outputs[0]):
-        for step, xs in enumerate(case["inputs"][0]):
-            for name, x in zip(SHAPES, xs):
-                if case["lossless"]:
-                    assert torch.equal(out["steps"][step][name], x)
-                else:
-                    torch.testing.assert_close(out["steps"][step][name], x, rtol=2e-3, atol=2e-3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_process_group_serves_the_device_with_its_backend(device):
+    """The backend that really carries the device's tensors (not the configured string): gloo for
+    CPU tensors; NCCL for CUDA ones under the GPU trials' ``cpu:gloo,cuda:nccl`` (one rank per
+    GPU), and an all-reduce of ``rank + 1`` on such a tensor sums on the device."""
+    world = 2 if device == "cpu" else min(2, torch.cuda.device_count())
+    backend = "gloo" if device == "cpu" else GPU_BACKEND
+    outputs = run_local(backend_worker, world, (device,), backend=backend, timeout_s=300)
+    for out in outputs:
+        assert out["configured"] == backend
+        assert out["served_by"] == ("gloo" if device == "cpu" else "nccl"), out
+        assert out["device"] == device
+        assert out["sum"] == [float(world * (world + 1) // 2)] * 4
 
 
-@pytest.mark.parametrize("world, backend", [(2, "gloo"), (2, GPU_BACKEND)])
-def test_equivalence_on_cuda(world, backend):
+@pytest.mark.parametrize("device, world, backend", [
+    ("cpu", 2, "gloo"),
+    pytest.param("cuda", 2, "gloo", marks=pytest.mark.gpu),
+    pytest.param("cuda", 2, GPU_BACKEND, marks=pytest.mark.gpu)])
+def test_equivalence(device, world, backend):
     if backend != "gloo" and torch.cuda.device_count() < world:
         pytest.skip(f"NCCL needs {world} GPUs, this machine has {torch.cuda.device_count()}")
     cluster = cluster_preset("local-1x2")
@@ -76,21 +73,54 @@ def test_equivalence_on_cuda(world, backend):
                              ("allreduce", {"algorithm": "hierarchical"})):
         s = build_strategy(builder, model_spec("cnn-small"), cluster, **options)
         cases.append({"label": builder, "strategy": s.to_dict(), "cluster": cluster.to_dict(), "optimizer": "sgd",
-                      "lr": 0.1, "steps": 3, "device": "cuda"})
-    # Sufficient-factor broadcasting of every linear weight, uneven split (factors on the GPU).
+                      "lr": 0.1, "steps": 3, "device": device})
+    # Sufficient-factor broadcasting of every linear weight, uneven split (factors on the device).
     cases.append({"label": "sfb", "strategy": sfb_strategy("cnn-small", cluster, (3, 5)).to_dict(),
-                  "cluster": cluster.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3, "device": "cuda"})
+                  "cluster": cluster.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3, "device": device})
     outputs = run_local(train_cases, world, (cases,), backend=backend, timeout_s=900)
     for c, case in enumerate(cases):
-        ref = reference_training("cnn-small", case["strategy"]["batch_split"], "sgd", 0.1, 3)
+        split = case["strategy"]["batch_split"]
+        ref = reference_training("cnn-small", split, "sgd", 0.1, 3)
+        start = reference_training("cnn-small", split, "sgd", 0.0, 1)
+        # Training must move the weights well beyond the tolerance, or the comparison proves nothing.
+        assert max(float((ref[k] - start[k]).abs().max()) for k in ref) > 1e-2, case["label"]
         for k, v in outputs[0][c]["params"].items():
-            # cuDNN convolutions and CPU ones round differently: close, not bit-equal.
+            # cuDNN convolutions and CPU ones round differently, and so do split batches: close, not bit-equal.
             torch.testing.assert_close(v, ref[k], rtol=1e-3, atol=1e-4, msg=lambda m, k=k: f"{case['label']}: {k}: {m}")
         for r in range(1, world):
             for k, v in outputs[r][c]["params"].items():
                 assert torch.equal(v, outputs[0][c]["params"][k]), f"{case['label']}: rank {r} differs on {k}"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_with_a_grad_scaler(device):
+    """Mixed precision as the README shows it (fp16 autocast and a GradScaler on CUDA; bf16 on the
+    CPU), 2 processes on one device over gloo, with PS, a random composed strategy and clipping:
+    rank 1 overflows at step 1 and every rank skips that step (the scale halves everywhere); the
+    result equals single-process mixed-precision training on the same device."""
+    from test_engine_habits import _cases
+
+    cases = [{**c, "device": device} for c in _cases("local-1x2") if c["label"].startswith("amp/")]
+    assert len(cases) == 3
+    outputs = run_local(habits_worker, 2, (cases,), timeout_s=600)
+    for c, case in enumerate(cases):
+        label = case["label"]
+        per_rank = [out[c] for out in outputs]
+        assert all(out["device"] == {device} for out in per_rank), (label, [out["device"] for out in per_rank])
+        scales = [out["scales"] for out in per_rank]
+        assert scales[1] == scales[0], label
+        assert scales[0][1] == scales[0][0] / 2, (label, scales[0])  # the poisoned step was skipped
+        assert scales[0][0] == 2.0 ** 8, (label, scales[0])  # and no other step overflowed
+        for k, v in per_rank[1]["state"].items():
+            assert torch.equal(v, per_rank[0]["state"][k]), f"{label}: ranks differ on {k}"
+        expected = reference(case)
+        for k, v in expected.items():
+            # Reduced-precision kernels on a split batch run other shapes than on the whole one.
+            torch.testing.assert_close(per_rank[0]["state"][k], v, rtol=2e-2, atol=2e-3,
+                                       msg=lambda m, k=k: f"{label}: {k}: {m}")
+
+
+@pytest.mark.gpu
 def test_trial_on_a_gpu_reports_cuda_peak_memory():
     devices = min(2, torch.cuda.device_count())
     cluster = gpu_cluster(devices)
@@ -98,15 +128,50 @@ def test_trial_on_a_gpu_reports_cuda_peak_memory():
     strategy = build_strategy("allreduce", workload.spec(), cluster)
     result = run_trial_local(strategy, cluster, TrialConfig(warmup=2, iters=5), workload=workload)
     assert result.status == "ok", result.error
-    assert result.device_kind == "cuda" and "nccl" in result.backend
+    # device_kind is where the trial's tensors were; backend is the configured process group
+    # (test_process_group_serves_the_device_with_its_backend checks what serves CUDA tensors).
+    assert result.device_kind == "cuda" and result.backend == GPU_BACKEND
     assert result.peak_memory_bytes > 0 and result.comm_bytes_per_iter > 0
 
 
-def test_engine_benchmark_runs_on_cuda():
-    cluster = f"local-1x{min(2, torch.cuda.device_count())}"  # NCCL: one rank per GPU
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_overhead.py"), "--device", "cuda",
-                           "--cluster", cluster, "--iters", "5", "--rounds", "1", "--warmup", "2"],
+ROW = re.compile(r"^\(([a-f])\) .+?\s+(\d+\.\d+)\s+(\d+\.\d+)$")
+RATIO = re.compile(r"^ratio \(a\)/\(b\) = (\d+\.\d+)\s+paired per iteration (\d+\.\d+) "
+                   r"\[95% (\d+\.\d+), (\d+\.\d+)\]\s+\(goal <= 1\.05; (.+)\)$")
+
+
+def read_benchmark_table(stdout: str) -> dict:
+    """The engine benchmark's printed figures: header, rows {(a)..: (median ms, mean ms)}, the
+    (a)/(b) ratio line's numbers and what it says it measures."""
+    lines = stdout.splitlines()
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3))) for m in map(ROW.match, lines) if m}
+    ratio = [m.groups() for m in map(RATIO.match, lines) if m]
+    assert len(ratio) == 1, stdout
+    return {"header": lines[0], "buffers": next(line for line in lines if line.startswith("buffers broadcast")),
+            "rows": rows, "ratio": tuple(float(x) for x in ratio[0][:4]), "measures": ratio[0][4], "text": stdout}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_benchmark_table(device):
+    """The benchmark runs and prints what it measured: the device and torch version, one row per
+    configuration with positive times, a ratio that is the rows' ratio, its paired interval around
+    the paired median, and at world size 1 the words that say no communication was timed, with
+    buffer broadcasting the same on both sides."""
+    world = 1 if device == "cpu" else min(2, torch.cuda.device_count())  # NCCL: one rank per GPU
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_overhead.py"), "--device", device,
+                           "--cluster", f"local-1x{world}", "--iters", "3", "--rounds", "1", "--warmup", "1"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "ratio (a)/(b)" in done.stdout
     print(done.stdout)
+    table = read_benchmark_table(done.stdout)
+    assert f"({world} processes, {device}" in table["header"] and f"torch {torch.__version__}" in table["header"]
+    assert set(table["rows"]) == {"a", "b", "c", "d"}, table["text"]
+    assert all(median > 0 and mean > 0 for median, mean in table["rows"].values()), table["text"]
+    (a, _), (b, _) = table["rows"]["a"], table["rows"]["b"]
+    ratio, paired, lo, hi = table["ratio"]
+    assert ratio == pytest.approx(a / b, rel=2e-3, abs=2e-3), table["text"]  # the table rounds to 1 µs
+    assert lo <= paired <= hi, table["text"]
+    if world == 1:
+        assert table["measures"] == "hook overhead, no communication", table["text"]
+        assert table["buffers"] == "buffers broadcast each iteration: by neither", table["text"]
+    else:
+        assert table["measures"] == "synchronization" and table["buffers"].endswith("by both"), table["text"]
