@@ -152,7 +152,7 @@ def per_variable_draws(spec, cluster, count: int, seed: int, exclude: set[str], 
         tries += 1
         choice_of = {v: rng.choice(choices[c]) for v, c in classes.items()}
         chunk, compressor = rng.choice(CHUNKS), rng.choice(COMPRESSORS if lossy else ("none",))
-        (where, nodes), split = rng.choice(placements), rng.choice(splits)
+        (_where, nodes), split = rng.choice(placements), rng.choice(splits)
         try:
             strategy = _finish(_point(spec, cluster, choice_of, chunk, compressor), helper, nodes, split, spec, cluster)
         except StrategyError:
