@@ -203,3 +203,46 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
             result["ddp"] = _state(plain)
         out.append(result)
     return out
+
+
+def refusal_worker(rank: int, world: int, case: dict) -> dict:
+    """Refuse a forgotten ``no_sync`` once per strategy of ``case["refusals"]``, each on a fresh
+    engine over the same process group, with this rank's own random delay before every backward
+    (so its collectives start at other times than its peers'); then train ``case["train"]`` with
+    :func:`habits_worker` on the same processes. Result: per refusal the error text (None: no
+    error), and the trained case's result.
+
+    ``lone`` refusals have the last rank's second backward touch only the gated parameter, which
+    its first backward left out: that rank finds no second gradient of its own, the others do."""
+    import random
+    import time
+
+    from synctune.engine.core import StrategyEngine, SynchronizationError
+
+    cluster = ClusterSpec.from_dict(case["cluster"])
+    spec = spec_of("habit")
+    delays = random.Random(case["seed"] * 1009 + rank)
+    errors: list[str | None] = []
+    for i, refusal in enumerate(case["refusals"]):
+        strategy = Strategy.from_dict(refusal["strategy"])
+        split = strategy.batch_split
+        torch.manual_seed(case["seed"])
+        module = HabitNet()
+        engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=0.1))
+        batch = batch_of("habit", split[rank], case["seed"], i, rank)
+        chunks = [tuple(t.tensor_split(2)[k] for t in batch) for k in range(2)]
+        try:
+            for k, chunk in enumerate(chunks):
+                if k == 1 and refusal.get("lone") and rank == world - 1:
+                    loss = module.gated.sum()  # its first backward left the gated parameter out
+                else:
+                    loss = module(*chunk) / split[rank]
+                time.sleep(delays.uniform(0.0, 0.02))
+                loss.backward()  # the second one forgets no_sync
+            engine.step()
+            errors.append(None)
+        except SynchronizationError as exc:
+            errors.append(str(exc))
+        finally:
+            engine.close()
+    return {"errors": errors, "trained": habits_worker(rank, world, [case["train"]])[0]}
