@@ -206,14 +206,17 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
 
 
 def refusal_worker(rank: int, world: int, case: dict) -> dict:
-    """Refuse a forgotten ``no_sync`` once per strategy of ``case["refusals"]``, each on a fresh
-    engine over the same process group, with this rank's own random delay before every backward
-    (so its collectives start at other times than its peers'); then train ``case["train"]`` with
+    """Refuse a misused step once per entry of ``case["refusals"]``, each on a fresh engine over
+    the same process group, with this rank's own random delay before every backward (so its
+    collectives start at other times than its peers'); then train ``case["train"]`` with
     :func:`habits_worker` on the same processes. Result: per refusal the error text (None: no
     error), and the trained case's result.
 
-    ``lone`` refusals have the last rank's second backward touch only the gated parameter, which
-    its first backward left out: that rank finds no second gradient of its own, the others do."""
+    The misuse (``kind``): ``second``, two backward passes without ``no_sync``; ``late-no-sync``,
+    a backward inside ``no_sync`` after the synchronized one; ``after-clip``, a backward between
+    ``clip_grad_norm_`` and ``step``. ``lone``: the last rank's misuse is one it cannot see itself
+    (its extra backward touches only the gated parameter, which its first backward left out; no
+    backward after clipping at all), while the others see theirs."""
     import random
     import time
 
@@ -226,19 +229,29 @@ def refusal_worker(rank: int, world: int, case: dict) -> dict:
     for i, refusal in enumerate(case["refusals"]):
         strategy = Strategy.from_dict(refusal["strategy"])
         split = strategy.batch_split
+        kind, lone = refusal["kind"], refusal["lone"] and rank == world - 1
         torch.manual_seed(case["seed"])
         module = HabitNet()
         engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=0.1))
         batch = batch_of("habit", split[rank], case["seed"], i, rank)
         chunks = [tuple(t.tensor_split(2)[k] for t in batch) for k in range(2)]
+
+        def backward(k: int) -> None:
+            loss = module.gated.sum() if (k == 1 and lone) else module(*chunks[k]) / split[rank]
+            time.sleep(delays.uniform(0.0, 0.02))
+            loss.backward()
+
         try:
-            for k, chunk in enumerate(chunks):
-                if k == 1 and refusal.get("lone") and rank == world - 1:
-                    loss = module.gated.sum()  # its first backward left the gated parameter out
-                else:
-                    loss = module(*chunk) / split[rank]
-                time.sleep(delays.uniform(0.0, 0.02))
-                loss.backward()  # the second one forgets no_sync
+            backward(0)
+            if kind == "second":
+                backward(1)
+            elif kind == "late-no-sync":
+                with engine.no_sync():
+                    backward(1)
+            else:
+                engine.clip_grad_norm_(1.0)
+                if not lone:
+                    backward(1)
             engine.step()
             errors.append(None)
         except SynchronizationError as exc:
