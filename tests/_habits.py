@@ -214,9 +214,10 @@ def refusal_worker(rank: int, world: int, case: dict) -> dict:
 
     The misuse (``kind``): ``second``, two backward passes without ``no_sync``; ``late-no-sync``,
     a backward inside ``no_sync`` after the synchronized one; ``after-clip``, a backward between
-    ``clip_grad_norm_`` and ``step``. ``lone``: the last rank's misuse is one it cannot see itself
-    (its extra backward touches only the gated parameter, which its first backward left out; no
-    backward after clipping at all), while the others see theirs."""
+    ``clip_grad_norm_`` and ``step``; ``checkpoint``, ``state_dict()`` between a backward and
+    ``step``. ``lone``: the last rank's misuse is one it cannot see itself (its extra backward
+    touches only the gated parameter, which its first backward left out; no backward after
+    clipping at all; no backward before the checkpoint), while the others see theirs."""
     import random
     import time
 
@@ -242,13 +243,16 @@ def refusal_worker(rank: int, world: int, case: dict) -> dict:
             loss.backward()
 
         try:
-            backward(0)
-            if kind == "second":
+            if not (kind == "checkpoint" and lone):
+                backward(0)
+            if kind == "checkpoint":
+                engine.state_dict()
+            elif kind == "second":
                 backward(1)
             elif kind == "late-no-sync":
                 with engine.no_sync():
                     backward(1)
-            else:
+            elif kind == "after-clip":
                 engine.clip_grad_norm_(1.0)
                 if not lone:
                     backward(1)
