@@ -534,7 +534,8 @@ class StrategyEngine:
         """Complete all synchronization, update, and bring every replica to the new values.
         With a ``torch.amp.GradScaler``, pass it here instead of calling ``scaler.step``: the
         step is skipped on every rank when any rank found an inf or nan (then ``scaler.update()``
-        as usual)."""
+        as usual). A misused step (see the module's notes) raises SynchronizationError here on
+        every rank alike, its gradients dropped, nothing updated."""
         synchronized = self._synchronized  # by clip_grad_norm_: a backward since then is refused now
         self._synchronize()
         if synchronized:
