@@ -236,3 +236,63 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
             result["ddp"] = _state(plain)
         out.append(result)
     return out
+
+
+def refusal_worker(rank: int, world: int, case: dict) -> dict:
+    """Refuse a misused step once per entry of ``case["refusals"]``, each on a fresh engine over
+    the same process group, with this rank's own random delay before every backward (so its
+    collectives start at other times than its peers'); then train ``case["train"]`` with
+    :func:`habits_worker` on the same processes. Result: per refusal the error text (None: no
+    error), and the trained case's result.
+
+    The misuse (``kind``): ``second``, two backward passes without ``no_sync``; ``late-no-sync``,
+    a backward inside ``no_sync`` after the synchronized one; ``after-clip``, a backward between
+    ``clip_grad_norm_`` and ``step``; ``checkpoint``, ``state_dict()`` between a backward and
+    ``step``. ``lone``: the last rank's misuse is one it cannot see itself (its extra backward
+    touches only the gated parameter, which its first backward left out; no backward after
+    clipping at all; no backward before the checkpoint), while the others see theirs."""
+    import random
+    import time
+
+    from synctune.engine.core import StrategyEngine, SynchronizationError
+
+    cluster = ClusterSpec.from_dict(case["cluster"])
+    spec = spec_of("habit")
+    delays = random.Random(case["seed"] * 1009 + rank)
+    errors: list[str | None] = []
+    for i, refusal in enumerate(case["refusals"]):
+        strategy = Strategy.from_dict(refusal["strategy"])
+        split = strategy.batch_split
+        kind, lone = refusal["kind"], refusal["lone"] and rank == world - 1
+        torch.manual_seed(case["seed"])
+        module = HabitNet()
+        engine = StrategyEngine(module, strategy, spec, cluster, lambda ps: torch.optim.SGD(ps, lr=0.1))
+        batch = batch_of("habit", split[rank], case["seed"], i, rank)
+        chunks = [tuple(t.tensor_split(2)[k] for t in batch) for k in range(2)]
+
+        def backward(k: int) -> None:
+            loss = module.gated.sum() if (k == 1 and lone) else module(*chunks[k]) / split[rank]
+            time.sleep(delays.uniform(0.0, 0.02))
+            loss.backward()
+
+        try:
+            if not (kind == "checkpoint" and lone):
+                backward(0)
+            if kind == "checkpoint":
+                engine.state_dict()
+            elif kind == "second":
+                backward(1)
+            elif kind == "late-no-sync":
+                with engine.no_sync():
+                    backward(1)
+            elif kind == "after-clip":
+                engine.clip_grad_norm_(1.0)
+                if not lone:
+                    backward(1)
+            engine.step()
+            errors.append(None)
+        except SynchronizationError as exc:
+            errors.append(str(exc))
+        finally:
+            engine.close()
+    return {"errors": errors, "trained": habits_worker(rank, world, [case["train"]])[0]}

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from _engine_workers import random_strategy
-from _habits import reference, spec_of, habits_worker
+from _habits import reference, refusal_worker, spec_of, habits_worker
 from synctune.engine.local import run_local
-from synctune.spec import cluster_preset
+from synctune.spec import ClusterSpec, cluster_preset
 from synctune.strategy import build_strategy, validate
 
 SPLITS = {"local-1x2": (3, 5), "local-2x2": (3, 4, 5, 4)}
@@ -165,3 +165,45 @@ def test_buffers_follow_torch_ddp_broadcast_buffers(trained):
             assert all(torch.equal(m, means[0]) for m in means), label
         else:
             assert not all(torch.equal(m, means[0]) for m in means), label
+
+
+MISUSES = {"second": "got a second gradient before engine.step()",
+           "late-no-sync": "a backward inside engine.no_sync() after a synchronized one",
+           "after-clip": "got a gradient after the step's synchronization (clip_grad_norm_)",
+           "checkpoint": "state_dict() between a backward pass and engine.step()"}
+
+
+def test_every_rank_refuses_a_misused_step_together_and_the_group_trains_on():
+    """A misused step (a second backward without ``no_sync``, a backward in ``no_sync`` after the
+    synchronized one, a backward after ``clip_grad_norm_``, a checkpoint taken between a backward
+    and ``step``), refused 24 times on 3 ranks with
+    uneven splits and random per-rank delays before every backward (multi-stage units, some
+    stages launched on one rank and not yet on another when the misuse comes), on random
+    strategies, some with one rank that sees no misuse of its own: every rank raises the same
+    error every time, and a fresh engine on the same process group then trains exactly like one
+    process (a refusal that left a collective behind on one rank would hang or corrupt it; the
+    short collective timeout makes that a quick failure)."""
+    base = cluster_preset("local-1x2").to_dict()
+    base["nodes"][0]["num_devices"] = 3
+    base["name"] = "local-1x3"
+    cluster = ClusterSpec.from_dict(base)
+    split = (2, 5, 3)
+    refusals = []
+    for i in range(24):
+        s = random_strategy(spec_of("habit"), cluster, random.Random(100 + i))
+        s = type(s)(**{**s.__dict__, "batch_split": split})
+        validate(s, spec_of("habit"), cluster)
+        refusals.append({"strategy": s.to_dict(), "kind": list(MISUSES)[i % 4], "lone": i // 4 % 2 == 1})
+    train = {"cluster": base, "batch_split": split, "seed": 3, "steps": 3, "label": "after-refusals", "model": "habit",
+             "strategy": refusals[0]["strategy"], "optimizer": "sgd", "lr": 0.2, "micro": 2}
+    case = {"cluster": base, "seed": 3, "refusals": refusals, "train": train}
+    outputs = run_local(refusal_worker, 3, (case,), timeout_s=600, collective_timeout_s=20, threads=1)
+    for i, refusal in enumerate(refusals):
+        said = [out["errors"][i] for out in outputs]
+        assert said[0] is not None and all(s == said[0] for s in said), (i, said)
+        assert MISUSES[refusal["kind"]] in said[0] and "(on rank 0; every rank refuses this step)" in said[0], said[0]
+    _same_on_every_rank("after-refusals", [out["trained"] for out in outputs])
+    expected = reference(train)
+    for k, v in expected.items():
+        torch.testing.assert_close(outputs[0]["trained"]["state"][k], v, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, k=k: f"after-refusals: {k}: {m}")

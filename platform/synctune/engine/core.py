@@ -21,6 +21,14 @@ from rank 0 (DDP's ``broadcast_buffers``), ``torch.autocast`` with a ``GradScale
 inf/nan verdict every rank shares (``engine.step(scaler)``), clipping by the global norm of
 the synchronized gradient (``engine.clip_grad_norm_``), and checkpoints that do not depend on
 the strategy (``engine.state_dict()`` / ``load_state_dict``).
+
+What a loop does wrong is refused by every rank together, never by some while others wait in a
+collective: a hook that finds a misuse (a second backward before ``step``, a backward after
+``clip_grad_norm_``) only records it; the step's collectives all run to completion on every rank
+as usual, then the ranks' verdicts meet in one small all-reduce on a gloo group of their own
+(launched before the completion, so it overlaps it), and every rank raises the same
+SynchronizationError from ``step`` (or ``clip_grad_norm_``) with that step's gradients dropped:
+the engine, and the process group, go on to the next step (or the next engine) cleanly.
 """
 
 from __future__ import annotations
@@ -123,6 +131,10 @@ class StrategyEngine:
             with torch.no_grad():
                 for t in list(module.parameters()) + list(module.buffers()):
                     self._broadcast_in_place(t.data, 0)
+        # Verdicts travel apart from the units' collectives: on the world group they would be
+        # issued between unit stages that ranks launch in different interleavings. gloo on CPU
+        # whatever the device: a verdict is host state, and it then costs no device sync.
+        self._verdict_group = dist.new_group(list(range(self.world)), backend="gloo") if self.world > 1 else None
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
         self._params = params
@@ -154,6 +166,7 @@ class StrategyEngine:
         self._mark_full_broadcast()
         self._sync_enabled = True
         self._synchronized = False
+        self._refusal: str | None = None  # this rank's first refused misuse in this step
         self._scaler_dummy: torch.optim.Optimizer | None = None
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in params.items()]
 
@@ -346,20 +359,31 @@ class StrategyEngine:
     # ----------------------------------------------------------------------------------- runtime
 
     def _hook(self, name: str):
+        # A misuse is recorded, not raised: raising here would stop this rank's backward (and its
+        # launches) while its peers, which may see no misuse of their own, go on into collectives
+        # it never joins. ``_settle`` raises it on every rank together.
         def hook(param: torch.Tensor) -> None:
+            if self._refusal is not None:
+                return  # the step is refused: its gradients are dropped at the verdict
             entries = self._member_units[name]
             if self._synchronized:
-                raise SynchronizationError(
-                    f"variable {name!r} got a gradient after the step's synchronization (clip_grad_norm_) and "
-                    f"before engine.step(): call engine.step() first")
+                self._refusal = (f"variable {name!r} got a gradient after the step's synchronization "
+                                 f"(clip_grad_norm_) and before engine.step(): call engine.step() first")
+                return
             if not self._sync_enabled:
-                for member, unit in entries:
-                    if unit.stored(member):
-                        raise SynchronizationError(
-                            f"variable {name!r}: a backward inside engine.no_sync() after a synchronized one in the "
-                            f"same step; the synchronized gradient would miss it. Run every micro-batch but the "
-                            f"last inside no_sync(), and the last outside it")
+                if any(unit.stored(member) for member, unit in entries):
+                    self._refusal = (
+                        f"variable {name!r}: a backward inside engine.no_sync() after a synchronized one in the "
+                        f"same step; the synchronized gradient would miss it. Run every micro-batch but the "
+                        f"last inside no_sync(), and the last outside it")
                 return  # the gradient accumulates in .grad; the next synchronized backward sends the sum
+            if any(unit.stored(member) for member, unit in entries):
+                self._refusal = (
+                    f"variable {name!r} got a second gradient before engine.step(), and its synchronization "
+                    f"already started: a second backward would be lost or mixed into a collective in flight. Run "
+                    f"the micro-batches that should not communicate inside `with engine.no_sync():` (all but the "
+                    f"last, as with torch DDP), or call engine.step() between backward passes")
+                return
             view = GradView(param.grad) if param.grad is not None else None
             for member, unit in entries:
                 if unit.member_ready(member, view):
@@ -384,6 +408,7 @@ class StrategyEngine:
         the forward pass did not use) and set the shard parameters' gradients."""
         if self._synchronized:
             return
+        verdict = self._start_verdict()
         views: dict[str, GradView | None] = {}
         for unit in self.units:
             for member in unit.unready():
@@ -399,6 +424,47 @@ class StrategyEngine:
         for unit in self.units:
             unit.finish()
         self._synchronized = True
+        # A unit's own refusal (SFB's check) is the same on every rank already: its verdicts
+        # travelled with its row counts.
+        self._settle(verdict, next((u.refusal for u in self.units if u.refusal), None))
+
+    def _start_verdict(self) -> tuple[Any, torch.Tensor]:
+        """Launch the all-reduce of this rank's verdict: the lowest rank that refused (the world
+        size when none did)."""
+        first = torch.tensor([self.rank if self._refusal is not None else self.world], dtype=torch.long)
+        work = dist.all_reduce(first, op=dist.ReduceOp.MIN, group=self._verdict_group,
+                               async_op=True) if self._verdict_group is not None else None
+        return work, first
+
+    def _settle(self, verdict: tuple[Any, torch.Tensor], shared: str | None = None) -> None:
+        """Complete ``verdict``; when any rank refused (or ``shared``, a refusal every rank holds
+        already, is given), drop the step on every rank and raise the lowest refusing rank's
+        message on all of them. Collective."""
+        work, first = verdict
+        if work is not None:
+            work.wait()
+        who = int(first[0])
+        message = shared
+        if who < self.world:
+            if self._verdict_group is None:
+                message = self._refusal
+            else:
+                box = [self._refusal if who == self.rank else None]
+                dist.broadcast_object_list(box, src=who, group=self._verdict_group)
+                message = box[0]
+            if self.world > 1:
+                message = f"{message} (on rank {who}; every rank refuses this step)"
+        if message is None:
+            return
+        # The step's gradients mix what the loop did wrong: dropped, so that the next step (or a
+        # loop that catches the error and goes on) starts clean on every rank alike.
+        self.zero_grad()
+        for unit in self.units:
+            unit.reset()
+        self.scheduler.reset()
+        self._synchronized = False
+        self._refusal = None
+        raise SynchronizationError(message)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, scaler: Any = None) -> torch.Tensor:
         """Clip the synchronized gradient by its global norm, as ``torch.nn.utils.clip_grad_norm_``
@@ -468,8 +534,12 @@ class StrategyEngine:
         """Complete all synchronization, update, and bring every replica to the new values.
         With a ``torch.amp.GradScaler``, pass it here instead of calling ``scaler.step``: the
         step is skipped on every rank when any rank found an inf or nan (then ``scaler.update()``
-        as usual)."""
+        as usual). A misused step (see the module's notes) raises SynchronizationError here on
+        every rank alike, its gradients dropped, nothing updated."""
+        synchronized = self._synchronized  # by clip_grad_norm_: a backward since then is refused now
         self._synchronize()
+        if synchronized:
+            self._settle(self._start_verdict())
         if scaler is not None and scaler.is_enabled():
             self._agreed_step(scaler)
         elif self.optimizer is not None:
@@ -500,11 +570,22 @@ class StrategyEngine:
     # ----------------------------------------------------------------------------- checkpoints
 
     def _require_between_steps(self, what: str) -> None:
-        """Checkpoints are taken between steps, never with gradients in flight."""
-        if self._synchronized or self.scheduler.entries or any(
-                unit.stored(m) for unit in self.units for m in unit.members):
-            raise SynchronizationError(f"{what} between a backward pass and engine.step(): gradients are being "
-                                       f"synchronized; call it after engine.step()")
+        """Checkpoints are taken between steps, never with gradients in flight; decided by every
+        rank together (collective), as a rank whose backward stored no gradient sees no misuse."""
+        if self._refusal is None and (self._synchronized or self.scheduler.entries or any(
+                unit.stored(m) for unit in self.units for m in unit.members)):
+            self._refusal = (f"{what} between a backward pass and engine.step(): gradients are being "
+                             f"synchronized; call it after engine.step()")
+        work, first = self._start_verdict()
+        if work is not None:
+            work.wait()
+        if int(first[0]) == self.world:
+            return
+        if not self._synchronized:
+            # Some rank has collectives in flight: complete every unit on every rank (a rank with
+            # nothing stored sends zeros), so none is left behind; it raises the agreed refusal.
+            self._synchronize()
+        self._settle(self._start_verdict())
 
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state that do not depend on the strategy (collective: every rank
@@ -539,7 +620,7 @@ class StrategyEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` gave, under this engine's strategy (which may differ from
-        the one it was saved under)."""
+        the one it was saved under). Collective: every rank loads."""
         self._require_between_steps("load_state_dict()")
         with torch.no_grad():
             self.module.load_state_dict(state["model"])

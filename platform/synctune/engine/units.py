@@ -108,6 +108,9 @@ class _Works:
 
 class _Unit:
     members: list[Member]
+    #: Why this step cannot be synchronized exactly, decided by every rank alike (a verdict that
+    #: travelled with the unit's own collectives); the engine raises it once the step completed.
+    refusal: str | None = None
 
     def __init__(self, members: list[Member], weight: float) -> None:
         self.members = members
@@ -117,6 +120,7 @@ class _Unit:
 
     def reset(self) -> None:
         self.pending = {id(m) for m in self.members}
+        self.refusal = None
 
     def member_ready(self, member: Member, grad: GradView | None) -> bool:
         """Store ``member``'s gradient; True once every member is in (the unit can start)."""
@@ -496,7 +500,9 @@ class SFBUnit(_Unit):
         gathered = [s.tolist() for s in sizes]
         bad = [r for r, (_n, flag) in enumerate(gathered) if flag]
         if bad:
-            raise SynchronizationError(
+            # Every rank gathered the same flags: every rank refuses, after the second stage
+            # (declared to the scheduler, so later units' turns come) has run on all of them.
+            self.refusal = (
                 f"variable {self.members[0].variable!r}: synchronizer sfb: on rank(s) {bad} its local gradient is not "
                 f"the product of its layer's output gradients and inputs (the weight is also used outside the "
                 f"layer's forward: tied to another module, passed to F.linear, a penalty on it; or a backward "
