@@ -465,3 +465,54 @@ def test_a_signalled_search_stops_ray_and_its_workers(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------- special files as inputs
+
+
+def _cli_subprocess(tmp_path: Path, *args, env: dict | None = None, timeout_s: float = 90):
+    """The CLI in its own process, so an input that blocks fails the test instead of hanging it."""
+    full_env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"),
+                    **(env or {}))
+    try:
+        return subprocess.run([sys.executable, "-m", "synctune", *map(str, args)], env=full_env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"synctune {' '.join(map(str, args))} still running after {timeout_s} s (blocked on a FIFO?)")
+
+
+@pytest.mark.parametrize("args", [
+    ["clusters", "{fifo}"],
+    ["search", "{fifo}"],
+    ["models", "{fifo}"],
+    ["strategy", "validate", "{fifo}", "-m", "cnn-small", "-c", "local-1x2"],
+    ["report", "--dataset", "--data", "{data}", "-o", "{out}", "--template", "{fifo}"],
+    ["sim", "score", "{fifo}", "{fifo}"],
+], ids=["cluster", "experiment", "model", "strategy", "template", "simulator"])
+def test_fifos_as_inputs_are_refused_not_waited_on(tmp_path, args):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    fifo = tmp_path / "input.json"  # the extension spec files are recognised by
+    os.mkfifo(fifo)
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    args = [a.format(fifo=fifo, data=tmp_path / "d", out=tmp_path / "out") for a in args]
+    result = _cli_subprocess(tmp_path, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a regular file" in lines[0] and str(fifo) in lines[0], result.stderr[-1000:]
+
+
+def test_a_fifo_as_the_mlflow_store_is_refused(tmp_path):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "home" / "dataset").append(make_records(1))
+    fifo = tmp_path / "mlflow.db"
+    os.mkfifo(fifo)
+    result = _cli_subprocess(tmp_path, "mlflow", "sync", env={"MLFLOW_TRACKING_URI": f"sqlite:///{fifo}"})
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{fifo}: is not a regular file" in lines[0], result.stderr[-1000:]

@@ -30,8 +30,8 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 from .errors import InfraError, SpecError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "parse_yaml", "parse_json",
-           "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable", "check_name",
+__all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
+           "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable", "check_name",
            "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
@@ -43,23 +43,59 @@ MAX_DEPTH = 64
 
 
 def read_bytes(path: str | Path, what: str, error: type = SpecError, *, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of ``path``; a missing, unreadable, non-regular or oversized file is one clear ``error``."""
+    """The bytes of ``path``; a missing, unreadable, non-regular or oversized file is one clear ``error``.
+
+    Only regular files are read: a FIFO, socket or device given as an input would block (or
+    never end), so it is refused before a byte is read. The file is opened without blocking
+    and checked on the open descriptor, so it cannot be swapped for a FIFO in between."""
     path = Path(path)
     try:
-        info = path.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, not a {what} file") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
             raise error(f"{path}: is a folder, not a {what} file")
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: is not a regular file (a FIFO, socket or device); the {what} file must be a "
+                        f"regular file")
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes; a {what} file is at most {limit} bytes")
-        with open(path, "rb") as fh:
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
             data = fh.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:
+        raise error(f"{path}: more than {limit} bytes; a {what} file is at most {limit} bytes")
+    return data
+
+
+def check_regular(path: str | Path, what: str, error: type = SpecError) -> Path:
+    """``path`` when it is a regular file (links followed); one clear ``error`` when it is missing
+    or anything else, for inputs opened by another library (Parquet, torch, SQLite) that would
+    block on a FIFO."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
     except FileNotFoundError:
         raise error(f"{path}: no such {what} file") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise error(f"{path}: more than {limit} bytes; a {what} file is at most {limit} bytes")
-    return data
+    if stat.S_ISDIR(info.st_mode):
+        raise error(f"{path}: is a folder, not a {what} file")
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: is not a regular file (a FIFO, socket or device); the {what} file must be a "
+                    f"regular file")
+    return path
 
 
 def read_text(path: str | Path, what: str, error: type = SpecError) -> str:
