@@ -516,3 +516,57 @@ def test_a_fifo_as_the_mlflow_store_is_refused(tmp_path):
     assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{fifo}: is not a regular file" in lines[0], result.stderr[-1000:]
+
+
+# ------------------------------------------------------------------------- hostile releases
+
+
+def _release_with_profile(tmp_path: Path, profile: dict) -> Path:
+    """A release of two records whose one compute profile is ``profile`` (checksums right)."""
+    from synctune.data import TrialDataset, push_release
+
+    from test_dataset import make_records
+
+    src = TrialDataset(tmp_path / "src")
+    src.append(make_records(2))
+    rel = tmp_path / "rel"
+    push_release(src, str(rel), profiles={"p.json": profile})
+    return rel
+
+
+@pytest.mark.parametrize("field, value", [("model", "../../ESCAPED"), ("model", "/tmp/ESCAPED"),
+                                          ("device", "../../../ESCAPED"), ("model", "..")])
+def test_a_release_profile_cannot_be_filed_outside_the_data_folder(tmp_path, field, value):
+    profile = {"schema": 1, "model": "cnn-small", "device": "cpu", "workers": 1, "batch_size": 8, "forward_s": 0.01,
+               "backward_s": 0.02, "step_s": 0.001, "ready_s": [0.001]}
+    rel = _release_with_profile(tmp_path, {**profile, field: value})
+    home = tmp_path / "a" / "b" / "home"
+    before = {p for p in tmp_path.rglob("*") if not p.is_relative_to(rel)}
+    result = run("dataset", "pull", "--data", tmp_path / "d", rel, env={"SYNCTUNE_HOME": str(home)})
+    assert_one_line(result, 2, f"{rel}: profiles/p.json: compute profile")
+    assert f"{field}: expected a" in result.stderr
+    created = {p for p in tmp_path.rglob("*") if not p.is_relative_to(rel)} - before
+    assert not [p for p in created if "ESCAPED" in p.name or p.suffix == ".json"], created
+    assert not Path("/tmp/ESCAPED@cpu-w1.json").exists()
+    assert not (tmp_path / "d").exists() or not list((tmp_path / "d").rglob("*.parquet"))  # nothing merged
+
+
+def test_push_into_a_symbolic_link_is_refused(tmp_path):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "rel"
+    link.symlink_to(elsewhere)
+    env = {"SYNCTUNE_HOME": str(tmp_path / "home")}
+    assert_one_line(run("dataset", "push", "--data", tmp_path / "d", link, env=env), 2,
+                    f"{link}: is a symbolic link (to {elsewhere})")
+    assert not list(elsewhere.iterdir())
+    real = tmp_path / "real"
+    (real / "data").mkdir(parents=True)
+    (real / "data" / "model=cnn-small").symlink_to(elsewhere)  # a link inside the folder, out of it
+    assert_one_line(run("dataset", "push", "--data", tmp_path / "d", real, env=env), 2, "leaves")
+    assert not list(elsewhere.iterdir())

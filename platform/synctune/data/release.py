@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import io
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..spec.errors import InfraError, SpecError
-from ..spec.files import MAX_FILE_BYTES, parse_json, write_text_atomic
+from ..spec.files import MAX_FILE_BYTES, parse_json, path_under, write_text_atomic
 from ..spec.profile import ComputeProfile
 from .record import RECORD_SCHEMA_VERSION
 from .store import TrialDataset
@@ -93,7 +94,13 @@ class _Location:
             raise SpecError(f"{self.where}: cannot push to http(s); push to a folder or s3:// and serve that")
         try:
             if self.kind == "local":
-                path = Path(self.base) / rel
+                base = Path(self.base)
+                if base.is_symlink():
+                    # Writing through it would put the release wherever the link points, as
+                    # atomic_write refuses to for a file.
+                    raise SpecError(f"{self.where}: is a symbolic link (to {os.path.realpath(base)}); synctune never "
+                                    f"pushes through links: give the folder it points to")
+                path = path_under(base, rel)  # no link inside the folder leads out of it either
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(path, data)
             else:

@@ -12,7 +12,7 @@ from ..simulator import profile_key
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..spec.errors import SpecError
-from ..spec.files import read_json
+from ..spec.files import path_under, read_json
 from ..spec.profile import ComputeProfile
 
 __all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_release", "file_release_profiles"]
@@ -20,7 +20,7 @@ __all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_relea
 
 def profile_path(model: str, device: str, workers: int) -> Path:
     """Where the profile of ``model`` on ``workers`` concurrent ``device`` workers is filed."""
-    return profiles_dir() / f"{profile_key(model, device, workers)}.json"
+    return path_under(profiles_dir(), f"{profile_key(model, device, workers)}.json")
 
 
 def save_profile(profile: ComputeProfile) -> Path:
