@@ -478,7 +478,7 @@ def _cli_subprocess(tmp_path: Path, *args, env: dict | None = None, timeout_s: f
         return subprocess.run([sys.executable, "-m", "synctune", *map(str, args)], env=full_env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"synctune {' '.join(map(str, args))} still running after {timeout_s} s (blocked on a FIFO?)")
+        pytest.fail(f"synctune {' '.join(map(str, args))} still running after {timeout_s} s (blocked?)")
 
 
 @pytest.mark.parametrize("args", [
@@ -570,3 +570,99 @@ def test_push_into_a_symbolic_link_is_refused(tmp_path):
     (real / "data" / "model=cnn-small").symlink_to(elsewhere)  # a link inside the folder, out of it
     assert_one_line(run("dataset", "push", "--data", tmp_path / "d", real, env=env), 2, "leaves")
     assert not list(elsewhere.iterdir())
+
+
+# ------------------------------------------------------------------------- hostile dataset files
+
+
+def _dataset_with(tmp_path: Path, name: str = "part-zz-hostile.parquet") -> tuple[Path, Path]:
+    """A dataset of two good records, and the path of one more part file in their partition."""
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    ds = TrialDataset(tmp_path / "d")
+    ds.append(make_records(2))
+    return ds.root, ds.files()[0].parent / name
+
+
+def _decode_bomb(rows: int, value_bytes: int):
+    """A record-like table of ``rows`` rows whose strategy_json is one ``value_bytes`` string,
+    dictionary-encoded: kilobytes on disk, ``rows * value_bytes`` once decoded."""
+    import numpy as np
+    import pyarrow as pa
+
+    big = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["x" * value_bytes]))
+    return pa.table({"model_name": pa.array(["cnn-small"] * rows), "strategy_json": big})
+
+
+@pytest.mark.parametrize("command", ["stats", "compact"])
+def test_a_damaged_or_special_part_file_is_one_line(tmp_path, command):
+    root, part = _dataset_with(tmp_path)
+    write(part, b"PAR1" + b"\x00garbage" * 20 + b"PAR1")
+    assert_one_line(run("dataset", command, "--data", root), 2, f"{part}: not a readable Parquet file")
+    part.unlink()
+    os.mkfifo(part)
+    result = _cli_subprocess(tmp_path, "dataset", command, "--data", root)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr[-1000:])
+    assert f"{part}: is not a regular file" in result.stderr
+
+
+def test_a_part_file_declaring_too_many_rows_is_refused_before_decoding(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from synctune.data.store import MAX_FILE_ROWS
+
+    root, part = _dataset_with(tmp_path)
+    pq.write_table(pa.table({"model_name": pa.nulls(MAX_FILE_ROWS + 1)}), part)  # null type: no memory
+    assert part.stat().st_size < 100_000
+    result = _cli_subprocess(tmp_path, "dataset", "stats", "--data", root, timeout_s=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr[-1000:])
+    assert f"{part}: {MAX_FILE_ROWS + 1} rows; a dataset file holds at most {MAX_FILE_ROWS}" in result.stderr
+
+
+def test_a_part_file_that_expands_on_read_is_stopped(tmp_path, monkeypatch):
+    """Its footer looks small (the value is stored once); decoding is what grows, and is cut."""
+    import pyarrow.parquet as pq
+
+    import synctune.data.store as store
+
+    monkeypatch.setattr(store, "MAX_DECODED_BYTES", 64 * 1024**2)  # the bound, scaled to a test's memory
+    root, part = _dataset_with(tmp_path)
+    pq.write_table(_decode_bomb(200, 1024**2), part, compression="zstd")  # 200 MiB decoded
+    assert part.stat().st_size < 1024**2
+    assert_one_line(run("dataset", "stats", "--data", root), 2, f"{part}: decodes to more than {64 * 1024**2} bytes")
+    # the same file in a release: refused with the release's name for it, nothing merged
+    rel = tmp_path / "rel"
+    monkeypatch.setattr(store, "MAX_DECODED_BYTES", 2 * 1024**3)
+    part.unlink()
+    assert run("dataset", "push", "--data", root, rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}).exit_code == 0
+    (shipped,) = rel.glob("data/*/*/part-0.parquet")
+    pq.write_table(_decode_bomb(200, 1024**2), shipped, compression="zstd")
+    manifest = json.loads((rel / "manifest.json").read_text())
+    manifest["files"][0].update(rows=200, sha256=__import__("hashlib").sha256(shipped.read_bytes()).hexdigest())
+    write(rel / "manifest.json", json.dumps(manifest))
+    monkeypatch.setattr(store, "MAX_DECODED_BYTES", 64 * 1024**2)
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "mine", rel), 2,
+                    f"{rel}: {manifest['files'][0]['path']}: decodes to more than")
+    assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))
+
+
+def test_records_of_a_newer_schema_version_are_refused_on_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from synctune.data import RECORD_SCHEMA_VERSION, TrialDataset
+
+    root, part = _dataset_with(tmp_path)
+    table = TrialDataset(root).table()
+    newer = table.set_column(table.schema.get_field_index("schema_version"), "schema_version",
+                             pc.add(table.column("schema_version"), pa.scalar(RECORD_SCHEMA_VERSION, pa.int32())))
+    newer = newer.set_column(newer.schema.get_field_index("trial_id"), "trial_id",
+                             pc.binary_join_element_wise(newer.column("trial_id"), "-v", ""))
+    pq.write_table(newer, part)
+    assert_one_line(run("dataset", "stats", "--data", root), 2,
+                    f"schema version {2 * RECORD_SCHEMA_VERSION}; this synctune reads versions up to "
+                    f"{RECORD_SCHEMA_VERSION}; upgrade synctune")
