@@ -233,6 +233,9 @@ def test_outputs_that_are_not_regular_files_are_never_replaced(tmp_path):
     (["cluster", "calibrate", "no-such-cluster"], "unknown cluster 'no-such-cluster'"),
     (["cluster", "calibrate", "B7"], "has GPU nodes; calibrate it on a Ray cluster"),
     (["cluster", "calibrate", "local-1x2", "--save", "spec.json"], "give a .yaml file"),
+    (["sim", "train", "--held-out", "nan", "-o", "x.pt"], "'--held-out': 'nan' is not a finite number"),
+    (["sim", "train", "--alpha-ms", "nan", "-o", "x.pt"], "'--alpha-ms': 'nan' is not a finite number"),
+    (["cluster", "calibrate", "local-1x2", "--mb", "nan"], "'--mb': 'nan' is not a finite number"),
 ])
 def test_usage_errors_are_one_line(args, fragment):
     assert_one_line(run(*args), 2, fragment)

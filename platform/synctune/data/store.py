@@ -206,7 +206,8 @@ class TrialDataset:
 
 def read_parquet_files(files: list[Path], schema=None, *, columns: list[str] | None = None, filter=None,
                        where: str = ""):
-    """The rows of ``files`` read as ``schema`` (default: the first file's), each file bounded before and while it decodes.
+    """The rows of ``files`` read as ``schema`` (default: the first file's), each file bounded
+    before and while it decodes.
 
     These files may come from someone else (a pulled release, a shared folder): a few kilobytes
     of Parquet can declare or expand to gigabytes. Each file's footer is read first (rows,
