@@ -669,3 +669,25 @@ def test_records_of_a_newer_schema_version_are_refused_on_read(tmp_path):
     assert_one_line(run("dataset", "stats", "--data", root), 2,
                     f"schema version {2 * RECORD_SCHEMA_VERSION}; this synctune reads versions up to "
                     f"{RECORD_SCHEMA_VERSION}; upgrade synctune")
+
+
+def test_report_never_replaces_an_index_html_it_did_not_write(tmp_path):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    site = tmp_path / "site"
+    site.mkdir()
+    theirs = write(site / "index.html", "<html>my own home page</html>")
+    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", site / "dataset.html"), 2,
+                    f"{theirs}: exists and was not written by synctune")
+    assert theirs.read_text() == "<html>my own home page</html>" and not (site / "dataset.html").exists()
+    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", tmp_path / "index.html"), 2,
+                    "name the report otherwise")
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for _ in range(2):  # synctune's own index is refreshed
+        result = run("report", "--dataset", "--data", tmp_path / "d", "-o", ours / "dataset.html")
+        assert result.exit_code == 0, result.stderr
+    assert 'href="dataset.html"' in (ours / "index.html").read_text()
