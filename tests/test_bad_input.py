@@ -691,3 +691,17 @@ def test_report_never_replaces_an_index_html_it_did_not_write(tmp_path):
         result = run("report", "--dataset", "--data", tmp_path / "d", "-o", ours / "dataset.html")
         assert result.exit_code == 0, result.stderr
     assert 'href="dataset.html"' in (ours / "index.html").read_text()
+
+
+@pytest.mark.parametrize("leaf", ["x" * 300 + ".json", "is-a-folder"])
+def test_a_refused_search_output_creates_no_folders(tmp_path, leaf):
+    if leaf == "is-a-folder":
+        (tmp_path / "is-a-folder").mkdir()
+        output = tmp_path / "is-a-folder"
+    else:
+        output = tmp_path / "new" / "deeper" / leaf
+    path = write(tmp_path / "e.yaml", EXPERIMENT + f"run: {{output: {output}}}\n")
+    before = set(tmp_path.rglob("*"))
+    result = run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    assert_one_line(result, 2, str(output)[:60])
+    assert {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(tmp_path / "home")} == set()

@@ -32,7 +32,7 @@ from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
            "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable",
-           "check_name", "path_under", "write_via"]
+           "make_parent", "check_name", "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -280,6 +280,36 @@ def check_writable(path: str | Path) -> Path:
     except OSError as exc:
         raise SpecError(f"{path}: cannot write in {parent}: {exc.strerror or exc}") from None
     return path
+
+
+def make_parent(path: str | Path) -> Path:
+    """Create the missing folders above ``path`` only once :func:`atomic_write` could then write
+    it: the nearest existing folder takes new entries, no name is too long for the file system
+    and the target is absent or a regular file, so a refused output leaves no folders behind."""
+    path = Path(path)
+    _check_target(path)
+    missing = []
+    ancestor = path.parent if str(path.parent) else Path(".")
+    while not os.path.lexists(ancestor):
+        missing.append(ancestor.name)
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise SpecError(f"{path}: {ancestor} is not a folder")
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for name in [*missing, path.name]:
+        if len(os.fsencode(name)) > name_max:
+            raise SpecError(f"{path}: the name {name[:40]!r}... is longer than this file system takes "
+                            f"({name_max} bytes)")
+    if missing and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SpecError(f"{path}: cannot create folders in {ancestor}: permission denied")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+    return check_writable(path)
 
 
 @contextlib.contextmanager
