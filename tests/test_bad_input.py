@@ -62,6 +62,8 @@ CLUSTER_FILES = [
     ("name: c\nnodes: 3\n", "nodes: expected a non-empty list"),
     ("name: c\nnodes:\n  - 7\n", "nodes[0]: expected a mapping"),
     ("{1: 2, name: c, nodes: [x]}", "unknown key(s)"),
+    ("name: c\nnodes:\n  - instance_type: local-cpu\n    count: " + "9" * 5000 + "\n", "Exceeds the limit"),
+    ('{"name": "c", "nodes": [{"instance_type": "local-cpu", "count": ' + "9" * 5000 + "}]}", "Exceeds the limit"),
 ]
 BILLION_LAUGHS = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)) + "name: *i\n"

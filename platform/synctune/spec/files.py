@@ -203,6 +203,8 @@ def parse_yaml(text: str, where: str, *, aliases: bool = False) -> Any:
         raise SpecError(f"{where}: malformed YAML{at}: {getattr(exc, 'problem', None) or 'malformed YAML'}") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+        raise SpecError(f"{where}: {str(exc)[:120]}") from None
     if aliases and _expanded_size(data) > MAX_EXPANDED_VALUES:
         raise SpecError(f"{where}: its aliases expand to more than {MAX_EXPANDED_VALUES} values")
     return _finite(data, where) if not aliases else data
@@ -233,6 +235,10 @@ def parse_json(text: str | bytes, where: str, error: type = SpecError) -> Any:
         raise error(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise error(f"{where}: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+        if isinstance(exc, error):
+            raise
+        raise error(f"{where}: {str(exc)[:120]}") from None
 
 
 def read_yaml(path: str | Path, what: str, *, aliases: bool = False) -> Any:
