@@ -62,6 +62,8 @@ CLUSTER_FILES = [
     ("name: c\nnodes: 3\n", "nodes: expected a non-empty list"),
     ("name: c\nnodes:\n  - 7\n", "nodes[0]: expected a mapping"),
     ("{1: 2, name: c, nodes: [x]}", "unknown key(s)"),
+    ("name: c\nnodes:\n  - instance_type: local-cpu\n    count: " + "9" * 5000 + "\n", "Exceeds the limit"),
+    ('{"name": "c", "nodes": [{"instance_type": "local-cpu", "count": ' + "9" * 5000 + "}]}", "Exceeds the limit"),
 ]
 BILLION_LAUGHS = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)) + "name: *i\n"
@@ -233,6 +235,9 @@ def test_outputs_that_are_not_regular_files_are_never_replaced(tmp_path):
     (["cluster", "calibrate", "no-such-cluster"], "unknown cluster 'no-such-cluster'"),
     (["cluster", "calibrate", "B7"], "has GPU nodes; calibrate it on a Ray cluster"),
     (["cluster", "calibrate", "local-1x2", "--save", "spec.json"], "give a .yaml file"),
+    (["sim", "train", "--held-out", "nan", "-o", "x.pt"], "'--held-out': 'nan' is not a finite number"),
+    (["sim", "train", "--alpha-ms", "nan", "-o", "x.pt"], "'--alpha-ms': 'nan' is not a finite number"),
+    (["cluster", "calibrate", "local-1x2", "--mb", "nan"], "'--mb': 'nan' is not a finite number"),
 ])
 def test_usage_errors_are_one_line(args, fragment):
     assert_one_line(run(*args), 2, fragment)
@@ -465,3 +470,240 @@ def test_a_signalled_search_stops_ray_and_its_workers(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------- special files as inputs
+
+
+def _cli_subprocess(tmp_path: Path, *args, env: dict | None = None, timeout_s: float = 90):
+    """The CLI in its own process, so an input that blocks fails the test instead of hanging it."""
+    full_env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"),
+                    **(env or {}))
+    try:
+        return subprocess.run([sys.executable, "-m", "synctune", *map(str, args)], env=full_env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"synctune {' '.join(map(str, args))} still running after {timeout_s} s (blocked?)")
+
+
+@pytest.mark.parametrize("args", [
+    ["clusters", "{fifo}"],
+    ["search", "{fifo}"],
+    ["models", "{fifo}"],
+    ["strategy", "validate", "{fifo}", "-m", "cnn-small", "-c", "local-1x2"],
+    ["report", "--dataset", "--data", "{data}", "-o", "{out}", "--template", "{fifo}"],
+    ["sim", "score", "{fifo}", "{fifo}"],
+], ids=["cluster", "experiment", "model", "strategy", "template", "simulator"])
+def test_fifos_as_inputs_are_refused_not_waited_on(tmp_path, args):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    fifo = tmp_path / "input.json"  # the extension spec files are recognised by
+    os.mkfifo(fifo)
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    args = [a.format(fifo=fifo, data=tmp_path / "d", out=tmp_path / "out") for a in args]
+    result = _cli_subprocess(tmp_path, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a regular file" in lines[0] and str(fifo) in lines[0], result.stderr[-1000:]
+
+
+def test_a_fifo_as_the_mlflow_store_is_refused(tmp_path):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "home" / "dataset").append(make_records(1))
+    fifo = tmp_path / "mlflow.db"
+    os.mkfifo(fifo)
+    result = _cli_subprocess(tmp_path, "mlflow", "sync", env={"MLFLOW_TRACKING_URI": f"sqlite:///{fifo}"})
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{fifo}: is not a regular file" in lines[0], result.stderr[-1000:]
+
+
+# ------------------------------------------------------------------------- hostile releases
+
+
+def _release_with_profile(tmp_path: Path, profile: dict) -> Path:
+    """A release of two records whose one compute profile is ``profile`` (checksums right)."""
+    from synctune.data import TrialDataset, push_release
+
+    from test_dataset import make_records
+
+    src = TrialDataset(tmp_path / "src")
+    src.append(make_records(2))
+    rel = tmp_path / "rel"
+    push_release(src, str(rel), profiles={"p.json": profile})
+    return rel
+
+
+@pytest.mark.parametrize("field, value", [("model", "../../ESCAPED"), ("model", "/tmp/ESCAPED"),
+                                          ("device", "../../../ESCAPED"), ("model", "..")])
+def test_a_release_profile_cannot_be_filed_outside_the_data_folder(tmp_path, field, value):
+    profile = {"schema": 1, "model": "cnn-small", "device": "cpu", "workers": 1, "batch_size": 8, "forward_s": 0.01,
+               "backward_s": 0.02, "step_s": 0.001, "ready_s": [0.001]}
+    rel = _release_with_profile(tmp_path, {**profile, field: value})
+    home = tmp_path / "a" / "b" / "home"
+    before = {p for p in tmp_path.rglob("*") if not p.is_relative_to(rel)}
+    result = run("dataset", "pull", "--data", tmp_path / "d", rel, env={"SYNCTUNE_HOME": str(home)})
+    assert_one_line(result, 2, f"{rel}: profiles/p.json: compute profile")
+    assert f"{field}: expected a" in result.stderr
+    created = {p for p in tmp_path.rglob("*") if not p.is_relative_to(rel)} - before
+    assert not [p for p in created if "ESCAPED" in p.name or p.suffix == ".json"], created
+    assert not Path("/tmp/ESCAPED@cpu-w1.json").exists()
+    assert not (tmp_path / "d").exists() or not list((tmp_path / "d").rglob("*.parquet"))  # nothing merged
+
+
+def test_push_into_a_symbolic_link_is_refused(tmp_path):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "rel"
+    link.symlink_to(elsewhere)
+    env = {"SYNCTUNE_HOME": str(tmp_path / "home")}
+    assert_one_line(run("dataset", "push", "--data", tmp_path / "d", link, env=env), 2,
+                    f"{link}: is a symbolic link (to {elsewhere})")
+    assert not list(elsewhere.iterdir())
+    real = tmp_path / "real"
+    (real / "data").mkdir(parents=True)
+    (real / "data" / "model=cnn-small").symlink_to(elsewhere)  # a link inside the folder, out of it
+    assert_one_line(run("dataset", "push", "--data", tmp_path / "d", real, env=env), 2, "leaves")
+    assert not list(elsewhere.iterdir())
+
+
+# ------------------------------------------------------------------------- hostile dataset files
+
+
+def _dataset_with(tmp_path: Path, name: str = "part-zz-hostile.parquet") -> tuple[Path, Path]:
+    """A dataset of two good records, and the path of one more part file in their partition."""
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    ds = TrialDataset(tmp_path / "d")
+    ds.append(make_records(2))
+    return ds.root, ds.files()[0].parent / name
+
+
+def _decode_bomb(rows: int, value_bytes: int):
+    """A record-like table of ``rows`` rows whose strategy_json is one ``value_bytes`` string,
+    dictionary-encoded: kilobytes on disk, ``rows * value_bytes`` once decoded."""
+    import numpy as np
+    import pyarrow as pa
+
+    big = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["x" * value_bytes]))
+    return pa.table({"model_name": pa.array(["cnn-small"] * rows), "strategy_json": big})
+
+
+@pytest.mark.parametrize("command", ["stats", "compact"])
+def test_a_damaged_or_special_part_file_is_one_line(tmp_path, command):
+    root, part = _dataset_with(tmp_path)
+    write(part, b"PAR1" + b"\x00garbage" * 20 + b"PAR1")
+    assert_one_line(run("dataset", command, "--data", root), 2, f"{part}: not a readable Parquet file")
+    part.unlink()
+    os.mkfifo(part)
+    result = _cli_subprocess(tmp_path, "dataset", command, "--data", root)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr[-1000:])
+    assert f"{part}: is not a regular file" in result.stderr
+
+
+def test_a_part_file_declaring_too_many_rows_is_refused_before_decoding(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from synctune.data.store import MAX_FILE_ROWS
+
+    root, part = _dataset_with(tmp_path)
+    pq.write_table(pa.table({"model_name": pa.nulls(MAX_FILE_ROWS + 1)}), part)  # null type: no memory
+    assert part.stat().st_size < 100_000
+    result = _cli_subprocess(tmp_path, "dataset", "stats", "--data", root, timeout_s=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr[-1000:])
+    assert f"{part}: {MAX_FILE_ROWS + 1} rows; a dataset file holds at most {MAX_FILE_ROWS}" in result.stderr
+
+
+def test_a_part_file_that_expands_on_read_is_stopped(tmp_path, monkeypatch):
+    """Its footer looks small (the value is stored once); decoding is what grows, and is cut."""
+    import pyarrow.parquet as pq
+
+    import synctune.data.store as store
+
+    monkeypatch.setattr(store, "MAX_DECODED_BYTES", 64 * 1024**2)  # the bound, scaled to a test's memory
+    root, part = _dataset_with(tmp_path)
+    pq.write_table(_decode_bomb(200, 1024**2), part, compression="zstd")  # 200 MiB decoded
+    assert part.stat().st_size < 1024**2
+    assert_one_line(run("dataset", "stats", "--data", root), 2, f"{part}: decodes to more than {64 * 1024**2} bytes")
+    # the same file in a release: refused with the release's name for it, nothing merged
+    rel = tmp_path / "rel"
+    monkeypatch.setattr(store, "MAX_DECODED_BYTES", 2 * 1024**3)
+    part.unlink()
+    assert run("dataset", "push", "--data", root, rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}).exit_code == 0
+    (shipped,) = rel.glob("data/*/*/part-0.parquet")
+    pq.write_table(_decode_bomb(200, 1024**2), shipped, compression="zstd")
+    manifest = json.loads((rel / "manifest.json").read_text())
+    manifest["files"][0].update(rows=200, sha256=__import__("hashlib").sha256(shipped.read_bytes()).hexdigest())
+    write(rel / "manifest.json", json.dumps(manifest))
+    monkeypatch.setattr(store, "MAX_DECODED_BYTES", 64 * 1024**2)
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "mine", rel), 2,
+                    f"{rel}: {manifest['files'][0]['path']}: decodes to more than")
+    assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))
+
+
+def test_records_of_a_newer_schema_version_are_refused_on_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from synctune.data import RECORD_SCHEMA_VERSION, TrialDataset
+
+    root, part = _dataset_with(tmp_path)
+    table = TrialDataset(root).table()
+    newer = table.set_column(table.schema.get_field_index("schema_version"), "schema_version",
+                             pc.add(table.column("schema_version"), pa.scalar(RECORD_SCHEMA_VERSION, pa.int32())))
+    newer = newer.set_column(newer.schema.get_field_index("trial_id"), "trial_id",
+                             pc.binary_join_element_wise(newer.column("trial_id"), "-v", ""))
+    pq.write_table(newer, part)
+    assert_one_line(run("dataset", "stats", "--data", root), 2,
+                    f"schema version {2 * RECORD_SCHEMA_VERSION}; this synctune reads versions up to "
+                    f"{RECORD_SCHEMA_VERSION}; upgrade synctune")
+
+
+def test_report_never_replaces_an_index_html_it_did_not_write(tmp_path):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    site = tmp_path / "site"
+    site.mkdir()
+    theirs = write(site / "index.html", "<html>my own home page</html>")
+    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", site / "dataset.html"), 2,
+                    f"{theirs}: exists and was not written by synctune")
+    assert theirs.read_text() == "<html>my own home page</html>" and not (site / "dataset.html").exists()
+    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", tmp_path / "index.html"), 2,
+                    "name the report otherwise")
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for _ in range(2):  # synctune's own index is refreshed
+        result = run("report", "--dataset", "--data", tmp_path / "d", "-o", ours / "dataset.html")
+        assert result.exit_code == 0, result.stderr
+    assert 'href="dataset.html"' in (ours / "index.html").read_text()
+
+
+@pytest.mark.parametrize("leaf", ["x" * 300 + ".json", "is-a-folder"])
+def test_a_refused_search_output_creates_no_folders(tmp_path, leaf):
+    if leaf == "is-a-folder":
+        (tmp_path / "is-a-folder").mkdir()
+        output = tmp_path / "is-a-folder"
+    else:
+        output = tmp_path / "new" / "deeper" / leaf
+    path = write(tmp_path / "e.yaml", EXPERIMENT + f"run: {{output: {output}}}\n")
+    before = set(tmp_path.rglob("*"))
+    result = run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    assert_one_line(result, 2, str(output)[:60])
+    assert {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(tmp_path / "home")} == set()

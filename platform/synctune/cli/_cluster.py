@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ._group import cli
-from ._common import echo_err, node_network, resolve_cluster_arg, start_ray, table
+from ._common import FiniteFloatRange, echo_err, node_network, resolve_cluster_arg, start_ray, table
 
 
 @cli.group("cluster")
@@ -85,7 +85,7 @@ def show_cmd(ray_address: str, name: str, save: str | None) -> None:
               help="'local' starts Ray on this machine (CPU clusters); 'auto' or an address joins a running cluster.")
 @click.option("--save", type=click.Path(dir_okay=False),
               help="Write the calibrated spec as YAML (usable as --cluster FILE), its figures beside it as JSON.")
-@click.option("--mb", "megabytes", type=click.FloatRange(0.001, 4096), default=16.0, show_default=True,
+@click.option("--mb", "megabytes", type=FiniteFloatRange(0.001, 4096), default=16.0, show_default=True,
               help="MiB per point-to-point exchange and all-reduce.")
 @click.option("--reps", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timed exchanges per figure.")
 def calibrate_cmd(cluster_name: str, ray_address: str, save: str | None, megabytes: float, reps: int) -> None:

@@ -11,8 +11,23 @@ from ..spec.errors import SpecError
 from ..spec.files import write_text_atomic
 from ..spec.model import ModelSpec
 
-__all__ = ["MODEL", "RUNNABLE_MODEL", "ModelType", "model_option", "resolve_model", "resolve_workload_arg",
+__all__ = ["FiniteFloatRange", "MODEL", "RUNNABLE_MODEL", "ModelType", "model_option", "resolve_model", "resolve_workload_arg",
            "resolve_cluster_arg", "node_network", "table", "write_text_atomic", "echo_err"]
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` (which passes every comparison of a range
+    check) and ``inf``: no fraction, size or time given on the command line is either."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class ModelType(click.ParamType):

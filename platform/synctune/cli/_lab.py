@@ -7,7 +7,7 @@ import json
 import click
 
 from ._group import cli
-from ._common import echo_err, model_option, resolve_cluster_arg, table
+from ._common import FiniteFloatRange, echo_err, model_option, resolve_cluster_arg, table
 
 
 def _lab_preset(name: str):
@@ -27,7 +27,7 @@ def lab_group() -> None:
 
 @lab_group.command("up")
 @click.argument("preset")
-@click.option("--latency-ms", default=0.0, show_default=True, type=click.FloatRange(0, 1000),
+@click.option("--latency-ms", default=0.0, show_default=True, type=FiniteFloatRange(0, 1000),
               help="Added one-way delay per link (netem).")
 def up_cmd(preset: str, latency_ms: float) -> None:
     """Create the lab for PRESET (replacing any lab that is up, or left over from a crash)."""

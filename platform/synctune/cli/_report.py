@@ -26,7 +26,9 @@ def search_id_arg(value: str) -> str:
 @click.argument("search", required=False)
 @click.option("--dataset", "dataset", is_flag=True, help="The dataset dashboard instead of a search's.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the page.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Where to write the page. Its folder gets an index.html listing the reports there; an "
+                   "index.html synctune did not write is never replaced (the report is refused).")
 @click.option("--template", type=click.Path(exists=True, dir_okay=False),
               help="An adapted copy of the page template (see dashboards/README.md).")
 @click.option("--mlflow/--no-mlflow", default=True, show_default=True,
@@ -42,7 +44,10 @@ def report_cmd(search: str | None, dataset: bool, data_dir: str | None, output: 
     if dataset == bool(search):
         raise SpecError("give a SEARCH (search id or experiment file) or --dataset, not both or neither")
     if output:
+        from ..report import check_index
+
         check_writable(output)
+        check_index(Path(output))
     if dataset:
         from ..report import dataset_report, write_index
         from ..report import report_path

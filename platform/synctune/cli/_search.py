@@ -61,7 +61,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     from ..run import run_search, search_id_of
     from ..run.search import horovod_baselines, make_search_simulator
     from ..search.experiment import load_experiment
-    from ..spec.files import check_writable, path_under, write_text_atomic
+    from ..spec.files import make_parent, path_under, write_text_atomic
 
     exp = load_experiment(experiment)
     workload = resolve_workload_arg(exp.trains)
@@ -78,8 +78,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     search_id = search_id_of(exp)
     output = exp.run.output
     best_path = Path(output) if output else path_under(data_home(), "searches", f"{search_id}-best.json")
-    best_path.parent.mkdir(parents=True, exist_ok=True)
-    check_writable(best_path)
+    make_parent(best_path)
     start_ray(ray_address, cluster.num_devices + 1)
     bar = tqdm(total=exp.num_trials, desc=exp.name, unit="trial", disable=None)
     on_trial = _progress(bar, exp.name)

@@ -8,7 +8,7 @@ import click
 
 from ..spec.errors import SpecError
 from ._group import cli
-from ._common import echo_err, model_option, resolve_cluster_arg, table
+from ._common import FiniteFloatRange, echo_err, model_option, resolve_cluster_arg, table
 
 
 @cli.group("sim")
@@ -49,9 +49,9 @@ _domain = click.option("--domain", "domains", multiple=True, metavar="MODEL@CLUS
 @_domain
 @click.option("--epochs", default=150, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
-@click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+@click.option("--held-out", default=0.0, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
               help="Share of each domain kept out of training.")
-@click.option("--alpha-ms", default=0.1, show_default=True, type=click.FloatRange(0, 10_000),
+@click.option("--alpha-ms", default=0.1, show_default=True, type=FiniteFloatRange(0, 10_000),
               help="Replay features: message latency of links whose cluster spec has no calibrated latency_ms.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="Simulator file to write.")
 def train_cmd(kind, data, domains, epochs, seed, held_out, alpha_ms, output) -> None:
@@ -105,7 +105,7 @@ def _pct(value) -> str:
 @click.argument("sim_files", nargs=-1, metavar="[SIM_FILE|analytic|replay]...")
 @_data
 @_domain
-@click.option("--held-out", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+@click.option("--held-out", default=0.0, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
               help="Evaluate on the held-out share only (use the same --seed as training; with --protocol "
                    "held-out: the share, default 0.3).")
 @click.option("--protocol", "protocols", multiple=True, type=click.Choice(["held-out", "unseen-model",
@@ -119,7 +119,7 @@ def _pct(value) -> str:
               help="Training epochs of the --train kinds.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--k", default=5, show_default=True, type=click.IntRange(1, 100_000), help="k of the top-k recall.")
-@click.option("--alpha-ms", default=0.1, show_default=True, type=click.FloatRange(0, 10_000),
+@click.option("--alpha-ms", default=0.1, show_default=True, type=FiniteFloatRange(0, 10_000),
               help="Replay: message latency of links whose cluster spec has no calibrated latency_ms.")
 @click.option("--json", "as_json", is_flag=True)
 def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs, seed, k, alpha_ms, as_json) -> None:

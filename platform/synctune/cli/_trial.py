@@ -9,7 +9,8 @@ import click
 from ..engine.runtimes import RUNTIMES
 from ..spec.errors import SpecError
 from ._group import cli
-from ._common import echo_err, model_option, node_network, resolve_cluster_arg, resolve_workload_arg, start_ray
+from ._common import (FiniteFloatRange, echo_err, model_option, node_network, resolve_cluster_arg, resolve_workload_arg,
+                      start_ray)
 from ._strategy import _parse_options
 
 
@@ -43,9 +44,9 @@ def _progress_bar(total_hint: int, label: str):
               help="Warm-up iterations (not timed).")
 @click.option("--iters", default=40, show_default=True, type=click.IntRange(1, 1_000_000), help="Timed iterations.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
-@click.option("--lr", default=0.01, show_default=True, type=click.FloatRange(0, 1e6, min_open=True))
+@click.option("--lr", default=0.01, show_default=True, type=FiniteFloatRange(0, 1e6, min_open=True))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
-@click.option("--timeout", "timeout_s", default=900.0, show_default=True, type=click.FloatRange(0, 7 * 24 * 3600.0,
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True, type=FiniteFloatRange(0, 7 * 24 * 3600.0,
               min_open=True), help="Seconds before the trial is a timeout.")
 @click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Local worker processes, or a Ray worker group (placement group, one actor per device).")

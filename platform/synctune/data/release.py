@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import io
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,10 +25,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..spec.errors import InfraError, SpecError
-from ..spec.files import MAX_FILE_BYTES, parse_json, write_text_atomic
+from ..spec.files import MAX_FILE_BYTES, parse_json, path_under, write_text_atomic
 from ..spec.profile import ComputeProfile
 from .record import RECORD_SCHEMA_VERSION
-from .store import TrialDataset
+from .store import TrialDataset, read_parquet_files
 
 __all__ = ["MANIFEST", "FORMAT", "push_release", "pull_release", "read_manifest"]
 
@@ -93,7 +94,13 @@ class _Location:
             raise SpecError(f"{self.where}: cannot push to http(s); push to a folder or s3:// and serve that")
         try:
             if self.kind == "local":
-                path = Path(self.base) / rel
+                base = Path(self.base)
+                if base.is_symlink():
+                    # Writing through it would put the release wherever the link points, as
+                    # atomic_write refuses to for a file.
+                    raise SpecError(f"{self.where}: is a symbolic link (to {os.path.realpath(base)}); synctune never "
+                                    f"pushes through links: give the folder it points to")
+                path = path_under(base, rel)  # no link inside the folder leads out of it either
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(path, data)
             else:
@@ -230,7 +237,8 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
     anything is merged.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from .store import MAX_DECODED_BYTES
 
     manifest = read_manifest(source)
     loc = _Location(source)
@@ -238,7 +246,7 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
     try:
         tables = []
         for entry in manifest["files"]:
-            data = loc.read(entry["path"])
+            data = loc.read(entry["path"], limit=MAX_DECODED_BYTES)
             digest = _sha256(data)
             if digest != entry["sha256"]:
                 raise SpecError(f"{source}: {entry['path']}: checksum mismatch (manifest sha256 "
@@ -248,9 +256,9 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
             try:
-                table = pq.read_table(local)
-            except Exception as exc:  # noqa: BLE001 - any Parquet decoding error
-                raise SpecError(f"{source}: {entry['path']}: not a readable Parquet file: {exc}") from None
+                table = read_parquet_files([local])
+            except SpecError as exc:  # name the file as the release has it, not the staging copy
+                raise SpecError(str(exc).replace(str(local), f"{source}: {entry['path']}")) from None
             if table.num_rows != entry["rows"]:
                 raise SpecError(f"{source}: {entry['path']}: {table.num_rows} rows, manifest says {entry['rows']}; "
                                 f"refused, the local dataset is unchanged")

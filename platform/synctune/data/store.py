@@ -14,6 +14,8 @@ O(N^2) file reads); they only drop duplicates within their own batch.
 from __future__ import annotations
 
 import datetime
+import os
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +26,17 @@ from ..spec.errors import SpecError
 from ..spec.files import write_via
 from .record import RECORD_SCHEMA_VERSION, TrialRecord, arrow_schema, dedup_key
 
-__all__ = ["TrialDataset", "KEY_COLUMNS"]
+__all__ = ["TrialDataset", "KEY_COLUMNS", "read_parquet_files", "MAX_FILE_ROWS", "MAX_FILE_COLUMNS",
+           "MAX_DECODED_BYTES"]
+
+#: Most rows one Parquet file may hold (a partition of a million trials is far beyond any real one).
+MAX_FILE_ROWS = 10_000_000
+#: Most columns one Parquet file may hold (a record has about a hundred).
+MAX_FILE_COLUMNS = 1_000
+#: Most bytes one Parquet file may decode to, as its footer declares and as read.
+MAX_DECODED_BYTES = 2 * 1024**3
+#: Rows decoded at a time, so a file that decodes to more than it declares is stopped early.
+_BATCH_ROWS = 16_384
 
 KEY_COLUMNS = ("model_hash", "cluster_hash", "strategy_hash", "search_id", "trial_id", "synctune_version",
                "torch_version", "python_version", "platform", "backend", "device_kind")
@@ -103,12 +115,10 @@ class TrialDataset:
                     cluster is not None and f.parent.name != _segment("cluster", cluster)):
                 continue
             partitions.setdefault(f.parent, []).append(f)
-        import pyarrow.dataset as ds
-
         for part_dir, files in partitions.items():
             files_before += len(files)
             try:
-                table = ds.dataset([str(f) for f in files], format="parquet", schema=arrow_schema()).to_table()
+                table = read_parquet_files(files, arrow_schema())
             except FileNotFoundError:
                 continue  # another compaction took this partition since the listing: leave it to that one
             table = _dedup(table)
@@ -123,13 +133,10 @@ class TrialDataset:
 
     def _keys(self, part_dir: Path) -> set:
         def load():
-            import pyarrow.dataset as ds
-
             files = sorted(part_dir.glob("part-*.parquet")) if part_dir.is_dir() else []
             if not files:
                 return set()
-            table = ds.dataset([str(f) for f in files], format="parquet", schema=arrow_schema()).to_table(
-                columns=list(KEY_COLUMNS))
+            table = read_parquet_files(files, arrow_schema(), columns=list(KEY_COLUMNS))
             return {dedup_key(r) for r in table.to_pylist()}
 
         return _relisting(load)
@@ -142,6 +149,7 @@ class TrialDataset:
         return _relisting(lambda: self._table(model, cluster, status, search_id))
 
     def _table(self, model, cluster, status, search_id):
+        import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
         schema = arrow_schema()
@@ -152,14 +160,20 @@ class TrialDataset:
             files = [f for f in files if f.parent.name == _segment("cluster", cluster)]
         if not files:
             return schema.empty_table()
-        dataset = ds.dataset([str(f) for f in files], format="parquet", schema=schema)
         expr = None
         for column, value in (("model_name", model), ("cluster_name", cluster), ("status", status),
                               ("search_id", search_id)):
             if value is not None:
                 cond = ds.field(column) == value
                 expr = cond if expr is None else expr & cond
-        return _dedup(dataset.to_table(filter=expr))
+        table = read_parquet_files(files, schema, filter=expr)
+        versions = pc.min_max(table.column("schema_version"))
+        low, high = versions["min"].as_py(), versions["max"].as_py()
+        if (high is not None and high > RECORD_SCHEMA_VERSION) or (low is not None and low < 0):
+            bad = high if high is not None and high > RECORD_SCHEMA_VERSION else low
+            raise SpecError(f"{self.root}: holds records of schema version {bad}; this synctune reads versions up to "
+                            f"{RECORD_SCHEMA_VERSION}" + ("; upgrade synctune to read them" if bad > 0 else ""))
+        return _dedup(table)
 
     def read(self, **filters: Any):
         """All records as a pandas DataFrame; filters: ``model``, ``cluster``, ``status``, ``search_id``."""
@@ -188,6 +202,67 @@ class TrialDataset:
                 "best_origin": best["origin"] if best is not None else "",
             })
         return pd.DataFrame(out)
+
+
+def read_parquet_files(files: list[Path], schema=None, *, columns: list[str] | None = None, filter=None,
+                       where: str = ""):
+    """The rows of ``files`` read as ``schema`` (default: the first file's), each file bounded
+    before and while it decodes.
+
+    These files may come from someone else (a pulled release, a shared folder): a few kilobytes
+    of Parquet can declare or expand to gigabytes. Each file's footer is read first (rows,
+    columns, uncompressed size against :data:`MAX_FILE_ROWS`, :data:`MAX_FILE_COLUMNS`,
+    :data:`MAX_DECODED_BYTES`), then it is decoded in batches, stopped as soon as it exceeds
+    :data:`MAX_DECODED_BYTES`. A file that is not Parquet, or not records, is one
+    :class:`SpecError` naming it; a file gone since the listing raises ``FileNotFoundError``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    prefix = f"{where}: " if where else ""
+    batches = []
+    for f in files:
+        name = f"{prefix}{f}"
+        # A FIFO named part-*.parquet would block the read for ever; a file gone since the
+        # listing stays a FileNotFoundError (a compaction replaced it: list again).
+        if not stat.S_ISREG(os.stat(f).st_mode):
+            raise SpecError(f"{name}: is not a regular file (a folder, FIFO, socket or device); a dataset holds "
+                            f"only the Parquet files synctune writes")
+        try:
+            meta = pq.read_metadata(f)
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError) as exc:
+            raise SpecError(f"{name}: not a readable Parquet file: {str(exc)[:200]}") from None
+        declared = sum(meta.row_group(i).column(j).total_uncompressed_size
+                       for i in range(meta.num_row_groups) for j in range(meta.num_columns))
+        for what, value, limit in (("rows", meta.num_rows, MAX_FILE_ROWS), ("columns", meta.num_columns,
+                                   MAX_FILE_COLUMNS), ("uncompressed bytes", declared, MAX_DECODED_BYTES)):
+            if value > limit:
+                raise SpecError(f"{name}: {value} {what}; a dataset file holds at most {limit}: refused")
+        decoded = 0
+        try:
+            if schema is None:
+                # Dictionary columns read as their plain values, so the bound counts what a
+                # later cast to the record schema would expand them to.
+                schema = pa.schema([pa.field(fd.name, fd.type.value_type if pa.types.is_dictionary(fd.type)
+                                             else fd.type) for fd in ds.dataset(str(f), format="parquet").schema])
+            fragment = ds.dataset(str(f), format="parquet", schema=schema)
+            for batch in fragment.to_batches(columns=columns, filter=filter, batch_size=_BATCH_ROWS):
+                decoded += batch.nbytes
+                if decoded > MAX_DECODED_BYTES:
+                    raise SpecError(f"{name}: decodes to more than {MAX_DECODED_BYTES} bytes; a dataset file "
+                                    f"holds at most that: refused")
+                batches.append(batch)
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            # ArrowInvalid/ArrowTypeError: damaged pages, or columns that are not a record's.
+            raise SpecError(f"{name}: not a readable dataset file: {str(exc)[:200]}") from None
+    if schema is None:
+        raise ValueError("read_parquet_files: no files and no schema")
+    out_schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+    return pa.Table.from_batches(batches, schema=out_schema)
 
 
 def _relisting(read, attempts: int = 50):

@@ -14,10 +14,11 @@ import os
 import sys
 from typing import Any, Iterable
 
+from ..spec.files import check_regular
 from .paths import artifact_root, default_tracking_uri
 from .record import TrialRecord
 
-__all__ = ["MlflowLogger", "sync_records", "RECORD_TAG", "SEARCH_TAG"]
+__all__ = ["MlflowLogger", "sync_records", "check_tracking_uri", "RECORD_TAG", "SEARCH_TAG"]
 
 RECORD_TAG = "synctune.record_id"
 SEARCH_TAG = "synctune.search_id"
@@ -35,6 +36,17 @@ def _configure_http_once() -> None:
         os.environ.setdefault(key, value)
 
 
+def check_tracking_uri(uri: str) -> str:
+    """``uri``, refused (:class:`SpecError`) when it names a SQLite store that exists but is not a
+    regular file: SQLite on a FIFO or device blocks or fails with "disk I/O error", which MLflow
+    retries for minutes, though the fault is the path the user gave."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].split("?", 1)[0]
+        if path and path != ":memory:" and os.path.lexists(path):
+            check_regular(path, "MLflow SQLite store")
+    return uri
+
+
 class MlflowLogger:
     """Logs to one MLflow experiment. Each call is tried ``attempts`` times with a doubling pause
     (from ``backoff_s``); when all fail it warns on stderr and returns quietly (no run id), and
@@ -44,7 +56,7 @@ class MlflowLogger:
                  backoff_s: float = 0.5, quiet: bool = False) -> None:
         _configure_http_once()
         self.experiment = experiment
-        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.tracking_uri = check_tracking_uri(tracking_uri or default_tracking_uri())
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self._client = None

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import datetime
 import html
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any
 
-__all__ = ["Section", "render_page", "DEFAULT_TEMPLATE", "write_index"]
+__all__ = ["Section", "render_page", "DEFAULT_TEMPLATE", "write_index", "check_index", "INDEX_MARK"]
 
 #: The page template (``string.Template``): ``$title``, ``$subtitle``, ``$plotly_js``,
 #: ``$summary`` (an HTML table) and ``$sections``. Pass an adapted copy to ``render_page``.
@@ -69,9 +70,41 @@ def render_page(title: str, subtitle: str, summary: list[tuple[str, str]], secti
         generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
 
+#: What marks an ``index.html`` as synctune's own (its template carries it), so one a user keeps
+#: in a folder that reports are written to is never replaced.
+INDEX_MARK = '<meta name="generator" content="synctune report index">'
+
+
+def check_index(output: Path) -> None:
+    """Refuse (:class:`SpecError`), before anything is written, a report ``output`` whose
+    folder's ``index.html`` synctune would replace without having written it, or an ``output``
+    that is that index itself."""
+    from ..spec.errors import SpecError
+
+    index = output.parent / "index.html"
+    if output.name == "index.html":
+        raise SpecError(f"{output}: synctune keeps the list of reports in index.html; name the report otherwise")
+    if not os.path.lexists(index):
+        return
+    head = b""
+    if os.path.isfile(index) and not os.path.islink(index):  # a link or FIFO is not ours either
+        try:
+            with open(index, "rb") as fh:  # only its first bytes, whatever its size
+                head = fh.read(4096)
+        except OSError as exc:
+            raise SpecError(f"{index}: cannot read: {exc.strerror or exc}") from None
+    # Indexes written before the mark existed carry the template's title.
+    if INDEX_MARK.encode() not in head and b"<title>synctune reports</title>" not in head:
+        raise SpecError(f"{index}: exists and was not written by synctune, which keeps the list of reports in "
+                        f"index.html next to them: write the report to another folder")
+
+
 def write_index(folder: Path) -> Path:
-    """(Re)write ``folder/index.html``: a list of the reports in that folder, newest first."""
+    """(Re)write ``folder/index.html``: a list of the reports in that folder, newest first.
+    An ``index.html`` that synctune did not write is refused (:func:`check_index`)."""
     from ..spec.files import write_text_atomic
+
+    check_index(folder / "report.html")
 
     pages = sorted((p for p in folder.glob("*.html") if p.name != "index.html"),
                    key=lambda p: p.stat().st_mtime, reverse=True)

@@ -12,6 +12,7 @@ from ..simulator import profile_key
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..spec.errors import SpecError
+from ..spec.files import path_under, read_json
 from ..spec.profile import ComputeProfile
 
 __all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_release", "file_release_profiles"]
@@ -19,7 +20,7 @@ __all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_relea
 
 def profile_path(model: str, device: str, workers: int) -> Path:
     """Where the profile of ``model`` on ``workers`` concurrent ``device`` workers is filed."""
-    return profiles_dir() / f"{profile_key(model, device, workers)}.json"
+    return path_under(profiles_dir(), f"{profile_key(model, device, workers)}.json")
 
 
 def save_profile(profile: ComputeProfile) -> Path:
@@ -61,8 +62,9 @@ def profiles_for_release(models: set[str]) -> dict[str, dict]:
     folder = profiles_dir()
     out = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        raw = read_json(path, "compute profile")
         try:
-            data = ComputeProfile.from_dict(json.loads(path.read_text()), where=str(path)).to_dict()
+            data = ComputeProfile.from_dict(raw, where=str(path)).to_dict()
         except (ValueError, TypeError, AttributeError):
             raise SpecError(f"{path}: not a compute profile; remove it or measure it again (synctune sim profile)") \
                 from None

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..spec.errors import SpecError
 from ..spec.profile import ComputeProfile
-from ..spec.files import write_via
+from ..spec.files import check_regular, write_via
 from ..strategy.compressors import compressor_vocabulary
 from ..strategy.columns import StrategyColumns
 from .base import AnalyticSimulator, Domain, Simulator, domains_from_records
@@ -369,9 +369,7 @@ def load_simulator(path: str | Path) -> Simulator:
         if not path.is_file():
             raise SpecError(f"simulator: pretrained: this installation has no shipped simulator ({path} is missing; "
                             f"reinstall synctune, or name a kind such as rnn or a simulator file)")
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such simulator file")
+    path = check_regular(path, "simulator")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - corrupted, truncated, or not a torch file

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..spec.errors import SpecError
+from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from ..strategy.schema import SYNCHRONIZER_KINDS
@@ -138,8 +139,9 @@ class ReplaySimulator(Simulator):
         sim = cls(constants=constants)
         folder = Path(folder)
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            data = read_json(path, "compute profile")
             try:
-                sim.add_profile(ComputeProfile.from_dict(json.loads(path.read_text()), where=str(path)))
+                sim.add_profile(ComputeProfile.from_dict(data, where=str(path)))
             except (ValueError, UnicodeDecodeError) as exc:
                 raise SpecError(f"{path}: not a compute profile ({type(exc).__name__})") from None
         return sim

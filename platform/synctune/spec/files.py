@@ -30,9 +30,9 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 from .errors import InfraError, SpecError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "parse_yaml", "parse_json",
-           "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable", "check_name",
-           "path_under", "write_via"]
+__all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
+           "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable",
+           "make_parent", "check_name", "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -43,23 +43,59 @@ MAX_DEPTH = 64
 
 
 def read_bytes(path: str | Path, what: str, error: type = SpecError, *, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of ``path``; a missing, unreadable, non-regular or oversized file is one clear ``error``."""
+    """The bytes of ``path``; a missing, unreadable, non-regular or oversized file is one clear ``error``.
+
+    Only regular files are read: a FIFO, socket or device given as an input would block (or
+    never end), so it is refused before a byte is read. The file is opened without blocking
+    and checked on the open descriptor, so it cannot be swapped for a FIFO in between."""
     path = Path(path)
     try:
-        info = path.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, not a {what} file") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
             raise error(f"{path}: is a folder, not a {what} file")
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: is not a regular file (a FIFO, socket or device); the {what} file must be a "
+                        f"regular file")
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes; a {what} file is at most {limit} bytes")
-        with open(path, "rb") as fh:
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
             data = fh.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:
+        raise error(f"{path}: more than {limit} bytes; a {what} file is at most {limit} bytes")
+    return data
+
+
+def check_regular(path: str | Path, what: str, error: type = SpecError) -> Path:
+    """``path`` when it is a regular file (links followed); one clear ``error`` when it is missing
+    or anything else, for inputs opened by another library (Parquet, torch, SQLite) that would
+    block on a FIFO."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
     except FileNotFoundError:
         raise error(f"{path}: no such {what} file") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise error(f"{path}: more than {limit} bytes; a {what} file is at most {limit} bytes")
-    return data
+    if stat.S_ISDIR(info.st_mode):
+        raise error(f"{path}: is a folder, not a {what} file")
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: is not a regular file (a FIFO, socket or device); the {what} file must be a "
+                    f"regular file")
+    return path
 
 
 def read_text(path: str | Path, what: str, error: type = SpecError) -> str:
@@ -167,6 +203,8 @@ def parse_yaml(text: str, where: str, *, aliases: bool = False) -> Any:
         raise SpecError(f"{where}: malformed YAML{at}: {getattr(exc, 'problem', None) or 'malformed YAML'}") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+        raise SpecError(f"{where}: {str(exc)[:120]}") from None
     if aliases and _expanded_size(data) > MAX_EXPANDED_VALUES:
         raise SpecError(f"{where}: its aliases expand to more than {MAX_EXPANDED_VALUES} values")
     return _finite(data, where) if not aliases else data
@@ -197,6 +235,10 @@ def parse_json(text: str | bytes, where: str, error: type = SpecError) -> Any:
         raise error(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise error(f"{where}: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+        if isinstance(exc, error):
+            raise
+        raise error(f"{where}: {str(exc)[:120]}") from None
 
 
 def read_yaml(path: str | Path, what: str, *, aliases: bool = False) -> Any:
@@ -244,6 +286,36 @@ def check_writable(path: str | Path) -> Path:
     except OSError as exc:
         raise SpecError(f"{path}: cannot write in {parent}: {exc.strerror or exc}") from None
     return path
+
+
+def make_parent(path: str | Path) -> Path:
+    """Create the missing folders above ``path`` only once :func:`atomic_write` could then write
+    it: the nearest existing folder takes new entries, no name is too long for the file system
+    and the target is absent or a regular file, so a refused output leaves no folders behind."""
+    path = Path(path)
+    _check_target(path)
+    missing = []
+    ancestor = path.parent if str(path.parent) else Path(".")
+    while not os.path.lexists(ancestor):
+        missing.append(ancestor.name)
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise SpecError(f"{path}: {ancestor} is not a folder")
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for name in [*missing, path.name]:
+        if len(os.fsencode(name)) > name_max:
+            raise SpecError(f"{path}: the name {name[:40]!r}... is longer than this file system takes "
+                            f"({name_max} bytes)")
+    if missing and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SpecError(f"{path}: cannot create folders in {ancestor}: permission denied")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+    return check_writable(path)
 
 
 @contextlib.contextmanager

@@ -12,10 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .errors import SpecError
 from ._util import is_number, require
+from .files import MAX_NAME_LENGTH
 from .model import ModelSpec
 
 __all__ = ["ComputeProfile"]
+
+
+def _file_name_part(value: Any) -> bool:
+    """Whether ``value`` is a model or device name as :class:`ModelSpec` accepts one (printable,
+    no '/', not a path of its own) and so can be part of a file name."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_NAME_LENGTH and value.isprintable() and "/" not in value
+            and value not in (".", ".."))
 
 #: Version of :meth:`ComputeProfile.to_dict`'s form.
 PROFILE_SCHEMA = 1
@@ -43,8 +52,12 @@ class ComputeProfile:
 
     def __post_init__(self) -> None:
         where = f"compute profile of {self.model!r}"
-        require(isinstance(self.model, str) and bool(self.model), "compute profile: model", "a model name", self.model)
-        require(isinstance(self.device, str) and bool(self.device), f"{where}: device", "a device name", self.device)
+        # Both name the file the profile is filed as (model@device-wN.json): a profile from a
+        # pulled release must not be able to name a path outside the profiles folder.
+        require(_file_name_part(self.model), "compute profile: model",
+                f"a model name without '/' of at most {MAX_NAME_LENGTH} characters", self.model)
+        require(_file_name_part(self.device), f"{where}: device",
+                f"a device name without '/' of at most {MAX_NAME_LENGTH} characters", self.device)
         for key in ("workers", "batch_size"):
             value = getattr(self, key)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{where}: {key}",
@@ -76,4 +89,7 @@ class ComputeProfile:
         require(not missing, where, f"keys {', '.join(keys)}", f"missing {', '.join(missing)}")
         ready = data["ready_s"]
         require(isinstance(ready, list), f"{where}: ready_s", "a list of numbers", type(ready).__name__)
-        return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready))
+        try:
+            return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready))
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
