@@ -10,18 +10,18 @@ import subprocess
 import sys
 
 import pytest
+from _optional import optional_present
 from _searches import search_env
 
-from synctune.spec import SpecError, cluster_preset
+from synctune.lab import check_lab_support
+from synctune.spec import cluster_preset
+from synctune.spec.errors import InfraError
 
 try:
-    from synctune.lab import check_lab_support
-
     check_lab_support()
-    _SKIP = ""
-except SpecError as exc:
-    _SKIP = str(exc)
-pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
+except InfraError as exc:
+    # Not an install problem (root and iproute2 are the machine's, not .ci/run's): a plain skip.
+    pytest.skip(str(exc), allow_module_level=True)
 
 PREFIX = f"stt{os.getpid() % 100000}"
 
@@ -130,15 +130,17 @@ def test_horovod_and_tensorflow_trials_run_across_lab_nodes(lab, tmp_path):
     from synctune.workload.keras import tensorflow_available
 
     home = tmp_path / "home"
-    up = _cli("lab", "up", "lab-2x1", home=home)
-    assert up.returncode == 0, up.stderr
+    # Both are installed by .ci/run: under CI a missing one fails (optional_present), elsewhere
+    # the test runs what is here.
     runs = []
-    if horovod_available() is None:
+    if optional_present("Horovod's torch binding with gloo", horovod_available()):
         runs.append(("--runtime", "horovod", "--model", "cnn-small"))
-    if tensorflow_available() is None:
+    if optional_present("TensorFlow", tensorflow_available()):
         runs.append(("--runtime", "tensorflow", "--model", "keras-cnn-small", "--builder", "allreduce"))
     if not runs:
-        pytest.skip("neither Horovod nor TensorFlow is installed")
+        pytest.skip(f"neither Horovod ({horovod_available()}) nor TensorFlow ({tensorflow_available()}) is usable")
+    up = _cli("lab", "up", "lab-2x1", home=home)
+    assert up.returncode == 0, up.stderr
     for args in runs:
         done = _cli("trial", *args, "--cluster", "lab-2x1", "--warmup", "1", "--iters", "2", "--json", "--no-record",
                     home=home)
