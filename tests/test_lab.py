@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _optional import optional_present
@@ -152,7 +153,7 @@ def test_horovod_and_tensorflow_trials_run_across_lab_nodes(lab, tmp_path):
 def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     """TAG's heterogeneous clusters in the lab: a g3-like node's workers are held to a quarter of a
     core and a g4dn-like node's to half (cgroup v1 quotas), and calibration measures the speeds
-    that follow, independently of the quotas it set: g4dn workers at least 1.8x as fast."""
+    that follow, independently of the quotas it set: g4dn workers at least 1.5x as fast (2x ideal)."""
     from synctune.engine.local import run_local
     from synctune.lab import lab_up
     from synctune.lab.cpu import CPU_ROOT, cgroup_quota, check_cpu_quota_support
@@ -169,9 +170,20 @@ def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     assert [cgroup_quota(groups[n.name]) for n in cluster.nodes] == [pytest.approx(0.25 * 2), pytest.approx(0.5 * 2)]
     from synctune.lab import calibrate
 
+    def throttled() -> list[int]:
+        # The kernel's count of periods in which a group hit its quota (cgroup v1 cpu.stat).
+        return [int(dict(line.split() for line in (Path(groups[n.name]) / "cpu.stat").read_text().splitlines())
+                    ["nr_throttled"]) for n in cluster.nodes]
+
+    before = throttled()
     spec, figures = calibrate(cluster, state, run_local, nbytes=1 << 20, reps=2)
     slow, fast = (n.compute_gflops for n in spec.nodes)
-    assert fast / slow >= 1.8, figures["compute"]
+    bound = [after - b for after, b in zip(throttled(), before)]
+    # Quotas alone give 2x; others' work on two shared cores can hold the half-core node under its
+    # half, so the bound sits halfway between no effect of the quotas (1x) and 2x. The kernel's
+    # throttle counts and the load go with a failure, to tell a busy machine from unbound quotas.
+    assert fast / slow >= 1.5, (f"throttled periods {bound}, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+                                figures["compute"])
     assert [n.cpu_share for n in spec.nodes] == [0.25, 0.5]
     # A trial's workers (launched from the lab's network, as trials are) run inside their node's group.
     from _engine_workers import cpu_cgroup_of
