@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+from _optional import MARK, optional_mark, require_optional
 from _searches import search_env, tiny_experiment
 
 # Tests never join a Ray instance running elsewhere on the machine.
@@ -14,7 +16,9 @@ os.environ.setdefault("RAY_ADDRESS", "local")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The gpu tier runs where CUDA is; elsewhere its tests are skipped with the reason."""
+    """The gpu tier runs where CUDA is. On a machine without a GPU (no ``nvidia-smi``) its tests
+    are skipped with the reason; on a GPU machine whose torch has no CUDA the install is broken,
+    so they are marked as a missing optional part (skip outside CI, fail under it)."""
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu:
         return
@@ -22,9 +26,20 @@ def pytest_collection_modifyitems(config, items):
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="no CUDA device here: the gpu tier (python3 -m pytest -m gpu) runs on a GPU machine")
+    if shutil.which("nvidia-smi") is None:
+        mark = pytest.mark.skip(reason="no CUDA device here: the gpu tier (python3 -m pytest -m gpu) runs on a GPU machine")
+    else:
+        mark = optional_mark("a CUDA build of torch", f"nvidia-smi is here but torch {torch.__version__} sees no CUDA "
+                             f"device (torch.version.cuda={torch.version.cuda}); install torch's CUDA wheel")
     for item in gpu:
-        item.add_marker(skip)
+        item.add_marker(mark)
+
+
+def pytest_runtest_setup(item):
+    """Modules and tests marked by ``_optional.optional_mark`` need their optional part: the one rule
+    of ``_optional.require_optional`` decides skip or fail."""
+    for mark in item.iter_markers(MARK):
+        require_optional(*mark.args)
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,20 @@ def test_horovod_fusion_respects_threshold(zoo_specs):
         assert size <= threshold or len(members) == 1
     groups = [s.group for _v, _i, s in _syncs(strategy)]
     assert groups == sorted(groups)  # adjacent in backward order
+    # And it fuses: Horovod's greedy rule (a buffer takes the next tensor unless that would pass the
+    # threshold), computed here from the sizes alone. A builder that never fuses fails this.
+    expected, filled = [], 0
+    for var, _i, _s in _syncs(strategy):
+        if filled and filled + model[var].num_bytes > threshold:
+            expected.append([])
+            filled = 0
+        if not expected:
+            expected.append([])
+        expected[-1].append(var)
+        filled += model[var].num_bytes
+    actual = [[v for v, _i, s in _syncs(strategy) if s.group == g] for g in dict.fromkeys(groups)]
+    assert actual == expected
+    assert len(actual) < len(groups) / 2  # VGG16's small conv tensors share buffers
 
 
 def test_ps_puts_everything_on_one_server(zoo_specs):

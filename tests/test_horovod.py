@@ -1,10 +1,11 @@
 """The ``horovod`` runtime: real Horovod trials, checked against single-process training.
 
 Horovod is an optional build (scripts/install-horovod.sh, which ``.ci/run`` runs); without it
-these tests skip with the reason. A Horovod trial's loss is compared with one process training
-on the mean of every rank's gradient, dense and sparse (Horovod all-gathers sparse rows), and
-two trials with different settings on one warm Ray worker group check that Horovod shuts down
-and starts again with the second trial's settings.
+these tests skip with the reason, and under CI (which builds it) fail with it (tests/_optional.py).
+A Horovod trial's loss is compared with one process training on the mean of every rank's
+gradient, dense and sparse (Horovod all-gathers sparse rows), and two trials with different
+settings on one warm Ray worker group check that Horovod shuts down and starts again
+with the second trial's settings.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import json
 
 import pytest
+from _optional import optional_mark
 
 from synctune.engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_available, horovod_runtime
 from synctune.engine.trial import TrialConfig, run_confirm_local, run_trial_local
@@ -23,7 +25,7 @@ from synctune.workload import zoo_workload
 
 from test_runtimes import _cli, _reference_losses
 
-pytestmark = pytest.mark.skipif(horovod_available() is not None, reason=str(horovod_available()))
+pytestmark = optional_mark("Horovod's torch binding with gloo", horovod_available())
 
 CLUSTER = cluster_preset("local-1x2")
 

@@ -8,20 +8,21 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from _optional import optional_present
 from _searches import search_env
 
-from synctune.spec import SpecError, cluster_preset
+from synctune.lab import check_lab_support
+from synctune.spec import cluster_preset
+from synctune.spec.errors import InfraError
 
 try:
-    from synctune.lab import check_lab_support
-
     check_lab_support()
-    _SKIP = ""
-except SpecError as exc:
-    _SKIP = str(exc)
-pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
+except InfraError as exc:
+    # Not an install problem (root and iproute2 are the machine's, not .ci/run's): a plain skip.
+    pytest.skip(str(exc), allow_module_level=True)
 
 PREFIX = f"stt{os.getpid() % 100000}"
 
@@ -130,15 +131,17 @@ def test_horovod_and_tensorflow_trials_run_across_lab_nodes(lab, tmp_path):
     from synctune.workload.keras import tensorflow_available
 
     home = tmp_path / "home"
-    up = _cli("lab", "up", "lab-2x1", home=home)
-    assert up.returncode == 0, up.stderr
+    # Both are installed by .ci/run: under CI a missing one fails (optional_present), elsewhere
+    # the test runs what is here.
     runs = []
-    if horovod_available() is None:
+    if optional_present("Horovod's torch binding with gloo", horovod_available()):
         runs.append(("--runtime", "horovod", "--model", "cnn-small"))
-    if tensorflow_available() is None:
+    if optional_present("TensorFlow", tensorflow_available()):
         runs.append(("--runtime", "tensorflow", "--model", "keras-cnn-small", "--builder", "allreduce"))
     if not runs:
-        pytest.skip("neither Horovod nor TensorFlow is installed")
+        pytest.skip(f"neither Horovod ({horovod_available()}) nor TensorFlow ({tensorflow_available()}) is usable")
+    up = _cli("lab", "up", "lab-2x1", home=home)
+    assert up.returncode == 0, up.stderr
     for args in runs:
         done = _cli("trial", *args, "--cluster", "lab-2x1", "--warmup", "1", "--iters", "2", "--json", "--no-record",
                     home=home)
@@ -150,7 +153,7 @@ def test_horovod_and_tensorflow_trials_run_across_lab_nodes(lab, tmp_path):
 def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     """TAG's heterogeneous clusters in the lab: a g3-like node's workers are held to a quarter of a
     core and a g4dn-like node's to half (cgroup v1 quotas), and calibration measures the speeds
-    that follow, independently of the quotas it set: g4dn workers at least 1.8x as fast."""
+    that follow, independently of the quotas it set: g4dn workers at least 1.5x as fast (2x ideal)."""
     from synctune.engine.local import run_local
     from synctune.lab import lab_up
     from synctune.lab.cpu import CPU_ROOT, cgroup_quota, check_cpu_quota_support
@@ -167,9 +170,20 @@ def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     assert [cgroup_quota(groups[n.name]) for n in cluster.nodes] == [pytest.approx(0.25 * 2), pytest.approx(0.5 * 2)]
     from synctune.lab import calibrate
 
+    def throttled() -> list[int]:
+        # The kernel's count of periods in which a group hit its quota (cgroup v1 cpu.stat).
+        return [int(dict(line.split() for line in (Path(groups[n.name]) / "cpu.stat").read_text().splitlines())
+                    ["nr_throttled"]) for n in cluster.nodes]
+
+    before = throttled()
     spec, figures = calibrate(cluster, state, run_local, nbytes=1 << 20, reps=2)
     slow, fast = (n.compute_gflops for n in spec.nodes)
-    assert fast / slow >= 1.8, figures["compute"]
+    bound = [after - b for after, b in zip(throttled(), before)]
+    # Quotas alone give 2x; others' work on two shared cores can hold the half-core node under its
+    # half, so the bound sits halfway between no effect of the quotas (1x) and 2x. The kernel's
+    # throttle counts and the load go with a failure, to tell a busy machine from unbound quotas.
+    assert fast / slow >= 1.5, (f"throttled periods {bound}, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+                                figures["compute"])
     assert [n.cpu_share for n in spec.nodes] == [0.25, 0.5]
     # A trial's workers (launched from the lab's network, as trials are) run inside their node's group.
     from _engine_workers import cpu_cgroup_of

@@ -114,18 +114,55 @@ def test_two_slices_run_trials_concurrently_and_are_released(multinode):
     assert not _placement_groups_alive()
 
 
-def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multinode):
+_MARKED_WORKLOAD = """
+import os, time
+import synctune.workload as sw
+from synctune.models.zoo import MODELS, make_batch
+
+LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "iterations.log")
+
+
+def _loss(model, batch):
+    # One line per iteration of any rank: the test's evidence that a trial is running.
+    with open(LOG, "a") as f:
+        f.write(f"{time.time()}\\n")
+    return model(*batch)
+
+
+def workload():
+    entry = MODELS.get("cnn-small")
+    return sw.define(name="cnn-small", model=entry.build, batch_size=entry.batch_size, loss=_loss,
+                     batch=lambda n, rank, generator: make_batch("cnn-small", n, generator=generator))
+"""
+
+
+def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multinode, tmp_path):
     from synctune.run import run_search
     from synctune.data import TrialDataset, dataset_dir
+    from synctune.workload import ImportedWorkload
 
     cluster, nodes = multinode
     exp = _experiment("node-loss", budget=4, slices=1, iters=200)
+    # cnn-small whose loss logs each iteration: the node is removed once the second trial has
+    # run one (of its 201), an event rather than a guess at how long start-up takes here.
+    (tmp_path / "marked.py").write_text(_MARKED_WORKLOAD)
+    workload = ImportedWorkload(f"{tmp_path / 'marked.py'}:workload")
+    log = tmp_path / "iterations.log"
     first_done = threading.Event()
+    first_done_at = []
     removed = []
 
+    def second_trial_iterating() -> bool:
+        return log.exists() and any(float(t) > first_done_at[0] for t in log.read_text().split())
+
     def remove_the_busy_big_node():
-        first_done.wait(timeout=300)
-        time.sleep(2.0)  # the second trial is running by now
+        if not first_done.wait(timeout=300):
+            return
+        deadline = time.monotonic() + 300
+        while not second_trial_iterating():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
         live = [pg for pg in ray.util.placement_group_table().values()
                 if pg["state"] == "CREATED" and pg["name"].startswith("synctune-")]  # not Tune's own
         busy = live[0]["bundles_to_node_id"][1]  # bundle 1 is the 2-device node
@@ -134,10 +171,14 @@ def test_node_removed_mid_search_fails_that_trial_and_the_search_goes_on(multino
         nodes["big"].remove(victim)  # the other big node stands in, as an autoscaled one would
         removed.append(busy)
 
+    def on_trial(_outcome, _summary):
+        if not first_done.is_set():
+            first_done_at.append(time.time())
+            first_done.set()
+
     killer = threading.Thread(target=remove_the_busy_big_node, daemon=True)
     killer.start()
-    summary = run_search(exp, model_spec("cnn-small"), HETERO, workload=zoo_workload("cnn-small"),
-                         on_trial=lambda o, s: first_done.set())
+    summary = run_search(exp, workload.spec(), HETERO, workload=workload, on_trial=on_trial)
     killer.join(timeout=60)
     assert removed, "the node was never removed"
     rows = TrialDataset(dataset_dir()).read(search_id="node-loss-seed0").sort_values("created_at")

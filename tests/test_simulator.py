@@ -187,8 +187,14 @@ def test_rnn_beats_analytic_on_held_out_real_trials(domains):
     rnn = make_simulator("rnn", epochs=150, seed=0).fit(train)
     acc = np.mean([r["pairwise_accuracy"] for r in evaluate(rnn, test)])
     base = np.mean([r["pairwise_accuracy"] for r in evaluate(AnalyticSimulator(), test)])
-    assert acc > base, (acc, base)
-    assert acc > 0.62
+    # Measured on the shipped release (seeded): 0.656 against the analytic model's 0.602.
+    assert acc > base + 0.03, (acc, base)
+    assert acc > 0.64, acc
+
+
+#: Held-out pairwise accuracy each ranker reaches on the shipped release (seeded), less a margin of
+#: about 0.02: linear measured 0.745, GAT 0.684 (the analytic model 0.602, chance 0.5).
+_REACHED = {"linear": 0.72, "gat": 0.66}
 
 
 @pytest.mark.parametrize("kind", ["linear", "gat"])
@@ -196,7 +202,9 @@ def test_other_rankers_learn(domains, kind):
     train, test = split_domains(domains, held_out=0.3, seed=0)
     sim = make_simulator(kind, epochs=60, seed=0).fit(train)
     acc = np.mean([r["pairwise_accuracy"] for r in evaluate(sim, test)])
-    assert acc > 0.6, acc
+    base = np.mean([r["pairwise_accuracy"] for r in evaluate(AnalyticSimulator(), test)])
+    assert acc > base + 0.03, (acc, base)
+    assert acc > _REACHED[kind], acc
 
 
 def test_save_load_round_trip_and_corrupt_files(domains, tmp_path):

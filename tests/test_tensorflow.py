@@ -4,7 +4,7 @@ The spec of a Keras model is checked against the model (reverse creation order, 
 sparse, touched rows counted from the batch's ids); the packing of merge groups against
 TensorFlow's own ``group_by_size``; a TensorFlow trial's loss against one process training on
 the batch-weighted sum of every replica's gradient. Skipped, with the reason, without the
-TensorFlow extra.
+TensorFlow extra; under CI (which installs it) its absence fails instead (tests/_optional.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import random
 import numpy as np
 import pytest
 
+from _optional import optional_mark, optional_present, require_optional
+
 from synctune.workload.keras import tensorflow_available
 
-pytestmark = pytest.mark.skipif(tensorflow_available() is not None, reason=str(tensorflow_available()))
+pytestmark = optional_mark("TensorFlow", tensorflow_available())
 
 from synctune.engine.tensorflow import (  # noqa: E402
     bytes_per_pack_of, project_to_tensorflow, tensorflow_packs, tensorflow_runtime)
@@ -131,8 +133,7 @@ def test_tensorflow_trial_trains_as_single_process_sgd(model, split, threshold):
 def test_horovod_tensorflow_binding_trains_keras_as_single_process_sgd(model):
     from synctune.engine.horovod import HOROVOD_DEFAULT, horovod_available, horovod_runtime
 
-    if horovod_available("tensorflow") is not None:
-        pytest.skip(horovod_available("tensorflow"))
+    require_optional("Horovod's TensorFlow binding", horovod_available("tensorflow"))
     workload = keras_workload(model)
     strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
     config = TrialConfig(warmup=2, iters=3, lr=0.1)
@@ -193,7 +194,7 @@ def test_a_search_over_a_keras_model_runs_tensorflow_trials(tmp_path):
 
     from synctune.engine.horovod import horovod_available
 
-    hvd = horovod_available("tensorflow") is None
+    hvd = optional_present("Horovod's TensorFlow binding", horovod_available("tensorflow"))
     path = tmp_path / "keras.yaml"
     path.write_text("name: keras\nmodel: keras-cnn-small\ncluster: local-1x2\nbudget: 4\nalgorithm: autodist\n"
                     "simulator: analytic\nproposals: 60\ncandidates: 2\nwarmup: 1\niters: 3\n"

@@ -64,7 +64,9 @@ def test_killed_worker_fails_the_trial_quickly():
                              on_progress=on_progress)
     assert result.status == "failed"
     assert "rank 1 killed by SIGKILL" in result.error
-    assert time.monotonic() - start < 60
+    # Noticed by the death, not by the trial's 300 s deadline: a bound that leaves start-up on two
+    # busy shared cores its time (the kill itself comes at iteration 3, an event).
+    assert time.monotonic() - start < 150
 
 
 def test_hung_peer_is_a_timeout_not_a_hang():
@@ -73,7 +75,9 @@ def test_hung_peer_is_a_timeout_not_a_hang():
         run_local(hang_worker, 2, (120.0,), timeout_s=8, collective_timeout_s=60)
     assert info.value.status == "timeout"
     assert "after 8 s" in info.value.message
-    assert time.monotonic() - start < 30
+    # The 8 s deadline ended it: the 60 s collective timeout or the 120 s sleep would take at least
+    # 60 s, so anything below that (start-up on a busy machine included) tells them apart.
+    assert time.monotonic() - start < 55
 
 
 def test_worker_exception_is_reported_with_its_rank_and_kind():
@@ -120,9 +124,13 @@ def test_an_iteration_counts_as_its_slowest_rank_and_warmup_is_not_timed():
     assert result.status == "ok", result.error
     times = result.iteration_times_s
     assert len(times) == 6
-    slow = [i for i, t in enumerate(times) if t >= 0.35]
+    # Bounds from the sleep, not from this machine's speed: the two slowest iterations are the
+    # sleepy ones and hold the whole 0.4 s; every other is at least half a sleep shorter than both
+    # (a load that slows compute slows them all alike).
+    slow = sorted(sorted(range(len(times)), key=times.__getitem__)[-2:])
     assert slow == [1, 3], times
-    assert max(t for i, t in enumerate(times) if i not in slow) < 0.2, times
+    assert min(times[i] for i in slow) >= 0.4 * 0.99, times
+    assert max(t for i, t in enumerate(times) if i not in slow) < min(times[i] for i in slow) - 0.2, times
 
 
 def test_peak_memory_is_each_trials_own_when_workers_are_reused():
