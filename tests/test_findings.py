@@ -8,6 +8,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments" / "findings"))
 
@@ -38,3 +40,16 @@ def test_interleaved_arms_finds_the_arm_known_to_be_fastest_and_its_margin():
             assert abs(r.ratio - got.mean_ms(i) / got.mean_ms(best)) < 1e-9 * r.ratio
             assert "(no difference)" not in got.cell(i)
         assert got.cell(best).endswith("1 (best)")
+
+
+def test_round_medians_splits_measure_output_into_consecutive_rounds():
+    # engine_overhead.measure runs round after round of interleaved iterations: round r is the
+    # r-th block, and a split by stride would pair iterations of different rounds.
+    from _common import load_benchmark
+
+    bench = load_benchmark("engine_overhead")
+    out = {"synctune": [1.0, 2.0, 9.0, 10.0, 11.0, 30.0], "ddp": [5.0, 4.0, 3.0, 2.0, 1.0, 0.5]}
+    assert bench.round_medians(out, 2) == {"synctune": [2.0, 11.0], "ddp": [4.0, 1.0]}
+    assert bench.round_medians(out, 3) == {"synctune": [1.5, 9.5, 20.5], "ddp": [4.5, 2.5, 0.75]}
+    with pytest.raises(ValueError, match="do not split into 4 rounds"):
+        bench.round_medians(out, 4)
