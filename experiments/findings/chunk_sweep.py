@@ -7,9 +7,9 @@ interleaved re-measurement on the same worker processes (each arm built and warm
 round to round; _common.interleaved_arms). Each cell is the arm's iteration time in ms (per
 round, the median iteration, slowest rank; over the rounds, the geometric mean) and its time
 relative to the best chunk (the smallest of those times): the geometric mean of the per-round
-ratios, with a 95% Student-t interval on their logs (synctune.stats.paired_ratio). "no difference": the interval contains 1.
-The intervals are per comparison (not corrected for the several chunks), and the best chunk is
-picked from the same rounds, which favours it slightly.
+ratios, with a 95% Student-t interval on their logs (synctune.stats.paired_ratio); "no
+difference": the interval contains 1. The intervals are per comparison (not corrected for the
+several chunks), and the best chunk is picked from the same rounds, which favours it slightly.
 
     python experiments/findings/chunk_sweep.py [--preset lab-2x2 --preset lab-4x1] [--model bert-tiny]
 
