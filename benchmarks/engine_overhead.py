@@ -129,8 +129,9 @@ def buffers_broadcast(world: int) -> bool:
 
 def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5, iters: int = 20,
             rounds: int = 3, device: str = "cpu") -> dict[str, list[float]]:
-    """Per configuration, the per-iteration times (slowest rank) of the interleaved runs. A lab
-    cluster's workers run in the lab's namespaces (the lab must be up with that preset)."""
+    """Per configuration, the per-iteration times (slowest rank) of the interleaved runs, in
+    order: ``rounds`` consecutive blocks of ``iters`` (:func:`round_medians`). A lab cluster's
+    workers run in the lab's namespaces (the lab must be up with that preset)."""
     from synctune.engine.local import rank_networks, run_local
     from synctune.spec import resolve_cluster
     from synctune.spec.cluster import is_lab_cluster
@@ -149,6 +150,19 @@ def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: i
 
         backend = GPU_BACKEND
     return run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
+
+
+def round_medians(out: dict[str, list[float]], rounds: int) -> dict[str, list[float]]:
+    """Per configuration, the median of each round's iterations (what :func:`measure` returned,
+    split into ``rounds`` equal consecutive blocks): the per-round figures that pair round by
+    round across configurations, as the iterations of one round ran interleaved."""
+    out_rounds = {}
+    for key, times in out.items():
+        if rounds < 1 or len(times) % rounds:
+            raise ValueError(f"round_medians: {len(times)} iterations of {key!r} do not split into {rounds} rounds")
+        n = len(times) // rounds
+        out_rounds[key] = [statistics.median(times[r * n:(r + 1) * n]) for r in range(rounds)]
+    return out_rounds
 
 
 def paired_ratio(a: list[float], b: list[float], resamples: int = 2000) -> tuple[float, float, float]:

@@ -1,0 +1,55 @@
+"""The findings scripts' shared measurement (experiments/findings/_common.py), on loopback: the
+lab's figures in experiments/findings/README.md come from it, so it must report each arm under
+its own times and a real difference as one."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments" / "findings"))
+
+from _common import interleaved_arms  # noqa: E402
+
+from synctune.spec import cluster_preset  # noqa: E402
+from synctune.strategy import build_strategy  # noqa: E402
+from synctune.workload import zoo_workload  # noqa: E402
+
+
+def test_interleaved_arms_finds_the_arm_known_to_be_fastest_and_its_margin():
+    # The independent reference: an arm computing 8x the batch per replica is slower by far
+    # more than the noise, whatever the machine; the fast arm sits between two slow ones so
+    # that a mix-up of arm order, or a ratio taken the wrong way round, shows.
+    cluster = cluster_preset("local-1x2")
+    workload = zoo_workload("cnn-small")
+    fast = build_strategy("allreduce", workload.spec(), cluster, chunk=4)
+    slow = dataclasses.replace(fast, batch_split=tuple(8 * b for b in fast.batch_split))
+    for arms, best in (([slow, fast, slow], 1), ([fast, slow], 0)):
+        got = interleaved_arms(arms, cluster, workload=workload, rounds=3, per_round=2, warmup=1)
+        assert got.best == best, got
+        assert all(len(t) == 3 for t in got.times_s)
+        for i in range(len(arms)):
+            if i == best:
+                continue
+            r = got.relative(i)
+            assert r.low > 1.5 and r.ratio > 2, (i, r)
+            assert abs(r.ratio - got.mean_ms(i) / got.mean_ms(best)) < 1e-9 * r.ratio
+            assert "(no difference)" not in got.cell(i)
+        assert got.cell(best).endswith("1 (best)")
+
+
+def test_round_medians_splits_measure_output_into_consecutive_rounds():
+    # engine_overhead.measure runs round after round of interleaved iterations: round r is the
+    # r-th block, and a split by stride would pair iterations of different rounds.
+    from _common import load_benchmark
+
+    bench = load_benchmark("engine_overhead")
+    out = {"synctune": [1.0, 2.0, 9.0, 10.0, 11.0, 30.0], "ddp": [5.0, 4.0, 3.0, 2.0, 1.0, 0.5]}
+    assert bench.round_medians(out, 2) == {"synctune": [2.0, 11.0], "ddp": [4.0, 1.0]}
+    assert bench.round_medians(out, 3) == {"synctune": [1.5, 9.5, 20.5], "ddp": [4.5, 2.5, 0.75]}
+    with pytest.raises(ValueError, match="do not split into 4 rounds"):
+        bench.round_medians(out, 4)
