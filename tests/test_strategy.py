@@ -213,3 +213,31 @@ def test_paired_ratio_interval_uses_students_t_quantiles():
         factor = math.log(got.high / got.ratio) * math.sqrt(n) / statistics.stdev(logs)
         assert factor == pytest.approx(expected, abs=5e-4)
         assert math.log(got.ratio / got.low) == pytest.approx(math.log(got.high / got.ratio))
+
+
+def test_differences_from_ddp_name_what_the_strategy_does_that_ddp_does_not():
+    """The search summary's one-line "why": each departure from torch DDP (all-reduce of every
+    dense gradient, even split, every device) named with the bytes it concerns, checked
+    against the model's own variable sizes; a DDP-like strategy is said to be one."""
+    import dataclasses
+
+    from synctune.models import model_spec
+    from synctune.spec import cluster_preset
+    from synctune.strategy.builders import baseline_strategy
+    from synctune.strategy.explain import differences_from_ddp
+
+    cluster = cluster_preset("local-2x2")
+    ncf = model_spec("ncf-small")
+    sparse_bytes = sum(v.num_bytes for v in ncf.variables if v.sparse)
+    line = differences_from_ddp(baseline_strategy("allreduce", ncf, cluster), ncf, cluster.num_devices)
+    assert line.startswith("all-gathers only the rows") and f"{sparse_bytes / 1024:.0f} KiB" in line, line
+    assert "item_embedding.weight" in line and "user_embedding.weight" in line
+    ps = differences_from_ddp(baseline_strategy("ps-lb", ncf, cluster), ncf, cluster.num_devices)
+    assert "parameter server(s) on node0:0, node1:0" in ps and f"({len(ncf.variables)} variable(s))" in ps, ps
+    bert = model_spec("bert-tiny")
+    dense = baseline_strategy("allreduce", bert, cluster)
+    assert differences_from_ddp(dense, bert, cluster.num_devices).startswith("synchronizes as DDP does")
+    uneven = dataclasses.replace(dense, batch_split=(dense.global_batch_size - 3, 1, 1, 1))
+    assert "splits the batch unevenly" in differences_from_ddp(uneven, bert, cluster.num_devices)
+    fewer = dataclasses.replace(dense, replicas=dense.replicas[:2], batch_split=dense.batch_split[:2])
+    assert "trains on 2 of the 4 devices" in differences_from_ddp(fewer, bert, cluster.num_devices)

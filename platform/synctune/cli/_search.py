@@ -170,6 +170,8 @@ def _print_summary(summary, exp, workload, best_path: Path) -> None:
     click.echo(f"trials to 1.1x: {summary.trials_to_1_1x or '-'}, to 1.2x: {summary.trials_to_1_2x or '-'}")
     if summary.recommended:
         click.echo(f"result    {summary.recommended.name} ({summary.recommended.why}), saved to {best_path}")
+        if summary.recommended.differs:
+            click.echo(f"why       it {summary.recommended.differs}")
 
 
 _STOPPED = {"verdict": "the interval excluded 1", "narrow": "the interval was narrow enough", "cap": "the cap"}

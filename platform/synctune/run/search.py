@@ -317,8 +317,14 @@ def summarize(session: SearchSession, confirmation: dict | None) -> SearchSummar
     """Phase 5: the final summary, with what the search recommends."""
     from dataclasses import replace
 
+    from ..strategy.explain import differences_from_ddp
+
     summary = session.summary(confirmation)
-    return replace(summary, recommended=recommend(summary, session.skeleton.to_dict()))
+    recommended = recommend(summary, session.skeleton.to_dict())
+    if recommended is not None and recommended.kind == "search":
+        recommended = replace(recommended, differs=differences_from_ddp(
+            Strategy.from_dict(recommended.strategy), session.model, session.cluster.num_devices))
+    return replace(summary, recommended=recommended)
 
 
 def finish(session: SearchSession, summary: SearchSummary) -> None:

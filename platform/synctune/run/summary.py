@@ -27,6 +27,9 @@ class Recommendation:
     strategy: dict
     runtime: Runtime = ENGINE
     why: str = ""
+    #: For a searched strategy, what it does that torch DDP does not, in one line
+    #: (:func:`synctune.strategy.explain.differences_from_ddp`).
+    differs: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The result file's form: the runtime by name with its settings, and (as the file has
@@ -35,7 +38,8 @@ class Recommendation:
         baselines = {name: self.runtime.config_dict() if name == self.runtime.name else None
                      for name, cls in RUNTIMES.items() if not cls.runs_strategy}
         return {"kind": self.kind, "name": self.name, "strategy": self.strategy, "runtime": self.runtime.name,
-                "runtime_config": self.runtime.config_dict(), "why": self.why, **baselines}
+                "runtime_config": self.runtime.config_dict(), "why": self.why, "differs_from_ddp": self.differs,
+                **baselines}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,81 @@
+"""What a strategy does differently from torch DDP, in one line: the search summary's answer to
+"why does the winner win". DDP (PyTorch's DistributedDataParallel, the baseline users already
+run) all-reduces every gradient, dense, in buckets, on every device, with the batch split
+evenly; each departure from that is named here with the bytes it concerns, largest first, since
+the bytes a strategy keeps off the wire are where its time goes (AutoDist §2.2, TAG §4.2)."""
+
+from __future__ import annotations
+
+from ..spec.model import ModelSpec
+from .schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
+                     Strategy)
+
+__all__ = ["differences_from_ddp"]
+
+
+def _mib(num_bytes: float) -> str:
+    if num_bytes < 2**20:
+        return f"{num_bytes / 2**10:.0f} KiB"
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes < 2**20 * 10 else f"{num_bytes / 2**20:.0f} MiB"
+
+
+def _names(names: list[str], limit: int = 2) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | None = None) -> str:
+    """One line naming what ``strategy`` does that torch DDP does not (largest departures by
+    bytes first), or that it synchronizes as DDP does. ``devices``: the cluster's device count
+    (to say when the strategy trains on fewer)."""
+    variables = {v.name: v for v in model.variables}
+    gathered, sfb, ps, compressed, hierarchical = [], [], [], [], []
+    for plan in strategy.plans:
+        var = variables.get(plan.variable)
+        if var is None:
+            continue
+        share = var.num_bytes / max(1, len(plan.shards))
+        for shard in plan.shards:
+            sync = shard.synchronizer
+            if isinstance(sync, AllGatherSynchronizer) and var.sparse:
+                gathered.append((share, var.name))
+            elif isinstance(sync, SFBSynchronizer):
+                sfb.append((share, var.name))
+            elif isinstance(sync, PSSynchronizer):
+                ps.append((share, var.name, sync.placement))
+            elif isinstance(sync, AllReduceSynchronizer) and sync.algorithm == "hierarchical":
+                hierarchical.append((share, var.name))
+            if shard.compressor.kind != "none":
+                compressed.append((share, var.name, shard.compressor.label))
+    parts: list[tuple[float, str]] = []
+    if gathered:
+        size = sum(b for b, _n in gathered)
+        parts.append((size, f"all-gathers only the rows each batch touches of the sparse "
+                            f"{_names(sorted({n for _b, n in gathered}))}, where DDP all-reduces their whole "
+                            f"{_mib(size)} gradient"))
+    if sfb:
+        size = sum(b for b, _n in sfb)
+        parts.append((size, f"broadcasts the factors of linear layer(s) {_names(sorted({n for _b, n in sfb}))} "
+                            f"instead of their {_mib(size)} gradient (SFB)"))
+    if ps:
+        size = sum(b for b, _n, _p in ps)
+        servers = sorted({p for _b, _n, p in ps})
+        parts.append((size, f"sends {_mib(size)} of gradients ({len({n for _b, n, _p in ps})} variable(s)) to "
+                            f"parameter server(s) on {_names(servers, 3)} instead of all-reducing them"))
+    if compressed:
+        size = sum(b for b, _n, _l in compressed)
+        kinds = sorted({label for _b, _n, label in compressed})
+        parts.append((size * 0.5, f"compresses {_mib(size)} of gradients ({', '.join(kinds)})"))
+    if hierarchical:
+        size = sum(b for b, _n in hierarchical)
+        parts.append((size * 0.5, f"all-reduces {_mib(size)} within each node first (hierarchical)"))
+    parts.sort(key=lambda p: -p[0])
+    lines = [text for _size, text in parts]
+    if devices is not None and len(strategy.replicas) < devices:
+        lines.append(f"trains on {len(strategy.replicas)} of the {devices} devices")
+    if len(set(strategy.batch_split)) > 1:
+        lines.append(f"splits the batch unevenly ({'/'.join(map(str, strategy.batch_split))}) by device speed")
+    if not lines:
+        groups = strategy.stats()["num_merge_groups"]
+        return (f"synchronizes as DDP does (all-reduce, even split), with its all-reduces fused into {groups} "
+                f"group(s) of its own choosing")
+    return "; ".join(lines[:3])
