@@ -1,7 +1,7 @@
 """What a strategy does differently from torch DDP, in one line: the search summary's answer to
 "why does the winner win". DDP (PyTorch's DistributedDataParallel, the baseline users already
-run) all-reduces every gradient, dense, in buckets, on every device, with the batch split
-evenly; each departure from that is named here with the bytes it concerns, largest first, since
+run) all-reduces every dense gradient in buckets and each sparse one on its own (gloo's sparse
+all-reduce: an all-gather of its rows), on every device, with the batch split evenly; each departure from that is named here with the bytes it concerns, largest first, since
 the bytes a strategy keeps off the wire are where its time goes (AutoDist §2.2, TAG §4.2)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | No
     bytes first), or that it synchronizes as DDP does. ``devices``: the cluster's device count
     (to say when the strategy trains on fewer)."""
     variables = {v.name: v for v in model.variables}
-    gathered, sfb, ps, compressed, hierarchical = [], [], [], [], []
+    gathered, densified, sfb, ps, compressed, hierarchical = [], [], [], [], [], []
     for plan in strategy.plans:
         var = variables.get(plan.variable)
         if var is None:
@@ -42,16 +42,24 @@ def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | No
                 sfb.append((share, var.name))
             elif isinstance(sync, PSSynchronizer):
                 ps.append((share, var.name, sync.placement))
-            elif isinstance(sync, AllReduceSynchronizer) and sync.algorithm == "hierarchical":
-                hierarchical.append((share, var.name))
+            elif isinstance(sync, AllReduceSynchronizer):
+                if var.sparse:
+                    densified.append((share, var.name, sync.group))
+                if sync.algorithm == "hierarchical":
+                    hierarchical.append((share, var.name))
             if shard.compressor.kind != "none":
                 compressed.append((share, var.name, shard.compressor.label))
     parts: list[tuple[float, str]] = []
+    if densified:
+        size = sum(b for b, _n, _g in densified)
+        groups = len({g for _b, _n, g in densified})
+        parts.append((size, f"all-reduces the sparse gradients of {_names(sorted({n for _b, n, _g in densified}))} "
+                            f"as dense tensors ({_mib(size)} in {groups} fused collective(s)), where DDP sends each as "
+                            f"a sparse tensor (gloo's sparse all-reduce: an all-gather of its rows, then a sum)"))
     if gathered:
         size = sum(b for b, _n in gathered)
-        parts.append((size, f"all-gathers only the rows each batch touches of the sparse "
-                            f"{_names(sorted({n for _b, n in gathered}))}, where DDP all-reduces their whole "
-                            f"{_mib(size)} gradient"))
+        parts.append((size, f"all-gathers the rows each batch touches of the sparse "
+                            f"{_names(sorted({n for _b, n in gathered}))} ({_mib(size)} dense)"))
     if sfb:
         size = sum(b for b, _n in sfb)
         parts.append((size, f"broadcasts the factors of linear layer(s) {_names(sorted({n for _b, n in sfb}))} "
