@@ -141,14 +141,14 @@ def test_search_refuses_a_hostile_workload_before_any_trial(tmp_path, name):
 def test_a_good_workload_checks_in_a_child_and_gives_the_same_spec(tmp_path):
     """The spec the child process extracts is the one extracted in this process, and the command
     that checked it never imported the user's code (its name and batch come from the check)."""
-    from synctune.workload import define as define_module
+    from synctune.workload import ImportedWorkload
     from synctune.workload.extract import workload_spec
 
     (tmp_path / "job.py").write_text(textwrap.dedent(GOOD))
     path = str(tmp_path / "job.py") + ":workload"
-    workload = define_module.ImportedWorkload(path, str(tmp_path))
+    workload = ImportedWorkload(path, str(tmp_path))
     checked = workload.check(60)
     assert not any(name.startswith("synctune_workload_") for name in sys.modules)
     assert (workload.name, workload.batch_size) == ("tiny", 8)
-    assert checked == workload_spec(define_module.ImportedWorkload(path, str(tmp_path)))
+    assert checked == workload_spec(ImportedWorkload(path, str(tmp_path)))
     assert [v.name for v in checked.variables] == ["bias", "weight"]

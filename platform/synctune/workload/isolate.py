@@ -105,7 +105,7 @@ def check_workload(path: str, root: str, *, timeout_s: float = CHECK_TIMEOUT_S) 
     output = tempfile.TemporaryFile()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "synctune.workload.isolate", path, root, str(write_fd)],
-                                stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=env,
+                                stdin=subprocess.PIPE, stdout=output, stderr=output, env=env,
                                 pass_fds=(write_fd,), start_new_session=True)
     except OSError as exc:
         os.close(read_fd)
@@ -144,6 +144,7 @@ def check_workload(path: str, root: str, *, timeout_s: float = CHECK_TIMEOUT_S) 
                         result = message
     finally:
         stop_process_group(proc)
+        proc.stdin.close()
     output.seek(0)
     printed = output.read()
     output.close()
@@ -206,8 +207,13 @@ def _child(path: str, root: str, fd: int) -> None:
     def finish(message: dict) -> None:
         out.write(json.dumps(message) + "\n")
         out.flush()
-        # Not a normal exit: the user's atexit hooks and non-daemon threads would run or wait.
-        os._exit(0)
+        # Stay until the parent has taken the tree down (or is gone): what the user's code
+        # started is found as this process's descendants only while it lives.
+        try:
+            sys.stdin.buffer.read()
+        finally:
+            # Not a normal exit: the user's atexit hooks and non-daemon threads would run or wait.
+            os._exit(0)
 
     try:
         enter("import")
