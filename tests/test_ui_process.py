@@ -1,0 +1,76 @@
+"""`synctune ui` owns its process tree: stopped the way a service manager or a closing terminal
+stops it, it takes the MLflow server and every process that server started down with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from synctune.engine.local import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _alive(pids: set[int]) -> list[str]:
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{pid}: {' '.join(p.cmdline())[:200]}")
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_ui_stopped_by_a_signal_leaves_no_process_of_its_tree(tmp_path, sig):
+    port = free_port()
+    store = tmp_path / "mlflow.db"
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    ui = subprocess.Popen([sys.executable, "-m", "synctune", "ui", "--port", str(port), "--tracking-uri",
+                           f"sqlite:///{store}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          start_new_session=True)
+    tree: set[int] = set()
+    try:
+        until = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if ui.poll() is not None or time.monotonic() > until:
+                pytest.fail(f"synctune ui did not come up on port {port} (exit status {ui.poll()})")
+            time.sleep(1)
+        # MLflow starts its job consumers once it serves: give them a moment, then take the tree.
+        time.sleep(3)
+        tree = {p.pid for p in psutil.Process(ui.pid).children(recursive=True)}
+        assert len(tree) >= 2, "expected the MLflow server and its workers under synctune ui"
+        ui.send_signal(sig)
+        ui.wait(timeout=60)
+        deadline = time.monotonic() + 15
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _alive(tree) == []
+        assert ui.returncode == 128 + sig
+        assert ui.stderr.read().decode().strip().splitlines()[-1] == f"synctune: terminated by {sig.name}"
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait(timeout=10)
+        for pid in tree:  # what a failed assertion above would leave: ours to stop, by id
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
