@@ -31,7 +31,7 @@ def _alive(pids: set[int]) -> list[str]:
     return alive
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_ui_stopped_by_a_signal_leaves_no_process_of_its_tree(tmp_path, sig):
     port = free_port()
     store = tmp_path / "mlflow.db"
