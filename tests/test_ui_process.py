@@ -31,6 +31,20 @@ def _alive(pids: set[int]) -> list[str]:
     return alive
 
 
+def _marked(home: Path) -> list[str]:
+    """Processes whose environment names ``home`` as the data home: the UI's whole tree, orphans
+    included (every process it starts inherits the variable)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get("SYNCTUNE_HOME") == str(home):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(f"{p.pid}: {' '.join(p.cmdline())[:200]}")
+        except psutil.Error:
+            continue
+    return found
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_ui_stopped_by_a_signal_leaves_no_process_of_its_tree(tmp_path, sig):
     port = free_port()
@@ -41,6 +55,7 @@ def test_ui_stopped_by_a_signal_leaves_no_process_of_its_tree(tmp_path, sig):
                            f"sqlite:///{store}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           start_new_session=True)
     tree: set[int] = set()
+    home = tmp_path / "home"
     try:
         until = time.monotonic() + 180
         while True:
@@ -53,23 +68,25 @@ def test_ui_stopped_by_a_signal_leaves_no_process_of_its_tree(tmp_path, sig):
             if ui.poll() is not None or time.monotonic() > until:
                 pytest.fail(f"synctune ui did not come up on port {port} (exit status {ui.poll()})")
             time.sleep(1)
-        # MLflow starts its job consumers once it serves: give them a moment, then take the tree.
-        time.sleep(3)
+        # Signalled as soon as it serves, while MLflow still starts its job consumers (the moment
+        # a signal to the server alone left four of them running): every process of the tree
+        # then, and every process started since that carries this test's data home.
         tree = {p.pid for p in psutil.Process(ui.pid).children(recursive=True)}
         assert len(tree) >= 2, "expected the MLflow server and its workers under synctune ui"
         ui.send_signal(sig)
         ui.wait(timeout=60)
         deadline = time.monotonic() + 15
-        while _alive(tree) and time.monotonic() < deadline:
+        while (_alive(tree) or _marked(home)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _alive(tree) == []
+        assert _marked(home) == []
         assert ui.returncode == 128 + sig
         assert ui.stderr.read().decode().strip().splitlines()[-1] == f"synctune: terminated by {sig.name}"
     finally:
         if ui.poll() is None:
             ui.kill()
             ui.wait(timeout=10)
-        for pid in tree:  # what a failed assertion above would leave: ours to stop, by id
+        for pid in tree | {int(line.split(":")[0]) for line in _marked(home)}:  # ours to stop, by id
             try:
                 psutil.Process(pid).kill()
             except psutil.Error:
