@@ -170,3 +170,30 @@ def test_trials_on_different_replica_subsets_share_no_process_group():
     alone = run_trial_local(subset, cluster, config, workload=zoo_workload("cnn-small"))
     assert alone.status == "ok"
     assert results[1].extra.get("final_loss") == pytest.approx(alone.extra.get("final_loss"), rel=1e-6)
+
+
+def test_progress_report_takes_the_loss_without_the_requires_grad_warning(monkeypatch, tmp_path):
+    """A loss that still requires grad (a Hugging Face model's) goes into every progress report;
+    float() of such a tensor warns once per iteration of every trial unless it is detached."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from synctune.engine import local, measure
+
+    reports = []
+    monkeypatch.setattr(local, "_REPORTER", reports.append)
+    weight = torch.ones(3, requires_grad=True)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Converting a tensor with requires_grad=True", category=UserWarning)
+            out = measure.timed_iterations(0, 1, TrialConfig(warmup=1, iters=2), torch.device("cpu"),
+                                           measure.PeakMemory(torch.device("cpu")), lambda: (weight * 2).sum(),
+                                           t_start=time.perf_counter())
+    finally:
+        dist.destroy_process_group()
+    # The reported figures are the loss itself (independent: 2 * 3 ones), once per iteration.
+    assert [r["loss"] for r in reports] == [6.0, 6.0, 6.0]
+    assert out["final_loss"] == 6.0

@@ -103,13 +103,20 @@ def resolve_model(model) -> ModelSpec:
     return _source(model).spec()
 
 
-def resolve_workload_arg(model):
+def resolve_workload_arg(model, *, timeout_s: float | None = None):
     """The workload a trial or search runs: a zoo model by name, or a user's workload by import
     path (a model spec file describes a model but cannot train it); ``model`` is a
     :class:`~synctune.workload.ModelSource` or its text. The user's code is imported, and one
-    step of it run, here: every failure is one line before any trial starts."""
+    step of it run, here, in a child process bounded by ``timeout_s`` (the trial's timeout;
+    default the default one): every failure is one line, naming the step, before any trial
+    starts, and nothing the code started outlives the check."""
+    from ..workload.define import ImportedWorkload
+
     workload = _source(model).workload()
-    workload.spec()
+    if isinstance(workload, ImportedWorkload):
+        workload.check(timeout_s)
+    else:
+        workload.spec()
     return workload
 
 

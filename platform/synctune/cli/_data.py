@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -148,7 +147,21 @@ def ui_cmd(port: int, tracking_uri: str | None) -> None:
             "--port", str(port), "--artifacts-destination", str(artifact_root())]
     echo_err(f"MLflow UI for {uri} at http://127.0.0.1:{port}")
     sys.stdout.flush()
-    os.execv(sys.executable, args)
+    import subprocess
+
+    from ..spec.errors import InfraError
+    from ..workload.isolate import stop_process_group
+
+    # The server gets a session of its own and this command stays its parent: MLflow starts
+    # job-consumer processes that a signal to this process alone would leave running, orphaned.
+    # Ctrl-C, SIGTERM and SIGHUP (a service manager, a terminal closing) take the whole tree down.
+    server = subprocess.Popen(args, start_new_session=True)
+    try:
+        code = server.wait()
+    finally:
+        stop_process_group(server)
+    if code != 0:
+        raise InfraError(f"the MLflow UI exited with status {code}")
 
 
 @dataset_group.command("compact")

@@ -64,7 +64,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     from ..spec.files import make_parent, path_under, write_text_atomic
 
     exp = load_experiment(experiment)
-    workload = resolve_workload_arg(exp.trains)
+    workload = resolve_workload_arg(exp.trains, timeout_s=exp.trial.timeout_s)
     model = workload.spec()
     cluster = resolve_cluster_arg(exp.domain.cluster)
     node_net = node_network(cluster)

@@ -94,7 +94,7 @@ def trial_cmd(model, cluster: str, builder: str | None,
         if given and runtime != flag:
             raise SpecError(f"--{flag} applies to --runtime {flag} only")
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
-    workload = resolve_workload_arg(model)
+    workload = resolve_workload_arg(model, timeout_s=timeout_s)
     model_spec = workload.spec()
     cluster_spec = resolve_cluster_arg(cluster)
     if builder is not None:

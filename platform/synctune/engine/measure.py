@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..spec._util import LIMITS, in_range, is_number
 from ..spec.errors import SpecError
 
-__all__ = ["TrialConfig", "TrialResult", "PeakMemory", "STATUSES", "OPTIMIZERS", "timed_iterations", "gather_max"]
+__all__ = ["TrialConfig", "TrialResult", "PeakMemory", "STATUSES", "OPTIMIZERS", "timed_iterations", "gather_max", "loss_value"]
 
 #: Every trial ends in one of these.
 STATUSES = ("ok", "failed", "timeout", "oom")
@@ -157,6 +157,12 @@ class PeakMemory:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def loss_value(loss: Any) -> float:
+    """A step's loss as a float, detached first: ``float()`` of a tensor that still requires grad
+    warns on every call (a Hugging Face model's loss does), once per iteration of every trial."""
+    return float(loss.detach()) if hasattr(loss, "detach") else float(loss)
+
+
 def gather_max(times: list[float], device) -> list[float]:
     """Per iteration, the slowest rank's time (every rank calls it)."""
     import torch
@@ -199,7 +205,7 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
         if timed and sent is not None:
             comm.append(sent)
         if rank == 0 and progress:
-            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": float(loss)})
+            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": loss_value(loss)})
     t_end = time.perf_counter()
     slowest = gather_max(times, device)
     peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
@@ -215,5 +221,5 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
         "times": slowest,
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
-        "final_loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss),
+        "final_loss": loss_value(loss),
     }

@@ -95,9 +95,11 @@ def define(*, name: str, model: Callable[[], Any], batch_size: int, batch: Calla
                               optimizer=optimizer, loss=loss, family=family)
 
 
-# Resolved once per process: path -> (definition, spec).
+# Resolved once per process: path -> (definition, spec); (name, batch size) as a check in a
+# child process found them (the process that checked never imports the user's code itself).
 _DEFINITIONS: dict[tuple[str, str], WorkloadDefinition] = {}
 _SPECS: dict[tuple[str, str], ModelSpec] = {}
+_CHECKED: dict[tuple[str, str], tuple[str, int]] = {}
 
 
 def _import_factory(path: str, root: str) -> Any:
@@ -124,8 +126,9 @@ def _import_factory(path: str, root: str) -> Any:
                 spec.loader.exec_module(module)
             except (Exception, SystemExit) as exc:  # the user's file; Ctrl-C and SIGTERM go through
                 del sys.modules[name]
-                raise SpecError(f"workload {path!r}: importing {found} failed: {type(exc).__name__}: "
-                                f"{str(exc)[:300]}") from None
+                how = (f"it called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
+                       else f"{type(exc).__name__}: {str(exc)[:300]}")
+                raise SpecError(f"workload {path!r}: importing {found} failed: {how}") from None
     else:
         try:
             module = importlib.import_module(target)
@@ -179,11 +182,27 @@ class ImportedWorkload(Workload):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return self.definition.name
+        checked = _CHECKED.get((self.path, self.root))
+        return checked[0] if checked else self.definition.name
 
     @property
     def batch_size(self) -> int:  # type: ignore[override]
-        return self.definition.batch_size
+        checked = _CHECKED.get((self.path, self.root))
+        return checked[1] if checked else self.definition.batch_size
+
+    def check(self, timeout_s: float | None = None) -> ModelSpec:
+        """The model spec, extracted in a child process bounded by ``timeout_s`` (default
+        :data:`~synctune.workload.isolate.CHECK_TIMEOUT_S`) and taken down with whatever the
+        user's code started (:func:`~synctune.workload.isolate.check_workload`); this process
+        does not import the code. Every failure is one :class:`SpecError` naming the step."""
+        key = (self.path, self.root)
+        if key not in _SPECS:
+            from .isolate import CHECK_TIMEOUT_S, check_workload
+
+            checked = check_workload(self.path, self.root, timeout_s=timeout_s or CHECK_TIMEOUT_S)
+            _CHECKED[key] = (checked.name, checked.batch_size)
+            _SPECS[key] = checked.spec
+        return _SPECS[key]
 
     @property
     def source(self) -> str:  # type: ignore[override]

@@ -29,6 +29,12 @@ def _step(workload, batch: tuple):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise SpecError(f"workload {workload.source!r}: the loss must be a scalar tensor, got "
                             f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+        # A real step (not a meta trace): a loss that is NaN or infinite from the first step
+        # would train on garbage in every trial, measured as if it were fine.
+        if loss.device.type != "meta" and not bool(torch.isfinite(loss.detach()).all()):
+            raise SpecError(f"workload {workload.source!r}: the loss is {float(loss.detach())} on the first step "
+                            f"(a batch of {len(batch[0]) if batch else 0} on the CPU): every trial would train "
+                            f"on it; check the data and the model")
         return loss.reshape(())
 
     return run

@@ -73,8 +73,11 @@ class ModelSource:
         return resolve_workload(self.text)
 
     def spec(self) -> ModelSpec:
-        """The model spec: read from the file, or extracted from the workload (for a user's
-        workload this imports its code and runs one forward and backward pass)."""
+        """The model spec: read from the file, or extracted from the workload (a user's workload
+        is imported, and one forward and backward pass run, in a child process bounded by the
+        default trial timeout: :meth:`~synctune.workload.ImportedWorkload.check`)."""
+        if self.kind == "import-path":
+            return self.workload().check()
         if self.kind != "spec-file":
             return self.workload().spec()
         path = Path(self.text)
