@@ -707,3 +707,76 @@ def test_a_refused_search_output_creates_no_folders(tmp_path, leaf):
     result = run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
     assert_one_line(result, 2, str(output)[:60])
     assert {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(tmp_path / "home")} == set()
+
+
+# ------------------------------------------------------------- names and kinds of the wrong kind
+
+#: What a name or a kind can be instead of one: a list (unhashable: ``x in registry`` raises
+#: TypeError), a mapping, a lone surrogate (valid JSON, not encodable as UTF-8: no hash, file
+#: name or Parquet cell can hold it) and a name longer than any file system takes.
+HOSTILE_NAMES = {"list": ["allreduce"], "mapping": {"a": 1}, "surrogate": "\ud800", "too-long": "n" * 5000}
+
+
+def _string_paths(tree, prefix=()):
+    """The path of every string value in ``tree``, one per pattern (list positions after the
+    first collapse), so each field is tried once."""
+    seen: set = set()
+    out = []
+
+    def walk(node, path, pattern):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, path + (key,), pattern + (key,))
+        elif isinstance(node, list):
+            for i, value in enumerate(node[:2]):
+                walk(value, path + (i,), pattern + ("*",))
+        elif isinstance(node, str) and pattern not in seen:
+            seen.add(pattern)
+            out.append(path)
+
+    walk(tree, prefix, prefix)
+    return out
+
+
+def _replaced(tree, path, value):
+    import copy
+
+    tree = copy.deepcopy(tree)
+    node = tree
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return tree
+
+
+def _hostile_cases(valid_files):
+    import yaml
+
+    cases = []
+    for name in ("cluster.yaml", "experiment.yaml", "strategy.json", "model.json", "manifest.json"):
+        kind, data = valid_files[name]
+        tree = yaml.safe_load(data.decode())
+        for path in _string_paths(tree):
+            for label, value in HOSTILE_NAMES.items():
+                cases.append((name, path, label, kind, json.dumps(_replaced(tree, path, value)).encode()))
+    return cases
+
+
+def test_every_string_field_refuses_lists_surrogates_and_long_names(valid_files, tmp_path):
+    """Every string of every loader's valid file replaced, in turn, by each hostile name: exit 0
+    or 2 with one line that names the file, never 'unexpected TypeError/UnicodeEncodeError'."""
+    failures = []
+    for name, path, label, kind, data in _hostile_cases(valid_files):
+        folder = tmp_path / f"case-{len(failures)}-{time.monotonic_ns()}"
+        folder.mkdir()
+        file = write(folder / {"clusters": "c.yaml", "report": "e.yaml", "strategy": "s.json",
+                               "model": "m.json"}.get(kind, "manifest.json"), data)
+        result = run(*_loader_args(kind, file, folder), env={"SYNCTUNE_HOME": str(folder / "home")})
+        lines = result.stderr.strip().splitlines()
+        ok = (result.exception is None or isinstance(result.exception, SystemExit)) and (
+            result.exit_code == 0 or (result.exit_code == 2 and len(lines) == 1 and len(lines[0]) < 1000
+                                      and str(file if kind != "manifest" else folder) in lines[0]))
+        if not ok:
+            failures.append(f"{name} {'.'.join(map(str, path))} <- {label}: exit {result.exit_code}: "
+                            f"{(lines or [repr(result.exception)])[-1][:200]}")
+    assert not failures, "\n".join(failures)
