@@ -780,3 +780,46 @@ def test_every_string_field_refuses_lists_surrogates_and_long_names(valid_files,
             failures.append(f"{name} {'.'.join(map(str, path))} <- {label}: exit {result.exit_code}: "
                             f"{(lines or [repr(result.exception)])[-1][:200]}")
     assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------ malformed JSON cells in a dataset
+
+
+def _dataset_with_cell(tmp_path: Path, column: str, cell: str) -> Path:
+    """A dataset of four good records whose second row's ``column`` is ``cell``; its part file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, _ = _dataset_with(tmp_path)
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(root).append(make_records(4, writer=1))
+    part = TrialDataset(root).files()[-1]
+    table = pq.read_table(part)
+    cells = table.column(column).to_pylist()
+    cells[1] = cell
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, pa.array(cells, pa.string())), part)
+    return part
+
+
+@pytest.mark.parametrize("column, cell, command", [
+    ("strategy_json", "{not json", "train"),
+    ("strategy_json", "[1, 2]", "eval"),
+    ("extra_json", "not json", "train"),
+    ("extra_json", "7", "eval"),
+    ("runtime_json", "{'bucket_cap_mb': 25}", "eval"),
+    ("runtime_json", '["ddp"]', "train"),
+    ("model_spec_json", '"cnn-small"', "train"),
+])
+def test_malformed_json_cells_name_the_part_file_and_column(tmp_path, column, cell, command):
+    part = _dataset_with_cell(tmp_path, column, cell)
+    args = ["sim", command, "--data", part.parents[2]] + (["--epochs", "1", "-o", tmp_path / "x.pt"]
+                                                          if command == "train" else [])
+    result = _cli_subprocess(tmp_path, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    assert f"{part}: column {column}: a cell" in lines[0], lines[0]
+    assert not (tmp_path / "x.pt").exists()
