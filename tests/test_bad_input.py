@@ -823,3 +823,52 @@ def test_malformed_json_cells_name_the_part_file_and_column(tmp_path, column, ce
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-1000:]
     assert f"{part}: column {column}: a cell" in lines[0], lines[0]
     assert not (tmp_path / "x.pt").exists()
+
+
+# ------------------------------------------------------------------ outputs under /proc, DDP options
+
+_DATA = ["--data", "{data}"]
+
+
+@pytest.mark.parametrize("args", [
+    ["strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", "/proc/synctune-out.json"],
+    ["dataset", "export", *_DATA, "--format", "csv", "-o", "/proc/synctune-out.csv"],
+    ["dataset", "export", *_DATA, "--format", "parquet", "-o", "/proc/self/synctune-out.parquet"],
+    ["sim", "train", *_DATA, "--epochs", "1", "-o", "/proc/synctune-out.pt"],
+    ["report", "--dataset", *_DATA, "-o", "/proc/synctune-out.html"],
+    ["apply", "{strategy}", "-m", "cnn-small", "-o", "/proc/synctune-out.py"],
+    ["cluster", "calibrate", "local-1x2", "--save", "/proc/synctune-out.yaml"],
+    ["dataset", "push", *_DATA, "/proc/synctune-release"],
+], ids=["strategy", "export-csv", "export-parquet", "sim", "report", "apply", "calibrate", "push"])
+def test_outputs_under_proc_are_one_line(tmp_path, args):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(3))
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    args = [a.format(data=tmp_path / "d", strategy=strategy) for a in args]
+    result = _cli_subprocess(tmp_path, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    assert lines[0].startswith("synctune: error: /proc/") and "cannot write" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("option, fragment", [
+    ("bucket_cap_mb=-1", "bucket_cap_mb: expected a positive number of MiB"),
+    ("bucket_cap_mb=nan", "bucket_cap_mb: expected a positive number of MiB"),
+    ("bucket_cap_mb=inf", "bucket_cap_mb: expected a positive number of MiB"),
+    ("bucket_cap_mb=" + "9" * 5000, "bucket_cap_mb: expected a positive number of MiB"),
+    ("first_bucket_mb=-inf", "first_bucket_mb: expected a positive number of MiB or null"),
+    ("powersgd_rank=" + "9" * 5000, "powersgd_rank: expected a positive integer"),
+    ("powersgd_rank=²", "powersgd_rank: expected a positive integer"),
+    ("comm_hook=[fp16]", "comm_hook: expected one of none, fp16, bf16, powersgd"),
+], ids=["negative", "nan", "inf", "5000-digits", "first-inf", "rank-5000-digits", "rank-superscript", "hook"])
+def test_ddp_options_out_of_range_are_one_line(tmp_path, option, fragment):
+    result = _cli_subprocess(tmp_path, "trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "ddp", "--ddp",
+                             option, "--no-record", timeout_s=60)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and len(lines[0]) < 300, result.stderr[-1000:]
