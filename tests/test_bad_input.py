@@ -872,3 +872,36 @@ def test_ddp_options_out_of_range_are_one_line(tmp_path, option, fragment):
     assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and len(lines[0]) < 300, result.stderr[-1000:]
+
+
+# ------------------------------------------------------- special files inside a dataset or a release
+
+
+@pytest.mark.parametrize("special", ["fifo", "folder"])
+def test_a_special_file_inside_a_dataset_folder_is_one_line(tmp_path, special):
+    root, part = _dataset_with(tmp_path)
+    os.mkfifo(part) if special == "fifo" else part.mkdir()
+    for args in (["dataset", "stats", "--data", root], ["sim", "train", "--data", root, "-o", tmp_path / "x.pt"],
+                 ["dataset", "export", "--data", root, "--format", "csv", "-o", tmp_path / "x.csv"]):
+        result = _cli_subprocess(tmp_path, *args, timeout_s=60)
+        assert result.returncode == 2, (args, result.returncode, result.stderr[-1000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{part}: is not a regular file" in lines[0], result.stderr[-1000:]
+    assert not (tmp_path / "x.pt").exists() and not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("special", ["fifo", "folder"])
+@pytest.mark.parametrize("which", ["data", "profile"])
+def test_a_special_file_inside_a_pulled_release_is_one_line(tmp_path, special, which):
+    profile = {"schema": 1, "model": "cnn-small", "device": "cpu", "workers": 1, "batch_size": 8, "forward_s": 0.01,
+               "backward_s": 0.02, "step_s": 0.001, "ready_s": [0.001]}
+    rel = _release_with_profile(tmp_path, profile)
+    (shipped,) = rel.glob("data/*/*/part-0.parquet") if which == "data" else [rel / "profiles" / "p.json"]
+    shipped.unlink()
+    os.mkfifo(shipped) if special == "fifo" else shipped.mkdir()
+    result = _cli_subprocess(tmp_path, "dataset", "pull", "--data", tmp_path / "mine", rel, timeout_s=60)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{rel}: {shipped.relative_to(rel)}" in lines[0], result.stderr[-1000:]
+    assert "not a regular file" in lines[0], lines[0]
+    assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))
