@@ -707,3 +707,201 @@ def test_a_refused_search_output_creates_no_folders(tmp_path, leaf):
     result = run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
     assert_one_line(result, 2, str(output)[:60])
     assert {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(tmp_path / "home")} == set()
+
+
+# ------------------------------------------------------------- names and kinds of the wrong kind
+
+#: What a name or a kind can be instead of one: a list (unhashable: ``x in registry`` raises
+#: TypeError), a mapping, a lone surrogate (valid JSON, not encodable as UTF-8: no hash, file
+#: name or Parquet cell can hold it) and a name longer than any file system takes.
+HOSTILE_NAMES = {"list": ["allreduce"], "mapping": {"a": 1}, "surrogate": "\ud800", "too-long": "n" * 5000}
+
+
+def _string_paths(tree, prefix=()):
+    """The path of every string value in ``tree``, one per pattern (list positions after the
+    first collapse), so each field is tried once."""
+    seen: set = set()
+    out = []
+
+    def walk(node, path, pattern):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, path + (key,), pattern + (key,))
+        elif isinstance(node, list):
+            for i, value in enumerate(node[:2]):
+                walk(value, path + (i,), pattern + ("*",))
+        elif isinstance(node, str) and pattern not in seen:
+            seen.add(pattern)
+            out.append(path)
+
+    walk(tree, prefix, prefix)
+    return out
+
+
+def _replaced(tree, path, value):
+    import copy
+
+    tree = copy.deepcopy(tree)
+    node = tree
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return tree
+
+
+def _hostile_cases(valid_files):
+    import yaml
+
+    cases = []
+    for name in ("cluster.yaml", "experiment.yaml", "strategy.json", "model.json", "manifest.json"):
+        kind, data = valid_files[name]
+        tree = yaml.safe_load(data.decode())
+        for path in _string_paths(tree):
+            for label, value in HOSTILE_NAMES.items():
+                cases.append((name, path, label, kind, json.dumps(_replaced(tree, path, value)).encode()))
+    return cases
+
+
+def test_every_string_field_refuses_lists_surrogates_and_long_names(valid_files, tmp_path):
+    """Every string of every loader's valid file replaced, in turn, by each hostile name: exit 0
+    or 2 with one line that names the file, never 'unexpected TypeError/UnicodeEncodeError'."""
+    failures = []
+    for name, path, label, kind, data in _hostile_cases(valid_files):
+        folder = tmp_path / f"case-{len(failures)}-{time.monotonic_ns()}"
+        folder.mkdir()
+        file = write(folder / {"clusters": "c.yaml", "report": "e.yaml", "strategy": "s.json",
+                               "model": "m.json"}.get(kind, "manifest.json"), data)
+        result = run(*_loader_args(kind, file, folder), env={"SYNCTUNE_HOME": str(folder / "home")})
+        lines = result.stderr.strip().splitlines()
+        ok = (result.exception is None or isinstance(result.exception, SystemExit)) and (
+            result.exit_code == 0 or (result.exit_code == 2 and len(lines) == 1 and len(lines[0]) < 1000
+                                      and str(file if kind != "manifest" else folder) in lines[0]))
+        if not ok:
+            failures.append(f"{name} {'.'.join(map(str, path))} <- {label}: exit {result.exit_code}: "
+                            f"{(lines or [repr(result.exception)])[-1][:200]}")
+    assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------ malformed JSON cells in a dataset
+
+
+def _dataset_with_cell(tmp_path: Path, column: str, cell: str) -> Path:
+    """A dataset of four good records whose second row's ``column`` is ``cell``; its part file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, _ = _dataset_with(tmp_path)
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(root).append(make_records(4, writer=1))
+    part = TrialDataset(root).files()[-1]
+    table = pq.read_table(part)
+    cells = table.column(column).to_pylist()
+    cells[1] = cell
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, pa.array(cells, pa.string())), part)
+    return part
+
+
+@pytest.mark.parametrize("column, cell, command", [
+    ("strategy_json", "{not json", "train"),
+    ("strategy_json", "[1, 2]", "eval"),
+    ("extra_json", "not json", "train"),
+    ("extra_json", "7", "eval"),
+    ("runtime_json", "{'bucket_cap_mb': 25}", "eval"),
+    ("runtime_json", '["ddp"]', "train"),
+    ("model_spec_json", '"cnn-small"', "train"),
+])
+def test_malformed_json_cells_name_the_part_file_and_column(tmp_path, column, cell, command):
+    part = _dataset_with_cell(tmp_path, column, cell)
+    args = ["sim", command, "--data", part.parents[2]] + (["--epochs", "1", "-o", tmp_path / "x.pt"]
+                                                          if command == "train" else [])
+    result = _cli_subprocess(tmp_path, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    assert f"{part}: column {column}: a cell" in lines[0], lines[0]
+    assert not (tmp_path / "x.pt").exists()
+
+
+# ------------------------------------------------------------------ outputs under /proc, DDP options
+
+_DATA = ["--data", "{data}"]
+
+
+@pytest.mark.parametrize("args", [
+    ["strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", "/proc/synctune-out.json"],
+    ["dataset", "export", *_DATA, "--format", "csv", "-o", "/proc/synctune-out.csv"],
+    ["dataset", "export", *_DATA, "--format", "parquet", "-o", "/proc/self/synctune-out.parquet"],
+    ["sim", "train", *_DATA, "--epochs", "1", "-o", "/proc/synctune-out.pt"],
+    ["report", "--dataset", *_DATA, "-o", "/proc/synctune-out.html"],
+    ["apply", "{strategy}", "-m", "cnn-small", "-o", "/proc/synctune-out.py"],
+    ["cluster", "calibrate", "local-1x2", "--save", "/proc/synctune-out.yaml"],
+    ["dataset", "push", *_DATA, "/proc/synctune-release"],
+], ids=["strategy", "export-csv", "export-parquet", "sim", "report", "apply", "calibrate", "push"])
+def test_outputs_under_proc_are_one_line(tmp_path, args):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(3))
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "ps", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    args = [a.format(data=tmp_path / "d", strategy=strategy) for a in args]
+    result = _cli_subprocess(tmp_path, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    assert lines[0].startswith("synctune: error: /proc/") and "cannot write" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("option, fragment", [
+    ("bucket_cap_mb=-1", "bucket_cap_mb: expected a positive number of MiB"),
+    ("bucket_cap_mb=nan", "bucket_cap_mb: expected a positive number of MiB"),
+    ("bucket_cap_mb=inf", "bucket_cap_mb: expected a positive number of MiB"),
+    ("bucket_cap_mb=" + "9" * 5000, "bucket_cap_mb: expected a positive number of MiB"),
+    ("first_bucket_mb=-inf", "first_bucket_mb: expected a positive number of MiB or null"),
+    ("powersgd_rank=" + "9" * 5000, "powersgd_rank: expected a positive integer"),
+    ("powersgd_rank=²", "powersgd_rank: expected a positive integer"),
+    ("comm_hook=[fp16]", "comm_hook: expected one of none, fp16, bf16, powersgd"),
+], ids=["negative", "nan", "inf", "5000-digits", "first-inf", "rank-5000-digits", "rank-superscript", "hook"])
+def test_ddp_options_out_of_range_are_one_line(tmp_path, option, fragment):
+    result = _cli_subprocess(tmp_path, "trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "ddp", "--ddp",
+                             option, "--no-record", timeout_s=60)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and len(lines[0]) < 300, result.stderr[-1000:]
+
+
+# ------------------------------------------------------- special files inside a dataset or a release
+
+
+@pytest.mark.parametrize("special", ["fifo", "folder"])
+def test_a_special_file_inside_a_dataset_folder_is_one_line(tmp_path, special):
+    root, part = _dataset_with(tmp_path)
+    os.mkfifo(part) if special == "fifo" else part.mkdir()
+    for args in (["dataset", "stats", "--data", root], ["sim", "train", "--data", root, "-o", tmp_path / "x.pt"],
+                 ["dataset", "export", "--data", root, "--format", "csv", "-o", tmp_path / "x.csv"]):
+        result = _cli_subprocess(tmp_path, *args, timeout_s=60)
+        assert result.returncode == 2, (args, result.returncode, result.stderr[-1000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{part}: is not a regular file" in lines[0], result.stderr[-1000:]
+    assert not (tmp_path / "x.pt").exists() and not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("special", ["fifo", "folder"])
+@pytest.mark.parametrize("which", ["data", "profile"])
+def test_a_special_file_inside_a_pulled_release_is_one_line(tmp_path, special, which):
+    profile = {"schema": 1, "model": "cnn-small", "device": "cpu", "workers": 1, "batch_size": 8, "forward_s": 0.01,
+               "backward_s": 0.02, "step_s": 0.001, "ready_s": [0.001]}
+    rel = _release_with_profile(tmp_path, profile)
+    (shipped,) = rel.glob("data/*/*/part-0.parquet") if which == "data" else [rel / "profiles" / "p.json"]
+    shipped.unlink()
+    os.mkfifo(shipped) if special == "fifo" else shipped.mkdir()
+    result = _cli_subprocess(tmp_path, "dataset", "pull", "--data", tmp_path / "mine", rel, timeout_s=60)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{rel}: {shipped.relative_to(rel)}" in lines[0], result.stderr[-1000:]
+    assert "not a regular file" in lines[0], lines[0]
+    assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))

@@ -253,16 +253,51 @@ def read_parquet_files(files: list[Path], schema=None, *, columns: list[str] | N
                 if decoded > MAX_DECODED_BYTES:
                     raise SpecError(f"{name}: decodes to more than {MAX_DECODED_BYTES} bytes; a dataset file "
                                     f"holds at most that: refused")
+                _check_json_columns(batch, name)
                 batches.append(batch)
         except FileNotFoundError:
             raise
         except (pa.ArrowException, OSError, ValueError) as exc:
+            if isinstance(exc, SpecError):
+                raise
             # ArrowInvalid/ArrowTypeError: damaged pages, or columns that are not a record's.
             raise SpecError(f"{name}: not a readable dataset file: {str(exc)[:200]}") from None
     if schema is None:
         raise ValueError("read_parquet_files: no files and no schema")
     out_schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
     return pa.Table.from_batches(batches, schema=out_schema)
+
+
+#: The columns that hold JSON objects, and whether an empty string stands for "none" (rows
+#: written before ``extra_json`` and ``runtime_json`` existed, and engine trials, leave them empty).
+JSON_COLUMNS = {"strategy_json": False, "model_spec_json": False, "cluster_spec_json": False, "extra_json": True,
+                "runtime_json": True}
+
+
+def _check_json_columns(batch, name: str) -> None:
+    """Every cell of the JSON columns in ``batch`` is a JSON object (or null, or empty where that
+    means none): a damaged or hand-made file is refused here, naming it and the column, rather
+    than wherever a simulator, report or search later parses the cell. Each distinct value is
+    parsed once (the spec columns repeat on every row of a domain)."""
+    import json
+
+    import pyarrow.compute as pc
+
+    for column, may_be_empty in JSON_COLUMNS.items():
+        index = batch.schema.get_field_index(column)
+        if index < 0:
+            continue
+        for i, text in enumerate(pc.unique(batch.column(index)).to_pylist()):
+            if text is None or (may_be_empty and text == ""):
+                continue
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                reason = f"not JSON ({str(exc)[:80]})" if isinstance(exc, ValueError) else "nested too deeply"
+                raise SpecError(f"{name}: column {column}: a cell is {reason}: {text[:60]!r}") from None
+            if not isinstance(value, dict):
+                raise SpecError(f"{name}: column {column}: a cell holds a JSON {type(value).__name__}, expected "
+                                f"an object: {text[:60]!r}")
 
 
 def _relisting(read, attempts: int = 50):

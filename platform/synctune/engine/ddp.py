@@ -168,8 +168,10 @@ def _typed_option(key: str, text: str) -> Any:
         except ValueError:
             raise SpecError(f"--ddp: {key}: expected a number of MiB, got {text!r}") from None
     if key == "powersgd_rank":
-        if not text.isdigit():
-            raise SpecError(f"--ddp: powersgd_rank: expected a positive integer, got {text!r}")
+        # isdigit() alone passes '²' (int() refuses it) and 5,000 digits (past int()'s limit)
+        if not (text.isascii() and text.isdigit()) or len(text) > 18:
+            raise SpecError(f"--ddp: powersgd_rank: expected a positive integer, got {text[:40]!r}"
+                            f"{'...' if len(text) > 40 else ''}")
         return int(text)
     if key == "gradient_as_bucket_view":
         if text.lower() not in ("true", "false"):

@@ -61,7 +61,8 @@ def domains_from_records(records: Iterable[Any]) -> list[Domain]:
     for rows in groups.values():
         model = ModelSpec.from_dict(json.loads(rows[0]["model_spec_json"]), where="record model_spec_json")
         cluster = ClusterSpec.from_dict(json.loads(rows[0]["cluster_spec_json"]), where="record cluster_spec_json")
-        strategies = [Strategy.from_json(r["strategy_json"], where="record strategy_json") for r in rows]
+        strategies = [Strategy.from_json(r["strategy_json"], where=f"record {str(r.get('record_id'))[:80]!r} "
+                                                                  f"strategy_json") for r in rows]
         out.append(Domain(DomainContext(model, cluster), strategies, np.array([r["mean_s"] for r in rows])))
     return sorted(out, key=lambda d: d.key)
 

@@ -34,13 +34,17 @@ def sha256_hex(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a user's 5,000-character name quoted in an
+    error would bury the message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def require(cond: bool, where: str, expected: str, actual: Any) -> None:
     """Raise :class:`SpecError` ``"<where>: expected <expected>, got <actual>"`` unless ``cond``."""
     if not cond:
-        shown = repr(actual)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        raise SpecError(f"{where}: expected {expected}, got {shown}")
+        raise SpecError(f"{where}: expected {expected}, got {shown(actual)}")
 
 
 def is_int(value: Any) -> bool:

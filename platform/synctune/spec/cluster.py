@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._util import LIMITS, check_keys, in_range, is_number, require, sha256_hex
+from ._util import LIMITS, check_keys, in_range, is_number, require, sha256_hex, shown
 from .errors import SpecError
 from .files import MAX_NAME_LENGTH, read_yaml, write_text_atomic
 from .registry import Registry
@@ -185,6 +185,7 @@ def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> N
     if "instance_type" not in data:
         raise SpecError(f"{where}: missing key 'instance_type' (one of {', '.join(INSTANCE_TYPES)} or your own)")
     type_name = data["instance_type"]
+    require(isinstance(type_name, str), f"{where}: instance_type", "a name from the catalog or your own", type_name)
     values: dict[str, Any] = {"name": data.get("name", default_name), "instance_type": type_name}
     if type_name in INSTANCE_TYPES:
         it = INSTANCE_TYPES.get(type_name)
@@ -196,7 +197,7 @@ def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> N
         missing = [k for k in _NODE_FIELDS[2:] if k not in data and k != "device_memory_bytes"]
         if missing:
             raise SpecError(
-                f"{where}: instance_type {type_name!r} is not in the catalog ({', '.join(INSTANCE_TYPES)}), "
+                f"{where}: instance_type {shown(type_name)} is not in the catalog ({', '.join(INSTANCE_TYPES)}), "
                 f"so these keys are required: {', '.join(missing)}"
             )
     for key in _NODE_FIELDS[2:] + _OPTIONAL_NODE_FIELDS:

@@ -3,7 +3,7 @@
 Reading: every spec, experiment and strategy file goes through :func:`read_text`, then
 :func:`parse_yaml` or :func:`parse_json`, which turn every way a file can be wrong (missing,
 a folder, too large, not UTF-8, malformed, nested without end, YAML aliases, duplicate keys,
-``NaN``) into one :class:`SpecError` naming the file.
+``NaN``, lone surrogates) into one :class:`SpecError` naming the file.
 
 Writing: :func:`atomic_write` is the only way synctune replaces a file. A unique temporary
 name is created next to the target with ``O_CREAT|O_EXCL`` (so the process umask applies, as
@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
+from ._util import shown
 from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
@@ -172,16 +173,39 @@ def _yaml_loader(aliases: bool):
     return StrictLoader
 
 
-def _finite(value: Any, where: str) -> Any:
-    """Refuse ``.inf``/``.nan`` anywhere: no size, speed or time is infinite."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise SpecError(f"{where}: {value} is not a finite number")
+def _field(path: tuple) -> str:
+    return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+
+
+def _not_text(value: str) -> bool:
+    """Whether ``value`` holds a lone surrogate (``"\\ud800"`` in JSON or YAML): valid escapes,
+    but no UTF-8 file, hash or Parquet cell can hold it."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _plain(value: Any, where: str, *, finite: bool = True, error: type = SpecError, path: tuple = ()) -> Any:
+    """Refuse ``.inf``/``.nan`` (with ``finite``: no size, speed or time is infinite) and text
+    that is not text (lone surrogates, in keys or values) anywhere, naming the field."""
+    if isinstance(value, float) and finite and not math.isfinite(value):
+        raise error(f"{where}: {_field(path) + ': ' if path else ''}{value} is not a finite number")
+    if isinstance(value, str) and _not_text(value):
+        raise error(f"{where}: {_field(path) or 'value'}: {shown(value, 40)} holds a lone surrogate (an "
+                    f"unpaired \\ud800-\\udfff escape), which is not text")
     if isinstance(value, dict):
-        for v in value.values():
-            _finite(v, where)
+        for k, v in value.items():
+            if isinstance(k, str) and _not_text(k):
+                raise error(f"{where}: {_field(path) + ': ' if path else ''}key {shown(k, 40)} holds a lone "
+                            f"surrogate (an unpaired \\ud800-\\udfff escape), which is not text")
+            _plain(v, where, finite=finite, error=error, path=path + (k,))
     elif isinstance(value, list):
-        for v in value:
-            _finite(v, where)
+        for i, v in enumerate(value):
+            _plain(v, where, finite=finite, error=error, path=path + (i,))
     return value
 
 
@@ -207,7 +231,10 @@ def parse_yaml(text: str, where: str, *, aliases: bool = False) -> Any:
         raise SpecError(f"{where}: {str(exc)[:120]}") from None
     if aliases and _expanded_size(data) > MAX_EXPANDED_VALUES:
         raise SpecError(f"{where}: its aliases expand to more than {MAX_EXPANDED_VALUES} values")
-    return _finite(data, where) if not aliases else data
+    try:
+        return _plain(data, where, finite=not aliases)
+    except RecursionError:  # an alias that contains itself
+        raise SpecError(f"{where}: nested too deeply (an alias inside itself?)") from None
 
 
 def parse_json(text: str | bytes, where: str, error: type = SpecError) -> Any:
@@ -230,7 +257,7 @@ def parse_json(text: str | bytes, where: str, error: type = SpecError) -> Any:
         raise error(f"{where}: {name} is not a finite number")
 
     try:
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
     except json.JSONDecodeError as exc:
         raise error(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -239,6 +266,10 @@ def parse_json(text: str | bytes, where: str, error: type = SpecError) -> Any:
         if isinstance(exc, error):
             raise
         raise error(f"{where}: {str(exc)[:120]}") from None
+    try:
+        return _plain(data, where, error=error)
+    except RecursionError:  # parsed just under the stack's depth, too deep to walk
+        raise error(f"{where}: nested too deeply") from None
 
 
 def read_yaml(path: str | Path, what: str, *, aliases: bool = False) -> Any:

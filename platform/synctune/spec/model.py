@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ._util import LIMITS, check_keys, in_range, is_int, is_number, require, sha256_hex
+from ._util import LIMITS, check_keys, in_range, is_int, is_number, require, sha256_hex, shown
 from .errors import SpecError
 from .files import MAX_NAME_LENGTH
 
@@ -42,9 +42,9 @@ class VariableSpec:
     sparse: bool = False
 
     def __post_init__(self) -> None:
-        where = f"variable {self.name!r}"
         require(isinstance(self.name, str) and 0 < len(self.name) <= 1024, "variable name",
                 "a non-empty string of at most 1024 characters", self.name)
+        where = f"variable {shown(self.name)}"
         if isinstance(self.shape, list):
             object.__setattr__(self, "shape", tuple(self.shape))
         require(
@@ -53,7 +53,7 @@ class VariableSpec:
             "a list of positive integers",
             self.shape,
         )
-        require(self.dtype in DTYPE_BYTES, f"{where}: dtype", f"one of {sorted(DTYPE_BYTES)}", self.dtype)
+        require(isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES, f"{where}: dtype", f"one of {sorted(DTYPE_BYTES)}", self.dtype)
         require(isinstance(self.sparse, bool), f"{where}: sparse", "true or false", self.sparse)
         if self.sparse:
             require(len(self.shape) == 2, f"{where}: shape of a sparse variable", "2 dimensions (rows, width)", self.shape)
@@ -78,12 +78,11 @@ class VariableSpec:
         check_keys(data, where, ("name", "shape"), ("dtype", "sparse"))
         shape = data["shape"]
         require(isinstance(shape, (list, tuple)), f"{where}: shape", "a list of positive integers", shape)
-        return cls(
-            name=data["name"],
-            shape=tuple(shape),
-            dtype=data.get("dtype", "float32"),
-            sparse=data.get("sparse", False),
-        )
+        try:
+            return cls(name=data["name"], shape=tuple(shape), dtype=data.get("dtype", "float32"),
+                       sparse=data.get("sparse", False))
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,7 +123,7 @@ class ModelSpec:
         index: dict[str, int] = {}
         for i, var in enumerate(self.variables):
             if var.name in index:
-                raise SpecError(f"model {self.name!r}: variable {var.name!r} appears twice")
+                raise SpecError(f"model {self.name!r}: variable {shown(var.name)} appears twice")
             index[var.name] = i
         self._index.update(index)
         require(self.flops_per_sample is None or (is_number(self.flops_per_sample) and self.flops_per_sample >= 0),

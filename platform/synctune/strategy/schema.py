@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Union
 
-from ..spec._util import LIMITS, canonical_json, check_keys, in_range, is_int, require, sha256_hex
+from ..spec._util import LIMITS, canonical_json, check_keys, in_range, is_int, require, sha256_hex, shown
 from ..spec.errors import SpecError
 from ..spec.files import parse_json, read_text
 from .compressors import COMPRESSORS, CompressorInfo
@@ -210,8 +210,8 @@ def _sync_from_dict(data: Any, where: str) -> Synchronizer:
     if not isinstance(data, Mapping):
         raise StrategyError(f"{where}: expected a mapping, got {type(data).__name__}")
     kind = data.get("kind")
-    if kind not in _SYNC_KEYS:
-        raise StrategyError(f"{where}: kind: expected one of {', '.join(_SYNC_KEYS)}, got {kind!r}")
+    if not isinstance(kind, str) or kind not in _SYNC_KEYS:
+        raise StrategyError(f"{where}: kind: expected one of {', '.join(_SYNC_KEYS)}, got {shown(kind)}")
     cls, optional = _SYNC_KEYS[kind]
     d = _check_keys(data, where, ("kind",), optional)
     try:
@@ -256,8 +256,9 @@ class VariablePlan:
     shards: tuple[ShardPlan, ...]
 
     def __post_init__(self) -> None:
-        where = f"variable {self.variable!r}"
-        _req(isinstance(self.variable, str) and bool(self.variable), "plan: variable", "a variable name", self.variable)
+        _req(isinstance(self.variable, str) and 0 < len(self.variable) <= 1024, "plan: variable",
+             "a variable name (at most 1024 characters)", self.variable)
+        where = f"variable {shown(self.variable)}"
         if isinstance(self.partition, list):
             object.__setattr__(self, "partition", tuple(self.partition))
         if isinstance(self.shards, list):
@@ -287,7 +288,7 @@ class VariablePlan:
     def from_dict(cls, data: Any, where: str) -> "VariablePlan":
         d = _check_keys(data, where, ("variable", "partition", "shards"))
         name = d["variable"]
-        where = f"{where} (variable {name!r})"
+        where = f"{where} (variable {shown(name)})"
         _req(isinstance(d["partition"], list), f"{where}: partition", "a list of positive integers", d["partition"])
         _req(isinstance(d["shards"], list), f"{where}: shards", "a list of shard plans", d["shards"])
         shards = tuple(ShardPlan.from_dict(s, f"{where}: shards[{i}]") for i, s in enumerate(d["shards"]))

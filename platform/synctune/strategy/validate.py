@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
+from ..spec._util import shown
 from .partition import shard_shapes
 from .schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy,
                      StrategyError)
@@ -49,7 +50,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
     planned: set[str] = set()
     groups: dict[int, tuple[str, str, str]] = {}
     for i, plan in enumerate(strategy.plans):
-        where = f"variable {plan.variable!r}"
+        where = f"variable {shown(plan.variable)}"
         if plan.variable not in model:
             raise StrategyError(f"strategy: plans[{i}]: {where} is not a variable of model {model.name!r}")
         if plan.variable in planned:
@@ -76,7 +77,7 @@ def _check_refs(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> N
         ref = strategy.to_dict()[key]
         if ref["name"] != spec.name or ref["hash"] != spec.hash:
             raise StrategyError(
-                f"strategy: {key}: built for {ref['name']!r} (hash {ref['hash'][:12]}), "
+                f"strategy: {key}: built for {shown(ref['name'])} (hash {ref['hash'][:12]}), "
                 f"validated against {spec.name!r} (hash {spec.hash[:12]})"
             )
 
@@ -89,11 +90,11 @@ def _check_replicas(strategy: Strategy, cluster: ClusterSpec) -> set[str]:
     for i, dev in enumerate(strategy.replicas):
         if not cluster.has_device(dev):
             raise StrategyError(
-                f"strategy: replicas[{i}]: device {dev!r} does not exist in cluster {cluster.name!r} "
+                f"strategy: replicas[{i}]: device {shown(dev)} does not exist in cluster {cluster.name!r} "
                 f"(devices: {', '.join(cluster.devices[:8])}{', ...' if cluster.num_devices > 8 else ''})"
             )
         if dev in seen:
-            raise StrategyError(f"strategy: replicas[{i}]: device {dev!r} is listed twice")
+            raise StrategyError(f"strategy: replicas[{i}]: device {shown(dev)} is listed twice")
         seen.add(dev)
     if len(strategy.batch_split) != len(strategy.replicas):
         raise StrategyError(
@@ -131,12 +132,12 @@ def _check_shard(swhere: str, shard, var, num_shards: int, shape, model: ModelSp
             )
         if not cluster.has_device(sync.placement):
             raise StrategyError(
-                f"{swhere}.synchronizer.placement: device {sync.placement!r} does not exist in cluster "
+                f"{swhere}.synchronizer.placement: device {shown(sync.placement)} does not exist in cluster "
                 f"{cluster.name!r}"
             )
         if sync.placement not in seen:
             raise StrategyError(
-                f"{swhere}.synchronizer.placement: device {sync.placement!r} holds no replica; "
+                f"{swhere}.synchronizer.placement: device {shown(sync.placement)} holds no replica; "
                 f"a PS placement must be one of the replicas"
             )
     elif isinstance(sync, SFBSynchronizer):
