@@ -213,7 +213,8 @@ _register(name="bert-tiny", family="bert", batch_size=8, expected_params=4_400_0
           build=_bert(2, 128, 2, 512), batch=_bert_batch(30522, 32))
 _register(name="cnn-small", family="cnn", batch_size=16, expected_params=(3 * 16 * 9 + 16) + 32 + (16 * 32 * 9 + 32) + 64 + (32 * 64 * 9 + 64) + (64 * 10 + 10),
           small=True,
-          published=False, source="ours: no published count; counted from its layers", description="4-layer CNN with GroupNorm, 32x32 images, 10 classes",
+          published=False, source="ours: no published count; counted from its layers",
+          description="4-layer CNN with GroupNorm, 32x32 images, 10 classes",
           build=_lazy("cnn.SmallCNN"),
           batch=_images(10, 32))
 _register(name="ncf-small", family="ncf", batch_size=64, expected_params=3000 * 24 + (32 * 16 + 16) + (16 * 8 + 8) + (16 + 1), small=True,
