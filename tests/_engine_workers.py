@@ -397,7 +397,8 @@ def sparse_conformance_worker(rank: int, world: int, cases: list[dict]) -> list[
 
 def ddp_apply_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
     """Each case trained twice on this rank: with the engine running the strategy, and with plain
-    torch DDP configured by ``synctune apply``'s DDP configuration of that strategy."""
+    torch DDP configured by ``synctune apply``'s DDP configuration of that strategy; ``settings``
+    is the bucket cap, comm hook and bucket view that DDP says it was given."""
     from synctune.engine.core import StrategyEngine
     from synctune.run.apply import wrap_ddp
 
@@ -415,6 +416,11 @@ def ddp_apply_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                                         lambda ps: make_optimizer("sgd", ps, case["lr"]))
             else:
                 ddp = wrap_ddp(module, case["config"])
+                # torch's own record of how it configured this DDP (its usage logging), not ours
+                logged = ddp._get_ddp_logging_data()
+                states["settings"] = {"bucket_cap_bytes": logged["bucket_cap_bytes"],
+                                      "comm_hook": logged.get("comm_hook", ""),
+                                      "gradient_as_bucket_view": bool(logged["gradient_as_bucket_view"])}
                 opt = make_optimizer("sgd", ddp.parameters(), case["lr"])
             for step in range(case["steps"]):
                 batch = batches(name, strategy.batch_split, step)[rank]

@@ -62,19 +62,33 @@ def workload():
 
 def test_ddp_configuration_reproduces_the_engine():
     """Strategies torch DDP can express, run both ways: identical parameters (lossless), within
-    fp16's rounding for the fp16 comm hook."""
+    fp16's rounding for the fp16 comm hook; and the DDP object holds the bucket cap and hook of
+    the strategy (the numbers of a lossless run cannot tell one bucket cap from another)."""
     cluster = cluster_preset("local-1x2")
     spec = model_spec("cnn-small")
-    cases = []
-    for builder, options, tol in [("allreduce", {"chunk": 3}, 1e-6), ("horovod", {"fusion_threshold_bytes": 20_000}, 1e-6),
-                                  ("allreduce", {"compressor": "fp16"}, 2e-3)]:
+    # cnn-small's gradients in bytes (fp32): fc.bias 40, fc.weight 2,560, conv3.weight 73,728,
+    # conv3.bias 256, norm2 128 + 128, conv2.weight 18,432, conv2.bias 128, norm1 64 + 64,
+    # conv1.weight 1,728, conv1.bias 64; 97,320 in all. The cap is the largest merge group in MiB,
+    # rounded up to 0.01 (apply.py's docstring).
+    cases, expected = [], []
+    for builder, options, tol, cap_mb, hook in [
+        # chunks of 3 variables in backward order: the largest is fc.bias + fc.weight + conv3.weight
+        # = 76,328 bytes = 0.0728 MiB
+        ("allreduce", {"chunk": 3}, 1e-6, 0.08, ""),
+        # conv3.weight alone (73,728 bytes = 0.0703 MiB) is over the 20,000-byte fusion threshold
+        ("horovod", {"fusion_threshold_bytes": 20_000}, 1e-6, 0.08, ""),
+        # one group, the whole model: 97,320 bytes = 0.0928 MiB
+        ("allreduce", {"compressor": "fp16"}, 2e-3, 0.1, "fp16_compress_hook")]:
         strategy = build_strategy(builder, spec, cluster, **options)
         config, why = ddp_config(strategy, spec)
         assert config is not None, why
         cases.append({"strategy": strategy.to_dict(), "cluster": cluster.to_dict(), "config": config.to_dict(),
                       "lr": 0.1, "steps": 3, "tol": tol})
+        # torch's conversion of a MiB cap to bytes (DistributedDataParallel's int(cap * 2**20))
+        expected.append({"bucket_cap_bytes": int(cap_mb * 2**20), "comm_hook": hook, "gradient_as_bucket_view": True})
     outputs = run_local(ddp_apply_worker, cluster.num_devices, (cases,), timeout_s=600, threads=1)
-    for case, out in zip(cases, outputs[0]):
+    for case, want, out in zip(cases, expected, outputs[0]):
+        assert out["settings"] == want, (case["config"], out["settings"])
         for k, v in out["engine"].items():
             torch.testing.assert_close(out["ddp"][k], v, rtol=case["tol"], atol=case["tol"] * 1e-2)
 
@@ -181,6 +195,16 @@ def _run_file(path: Path, cwd: Path, steps: int = 20) -> list[float]:
     return [float(x) for x in re.findall(r"loss ([0-9.]+)", ran.stdout)]
 
 
+def _ddp_config_of(text: str) -> dict:
+    """The ``DDP_CONFIG = json.loads('...')`` literal of a training file, read without running it."""
+    import ast
+
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("DDP_CONFIG = ")]
+    call = ast.parse(line).body[0].value
+    assert ast.unparse(call.func) == "json.loads", line
+    return json.loads(ast.literal_eval(call.args[0]))
+
+
 def test_applied_files_of_both_formats_run_for_zoo_models(tmp_path):
     """A strategy DDP can express becomes a plain-DDP file; one with an uneven batch split an
     engine file that trains each rank with its share of the batch. Both run on 2 processes."""
@@ -191,7 +215,10 @@ def test_applied_files_of_both_formats_run_for_zoo_models(tmp_path):
     result = runner.invoke(cli, ["apply", str(strategy), "-m", "cnn-small"])
     assert result.exit_code == 0 and "plain torch DDP" in result.output, result.output
     text = (tmp_path / "s-train.py").read_text()
-    assert "fp16" in text and "DistributedDataParallel" not in text  # wrap_ddp does it
+    assert "DistributedDataParallel" not in text  # wrap_ddp does it, from DDP_CONFIG
+    # one all-reduce group of cnn-small's 97,320 gradient bytes = 0.0928 MiB, rounded up to 0.01
+    assert _ddp_config_of(text) == {"bucket_cap_mb": 0.1, "comm_hook": "fp16", "gradient_as_bucket_view": True,
+                                    "first_bucket_mb": None, "num_groups": 1, "powersgd_rank": None}
     assert len(_run_file(tmp_path / "s-train.py", tmp_path)) == 2
     uneven = json.loads(strategy.read_text())
     uneven["batch_split"] = [3, 13]

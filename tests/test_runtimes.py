@@ -1,7 +1,8 @@
 """The ``ddp`` runtime (plain torch DDP trials) and the interleaved confirmation of a speed-up.
 
 A DDP trial is checked against single-process training of the same model on the same
-per-rank batches (the averaged gradient); the confirmation against a workload whose DDP arm
+per-rank batches (the averaged gradient; with the fp16 hook, the averaged gradient rounded as the
+hook rounds it, on a probe whose loss shows the rounding); the confirmation against a workload whose DDP arm
 is slower by a known sleep, so the measured ratio and its interval have a known side of 1.
 """
 
@@ -24,23 +25,79 @@ from synctune.workload import ImportedWorkload, zoo_workload
 CLUSTER = cluster_preset("local-1x2")
 
 
-def _reference_losses(workload, strategy, config: TrialConfig) -> list[float]:
+def _reference_losses(workload, strategy, config: TrialConfig, combine=None) -> list[float]:
     """Rank 0's loss at each iteration when one process trains on the mean of every rank's
-    gradient (what data-parallel SGD computes)."""
+    gradient (what data-parallel SGD computes); with ``combine``, on ``combine(gradients)`` of
+    each parameter's per-rank gradients instead (a compressed all-reduce, rounding included)."""
     torch.manual_seed(config.seed)
     model = workload.build_model()
     batches = [workload.make_batch(size, rank=r, device=torch.device("cpu"),
                                    generator=torch.Generator().manual_seed(config.seed * 100_003 + r))
                for r, size in enumerate(strategy.batch_split)]
-    opt = workload.make_optimizer(list(model.parameters()), name=config.optimizer, lr=config.lr)
+    params = list(model.parameters())
+    opt = workload.make_optimizer(params, name=config.optimizer, lr=config.lr)
     out = []
     for _ in range(config.warmup + config.iters):
         losses = [workload.loss(model, b) for b in batches]
         out.append(float(losses[0].detach()))
-        (sum(losses) / len(losses)).backward()
+        if combine is None:
+            (sum(losses) / len(losses)).backward()
+        else:
+            per_rank = [torch.autograd.grad(loss, params) for loss in losses]
+            for p, grads in zip(params, zip(*per_rank)):
+                p.grad = combine(list(grads))
         opt.step()
         opt.zero_grad()
     return out
+
+
+#: A job whose loss is linear in the weights: every step's gradient (each rank's mean input) does
+#: not depend on them, so fp16's rounding of it moves the weights by a fixed amount that later
+#: steps neither amplify nor damp, and a reference can follow the rounding exactly.
+_LINEAR_PROBE = textwrap.dedent('''
+    import torch
+    import synctune.workload as sw
+
+
+    def workload():
+        return sw.define(name="linear-probe", model=lambda: torch.nn.Linear(64, 1), batch_size=16,
+                         batch=lambda n, rank, g: (torch.randn(n, 64, generator=g),),
+                         loss=lambda model, batch: model(batch[0]).mean())
+''')
+
+
+def _exact_mean(grads):
+    return sum(grads) / len(grads)
+
+
+def _linear_probe(tmp_path):
+    """The linear probe as a workload file under ``tmp_path``, its strategy and a trial short
+    enough to be cheap and long enough (two steps before the last loss) to show the rounding."""
+    (tmp_path / "linear_probe.py").write_text(_LINEAR_PROBE)
+    workload = ImportedWorkload(f"{tmp_path / 'linear_probe.py'}:workload")
+    return workload, build_strategy("allreduce", workload.spec(), CLUSTER), TrialConfig(warmup=1, iters=2, lr=1.0)
+
+
+def _fp16_references(workload, strategy, trial, rounded_mean) -> tuple[float, float, float]:
+    """The last loss of training on ``rounded_mean`` of the per-rank gradients, that of the
+    exact fp32 mean, and a tolerance that tells them apart (asserted)."""
+    rounded = _reference_losses(workload, strategy, trial, combine=rounded_mean)[-1]
+    exact = _reference_losses(workload, strategy, trial, combine=_exact_mean)[-1]
+    tol = 1e-6 * abs(exact)  # ~8 float32 steps of the loss; the rounding moves it ~30x that
+    assert abs(rounded - exact) > 10 * tol  # the probe can tell the two apart
+    return rounded, exact, tol
+
+
+def _assert_fp16_rounded(tmp_path, runtime, rounded_mean) -> None:
+    """A trial of ``runtime`` on the linear probe ends at the loss of training on
+    ``rounded_mean`` of the per-rank gradients (its fp16 all-reduce), and not at the loss of the
+    exact fp32 mean: a compression that is ignored, or not undone, fails one of the two."""
+    workload, strategy, trial = _linear_probe(tmp_path)
+    result = run_trial_local(strategy, CLUSTER, trial, workload=workload, runtime=runtime)
+    assert result.status == "ok", result.error
+    rounded, exact, tol = _fp16_references(workload, strategy, trial, rounded_mean)
+    assert result.extra["final_loss"] == pytest.approx(rounded, rel=0, abs=tol)
+    assert abs(result.extra["final_loss"] - exact) > 10 * tol
 
 
 @pytest.mark.parametrize("config", [DDP_DEFAULT, DDPConfig(bucket_cap_mb=1.0, first_bucket_mb=0.25)],
@@ -57,14 +114,11 @@ def test_ddp_trial_trains_as_single_process_sgd(config):
     assert result.extra["final_loss"] == pytest.approx(reference[-1], rel=1e-5, abs=1e-6)
 
 
-def test_ddp_trial_with_the_fp16_hook_runs_and_stays_close():
-    workload = zoo_workload("cnn-small")
-    strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
-    trial = TrialConfig(warmup=2, iters=3, lr=0.05)
-    result = run_trial_local(strategy, CLUSTER, trial, workload=workload,
-                             runtime=ddp_runtime(DDPConfig(bucket_cap_mb=4.0, comm_hook="fp16")))
-    assert result.status == "ok", result.error
-    assert result.extra["final_loss"] == pytest.approx(_reference_losses(workload, strategy, trial)[-1], rel=1e-2)
+def test_ddp_trial_with_the_fp16_hook_rounds_as_fp16(tmp_path):
+    """torch's fp16_compress_hook: each rank's bucket cast to fp16 and divided by the world size,
+    summed in fp16 by the all-reduce, cast back."""
+    _assert_fp16_rounded(tmp_path, ddp_runtime(DDPConfig(bucket_cap_mb=4.0, comm_hook="fp16")),
+                         lambda grads: sum(g.half() / len(grads) for g in grads).float())
 
 
 def test_ddp_runtime_refuses_what_ddp_would_run_differently():

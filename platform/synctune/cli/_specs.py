@@ -45,7 +45,7 @@ def models_cmd(name, model, as_json: bool) -> None:
             raise click.UsageError("--json needs a model: NAME or --model")
         rows = []
         for entry_name, entry in MODELS.items():
-            rows.append([entry_name, entry.family, _human(entry.published_params), entry.batch_size,
+            rows.append([entry_name, entry.family, _human(entry.expected_params), entry.batch_size,
                          "small" if entry.small else "paper", entry.description])
         click.echo(table(["model", "family", "params", "batch", "kind", "description"], rows, right=[2, 3]))
         return

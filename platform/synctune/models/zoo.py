@@ -2,7 +2,9 @@
 
 Every entry builds an ``nn.Module`` whose ``forward(*batch)`` returns a scalar mean loss, and
 makes synthetic batches of the right shapes (the engine times synchronization, not data
-loading). Parameter counts are checked against the published figures in the tests.
+loading). Parameter counts are checked in the tests: against the published figure where a paper
+or model card gives one (``source`` cites it), else exactly against a count of ours computed
+from the architecture.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ __all__ = ["ZooEntry", "MODELS", "get_model", "model_spec", "build_model", "make
 
 @dataclass(frozen=True, kw_only=True)
 class ZooEntry:
-    """A zoo model: how to build it, how to make a batch, and its published size.
+    """A zoo model: how to build it, how to make a batch, and its expected size.
 
-    ``published_params`` is the count the literature gives (``source`` says where); for
-    models the papers name without a count it is computed from the configuration.
+    ``expected_params`` is, with ``published`` true, the count a paper or model card gives
+    (``source`` cites it); with ``published`` false, a count of ours computed from the
+    architecture, for models no paper gives a count for (bert-6l, the small variants).
     """
 
     name: str
@@ -30,8 +33,9 @@ class ZooEntry:
     build: Callable[[], Any]
     batch: Callable[[int, Any, Any], tuple]
     batch_size: int
-    published_params: int
+    expected_params: int
     source: str
+    published: bool = True
     small: bool = False
     description: str = ""
 
@@ -136,59 +140,66 @@ def _register(**kw: Any) -> None:
 
 
 # Papers' benchmark models (AutoDist §3 and Appendix E; AutoSync §4).
-_register(name="ncf-dense", family="ncf", batch_size=1024, published_params=122_000_000,
-          source="AutoDist §3.3 / AutoSync §4: NCF-dense (122M)",
+_register(name="ncf-dense", family="ncf", batch_size=1024, expected_params=122_000_000,
+          source="AutoDist (Zhang et al. 2020) §3.3 and AutoSync (Zhang et al. 2021) §4: NCF-dense, 122M",
           description="NeuMF on MovieLens-20M shapes (138,493 users, 26,744 items), GMF 224 + MLP 1024-512-256-128, "
                       "dense embedding gradients",
           build=_lazy("recsys.NeuMF",
               num_users=138_493, num_items=26_744, mf_dim=224, layers=(1024, 512, 256, 128), sparse=False),
           batch=_ncf_batch(138_493, 26_744))
-_register(name="vgg16", family="cnn", batch_size=32, published_params=138_357_544,
-          source="Simonyan & Zisserman 2015, configuration D (AutoDist: VGG16 138M)",
+_register(name="vgg16", family="cnn", batch_size=32, expected_params=138_357_544,
+          source="Simonyan & Zisserman 2015, Table 2: configuration D, 138M; 138,357,544 in torchvision's vgg16 "
+                 "model card",
           description="VGG-16, 224x224 images, 1000 classes",
           build=_lazy("cnn.VGG16"),
           batch=_images(1000, 224))
-_register(name="resnet50", family="cnn", batch_size=32, published_params=25_557_032,
-          source="He et al. 2016 (ResNet-50, 25.6M)", description="ResNet-50, 224x224 images",
+_register(name="resnet50", family="cnn", batch_size=32, expected_params=25_557_032,
+          source="torchvision's resnet50 model card: 25,557,032 (He et al. 2016, Table 1, define it without a "
+                 "count)", description="ResNet-50, 224x224 images",
           build=_lazy("cnn.ResNet", (3, 4, 6, 3)),
           batch=_images(1000, 224))
-_register(name="resnet101", family="cnn", batch_size=32, published_params=44_549_160,
-          source="He et al. 2016 (ResNet-101, 44.5M)", description="ResNet-101, 224x224 images",
+_register(name="resnet101", family="cnn", batch_size=32, expected_params=44_549_160,
+          source="torchvision's resnet101 model card: 44,549,160 (He et al. 2016, Table 1, define it without a "
+                 "count)", description="ResNet-101, 224x224 images",
           build=_lazy("cnn.ResNet", (3, 4, 23, 3)),
           batch=_images(1000, 224))
-_register(name="densenet121", family="cnn", batch_size=32, published_params=7_978_856,
-          source="Huang et al. 2017 (DenseNet-121, 8.0M)", description="DenseNet-121, growth 32, 224x224 images",
+_register(name="densenet121", family="cnn", batch_size=32, expected_params=7_978_856,
+          source="torchvision's densenet121 model card: 7,978,856 (Huang et al. 2017, Table 1, define it "
+                 "without a count)", description="DenseNet-121, growth 32, 224x224 images",
           build=_lazy("cnn.DenseNet121"),
           batch=_images(1000, 224))
-_register(name="inceptionv3", family="cnn", batch_size=32, published_params=23_851_784,
-          source="Szegedy et al. 2016; Keras InceptionV3 (23.9M, no auxiliary head)",
+_register(name="inceptionv3", family="cnn", batch_size=32, expected_params=23_851_784,
+          source="Keras Applications' InceptionV3: 23.9M, no auxiliary head (Szegedy et al. 2016 define it)",
           description="Inception-v3 without the auxiliary classifier, 299x299 images",
           build=_lazy("cnn.InceptionV3"),
           batch=_images(1000, 299))
-_register(name="bert-3l", family="bert", batch_size=32, published_params=11_000_000,
-          source="AutoDist §3.2: BERT-3L (11M); width of BERT-Mini (H=256, 4 heads) with a 32k vocabulary",
+_register(name="bert-3l", family="bert", batch_size=32, expected_params=11_000_000,
+          source="AutoDist (Zhang et al. 2020) §3.2: BERT-3L, 11M; width of BERT-Mini (H=256, 4 heads) with a "
+                 "32k vocabulary",
           description="BERT pre-training, 3 layers, hidden 256, 4 heads, FFN 1024, vocab 32,000, seq 128",
           build=_bert(3, 256, 4, 1024, vocab=32_000), batch=_bert_batch(32_000, 128))
-_register(name="bert-6l", family="bert", batch_size=16, published_params=_bert_count(6, 768, 3072),
-          source="AutoDist §3.2 names BERT-6L without a count: BERT-base truncated to 6 layers (count from its config)",
+_register(name="bert-6l", family="bert", batch_size=16, expected_params=_bert_count(6, 768, 3072),
+          published=False,
+          source="ours: no published count (AutoDist §3.2 names BERT-6L without one); BERT-base truncated to "
+                 "6 layers, counted from that configuration",
           description="BERT pre-training, 6 layers, hidden 768, 12 heads, seq 128",
           build=_bert(6, 768, 12, 3072), batch=_bert_batch(30522, 128))
-_register(name="bert-base", family="bert", batch_size=16, published_params=110_000_000,
-          source="Devlin et al. 2019: BERT-base (110M)",
+_register(name="bert-base", family="bert", batch_size=16, expected_params=110_000_000,
+          source="Devlin et al. 2019, §3: BERT-base, total parameters 110M",
           description="BERT pre-training, 12 layers, hidden 768, 12 heads, seq 128",
           build=_bert(12, 768, 12, 3072), batch=_bert_batch(30522, 128))
-_register(name="bert-large", family="bert", batch_size=8, published_params=340_000_000,
-          source="Devlin et al. 2019: BERT-large (340M); AutoDist §3.3 (batch 8 per GPU)",
+_register(name="bert-large", family="bert", batch_size=8, expected_params=340_000_000,
+          source="Devlin et al. 2019, §3: BERT-large, total parameters 340M; AutoDist §3.3 (batch 8 per GPU)",
           description="BERT pre-training, 24 layers, hidden 1024, 16 heads, seq 128",
           build=_bert(24, 1024, 16, 4096), batch=_bert_batch(30522, 128))
-_register(name="transformer", family="transformer", batch_size=32, published_params=65_000_000,
-          source="Vaswani et al. 2017, Table 3 base (65M); a shared 40k vocabulary (37k gives 63.1M)",
+_register(name="transformer", family="transformer", batch_size=32, expected_params=65_000_000,
+          source="Vaswani et al. 2017, Table 3: base, 65M; a shared 40k vocabulary (37k gives 63.1M)",
           description="Transformer base: 6+6 layers, d_model 512, 8 heads, FFN 2048, tied 40k embedding, seq 64",
           build=_lazy("transformer.TransformerSeq2Seq",
               vocab=40_000, hidden=512, heads=8, inner=2048, layers=6),
           batch=_seq2seq_batch(40_000, 64, 64))
-_register(name="lm1b", family="lm", batch_size=128, published_params=830_000_000,
-          source="Jozefowicz et al. 2016, LSTM-2048-512 (0.83B); AutoDist's LM1B benchmark",
+_register(name="lm1b", family="lm", batch_size=128, expected_params=830_000_000,
+          source="Jozefowicz et al. 2016, Table 1: LSTM-2048-512, 0.83B; AutoDist's LM1B benchmark",
           description="LSTM-2048-512 on the 793,471-word LM1B vocabulary, 20 steps, sampled softmax "
                       "(64 negatives per sequence), sparse embedding and softmax gradients",
           build=_lazy("recsys.LSTMLanguageModel",
@@ -196,29 +207,30 @@ _register(name="lm1b", family="lm", batch_size=128, published_params=830_000_000
           batch=_lm_batch(793_471, 20, 64))
 
 # Small variants: one per family, seconds per step on 2 CPU cores.
-_register(name="bert-tiny", family="bert", batch_size=8, published_params=4_400_000, small=True,
-          source="Turc et al. 2019, BERT-Tiny (L=2, H=128, 4.4M)",
+_register(name="bert-tiny", family="bert", batch_size=8, expected_params=4_400_000, small=True,
+          source="Turc et al. 2019 (arXiv:1908.08962): BERT-Tiny (L=2, H=128), 4.4M",
           description="BERT pre-training, 2 layers, hidden 128, 2 heads, seq 32",
           build=_bert(2, 128, 2, 512), batch=_bert_batch(30522, 32))
-_register(name="cnn-small", family="cnn", batch_size=16, published_params=(3 * 16 * 9 + 16) + 32 + (16 * 32 * 9 + 32) + 64 + (32 * 64 * 9 + 64) + (64 * 10 + 10),
+_register(name="cnn-small", family="cnn", batch_size=16, expected_params=(3 * 16 * 9 + 16) + 32 + (16 * 32 * 9 + 32) + 64 + (32 * 64 * 9 + 64) + (64 * 10 + 10),
           small=True,
-          source="synctune (count from its layers)", description="4-layer CNN with GroupNorm, 32x32 images, 10 classes",
+          published=False, source="ours: no published count; counted from its layers",
+          description="4-layer CNN with GroupNorm, 32x32 images, 10 classes",
           build=_lazy("cnn.SmallCNN"),
           batch=_images(10, 32))
-_register(name="ncf-small", family="ncf", batch_size=64, published_params=3000 * 24 + (32 * 16 + 16) + (16 * 8 + 8) + (16 + 1), small=True,
-          source="synctune (count from its layers)",
+_register(name="ncf-small", family="ncf", batch_size=64, expected_params=3000 * 24 + (32 * 16 + 16) + (16 * 8 + 8) + (16 + 1), small=True,
+          published=False, source="ours: no published count; counted from its layers",
           description="NeuMF, 2,000 users, 1,000 items, GMF 8 + MLP 32-16-8, sparse embedding gradients",
           build=_lazy("recsys.NeuMF",
               num_users=2000, num_items=1000, mf_dim=8, layers=(32, 16, 8), sparse=True),
           batch=_ncf_batch(2000, 1000))
-_register(name="lm-small", family="lm", batch_size=8, published_params=2000 * 32 * 2 + 2000 + 64 * 256 + 256 + 64 * 32,
-          small=True, source="synctune (count from its layers)",
+_register(name="lm-small", family="lm", batch_size=8, expected_params=2000 * 32 * 2 + 2000 + 64 * 256 + 256 + 64 * 32,
+          small=True, published=False, source="ours: no published count; counted from its layers",
           description="LSTM-64-32, 2,000-word vocabulary, 8 steps, 8 negatives per sequence, sparse gradients",
           build=_lazy("recsys.LSTMLanguageModel",
               vocab=2000, embedding=32, state=64, projection=32),
           batch=_lm_batch(2000, 8, 8))
-_register(name="transformer-small", family="transformer", batch_size=8, published_params=_transformer_count(1000, 64, 128, 2), small=True,
-          source="synctune (count from its layers)",
+_register(name="transformer-small", family="transformer", batch_size=8, expected_params=_transformer_count(1000, 64, 128, 2), small=True,
+          published=False, source="ours: no published count; counted from its layers",
           description="Transformer 2+2 layers, d_model 64, 2 heads, FFN 128, 1,000-word vocabulary, seq 16",
           build=_lazy("transformer.TransformerSeq2Seq",
               vocab=1000, hidden=64, heads=2, inner=128, layers=2),
