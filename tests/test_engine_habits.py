@@ -179,10 +179,12 @@ def test_every_rank_refuses_a_misused_step_together_and_the_group_trains_on():
     and ``step``), refused 24 times on 3 ranks with
     uneven splits and random per-rank delays before every backward (multi-stage units, some
     stages launched on one rank and not yet on another when the misuse comes), on random
-    strategies, some with one rank that sees no misuse of its own: every rank raises the same
-    error every time, and a fresh engine on the same process group then trains exactly like one
-    process (a refusal that left a collective behind on one rank would hang or corrupt it; the
-    short collective timeout makes that a quick failure)."""
+    strategies (checkpoints also with one rank that has no gradient in flight, so sees no misuse of
+    its own): every rank raises the same error every time, and a fresh engine on the same process
+    group then trains exactly like one process (a refusal that left a collective behind on one
+    rank would hang or corrupt it; the short collective timeout makes that a quick failure). A
+    step's refusal is decided by each rank alone (what its hooks saw, never when its collectives
+    launched); a checkpoint's is agreed by all."""
     base = cluster_preset("local-1x2").to_dict()
     base["nodes"][0]["num_devices"] = 3
     base["name"] = "local-1x3"
@@ -193,7 +195,8 @@ def test_every_rank_refuses_a_misused_step_together_and_the_group_trains_on():
         s = random_strategy(spec_of("habit"), cluster, random.Random(100 + i))
         s = type(s)(**{**s.__dict__, "batch_split": split})
         validate(s, spec_of("habit"), cluster)
-        refusals.append({"strategy": s.to_dict(), "kind": list(MISUSES)[i % 4], "lone": i // 4 % 2 == 1})
+        kind = list(MISUSES)[i % 4]
+        refusals.append({"strategy": s.to_dict(), "kind": kind, "lone": kind == "checkpoint" and i // 4 % 2 == 1})
     train = {"cluster": base, "batch_split": split, "seed": 3, "steps": 3, "label": "after-refusals", "model": "habit",
              "strategy": refusals[0]["strategy"], "optimizer": "sgd", "lr": 0.2, "micro": 2}
     case = {"cluster": base, "seed": 3, "refusals": refusals, "train": train}
@@ -201,7 +204,9 @@ def test_every_rank_refuses_a_misused_step_together_and_the_group_trains_on():
     for i, refusal in enumerate(refusals):
         said = [out["errors"][i] for out in outputs]
         assert said[0] is not None and all(s == said[0] for s in said), (i, said)
-        assert MISUSES[refusal["kind"]] in said[0] and "(on rank 0; every rank refuses this step)" in said[0], said[0]
+        assert MISUSES[refusal["kind"]] in said[0], said[0]
+        agreed = "(on rank 0; every rank refuses this checkpoint)" in said[0]
+        assert agreed == (refusal["kind"] == "checkpoint"), said[0]
     _same_on_every_rank("after-refusals", [out["trained"] for out in outputs])
     expected = reference(train)
     for k, v in expected.items():

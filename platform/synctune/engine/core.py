@@ -23,12 +23,20 @@ the synchronized gradient (``engine.clip_grad_norm_``), and checkpoints that do 
 the strategy (``engine.state_dict()`` / ``load_state_dict``).
 
 What a loop does wrong is refused by every rank together, never by some while others wait in a
-collective: a hook that finds a misuse (a second backward before ``step``, a backward after
-``clip_grad_norm_``) only records it; the step's collectives all run to completion on every rank
-as usual, then the ranks' verdicts meet in one small all-reduce on a gloo group of their own
-(launched before the completion, so it overlaps it), and every rank raises the same
-SynchronizationError from ``step`` (or ``clip_grad_norm_``) with that step's gradients dropped:
-the engine, and the process group, go on to the next step (or the next engine) cleanly.
+collective: a hook that finds a misuse (a second backward before ``step``, a backward inside
+``no_sync`` after the synchronized one, a backward after ``clip_grad_norm_``) only records it; the
+step's collectives all run to completion on every rank as usual, and the SynchronizationError is
+raised from ``step`` (or ``clip_grad_norm_``) with that step's gradients dropped, so the engine and
+the process group go on to the next step (or the next engine) cleanly. What a hook records
+depends only on the gradients this rank's backward passes produced, never on when its
+collectives launched, so ranks that run the same loop refuse the same step with the same
+message without exchanging anything. Agreeing on it every step would cost a small all-reduce on
+the critical path of every step (measured: 7-11% of an iteration of ncf-small and cnn-small on
+lab-2x2, where it acts as a barrier after the last collective), which torch DDP does not pay
+either; a loop in which ranks run different numbers of backward passes (data-dependent control
+flow around ``backward``) is outside what a refusal can catch on every rank. Checkpoints
+(``state_dict``/``load_state_dict`` between a backward and ``step``), rare calls, are agreed
+collectively: there a rank with no gradient in flight cannot see the misuse by itself.
 """
 
 from __future__ import annotations
@@ -131,9 +139,9 @@ class StrategyEngine:
             with torch.no_grad():
                 for t in list(module.parameters()) + list(module.buffers()):
                     self._broadcast_in_place(t.data, 0)
-        # Verdicts travel apart from the units' collectives: on the world group they would be
-        # issued between unit stages that ranks launch in different interleavings. gloo on CPU
-        # whatever the device: a verdict is host state, and it then costs no device sync.
+        # Checkpoint verdicts travel apart from the units' collectives: on the world group they
+        # would be issued between unit stages that ranks launch in different interleavings. gloo
+        # on CPU whatever the device: a verdict is host state, and it then costs no device sync.
         self._verdict_group = dist.new_group(list(range(self.world)), backend="gloo") if self.world > 1 else None
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
@@ -361,7 +369,7 @@ class StrategyEngine:
     def _hook(self, name: str):
         # A misuse is recorded, not raised: raising here would stop this rank's backward (and its
         # launches) while its peers, which may see no misuse of their own, go on into collectives
-        # it never joins. ``_settle`` raises it on every rank together.
+        # it never joins. ``_settle`` raises it once every collective of the step completed.
         def hook(param: torch.Tensor) -> None:
             if self._refusal is not None:
                 return  # the step is refused: its gradients are dropped at the verdict
@@ -403,12 +411,12 @@ class StrategyEngine:
         finally:
             self._sync_enabled = previous
 
-    def _synchronize(self) -> None:
+    def _synchronize(self, settle: bool = True) -> None:
         """Complete every unit's collectives (launching, with zero gradients, those of parameters
-        the forward pass did not use) and set the shard parameters' gradients."""
+        the forward pass did not use) and set the shard parameters' gradients; then (``settle``)
+        raise a refusal recorded during the step."""
         if self._synchronized:
             return
-        verdict = self._start_verdict()
         views: dict[str, GradView | None] = {}
         for unit in self.units:
             for member in unit.unready():
@@ -424,36 +432,39 @@ class StrategyEngine:
         for unit in self.units:
             unit.finish()
         self._synchronized = True
+        if settle:
+            self._settle(self._start_verdict(collective=False), self._unit_refusal())
+
+    def _unit_refusal(self) -> str | None:
         # A unit's own refusal (SFB's check) is the same on every rank already: its verdicts
         # travelled with its row counts.
-        self._settle(verdict, next((u.refusal for u in self.units if u.refusal), None))
+        return next((u.refusal for u in self.units if u.refusal), None)
 
-    def _start_verdict(self) -> tuple[Any, torch.Tensor]:
-        """Launch the all-reduce of this rank's verdict: the lowest rank that refused (the world
-        size when none did)."""
+    def _start_verdict(self, collective: bool) -> tuple[Any, torch.Tensor, bool]:
+        """This rank's verdict: the lowest rank that refused (the world size when none did);
+        ``collective``: launch its all-reduce over every rank, else this rank's own."""
         first = torch.tensor([self.rank if self._refusal is not None else self.world], dtype=torch.long)
-        work = dist.all_reduce(first, op=dist.ReduceOp.MIN, group=self._verdict_group,
-                               async_op=True) if self._verdict_group is not None else None
-        return work, first
+        work = None
+        if collective and self._verdict_group is not None:
+            work = dist.all_reduce(first, op=dist.ReduceOp.MIN, group=self._verdict_group, async_op=True)
+        return work, first, collective and self._verdict_group is not None
 
-    def _settle(self, verdict: tuple[Any, torch.Tensor], shared: str | None = None) -> None:
-        """Complete ``verdict``; when any rank refused (or ``shared``, a refusal every rank holds
-        already, is given), drop the step on every rank and raise the lowest refusing rank's
-        message on all of them. Collective."""
-        work, first = verdict
+    def _settle(self, verdict: tuple[Any, torch.Tensor, bool], shared: str | None = None) -> None:
+        """Complete ``verdict``; when it names a refusing rank (or ``shared``, a refusal every
+        rank holds already, is given), drop the step and raise the refusal: a collective
+        verdict's, the lowest refusing rank's message on every rank."""
+        work, first, collective = verdict
         if work is not None:
             work.wait()
         who = int(first[0])
         message = shared
         if who < self.world:
-            if self._verdict_group is None:
+            if not collective:
                 message = self._refusal
             else:
                 box = [self._refusal if who == self.rank else None]
                 dist.broadcast_object_list(box, src=who, group=self._verdict_group)
-                message = box[0]
-            if self.world > 1:
-                message = f"{message} (on rank {who}; every rank refuses this step)"
+                message = f"{box[0]} (on rank {who}; every rank refuses this checkpoint)"
         if message is None:
             return
         # The step's gradients mix what the loop did wrong: dropped, so that the next step (or a
@@ -539,7 +550,7 @@ class StrategyEngine:
         synchronized = self._synchronized  # by clip_grad_norm_: a backward since then is refused now
         self._synchronize()
         if synchronized:
-            self._settle(self._start_verdict())
+            self._settle(self._start_verdict(collective=False))
         if scaler is not None and scaler.is_enabled():
             self._agreed_step(scaler)
         elif self.optimizer is not None:
@@ -576,16 +587,16 @@ class StrategyEngine:
                 unit.stored(m) for unit in self.units for m in unit.members)):
             self._refusal = (f"{what} between a backward pass and engine.step(): gradients are being "
                              f"synchronized; call it after engine.step()")
-        work, first = self._start_verdict()
+        work, first, _collective = self._start_verdict(collective=True)
         if work is not None:
             work.wait()
         if int(first[0]) == self.world:
             return
         if not self._synchronized:
             # Some rank has collectives in flight: complete every unit on every rank (a rank with
-            # nothing stored sends zeros), so none is left behind; it raises the agreed refusal.
-            self._synchronize()
-        self._settle(self._start_verdict())
+            # nothing stored sends zeros), so none is left behind, then raise the agreed refusal.
+            self._synchronize(settle=False)
+        self._settle(self._start_verdict(collective=True), self._unit_refusal())
 
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state that do not depend on the strategy (collective: every rank
