@@ -147,7 +147,7 @@ def test_a_workload_outside_the_repository_is_searched_and_applied(tmp_path):
 BROKEN = {
     "no such module": ("nowhere.at.all:workload", "cannot import module 'nowhere.at.all'"),
     "no such function": ("{job}:nothing", "has no function 'nothing'"),
-    "factory raises": ("{job}:raises", "the factory raised RuntimeError: no data here"),
+    "factory raises": ("{job}:raises", "calling the factory: it raised RuntimeError: no data here"),
     "forward fails": ("{job}:bad_forward", "the forward and backward pass on a batch of 4 failed"),
     "wrong batch shape": ("{job}:wrong_shape", "the forward and backward pass on a batch of 4 failed"),
     "not a definition": ("{job}:not_a_definition", "the factory returned dict"),

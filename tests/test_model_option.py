@@ -177,7 +177,7 @@ BROKEN = {
     "no such file": (["models", "-w", "nowhere.py:workload"], "workload 'nowhere.py:workload': no such file"),
     "no such function": (["models", "-w", "{job}:nothing"], "has no function 'nothing'"),
     "factory raises": (["strategy", "build", "ps", "-w", "{job}:raises", "-c", "local-1x2"],
-                       "the factory raised RuntimeError: no data here"),
+                       "calling the factory: it raised RuntimeError: no data here"),
     "no such module": (["strategy", "validate", "{strategy}", "-m", "nowhere.at.all:workload", "-c", "local-1x2"],
                        "cannot import module 'nowhere.at.all'"),
     "no factory named": (["models", "-w", "{job}"], "name the factory in the file"),
