@@ -72,6 +72,22 @@ def wait_text(driver, text: str, timeout_s: float = 60.0) -> str:
     raise AssertionError(f"{text!r} did not appear within {timeout_s:g} s; page shows: {body[:800]!r}")
 
 
+def wait_until_serving(proc: subprocess.Popen, port: int, timeout_s: float) -> None:
+    """Wait until the `synctune ui` process ``proc`` answers on ``port``; fail the test if it
+    exits or ``timeout_s`` passes first."""
+    until = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > until:
+            pytest.fail(f"synctune ui did not come up on port {port} (exit status {proc.poll()})")
+        time.sleep(1)
+
+
 @contextlib.contextmanager
 def serve_ui(home: Path):
     """`synctune ui` on a free port of 127.0.0.1 for the data home ``home``; yields its URL and
@@ -82,17 +98,7 @@ def serve_ui(home: Path):
     proc = subprocess.Popen([sys.executable, "-m", "synctune", "ui", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        until = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > until:
-                pytest.fail(f"synctune ui did not come up on port {port} (exit status {proc.poll()})")
-            time.sleep(1)
+        wait_until_serving(proc, port, 120)
         yield f"http://127.0.0.1:{port}"
     finally:
         # The UI runs worker processes of its own: stop the whole session we started.

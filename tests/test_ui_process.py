@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
+
+from _browser import wait_until_serving
 
 from synctune.engine.local import free_port
 
@@ -57,17 +58,7 @@ def test_ui_stopped_by_a_signal_leaves_no_process_of_its_tree(tmp_path, sig):
     tree: set[int] = set()
     home = tmp_path / "home"
     try:
-        until = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if ui.poll() is not None or time.monotonic() > until:
-                pytest.fail(f"synctune ui did not come up on port {port} (exit status {ui.poll()})")
-            time.sleep(1)
+        wait_until_serving(ui, port, 180)
         # Signalled as soon as it serves, while MLflow still starts its job consumers (the moment
         # a signal to the server alone left four of them running): every process of the tree
         # then, and every process started since that carries this test's data home.

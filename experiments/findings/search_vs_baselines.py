@@ -57,12 +57,10 @@ def oracle(workload, cluster, node_net, count: int, warmup: int, iters: int, fou
 
     Returns the oracle's arm, its origin and per-round median seconds, every re-measured arm's
     origin and median, and how many strategies were swept."""
-    import math
-
     from _oracle import coarse_sweep
 
     from synctune.cluster.workers import RayWorkerGroup
-    from synctune.engine.trial import TrialConfig, run_trials_local
+    from synctune.engine.trial import TrialConfig, relative_scores, run_trials_local
     from synctune.strategy import StrategyError, build_strategy, validate
     from synctune.strategy.builders import TUNED_BASELINES, baseline_strategy
 
@@ -96,8 +94,7 @@ def oracle(workload, cluster, node_net, count: int, warmup: int, iters: int, fou
         out = group.run_confirm([(s, r) for s, r, _o in arms], TrialConfig(warmup=warmup, seed=0), workload=workload,
                                 rounds=2, per_round=5, screen_rounds=rounds, candidates=len(arms) - 1)
     screen = out["screen_s"]
-    means = [math.exp(sum(math.log(a[r]) for a in screen) / len(screen)) for r in range(rounds)]
-    score = [statistics.median(a[r] / means[r] for r in range(rounds)) for a in screen]
+    score = relative_scores(screen)
     best = min(range(len(arms)), key=score.__getitem__)
     return {"arm": arms[best][:2], "origin": arms[best][2], "times_s": screen[best],
             "median_s": statistics.median(screen[best]), "swept": len(pool),

@@ -25,7 +25,7 @@ from .runtimes import as_runtime
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
            "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local",
-           "interleave", "Interleaved", "screen_picks", "timed_iterations"]
+           "interleave", "Interleaved", "relative_scores", "screen_picks", "timed_iterations"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
@@ -222,19 +222,22 @@ class Interleaved:
         return out
 
 
-def screen_picks(screen: list[list[float]], candidates: int) -> tuple[int, int]:
-    """The screening's picks: the candidate (among the first ``candidates`` arms) and the
-    baseline (among the rest) with the smallest median of their per-round time relative to the
-    round's geometric mean over every arm (so a round the machine ran slow weighs on no arm)."""
+def relative_scores(screen: list[list[float]]) -> list[float]:
+    """Per arm of a screening (per arm, per round times), the median of its per-round time
+    relative to the round's geometric mean over every arm (so a round the machine ran slow
+    weighs on no arm); smaller is faster."""
     import statistics
 
     rounds = len(screen[0])
     means = [math.exp(sum(math.log(arm[r]) for arm in screen) / len(screen)) for r in range(rounds)]
+    return [statistics.median(arm[r] / means[r] for r in range(rounds)) for arm in screen]
 
-    def score(i: int) -> float:
-        return statistics.median(screen[i][r] / means[r] for r in range(rounds))
 
-    return (min(range(candidates), key=score), min(range(candidates, len(screen)), key=score))
+def screen_picks(screen: list[list[float]], candidates: int) -> tuple[int, int]:
+    """The screening's picks: the candidate (among the first ``candidates`` arms) and the
+    baseline (among the rest) with the smallest :func:`relative_scores`."""
+    score = relative_scores(screen)
+    return (min(range(candidates), key=score.__getitem__), min(range(candidates, len(screen)), key=score.__getitem__))
 
 
 def interleave(timed: Callable[[int], float], arms: int, *, rule=None, rounds: int | None = None,
