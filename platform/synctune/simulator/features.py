@@ -383,8 +383,8 @@ RAW_NAMES = ("is_ps", "is_ar", "is_ag", "is_sfb", *(f"comp_{name}" for name in C
              "min_nic", "max_nic", "min_flow", "min_intra")
 _RAW = {name: i for i, name in enumerate(RAW_NAMES)}
 #: By kind code: the column of its one-hot raw feature.
-_KIND_COLUMN = np.array([_RAW[{"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb"}[kind]]
-                         for kind in SYNCHRONIZER_KINDS])
+_KIND_COLUMN = np.array([_RAW[{"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb",
+                               "shard": "is_ar"}[kind]] for kind in SYNCHRONIZER_KINDS])
 
 
 def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:

@@ -196,7 +196,7 @@ COMPRESSORS: Registry[CompressorInfo] = Registry("compressor")
 _CODES: dict[str, int] = {}
 for _info in (
     CompressorInfo(name="none", lossless=True, description="send gradients as they are",
-                   synchronizers=("ps", "allreduce", "allgather", "sfb")),
+                   synchronizers=("ps", "allreduce", "allgather", "sfb", "shard")),
     CompressorInfo(name="fp16", lossless=False, tolerance=2e-3, wire_ratio=lambda shape, rank: 0.5,
                    description="cast to float16 for the wire, back to float32 after",
                    engine=lambda **_: _Cast("float16")),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-__all__ = ["shard_slices", "shard_shapes"]
+__all__ = ["shard_slices", "shard_shapes", "shard_rows"]
 
 
 def _sizes(length: int, pieces: int) -> list[int]:
@@ -28,3 +28,11 @@ def shard_slices(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tup
 def shard_shapes(shape: tuple[int, ...], partition: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Shapes of the shards of a variable of ``shape`` cut by ``partition``, row-major."""
     return list(itertools.product(*(_sizes(length, pieces) for length, pieces in zip(shape, partition))))
+
+
+def shard_rows(length: int, group: int) -> list[slice]:
+    """The rows of a variable of ``length`` rows that each member of a shard group of ``group``
+    holds under the ``shard`` synchronizer: ``torch.chunk``'s cut, as FSDP2 shards a parameter
+    on dim 0 (``ceil(length / group)`` rows each, the last members short or empty)."""
+    size = -(-length // group)
+    return [slice(min(length, r * size), min(length, (r + 1) * size)) for r in range(group)]

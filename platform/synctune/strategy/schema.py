@@ -3,7 +3,8 @@
 Graph level: which devices hold a replica and the per-replica batch. Variable level: one
 :class:`VariablePlan` per variable: a partition (shards per axis, AutoDist's vector p_i) and,
 per shard, a synchronizer (``ps``: reduce to a placement, update there, broadcast back;
-``allreduce``: merged by group id; ``allgather``: sparse gradients) wrapped by a compressor.
+``allreduce``: merged by group id; ``allgather``: sparse gradients; ``sfb``: sufficient factors;
+``shard``: ZeRO / FSDP, reduce-scatter, sliced update, all-gather) wrapped by a compressor.
 
 Structure is checked here, on construction (types, known kinds); consistency with a model and
 a cluster is :func:`synctune.strategy.validate`'s job.
@@ -39,6 +40,8 @@ __all__ = [
     "AllReduceSynchronizer",
     "AllGatherSynchronizer",
     "SFBSynchronizer",
+    "ShardSynchronizer",
+    "REDUCE_DTYPES",
     "Synchronizer",
     "SYNCHRONIZER_KINDS",
     "ShardPlan",
@@ -47,8 +50,14 @@ __all__ = [
     "load_strategy",
 ]
 
-#: Version of the strategy JSON schema; bump on any incompatible change.
-SCHEMA_VERSION = 2
+#: Version of the strategy JSON schema; bump on any incompatible change. Schema 3 added the
+#: ``shard`` synchronizer; schema 1 and 2 files are read and migrated. A strategy is written in
+#: the oldest schema that holds it (:attr:`Strategy.schema`): one without ``shard`` plans stays
+#: schema 2, so its canonical form, and the hash of every dataset row measured before, are
+#: unchanged, and only a sharded strategy needs a synctune that reads schema 3.
+SCHEMA_VERSION = 3
+#: The schema of strategies without ``shard`` plans.
+_SCHEMA_UNSHARDED = 2
 #: Schema 1 named all-reduce algorithms the backend never let synctune choose (``auto``, ``ring``,
 #: ``tree``); every one of them ran as one flat collective, which schema 2 calls ``flat``.
 _SCHEMA_1_ALGORITHMS = ("auto", "ring", "tree")
@@ -193,13 +202,64 @@ class SFBSynchronizer:
         return {"kind": "sfb"}
 
 
-Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer, SFBSynchronizer]
+#: The dtypes a ``shard`` unit may reduce its gradients in (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``).
+REDUCE_DTYPES = ("fp32", "bf16")
+#: The most all-gathers a resharded unit may issue ahead (FSDP2 prefetches one by default).
+MAX_PREFETCH = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardSynchronizer:
+    """Sharded data parallelism (ZeRO, Rajbhandari et al. SC'20; FSDP2 ``fully_shard``): the
+    gradient is reduce-scattered over a **shard group**, each member updates only its slice of
+    rows (so its optimizer state is a slice too), and the updated slices are all-gathered.
+
+    Variables with the same ``unit`` form one communication unit (FSDP2's ``fully_shard`` module
+    boundary): one reduce-scatter and one all-gather for all of them, so they must agree on every
+    other field. ``group``: 0 shards over every replica; k > 0 over groups of k consecutive
+    replicas, the slices then all-reduced across the groups (HSDP, a (replicas/k, k) mesh).
+    ``reshard``: also free the parameter after forward and gather it again for backward
+    (ZeRO-3, FSDP's ``reshard_after_forward=True``); otherwise parameters stay whole (ZeRO-2).
+    ``prefetch``: all-gathers issued ahead of use when resharded. ``reduce_dtype``: the dtype
+    the gradient travels and is summed in (``bf16`` halves the bytes; lossy)."""
+
+    unit: int = 0
+    group: int = 0
+    reshard: bool = False
+    prefetch: int = 0
+    reduce_dtype: str = "fp32"
+    kind: str = "shard"
+
+    def __post_init__(self) -> None:
+        _req(self.kind == "shard", "synchronizer kind", "'shard'", self.kind)
+        _req(in_range(self.unit, 0, LIMITS["seed"]), "shard: unit", "a non-negative integer", self.unit)
+        _req(in_range(self.group, 0, LIMITS["devices"]), "shard: group",
+             "0 (every replica) or a shard-group size", self.group)
+        _req(isinstance(self.reshard, bool), "shard: reshard", "true or false", self.reshard)
+        _req(in_range(self.prefetch, 0, MAX_PREFETCH), "shard: prefetch", f"an integer from 0 to {MAX_PREFETCH}",
+             self.prefetch)
+        _req(self.prefetch == 0 or self.reshard, "shard: prefetch",
+             "0 when reshard is false (the parameters stay gathered: nothing to prefetch)", self.prefetch)
+        _req(self.reduce_dtype in REDUCE_DTYPES, "shard: reduce_dtype", f"one of {REDUCE_DTYPES}", self.reduce_dtype)
+
+    @property
+    def unit_key(self) -> tuple:
+        """What every variable of one unit must share."""
+        return (self.group, self.reshard, self.prefetch, self.reduce_dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "shard", "unit": self.unit, "group": self.group, "reshard": self.reshard,
+                "prefetch": self.prefetch, "reduce_dtype": self.reduce_dtype}
+
+
+Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer, SFBSynchronizer, ShardSynchronizer]
 #: The synchronizer registry: kind -> (class, optional keys of its JSON form).
 _SYNC_KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
     "ps": (PSSynchronizer, ("placement", "local_aggregation", "staleness")),
     "allreduce": (AllReduceSynchronizer, ("group", "algorithm")),
     "allgather": (AllGatherSynchronizer, ()),
     "sfb": (SFBSynchronizer, ()),
+    "shard": (ShardSynchronizer, ("unit", "group", "reshard", "prefetch", "reduce_dtype")),
 }
 #: The synchronizer kinds in registry order; a kind's code in strategy columns and simulator
 #: features is its index here (:data:`synctune.strategy.columns.KIND_CODES`).
@@ -229,8 +289,8 @@ class ShardPlan:
 
     def __post_init__(self) -> None:
         _req(isinstance(self.synchronizer, (PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer,
-                                            SFBSynchronizer)),
-             "shard: synchronizer", "a ps, allreduce, allgather or sfb synchronizer", self.synchronizer)
+                                            SFBSynchronizer, ShardSynchronizer)),
+             "shard: synchronizer", "a ps, allreduce, allgather, sfb or shard synchronizer", self.synchronizer)
         _req(isinstance(self.compressor, Compressor), "shard: compressor", "a Compressor", self.compressor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -312,13 +372,18 @@ class Strategy:
     replicas: tuple[str, ...]
     batch_split: tuple[int, ...]
     plans: tuple[VariablePlan, ...]
-    schema: int = SCHEMA_VERSION
+    #: Given only by readers of older files; the written schema is always :attr:`schema`.
+    schema: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("replicas", "batch_split", "plans"):
             if isinstance(getattr(self, key), list):
                 object.__setattr__(self, key, tuple(getattr(self, key)))
-        _req(self.schema == SCHEMA_VERSION, "strategy: schema", f"{SCHEMA_VERSION}", self.schema)
+        _req(self.schema is None or (is_int(self.schema) and 1 <= self.schema <= SCHEMA_VERSION), "strategy: schema",
+             f"1..{SCHEMA_VERSION}", self.schema)
+        object.__setattr__(self, "schema", SCHEMA_VERSION if any(
+            isinstance(s.synchronizer, ShardSynchronizer) for p in self.plans for s in p.shards
+            if isinstance(p, VariablePlan)) else _SCHEMA_UNSHARDED)
         for key in ("model", "cluster"):
             ref = getattr(self, key)
             _req(isinstance(ref, Mapping) and set(ref) == {"name", "hash"} and all(isinstance(v, str) for v in ref.values()),
@@ -351,11 +416,17 @@ class Strategy:
         d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"))
         if d["schema"] == 1 and not isinstance(d["schema"], bool):
             d = _migrate_schema_1(d)
-        _req(d["schema"] == SCHEMA_VERSION and not isinstance(d["schema"], bool), f"{where}: schema",
-             f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 is read and migrated)", d["schema"])
+        _req(d["schema"] in (_SCHEMA_UNSHARDED, SCHEMA_VERSION) and not isinstance(d["schema"], bool),
+             f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 and 2 are read and migrated)",
+             d["schema"])
         for key in ("replicas", "batch_split", "plans"):
             _req(isinstance(d[key], list), f"{where}: {key}", "a list", type(d[key]).__name__)
         plans = tuple(VariablePlan.from_dict(p, f"{where}: plans[{i}]") for i, p in enumerate(d["plans"]))
+        sharded = next((p.variable for p in plans for s in p.shards if isinstance(s.synchronizer, ShardSynchronizer)),
+                       None)
+        _req(sharded is None or d["schema"] >= SCHEMA_VERSION, f"{where}: schema",
+             f"{SCHEMA_VERSION} (variable {sharded!r} has a shard synchronizer, new in schema {SCHEMA_VERSION})",
+             d["schema"])
         try:
             return cls(model=d["model"], cluster=d["cluster"], replicas=tuple(d["replicas"]),
                        batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"])
@@ -408,12 +479,15 @@ class Strategy:
         compressors: set[str] = set()
         local_agg = 0
         max_staleness = 0
+        units: set[int] = set()
         for _plan, _i, shard in self.iter_shards():
             sync = shard.synchronizer
             kinds[sync.kind] += 1
             compressors.add(shard.compressor.label)
             if isinstance(sync, AllReduceSynchronizer):
                 groups.add(sync.group)
+            elif isinstance(sync, ShardSynchronizer):
+                units.add(sync.unit)
             elif isinstance(sync, PSSynchronizer):
                 servers.add(sync.placement)
                 local_agg += sync.local_aggregation
@@ -428,6 +502,8 @@ class Strategy:
             "num_allreduce_shards": kinds["allreduce"],
             "num_allgather_shards": kinds["allgather"],
             "num_sfb_shards": kinds["sfb"],
+            "num_sharded": kinds["shard"],
+            "num_shard_units": len(units),
             "num_merge_groups": len(groups),
             "num_ps_servers": len(servers),
             "num_local_aggregation": local_agg,
@@ -445,7 +521,8 @@ class Strategy:
             f"ps {s['num_ps_shards']} on {s['num_ps_servers']} server(s)"
             + (f" ({s['num_local_aggregation']} locally aggregated)" if s["num_local_aggregation"] else ""),
             f"allreduce {s['num_allreduce_shards']} in {s['num_merge_groups']} group(s)",
-            f"allgather {s['num_allgather_shards']}" + (f", sfb {s['num_sfb_shards']}" if s["num_sfb_shards"] else ""),
+            f"allgather {s['num_allgather_shards']}" + (f", sfb {s['num_sfb_shards']}" if s["num_sfb_shards"] else "")
+            + (f", shard {s['num_sharded']} in {s['num_shard_units']} unit(s)" if s["num_sharded"] else ""),
             (f"{s['num_partitioned']} partitioned into {s['num_shards'] - s['num_variables'] + s['num_partitioned']} shards"
              if s["num_partitioned"] else "unpartitioned"),
             "compressors " + ",".join(s["compressors"]),
@@ -458,7 +535,7 @@ class Strategy:
 def _migrate_schema_1(data: Mapping[str, Any]) -> dict[str, Any]:
     """A schema-1 strategy in schema 2: its all-reduce algorithms were never executed (every group
     ran flat), so they become ``flat``; nothing else changed."""
-    out = dict(data, schema=SCHEMA_VERSION)
+    out = dict(data, schema=2)
     plans = []
     for plan in data["plans"] if isinstance(data["plans"], list) else []:
         if isinstance(plan, Mapping) and isinstance(plan.get("shards"), list):

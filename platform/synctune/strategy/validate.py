@@ -10,8 +10,8 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
 from ..spec._util import shown
 from .partition import shard_shapes
-from .schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy,
-                     StrategyError)
+from .schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, ShardSynchronizer,
+                     Strategy, StrategyError)
 
 __all__ = ["validate"]
 
@@ -49,6 +49,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
     uneven_nodes = _uneven_nodes(strategy, cluster)
     planned: set[str] = set()
     groups: dict[int, tuple[str, str, str]] = {}
+    units: dict[int, tuple[tuple, str]] = {}
     for i, plan in enumerate(strategy.plans):
         where = f"variable {shown(plan.variable)}"
         if plan.variable not in model:
@@ -62,6 +63,9 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
         for j, shard in enumerate(plan.shards):
             _check_shard(f"{where}: shards[{j}]", shard, var, len(plan.shards), shapes[j], model, cluster, seen,
                          uneven_nodes, groups, plan.variable)
+            if isinstance(shard.synchronizer, ShardSynchronizer):
+                _check_sharded(f"{where}: shards[{j}]", shard.synchronizer, var, len(plan.shards), strategy, cluster,
+                               units, plan.variable)
     missing = [v.name for v in model.variables if v.name not in planned]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -158,6 +162,11 @@ def _check_shard(swhere: str, shard, var, num_shards: int, shape, model: ModelSp
             f"{swhere}.synchronizer: allgather is for sparse gradients, and this variable's gradient is dense "
             f"(use allreduce or ps)"
         )
+    if isinstance(sync, ShardSynchronizer) and comp.kind != "none":
+        raise StrategyError(
+            f"{swhere}.compressor: {comp.label} is not executed with shard (its reduce-scatter sums in the "
+            f"unit's reduce_dtype); use compressor none, and reduce_dtype bf16 for half the bytes"
+        )
     if not comp.lossless and var.sparse:
         raise StrategyError(
             f"{swhere}.compressor: lossy compressor {comp.label!r} on a sparse gradient; "
@@ -192,3 +201,45 @@ def _check_shard(swhere: str, shard, var, num_shards: int, shape, model: ModelSp
                 f"(algorithm {first[0]}, compressor {first[1]}, {first[2]}) of variable {first[3]!r}; "
                 f"a merge group is one collective"
             )
+
+
+def _check_sharded(swhere: str, sync: ShardSynchronizer, var: VariableSpec, num_shards: int, strategy: Strategy,
+                   cluster: ClusterSpec, units: dict, variable: str) -> None:
+    """A ``shard`` synchronizer: a dense, unpartitioned float32 variable with rows to slice; a
+    shard group that divides the replicas and lies inside one node or spans whole nodes (an HSDP
+    mesh that matches the nodes); one unit's variables agreeing on everything but their rows."""
+    if var.sparse:
+        raise StrategyError(f"{swhere}.synchronizer: shard reduce-scatters a dense gradient, and this variable's "
+                            f"gradient is sparse; use allgather or ps")
+    if num_shards > 1:
+        raise StrategyError(f"{swhere}.synchronizer: shard slices the whole variable by rows itself, and this plan "
+                            f"partitions it into {num_shards} shards; use partition {[1] * len(var.shape)} with shard")
+    if not var.shape:
+        raise StrategyError(f"{swhere}.synchronizer: shard slices a variable by rows, and this one is a scalar "
+                            f"(shape []); use allreduce")
+    if var.dtype != "float32":
+        raise StrategyError(f"{swhere}.synchronizer: shard runs float32 variables (reduce_dtype fp32 or bf16), and "
+                            f"this one is {var.dtype}; use allreduce")
+    replicas = len(strategy.replicas)
+    size = sync.group or replicas
+    if replicas % size:
+        raise StrategyError(f"{swhere}.synchronizer.group: a shard group of {size} does not divide the {replicas} "
+                            f"replicas; use a divisor of {replicas} (0 for every replica)")
+    nodes = [cluster.node_of(dev).name for dev in strategy.replicas]
+    count = {n: nodes.count(n) for n in nodes}
+    for start in range(0, replicas, size):
+        members = nodes[start:start + size]
+        if len(set(members)) > 1 and any(members.count(n) != count[n] for n in set(members)):
+            raise StrategyError(
+                f"{swhere}.synchronizer.group: shard group {start // size} (replicas {start}..{start + size - 1}) "
+                f"takes part of node {next(n for n in members if members.count(n) != count[n])!r}'s replicas "
+                f"together with another node's; a shard group lies inside one node or spans whole nodes (an HSDP "
+                f"mesh that matches the nodes)")
+    first = units.setdefault(sync.unit, (sync.unit_key, variable))
+    if first[0] != sync.unit_key:
+        names = ("group", "reshard", "prefetch", "reduce_dtype")
+        field = next(n for n, a, b in zip(names, sync.unit_key, first[0]) if a != b)
+        raise StrategyError(
+            f"{swhere}.synchronizer.{field}: unit {sync.unit} has {field} {dict(zip(names, first[0]))[field]!r} "
+            f"on variable {first[1]!r} and {getattr(sync, field)!r} here; a unit is one reduce-scatter and one "
+            f"all-gather, so its variables agree on group, reshard, prefetch and reduce_dtype")
