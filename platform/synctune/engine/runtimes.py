@@ -9,6 +9,7 @@ from typing import Any
 from ..spec.errors import SpecError
 from .composed import ENGINE, EngineRuntime
 from .ddp import DDPRuntime
+from .fsdp import FSDPRuntime
 from .horovod import HorovodRuntime
 from .runtime import Runtime
 from .tensorflow import TensorFlowRuntime
@@ -28,7 +29,7 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     return cls
 
 
-for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime):
+for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime, FSDPRuntime):
     register_runtime(_cls)
 
 

@@ -96,7 +96,8 @@ class _Arm:
         import torch
 
         loss = self.workload.loss(self.stepper.forward_model, self.batch)
-        loss.backward()
+        scale = self.stepper.loss_scale
+        (loss * scale if scale != 1.0 else loss).backward()
         self.stepper.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

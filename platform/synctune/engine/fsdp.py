@@ -1,0 +1,545 @@
+"""The ``fsdp`` runtime: torch FSDP2 (``torch.distributed.fsdp.fully_shard``), as users run it
+in 2026 (DESIGN.md "runtime"; papers/sharding-notes.md "FSDP2").
+
+Each **unit** is one ``fully_shard`` call on a module: its parameters (those not already in a
+unit below it) become DTensors sharded on dim 0 over a ``DeviceMesh``, all-gathered as one
+collective before use and reduce-scattered as one after backward. The root module is always
+wrapped last and takes every parameter left. The mesh is 1-D over every replica, or 2-D
+``(replicas // k, k)`` named ``("replicate", "shard")`` for HSDP: shard inside groups of ``k``
+consecutive replicas, all-reduce the slices across groups.
+
+Two ways to configure a trial, both recorded as the row's ``runtime_json``:
+
+- its own :class:`FSDPConfig` (shard-group size, ``reshard_after_forward``, reduce dtype,
+  prefetch depth, which modules are units): the default and tuned FSDP2 baselines; the strategy
+  then gives replicas and batch split only, as for DDP;
+- ``FSDPConfig(from_strategy=True)``: the strategy's ``shard`` plans say everything, each unit
+  id becoming the module whose parameters are exactly that unit's variables
+  (:func:`plan_from_strategy`); what FSDP2 cannot express is refused naming the field.
+
+Prefetch (torch 2.13's API): FSDP2 by default overlaps the next unit's all-gather implicitly in
+forward and prefetches one unit ahead in backward, and an empty explicit list falls back to that
+default (it cannot be switched off). So prefetch 0 and 1 both mean FSDP2's default; N >= 2 sets
+``set_modules_to_forward_prefetch`` to the next N units and ``set_modules_to_backward_prefetch``
+to the previous N, in forward order.
+
+FSDP2 averages gradients over ranks (``ReduceOp.AVG``, over both mesh dimensions for HSDP). An
+uneven batch split is made exact as the engine weights ranks (``batch_split[r] / global_batch``)
+by scaling rank r's loss by ``replicas * batch_split[r] / global_batch`` before backward
+(:attr:`~synctune.engine.runtime.Stepper.loss_scale`); gradients are linear in the loss, so the
+average is then the weighted mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..spec._util import is_int
+from ..spec.errors import SpecError
+from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardSynchronizer
+from .runtime import ArmContext, ConfiguredRuntime, Stepper
+
+__all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "fsdp_plan",
+           "plan_from_config", "plan_from_strategy", "apply_fsdp", "loss_scales", "has_shard_plans"]
+
+#: What ``units`` names besides a list of module paths: every child of every ``nn.ModuleList``
+#: (FSDP's usual per-block wrapping; a list inside a chosen block is not descended into), or the
+#: root module alone (one unit for the whole model).
+UNIT_CHOICES = ("blocks", "root")
+
+#: The torch dtype name of each reduce dtype.
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPConfig:
+    """What configures an FSDP2 run. ``group``: the shard-group size (0 = every replica, a 1-D
+    mesh; k = HSDP over a ``(replicas // k, k)`` mesh). ``reshard_after_forward``: True (ZeRO-3:
+    free after forward, gather again for backward), False (ZeRO-2) or an int (reshard to groups
+    of that many, a non-trivial divisor of the shard-group size), for every unit but the root,
+    which keeps its parameters (FSDP's own advice: backward needs them first). ``reduce_dtype``:
+    what gradients travel and are summed in (parameters stay float32). ``prefetch``: all-gathers
+    issued ahead (0 and 1: FSDP2's implicit default; N >= 2 explicit, see the module docstring).
+    ``units``: ``blocks``, ``root`` or module paths. ``from_strategy``: the strategy's shard plans
+    say all of it (every other field then stays at its default)."""
+
+    group: int = 0
+    reshard_after_forward: bool | int = True
+    reduce_dtype: str = "fp32"
+    prefetch: int = 0
+    units: str | tuple[str, ...] = "blocks"
+    from_strategy: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.units, list):
+            object.__setattr__(self, "units", tuple(self.units))
+        if not (is_int(self.group) and 0 <= self.group <= 1_000_000):
+            raise SpecError(f"fsdp config: group: expected 0 (every replica) or a shard-group size, got {self.group!r}")
+        r = self.reshard_after_forward
+        if not (isinstance(r, bool) or (is_int(r) and r >= 2)):
+            raise SpecError(f"fsdp config: reshard_after_forward: expected true, false or a group size of at least "
+                            f"2, got {r!r}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise SpecError(f"fsdp config: reduce_dtype: expected one of {', '.join(REDUCE_DTYPES)}, "
+                            f"got {self.reduce_dtype!r}")
+        if not (is_int(self.prefetch) and 0 <= self.prefetch <= MAX_PREFETCH):
+            raise SpecError(f"fsdp config: prefetch: expected an integer from 0 to {MAX_PREFETCH}, "
+                            f"got {self.prefetch!r}")
+        units = self.units
+        if isinstance(units, str):
+            if units not in UNIT_CHOICES:
+                raise SpecError(f"fsdp config: units: expected one of {', '.join(UNIT_CHOICES)} or a list of module "
+                                f"paths, got {units!r:.80}")
+        elif not (isinstance(units, tuple) and units and all(isinstance(u, str) and u and len(u) <= 1024
+                                                             for u in units)):
+            raise SpecError(f"fsdp config: units: expected one of {', '.join(UNIT_CHOICES)} or a non-empty list of "
+                            f"module paths (the root is always a unit, last), got {units!r:.80}")
+        elif len(set(units)) != len(units):
+            twice = next(u for u in units if units.count(u) > 1)
+            raise SpecError(f"fsdp config: units: module {twice!r} is listed twice")
+        if not isinstance(self.from_strategy, bool):
+            raise SpecError(f"fsdp config: from_strategy: expected true or false, got {self.from_strategy!r}")
+        if self.from_strategy:
+            changed = [f.name for f in fields(self) if f.name != "from_strategy"
+                       and getattr(self, f.name) != f.default]
+            if changed:
+                raise SpecError(f"fsdp config: {changed[0]}: the strategy's shard plans configure FSDP2 when "
+                                f"from_strategy is true; leave {changed[0]} at its default "
+                                f"({next(f.default for f in fields(self) if f.name == changed[0])!r})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "reshard_after_forward": self.reshard_after_forward,
+                "reduce_dtype": self.reduce_dtype, "prefetch": self.prefetch,
+                "units": self.units if isinstance(self.units, str) else list(self.units),
+                "from_strategy": self.from_strategy}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FSDPConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"fsdp config: unknown key(s) {unknown}; valid: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def summary(self) -> str:
+        """A short human-readable form, e.g. ``fsdp2 blocks, group 2, reshard, reduce bf16``."""
+        if self.from_strategy:
+            return "fsdp2 from the strategy's shard plans"
+        units = self.units if isinstance(self.units, str) else f"{len(self.units)} module(s)"
+        group = f", group {self.group}" if self.group else ""
+        r = self.reshard_after_forward
+        reshard = "reshard" if r is True else "no reshard" if r is False else f"reshard to {r}"
+        prefetch = f", prefetch {self.prefetch}" if self.prefetch >= 2 else ""
+        return f"fsdp2 {units}{group}, {reshard}, reduce {self.reduce_dtype}{prefetch}"
+
+
+#: FSDP2 as users start with it: per-block units, every replica one shard group, resharded after
+#: forward, fp32 reduce, the implicit prefetch.
+FSDP_DEFAULT = FSDPConfig()
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPUnit:
+    """One ``fully_shard`` call: the module (its path; ``""`` is the root), its options, and the
+    spec variables it holds (its parameters not already in a unit below it)."""
+
+    module: str
+    reshard_after_forward: bool | int
+    reduce_dtype: str
+    prefetch: int
+    variables: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPPlan:
+    """What :func:`apply_fsdp` does to a model: the mesh shape (``(replicas,)``, or
+    ``(replicas // k, k)`` for HSDP) and the units bottom-up (a unit before any unit holding
+    it), the root last; ``forward_order`` lists the non-root units in the order their forward
+    runs (module registration order), for explicit prefetching."""
+
+    mesh_shape: tuple[int, ...]
+    units: tuple[FSDPUnit, ...]
+    forward_order: tuple[str, ...]
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return ("replicate", "shard") if len(self.mesh_shape) == 2 else ("shard",)
+
+
+def has_shard_plans(strategy: Any) -> bool:
+    """Whether any plan of ``strategy`` is a ``shard`` synchronizer."""
+    return any(isinstance(shard.synchronizer, ShardSynchronizer) for _p, _i, shard in strategy.iter_shards())
+
+
+def loss_scales(batch_split) -> tuple[float, ...]:
+    """Per rank, what its loss is multiplied by so that FSDP2's average over ranks is the mean
+    weighted by each rank's share of the global batch (1.0 each for an even split)."""
+    split = list(batch_split)
+    if len(set(split)) <= 1:
+        return tuple(1.0 for _ in split)
+    total = sum(split)
+    return tuple(len(split) * b / total for b in split)
+
+
+def _mesh_shape(replicas: int, group: int) -> tuple[int, ...]:
+    size = group or replicas
+    return (replicas,) if size == replicas else (replicas // size, size)
+
+
+def _check_group(where: str, group: int, strategy: Any, cluster: Any) -> None:
+    """A shard group that divides the replicas and lies inside one node or spans whole nodes."""
+    replicas = len(strategy.replicas)
+    size = group or replicas
+    if replicas % size:
+        raise SpecError(f"{where}: a shard group of {size} does not divide the {replicas} replicas; use a divisor of "
+                        f"{replicas} (0 for every replica)")
+    if cluster is None:
+        return
+    nodes = [cluster.node_of(d).name for d in strategy.replicas]
+    for start in range(0, replicas, size):
+        members = nodes[start:start + size]
+        split = [n for n in set(members) if members.count(n) != nodes.count(n)]
+        if len(set(members)) > 1 and split:
+            raise SpecError(f"{where}: shard group {start // size} (replicas {start}..{start + size - 1}) takes part "
+                            f"of node {sorted(split)[0]!r}'s replicas together with another node's; a shard group "
+                            f"lies inside one node or spans whole nodes (an HSDP mesh that matches the nodes)")
+
+
+def _owners(module: Any) -> tuple[dict[str, str], list[str]]:
+    """Each trainable parameter's name -> the path of the module registering it (a tied
+    parameter under its first name, as ``named_parameters`` and the model spec list it), and
+    every module path in registration order."""
+    paths = [name for name, _m in module.named_modules()]
+    owner: dict[str, str] = {}
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            owner[name] = name.rpartition(".")[0]
+    return owner, paths
+
+
+def _inside(path: str, ancestor: str) -> bool:
+    """Whether module ``path`` is ``ancestor`` or lies below it (``""`` is the root)."""
+    return ancestor == "" or path == ancestor or path.startswith(ancestor + ".")
+
+
+def _held(owner: dict[str, str], path: str, below: list[str]) -> tuple[str, ...]:
+    """The parameters ``fully_shard`` on ``path`` takes: those of its subtree, less those of the
+    units ``below`` it (wrapped earlier)."""
+    inner = [u for u in below if u != path and _inside(u, path)]
+    return tuple(n for n, m in owner.items() if _inside(m, path) and not any(_inside(m, u) for u in inner))
+
+
+def _bottom_up(paths: list[str], order: list[str]) -> list[str]:
+    """``paths`` ordered deepest first (a unit before any unit holding it), ties in registration order."""
+    rank = {p: i for i, p in enumerate(order)}
+    return sorted(paths, key=lambda p: (-(p.count(".") + 1), rank.get(p, 0)))
+
+
+def _block_paths(module: Any) -> list[str]:
+    import torch.nn as nn
+
+    blocks: list[str] = []
+    for name, m in module.named_modules():
+        if isinstance(m, nn.ModuleList) and not any(_inside(name, b) for b in blocks):
+            blocks.extend(f"{name}.{child}" if name else child for child, _c in m.named_children())
+    return blocks
+
+
+def plan_from_config(module: Any, config: FSDPConfig, strategy: Any) -> FSDPPlan:
+    """The units of ``config`` on ``module`` (an ``nn.Module``, on any device, meta included)."""
+    owner, order = _owners(module)
+    if config.units == "blocks":
+        chosen = _block_paths(module)
+    elif config.units == "root":
+        chosen = []
+    else:
+        known = set(order)
+        for path in config.units:
+            if path not in known:
+                near = [p for p in order if p and p.split(".")[0] == path.split(".")[0]][:6]
+                raise SpecError(f"fsdp config: units: model has no module {path!r}"
+                                + (f" (modules there: {', '.join(near)})" if near else ""))
+        chosen = [p for p in config.units if p != ""]
+    chosen = _bottom_up(chosen, order)
+    units = []
+    for path in chosen:
+        held = _held(owner, path, chosen)
+        if not held:
+            raise SpecError(f"fsdp config: units: module {path!r} has no trainable parameters outside the units below "
+                            f"it; leave it out")
+        units.append(FSDPUnit(module=path, reshard_after_forward=config.reshard_after_forward,
+                              reduce_dtype=config.reduce_dtype, prefetch=config.prefetch, variables=held))
+    units.append(FSDPUnit(module="", reshard_after_forward=False, reduce_dtype=config.reduce_dtype,
+                          prefetch=config.prefetch, variables=_held(owner, "", chosen)))
+    return FSDPPlan(mesh_shape=_mesh_shape(len(strategy.replicas), config.group), units=tuple(units),
+                    forward_order=tuple(p for p in order if p in set(chosen)))
+
+
+def _common_module(names: list[str], owner: dict[str, str]) -> str:
+    """The deepest module holding every parameter of ``names``."""
+    parts = [owner[n].split(".") if owner[n] else [] for n in names]
+    common: list[str] = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _shard_units(strategy: Any) -> tuple[dict[int, list[str]], dict[int, ShardSynchronizer], tuple[int, str]]:
+    """The variables of each unit id, each unit's synchronizer and the shard group (with the
+    variable it was first seen on), refusing another synchronizer or units on different groups."""
+    by_unit: dict[int, list[str]] = {}
+    syncs: dict[int, ShardSynchronizer] = {}
+    group = None
+    for i, plan in enumerate(strategy.plans):
+        for j, shard in enumerate(plan.shards):
+            sync = shard.synchronizer
+            where = f"strategy: plans[{i}] (variable {plan.variable!r}).shards[{j}].synchronizer"
+            if not isinstance(sync, ShardSynchronizer):
+                raise SpecError(f"{where}: the fsdp runtime runs strategies whose plans are all shard, and this one "
+                                f"is {sync.kind}; run it with the engine (--runtime engine)")
+            if group is None:
+                group = (sync.group, plan.variable)
+            elif sync.group != group[0]:
+                raise SpecError(f"{where}.group: FSDP2 runs every unit on one mesh, and this unit's shard group is "
+                                f"{sync.group} where variable {group[1]!r}'s is {group[0]}; give every unit the "
+                                f"same group")
+            by_unit.setdefault(sync.unit, []).append(plan.variable)
+            syncs.setdefault(sync.unit, sync)
+    return by_unit, syncs, group or (0, "")
+
+
+def plan_from_strategy(module: Any, strategy: Any, spec: Any) -> FSDPPlan:
+    """The FSDP2 units of a strategy whose plans are all ``shard``: each unit id becomes the
+    module whose parameters are exactly that unit's variables (parameters of modules wrapped
+    as units below it excluded, as ``fully_shard`` does); the root module is always wrapped last
+    and must then hold nothing else. Refuses, naming the variable and field, what FSDP2 cannot
+    express: another synchronizer, units on different shard groups, a unit that is not a
+    module boundary."""
+    by_unit, syncs, group = _shard_units(strategy)
+    owner, order = _owners(module)
+    spec_names = {v.name for v in spec.variables}
+    missing = sorted(spec_names - set(owner))
+    if missing:
+        raise SpecError(f"strategy: variable {missing[0]!r}: the model has no trainable parameter of that name")
+    untracked = sorted(set(owner) - spec_names)
+    if untracked:
+        raise SpecError(f"model parameter {untracked[0]!r} is not in the model spec; FSDP2 would shard it with no plan")
+    where_of = {p.variable: i for i, p in enumerate(strategy.plans)}
+    paths = {u: _common_module(names, owner) for u, names in by_unit.items()}
+    seen: dict[str, int] = {}
+    for unit, path in paths.items():
+        if path in seen:
+            var = by_unit[unit][0]
+            module = repr(path) if path else "the root module"
+            raise SpecError(
+                f"strategy: plans[{where_of[var]}] (variable {var!r}).shards[0].synchronizer.unit: units "
+                f"{seen[path]} and {unit} both need {module} (the smallest module holding each), and one module is "
+                f"one fully_shard unit; merge them, or split them along modules")
+        seen[path] = unit
+    if "" not in seen and paths and not _held(owner, "", list(paths.values())):
+        # The root holds none of the model's variables: the shallowest unit becomes the root's,
+        # since fully_shard on the root takes exactly the same variables, and the root's forward
+        # encloses every use of them (a tied weight, as an embedding reused as the output
+        # projection, is used outside its own module's forward, where a resharded parameter
+        # would already be a shard).
+        rank = {p: i for i, p in enumerate(order)}
+        top = min(seen, key=lambda p: (p.count("."), rank.get(p, 0)))
+        seen[""] = seen.pop(top)
+        paths[seen[""]] = ""
+    placed = [p for p in paths.values() if p]
+    units = []
+    for path in _bottom_up(placed, order):
+        unit = seen[path]
+        held, want = set(_held(owner, path, placed)), set(by_unit[unit])
+        if held != want:
+            _refuse_boundary(unit, path, held, want, by_unit, where_of)
+        sync = syncs[unit]
+        units.append(FSDPUnit(module=path, reshard_after_forward=sync.reshard, reduce_dtype=sync.reduce_dtype,
+                              prefetch=sync.prefetch, variables=tuple(n for n in owner if n in want)))
+    rest = set(_held(owner, "", placed))
+    root_unit = seen.get("")
+    if root_unit is not None and rest != set(by_unit[root_unit]):
+        _refuse_boundary(root_unit, "", rest, set(by_unit[root_unit]), by_unit, where_of)
+    root_sync = syncs[root_unit] if root_unit is not None else None
+    units.append(FSDPUnit(module="", reshard_after_forward=root_sync.reshard if root_sync else False,
+                          reduce_dtype=root_sync.reduce_dtype if root_sync else "fp32",
+                          prefetch=root_sync.prefetch if root_sync else 0,
+                          variables=tuple(n for n in owner if n in rest)))
+    return FSDPPlan(mesh_shape=_mesh_shape(len(strategy.replicas), group[0]), units=tuple(units),
+                    forward_order=tuple(p for p in order if p in set(placed)))
+
+
+def _refuse_boundary(unit: int, path: str, held: set, want: set, by_unit: dict, where_of: dict) -> None:
+    """The refusal of a unit that is not one module's parameters, naming a variable that breaks it."""
+    module = repr(path) if path else "the root module"
+    extra = sorted(held - want)
+    if extra:
+        other = next((u for u, names in by_unit.items() if extra[0] in names), None)
+        var = extra[0]
+        raise SpecError(
+            f"strategy: plans[{where_of[var]}] (variable {var!r}).shards[0].synchronizer.unit: unit {unit}'s "
+            f"variables share {module} with this variable (unit {other}); FSDP2's fully_shard takes every parameter "
+            f"of a module not in a unit below it: give {var!r} unit {unit}, or put the other parameters of its "
+            f"module in a unit of their own module")
+    var = sorted(want - held)[0]
+    raise SpecError(
+        f"strategy: plans[{where_of[var]}] (variable {var!r}).shards[0].synchronizer.unit: unit {unit} is not a "
+        f"module boundary ({module} holds its variables but {var!r} falls in a unit below it); FSDP2 shards whole "
+        f"modules: make each unit exactly the parameters of one module")
+
+
+def fsdp_plan(module: Any, config: FSDPConfig, strategy: Any, spec: Any) -> FSDPPlan:
+    """The plan of a trial: from ``config``'s own settings, or from the strategy's shard plans."""
+    if config.from_strategy:
+        return plan_from_strategy(module, strategy, spec)
+    return plan_from_config(module, config, strategy)
+
+
+def _check_plan(plan: FSDPPlan, config: FSDPConfig) -> None:
+    """What FSDP2 refuses at its first iteration, refused before any worker starts."""
+    shard = plan.mesh_shape[-1]
+    for unit in plan.units:
+        r = unit.reshard_after_forward
+        if not isinstance(r, bool) and not (1 < r < shard and shard % r == 0):
+            field = "fsdp config: reshard_after_forward" if not config.from_strategy else "shard: reshard"
+            raise SpecError(f"{field}: resharding to groups of {r} needs a divisor of the shard group ({shard}) "
+                            f"other than 1 and {shard}; use true, false or such a divisor")
+
+
+def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
+    """``fully_shard`` every unit of ``plan`` on ``model`` (bottom-up, the root last) on a mesh
+    of ``device_type`` over the default process group, then the explicit prefetch lists; returns
+    the model (the same object, now an ``FSDPModule``)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
+    for unit in plan.units:
+        reduce = None if unit.reduce_dtype == "fp32" else getattr(torch, _TORCH_DTYPES[unit.reduce_dtype])
+        fully_shard(model.get_submodule(unit.module), mesh=mesh, reshard_after_forward=unit.reshard_after_forward,
+                    mp_policy=MixedPrecisionPolicy(reduce_dtype=reduce))
+    order = [model.get_submodule(p) for p in plan.forward_order]
+    depth = {u.module: u.prefetch for u in plan.units}
+    for i, path in enumerate(plan.forward_order):
+        n = depth[path]
+        if n >= 2:
+            # FSDP2's implicit default already overlaps one unit ahead: explicit lists from two on.
+            order[i].set_modules_to_forward_prefetch(order[i + 1:i + 1 + n])
+            order[i].set_modules_to_backward_prefetch(order[max(0, i - n):i][::-1])
+    if order and depth[""] >= 2:
+        model.set_modules_to_forward_prefetch(order[:depth[""]])
+    return model
+
+
+def _meta_model(workload: Any) -> Any:
+    """The workload's model on the meta device (no memory), or None when it cannot be built there
+    (the workers then check the same plan on the real model, all ranks alike)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return workload.build_model()
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: checked on the workers instead
+        return None
+
+
+@dataclass(frozen=True)
+class FSDPRuntime(ConfiguredRuntime):
+    """torch FSDP2 as :attr:`config` says (see the module docstring).
+
+    ``runs_strategy`` stays False even for ``from_strategy``: the class attribute says how rows
+    are read (a search's own trials vs the baselines it beats) and which runtime runs searched
+    strategies, and the rows of this runtime are FSDP2 as users run it, a baseline; a shard
+    strategy run through FSDP2 is the same strategy's trial on another runtime (the row keeps
+    its strategy, with ``runtime`` fsdp), as a DDP row keeps the strategy it took its replicas
+    from."""
+
+    config: FSDPConfig = FSDP_DEFAULT
+    name = "fsdp"
+    config_type = FSDPConfig
+
+    def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
+        """Refuse, before any worker starts, an FSDP2 trial that would not run as claimed."""
+        config = self.config
+        sparse = [v.name for v in spec.variables if v.sparse]
+        if sparse:
+            raise SpecError(f"fsdp runtime: variable {sparse[0]!r} has sparse gradients, and FSDP2 reduce-scatters "
+                            f"dense ones; use the engine or ddp for this model")
+        if not config.from_strategy and has_shard_plans(strategy):
+            raise SpecError("fsdp config: from_strategy: the strategy has shard plans, which this configuration would "
+                            "ignore; run it with from_strategy true (no --fsdp settings) or use a strategy without "
+                            "shard plans")
+        if config.from_strategy:
+            if not has_shard_plans(strategy):
+                raise SpecError("fsdp config: from_strategy: the strategy has no shard plans to configure FSDP2 with; "
+                                "give settings instead (--fsdp KEY=VALUE)")
+            first = next(s.synchronizer for _p, _i, s in strategy.iter_shards()
+                         if isinstance(s.synchronizer, ShardSynchronizer))
+            _check_group("strategy: shard: group", first.group, strategy, cluster)
+        else:
+            _check_group("fsdp config: group", config.group, strategy, cluster)
+        module = _meta_model(workload) if workload is not None else None
+        if module is not None:
+            _check_plan(fsdp_plan(module, config, strategy, spec), config)
+        elif config.from_strategy:
+            _shard_units(strategy)
+
+    def prepare(self, ctx: ArmContext) -> Stepper:
+        plan = fsdp_plan(ctx.model, self.config, ctx.strategy, ctx.spec)
+        _check_plan(plan, self.config)
+        model = apply_fsdp(ctx.model, plan, ctx.device.type)
+        # After fully_shard: the optimizer holds the DTensor shards, so its state is sharded too.
+        optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
+
+        def step() -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return Stepper(forward_model=model, step=step, loss_scale=loss_scales(ctx.strategy.batch_split)[ctx.rank])
+
+    def describe(self, strategy: Any) -> str:
+        if self.config.from_strategy:
+            return f"torch FSDP2 running {strategy.summary()}"
+        return f"torch FSDP2: {self.summary()} (replicas and batch split of {strategy.summary()})"
+
+    @classmethod
+    def from_options(cls, options: dict[str, str], strategy: Any = None, spec: Any = None) -> "FSDPRuntime":
+        """``--fsdp KEY=VALUE`` settings, typed as :class:`FSDPConfig`'s fields; unset ones are
+        :data:`FSDP_DEFAULT`'s. A strategy with shard plans configures FSDP2 itself (no settings)."""
+        if strategy is not None and has_shard_plans(strategy):
+            if options:
+                raise SpecError(f"--fsdp: the strategy's shard plans configure FSDP2; drop --fsdp "
+                                f"{sorted(options)[0]}=... or use a strategy without shard plans")
+            return cls(FSDPConfig(from_strategy=True))
+        values = FSDP_DEFAULT.to_dict()
+        for key, text in options.items():
+            if key not in values:
+                raise SpecError(f"--fsdp: unknown key {key!r}; valid: {', '.join(values)}")
+            values[key] = _typed_option(key, text)
+        return cls(FSDPConfig.from_dict(values))
+
+
+def _typed_option(key: str, text: str) -> Any:
+    """One ``--fsdp`` value as its field's type."""
+    lower = text.strip().lower()
+    if key in ("group", "prefetch"):
+        if not (text.isascii() and text.isdigit()) or len(text) > 9:
+            raise SpecError(f"--fsdp: {key}: expected a non-negative integer, got {text[:40]!r}")
+        return int(text)
+    if key == "reshard_after_forward":
+        if lower in ("true", "false"):
+            return lower == "true"
+        if text.isascii() and text.isdigit() and len(text) <= 9:
+            return int(text)
+        raise SpecError(f"--fsdp: reshard_after_forward: expected true, false or a group size, got {text[:40]!r}")
+    if key == "from_strategy":
+        if lower not in ("true", "false"):
+            raise SpecError(f"--fsdp: from_strategy: expected true or false, got {text[:40]!r}")
+        return lower == "true"
+    if key == "units":
+        return text if text in UNIT_CHOICES else [p.strip() for p in text.split(",") if p.strip()]
+    return text
