@@ -106,8 +106,10 @@ def test_fsdp_trains_like_single_process(cluster_name):
 
 def test_bf16_reduce_stays_within_bf16_rounding():
     """A bf16 reduce rounds each gradient to 8 significant bits before it is summed (relative
-    error <= 2^-8 per term): the update may differ from fp32's by that share. Declared tolerance:
-    every parameter within 2% of its largest update plus 1e-6, on 4 processes (1-D and HSDP)."""
+    error up to 2^-8 per term), and the rounding carries through 3 steps. Declared tolerance:
+    every parameter within 1% of the model's largest update (measured 0.31% on a 1-D mesh, 0.25%
+    on HSDP), on 4 processes. (Per parameter it cannot be relative: attention's key biases have a
+    zero gradient in exact arithmetic, so their updates are rounding noise either way.)"""
     cluster = cluster_preset("local-2x2")
     even = build_strategy("allreduce", model_spec("transformer-small"), cluster)
     cases = [_case("bf16/1-D", even, cluster, FSDPConfig(reduce_dtype="bf16")),
@@ -115,11 +117,11 @@ def test_bf16_reduce_stays_within_bf16_rounding():
     outputs = run_local(fsdp_train_cases, 4, (cases,), timeout_s=900, threads=1)
     ref = reference_training("transformer-small", even.batch_split, "sgd", 0.1, STEPS)
     start = _initial("transformer-small")
+    largest = max((ref[k] - start[k]).abs().max().item() for k in ref)
     for c, case in enumerate(cases):
         got = outputs[0][c]["params"]
         for k, v in got.items():
-            update = (ref[k] - start[k]).abs().max().item()
-            torch.testing.assert_close(v, ref[k], rtol=0, atol=0.02 * update + 1e-6,
+            torch.testing.assert_close(v, ref[k], rtol=0, atol=0.01 * largest,
                                        msg=lambda m: f"{case['label']}: {k}: {m}")
         # and it is not fp32's result: the reduce really ran in bf16
         assert any((v - ref[k]).abs().max() > 1e-6 for k, v in got.items()), case["label"]
