@@ -283,3 +283,60 @@ def test_cli_trial_records_an_fsdp_row(tmp_path):
                               "--fsdp", "prefetch=many", "--no-record"])
     assert bad.exit_code == 2 and bad.stderr.strip().count("\n") == 0, bad.output
     assert "--fsdp: prefetch: expected a non-negative integer" in bad.stderr
+
+
+# --- synctune apply: a strategy FSDP2 expresses becomes a plain FSDP2 training file ------------
+
+@pytest.mark.parametrize("cluster_name, sync, split", [
+    ("local-1x2", {"reshard": True, "prefetch": 2}, (1, 3)),
+    ("local-2x2", {"group": 2, "reshard": False}, (2, 1, 3, 2)),
+])
+def test_applied_fsdp2_file_trains_like_single_process(tmp_path, cluster_name, sync, split):
+    """The emitted file (fully_shard per unit on the strategy's mesh, 1-D or HSDP) run under
+    torch.distributed.run on 2 and 4 processes: its checkpoint equals single-process training
+    on the concatenated batches (the workload's own SGD, lr 0.01) within 1e-6."""
+    import re
+    import subprocess
+    import sys
+
+    from _searches import search_env
+    from synctune.run.apply import write_training_file
+
+    cluster = cluster_preset(cluster_name)
+    strategy = shard_strategy("transformer-small", cluster, split=split, **sync)
+    out = tmp_path / "train.py"
+    assert write_training_file(strategy, TRANSFORMER, cluster, out) == "fsdp"
+    text = out.read_text()
+    assert "fully_shard(model.get_submodule('encoder.0'), mesh=mesh" in text and "StrategyEngine" not in text
+    assert ("mesh_dim_names=('replicate', 'shard')" in text) == ("group" in sync)
+    steps = 3
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                          str(len(split)), str(out), "--steps", str(steps), "--log-every", "1", "--checkpoint",
+                          str(tmp_path / "ck.pt")], env=search_env(tmp_path / "home"), cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert len(re.findall(r"loss ([0-9.]+)", ran.stdout)) == steps
+    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    ref = reference_training("transformer-small", split, "sgd", 0.01, steps)
+    start = _initial("transformer-small")
+    assert set(got) == set(ref)
+    for k, v in got.items():
+        torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    assert any(not torch.equal(v, start[k]) for k, v in got.items())
+
+
+def test_apply_says_why_fsdp2_cannot_run_a_strategy(tmp_path):
+    """A shard strategy FSDP2 cannot express becomes the engine file, which says why; asking
+    for --format fsdp is refused naming the field."""
+    from synctune.run.apply import write_training_file
+
+    good = shard_strategy("transformer-small", CLUSTER4)
+    bad = _with_plan(good, "encoder.0.ffn.output.weight", unit=999)
+    out = tmp_path / "train.py"
+    assert write_training_file(bad, TRANSFORMER, CLUSTER4, out) == "engine"
+    assert "torch FSDP2 cannot run it: strategy: plans[" in out.read_text()
+    with pytest.raises(SpecError, match=r"cannot run as torch FSDP2: .*synchronizer.unit"):
+        write_training_file(bad, TRANSFORMER, CLUSTER4, out, fmt="fsdp")
+    plain = build_strategy("allreduce", TRANSFORMER.spec(), CLUSTER4)
+    with pytest.raises(SpecError, match="cannot run as torch FSDP2: it has no shard plans"):
+        write_training_file(plain, TRANSFORMER, CLUSTER4, out, fmt="fsdp")

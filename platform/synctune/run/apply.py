@@ -7,8 +7,11 @@ bucket size cap of the strategy's largest merge group, ``gradient_as_bucket_view
 hook of its compressor (fp16, bf16, PowerSGD). DDP forms its buckets itself (greedily, and again
 after its first iteration), so its bucket boundaries, and with them its timing, are DDP's own,
 not the measured strategy's; PowerSGD's hook differs in its details (warm-up iterations, random
-projections). Otherwise the training file runs the strategy itself with
-:class:`synctune.engine.core.StrategyEngine`. Either way a runnable Python file is written:
+projections). A strategy whose plans are all ``shard`` with units at module
+boundaries is what torch FSDP2 expresses: the file calls ``fully_shard`` per unit on the
+strategy's mesh (1-D, or HSDP's 2-D), with each unit's ``reshard_after_forward``, reduce dtype
+and prefetch, in plain PyTorch (:func:`fsdp_setup_code`). Otherwise the training file runs the
+strategy itself with :class:`synctune.engine.core.StrategyEngine`. Either way a runnable Python file is written:
 launch it with ``torchrun`` (``python -m torch.distributed.run``), one process per replica.
 """
 
@@ -19,15 +22,16 @@ import math
 from typing import Any
 
 from ..engine.ddp import DDPConfig, wrap_ddp
+from ..engine.fsdp import FSDPConfig, FSDPPlan, fsdp_plan, has_shard_plans, loss_scales
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import AllReduceSynchronizer, Strategy
 
-__all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "training_script", "write_training_file", "apply_search_result",
-           "run_command", "FORMATS"]
+__all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "fsdp_config", "fsdp_setup_code", "training_script",
+           "write_training_file", "apply_search_result", "run_command", "FORMATS"]
 
-FORMATS = ("auto", "ddp", "engine")
+FORMATS = ("auto", "ddp", "fsdp", "engine")
 
 
 def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, str]:
@@ -60,6 +64,62 @@ def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, s
     cap = math.ceil(largest / 2**20 * 100) / 100
     return DDPConfig(bucket_cap_mb=max(cap, 0.01), gradient_as_bucket_view=True, comm_hook=kind,
                      powersgd_rank=rank, num_groups=len(groups)), ""
+
+
+def fsdp_config(strategy: Strategy, spec: ModelSpec, workload) -> tuple[FSDPPlan | None, str]:
+    """The FSDP2 plan of ``strategy`` (every plan ``shard``, units at module boundaries, the
+    module tree from ``workload``'s model built on the meta device), or None and the reason
+    FSDP2 cannot express it."""
+    import torch
+
+    if not has_shard_plans(strategy):
+        return None, "it has no shard plans"
+    try:
+        with torch.device("meta"):
+            module = workload.build_model()
+    except Exception as exc:  # noqa: BLE001 - the user's model code; the engine file needs no module tree
+        return None, f"its model could not be built on the meta device to find its modules ({type(exc).__name__})"
+    try:
+        return fsdp_plan(module, FSDPConfig(from_strategy=True), strategy, spec), ""
+    except SpecError as exc:
+        return None, str(exc)
+
+
+def fsdp_setup_code(plan: FSDPPlan) -> str:
+    """The training file's FSDP2 setup of ``plan``, in plain PyTorch: the mesh, one
+    ``fully_shard`` call per unit (bottom-up, the root last) and the explicit prefetch lists."""
+    lines = ["    from torch.distributed.device_mesh import init_device_mesh",
+             "    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard", ""]
+    if len(plan.mesh_shape) == 2:
+        lines.append(f"    # HSDP: shard inside groups of {plan.mesh_shape[1]} consecutive ranks, all-reduce across the "
+                     f"{plan.mesh_shape[0]} groups")
+    lines.append(f"    mesh = init_device_mesh(device.type, {plan.mesh_shape!r}, mesh_dim_names={plan.mesh_dim_names!r})")
+    lines.append("    # one fully_shard per unit, each before the module holding it; the root last takes the rest")
+    for unit in plan.units:
+        target = f"model.get_submodule({unit.module!r})" if unit.module else "model"
+        policy = ("" if unit.reduce_dtype == "fp32" else
+                  ", mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)")
+        lines.append(f"    fully_shard({target}, mesh=mesh, reshard_after_forward={unit.reshard_after_forward!r}{policy})")
+    depth = {u.module: u.prefetch for u in plan.units}
+    order = list(plan.forward_order)
+    explicit = [(i, p) for i, p in enumerate(order) if depth[p] >= 2]
+    if explicit or depth[""] >= 2:
+        lines.append("    # prefetch: all-gathers issued this many units ahead (FSDP2 overlaps one by itself)")
+    for i, path in explicit:
+        n = depth[path]
+        ahead = ", ".join(f"model.get_submodule({p!r})" for p in order[i + 1:i + 1 + n])
+        behind = ", ".join(f"model.get_submodule({p!r})" for p in order[max(0, i - n):i][::-1])
+        # An empty list is FSDP2's default (nothing to write): the last unit in forward, the first in backward.
+        if ahead:
+            lines.append(f"    model.get_submodule({path!r}).set_modules_to_forward_prefetch([{ahead}])")
+        if behind:
+            lines.append(f"    model.get_submodule({path!r}).set_modules_to_backward_prefetch([{behind}])")
+    if order and depth[""] >= 2:
+        ahead = ", ".join(f"model.get_submodule({p!r})" for p in order[:depth[""]])
+        lines.append(f"    model.set_modules_to_forward_prefetch([{ahead}])")
+    lines.append("    # after fully_shard: the optimizer holds this rank's shards (DTensors), so its state is sharded too")
+    lines.append("    optimizer = workload.make_optimizer([p for p in model.parameters() if p.requires_grad])")
+    return "\n".join(lines)
 
 
 _SCRIPT = '''"""Train {name} with {what}.
@@ -145,6 +205,19 @@ _DDP_STEP = '''        optimizer.zero_grad()
 _DDP_SAVE = '''    if args.checkpoint and rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.checkpoint)'''
 
+_FSDP_STEP = '''        optimizer.zero_grad()
+        loss = workload.loss(model, batch)
+        {backward}
+        optimizer.step()'''
+_FSDP_SAVE = '''    if args.checkpoint:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        # every rank takes part: the whole (unsharded) model and optimizer state, gathered to the CPU
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save({"model": model_state, "optimizer": optimizer_state}, args.checkpoint)'''
+
 _ENGINE_SETUP = '''    from synctune.engine.core import StrategyEngine
     from synctune.spec import ClusterSpec, ModelSpec
     from synctune.strategy import Strategy
@@ -173,39 +246,61 @@ def _plain(text: str) -> str:
 
 def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, workload: str, root: str,
                     fmt: str = "auto", filename: str = "train.py", seed: int = 0,
-                    ddp: DDPConfig | None = None) -> tuple[str, str]:
-    """The training file for ``strategy`` and the format it uses (``ddp`` or ``engine``). With
-    ``ddp`` (a tuned DDP configuration that won a search), the file runs DDP so configured and
-    ``strategy`` gives only replicas and batch split."""
+                    ddp: DDPConfig | None = None, fsdp: tuple[FSDPPlan | None, str] | None = None) -> tuple[str, str]:
+    """The training file for ``strategy`` and the format it uses (``ddp``, ``fsdp`` or
+    ``engine``). With ``ddp`` (a tuned DDP configuration that won a search), the file runs DDP so
+    configured and ``strategy`` gives only replicas and batch split. ``fsdp``: the strategy's
+    FSDP2 plan or None and why not (:func:`fsdp_config`; it needs the model)."""
     if fmt not in FORMATS:
         raise SpecError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    plan, fsdp_why = fsdp if fsdp is not None else (None, "the model was not given to work out its FSDP2 units")
+    if fmt == "fsdp" and (plan is None or ddp is not None):
+        why = "the search's winner is tuned torch DDP" if ddp is not None else fsdp_why
+        raise SpecError(f"strategy {strategy.hash[:12]} cannot run as torch FSDP2: {why}; use --format engine")
+    use_fsdp = plan is not None and ddp is None and fmt in ("auto", "fsdp")
     config, why = (ddp, "") if ddp is not None else ddp_config(strategy, spec)
     if fmt == "ddp" and config is None:
         raise SpecError(f"strategy {strategy.hash[:12]} cannot run as plain DDP: {why}; use --format engine")
     if ddp is not None and fmt == "engine":
         raise SpecError("the search's winner is tuned torch DDP, not a strategy of the engine; use --format ddp or auto")
-    use_ddp = config is not None and fmt != "engine"
-    if use_ddp:
+    use_ddp = config is not None and fmt in ("auto", "ddp") and not use_fsdp
+    reason = ""
+    if use_fsdp:
+        mesh = " x ".join(str(n) for n in plan.mesh_shape)
+        what = (f"torch FSDP2: fully_shard on {len(plan.units)} unit(s), mesh {mesh}"
+                + (" (HSDP)" if len(plan.mesh_shape) == 2 else ""))
+        scales = loss_scales(strategy.batch_split)
+        payload = ""
+        backward = "loss.backward()"
+        if any(x != 1.0 for x in scales):
+            payload = (f"# FSDP2 averages gradients over ranks equally; with an uneven split each rank's loss is scaled\n"
+                       f"# by its share of the global batch times the number of ranks, which weights them as the strategy does\n"
+                       f"LOSS_SCALE = {list(scales)!r}\n")
+            backward = "(loss * LOSS_SCALE[rank]).backward()"
+        setup, step, save = fsdp_setup_code(plan), _FSDP_STEP.format(backward=backward), _FSDP_SAVE
+    elif use_ddp:
         hook = "" if config.comm_hook == "none" else f", the {config.comm_hook} comm hook"
         what = (f"plain torch DDP as tuned by the search ({ddp.summary()})" if ddp is not None else
                 f"plain torch DDP: buckets up to {config.bucket_cap_mb:g} MiB (the strategy's largest merge "
                 f"group){hook}, gradient_as_bucket_view")
         payload = f"DDP_CONFIG = {_literal(config.to_dict())}\n"
         setup, step, save = _DDP_SETUP, _DDP_STEP, _DDP_SAVE
-        reason = ""
     else:
         what = "the synctune engine running the strategy"
         payload = (f"STRATEGY = {_literal(strategy.to_dict())}\nSPEC = {_literal(spec.to_dict())}\n"
                    f"CLUSTER = {_literal(cluster.to_dict())}\n")
         setup, step, save = _ENGINE_SETUP, _ENGINE_STEP, _ENGINE_SAVE
-        reason = f"Plain DDP cannot run it: {_plain(why)}.\n" if why else ""
+        if has_shard_plans(strategy):
+            reason = f"torch FSDP2 cannot run it: {_plain(fsdp_why)}.\n"
+        elif why:
+            reason = f"Plain DDP cannot run it: {_plain(why)}.\n"
     text = _SCRIPT.format(name=_plain(spec.name), what=_plain(what), strategy_hash=strategy.hash[:12],
                           summary=_plain(strategy.summary()), reason=reason, replicas=len(strategy.replicas),
                           filename=_plain(filename), devices=_plain(", ".join(strategy.replicas[:6]) + (
                               ", ..." if len(strategy.replicas) > 6 else "")),
                           workload=workload, root=root, seed=seed, batch_split=list(strategy.batch_split),
                           payload=payload, setup=setup, train_step=step, save=save)
-    return text, "ddp" if use_ddp else "engine"
+    return text, "fsdp" if use_fsdp else "ddp" if use_ddp else "engine"
 
 
 def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, output, fmt: str = "auto",
@@ -218,9 +313,10 @@ def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, outp
 
     spec = workload.spec()
     validate(strategy, spec, cluster)
+    fsdp = fsdp_config(strategy, spec, workload) if ddp is None and fmt in ("auto", "fsdp") else None
     text, used = training_script(strategy, spec, cluster, workload=workload.source.removeprefix("zoo:"),
                                  root=getattr(workload, "root", "") or "", fmt=fmt, filename=Path(output).name,
-                                 seed=seed, ddp=ddp)
+                                 seed=seed, ddp=ddp, fsdp=fsdp)
     write_text_atomic(output, text)
     return used
 
