@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from _engine_workers import batches, make_optimizer
+from _engine_workers import _device, batches, make_optimizer
 from synctune.models import build_model, model_spec
 from synctune.spec import ClusterSpec
 from synctune.strategy import ShardPlan, Strategy, VariablePlan, build_strategy
@@ -58,15 +58,16 @@ def fsdp_train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         strategy = Strategy.from_dict(case["strategy"])
         cluster = ClusterSpec.from_dict(case["cluster"])
         name = strategy.model["name"]
+        device = _device(case, rank)
         torch.manual_seed(case.get("seed", 0))
-        module = build_model(name)
+        module = build_model(name).to(device)
         runtime = FSDPRuntime(FSDPConfig.from_dict(case["config"]))
         stepper = runtime.prepare(ArmContext(
             rank=rank, model=module, strategy=strategy, spec=model_spec(name), cluster=cluster,
-            device=torch.device("cpu"), seed=0, collective_timeout_s=60.0,
+            device=device, seed=0, collective_timeout_s=60.0,
             make_optimizer=lambda ps: make_optimizer(case["optimizer"], ps, case["lr"])))
         for step in range(case["steps"]):
-            batch = batches(name, strategy.batch_split, step)[rank]
+            batch = batches(name, strategy.batch_split, step, device=device)[rank]
             loss = stepper.forward_model(*batch)
             (loss * stepper.loss_scale).backward()
             stepper.step()

@@ -10,6 +10,8 @@ skipped, with the reason, where there is no CUDA device.
 - autocast with a GradScaler (fp16 on CUDA, bf16 on the CPU) on 2 processes, a poisoned step
   skipped on every rank, against single-process mixed-precision training on the same device;
 - a trial on a GPU cluster spec: status ok, CUDA, the CUDA peak-memory figure;
+- the fsdp runtime (torch FSDP2) on CUDA tensors over NCCL (one rank per GPU, so one rank on a
+  one-GPU machine), resharded and not, against single-process training, and as a trial;
 - the engine benchmark's printed table, read and checked.
 
 The conformance suite's CUDA run (every synchronizer x compressor, 4 processes sharing the GPUs
@@ -175,3 +177,33 @@ def test_engine_benchmark_table(device):
         assert table["buffers"] == "buffers broadcast each iteration: by neither", table["text"]
     else:
         assert table["measures"] == "synchronization" and table["buffers"].endswith("by both"), table["text"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fsdp2_runtime(device):
+    """torch FSDP2 through the fsdp runtime on the device's tensors (NCCL for CUDA: one rank per
+    GPU, so a one-GPU machine runs one rank): per-block units, resharded and not, an uneven split
+    where there are two ranks, against single-process training; then a trial of it, status ok."""
+    from _fsdp_workers import fsdp_train_cases
+    from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
+
+    world = 2 if device == "cpu" else min(2, torch.cuda.device_count())
+    backend = "gloo" if device == "cpu" else GPU_BACKEND
+    cluster = cluster_preset("local-1x2") if world == 2 else cluster_preset("local-1x1")
+    even = build_strategy("allreduce", model_spec("transformer-small"), cluster)
+    uneven = type(even)(**{**even.__dict__, "batch_split": tuple(range(1, world + 1))})
+    cases = [{"label": f"{device}/reshard {r}/split {s.batch_split}", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
+              "config": FSDPConfig(reshard_after_forward=r).to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3,
+              "device": device} for r, s in ((True, even), (False, uneven))]
+    outputs = run_local(fsdp_train_cases, world, (cases,), backend=backend, timeout_s=900)
+    for c, case in enumerate(cases):
+        ref = reference_training("transformer-small", case["strategy"]["batch_split"], "sgd", 0.1, 3)
+        for k, v in outputs[0][c]["params"].items():
+            # CUDA kernels and CPU ones round differently, and so do split batches: close, not bit-equal.
+            torch.testing.assert_close(v, ref[k], rtol=1e-3, atol=1e-4, msg=lambda m, k=k: f"{case['label']}: {k}: {m}")
+    trial_cluster = cluster if device == "cpu" else gpu_cluster(world)
+    workload = zoo_workload("transformer-small")
+    result = run_trial_local(build_strategy("allreduce", workload.spec(), trial_cluster), trial_cluster,
+                             TrialConfig(warmup=1, iters=3), workload=workload, runtime=FSDPRuntime())
+    assert result.status == "ok", result.error
+    assert result.device_kind == device
