@@ -643,14 +643,17 @@ class StrategyEngine:
         for unit in self.units:
             for m in unit.state_members(self.rank):
                 if opt is not None and m.view in opt.state:
-                    mine[(m.variable, m.shard, m.slices)] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                    # slices as (start, stop) pairs: a slice is not hashable before Python 3.12.
+                    bounds = tuple((c.start, c.stop) for c in m.slices)
+                    mine[(m.variable, m.shard, bounds)] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
                                                              for k, v in opt.state[m.view].items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] if opt else None
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, {"state": mine, "param_groups": groups})
         state: dict[str, dict[str, Any]] = {}
         for contribution in everyone:
-            for (name, _index, slices), shard_state in contribution["state"].items():
+            for (name, _index, bounds), shard_state in contribution["state"].items():
+                slices = tuple(slice(a, b) for a, b in bounds)
                 full = state.setdefault(name, {})
                 shape = tuple(torch.empty(self.spec[name].shape, device="meta")[slices].shape)
                 for key, value in shard_state.items():
