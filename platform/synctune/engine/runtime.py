@@ -53,12 +53,16 @@ class Stepper:
     """A prepared runtime on one rank: the module the loss is computed through, and what to do
     after each backward (``step``: synchronize, update, clear the gradients). ``take_comm_bytes``
     returns the bytes handed to collectives since its last call where the runtime counts them
-    (our engine does; DDP's and Horovod's are their own business: None)."""
+    (our engine does; DDP's and Horovod's are their own business: None). ``memory_parts``, where
+    the runtime exposes them, returns ``{"optimizer": ..., "units": [...]}``: the optimizer this
+    rank steps and the objects holding its communication buffers, for the per-rank memory
+    breakdown (:mod:`synctune.engine.memory`)."""
 
     forward_model: Any
     step: Callable[[], None]
     take_comm_bytes: Callable[[], int | None] = lambda: None
     close: Callable[[], None] = lambda: None
+    memory_parts: Callable[[], dict[str, Any]] | None = None
 
 
 class Runtime(ABC):
