@@ -35,6 +35,8 @@ Parts a runtime does not expose (torch DDP's reducer buckets, its optimizer) are
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Iterable
 
 __all__ = ["MEMORY_PARTS", "tensor_storages", "unit_tensors", "probe_iteration", "breakdown_to_row",
@@ -97,6 +99,25 @@ def _claim(storages: dict[int, int], seen: set[int]) -> int:
     return total
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's C++ side prints a line to file descriptor 2 at every start and stop (kineto's
+    USDT probes, no setting turns them off): every worker of every trial would print two; the
+    start and stop calls alone run with fd 2 on /dev/null."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class _CpuAllocations:
     """The CPU allocator's peak of live bytes allocated while it runs (torch.profiler's memory
     events: torch keeps no CPU allocator statistics)."""
@@ -105,11 +126,14 @@ class _CpuAllocations:
         from torch.profiler import ProfilerActivity, profile
 
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._prof.__enter__()
+        with _quiet_stderr():
+            self._prof.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._prof.__exit__(*exc)
+        with _quiet_stderr():
+            self._prof.__exit__(*exc)
+
 
     def peak_bytes(self) -> int | None:
         try:
