@@ -659,7 +659,6 @@ class ShardUnit(_Unit):
                 piece.whole_member = m
                 piece.grad_slot = self.out[off:off + (hi - lo) * elems].view(piece.shape)
                 self.slices.append(piece)
-        self.send = torch.zeros(self.segment, device=device, dtype=dtype)
         super().__init__(members, weight)
 
     def _copy_rows(self, member: Member, rows_src: torch.Tensor, dst: torch.Tensor, to_bucket: bool) -> None:
@@ -728,12 +727,15 @@ class ShardUnit(_Unit):
     def broadcast_phase(self, phase):
         if phase != 0:
             return []
+        # The updated rows travel in the segment that brought their gradient (spent by the step: the
+        # slices' gradients are the engine's own, dropped here), so a unit holds no third buffer.
         with torch.no_grad():
             for piece in self.slices:
+                piece.view.grad = None
                 off = self.layout[self.members.index(piece.whole_member)][0]
-                self.send[off:off + piece.numel].copy_(piece.view.reshape(-1))
+                self.out[off:off + piece.numel].copy_(piece.view.reshape(-1))
         self.counter(self.bucket)
-        return [Handle(dist.all_gather_single(self.bucket, self.send, group=self.group, async_op=True))]
+        return [Handle(dist.all_gather_single(self.bucket, self.out, group=self.group, async_op=True))]
 
     def after_broadcast(self):
         with torch.no_grad():
