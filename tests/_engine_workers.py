@@ -15,6 +15,7 @@ from synctune.strategy import (
     Compressor,
     PSSynchronizer,
     SFBSynchronizer,
+    ShardSynchronizer,
     ShardPlan,
     Strategy,
     VariablePlan,
@@ -119,15 +120,26 @@ def sfb_strategy(model: str, cluster: ClusterSpec, split: tuple[int, ...]) -> St
     return dataclasses.replace(base, plans=plans, batch_split=split)
 
 
-def random_strategy(model, cluster: ClusterSpec, rng: random.Random, compressors=("none",)) -> Strategy:
+def random_strategy(model, cluster: ClusterSpec, rng: random.Random, compressors=("none",),
+                    shard: bool = False) -> Strategy:
     """A random valid composed strategy of a zoo model (by name) or a model spec: partitions on
     random axes, mixed PS (with and without local aggregation) / all-reduce groups (odd groups
     hierarchical) / all-gather / sufficient-factor broadcasting of linear weights, uneven batch
-    split."""
+    split; with ``shard``, also dense variables in shard units (one shard-group size per unit,
+    drawn among the divisors of the replicas that fit the nodes)."""
     spec = model_spec(model) if isinstance(model, str) else model
     devices = cluster.devices
     plans = []
+    sizes = [0] + [k for k in range(1, len(devices)) if len(devices) % k == 0
+                   and all(n.num_devices % k == 0 for n in cluster.nodes)]
+    unit_group: dict[int, int] = {}
     for i, var in enumerate(spec.variables):
+        if shard and not var.sparse and var.shape and var.dtype == "float32" and rng.random() < 0.5:
+            unit = rng.randint(0, 2)
+            group = unit_group.setdefault(unit, rng.choice(sizes))
+            plans.append(VariablePlan(variable=var.name, partition=(1,) * len(var.shape), shards=(ShardPlan(
+                synchronizer=ShardSynchronizer(unit=unit, group=group)),)))
+            continue
         partition = [1] * len(var.shape)
         axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)]
         if axes and rng.random() < 0.5:

@@ -910,3 +910,52 @@ def test_a_special_file_inside_a_pulled_release_is_one_line(tmp_path, special, w
     assert len(lines) == 1 and f"{rel}: {shipped.relative_to(rel)}" in lines[0], result.stderr[-1000:]
     assert "not a regular file" in lines[0], lines[0]
     assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))
+
+
+SHARD_PROBLEMS = [
+    # (variable, synchronizer fields or a plan edit, cluster, what the one line names)
+    ("fc.weight", {"partition": [2, 1]}, "local-2x2", "shard slices the whole variable by rows itself"),
+    ("fc.weight", {"group": 3}, "local-2x2", "synchronizer.group: a shard group of 3 does not divide the 4 replicas"),
+    ("fc.weight", {"group": 2}, "3x2", "(replicas 2..3) takes part of node 'node0''s replicas together with another"),
+    ("fc.weight", {"prefetch": 2}, "local-2x2", "prefetch: expected 0 when reshard is false"),
+    ("fc.weight", {"reduce_dtype": "fp8"}, "local-2x2", "reduce_dtype: expected one of ('fp32', 'bf16')"),
+    ("fc.weight", {"compressor": "fp16"}, "local-2x2", "fp16 is not executed with shard"),
+    ("fc.bias", {"unit": 0, "group": 2}, "local-2x2", "synchronizer.group: unit 0 has group 2 on variable 'fc.bias' and 0 here"),
+]
+
+
+@pytest.mark.parametrize("variable, edit, cluster, fragment", SHARD_PROBLEMS, ids=range(len(SHARD_PROBLEMS)))
+def test_bad_shard_plans_are_one_line_exit_2(tmp_path, variable, edit, cluster, fragment):
+    """A shard plan the engine cannot run as written (a variable sliced another way, a group that
+    does not divide the replicas or straddles nodes, a unit whose variables disagree): one line,
+    exit 2, from ``strategy validate`` and from ``trial`` before any worker starts."""
+    path = tmp_path / "s.json"
+    if cluster == "3x2":  # two nodes of three devices: groups of two straddle them
+        cluster = str(write(tmp_path / "c.yaml", json.dumps({"name": "c3x2", "nodes": [
+            {"instance_type": "local-cpu", "num_devices": 3}, {"instance_type": "local-cpu", "num_devices": 3}]})))
+    assert run("strategy", "build", "shard", "-m", "cnn-small", "-c", cluster, "-o", path).exit_code == 0
+    data = json.loads(path.read_text())
+    plan = next(p for p in data["plans"] if p["variable"] == variable)
+    sync = plan["shards"][0]["synchronizer"]
+    assert sync["kind"] == "shard"
+    if "partition" in edit:
+        plan["partition"] = edit["partition"]
+        plan["shards"] = plan["shards"] * 2
+    elif "compressor" in edit:
+        plan["shards"][0]["compressor"] = {"kind": edit["compressor"]}
+    else:
+        sync.update(edit)
+    path.write_text(json.dumps(data))
+    assert_one_line(run("strategy", "validate", path, "-m", "cnn-small", "-c", cluster), 2, fragment)
+    start = time.monotonic()
+    assert_one_line(run("trial", "-m", "cnn-small", "-c", cluster, "-s", path, "--iters", "1", "--warmup", "0"), 2,
+                    fragment)
+    assert time.monotonic() - start < 20
+
+
+def test_reshard_in_the_engine_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "s.json"
+    assert run("strategy", "build", "shard", "-m", "cnn-small", "-c", "local-1x2", "-O", "reshard=true",
+               "-o", path).exit_code == 0
+    assert_one_line(run("trial", "-m", "cnn-small", "-c", "local-1x2", "-s", path, "--iters", "1", "--warmup", "0"),
+                    2, "reshard: true (unit 0) is not executed by the engine")

@@ -21,10 +21,10 @@ from synctune.strategy import build_strategy, validate
 SPLITS = {"local-1x2": (3, 5), "local-2x2": (3, 4, 5, 4)}
 
 
-def _strategy(cluster, kind: str, builder: str | None = None, seed: int = 0, **options):
+def _strategy(cluster, kind: str, builder: str | None = None, seed: int = 0, shard: bool = False, **options):
     spec = spec_of(kind)
     if builder is None:
-        s = random_strategy(spec, cluster, random.Random(seed))
+        s = random_strategy(spec, cluster, random.Random(seed), shard=shard)
     else:
         s = build_strategy(builder, spec, cluster, **options)
     s = type(s)(**{**s.__dict__, "batch_split": SPLITS[cluster.name]})
@@ -66,8 +66,30 @@ def _cases(cluster_name: str) -> list[dict]:
         steps=4, switch_to=_strategy(cluster, "habit", "ps-lb").to_dict())
     add("error/no_sync-forgotten", "habit", _strategy(cluster, "habit", "allreduce"), micro=2,
         forget_no_sync=True, expect_error=True)
+    # Sharded (ZeRO-2) units: over every replica, HSDP (groups of two: on local-2x2 two groups,
+    # the slices all-reduced across them), bf16 gradients apart; composed with the other kinds
+    # (random, shard=True). The tied embedding is one variable in one unit; ``unused`` (3 rows)
+    # leaves the fourth rank of a group of four an empty slice.
+    hsdp = {"group": 2}
+    add("plain/shard", "habit", _strategy(cluster, "habit", "shard"))
+    add("plain/shard-hsdp", "habit", _strategy(cluster, "habit", "shard", **hsdp))
+    add("plain/shard-depth1", "habit", _strategy(cluster, "habit", "shard", depth=1))
+    add("plain/random-shard", "habit", _strategy(cluster, "habit", seed=7, shard=True))
+    add("micro3/shard", "habit", _strategy(cluster, "habit", "shard"), micro=3)
+    add("micro2-gated/shard-hsdp", "habit", _strategy(cluster, "habit", "shard", **hsdp), micro=2, gated=True)
+    add("micro2-gated/random-shard", "habit", _strategy(cluster, "habit", seed=8, shard=True), micro=2, gated=True)
+    add("clip/shard", "habit", _strategy(cluster, "habit", "shard"), clip=0.05)
+    add("clip/shard-hsdp", "habit", _strategy(cluster, "habit", "shard", **hsdp), clip=0.05)
+    add("clip/random-shard", "habit", _strategy(cluster, "habit", seed=9, shard=True), clip=0.05)
+    add("amp/shard-hsdp", "habit", _strategy(cluster, "habit", "shard", **hsdp), amp=True, poison_step=1)
+    add("checkpoint/shard-hsdp->allreduce", "habit", _strategy(cluster, "habit", "shard", **hsdp),
+        optimizer="adam", lr=0.05, steps=4, switch_to=_strategy(cluster, "habit", "allreduce").to_dict())
+    add("checkpoint/allreduce->shard", "habit", _strategy(cluster, "habit", "allreduce"), optimizer="adam",
+        lr=0.05, steps=4, switch_to=_strategy(cluster, "habit", "shard").to_dict())
+    add("checkpoint/shard->shard-hsdp-depth1", "habit", _strategy(cluster, "habit", "shard"), optimizer="adam",
+        lr=0.05, steps=4, switch_to=_strategy(cluster, "habit", "shard", depth=1, **hsdp).to_dict())
     for buffers in (True, False):
-        for builder in ("allreduce", "ps-lb"):
+        for builder in ("allreduce", "ps-lb", "shard"):
             add(f"bn/{builder}/broadcast_buffers={buffers}", "bn", _strategy(cluster, "bn", builder), ddp=True,
                 broadcast_buffers=buffers, batch_split=(4,) * cluster.num_devices)
     for case in cases:  # equal batches where DDP is the reference (it averages over ranks)

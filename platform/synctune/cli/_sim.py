@@ -283,3 +283,36 @@ def score_cmd(sim_file, strategies, model, cluster) -> None:
         est = float(AnalyticSimulator().predict([s], m, c)[0])
         rows.append([path, f"{score:.4g}", f"{est * 1e3:.1f}", s.summary()[:80]])
     click.echo(table(["strategy", f"{sim.kind} score", "analytic ms", "summary"], rows, right=[1, 2]))
+
+
+@sim_group.command("memory")
+@_data
+@click.option("--activations", type=click.Choice(["reference", "measured"]), default="reference", show_default=True,
+              help="Where the strategy-independent memory (activations, batch, temporaries) comes from: the "
+                   "all-reduce trials of the same model and batch, or each row's own saved activations.")
+@click.option("--json", "as_json", is_flag=True)
+def memory_cmd(data, activations, as_json) -> None:
+    """The memory model's error on recorded trials: per cluster, the median and 90th percentile of
+    |predicted - measured| / measured over every rank of every trial that measured its memory part by
+    part (trials recorded before the breakdown existed are skipped)."""
+    import statistics
+
+    from ..data import TrialDataset, dataset_dir
+    from ..simulator.memory import memory_errors
+
+    ds = TrialDataset(data or dataset_dir())
+    rows = memory_errors(ds.records(), activations=activations)
+    if not rows:
+        raise SpecError(f"{ds.root}: no successful trial with a per-rank memory breakdown (run trials with this "
+                        f"version: `synctune trial`)")
+    by_cluster: dict[str, list[float]] = {}
+    for r in rows:
+        by_cluster.setdefault(r["cluster"], []).append(r["error"])
+    summary = [{"cluster": c, "ranks": len(e), "median_error": statistics.median(e),
+                "p90_error": sorted(e)[min(len(e) - 1, int(0.9 * len(e)))]} for c, e in sorted(by_cluster.items())]
+    if as_json:
+        click.echo(json.dumps({"clusters": summary, "ranks": rows}, indent=1, default=str))
+        return
+    click.echo(table(["cluster", "ranks", "median |pred-meas|/meas", "p90"],
+                     [[s["cluster"], s["ranks"], _pct(s["median_error"]), _pct(s["p90_error"])] for s in summary],
+                     right=(1, 2, 3)))

@@ -200,6 +200,17 @@ class TrialRecord:
         return cls(**values)
 
     @property
+    def memory_breakdown(self) -> list[dict[str, int | None]] | None:
+        """Per rank, the memory the trial measured part by part (``extra_json``'s ``memory``:
+        part -> per-rank bytes, see :mod:`synctune.engine.memory`); None for a row recorded
+        without one (older rows, runtimes that do not train through the probe)."""
+        memory = json.loads(self.extra_json or "{}").get("memory")
+        if not memory:
+            return None
+        ranks = max(len(v) for v in memory.values())
+        return [{part: values[r] for part, values in memory.items()} for r in range(ranks)]
+
+    @property
     def environment_key(self) -> str:
         """What must match for two measurements to be "the same environment"."""
         return "|".join((self.synctune_version, self.torch_version, self.python_version, self.platform,

@@ -35,7 +35,8 @@ class EngineRuntime(Runtime):
             engine.zero_grad()
 
         return Stepper(forward_model=ctx.model, step=step, take_comm_bytes=engine.take_comm_bytes,
-                       close=engine.close)
+                       close=engine.close,
+                       memory_parts=lambda: {"optimizer": engine.optimizer, "units": list(engine.units)})
 
     def config_dict(self) -> dict[str, Any]:
         return {}

@@ -51,8 +51,8 @@ import torch.nn as nn
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.partition import shard_slices
-from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer, Strategy,
-                               StrategyError)
+from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
+                               ShardSynchronizer, Strategy, StrategyError)
 from ..strategy.validate import validate
 from .compress import ByteCounter, make_compressor
 from .layout import RankLayout
@@ -64,6 +64,7 @@ from .units import (
     PSUnit,
     SFBUnit,
     Scheduler,
+    ShardUnit,
     SparseAllGatherUnit,
     SparsePSUnit,
     SynchronizationError,
@@ -75,12 +76,19 @@ __all__ = ["StrategyEngine", "check_supported", "SynchronizationError"]
 def check_supported(strategy: Strategy, model: ModelSpec) -> None:
     """Reject, before launch, what the engine does not execute, with a message naming the variable.
 
-    Not executed: staleness > 0 (the engine is synchronous), merge groups mixing dtypes.
+    Not executed: staleness > 0 (the engine is synchronous), merge groups mixing dtypes, and
+    ``shard`` with ``reshard: true`` (ZeRO-3: the engine keeps parameters whole between forward
+    and backward; the FSDP2 runtime, ``--runtime fsdp``, runs resharded units).
     """
     group_dtype: dict[int, tuple[str, str]] = {}
     for plan, i, shard in strategy.iter_shards():
         sync = shard.synchronizer
         where = f"variable {plan.variable!r}: shards[{i}]"
+        if isinstance(sync, ShardSynchronizer) and sync.reshard:
+            raise StrategyError(
+                f"{where}.synchronizer.reshard: true (unit {sync.unit}) is not executed by the engine, which keeps "
+                f"a unit's parameters whole between forward and backward (ZeRO-2); run the strategy with "
+                f"--runtime fsdp (torch FSDP2 frees and re-gathers them), or set reshard false")
         if isinstance(sync, PSSynchronizer) and sync.staleness > 0:
             raise StrategyError(
                 f"{where}.synchronizer.staleness: {sync.staleness} is not supported; the engine runs synchronous "
@@ -227,6 +235,8 @@ class StrategyEngine:
         self._create_subgroups(plans)
         groups: dict[int, list[Member]] = {}
         group_spec: dict[int, tuple] = {}
+        shard_units: dict[int, list[Member]] = {}
+        shard_spec: dict[int, ShardSynchronizer] = {}
         units: list = []
         order: list[tuple[str, object]] = []  # units in order of their first member (backward order)
         for plan in plans:
@@ -245,6 +255,12 @@ class StrategyEngine:
                         group_spec[sync.group] = (shard.compressor, sync.algorithm)
                         order.append(("group", sync.group))
                     groups[sync.group].append(member)
+                elif isinstance(sync, ShardSynchronizer):
+                    if sync.unit not in shard_units:
+                        shard_units[sync.unit] = []
+                        shard_spec[sync.unit] = sync
+                        order.append(("shard", sync.unit))
+                    shard_units[sync.unit].append(member)
                 elif isinstance(sync, SFBSynchronizer):
                     unit = SFBUnit(member, self.weight, layer=self._linear_layer(plan.variable), world=self.world,
                                    device=device, counter=self.counter)
@@ -262,9 +278,28 @@ class StrategyEngine:
         for kind, item in order:
             if kind == "unit":
                 units.append(item)
-                continue
-            units.append(self._group_unit(item, groups[item], *group_spec[item], device, seed))
+            elif kind == "shard":
+                units.append(self._shard_unit(shard_units[item], shard_spec[item], device))
+            else:
+                units.append(self._group_unit(item, groups[item], *group_spec[item], device, seed))
         return units
+
+    def _shard_groups(self, size: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Shard groups of ``size`` consecutive ranks (0: all), and the groups across them (HSDP's
+        replicate dimension: the ranks holding the same slice)."""
+        size = size or self.world
+        shards = [list(range(start, start + size)) for start in range(0, self.world, size)]
+        return shards, [[g[i] for g in shards] for i in range(size)]
+
+    def _shard_unit(self, members: list, sync: ShardSynchronizer, device) -> ShardUnit:
+        shards, across = self._shard_groups(sync.group)
+        mine = next(g for g in shards if self.rank in g)
+        cross = next(g for g in across if self.rank in g)
+        dtype = {"fp32": members[0].view.dtype, "bf16": torch.bfloat16}[sync.reduce_dtype]
+        return ShardUnit(members, self.weight, rank=self.rank, shard_ranks=mine,
+                         group=None if len(mine) == self.world else self._group(mine),
+                         cross=self._group(cross) if len(cross) > 1 else None, reduce_dtype=dtype, device=device,
+                         counter=self.counter)
 
     def _create_subgroups(self, plans) -> None:
         """The sub-groups the plans need (local aggregation, hierarchical all-reduce), created in
@@ -276,6 +311,9 @@ class StrategyEngine:
         for plan in plans:
             for shard in plan.shards:
                 s = shard.synchronizer
+                if isinstance(s, ShardSynchronizer) and s.group and s.group < self.world:
+                    shards, across = self._shard_groups(s.group)
+                    needed.update(tuple(g) for g in shards + across if len(g) > 1)
                 if isinstance(s, PSSynchronizer) and s.local_aggregation:
                     placement = layout.rank_of(s.placement)
                     for node in nodes:
@@ -487,8 +525,7 @@ class StrategyEngine:
         if scaler is not None and scaler.is_enabled():
             self._agreed_unscale(scaler)
         norm_type = float(norm_type)
-        counted = [m.view.grad for u in self.units if u.counts_in_norm(self.rank) for m in u.members
-                   if m.view.grad is not None]
+        counted = [g for u in self.units for g in u.norm_grads(self.rank)]
         values = [g.coalesce().values() if g.is_sparse else g for g in counted]
         if norm_type == float("inf"):
             local = max((v.abs().max().double() for v in values if v.numel()), default=torch.zeros((), dtype=torch.float64))
@@ -502,9 +539,8 @@ class StrategyEngine:
             norm = total[0].pow(1.0 / norm_type)
         coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         for unit in self.units:
-            for m in unit.members:
-                if m.view.grad is not None:
-                    m.view.grad.mul_(coef)
+            for grad in unit.synchronized_grads():
+                grad.mul_(coef)
         return norm.to(torch.float32)
 
     def _scaled_optimizer(self) -> torch.optim.Optimizer:
@@ -573,8 +609,7 @@ class StrategyEngine:
         for p in self._module_params:
             p.grad = None
         for unit in self.units:
-            for m in unit.members:
-                m.view.grad = None
+            unit.drop_grads()
             if isinstance(unit, SFBUnit):
                 unit.forget()
 
@@ -606,23 +641,26 @@ class StrategyEngine:
         mine: dict[tuple[str, int], dict] = {}
         opt = self.optimizer
         for unit in self.units:
-            for m in unit.members:
-                if unit.source_of(m) == self.rank and opt is not None and m.view in opt.state:
-                    mine[(m.variable, m.shard)] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
-                                                   for k, v in opt.state[m.view].items()}
+            for m in unit.state_members(self.rank):
+                if opt is not None and m.view in opt.state:
+                    # slices as (start, stop) pairs: a slice is not hashable before Python 3.12.
+                    bounds = tuple((c.start, c.stop) for c in m.slices)
+                    mine[(m.variable, m.shard, bounds)] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                                                             for k, v in opt.state[m.view].items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] if opt else None
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, {"state": mine, "param_groups": groups})
         state: dict[str, dict[str, Any]] = {}
         for contribution in everyone:
-            for (name, index), shard_state in contribution["state"].items():
-                member = self._members[(name, index)]
+            for (name, _index, bounds), shard_state in contribution["state"].items():
+                slices = tuple(slice(a, b) for a, b in bounds)
                 full = state.setdefault(name, {})
+                shape = tuple(torch.empty(self.spec[name].shape, device="meta")[slices].shape)
                 for key, value in shard_state.items():
-                    if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) == member.shape:
+                    if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) == shape:
                         if key not in full:
                             full[key] = torch.zeros(self.spec[name].shape, dtype=value.dtype)
-                        full[key][member.slices] = value
+                        full[key][slices] = value
                     else:  # per-variable scalars (Adam's step): the same in every shard
                         full[key] = value
         param_groups = next((c["param_groups"] for c in everyone if c["param_groups"]), [])

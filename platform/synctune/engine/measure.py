@@ -178,12 +178,16 @@ def gather_max(times: list[float], device) -> list[float]:
 
 def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory: PeakMemory,
                      iteration: Callable[[], Any], *, t_start: float, take_comm: Callable[[], int | None] | None = None,
-                     close: Callable[[], None] | None = None, progress: bool = True) -> dict:
+                     close: Callable[[], None] | None = None, progress: bool = True,
+                     memory_probe: Callable[[], dict] | None = None) -> dict:
     """What every trial measures, whatever runs its iterations (AutoDist §3.3's W + M): warm-up
     then timed iterations, each timed one started after a barrier, ``iteration()`` returning once
     the step is done (its loss); then, across ranks, the slowest rank per iteration, the peak
     memory and the bytes handed to collectives (``take_comm``, where the runtime counts them).
-    ``close`` runs after the gathering."""
+    ``memory_probe`` (every rank) runs one more, instrumented, iteration after the timed ones and
+    returns the rank's memory part by part (:mod:`synctune.engine.memory`), gathered into
+    ``memory`` (part -> per rank); its iteration counts in neither the times, the bytes sent nor
+    the peak. ``close`` runs after the gathering."""
     import torch
     import torch.distributed as dist
 
@@ -210,8 +214,22 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
     slowest = gather_max(times, device)
     peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
                         dtype=torch.float64, device=device)
+    parts = None
+    if memory_probe is not None:
+        from .memory import MEMORY_PARTS, breakdown_to_row
+
+        mine = memory_probe()
+        if take_comm is not None:
+            take_comm()  # the probe's bytes are not the trial's
+        # -1: a part this runtime does not expose (bytes are never negative).
+        parts = torch.tensor([-1 if mine.get(k) is None else mine[k] for k in MEMORY_PARTS], dtype=torch.float64,
+                             device=device)
+        peak = torch.cat([peak, parts])
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
+    if parts is not None:
+        per_rank = [{k: (None if v < 0 else int(v)) for k, v in zip(MEMORY_PARTS, p[2:].tolist())} for p in peaks]
+        parts = breakdown_to_row(per_rank)
     if close is not None:
         close()
     return {
@@ -222,4 +240,5 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
         "peak_memory_bytes": int(max(p[0].item() for p in peaks)),
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
         "final_loss": loss_value(loss),
+        "memory": parts,
     }

@@ -53,15 +53,19 @@ class Stepper:
     """A prepared runtime on one rank: the module the loss is computed through, and what to do
     after each backward (``step``: synchronize, update, clear the gradients). ``take_comm_bytes``
     returns the bytes handed to collectives since its last call where the runtime counts them
-    (our engine does; DDP's and Horovod's are their own business: None). ``loss_scale``: what
-    this rank's loss is multiplied by before backward (FSDP2 averages gradients over ranks
-    equally; an uneven batch split is weighted by scaling each rank's loss)."""
+    (our engine does; DDP's and Horovod's are their own business: None). ``memory_parts``, where
+    the runtime exposes them, returns ``{"optimizer": ..., "units": [...]}``: the optimizer this
+    rank steps and the objects holding its communication buffers, for the per-rank memory
+    breakdown (:mod:`synctune.engine.memory`). ``loss_scale``: what this rank's loss is
+    multiplied by before backward (FSDP2 averages gradients over ranks equally; an uneven batch
+    split is weighted by scaling each rank's loss)."""
 
     forward_model: Any
     step: Callable[[], None]
     loss_scale: float = 1.0
     take_comm_bytes: Callable[[], int | None] = lambda: None
     close: Callable[[], None] = lambda: None
+    memory_parts: Callable[[], dict[str, Any]] | None = None
 
 
 class Runtime(ABC):

@@ -103,6 +103,22 @@ class _Arm:
             torch.cuda.synchronize(self.device)
         return loss
 
+    def memory_probe(self) -> dict:
+        """One more training iteration, instrumented: this rank's memory part by part
+        (:func:`synctune.engine.memory.probe_iteration`)."""
+        from .memory import probe_iteration
+
+        parts = self.stepper.memory_parts() if self.stepper.memory_parts is not None else {}
+        # A runtime that exposes its units but steps no optimizer on this rank holds no state.
+        optimizer = parts.get("optimizer")
+        if "units" in parts and optimizer is None:
+            import types
+
+            optimizer = types.SimpleNamespace(state={})
+        return probe_iteration(model=self.stepper.forward_model, batch=self.batch, loss_fn=self.workload.loss,
+                               step=self.stepper.step, device=self.device,
+                               optimizer=optimizer if parts else None, units=parts.get("units"))
+
     def take_comm_bytes(self) -> int | None:
         """Bytes handed to collectives since the last call, where the runtime counts them."""
         return self.stepper.take_comm_bytes()
@@ -136,7 +152,8 @@ def _measure(rank: int, world: int, payload: dict, strategy: Strategy, gpu_per_r
     memory.reset()
     arm = _Arm(rank, payload, strategy, payload.get("runtime"), device)
     timed = timed_iterations(rank, world, config, device, memory, arm.iteration, t_start=t_start,
-                             take_comm=arm.take_comm_bytes, close=arm.close, progress=progress)
+                             take_comm=arm.take_comm_bytes, close=arm.close, progress=progress,
+                             memory_probe=arm.memory_probe)
     return {**timed, "backend": dist.get_backend(), "device_kind": device.type}
 
 
@@ -291,7 +308,8 @@ def result_from_rank0(out: dict, strategy: Strategy, cluster: ClusterSpec, confi
     return TrialResult.from_times(
         out["times"], backend=out["backend"], device_kind=out["device_kind"],
         comm_bytes_per_iter=out["comm_bytes_per_iter"], peak_memory_bytes=out["peak_memory_bytes"], wall_s=wall_s,
-        extra={"final_loss": out["final_loss"], "phases_s": out.get("phases_s", {})},
+        extra={"final_loss": out["final_loss"], "phases_s": out.get("phases_s", {}), "optimizer": config.optimizer,
+               **({"memory": out["memory"]} if out.get("memory") else {})},
         **_describe(strategy, cluster, config, launcher))
 
 

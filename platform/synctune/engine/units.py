@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Member", "GradView", "Scheduler", "Handle", "AllReduceUnit", "HierarchicalAllReduceUnit", "PSUnit",
-           "SparseAllGatherUnit", "SparsePSUnit", "SFBUnit", "SynchronizationError"]
+           "SparseAllGatherUnit", "SparsePSUnit", "SFBUnit", "ShardUnit", "SynchronizationError"]
 
 
 class SynchronizationError(RuntimeError):
@@ -159,6 +159,22 @@ class _Unit:
     def counts_in_norm(self, rank: int) -> bool:
         """Whether this rank counts the unit's gradients in a global norm (each shard once)."""
         return rank == 0
+
+    def synchronized_grads(self) -> list[torch.Tensor]:
+        """The synchronized gradients this rank holds after ``finish`` (what clipping scales)."""
+        return [m.view.grad for m in self.members if m.view.grad is not None]
+
+    def norm_grads(self, rank: int) -> list[torch.Tensor]:
+        """The gradients this rank counts in a global norm (every element once over all ranks)."""
+        return self.synchronized_grads() if self.counts_in_norm(rank) else []
+
+    def drop_grads(self) -> None:
+        for m in self.members:
+            m.view.grad = None
+
+    def state_members(self, rank: int) -> list[Member]:
+        """Members whose optimizer state this rank contributes to a checkpoint."""
+        return [m for m in self.members if self.source_of(m) == rank]
 
     def broadcast_phase(self, phase: int) -> list[Handle]:
         return []
@@ -592,6 +608,139 @@ class SparsePSUnit(_SparseUnit):
                 m.view.copy_(self.values)
             else:
                 m.view[self.rows] = self.values
+
+
+class ShardUnit(_Unit):
+    """Sharded data parallelism for one unit (ZeRO stage 2, Rajbhandari et al. SC'20 §5; FSDP2's
+    ``fully_shard`` with ``reshard_after_forward=False``): the unit's gradients go into one
+    bucket laid out by shard-group member (member r's segment holds rows ``shard_rows(n, k)[r]``
+    of every variable, padded to the same length), one reduce-scatter over the shard group (in
+    ``reduce_dtype``) leaves each rank the summed rows it owns, and with HSDP (groups of k < all
+    replicas) one all-reduce of that segment across the groups completes the sum. The
+    optimizer updates only those rows (``owned``: row views of the parameters, so its state is a
+    slice too); after the step one all-gather over the shard group brings every rank the
+    updated rows of the others. With an element-wise optimizer this is single-process training."""
+
+    def __init__(self, members: list[Member], weight: float, *, rank: int, shard_ranks: list[int], group, cross,
+                 reduce_dtype: torch.dtype, device, counter) -> None:
+        self.size = len(shard_ranks)
+        self.index = shard_ranks.index(rank)
+        # Shard groups are runs of consecutive ranks; the one starting at rank 0 is "the first".
+        self.first_group = shard_ranks[0] == 0
+        self.group, self.cross, self.counter = group, cross, counter
+        self.reduce_dtype = reduce_dtype
+        self.layout = []  # per member: (offset in a segment, rows per member, row elements)
+        at = 0
+        for m in members:
+            rows = m.shape[0]
+            per = -(-rows // self.size)
+            elems = m.numel // rows
+            self.layout.append((at, per, elems))
+            at += per * elems
+        self.segment = max(at, 1)  # a collective needs one element at least
+        dtype = members[0].view.dtype
+        self.bucket = torch.zeros(self.size * self.segment, device=device, dtype=dtype)
+        self.out = torch.zeros(self.segment, device=device, dtype=dtype)
+        self._wire = None if reduce_dtype == dtype else torch.zeros(self.size * self.segment, device=device,
+                                                                    dtype=reduce_dtype)
+        self._wire_out = None if self._wire is None else torch.zeros(self.segment, device=device, dtype=reduce_dtype)
+        grid = self.bucket.view(self.size, self.segment)
+        # Views made once: (this member's rows of every segment as (k, per, elems), this rank's rows).
+        self._slots = {}
+        self.slices: list[Member] = []
+        for m, (off, per, elems) in zip(members, self.layout):
+            rows = m.shape[0]
+            self._slots[id(m)] = grid[:, off:off + per * elems].view(self.size, per, elems)
+            lo, hi = min(rows, self.index * per), min(rows, (self.index + 1) * per)
+            if hi > lo:
+                view = torch.nn.Parameter(m.view.detach()[lo:hi], requires_grad=False)
+                piece = Member(variable=m.variable, shard=m.shard, slices=(slice(lo, hi),), shape=tuple(view.shape),
+                               view=view)
+                piece.whole_member = m
+                piece.grad_slot = self.out[off:off + (hi - lo) * elems].view(piece.shape)
+                self.slices.append(piece)
+        super().__init__(members, weight)
+
+    def _copy_rows(self, member: Member, rows_src: torch.Tensor, dst: torch.Tensor, to_bucket: bool) -> None:
+        """Between a variable laid out as (rows, elems) and its slot (k, per, elems) of the bucket."""
+        rows = member.shape[0]
+        per = dst.shape[1]
+        flat = rows_src.reshape(rows, -1)
+        if rows == self.size * per:
+            grid = flat.view(self.size, per, -1)
+            (dst.copy_(grid) if to_bucket else grid.copy_(dst))
+            return
+        for r in range(self.size):
+            lo, hi = min(rows, r * per), min(rows, (r + 1) * per)
+            if hi > lo:
+                (dst[r, :hi - lo].copy_(flat[lo:hi]) if to_bucket else flat[lo:hi].copy_(dst[r, :hi - lo]))
+
+    def _store(self, member, grad):
+        slot = self._slots[id(member)]
+        if grad is None:
+            slot.zero_()  # padding rows are zero already and stay so
+        else:
+            self._copy_rows(member, member.of(grad.dense), slot, to_bucket=True)
+
+    def stage_groups(self):
+        return [self.group] + ([self.cross] if self.cross is not None else [])
+
+    def pipeline(self):
+        self.bucket.mul_(self.weight)
+        send, out = self.bucket, self.out
+        if self._wire is not None:
+            send, out = self._wire, self._wire_out
+            send.copy_(self.bucket)
+        self.counter(send)
+        # gloo's reduce_scatter never reports itself completed before wait(): a stage after it
+        # (the HSDP all-reduce) is launched when the step waits for it, not during backward.
+        yield self.group, lambda: dist.reduce_scatter_single(out, send, group=self.group, async_op=True)
+        if self.cross is not None:
+            self.counter(out)
+            yield self.cross, lambda: dist.all_reduce(out, group=self.cross, async_op=True)
+
+    def finish(self):
+        if self._wire_out is not None:
+            self.out.copy_(self._wire_out)
+        for piece in self.slices:
+            piece.view.grad = piece.grad_slot
+
+    def owned(self):
+        return self.slices
+
+    def synchronized_grads(self):
+        return [p.view.grad for p in self.slices if p.view.grad is not None]
+
+    def counts_in_norm(self, rank):
+        # Every shard group holds the whole sum; the first one's members count it, once.
+        return self.first_group
+
+    def drop_grads(self):
+        for p in self.slices:
+            p.view.grad = None
+        for m in self.members:
+            m.view.grad = None
+
+    def state_members(self, rank):
+        return self.slices if self.first_group else []
+
+    def broadcast_phase(self, phase):
+        if phase != 0:
+            return []
+        # The updated rows travel in the segment that brought their gradient (spent by the step: the
+        # slices' gradients are the engine's own, dropped here), so a unit holds no third buffer.
+        with torch.no_grad():
+            for piece in self.slices:
+                piece.view.grad = None
+                off = self.layout[self.members.index(piece.whole_member)][0]
+                self.out[off:off + piece.numel].copy_(piece.view.reshape(-1))
+        self.counter(self.bucket)
+        return [Handle(dist.all_gather_single(self.bucket, self.out, group=self.group, async_op=True))]
+
+    def after_broadcast(self):
+        with torch.no_grad():
+            for m in self.members:
+                self._copy_rows(m, m.view.detach(), self._slots[id(m)], to_bucket=False)
 
 
 @dataclass(eq=False)

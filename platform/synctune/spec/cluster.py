@@ -29,6 +29,7 @@ __all__ = [
     "device_id",
     "LAB_SCALE",
     "is_lab_cluster",
+    "host_memory_bytes",
 ]
 
 GIB = 1024**3
@@ -167,6 +168,11 @@ class NodeSpec:
                 f"{where}: compute_gflops", "a positive number of GFLOP/s (or absent)", self.compute_gflops)
 
     @property
+    def memory_gib(self) -> float:
+        """Each device's memory in GiB (0: unset, a CPU node sharing the host's memory)."""
+        return self.device_memory_bytes / GIB
+
+    @property
     def devices(self) -> tuple[str, ...]:
         """Device ids of this node, ``name:0`` .. ``name:num_devices-1``."""
         return tuple(device_id(self.name, i) for i in range(self.num_devices))
@@ -180,8 +186,21 @@ class NodeSpec:
         return out
 
 
+#: Spec-file keys that only spell another field differently (never written back).
+_INPUT_ONLY_NODE_KEYS = ("memory_gib",)
+
+
+def _memory_gib_to_bytes(value: Any, where: str) -> int:
+    require(is_number(value) and 0 < value <= (1 << 50) / GIB, f"{where}: memory_gib",
+            "a positive number of GiB per device", value)
+    return int(round(value * GIB))
+
+
 def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> NodeSpec:
-    check_keys(data, where, (), _NODE_FIELDS + ("count",) + _OPTIONAL_NODE_FIELDS)
+    check_keys(data, where, (), _NODE_FIELDS + ("count",) + _OPTIONAL_NODE_FIELDS + _INPUT_ONLY_NODE_KEYS)
+    if "memory_gib" in data and "device_memory_bytes" in data:
+        raise SpecError(f"{where}: memory_gib and device_memory_bytes both given: they are one field (each "
+                        f"device's memory); keep one")
     if "instance_type" not in data:
         raise SpecError(f"{where}: missing key 'instance_type' (one of {', '.join(INSTANCE_TYPES)} or your own)")
     type_name = data["instance_type"]
@@ -203,6 +222,8 @@ def _node_from_dict(data: Mapping[str, Any], where: str, default_name: str) -> N
     for key in _NODE_FIELDS[2:] + _OPTIONAL_NODE_FIELDS:
         if key in data:
             values[key] = data[key]
+    if "memory_gib" in data:
+        values["device_memory_bytes"] = _memory_gib_to_bytes(data["memory_gib"], where)
     try:
         return NodeSpec(**values)
     except SpecError as exc:
@@ -273,6 +294,19 @@ class ClusterSpec:
         """``gpu``, ``cpu`` or ``mixed``."""
         kinds = {n.device_kind for n in self.nodes}
         return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def device_memory_budget_bytes(self, device: str) -> int | None:
+        """The memory one worker on ``device`` may use at its peak (DESIGN.md "memory budget"):
+        the node's ``device_memory_bytes`` when set; for a CPU node without it, the host's
+        physical memory divided by the cluster's device count (every worker of a local or lab
+        cluster runs on this machine); None for a GPU node whose memory nobody wrote down."""
+        node = self.node_of(device)
+        if node.device_memory_bytes > 0:
+            return node.device_memory_bytes
+        if node.device_kind == "cpu":
+            total = host_memory_bytes()
+            return total // self.num_devices if total else None
+        return None
 
     def gpu_distribution(self) -> list[int]:
         """Devices per node, as AutoDist Table 1 writes it (``[4, 4]``)."""
@@ -410,6 +444,16 @@ def resolve_cluster(name_or_path: str) -> ClusterSpec:
     raise SpecError(
         f"unknown cluster {name_or_path!r}: not a preset ({', '.join(CLUSTER_PRESETS)}) nor a .yaml file"
     )
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the platform does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def is_lab_cluster(cluster: ClusterSpec) -> bool:

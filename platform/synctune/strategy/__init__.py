@@ -12,6 +12,8 @@ from .schema import (
     Compressor,
     PSSynchronizer,
     SFBSynchronizer,
+    ShardSynchronizer,
+    REDUCE_DTYPES,
     ShardPlan,
     Strategy,
     StrategyError,
@@ -19,7 +21,7 @@ from .schema import (
     VariablePlan,
     load_strategy,
 )
-from .partition import shard_shapes, shard_slices
+from .partition import shard_rows, shard_shapes, shard_slices
 from .validate import validate
 
 __all__ = [
@@ -37,6 +39,8 @@ __all__ = [
     "CompressorInfo",
     "PSSynchronizer",
     "SFBSynchronizer",
+    "ShardSynchronizer",
+    "REDUCE_DTYPES",
     "ShardPlan",
     "Strategy",
     "StrategyError",
@@ -49,5 +53,6 @@ __all__ = [
     "parse_builder_options",
     "shard_shapes",
     "shard_slices",
+    "shard_rows",
     "validate",
 ]

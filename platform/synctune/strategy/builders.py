@@ -29,7 +29,9 @@ from .schema import (
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
+    REDUCE_DTYPES,
     ShardPlan,
+    ShardSynchronizer,
     Strategy,
     StrategyError,
     VariablePlan,
@@ -51,6 +53,7 @@ __all__ = [
     "PartitionedAllReduceOptions",
     "RandomAxisOptions",
     "ParallaxOptions",
+    "ShardOptions",
 ]
 
 MIB = 1024**2
@@ -169,6 +172,31 @@ class ParallaxOptions:
 
     def __post_init__(self) -> None:
         _positive(self.chunk, "chunk", "parallax")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardOptions:
+    """FSDP2's usual wrapping: one ``shard`` unit per module at ``depth`` (``blocks.0`` of
+    ``blocks.0.attn.q.weight`` at depth 2), shard groups of ``group`` replicas (0: all; HSDP
+    otherwise), ``reshard`` after forward (ZeRO-3; the FSDP2 runtime runs it) with ``prefetch``,
+    gradients reduced in ``reduce_dtype``."""
+
+    depth: int = 2
+    group: int = 0
+    reshard: bool = False
+    prefetch: int = 0
+    reduce_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        _positive(self.depth, "depth", "shard")
+        if not (is_int(self.group) and self.group >= 0):
+            raise StrategyError(f"builder shard: option group: expected 0 or a shard-group size, got {self.group!r}")
+        if not isinstance(self.reshard, bool):
+            raise StrategyError(f"builder shard: option reshard: expected true or false, got {self.reshard!r}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise StrategyError(f"builder shard: option reduce_dtype: expected one of {REDUCE_DTYPES}, "
+                                f"got {self.reduce_dtype!r}")
+        ShardSynchronizer(reshard=self.reshard, prefetch=self.prefetch)  # prefetch's own checks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -417,6 +445,26 @@ def _parallax(model: ModelSpec, cluster: ClusterSpec, opts: ParallaxOptions) -> 
             plans.append(_unpartitioned(var, ShardPlan(synchronizer=PSSynchronizer(placement=server))))
         else:
             plans.append(_unpartitioned(var, _dense_or_gather(var, i // opts.chunk)))
+    return _strategy(model, cluster, plans)
+
+
+def _shardable(var: VariableSpec) -> bool:
+    return not var.sparse and bool(var.shape) and var.dtype == "float32"
+
+
+@_register("shard", ShardOptions, "FSDP/ZeRO: one shard unit per module (sparse: all-gather; scalars: all-reduce)")
+def _shard(model: ModelSpec, cluster: ClusterSpec, opts: ShardOptions) -> Strategy:
+    units: dict[str, int] = {}
+    plans = []
+    for var in model.variables:
+        if not _shardable(var):
+            plans.append(_unpartitioned(var, _dense_or_gather(var, 0)))
+            continue
+        module = ".".join(var.name.split(".")[:-1][:opts.depth])
+        unit = units.setdefault(module, len(units))
+        plans.append(_unpartitioned(var, ShardPlan(synchronizer=ShardSynchronizer(
+            unit=unit, group=opts.group, reshard=opts.reshard, prefetch=opts.prefetch,
+            reduce_dtype=opts.reduce_dtype))))
     return _strategy(model, cluster, plans)
 
 

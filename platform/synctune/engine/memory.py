@@ -1,0 +1,237 @@
+"""A rank's memory, part by part (DESIGN.md "memory budget"; issue 33 item 4): what one training
+iteration holds, measured on one instrumented iteration after a trial's timed ones.
+
+Every figure is bytes of distinct tensor storages on this rank (a storage shared by several
+tensors, a bucket and the views into it, counts once), each counted in the first part that
+claims it, in this order:
+
+- ``params_bytes``: the model's parameters (module.parameters(); the engine's shard views alias
+  them and add nothing); ``buffers_bytes``: the module's buffers (BatchNorm statistics);
+- ``inputs_bytes``: the rank's batch (made once per trial, alive throughout);
+- ``optimizer_state_bytes``: every tensor in the optimizer's ``state`` (Adam's two moments and
+  step, SGD's momentum), after the step: the state of the parameters this rank updates;
+- ``comm_buffers_bytes``: tensors the runtime's synchronizer units hold between steps (an
+  all-reduce unit's bucket, a PS unit's buffer, a hierarchical unit's padded bucket and piece,
+  a shard unit's bucket and slice), enumerated from the units' attributes;
+- ``activations_bytes``: tensors autograd saved for backward during the forward pass and the
+  loss (``torch.autograd.graph.saved_tensors_hooks``), summed at the end of forward, when all
+  of them are alive; storages of the parts above (a saved weight, a saved input) excluded;
+- ``grads_bytes``: the module parameters' ``.grad`` at the end of backward (dense: the full
+  gradient; sparse: indices and values), storages of the parts above excluded (a gradient that
+  is a slot of a unit's bucket counts there);
+- ``iteration_peak_bytes``: the allocator's peak of memory allocated during the iteration
+  (forward, backward, step) above what was allocated when it started: on CUDA
+  ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before; on the CPU, where torch
+  keeps no allocator statistics, the CPU allocator's allocation and free events recorded by
+  ``torch.profiler`` with ``profile_memory`` (the peak of live bytes allocated since the
+  profiler started; frees of older tensors ignored). Temporaries (autograd's gradients of
+  activations, collective staging, the optimizer's scratch) are in it and in no other part;
+- ``peak_bytes``: the rank's peak of tensor memory in the iteration: on CUDA the allocator's
+  ``max_memory_allocated``; on the CPU the enumerated persistent parts (params, buffers,
+  inputs, optimizer state, comm buffers) plus ``iteration_peak_bytes``.
+
+Parts a runtime does not expose (torch DDP's reducer buckets, its optimizer) are None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from typing import Any, Callable, Iterable
+
+__all__ = ["MEMORY_PARTS", "tensor_storages", "unit_tensors", "probe_iteration", "breakdown_to_row",
+           "breakdown_from_row"]
+
+#: The per-rank figures a trial records, in this order (``extra["memory"]`` of its result and row).
+MEMORY_PARTS = ("params_bytes", "buffers_bytes", "inputs_bytes", "optimizer_state_bytes", "comm_buffers_bytes",
+                "activations_bytes", "grads_bytes", "iteration_peak_bytes", "peak_bytes")
+
+
+def _tensors_in(value: Any, depth: int = 0) -> Iterable[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 3 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v, depth + 1)
+
+
+def tensor_storages(tensors: Iterable[Any]) -> dict[int, int]:
+    """``{storage address: bytes}`` of the distinct storages behind ``tensors`` (a sparse tensor:
+    its indices' and values'; meta and zero-size tensors hold nothing)."""
+    out: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        if t.is_sparse:
+            parts = (t._indices(), t._values())
+        else:
+            parts = (t,)
+        for p in parts:
+            if p.device.type == "meta":
+                continue
+            storage = p.untyped_storage()
+            if storage.nbytes():
+                out[storage.data_ptr()] = storage.nbytes()
+    return out
+
+
+def unit_tensors(units: Iterable[Any]) -> list[Any]:
+    """Every tensor a synchronizer unit holds in its attributes (directly, or in a list, tuple or
+    dict of them): its buckets, buffers, padded copies and pieces, whatever the unit's kind."""
+    found = []
+    for unit in units:
+        for value in vars(unit).values():
+            found.extend(_tensors_in(value))
+    return found
+
+
+def _claim(storages: dict[int, int], seen: set[int]) -> int:
+    total = 0
+    for ptr, nbytes in storages.items():
+        if ptr not in seen:
+            seen.add(ptr)
+            total += nbytes
+    return total
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's C++ side prints a line to file descriptor 2 at every start and stop (kineto's
+    USDT probes, no setting turns them off): every worker of every trial would print two; the
+    start and stop calls alone run with fd 2 on /dev/null."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _CpuAllocations:
+    """The CPU allocator's peak of live bytes allocated while it runs (torch.profiler's memory
+    events: torch keeps no CPU allocator statistics)."""
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():
+            self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _quiet_stderr():
+            self._prof.__exit__(*exc)
+
+
+    def peak_bytes(self) -> int | None:
+        try:
+            from torch._C._profiler import _EventType
+
+            events = []
+            stack = list(self._prof.profiler.kineto_results.experimental_event_tree())
+            while stack:
+                node = stack.pop()
+                if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+                    events.append((node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.ptr))
+                stack.extend(node.children)
+        except (AttributeError, ImportError, RuntimeError):  # the profiler's tree is not public API
+            return None
+        live = peak = 0
+        mine: dict[int, int] = {}
+        for _t, size, ptr in sorted(events, key=lambda e: e[0]):
+            if size > 0:
+                mine[ptr] = size
+                live += size
+                peak = max(peak, live)
+            elif ptr in mine:  # a free of a tensor allocated before the profiler started is not ours
+                live -= mine.pop(ptr)
+        return peak
+
+
+def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any], step: Callable[[], None],
+                    device: Any, optimizer: Any = None, units: Iterable[Any] | None = None) -> dict[str, int | None]:
+    """Run one training iteration (``loss_fn(model, batch)``, backward, ``step()``) and return the
+    rank's memory part by part (see the module docstring; ``MEMORY_PARTS`` keys). ``optimizer``
+    and ``units`` are what the runtime exposes (None: those parts are None, and so, on the CPU,
+    is ``peak_bytes``). Every rank of the group must call it (``step`` runs collectives)."""
+    import torch
+
+    cuda = getattr(device, "type", "cpu") == "cuda"
+    seen: set[int] = set()
+    out: dict[str, int | None] = dict.fromkeys(MEMORY_PARTS)
+    out["params_bytes"] = _claim(tensor_storages(model.parameters()), seen)
+    out["buffers_bytes"] = _claim(tensor_storages(model.buffers()), seen)
+    out["inputs_bytes"] = _claim(tensor_storages(_tensors_in(batch)), seen)
+    if optimizer is not None:
+        out["optimizer_state_bytes"] = _claim(tensor_storages(_tensors_in(dict(optimizer.state))), seen)
+    if units is not None:
+        out["comm_buffers_bytes"] = _claim(tensor_storages(unit_tensors(units)), seen)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved.update(tensor_storages([t]))
+        return t
+
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        allocations = None
+    else:
+        allocations = _CpuAllocations().__enter__()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = loss_fn(model, batch)
+        activations = _claim(saved, seen)
+        loss.backward()
+        grads = _claim(tensor_storages(p.grad for p in model.parameters() if p.grad is not None), seen)
+        del loss
+        step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    finally:
+        if allocations is not None:
+            allocations.__exit__(None, None, None)
+    out["activations_bytes"] = activations
+    out["grads_bytes"] = grads
+    if cuda:
+        out["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        out["iteration_peak_bytes"] = out["peak_bytes"] - int(before)
+    else:
+        out["iteration_peak_bytes"] = allocations.peak_bytes()
+        if out["iteration_peak_bytes"] is not None and None not in (out["optimizer_state_bytes"],
+                                                                      out["comm_buffers_bytes"]):
+            out["peak_bytes"] = sum(out[k] for k in ("params_bytes", "buffers_bytes", "inputs_bytes",
+                                                     "optimizer_state_bytes", "comm_buffers_bytes",
+                                                     "iteration_peak_bytes"))
+    if optimizer is not None:
+        # The step may have created the state (a first step): count it as it is now.
+        seen_now = set(seen)
+        out["optimizer_state_bytes"] = (out["optimizer_state_bytes"] or 0) + _claim(
+            tensor_storages(_tensors_in(dict(optimizer.state))), seen_now)
+    return out
+
+
+def breakdown_to_row(per_rank: list[dict[str, int | None]]) -> dict[str, list[int | None]]:
+    """Per-rank breakdowns as the columns a result's ``extra["memory"]`` holds (part -> per rank)."""
+    return {part: [r.get(part) for r in per_rank] for part in MEMORY_PARTS}
+
+
+def breakdown_from_row(memory: dict[str, list[int | None]] | None) -> list[dict[str, int | None]] | None:
+    """The inverse of :func:`breakdown_to_row` (None for a row recorded without a breakdown)."""
+    if not memory:
+        return None
+    ranks = max((len(v) for v in memory.values() if isinstance(v, list)), default=0)
+    return [{part: (memory.get(part) or [None] * ranks)[r] for part in MEMORY_PARTS} for r in range(ranks)]

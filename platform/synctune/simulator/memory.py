@@ -1,0 +1,317 @@
+"""The memory model: each rank's peak bytes under a strategy, part by part, without running it
+(DESIGN.md "memory budget"; issue 33 item 4; ZeRO, Rajbhandari et al. SC'20 §5 for the
+replicated vs sharded accounting).
+
+It counts what the engine (:mod:`synctune.engine.units`) actually holds on a rank, in the parts
+a trial measures (:mod:`synctune.engine.memory`):
+
+- **params**: every variable whole on every rank (the engine's shard views alias the module's
+  parameters), except ``shard`` variables with ``reshard`` (ZeRO-3 / FSDP2's
+  ``reshard_after_forward``): the rank's rows only, plus the gathered units in flight
+  (``prefetch + 1`` units, the largest ones, whole);
+- **grads**: autograd's ``.grad`` of every dense variable, whole (the engine's hooks copy it into
+  the units' buffers, and it lives until ``zero_grad``); a sparse variable's gradient is its
+  looked-up rows (``sparse_rows_per_sample`` x the rank's batch, row values and an 8-byte index
+  each); resharded ``shard`` variables: the rank's rows (FSDP2 frees the unsharded gradient after
+  its reduce-scatter);
+- **optimizer state**: ``optimizer_state_multiplier`` x the elements this rank updates (Adam 2,
+  SGD with momentum 1, plain SGD 0) plus ``optimizer_step_bytes`` per updated tensor (Adam's
+  ``step``): all-reduce, all-gather and sfb shards on every rank; a PS shard on its placement
+  only; a ``shard`` variable's rows of this rank (:func:`~synctune.strategy.partition.shard_rows`);
+- **comm buffers**, held between steps: an all-reduce merge group's bucket (the size of its
+  members; hierarchical: padded to a multiple of the node's ranks, plus one piece), a dense PS
+  shard's buffer (on every rank), a sparse shard's row buffers (this rank's rows, padded to the
+  longest; the receivers hold every rank's), and a ``shard`` unit's bucket of its padded size
+  (``group`` x the largest member's rows) and its output slice;
+- **activations**: what the caller gives (``activation_bytes``: one figure for every rank, one per
+  rank, or a function of the rank's batch size). It stands for everything that depends on the
+  model and the batch but not on the strategy: saved activations, the batch itself, module
+  buffers, the iteration's temporaries; measure it once per (model, batch) and reuse it.
+
+A rank's ``peak_bytes`` is the sum: the peak of one iteration is at the end of backward, when
+every gradient exists and the activations are not yet all freed; taking all of both is the
+upper bound, and the measured activation figure is what absorbs the difference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..spec.cluster import ClusterSpec
+from ..spec.errors import SpecError
+from ..spec.model import ModelSpec
+from ..strategy.partition import shard_rows, shard_shapes
+from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
+                               ShardSynchronizer, Strategy)
+
+__all__ = ["RankMemory", "OPTIMIZER_STATE", "optimizer_state", "predict_memory", "memory_errors",
+           "activation_figures"]
+
+#: Optimizer name -> (state elements per parameter element, bytes of per-tensor scalars): Adam's
+#: two moments and its ``step`` (a float32 scalar tensor per parameter, torch's default).
+OPTIMIZER_STATE: dict[str, tuple[float, int]] = {
+    "sgd": (0.0, 0), "sgd-momentum": (1.0, 0), "adam": (2.0, 4), "adamw": (2.0, 4), "adagrad": (1.0, 4),
+    "rmsprop": (1.0, 4)}
+
+
+def optimizer_state(name: str) -> tuple[float, int]:
+    """``(state multiplier, per-tensor bytes)`` of the optimizer ``name`` (:data:`OPTIMIZER_STATE`)."""
+    try:
+        return OPTIMIZER_STATE[name]
+    except KeyError:
+        raise SpecError(f"optimizer {name!r}: the memory model knows {', '.join(OPTIMIZER_STATE)}; pass "
+                        f"optimizer_state_multiplier as a number for another") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankMemory:
+    """One rank's predicted memory at its peak, part by part (bytes)."""
+
+    rank: int
+    device: str
+    params_bytes: int
+    grads_bytes: int
+    optimizer_state_bytes: int
+    comm_buffers_bytes: int
+    activations_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """The predicted peak: the sum of the parts."""
+        return (self.params_bytes + self.grads_bytes + self.optimizer_state_bytes + self.comm_buffers_bytes
+                + self.activations_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "peak_bytes": self.peak_bytes}
+
+
+def _per_rank(value, batch_split: Sequence[int], what: str) -> list[int]:
+    n = len(batch_split)
+    if callable(value):
+        out = [value(b) for b in batch_split]
+    elif isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise SpecError(f"{what}: expected one figure per rank ({n}), got {len(value)}")
+        out = list(value)
+    else:
+        out = [value] * n
+    for v in out:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and math.isfinite(v)):
+            raise SpecError(f"{what}: expected non-negative byte counts, got {v!r}")
+    return [int(v) for v in out]
+
+
+def _shard_group(rank: int, world: int, group: int) -> tuple[int, int]:
+    """(size of ``rank``'s shard group, its index in it)."""
+    size = group or world
+    return size, rank % size
+
+
+def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
+                   optimizer_state_multiplier: float | str = 0.0, optimizer_step_bytes: int | None = None,
+                   activation_bytes: int | Sequence[int] | Callable[[int], int] = 0,
+                   sparse_rows_per_sample: float = 1.0) -> list[RankMemory]:
+    """Each rank's predicted peak memory under ``strategy`` (see the module docstring), in the
+    order of ``strategy.replicas``. ``optimizer_state_multiplier``: state elements per updated
+    element, or an optimizer's name (``adam``: 2 and a 4-byte ``step`` per tensor; ``sgd``: 0);
+    ``optimizer_step_bytes`` overrides the per-tensor scalars. ``activation_bytes``: the
+    strategy-independent memory of a rank (one figure, one per rank, or a function of the
+    rank's batch size)."""
+    if isinstance(optimizer_state_multiplier, str):
+        multiplier, step_bytes = optimizer_state(optimizer_state_multiplier)
+    else:
+        multiplier, step_bytes = float(optimizer_state_multiplier), 0
+        if not (math.isfinite(multiplier) and multiplier >= 0):
+            raise SpecError(f"optimizer_state_multiplier: expected a non-negative number, got "
+                            f"{optimizer_state_multiplier!r}")
+    if optimizer_step_bytes is not None:
+        step_bytes = int(optimizer_step_bytes)
+    world = len(strategy.replicas)
+    split = list(strategy.batch_split)
+    activations = _per_rank(activation_bytes, split, "activation_bytes")
+    rank_of = {dev: r for r, dev in enumerate(strategy.replicas)}
+    nodes = [cluster_spec.node_of(d).name for d in strategy.replicas]
+    params = [0] * world
+    grads = [0] * world
+    state = [0] * world
+    buffers = [0] * world
+    groups: dict[int, list[tuple[int, str]]] = {}  # all-reduce merge group -> (elements, algorithm)
+    units: dict[int, list[tuple[Any, ShardSynchronizer]]] = {}  # shard unit -> (variable, synchronizer)
+
+    def own(r: int, elements: int, item: int) -> None:
+        state[r] += int(multiplier * elements) * item + step_bytes
+
+    for plan in strategy.plans:
+        var = model_spec[plan.variable]
+        item = var.num_bytes // var.num_elements
+        shapes = shard_shapes(var.shape, plan.partition)
+        sharded = any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard for s in plan.shards)
+        for r in range(world):
+            if not sharded:
+                params[r] += var.num_bytes
+            if var.sparse:
+                grads[r] += int(sparse_rows_per_sample * split[r]) * (var.shape[1] * item + 8)
+            elif not sharded:
+                grads[r] += var.num_bytes
+        for i, shard in enumerate(plan.shards):
+            sync = shard.synchronizer
+            shape = shapes[i]
+            numel = math.prod(shape)
+            if var.sparse and not isinstance(sync, (AllReduceSynchronizer,)):
+                # Row buffers: each rank's own rows (and the padded copy), the receivers every rank's.
+                rows = [int(sparse_rows_per_sample * b) for b in split]
+                row_bytes = shape[1] * item + 8
+                longest = max(rows)
+                receivers = range(world) if isinstance(sync, AllGatherSynchronizer) else [rank_of[sync.placement]]
+                for r in range(world):
+                    buffers[r] += (rows[r] + longest) * row_bytes
+                for r in receivers:
+                    buffers[r] += world * longest * row_bytes
+            if isinstance(sync, AllReduceSynchronizer):
+                groups.setdefault(sync.group, []).append((numel * item, sync.algorithm, item))
+                for r in range(world):
+                    own(r, numel, item)
+            elif isinstance(sync, (AllGatherSynchronizer, SFBSynchronizer)):
+                for r in range(world):
+                    own(r, numel, item)
+            elif isinstance(sync, PSSynchronizer):
+                placement = rank_of[sync.placement]
+                if not var.sparse:
+                    for r in range(world):
+                        buffers[r] += numel * item
+                own(placement, numel, item)
+            elif isinstance(sync, ShardSynchronizer):
+                units.setdefault(sync.unit, []).append((var, sync))
+            else:  # pragma: no cover - the schema has no other kind
+                raise SpecError(f"variable {plan.variable!r}: synchronizer {type(sync).__name__} is unknown to the "
+                                f"memory model")
+    for members in groups.values():
+        used = sum(b for b, _a, _i in members)
+        item = members[0][2]
+        for r in range(world):
+            if members[0][1] == "hierarchical":
+                # HierarchicalAllReduceUnit: the bucket padded to a multiple of the node's ranks
+                # (in elements), and the piece this rank all-reduces across nodes.
+                local = sum(1 for n in nodes if n == nodes[r])
+                padded = used + (-used) % (local * item)
+                buffers[r] += padded + padded // local
+            else:
+                buffers[r] += used
+    largest_gathered = []
+    for members in units.values():
+        sync = members[0][1]
+        whole = sum(v.num_bytes for v, _ in members)
+        for r in range(world):
+            size, index = _shard_group(r, world, sync.group)
+            mine = 0
+            padded_slice = 0
+            for var, _ in members:
+                row = var.num_bytes // var.shape[0]
+                cut = shard_rows(var.shape[0], size)
+                mine += (cut[index].stop - cut[index].start) * row
+                padded_slice += (cut[0].stop - cut[0].start) * row
+                own(r, (cut[index].stop - cut[index].start) * (var.num_elements // var.shape[0]),
+                    var.num_bytes // var.num_elements)
+            reduce = 2 if sync.reduce_dtype == "bf16" else 4
+            scale = reduce / 4  # the bucket and slice travel in the reduce dtype
+            buffers[r] += int(padded_slice * size * scale) + int(padded_slice * scale)
+            if sync.reshard:
+                params[r] += mine
+                grads[r] += mine
+        if sync.reshard:
+            largest_gathered.append((whole, sync.prefetch))
+    if largest_gathered:
+        depth = max(p for _, p in largest_gathered) + 1
+        in_flight = sum(sorted((w for w, _ in largest_gathered), reverse=True)[:depth])
+        for r in range(world):
+            params[r] += in_flight
+    return [RankMemory(rank=r, device=strategy.replicas[r], params_bytes=params[r], grads_bytes=grads[r],
+                       optimizer_state_bytes=state[r], comm_buffers_bytes=buffers[r],
+                       activations_bytes=activations[r]) for r in range(world)]
+
+
+def _measured(record) -> list[dict[str, int | None]] | None:
+    import json
+
+    extra = json.loads(record.extra_json or "{}")
+    memory = extra.get("memory")
+    if not memory:
+        return None
+    ranks = max(len(v) for v in memory.values())
+    return [{k: v[r] for k, v in memory.items()} for r in range(ranks)]
+
+
+def _records_optimizer(record) -> str:
+    """The optimizer a recorded trial ran (the trial config's, in its extra; default sgd)."""
+    import json
+
+    return json.loads(record.extra_json or "{}").get("optimizer", "sgd")
+
+
+def activation_figures(records: Iterable[Any]) -> dict[tuple[str, int], int]:
+    """Per (model hash, per-rank batch), the strategy-independent memory of a rank, measured on
+    the recorded trials with a breakdown whose shards are all-reduced or all-gathered (the
+    reference: the all-reduce builder's, which all-gathers sparse gradients): the median of ``peak_bytes`` minus params, optimizer state, comm
+    buffers and gradients, i.e. activations, the batch, module buffers and the iteration's
+    temporaries as the allocator saw them."""
+    import statistics
+
+    from ..strategy.schema import Strategy as _Strategy
+
+    figures: dict[tuple[str, int], list[int]] = {}
+    for rec in records:
+        measured = _measured(rec)
+        if measured is None or rec.status != "ok":
+            continue
+        strategy = _Strategy.from_json(rec.strategy_json)
+        if any(isinstance(s.synchronizer, (PSSynchronizer, ShardSynchronizer, SFBSynchronizer))
+               for _p, _i, s in strategy.iter_shards()):
+            continue
+        for r, m in enumerate(measured):
+            if None in (m.get("peak_bytes"), m.get("optimizer_state_bytes"), m.get("comm_buffers_bytes")):
+                continue
+            rest = m["peak_bytes"] - m["params_bytes"] - m["optimizer_state_bytes"] - m["comm_buffers_bytes"] \
+                - m["grads_bytes"]
+            figures.setdefault((rec.model_hash, strategy.batch_split[r]), []).append(rest)
+    return {k: int(statistics.median(v)) for k, v in figures.items()}
+
+
+def memory_errors(records: Iterable[Any], *, activations: str = "reference") -> list[dict[str, Any]]:
+    """Per rank of every recorded trial with a measured breakdown: the predicted and the measured
+    peak and the relative error |predicted - measured| / measured. ``activations``: where the
+    strategy-independent figure comes from: ``reference`` (:func:`activation_figures`, measured
+    on the same model and batch under an all-reduce strategy; ranks without one are skipped) or
+    ``measured`` (the row's own saved activations, inputs and module buffers: a test of every
+    other part)."""
+    import json
+
+    records = [r for r in records if r.status == "ok" and _measured(r) is not None]
+    reference = activation_figures(records) if activations == "reference" else {}
+    out = []
+    for rec in records:
+        strategy = Strategy.from_json(rec.strategy_json)
+        model = ModelSpec.from_dict(json.loads(rec.model_spec_json))
+        cluster = ClusterSpec.from_dict(json.loads(rec.cluster_spec_json))
+        measured = _measured(rec)
+        if activations == "reference":
+            figure = [reference.get((rec.model_hash, b)) for b in strategy.batch_split]
+        else:
+            figure = [(m["activations_bytes"] or 0) + (m["inputs_bytes"] or 0) + (m["buffers_bytes"] or 0)
+                      for m in measured]
+        try:
+            predicted = predict_memory(strategy, model, cluster,
+                                       optimizer_state_multiplier=_records_optimizer(rec),
+                                       activation_bytes=[f or 0 for f in figure])
+        except SpecError:
+            continue
+        for r, (p, m) in enumerate(zip(predicted, measured)):
+            if m.get("peak_bytes") is None or figure[r] is None:
+                continue
+            out.append({"record_id": rec.record_id, "model": rec.model_name, "cluster": rec.cluster_name, "strategy": rec.strategy_summary,
+                        "origin": rec.origin, "runtime": rec.runtime, "rank": r, "predicted_bytes": p.peak_bytes,
+                        "measured_bytes": m["peak_bytes"],
+                        "error": abs(p.peak_bytes - m["peak_bytes"]) / m["peak_bytes"] if m["peak_bytes"] else None,
+                        "predicted": p.to_dict(), "measured": m})
+    return out
