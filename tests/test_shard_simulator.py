@@ -196,3 +196,165 @@ def test_analytic_model_reshard_and_prefetch():
     t = analytic_time(b, ctx)
     assert t[1] - t[0] == pytest.approx(gather, rel=1e-9)
     assert t[2] <= t[1]
+
+
+# ------------------------------------------------------------------ learned models, sim eval
+
+#: Predictions of the shipped simulator (a version-3 file, trained before ``shard``) on the first
+#: six trials of each domain of the sample release, computed with synctune at fc0d2ba (before the
+#: shard kind existed): with the shard features appended, it must score them exactly as before.
+_PRETRAINED_BEFORE = {
+    "cnn-small@local-1x2": [-17.404814, -17.404814, -6.978762, -6.978762, -10.22732, -6.978765],
+    "cnn-small@local-2x2": [-14.083035, -14.083035, 9.743502, 8.339855, 4.937072, 10.778556],
+    "ncf-small@local-1x2": [-9.494456, -9.494456, -9.192407, -9.192407, -12.496911, -9.192411],
+    "ncf-small@local-2x2": [-7.536132, -7.536132, 1.353313, 0.569389, 1.283255, 3.51007],
+}
+
+
+@pytest.fixture(scope="module")
+def sample_domains(tmp_path_factory):
+    from pathlib import Path
+
+    from synctune.data import TrialDataset, pull_release
+    from synctune.simulator import domains_from_records
+
+    ds = TrialDataset(tmp_path_factory.mktemp("sample"))
+    pull_release(str(Path(__file__).resolve().parents[1] / "dataset" / "sample-local-v0"), ds)
+    return domains_from_records(ds.records())
+
+
+def _shard_variants(spec, cluster) -> list[Strategy]:
+    """Hand-built mixed strategies of ncf-small on local-2x2: which MLP layers shard, their units,
+    group, reshard, prefetch and reduce dtype varied; the rest all-reduced, embeddings all-gathered."""
+    import itertools
+
+    out = []
+    for layers, group, (reshard, prefetch), dtype in itertools.product(
+            (("mlp.0",), ("mlp.0", "mlp.1"), ("mlp.0", "mlp.1", "output")), (0, 2),
+            ((False, 0), (True, 0), (True, 1)), ("fp32", "bf16")):
+        plans = []
+        for v in spec.variables:
+            layer = v.name.rsplit(".", 1)[0]
+            if v.sparse:
+                sync = AllGatherSynchronizer()
+            elif layer in layers:
+                sync = ShardSynchronizer(unit=layers.index(layer), group=group, reshard=reshard, prefetch=prefetch,
+                                         reduce_dtype=dtype)
+            else:
+                sync = AllReduceSynchronizer(group=0)
+            plans.append(_plan(v, sync))
+        out.append(Strategy.over(spec, cluster, plans))
+    return out
+
+
+def _synthetic_domain():
+    """Replicated builders and shard variants of ncf-small@local-2x2 with made-up times (what the
+    learned model and sim eval are exercised on until real shard trials exist)."""
+    from synctune.simulator import Domain, DomainContext
+    from synctune.strategy import build_strategy
+
+    spec, cluster = model_spec("ncf-small"), cluster_preset("local-2x2")
+    strategies = [build_strategy(b, spec, cluster) for b in ("allreduce", "parallax", "ps", "ps-lb")]
+    strategies += _shard_variants(spec, cluster)
+    for s in strategies:
+        validate(s, spec, cluster)
+    rng = np.random.default_rng(0)
+    times = 0.01 + 0.002 * rng.random(len(strategies))
+    return Domain(DomainContext(spec, cluster), strategies, times)
+
+
+def test_the_shipped_simulator_scores_unsharded_strategies_as_before_and_refuses_shard_plans(sample_domains):
+    from synctune.spec import SpecError
+    from synctune.simulator import load_simulator
+
+    sim = load_simulator("pretrained")
+    for d in sample_domains:
+        got = sim.predict_domain(d.subset(list(range(6))))
+        np.testing.assert_allclose(got, _PRETRAINED_BEFORE[d.key], rtol=0, atol=2e-5)
+    with pytest.raises(SpecError, match="trained before the shard synchronizer existed.*retrain it"):
+        sim.predict_domain(_synthetic_domain())
+
+
+def test_learned_models_read_the_shard_kind_and_save_it(tmp_path):
+    import json
+
+    import torch
+
+    from synctune.spec import SpecError
+    from synctune.simulator import load_simulator, make_simulator
+    from synctune.simulator.features import SHARD_RAW_NAMES
+
+    d = _synthetic_domain()
+    sim = make_simulator("rnn", epochs=3, seed=0).fit([d])
+    x, g = sim._features(d.encoded(), d.ctx)
+    b = d.encoded()
+    shard = b.kind == KIND_CODES["shard"]
+    is_shard = x[:, x.shape[1] - len(SHARD_RAW_NAMES)]
+    assert (is_shard == shard).all() and shard.any() and not shard.all()
+    # The one-hot of the other kinds no longer claims shard rows (is_ps, is_ar, is_ag, is_sfb: 0).
+    assert (x[shard, :4] == 0).all()
+    # Options are seen: the 36 shard variants differ only in shard options, and no two share inputs.
+    block = x[:, x.shape[1] - len(SHARD_RAW_NAMES):]
+    rows_of = [block[b.sid == i] for i in range(4, b.size)]
+    assert len({r.tobytes() for r in rows_of}) == len(rows_of) == 36
+    path = tmp_path / "rnn.pt"
+    sim.save(path)
+    back = load_simulator(path)
+    np.testing.assert_allclose(back.predict_domain(d), sim.predict_domain(d), rtol=1e-6)
+    payload = torch.load(path, weights_only=True)
+    assert payload["version"] == 4
+    config = json.loads(payload["config"])
+    config["synchronizers"] = config["synchronizers"][:-1]
+    torch.save({**payload, "config": json.dumps(config)}, tmp_path / "old-kinds.pt")
+    with pytest.raises(SpecError, match="trained with synchronizers"):
+        load_simulator(tmp_path / "old-kinds.pt")
+
+
+def test_sim_eval_reports_each_kind_mix(tmp_path):
+    from click.testing import CliRunner
+
+    from synctune.cli import cli
+    from synctune.data import TrialDataset, TrialRecord
+    from synctune.simulator import AnalyticSimulator
+    from synctune.simulator.evaluate import kind_mix
+
+    d = _synthetic_domain()
+    spec, cluster = d.ctx.model, d.ctx.cluster
+    ds = TrialDataset(tmp_path / "data")
+    records = []
+    for s, t in zip(d.strategies, d.times_s):
+        result = {"status": "ok", "iteration_times_s": [float(t)] * 3, "mean_s": float(t), "median_s": float(t),
+                  "std_s": 0.0, "samples_per_s": 1.0, "comm_bytes_per_iter": 0, "peak_memory_bytes": 0,
+                  "backend": "gloo", "device_kind": "cpu", "launcher": "local", "warmup": 1, "iters": 3}
+        records.append(TrialRecord.from_trial(result, s, spec, cluster, origin="test"))
+    ds.append(records)
+    res = CliRunner().invoke(cli, ["sim", "eval", "--data", str(ds.root), "--json"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    rows = json.loads(res.stdout if hasattr(res, "stdout") else res.output)
+    mixes = {(r["simulator"], r["mix"]): r for r in rows if r.get("domain") == "by-mix"}
+    counts = {m: r["n"] for (sim, m), r in mixes.items() if sim == "analytic"}
+    # By hand: 4 builders (ps and ps-lb: ps only; parallax: ps and all-reduce on this model; allreduce
+    # with all-gathered embeddings), 36 shard variants (24 with an all-reduced layer left, 12 without).
+    assert counts == {"ps": 2, "ps+allreduce": 1, "allreduce+allgather": 1, "allreduce+allgather+shard": 24,
+                      "allgather+shard": 12, "any shard": 36}
+    # The pooled shard row, checked by hand: strategies with a shard plan, pairs with at least one.
+    pred = AnalyticSimulator().predict(d.strategies, spec, cluster)
+    truth = d.times_s
+    member = np.array(["shard" in kind_mix(s) for s in d.strategies])
+    right = pairs = 0
+    for i in range(len(truth)):
+        for j in range(i + 1, len(truth)):
+            if truth[i] != truth[j] and (member[i] or member[j]):
+                pairs += 1
+                right += 1.0 if np.sign(pred[i] - pred[j]) == np.sign(truth[i] - truth[j]) else (
+                    0.5 if pred[i] == pred[j] else 0.0)
+    row = mixes[("analytic", "any shard")]
+    assert row["n"] == member.sum() == 36 and row["pairs"] == pairs
+    assert row["pairwise_accuracy"] == pytest.approx(right / pairs, abs=1e-12)
+    errors = np.abs(pred[member] - truth[member]) / truth[member]
+    assert row["abs_err_median"] == pytest.approx(float(np.median(errors)), rel=1e-12)
+    assert ("replay", "any shard") in mixes
+    text = CliRunner().invoke(cli, ["sim", "eval", "--data", str(ds.root)])
+    assert text.exit_code == 0 and "kind mix" in text.output and "any shard" in text.output

@@ -30,7 +30,7 @@ from ..strategy.compressors import COMPRESSORS
 from ..strategy.schema import REDUCE_DTYPES, SYNCHRONIZER_KINDS, Strategy
 
 __all__ = ["AnalyticConstants", "DomainContext", "encode", "message_sizes", "batch_scale", "shard_features",
-           "shard_units", "shard_unit_seconds",
+           "shard_units", "shard_unit_seconds", "shard_inputs", "SHARD_RAW_NAMES", "SHARD_GLOBAL_NAMES",
            "global_features", "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
@@ -468,8 +468,12 @@ RAW_NAMES = ("is_ps", "is_ar", "is_ag", "is_sfb", *(f"comp_{name}" for name in C
              "min_nic", "max_nic", "min_flow", "min_intra")
 _RAW = {name: i for i, name in enumerate(RAW_NAMES)}
 #: By kind code: the column of its one-hot raw feature.
-_KIND_COLUMN = np.array([_RAW[{"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb",
-                               "shard": "is_ar"}[kind]] for kind in SYNCHRONIZER_KINDS])
+#: By kind code: the column of its one-hot raw feature; -1 for ``shard``, whose one-hot is
+#: ``is_shard`` of :data:`SHARD_RAW_NAMES` (appended after everything a simulator trained before the
+#: kind existed reads, so its inputs keep their positions and values).
+_KIND_COLUMN = np.array([_RAW[name] if name else -1 for name in (
+    {"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb", "shard": ""}[kind]
+    for kind in SYNCHRONIZER_KINDS)])
 
 
 def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:
@@ -477,7 +481,9 @@ def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np
     s = len(b.sid)
     out = np.zeros((s, len(RAW_NAMES)))
     col = _RAW
-    out[np.arange(s), _KIND_COLUMN[b.kind]] = 1.0
+    column = _KIND_COLUMN[b.kind]
+    known = column >= 0
+    out[np.flatnonzero(known), column[known]] = 1.0
     out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp] = 1.0
     out[:, col["wire_ratio"]] = b.ratio
     out[:, col["local_agg"]] = b.local
@@ -524,3 +530,42 @@ def per_shard_inputs(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray
     norm[:, [0, 1, 2, 4, 6]] /= ctx.t_ref
     norm[:, [3, 5, 7]] /= max(1.0, ctx.N)
     return np.concatenate([raw_features(b, ctx, wire), norm], axis=1), glob
+
+
+#: Per-shard features of the ``shard`` kind (zero on every other row): the one-hot, the shard
+#: group over the replicas, HSDP's groups over the replicas, reshard, prefetch over its maximum,
+#: the bf16 reduce, the unit's members over the variables and its bytes over the model's, and the
+#: unit's reduce-scatter, HSDP all-reduce and all-gather seconds over the domain's reference time.
+SHARD_RAW_NAMES = ("is_shard", "shard_group_share", "hsdp_groups_share", "reshard", "prefetch", "reduce_bf16",
+                   "unit_members", "unit_bytes", "unit_reduce_scatter", "unit_cross", "unit_gather")
+#: Per-strategy features of its shard units (:func:`analytic_parts`' terms over the reference time),
+#: the share of the model's bytes sharded and the units over the variables.
+SHARD_GLOBAL_NAMES = ("t_shard", "t_gather_hidden", "t_gather_exposed", "shard_bytes", "num_units")
+
+
+def shard_inputs(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+    """(S, len(SHARD_RAW_NAMES)) and (n, len(SHARD_GLOBAL_NAMES)) features of the ``shard`` kind;
+    zeros for strategies without shard plans. The learned models append them after their other
+    inputs, so a simulator trained before ``shard`` existed reads the same inputs it was trained on."""
+    x = np.zeros((len(b.sid), len(SHARD_RAW_NAMES)))
+    g = np.zeros((b.size, len(SHARD_GLOBAL_NAMES)))
+    t = comm_terms(b, ctx)
+    u = shard_units(b, ctx, t)
+    if u is None:
+        return x, g
+    rows, of = u["rows"], u["unit_of"]
+    sec = shard_unit_seconds(u, ctx.constants.phi)
+    n = t["N"][u["usid"]]
+    members = np.bincount(of, minlength=len(u["usid"]))
+    per_unit = np.stack([np.ones(len(n)), u["k"] / n, np.where(u["G"] > 1, u["G"] / n, 0.0), u["reshard"],
+                         u["prefetch"] / 8.0, u["reduce_bytes"] < u["bytes"], members / ctx.num_vars,
+                         u["bytes"] / ctx.model_bytes, sec["reduce_scatter"] / ctx.t_ref, sec["cross"] / ctx.t_ref,
+                         sec["gather"] / ctx.t_ref], axis=1)
+    x[rows] = per_unit[of]
+    parts = _shard_parts(b, ctx, t)
+    g[:, 0] = parts["t_shard"] / ctx.t_ref
+    g[:, 1] = parts["t_gather_hidden"] / ctx.t_ref
+    g[:, 2] = parts["t_gather_exposed"] / ctx.t_ref
+    g[:, 3] = np.bincount(u["usid"], u["bytes"], b.size) / ctx.model_bytes
+    g[:, 4] = np.bincount(u["usid"], minlength=b.size) / ctx.num_vars
+    return x, g
