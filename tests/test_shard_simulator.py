@@ -338,7 +338,7 @@ def test_sim_eval_reports_each_kind_mix(tmp_path):
     # By hand: 4 builders (ps and ps-lb: ps only; parallax: ps and all-reduce on this model; allreduce
     # with all-gathered embeddings), 36 shard variants (24 with an all-reduced layer left, 12 without).
     assert counts == {"ps": 2, "ps+allreduce": 1, "allreduce+allgather": 1, "allreduce+allgather+shard": 24,
-                      "allgather+shard": 12, "any shard": 36}
+                      "allgather+shard": 12, "any-shard": 36}
     # The pooled shard row, checked by hand: strategies with a shard plan, pairs with at least one.
     pred = AnalyticSimulator().predict(d.strategies, spec, cluster)
     truth = d.times_s
@@ -350,11 +350,11 @@ def test_sim_eval_reports_each_kind_mix(tmp_path):
                 pairs += 1
                 right += 1.0 if np.sign(pred[i] - pred[j]) == np.sign(truth[i] - truth[j]) else (
                     0.5 if pred[i] == pred[j] else 0.0)
-    row = mixes[("analytic", "any shard")]
+    row = mixes[("analytic", "any-shard")]
     assert row["n"] == member.sum() == 36 and row["pairs"] == pairs
     assert row["pairwise_accuracy"] == pytest.approx(right / pairs, abs=1e-12)
     errors = np.abs(pred[member] - truth[member]) / truth[member]
     assert row["abs_err_median"] == pytest.approx(float(np.median(errors)), rel=1e-12)
-    assert ("replay", "any shard") in mixes
+    assert ("replay", "any-shard") in mixes
     text = CliRunner().invoke(cli, ["sim", "eval", "--data", str(ds.root)])
-    assert text.exit_code == 0 and "kind mix" in text.output and "any shard" in text.output
+    assert text.exit_code == 0 and "kind mix" in text.output and "any-shard" in text.output

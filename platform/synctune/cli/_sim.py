@@ -184,7 +184,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
                     for r in results]
             out.append(overall)
             for m in by_kind_mix(results):
-                mix_rows.append([protocol, m["mix"], label, m["n"], m["pairs"], f"{m['pairwise_accuracy']:.3f}",
+                mix_rows.append([m["mix"], protocol, label, m["n"], m["pairs"], f"{m['pairwise_accuracy']:.3f}",
                                  _pct(m["abs_err_median"]), _pct(m["abs_err_p90"])])
                 out.append({"domain": "by-mix", **m, "simulator": label, "protocol": protocol})
     for _label, sim in fixed:
@@ -198,7 +198,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
                       "|err| median", "|err| p90"], rows, right=[3, 4, 5, 6, 7, 8]))
     # Per synchronizer kind mix (pairs never cross domains): how each simulator ranks and times
     # strategies that shard beside those that do not.
-    click.echo(table(["protocol", "kind mix", "simulator", "trials", "pairs", "pairwise acc", "|err| median",
+    click.echo(table(["kind mix", "protocol", "simulator", "trials", "pairs", "pairwise acc", "|err| median",
                       "|err| p90"], mix_rows, right=[3, 4, 5, 6, 7]))
     for protocol, _entries in blocks:
         means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out

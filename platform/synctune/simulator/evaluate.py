@@ -87,7 +87,7 @@ def kind_mix(strategy: Strategy) -> str:
 
 
 #: The pseudo-mix of :func:`by_kind_mix` gathering every strategy with a shard plan.
-ANY_SHARD = "any shard"
+ANY_SHARD = "any-shard"
 
 
 def by_kind_mix(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
