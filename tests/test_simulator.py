@@ -44,6 +44,18 @@ def sample_dataset(tmp_path_factory) -> TrialDataset:
     return ds
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The learned rankers' figures below were measured with one intra-op thread: torch's float sums
+    depend on the thread count, and 150 epochs of training carry that difference into the ranking
+    (test_rnn_beats_analytic: 0.653 with 1 or 4 threads, 0.616 with 2 on the same seed), so the
+    figures hold only where the thread count is pinned."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def domains(sample_dataset):
     return domains_from_records(sample_dataset.records())
@@ -187,7 +199,7 @@ def test_rnn_beats_analytic_on_held_out_real_trials(domains):
     rnn = make_simulator("rnn", epochs=150, seed=0).fit(train)
     acc = np.mean([r["pairwise_accuracy"] for r in evaluate(rnn, test)])
     base = np.mean([r["pairwise_accuracy"] for r in evaluate(AnalyticSimulator(), test)])
-    # Measured on the shipped release (seeded): 0.656 against the analytic model's 0.602.
+    # Measured on the shipped release (seeded, one thread): 0.653 against the analytic model's 0.602.
     assert acc > base + 0.03, (acc, base)
     assert acc > 0.64, acc
 

@@ -133,6 +133,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     from tqdm import tqdm
 
     from ..simulator import CalibratedReplay, evaluate, make_simulator, protocol_folds, split_domains
+    from ..simulator.evaluate import by_kind_mix
 
     if train_kinds and not protocols:
         raise SpecError("--train needs --protocol: which data the simulators train on and which they are tested on")
@@ -164,7 +165,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
                 entries.append((f"{kind} ({'calibrated' if kind == 'replay' else 'trained'})", sim, test))
         blocks.append((protocol, entries))
     bar.close()
-    rows, out = [], []
+    rows, out, mix_rows = [], [], []
     for protocol, entries in blocks:
         by_label: dict[str, list] = {}
         for label, sim, test in entries:
@@ -179,9 +180,13 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
             rows.append([protocol, "overall", label, overall["n"], f"{overall['pairwise_accuracy']:.3f}",
                          f"{overall['kendall_tau']:.3f}", f"{overall[f'top{k}_recall']:.2f}",
                          _pct(overall["abs_err_median"]), _pct(overall["abs_err_p90"])])
-            out += [{**{key: v for key, v in r.items() if key != "errors"}, "simulator": label, "protocol": protocol}
+            out += [{**{key: v for key, v in r.items() if key not in _ARRAYS}, "simulator": label, "protocol": protocol}
                     for r in results]
             out.append(overall)
+            for m in by_kind_mix(results):
+                mix_rows.append([m["mix"], protocol, label, m["n"], m["pairs"], f"{m['pairwise_accuracy']:.3f}",
+                                 _pct(m["abs_err_median"]), _pct(m["abs_err_p90"])])
+                out.append({"domain": "by-mix", **m, "simulator": label, "protocol": protocol})
     for _label, sim in fixed:
         if getattr(sim, "fallbacks", None):
             echo_err(f"replay: no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs "
@@ -191,10 +196,18 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
         return
     click.echo(table(["protocol", "domain", "simulator", "trials", "pairwise acc", "kendall tau", f"top-{k} recall",
                       "|err| median", "|err| p90"], rows, right=[3, 4, 5, 6, 7, 8]))
+    # Per synchronizer kind mix (pairs never cross domains): how each simulator ranks and times
+    # strategies that shard beside those that do not.
+    click.echo(table(["kind mix", "protocol", "simulator", "trials", "pairs", "pairwise acc", "|err| median",
+                      "|err| p90"], mix_rows, right=[3, 4, 5, 6, 7]))
     for protocol, _entries in blocks:
         means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out
                           if o["domain"] == "overall" and o["protocol"] == protocol)
         click.echo(f"{protocol}: mean pairwise ranking accuracy: {means}")
+
+
+#: Per-strategy arrays of :func:`~synctune.simulator.evaluate` results, not printed as JSON.
+_ARRAYS = ("errors", "pred", "truth", "mixes")
 
 
 def _overall(results: list[dict], k: int, protocol: str, label: str) -> dict:

@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from ..strategy.schema import SYNCHRONIZER_KINDS, Strategy
 from .models import Domain, Simulator
 
 __all__ = ["pairwise_accuracy", "pairwise_counts", "kendall_tau", "top_k_recall", "relative_errors", "evaluate", "split_domains",
-           "PROTOCOLS", "protocol_folds"]
+           "PROTOCOLS", "protocol_folds", "kind_mix", "by_kind_mix"]
 
 #: How `synctune sim eval` separates training from test data: a held-out share of every domain,
 #: or whole domains never seen in training (AutoSync §3.3's transfer): an unseen model, an unseen
@@ -64,7 +65,8 @@ def relative_errors(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 def evaluate(sim: Simulator, domains: list[Domain], k: int = 5) -> list[dict[str, Any]]:
     """Metrics per domain; ``errors`` (the relative errors) only for a simulator that predicts
-    seconds (``abs_err_median`` and ``abs_err_p90`` are None otherwise)."""
+    seconds (``abs_err_median`` and ``abs_err_p90`` are None otherwise); ``pred``, ``truth`` and
+    ``mixes`` (each strategy's :func:`kind_mix`) for :func:`by_kind_mix`."""
     out = []
     for d in domains:
         pred = sim.predict_domain(d)
@@ -73,8 +75,52 @@ def evaluate(sim: Simulator, domains: list[Domain], k: int = 5) -> list[dict[str
                     "kendall_tau": kendall_tau(pred, d.times_s), f"top{k}_recall": top_k_recall(pred, d.times_s, k),
                     "abs_err_median": float(np.median(errors)) if errors is not None else None,
                     "abs_err_p90": float(np.percentile(errors, 90)) if errors is not None else None,
-                    "errors": errors})
+                    "errors": errors, "pred": np.asarray(pred, float), "truth": np.asarray(d.times_s, float),
+                    "mixes": [kind_mix(s) for s in d.strategies]})
     return out
+
+
+def kind_mix(strategy: Strategy) -> str:
+    """The synchronizer kinds a strategy uses, in registry order, e.g. ``allreduce+allgather+shard``."""
+    used = {shard.synchronizer.kind for _plan, _i, shard in strategy.iter_shards()}
+    return "+".join(kind for kind in SYNCHRONIZER_KINDS if kind in used)
+
+
+#: The pseudo-mix of :func:`by_kind_mix` gathering every strategy with a shard plan.
+ANY_SHARD = "any-shard"
+
+
+def by_kind_mix(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metrics of :func:`evaluate`'s ``results`` per synchronizer kind mix, pooled over domains
+    (pairs never cross domains): ``n`` strategies of the mix, ``pairs`` and ``pairwise_accuracy``
+    over the pairs (same domain, different true times) with at least one strategy of the mix
+    (what ranking it among the others needs), ``abs_err_median`` / ``abs_err_p90`` over the mix's
+    strategies (None unless the simulator predicts seconds). Beside the mixes, :data:`ANY_SHARD`
+    pools every strategy with a shard plan, whatever it is mixed with."""
+    acc: dict[str, list] = {}
+    for r in results:
+        pred, truth, mixes = r["pred"], r["truth"], r["mixes"]
+        labels = [[m] + ([ANY_SHARD] if "shard" in m.split("+") else []) for m in mixes]
+        d_true = np.sign(truth[:, None] - truth[None, :])
+        d_pred = np.sign(pred[:, None] - pred[None, :])
+        valid = np.triu(d_true != 0, 1)
+        score = (d_true == d_pred) + 0.5 * (d_pred == 0)
+        for mix in sorted({x for ls in labels for x in ls}):
+            member = np.array([mix in ls for ls in labels])
+            pairs = valid & (member[:, None] | member[None, :])
+            entry = acc.setdefault(mix, [0, 0.0, 0, []])
+            entry[0] += int(member.sum())
+            entry[1] += float(score[pairs].sum())
+            entry[2] += int(pairs.sum())
+            if r["errors"] is not None:
+                entry[3].append(r["errors"][member])
+    out = []
+    for mix, (n, right, pairs, errors) in acc.items():
+        pooled = np.concatenate(errors) if errors else None
+        out.append({"mix": mix, "n": n, "pairs": pairs, "pairwise_accuracy": right / pairs if pairs else float("nan"),
+                    "abs_err_median": float(np.median(pooled)) if pooled is not None and len(pooled) else None,
+                    "abs_err_p90": float(np.percentile(pooled, 90)) if pooled is not None and len(pooled) else None})
+    return sorted(out, key=lambda o: (o["mix"] == ANY_SHARD, o["mix"]))
 
 
 def split_domains(domains: list[Domain], held_out: float = 0.3, seed: int = 0) -> tuple[list[Domain], list[Domain]]:

@@ -27,9 +27,10 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.columns import KIND_CODES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.schema import SYNCHRONIZER_KINDS, Strategy
+from ..strategy.schema import REDUCE_DTYPES, SYNCHRONIZER_KINDS, Strategy
 
 __all__ = ["AnalyticConstants", "DomainContext", "encode", "message_sizes", "batch_scale", "shard_features",
+           "shard_units", "shard_unit_seconds", "shard_inputs", "SHARD_RAW_NAMES", "SHARD_GLOBAL_NAMES",
            "global_features", "analytic_time", "RAW_NAMES", "PRE_NAMES", "GLOBAL_NAMES"]
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
@@ -37,6 +38,8 @@ GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 #: broadcasting (TAG §2.3) is an all-gather of the factors, padded to the largest replica batch,
 #: then a rebuild of the gradient on every replica.
 KIND_PS, KIND_AR, KIND_AG, KIND_SFB = (KIND_CODES[k] for k in ("ps", "allreduce", "allgather", "sfb"))
+#: Sharded data parallelism (ZeRO / FSDP): one reduce-scatter and one all-gather per unit.
+KIND_SHARD = KIND_CODES["shard"]
 #: Peak dense float32 throughput per device model (FLOP/s), for the compute term.
 DEVICE_FLOPS = {"T4": 8.1e12, "M60": 4.8e12, "TITAN X": 11e12, "cpu": 5e10}
 
@@ -89,6 +92,7 @@ class DomainContext:
         self.ps_nic_coef, self.ps_intra_coef = tables["ps_nic"][0], tables["ps_intra"][0]
         self.ring_bw = float(tables["ring_bw"][0])
         self.hier_per_byte, self.hier_msgs = float(tables["hier_per_byte"][0]), float(tables["hier_msgs"][0])
+        self.flow_min, self.intra_min, self.nic_min = (float(tables[k][0]) for k in ("flow_min", "intra_min", "nic_min"))
         self.t_ref = self.model_bytes / float(self.flow.min())
         flops = DEVICE_FLOPS.get(c.nodes[0].device_model, DEVICE_FLOPS["cpu"])
         per_sample = m.flops_per_sample or self.constants.compute_flops_per_param_sample * m.num_parameters
@@ -143,8 +147,10 @@ class DomainContext:
         hier_bytes = (2 * np.maximum(per_node - 1, 0) / np.maximum(per_node, 1) / intras
                       + np.where(w_used > 1, 2 * (w_used - 1) / np.maximum(w_used, 1) / cross, 0.0))
         hier_msgs = 2 * np.maximum(per_node - 1, 0) + 2 * np.maximum(w_used - 1, 0)
+        nics = np.where(used, self.nic[None, :], np.inf).min(1)
         return {"ps_flow": flow, "ps_phi": phi, "ps_nic": nic, "ps_intra": intra, "ring_bw": ring,
-                "N": r.sum(1), "W": w_used, "r": r, "hier_per_byte": hier_bytes, "hier_msgs": hier_msgs}
+                "N": r.sum(1), "W": w_used, "r": r, "hier_per_byte": hier_bytes, "hier_msgs": hier_msgs,
+                "flow_min": flows, "intra_min": intras, "nic_min": nics}
 
 
 def comm_terms(b: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
@@ -160,7 +166,8 @@ def comm_terms(b: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
                 "ps_intra": np.broadcast_to(ctx.ps_intra_coef, (n, w, 2)),
                 "ring_bw": np.full(n, ctx.ring_bw), "N": np.full(n, ctx.N), "W": np.full(n, float(w)),
                 "r": np.broadcast_to(ctx.r, (n, w)), "hier_per_byte": np.full(n, ctx.hier_per_byte),
-                "hier_msgs": np.full(n, ctx.hier_msgs)}
+                "hier_msgs": np.full(n, ctx.hier_msgs), "flow_min": np.full(n, ctx.flow_min),
+                "intra_min": np.full(n, ctx.intra_min), "nic_min": np.full(n, ctx.nic_min)}
     else:
         tabs = ctx.comm_tables(counts)
     for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra"):
@@ -214,6 +221,59 @@ def per_kind(values: dict[str, object]) -> np.ndarray:
 
 #: By kind code: whether the kind gathers (rows, or sufficient factors) rather than reduces.
 _GATHERS = per_kind({"allgather": 1, "sfb": 1}).astype(bool)
+
+
+def shard_units(b: StrategyColumns, ctx: DomainContext, t: dict | None = None) -> dict[str, np.ndarray] | None:
+    """The ``shard`` units of every strategy of ``b`` (None when no row is a shard row): per unit
+    (``usid`` its strategy, ``unit_of`` per shard row), its members' bytes (``bytes``, float32
+    parameters) and the bytes its gradient is reduced in (``reduce_bytes``: halved in bf16), the
+    shard-group size ``k`` (every replica for group 0) and the number of groups ``G`` (HSDP when
+    above 1), the first and last member in backward order, ``reshard``, ``prefetch``, and the
+    bandwidths its collectives run at: ``bw_group`` the ring of one shard group (inside a node: its
+    intra-node link; across nodes: the slowest flow), ``bw_cross`` the ring of the G members at one
+    position of every group (HSDP's all-reduce of the slices: across nodes the slowest flow, the
+    node's NIC shared by the min(k, r) rings leaving it; on one node the intra-node link)."""
+    rows = np.flatnonzero(b.kind == KIND_SHARD)
+    if not len(rows):
+        return None
+    t = comm_terms(b, ctx) if t is None else t
+    width = int(b.group[rows].max()) + 1
+    keys, unit_of = np.unique(b.sid[rows] * width + b.group[rows], return_inverse=True)
+    u = len(keys)
+    usid = (keys // width).astype(np.int64)
+    first = np.full(u, len(b.sid), np.int64)
+    np.minimum.at(first, unit_of, rows)  # the unit's first row carries its options (members agree)
+    first_var = np.full(u, np.iinfo(np.int64).max)
+    np.minimum.at(first_var, unit_of, b.var[rows])
+    last_var = np.full(u, -1, np.int64)
+    np.maximum.at(last_var, unit_of, b.var[rows])
+    nbytes = np.bincount(unit_of, weights=ctx.var_bytes[b.var[rows]] * b.frac[rows], minlength=u)
+    n = t["N"][usid]
+    k = np.where(b.shard_group[first] > 0, b.shard_group[first], n).astype(np.float64)
+    r_max = np.asarray(t["r"])[usid].max(1)
+    bw_group = np.where(k > r_max, t["flow_min"][usid], t["intra_min"][usid])
+    leaving = np.maximum(1.0, np.minimum(k, r_max))
+    bw_cross = np.where(t["W"][usid] > 1, np.minimum(t["flow_min"][usid], t["nic_min"][usid] / leaving),
+                        t["intra_min"][usid])
+    reduce_scale = np.where(b.reduce_dtype[first] == REDUCE_DTYPES.index("bf16"), 0.5, 1.0)
+    return {"rows": rows, "unit_of": unit_of, "usid": usid, "bytes": nbytes, "reduce_bytes": nbytes * reduce_scale,
+            "k": k, "G": n / k, "first_var": first_var, "last_var": last_var, "reshard": b.reshard[first],
+            "prefetch": b.prefetch[first].astype(np.float64), "bw_group": bw_group, "bw_cross": bw_cross}
+
+
+def shard_unit_seconds(u: dict[str, np.ndarray], alpha: float) -> dict[str, np.ndarray]:
+    """Alpha-beta seconds of each unit of :func:`shard_units`, ``alpha`` per message (AutoDDL's
+    model, as the ring all-reduce is priced here: 2(N-1)(alpha + bytes/(N bw)), at least the
+    bound of DESIGN.md "Measurement conventions", 2(N-1)/N * bytes / bw). A reduce-scatter and an
+    all-gather are each half a ring all-reduce: ``reduce_scatter`` (k-1)(alpha + reduce_bytes/(k bw))
+    over the shard group; ``cross`` HSDP's ring all-reduce of the slice (reduce_bytes / k) over the
+    G groups, 2(G-1)(alpha + slice/(G bw)), 0 without HSDP; ``gather`` one all-gather of the
+    updated float32 slices, (k-1)(alpha + bytes/(k bw))."""
+    k, g = u["k"], u["G"]
+    rs = (k - 1) * (alpha + u["reduce_bytes"] / (k * u["bw_group"]))
+    cross = np.where(g > 1, 2 * (g - 1) * (alpha + u["reduce_bytes"] / k / (g * u["bw_cross"])), 0.0)
+    gather = (k - 1) * (alpha + u["bytes"] / (k * u["bw_group"]))
+    return {"reduce_scatter": rs, "cross": cross, "gather": gather}
 
 
 PRE_NAMES = ("ps_flow", "ps_nic", "ps_intra", "ps_phi", "ar_transfer", "ar_phi", "ag_transfer", "ag_phi", "delta")
@@ -342,14 +402,39 @@ def analytic_parts(b: StrategyColumns, ctx: DomainContext, *, split: bool = True
     t_comp = (ctx.t_comp + c.delta * (np.diff(b.offsets) - ctx.num_vars)) * batch_scale(b, ctx)
     # SFB gradients are rebuilt once every gather is in (the step), after communication and compute.
     t_rebuild = np.bincount(b.sid, rebuild, n) if rebuild is not None else np.zeros(n)
-    return {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server,
-            "t_rebuild": t_rebuild}
+    out = {"t_ps": per_server.max(axis=1), "t_ar": t_ar, "t_ag": t_ag, "t_comp": t_comp, "per_server": per_server,
+           "t_rebuild": t_rebuild}
+    out.update(_shard_parts(b, ctx, t))
+    return out
+
+
+def _shard_parts(b: StrategyColumns, ctx: DomainContext, t: dict | None) -> dict[str, np.ndarray]:
+    """Per strategy, the seconds its ``shard`` units cost (:func:`shard_unit_seconds`, ``phi`` per
+    message): ``t_shard`` the reduce-scatters and HSDP all-reduces, issued in backward and hidden
+    behind compute as all-reduces are; ``t_gather_hidden`` the all-gathers of resharded units with
+    prefetch, in forward and again in backward, overlapping the compute of the unit before;
+    ``t_gather_exposed`` the all-gathers nothing hides: after the step without reshard (ZeRO-2, as
+    the engine runs it), in forward and in backward, serialized with compute, with reshard and
+    prefetch 0. Zero for strategies without shard plans."""
+    n = b.size
+    out = {key: np.zeros(n) for key in ("t_shard", "t_gather_hidden", "t_gather_exposed")}
+    u = shard_units(b, ctx, t)
+    if u is None:
+        return out
+    sec = shard_unit_seconds(u, ctx.constants.phi)
+    usid, gather = u["usid"], sec["gather"]
+    out["t_shard"] = np.bincount(usid, sec["reduce_scatter"] + sec["cross"] + ctx.constants.delta, n)
+    hidden = u["reshard"] & (u["prefetch"] > 0)
+    out["t_gather_hidden"] = np.bincount(usid, np.where(hidden, 2 * gather, 0.0), n)
+    out["t_gather_exposed"] = np.bincount(usid, np.where(hidden, 0.0, np.where(u["reshard"], 2 * gather, gather)), n)
+    return out
 
 
 def analytic_time(b: StrategyColumns, ctx: DomainContext) -> np.ndarray:
     """The training-free estimate T = max(T_comp, T_sync) in seconds (AutoDist §2.4, AutoSync §3.1.1)."""
     p = analytic_parts(b, ctx, split=False)
-    return np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"]) + p["t_rebuild"]
+    return (np.maximum(p["t_comp"], p["t_ps"] + p["t_ar"] + p["t_ag"] + p["t_shard"] + p["t_gather_hidden"])
+            + p["t_rebuild"] + p["t_gather_exposed"])
 
 
 def global_features(b: StrategyColumns, ctx: DomainContext, pre: np.ndarray, wire: np.ndarray) -> np.ndarray:
@@ -383,8 +468,12 @@ RAW_NAMES = ("is_ps", "is_ar", "is_ag", "is_sfb", *(f"comp_{name}" for name in C
              "min_nic", "max_nic", "min_flow", "min_intra")
 _RAW = {name: i for i, name in enumerate(RAW_NAMES)}
 #: By kind code: the column of its one-hot raw feature.
-_KIND_COLUMN = np.array([_RAW[{"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb",
-                               "shard": "is_ar"}[kind]] for kind in SYNCHRONIZER_KINDS])
+#: By kind code: the column of its one-hot raw feature; -1 for ``shard``, whose one-hot is
+#: ``is_shard`` of :data:`SHARD_RAW_NAMES` (appended after everything a simulator trained before the
+#: kind existed reads, so its inputs keep their positions and values).
+_KIND_COLUMN = np.array([_RAW[name] if name else -1 for name in (
+    {"ps": "is_ps", "allreduce": "is_ar", "allgather": "is_ag", "sfb": "is_sfb", "shard": ""}[kind]
+    for kind in SYNCHRONIZER_KINDS)])
 
 
 def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np.ndarray:
@@ -392,7 +481,9 @@ def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np
     s = len(b.sid)
     out = np.zeros((s, len(RAW_NAMES)))
     col = _RAW
-    out[np.arange(s), _KIND_COLUMN[b.kind]] = 1.0
+    column = _KIND_COLUMN[b.kind]
+    known = column >= 0
+    out[np.flatnonzero(known), column[known]] = 1.0
     out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp] = 1.0
     out[:, col["wire_ratio"]] = b.ratio
     out[:, col["local_agg"]] = b.local
@@ -439,3 +530,42 @@ def per_shard_inputs(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray
     norm[:, [0, 1, 2, 4, 6]] /= ctx.t_ref
     norm[:, [3, 5, 7]] /= max(1.0, ctx.N)
     return np.concatenate([raw_features(b, ctx, wire), norm], axis=1), glob
+
+
+#: Per-shard features of the ``shard`` kind (zero on every other row): the one-hot, the shard
+#: group over the replicas, HSDP's groups over the replicas, reshard, prefetch over its maximum,
+#: the bf16 reduce, the unit's members over the variables and its bytes over the model's, and the
+#: unit's reduce-scatter, HSDP all-reduce and all-gather seconds over the domain's reference time.
+SHARD_RAW_NAMES = ("is_shard", "shard_group_share", "hsdp_groups_share", "reshard", "prefetch", "reduce_bf16",
+                   "unit_members", "unit_bytes", "unit_reduce_scatter", "unit_cross", "unit_gather")
+#: Per-strategy features of its shard units (:func:`analytic_parts`' terms over the reference time),
+#: the share of the model's bytes sharded and the units over the variables.
+SHARD_GLOBAL_NAMES = ("t_shard", "t_gather_hidden", "t_gather_exposed", "shard_bytes", "num_units")
+
+
+def shard_inputs(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
+    """(S, len(SHARD_RAW_NAMES)) and (n, len(SHARD_GLOBAL_NAMES)) features of the ``shard`` kind;
+    zeros for strategies without shard plans. The learned models append them after their other
+    inputs, so a simulator trained before ``shard`` existed reads the same inputs it was trained on."""
+    x = np.zeros((len(b.sid), len(SHARD_RAW_NAMES)))
+    g = np.zeros((b.size, len(SHARD_GLOBAL_NAMES)))
+    t = comm_terms(b, ctx)
+    u = shard_units(b, ctx, t)
+    if u is None:
+        return x, g
+    rows, of = u["rows"], u["unit_of"]
+    sec = shard_unit_seconds(u, ctx.constants.phi)
+    n = t["N"][u["usid"]]
+    members = np.bincount(of, minlength=len(u["usid"]))
+    per_unit = np.stack([np.ones(len(n)), u["k"] / n, np.where(u["G"] > 1, u["G"] / n, 0.0), u["reshard"],
+                         u["prefetch"] / 8.0, u["reduce_bytes"] < u["bytes"], members / ctx.num_vars,
+                         u["bytes"] / ctx.model_bytes, sec["reduce_scatter"] / ctx.t_ref, sec["cross"] / ctx.t_ref,
+                         sec["gather"] / ctx.t_ref], axis=1)
+    x[rows] = per_unit[of]
+    parts = _shard_parts(b, ctx, t)
+    g[:, 0] = parts["t_shard"] / ctx.t_ref
+    g[:, 1] = parts["t_gather_hidden"] / ctx.t_ref
+    g[:, 2] = parts["t_gather_exposed"] / ctx.t_ref
+    g[:, 3] = np.bincount(u["usid"], u["bytes"], b.size) / ctx.model_bytes
+    g[:, 4] = np.bincount(u["usid"], minlength=b.size) / ctx.num_vars
+    return x, g

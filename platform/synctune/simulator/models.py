@@ -28,14 +28,19 @@ from ..spec.profile import ComputeProfile
 from ..spec.files import check_regular, write_via
 from ..strategy.compressors import compressor_vocabulary
 from ..strategy.columns import StrategyColumns
+from ..strategy.schema import SYNCHRONIZER_KINDS
 from .base import AnalyticSimulator, Domain, Simulator, domains_from_records
 from .features import (
     GLOBAL_NAMES,
     KIND_PS,
+    KIND_SHARD,
     PRE_NAMES,
     RAW_NAMES,
+    SHARD_GLOBAL_NAMES,
+    SHARD_RAW_NAMES,
     DomainContext,
     per_shard_inputs,
+    shard_inputs,
 )
 
 __all__ = ["Domain", "domains_from_records", "Simulator", "AnalyticSimulator", "LinearSimulator",
@@ -43,8 +48,24 @@ __all__ = ["Domain", "domains_from_records", "Simulator", "AnalyticSimulator", "
 
 FORMAT = "synctune-simulator"
 #: 2: group_order counts merge groups; the compressor vocabulary is recorded. 3: the replay's
-#: features (and the compute profiles it replayed) are inputs.
-FORMAT_VERSION = 3
+#: features (and the compute profiles it replayed) are inputs. 4: the ``shard`` kind's features
+#: are appended after version 3's inputs, and the synchronizer vocabulary is recorded. A version-3
+#: file still loads: it reads the inputs it was trained on (the same positions and values) and
+#: refuses strategies with shard plans, which it never saw.
+FORMAT_VERSION = 4
+#: The versions :func:`load_simulator` reads.
+_READS = (3, 4)
+#: The synchronizer kinds of version 3 (before ``shard``).
+_KINDS_V3 = ["ps", "allreduce", "allgather", "sfb"]
+
+
+def _widths(shard: bool) -> tuple[int, int]:
+    """(per-shard, per-strategy) input widths of a learned simulator with or without shard features."""
+    from .replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
+
+    raw = len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES)
+    glob = len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES)
+    return (raw + len(SHARD_RAW_NAMES), glob + len(SHARD_GLOBAL_NAMES)) if shard else (raw, glob)
 
 
 # ------------------------------------------------------------------------------- learned rankers
@@ -74,12 +95,12 @@ class _Learned(Simulator):
 
     def __init__(self, *, epochs: int = 150, lr: float = 3e-3, batch: int = 48, partition_penalty: float = 0.01,
                  seed: int = 0, hidden: int | None = None) -> None:
-        from .replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES, ReplaySimulator
+        from .replay import ReplaySimulator
 
+        raw, glob = _widths(True)
         self.config = {"epochs": epochs, "lr": lr, "batch": batch, "partition_penalty": partition_penalty,
-                       "seed": seed, "hidden": hidden or self.hidden,
-                       "raw": len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES),
-                       "global": len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES), "compressors": compressor_vocabulary()}
+                       "seed": seed, "hidden": hidden or self.hidden, "raw": raw, "global": glob,
+                       "compressors": compressor_vocabulary(), "synchronizers": list(SYNCHRONIZER_KINDS)}
         self.net = None
         self.norm: dict[str, Any] = {}
         #: The physics under the learned correction: its replay of each strategy is an input.
@@ -96,9 +117,17 @@ class _Learned(Simulator):
         """AutoSync's inputs with the replay's prediction and per-unit timeline beside them."""
         from .replay import replay_features
 
+        shard = self.config.get("synchronizers", _KINDS_V3) == list(SYNCHRONIZER_KINDS)
+        if not shard and (batch.kind == KIND_SHARD).any():
+            raise SpecError(f"this {self.kind} simulator was trained before the shard synchronizer existed (a version-3 "
+                            f"file): it cannot score strategies with shard plans; retrain it (synctune sim train) "
+                            f"or score them with the analytic or replay simulator")
         x, g = per_shard_inputs(batch, ctx)
         rx, rg = replay_features(self.replay.timeline(batch, ctx), batch)
-        return np.concatenate([x, rx], axis=1), np.concatenate([g, rg], axis=1)
+        if not shard:
+            return np.concatenate([x, rx], axis=1), np.concatenate([g, rg], axis=1)
+        sx, sg = shard_inputs(batch, ctx)
+        return np.concatenate([x, rx, sx], axis=1), np.concatenate([g, rg, sg], axis=1)
 
     # subclasses: _build() -> nn.Module; _forward(net, x, g, offsets, batch) -> (n,)
     def _inputs(self, batch: StrategyColumns, ctx: DomainContext):
@@ -186,7 +215,10 @@ class _Learned(Simulator):
         torch = _torch()
         if self.net is None:
             raise SpecError(f"the {self.kind} simulator is not trained")
-        payload = {"format": FORMAT, "version": FORMAT_VERSION, "kind": self.kind, "config": json.dumps(self.config),
+        # One trained before shard (loaded from a version-3 file, perhaps fine-tuned since) stays version 3.
+        version = FORMAT_VERSION if self.config.get("synchronizers") == list(SYNCHRONIZER_KINDS) else 3
+        config = {k: v for k, v in self.config.items() if version >= 4 or k != "synchronizers"}
+        payload = {"format": FORMAT, "version": version, "kind": self.kind, "config": json.dumps(config),
                    "state": self.net.state_dict(), "norm": dict(self.norm)}
         write_via(path, lambda fh: torch.save(payload, fh))
 
@@ -376,10 +408,10 @@ def load_simulator(path: str | Path) -> Simulator:
         raise SpecError(f"{path}: not a readable synctune simulator file ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise SpecError(f"{path}: not a synctune simulator file (format {FORMAT!r} expected)")
-    if payload.get("version") != FORMAT_VERSION or payload.get("kind") not in ("linear", "rnn", "gat"):
+    if payload.get("version") not in _READS or payload.get("kind") not in ("linear", "rnn", "gat"):
         raise SpecError(f"{path}: unsupported simulator version {str(payload.get('version'))[:20]!r} or kind "
-                        f"{str(payload.get('kind'))[:20]!r} (this synctune reads version {FORMAT_VERSION}; retrain "
-                        f"with synctune sim train)")
+                        f"{str(payload.get('kind'))[:20]!r} (this synctune reads versions "
+                        f"{', '.join(map(str, _READS))}; retrain with synctune sim train)")
     try:
         config = json.loads(payload["config"])
         if not isinstance(config, dict):
@@ -389,9 +421,15 @@ def load_simulator(path: str | Path) -> Simulator:
             raise SpecError(f"{path}: trained with compressors {vocabulary}, this synctune has "
                             f"{compressor_vocabulary()}; its features mean other things now: retrain it "
                             f"(synctune sim train)")
+        kinds = config.get("synchronizers") if payload["version"] >= 4 else _KINDS_V3
+        if payload["version"] >= 4 and kinds != list(SYNCHRONIZER_KINDS):
+            raise SpecError(f"{path}: trained with synchronizers {str(kinds)[:200]}, this synctune has "
+                            f"{list(SYNCHRONIZER_KINDS)}; its features mean other things now: retrain it "
+                            f"(synctune sim train)")
         sim = SIMULATORS[payload["kind"]](**{k: config[k] for k in ("epochs", "lr", "batch", "partition_penalty",
                                                                     "seed", "hidden")})
         sim.config.update(config)
+        sim.config["synchronizers"] = kinds  # a version-3 file: the kinds before shard, its inputs without them
         for profile in config.get("profiles") or []:
             sim.replay.add_profile(ComputeProfile.from_dict(profile, where=f"{path}: profile"))
         if config.get("replay_constants"):
@@ -405,10 +443,7 @@ def load_simulator(path: str | Path) -> Simulator:
             value = norm.get(key) if isinstance(norm, dict) else None
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != (width,):
                 raise ValueError(f"normalisation {key!r} missing or not {width} numbers")
-        from .replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
-
-        if (config["raw"] != len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES)
-                or config["global"] != len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES)):
+        if (config["raw"], config["global"]) != _widths(payload["version"] >= 4):
             raise ValueError("its feature widths differ from this synctune's")
         sim._restore(payload["state"], norm)
     except SpecError:

@@ -42,8 +42,8 @@ from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from ..strategy.schema import SYNCHRONIZER_KINDS
-from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, DomainContext, batch_scale, comm_terms, encode, hier_rows,
-                       message_sizes, per_kind)
+from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainContext, batch_scale, comm_terms, encode,
+                       hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
 from .base import Simulator
 
 __all__ = ["ReplayConstants", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
@@ -102,6 +102,8 @@ class _ReplayDomain:
     alpha: float  # seconds per message: the slowest calibrated link, else the constant
     #: measured compute speed over the nominal one the encoder prices SFB rebuilds at (1 unmeasured)
     rebuild_scale: float = 1.0
+    #: forward time before backward starts, seconds (where resharded units gather their parameters)
+    forward_s: float = 0.0
 
 
 class ReplaySimulator(Simulator):
@@ -177,8 +179,9 @@ class ReplaySimulator(Simulator):
             # The encoder priced it at the slowest node's nominal speed: keep that node's slowdown.
             rebuild_scale = ctx.device_flops * float(ctx.node_slowdown.max()) / (
                 model.flops_per_sample * batch / float(backward_end))
+        forward_s = (profile.forward_s if measured else forward) * c
         dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha,
-                            rebuild_scale)
+                            rebuild_scale, float(forward_s))
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
@@ -232,15 +235,35 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     if sfb.any():
         nbytes, rebuild = message_sizes(b, ctx)
         wire = np.where(sfb, nbytes * b.ratio, wire)  # the factors, padded to the largest replica batch
-    # Units: one per merge group (all-reduce), one per shard otherwise.
+    # Units: one per merge group (all-reduce), one per shard unit (a shard unit's members are one
+    # reduce-scatter, keyed by its first row), one per shard otherwise.
     num_shards, group = len(b.sid), b.group_order
     width = int(group.max()) + 1 if num_shards else 1
+    own = np.arange(num_shards)
+    t = comm_terms(b, ctx)
+    su = shard_units(b, ctx, t)
+    if su is not None:
+        first_row = np.full(len(su["usid"]), num_shards, np.int64)
+        np.minimum.at(first_row, su["unit_of"], su["rows"])
+        own[su["rows"]] = first_row[su["unit_of"]]
+        # A unit reduces its gradients in its reduce dtype (bf16: half the bytes).
+        wire[su["rows"]] = (su["reduce_bytes"] / su["bytes"])[su["unit_of"]] * wire[su["rows"]]
     unit_key = np.where(b.kind == KIND_AR, b.sid * (width + num_shards) + group,
-                        b.sid * (width + num_shards) + width + np.arange(num_shards))
+                        b.sid * (width + num_shards) + width + own)
     keys, unit_of = np.unique(unit_key, return_inverse=True)
     u = len(keys)
     usid = (keys // (width + num_shards)).astype(np.int64)
     ready_shard = dom.ready[b.var] * scale[b.sid]
+    backward_end = dom.backward_end * scale
+    gathers_after_step = np.zeros(n)
+    if su is not None:
+        sec = shard_unit_seconds(su, alpha)
+        # ZeRO-2 (the engine's shard): the updated slices are all-gathered after the step, one unit
+        # after the other on the queue.
+        gathers_after_step = np.bincount(su["usid"], np.where(su["reshard"], 0.0, sec["gather"] + k.unit_s), n)
+        if su["reshard"].any():  # ZeRO-3: gathers in forward and in backward delay the compute
+            ready_shard, backward_end = _resharded_compute(b, ctx, dom, scale, su, sec["gather"] + k.unit_s,
+                                                           ready_shard, backward_end)
     launch = np.full(u, -np.inf)
     np.maximum.at(launch, unit_of, ready_shard)
     first = np.full(u, np.iinfo(np.int64).max)
@@ -250,7 +273,6 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     ubytes = np.bincount(unit_of, weights=wire, minlength=u)
     # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
     # subset it replicates on: TAG §4.2).
-    t = comm_terms(b, ctx)
     unn, ring = t["N"][usid], t["ring_bw"][usid]
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
@@ -262,6 +284,13 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
         hr = uhier & (ukind == KIND_AR)
         dur[hr] = t["hier_msgs"][usid[hr]] * alpha + ubytes[hr] * t["hier_per_byte"][usid[hr]]
     dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
+    if su is not None:
+        # A shard unit: the reduce-scatter over its shard group, then (HSDP) the all-reduce of its
+        # slice across the groups, chained on the queue.
+        ushard = np.flatnonzero(ukind == KIND_SHARD)
+        which = np.empty(u, np.int64)
+        which[unit_of[su["rows"]]] = su["unit_of"]
+        dur[ushard] = (sec["reduce_scatter"] + sec["cross"])[which[ushard]]
     if sfb.any():
         # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
         fb = (ukind == KIND_SFB) & (unn > 1)
@@ -288,11 +317,93 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     if u:
         last = np.r_[np.flatnonzero(np.diff(usid)), u - 1]
         comm_end[usid[last]] = finish[last]
-    backward_end = dom.backward_end * scale
-    iteration = np.maximum(backward_end, comm_end) + dom.step_s + bcast + k.iteration_s
-    return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end, "broadcast_s": bcast,
+    step = dom.step_s * _step_share(b, ctx, su)
+    iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
+    return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
+            "broadcast_s": bcast + gathers_after_step,
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
             "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
+
+
+def _step_share(b: StrategyColumns, ctx: DomainContext, su: dict | None) -> np.ndarray | float:
+    """The optimizer step's share each strategy runs: a member of a shard group of k updates 1/k
+    of a sharded variable's rows (its optimizer state is that slice); 1 without shard plans."""
+    if su is None:
+        return 1.0
+    saved = np.bincount(su["usid"], su["bytes"] * (1 - 1 / su["k"]), b.size)
+    return 1.0 - saved / max(ctx.model_bytes, 1.0)
+
+
+def _pass(comp: np.ndarray, gather: np.ndarray, prefetch: np.ndarray) -> np.ndarray:
+    """End of each step's compute, (n, steps), in a pass (forward or backward) whose step j first
+    waits for an all-gather of ``gather[:, j]`` seconds (0: none): gathers run one at a time on
+    their queue; with ``prefetch`` p >= 1 the gather of a unit is issued when the compute of the
+    unit p gathers earlier starts (at the start of the pass for the first p), so it overlaps that
+    compute (FSDP2's explicit prefetch); with p = 0 it is issued when the previous step's compute
+    ends, serialized with compute."""
+    n, steps = comp.shape
+    end = np.zeros((n, steps))
+    t_comp, t_queue = np.zeros(n), np.zeros(n)
+    starts = np.zeros((n, steps + 1))  # compute start of each gather point, by gather count
+    count = np.zeros(n, np.int64)
+    rows = np.arange(n)
+    for j in range(steps):
+        g = gather[:, j]
+        has = g > 0
+        if has.any():
+            p = prefetch[:, j].astype(np.int64)
+            back = count - p
+            issue = np.where(p == 0, t_comp, np.where(back >= 0, starts[rows, np.maximum(back, 0)], 0.0))
+            done = np.maximum(issue, t_queue) + g
+            t_queue = np.where(has, done, t_queue)
+            start = np.where(has, np.maximum(t_comp, done), t_comp)
+            starts[rows, count] = np.where(has, start, starts[rows, count])
+            count = count + has
+        else:
+            start = t_comp
+        t_comp = start + comp[:, j]
+        end[:, j] = t_comp
+    return end
+
+
+def _resharded_compute(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, scale: np.ndarray, su: dict,
+                       gather: np.ndarray, ready: np.ndarray, backward_end: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient-ready times and backward end of strategies with resharded units (ZeRO-3, FSDP2's
+    ``reshard_after_forward``): a resharded unit's parameters are all-gathered before its first
+    member's forward compute and again before its first member's backward compute (:func:`_pass`),
+    so compute waits for what the gathers do not hide. Per-variable backward compute comes from the
+    profile's ready times; forward compute is spread over the variables in the same proportion.
+    The gathers have their own queue (FSDP2 runs all-gathers and reduce-scatters on separate
+    streams): their contention with the reduce-scatters for the link is not modelled."""
+    v = ctx.num_vars
+    sids = np.unique(su["usid"][su["reshard"]])
+    local = np.full(b.size, -1, np.int64)
+    local[sids] = np.arange(len(sids))
+    per_var = np.diff(np.r_[dom.forward_s, dom.ready])  # backward compute, variables in backward order
+    total = per_var.sum()
+    fwd = dom.forward_s * (per_var / total if total > 0 else np.full(v, 1.0 / max(v, 1)))
+    sc = scale[sids][:, None]
+    m = len(sids)
+    g_fwd, g_bwd, pre = np.zeros((m, v)), np.zeros((m, v)), np.zeros((m, v))
+    res = np.flatnonzero(su["reshard"])
+    at = local[su["usid"][res]]
+    # Forward runs variables in reverse backward order: a unit is first used at its last member.
+    g_fwd[at, v - 1 - su["last_var"][res]] = gather[res]
+    g_bwd[at, su["first_var"][res]] = gather[res]
+    pre[at, v - 1 - su["last_var"][res]] = su["prefetch"][res]
+    pre_b = np.zeros((m, v))
+    pre_b[at, su["first_var"][res]] = su["prefetch"][res]
+    forward_end = _pass(fwd[::-1][None, :] * sc, g_fwd, pre)[:, -1]
+    bwd_end = _pass(per_var[None, :] * sc, g_bwd, pre_b)
+    ready = ready.copy()
+    mine = np.flatnonzero(local[b.sid] >= 0)
+    ready[mine] = forward_end[local[b.sid[mine]]] + bwd_end[local[b.sid[mine]], b.var[mine]]
+    backward_end = backward_end.copy()
+    # What backward computes after the last gradient is ready (the profile's tail) still follows.
+    tail = (dom.backward_end - dom.ready[-1]) if v else dom.backward_end - dom.forward_s
+    backward_end[sids] = forward_end + bwd_end[:, -1] + max(0.0, tail) * scale[sids]
+    return ready, backward_end
 
 
 def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray, sent: np.ndarray, alpha: float,

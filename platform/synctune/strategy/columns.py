@@ -32,8 +32,10 @@ from .schema import (
     AllReduceSynchronizer,
     Compressor,
     PSSynchronizer,
+    REDUCE_DTYPES,
     SFBSynchronizer,
     ShardPlan,
+    ShardSynchronizer,
     Strategy,
     VariablePlan,
 )
@@ -43,6 +45,7 @@ __all__ = ["StrategyColumns", "KIND_CODES"]
 #: Synchronizer kind -> the code of its rows (its index in the synchronizer registry).
 KIND_CODES: dict[str, int] = {kind: i for i, kind in enumerate(SYNCHRONIZER_KINDS)}
 _AR = KIND_CODES["allreduce"]
+_SHARD = KIND_CODES["shard"]
 
 
 @dataclass
@@ -57,7 +60,12 @@ class StrategyColumns:
     ``rank`` (the compressor's registry code and PowerSGD rank, 0 otherwise), ``frac`` (the
     shard's share of its variable's elements), ``ratio`` (the compressor's wire bytes per
     gradient byte), ``group_order`` (the merge group numbered 0.. in the order the strategy's
-    groups first appear; -1 off all-reduce). Per strategy: ``ngroups`` (how many merge groups)
+    groups first appear; -1 off all-reduce). A ``shard`` row (ZeRO / FSDP) keeps its **unit** in
+    ``group`` (the unit is to sharding what the merge group is to all-reduce: its members are one
+    collective), and in ``shard_group`` its shard-group size (0: every replica; -1 off shard),
+    ``reshard``, ``prefetch`` and ``reduce_dtype`` (the index in
+    :data:`~synctune.strategy.schema.REDUCE_DTYPES`: 0 fp32, 1 bf16); units are not merge
+    groups (``group_order`` stays -1 on them). Per strategy: ``ngroups`` (how many merge groups)
     and ``batch_split`` (size, devices of the cluster): each device's batch, 0 where it holds no
     replica; None where every device holds a replica with the model's batch.
 
@@ -90,8 +98,17 @@ class StrategyColumns:
     batch_split: np.ndarray | None = None
     group_order: np.ndarray | None = None
     ngroups: np.ndarray | None = None
+    #: Shard-plan columns (None from producers that draw no shard plans: filled as off-shard).
+    shard_group: np.ndarray | None = None
+    reshard: np.ndarray | None = None
+    prefetch: np.ndarray | None = None
+    reduce_dtype: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        rows = len(self.sid)
+        for name, fill, dtype in _SHARD_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(rows, fill, dtype))
         if self.group_order is None or self.ngroups is None:
             self.group_order, self.ngroups = _number_groups(self.sid, self.kind, self.group, self.size)
 
@@ -129,6 +146,11 @@ class StrategyColumns:
         row = (((((self.kind * 64 + (self.node + 1)) * 2 + self.local) * 2 + self.hier) * 8 + self.comp) * 8
                + np.minimum(self.rank, 7)) * 64 + self.axis
         row = row * 1_000_003 + self.nshards
+        shard = self.kind == _SHARD
+        if shard.any():  # a shard row's unit and options (other rows fold in as before)
+            opts = ((((self.group + 1) * 64 + self.shard_group + 1) * 2 + self.reshard) * 16 + self.prefetch) * 4 \
+                + self.reduce_dtype
+            row = np.where(shard, row * 1_000_033 + opts, row)
         first = np.r_[0, np.flatnonzero(np.diff(self.sid * v + self.var)) + 1]
         position = np.arange(len(self.sid)) - np.repeat(first, np.diff(np.r_[first, len(self.sid)]))
         mixed = (row * 0x9E3779B1 + position * 0x85EBCA77) & ((1 << 62) - 1)
@@ -143,6 +165,8 @@ class StrategyColumns:
         m = np.uint64
         fields = (self.var, self.axis, self.nshards, self.kind, self.node + 1, self.local, self.group + 1, self.hier,
                   self.comp, self.rank, np.arange(len(self.sid)) - np.repeat(self.offsets[:-1], np.diff(self.offsets)))
+        if (self.kind == _SHARD).any():  # shard options; columns without shard rows hash as before
+            fields += (self.shard_group + 1, self.reshard, self.prefetch, self.reduce_dtype)
         code = np.zeros(len(self.sid), dtype=m)
         with np.errstate(over="ignore"):
             for f in fields:  # a multiply-xorshift mix of every column of the row, in turn
@@ -180,6 +204,10 @@ class StrategyColumns:
                 elif kind == "allreduce":
                     sync = AllReduceSynchronizer(group=int(self.group[r]),
                                                  algorithm="hierarchical" if self.hier[r] else "flat")
+                elif kind == "shard":
+                    sync = ShardSynchronizer(unit=int(self.group[r]), group=int(self.shard_group[r]),
+                                             reshard=bool(self.reshard[r]), prefetch=int(self.prefetch[r]),
+                                             reduce_dtype=REDUCE_DTYPES[int(self.reduce_dtype[r])])
                 else:
                     sync = AllGatherSynchronizer() if kind == "allgather" else SFBSynchronizer()
                 comp = names[int(self.comp[r])]
@@ -202,7 +230,7 @@ class StrategyColumns:
         cols: dict[str, list] = {k: [] for k in _ROW_FIELDS}
         # One bound append per column, taken once: objects become columns shard by shard.
         (a_sid, a_var, a_axis, a_nshards, a_kind, a_node, a_local, a_group, a_hier, a_comp, a_rank, a_frac, a_ratio,
-         a_order) = (cols[k].append for k in _ROW_FIELDS)
+         a_order, a_sgroup, a_reshard, a_prefetch, a_rdtype) = (cols[k].append for k in _ROW_FIELDS)
         offsets, ngroups = [0], []
         var_index = {v.name: i for i, v in enumerate(model.variables)}
         node_of = {d: i for i, node in enumerate(cluster.nodes) for d in node.devices}
@@ -224,7 +252,7 @@ class StrategyColumns:
                         wire_of[key] = (comp.info.code, comp.info.wire_ratio(tuple(shape), comp.rank))
                     code, ratio = wire_of[key]
                     kind = sync.kind
-                    ps, ar = kind == "ps", kind == "allreduce"
+                    ps, ar, sh = kind == "ps", kind == "allreduce", kind == "shard"
                     a_sid(si)
                     a_var(vi)
                     a_axis(axis)
@@ -232,13 +260,17 @@ class StrategyColumns:
                     a_kind(KIND_CODES[kind])
                     a_node(node_of[sync.placement] if ps else -1)
                     a_local(sync.local_aggregation if ps else False)
-                    a_group(sync.group if ar else -1)
+                    a_group(sync.group if ar else sync.unit if sh else -1)
                     a_hier(ar and sync.algorithm == "hierarchical")
                     a_comp(code)
                     a_rank(comp.rank or 0)
                     a_frac((math.prod(shape) if shape else 1) / total)
                     a_ratio(ratio)
                     a_order(groups.setdefault(sync.group, len(groups)) if ar else -1)
+                    a_sgroup(sync.group if sh else -1)
+                    a_reshard(sh and sync.reshard)
+                    a_prefetch(sync.prefetch if sh else 0)
+                    a_rdtype(REDUCE_DTYPES.index(sync.reduce_dtype) if sh else 0)
             offsets.append(len(cols["sid"]))
             ngroups.append(len(groups))
             for d, b in zip(s.replicas, s.batch_split):
@@ -253,8 +285,12 @@ class StrategyColumns:
 _ROW_FIELDS: dict[str, type] = {
     "sid": np.int64, "var": np.int64, "axis": np.int64, "nshards": np.int64, "kind": np.int64, "node": np.int64,
     "local": bool, "group": np.int64, "hier": bool, "comp": np.int64, "rank": np.int64, "frac": np.float64,
-    "ratio": np.float64, "group_order": np.int64,
+    "ratio": np.float64, "group_order": np.int64, "shard_group": np.int64, "reshard": bool, "prefetch": np.int64,
+    "reduce_dtype": np.int64,
 }
+#: The shard-plan columns: (name, value off shard, dtype).
+_SHARD_FIELDS = (("shard_group", -1, np.int64), ("reshard", False, bool), ("prefetch", 0, np.int64),
+                 ("reduce_dtype", 0, np.int64))
 
 
 def _number_groups(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
