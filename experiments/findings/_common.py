@@ -102,15 +102,16 @@ def interleaved_arms(strategies: list, cluster, *, workload, node_net=None, roun
     set of local worker processes: every arm built and warmed up once, then ``rounds`` rounds in
     each of which every arm runs ``per_round`` iterations, the order rotating between rounds, so
     a drift of the machine weighs on every arm alike (the screening of
-    :func:`synctune.engine.trial.run_confirm_local`). Raises
-    :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
+    :func:`synctune.engine.trial.run_confirm_local`). An arm is a strategy (run by the engine) or
+    a ``(strategy, runtime)`` pair. Raises :class:`~synctune.engine.local.WorkerFailure` if a
+    worker fails."""
     from synctune.engine.trial import TrialConfig, run_confirm_local
 
     if len(strategies) < 2:
         raise ValueError(f"interleaved_arms compares at least 2 arms, got {len(strategies)}")
     if rounds < 2:
         raise ValueError(f"interleaved_arms needs at least 2 rounds for an interval, got {rounds}")
-    arms = [(s, None) for s in strategies]
+    arms = [s if isinstance(s, tuple) else (s, None) for s in strategies]
     config = TrialConfig(warmup=warmup, iters=per_round)
     if len(arms) == 2:
         # Two arms: no screening, the confirmation's own rounds (A B, B A, ...) are the rounds.

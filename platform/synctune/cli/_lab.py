@@ -130,13 +130,17 @@ def _small_models() -> tuple[str, ...]:
 @click.option("--guided", "num_guided", default=45, show_default=True, type=click.IntRange(0, 100_000),
               help="Guided-sampler strategies per domain (compressors, hierarchical all-reduce, uneven batch "
                    "splits, replica subsets, SFB where they apply).")
+@click.option("--sharded", "num_sharded", default=0, show_default=True, type=click.IntRange(0, 100),
+              help="Sharded (ZeRO-2) settings per domain: the shard builder's unit depth, HSDP group and reduce "
+                   "dtype, in a fixed order.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1_000_000))
 @click.option("--iters", default=6, show_default=True, type=click.IntRange(1, 1_000_000))
 @click.option("--data", "data_path", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
 @click.option("--release", help="Then publish the dataset as a release here (folder or s3://).")
 @click.option("--name", help="Release name (with --release).")
-def collect_cmd(presets, model, num_random, num_guided, seed, warmup, iters, data_path, release, name) -> None:
+def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmup, iters, data_path, release,
+                name) -> None:
     """For each preset: bring the lab up, calibrate it, measure each model's compute profile
     (once per model and worker count), trial every builder, RANDOM unconstrained and GUIDED
     guided-sampler strategies of each model over the shaped links; then take the lab down.
@@ -161,7 +165,8 @@ def collect_cmd(presets, model, num_random, num_guided, seed, warmup, iters, dat
             recorded, todo = {}, 0  # per model: the calibration its recorded rows were measured on
             for workload in workloads:
                 spec = workload.spec()
-                plan = collection_plan(spec, nominal, num_random=num_random, num_guided=num_guided, seed=seed)
+                plan = collection_plan(spec, nominal, num_random=num_random, num_guided=num_guided, seed=seed,
+                                       num_sharded=num_sharded)
                 rows = ds.table(model=spec.name, cluster=nominal.name,
                                 search_id=collect_search_id(spec.name, nominal.name, seed))
                 todo += len(plan) - len(set(rows.column("trial_id").to_pylist()) & {t for t, _o, _s in plan})
@@ -184,7 +189,7 @@ def collect_cmd(presets, model, num_random, num_guided, seed, warmup, iters, dat
                 cluster = recorded.get(workload.spec().name) or fresh
                 ensure_profile(workload, workload.spec(), cluster, echo_err)
                 results = collect_domain(ds, workload, cluster, num_random=num_random, num_guided=num_guided,
-                                         builders=True, seed=seed, warmup=warmup, iters=iters,
+                                         num_sharded=num_sharded, builders=True, seed=seed, warmup=warmup, iters=iters,
                                          node_net=node_network(cluster), say=echo_err)
                 ok = sum(r.status == "ok" for r in results)
                 click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok now, recorded in {ds.root}")

@@ -20,14 +20,36 @@ def collect_search_id(model: str, cluster: str, seed: int) -> str:
     return f"collect-{model}@{cluster}-seed{seed}"
 
 
+def sharded_variants(spec, cluster: ClusterSpec) -> list[tuple[str, object]]:
+    """``(label, strategy)`` of the ``shard`` builder's settings the engine runs (ZeRO-2: reshard is
+    the FSDP2 runtime's), in a fixed order: unit depth 2, 1, 3 x shard group every replica or one
+    node's devices (HSDP, where nodes hold several) x fp32 or bf16 reduce; duplicates (the same
+    strategy under two settings, or the builder's default, which a collection trials already) once."""
+    from ..strategy import build_strategy
+
+    per_node = min(n.num_devices for n in cluster.nodes)
+    groups = [0] + ([per_node] if 1 < per_node < cluster.num_devices
+                    and all(n.num_devices == per_node for n in cluster.nodes) else [])
+    out, seen = [], {build_strategy("shard", spec, cluster).hash}
+    for depth in (2, 1, 3):
+        for group in groups:
+            for dtype in ("fp32", "bf16"):
+                s = build_strategy("shard", spec, cluster, depth=depth, group=group, reduce_dtype=dtype)
+                if s.hash not in seen:
+                    seen.add(s.hash)
+                    out.append((f"shard:depth={depth},group={group},reduce_dtype={dtype}", s))
+    return out
+
+
 def collection_plan(spec, cluster: ClusterSpec, *, num_random: int, num_guided: int = 0, builders: bool = True,
-                    seed: int = 0) -> list[tuple[str, str, object]]:
+                    seed: int = 0, num_sharded: int = 0) -> list[tuple[str, str, object]]:
     """``(trial_id, origin, strategy)`` of a collection, in order: every builder, ``num_random``
     strategies of the unconstrained sampler (the papers' "random") and ``num_guided`` of the
     guided one (compressors, hierarchical all-reduce, uneven batch splits, replica subsets and
-    SFB where they apply). Each stream depends on the seed only, and a trial's id on its place
-    in its own stream, so a larger ``num_random`` or ``num_guided`` extends a collection
-    without renaming what it measured."""
+    SFB where they apply), then the first ``num_sharded`` of :func:`sharded_variants`. Each
+    stream depends on the seed only, and a trial's id on its place in its own stream, so a
+    larger ``num_random``, ``num_guided`` or ``num_sharded`` extends a collection without
+    renaming what it measured."""
     plan = []
     if builders:
         plan += [(b, b, build_strategy(b, spec, cluster)) for b in BUILDERS]
@@ -35,12 +57,14 @@ def collection_plan(spec, cluster: ClusterSpec, *, num_random: int, num_guided: 
              for i, s in enumerate(RandomSampler(spec, cluster, seed=seed).sample_many(num_random))]
     plan += [(f"guided-{i:04d}", "random-guided", s)
              for i, s in enumerate(GuidedSampler(spec, cluster, seed=seed).sample_many(num_guided))]
+    if num_sharded:
+        plan += [(f"shard-{i:04d}", label, s) for i, (label, s) in enumerate(sharded_variants(spec, cluster)[:num_sharded])]
     return plan
 
 
 def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_random: int, builders: bool, seed: int,
                    warmup: int, iters: int, num_guided: int = 0, use_mlflow: bool = False, node_net=None,
-                   say=None) -> list[TrialResult]:
+                   say=None, num_sharded: int = 0) -> list[TrialResult]:
     """Trial the :func:`collection_plan` of ``workload`` on ``cluster`` in one process group,
     each row recorded as its trial ends. Trials this collection (same model, cluster name and
     seed) already recorded in ``ds`` are skipped, failed ones included; returns the results of
@@ -50,7 +74,8 @@ def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_rand
     spec = workload.spec()
     config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
     search_id = collect_search_id(spec.name, cluster.name, seed)
-    plan = collection_plan(spec, cluster, num_random=num_random, num_guided=num_guided, builders=builders, seed=seed)
+    plan = collection_plan(spec, cluster, num_random=num_random, num_guided=num_guided, builders=builders, seed=seed,
+                           num_sharded=num_sharded)
     done = set(ds.table(model=spec.name, cluster=cluster.name, search_id=search_id).column("trial_id").to_pylist())
     todo = [p for p in plan if p[0] not in done]
     if say is not None and len(todo) < len(plan):
