@@ -185,3 +185,28 @@ def test_tuned_baselines_parse_and_expand():
     with pytest.raises(SpecError, match="baselines: builder allreduce: option chunk"):
         Experiment.from_keys(name="t", model="cnn-small", cluster="local-1x2", budget=30,
                              baselines=("allreduce:chunk=x",))
+
+
+def test_sharded_variants_of_a_collection_are_distinct_runnable_settings():
+    """The --sharded stream of a lab collection: distinct strategies, none the shard builder's
+    default (trialled already as a builder), none resharded (the engine refuses it), and on a
+    cluster of multi-device nodes HSDP groups of one node's devices among them."""
+    from synctune.models import model_spec
+    from synctune.run.collect import collection_plan, sharded_variants
+    from synctune.spec import cluster_preset
+    from synctune.strategy import build_strategy, validate
+
+    spec, cluster = model_spec("transformer-small"), cluster_preset("local-2x2")
+    variants = sharded_variants(spec, cluster)
+    hashes = [s.hash for _label, s in variants]
+    assert len(set(hashes)) == len(hashes) >= 6
+    assert build_strategy("shard", spec, cluster).hash not in hashes
+    groups = set()
+    for _label, s in variants:
+        validate(s, spec, cluster)
+        syncs = [sh.synchronizer for _p, _i, sh in s.iter_shards() if sh.synchronizer.kind == "shard"]
+        assert syncs and not any(x.reshard for x in syncs)
+        groups |= {x.group for x in syncs}
+    assert groups == {0, 2}
+    plan = collection_plan(spec, cluster, num_random=0, num_sharded=3)
+    assert [t for t, _o, _s in plan[-3:]] == ["shard-0000", "shard-0001", "shard-0002"]
