@@ -130,7 +130,7 @@ def random_strategy(model, cluster: ClusterSpec, rng: random.Random, compressors
     spec = model_spec(model) if isinstance(model, str) else model
     devices = cluster.devices
     plans = []
-    sizes = [0] + [k for k in range(1, len(devices)) if len(devices) % k == 0
+    sizes = [0] + [k for k in range(2, len(devices)) if len(devices) % k == 0
                    and all(n.num_devices % k == 0 for n in cluster.nodes)]
     unit_group: dict[int, int] = {}
     for i, var in enumerate(spec.variables):

@@ -62,7 +62,7 @@ def _cases(cluster_name: str) -> list[dict]:
                                FSDPConfig(group=2, reshard_after_forward=reshard)))
         cases.append(_case("transformer-small/HSDP (2, 2)/uneven", type(even)(**{**even.__dict__,
                            "batch_split": uneven}), cluster, FSDPConfig(group=2, prefetch=3)))
-        s = shard_strategy("transformer-small", cluster, group=2, reshard=True, split=uneven)
+        s = shard_strategy("transformer-small", cluster, group=2, reshard=True, prefetch=1, split=uneven)
         validate(s, model_spec("transformer-small"), cluster)
         cases.append(_case("strategy/HSDP shard group 2", s, cluster, FSDPConfig(from_strategy=True)))
     return cases

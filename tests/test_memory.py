@@ -96,13 +96,14 @@ def measured_trials():
 
     spec, cluster = model_spec("cnn-small"), cluster_preset("local-1x2")
     out = {}
-    for builder in ("allreduce", "ps"):
-        strategy = build_strategy(builder, spec, cluster)
+    for name, builder, options in (("allreduce", "allreduce", {}), ("ps", "ps", {}), ("shard", "shard", {}),
+                                   ("shard-bf16", "shard", {"reduce_dtype": "bf16"})):
+        strategy = build_strategy(builder, spec, cluster, **options)
         result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=1, optimizer="adam"),
                                  workload=zoo_workload("cnn-small"))
         assert result.ok, result.error
-        record = TrialRecord.from_trial(result.to_dict(), strategy, spec, cluster, origin=builder)
-        out[builder] = (strategy, spec, cluster, TrialRecord.from_row(record.to_row()))
+        record = TrialRecord.from_trial(result.to_dict(), strategy, spec, cluster, origin=name)
+        out[name] = (strategy, spec, cluster, TrialRecord.from_row(record.to_row()))
     return out
 
 
@@ -141,6 +142,46 @@ def test_recorded_ps_state_lives_on_the_placement_only(measured_trials):
         assert rank["optimizer_state_bytes"] == sum(2 * sizes[v] + 4 for v in placed[r])
         assert rank["comm_buffers_bytes"] == sum(sizes.values())  # a PS buffer of every variable, every rank
     assert sum(m["optimizer_state_bytes"] for m in memory) == 2 * sum(sizes.values()) + 4 * len(sizes)
+
+
+@pytest.mark.parametrize("name", ["shard", "shard-bf16"])
+def test_recorded_shard_state_and_buffers_are_the_rows_each_rank_owns(measured_trials, name):
+    """ZeRO-2 on 2 ranks, counted by hand from torch's sizes: each rank holds Adam's state of
+    its ceil(n/2) rows (the rest of the rows, if any, on the other; a rank without rows of a
+    variable holds no state for it), and each unit a bucket of both ranks' padded rows and one
+    rank's segment (float32; with a bf16 reduce the same two again in bfloat16, half the size);
+    parameters and gradients stay whole."""
+    import math
+
+    from synctune.models import build_model
+
+    strategy, _spec, _cluster, record = measured_trials[name]
+    model = build_model("cnn-small")
+    params = dict(model.named_parameters())
+    units: dict[int, int] = {}  # unit -> bytes of one rank's padded segment
+    state = [0, 0]
+    for p, _i, shard in strategy.iter_shards():
+        sync = shard.synchronizer
+        assert sync.kind == "shard"  # cnn-small: every variable dense float32 with rows
+        t = params[p.variable]
+        row = t.numel() // t.shape[0] * t.element_size()
+        per = math.ceil(t.shape[0] / 2)
+        units[sync.unit] = units.get(sync.unit, 0) + per * row
+        for r, rows in enumerate((per, t.shape[0] - per)):
+            state[r] += 2 * rows * row + 4 if rows else 0
+    buffers = sum(3 * seg for seg in units.values())
+    if name == "shard-bf16":
+        buffers += sum(3 * seg // 2 for seg in units.values())
+    total = sum(t.numel() * t.element_size() for t in params.values())
+    for r, rank in enumerate(record.memory_breakdown):
+        assert rank["params_bytes"] == total and rank["grads_bytes"] == total
+        assert rank["optimizer_state_bytes"] == state[r], r
+        assert rank["comm_buffers_bytes"] == buffers, r
+    # The memory model says the same from the spec alone.
+    from synctune.simulator.memory import predict_memory
+
+    for r, got in enumerate(predict_memory(strategy, _spec, _cluster, optimizer_state_multiplier="adam")):
+        assert got.optimizer_state_bytes == state[r] and got.comm_buffers_bytes == buffers, r
 
 
 def test_old_rows_have_no_breakdown():

@@ -306,6 +306,9 @@ def _shard_units(strategy: Any) -> tuple[dict[int, list[str]], dict[int, ShardSy
                 raise SpecError(f"{where}.group: FSDP2 runs every unit on one mesh, and this unit's shard group is "
                                 f"{sync.group} where variable {group[1]!r}'s is {group[0]}; give every unit the "
                                 f"same group")
+            if sync.reshard and sync.prefetch == 0:
+                raise SpecError(f"{where}.prefetch: 0 with reshard is not executed: FSDP2 always gathers the next "
+                                f"unit ahead (torch 2.13 cannot switch its implicit prefetch off); set prefetch 1")
             by_unit.setdefault(sync.unit, []).append(plan.variable)
             syncs.setdefault(sync.unit, sync)
     return by_unit, syncs, group or (0, "")

@@ -115,7 +115,10 @@ class _Arm:
             import types
 
             optimizer = types.SimpleNamespace(state={})
-        return probe_iteration(model=self.stepper.forward_model, batch=self.batch, loss_fn=self.workload.loss,
+        scale = self.stepper.loss_scale
+        loss_fn = self.workload.loss if scale == 1.0 else (lambda model, batch: self.workload.loss(model, batch) * scale)
+        # The probe trains one more step: weighted as every step (FSDP2's uneven splits scale the loss).
+        return probe_iteration(model=self.stepper.forward_model, batch=self.batch, loss_fn=loss_fn,
                                step=self.stepper.step, device=self.device,
                                optimizer=optimizer if parts else None, units=parts.get("units"))
 

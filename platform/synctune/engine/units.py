@@ -661,19 +661,24 @@ class ShardUnit(_Unit):
                 self.slices.append(piece)
         super().__init__(members, weight)
 
-    def _copy_rows(self, member: Member, rows_src: torch.Tensor, dst: torch.Tensor, to_bucket: bool) -> None:
-        """Between a variable laid out as (rows, elems) and its slot (k, per, elems) of the bucket."""
+    def _copy_rows(self, member: Member, tensor: torch.Tensor, dst: torch.Tensor, to_bucket: bool) -> None:
+        """Between a variable (rows first) and its slot (k, per, elems) of the bucket. Writes into
+        the variable go through row slices of it, never a reshape: a parameter that is not
+        contiguous (channels_last) would take them in a copy, and replicas would drift apart."""
         rows = member.shape[0]
         per = dst.shape[1]
-        flat = rows_src.reshape(rows, -1)
-        if rows == self.size * per:
-            grid = flat.view(self.size, per, -1)
+        if rows == self.size * per and tensor.is_contiguous():
+            grid = tensor.view(self.size, per, -1)
             (dst.copy_(grid) if to_bucket else grid.copy_(dst))
             return
+        rest = tuple(tensor.shape[1:])
         for r in range(self.size):
             lo, hi = min(rows, r * per), min(rows, (r + 1) * per)
             if hi > lo:
-                (dst[r, :hi - lo].copy_(flat[lo:hi]) if to_bucket else flat[lo:hi].copy_(dst[r, :hi - lo]))
+                if to_bucket:
+                    dst[r, :hi - lo].copy_(tensor[lo:hi].reshape(hi - lo, -1))
+                else:
+                    tensor[lo:hi].copy_(dst[r, :hi - lo].view(hi - lo, *rest))
 
     def _store(self, member, grad):
         slot = self._slots[id(member)]

@@ -21,8 +21,9 @@ a trial measures (:mod:`synctune.engine.memory`):
 - **comm buffers**, held between steps: an all-reduce merge group's bucket (the size of its
   members; hierarchical: padded to a multiple of the node's ranks, plus one piece), a dense PS
   shard's buffer (on every rank), a sparse shard's row buffers (this rank's rows, padded to the
-  longest; the receivers hold every rank's), and a ``shard`` unit's bucket of its padded size
-  (``group`` x the largest member's rows) and its output slice;
+  longest; the receivers hold every rank's), and a ``shard`` unit's bucket (``group`` x the sum
+  of its members' padded slices) and its output segment, in float32, plus the same pair in
+  bfloat16 when the unit reduces in bf16;
 - **activations**: what the caller gives (``activation_bytes``: one figure for every rank, one per
   rank, or a function of the rank's batch size). It stands for everything that depends on the
   model and the batch but not on the strategy: saved activations, the batch itself, module
@@ -212,11 +213,14 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
                 cut = shard_rows(var.shape[0], size)
                 mine += (cut[index].stop - cut[index].start) * row
                 padded_slice += (cut[0].stop - cut[0].start) * row
-                own(r, (cut[index].stop - cut[index].start) * (var.num_elements // var.shape[0]),
-                    var.num_bytes // var.num_elements)
-            reduce = 2 if sync.reduce_dtype == "bf16" else 4
-            scale = reduce / 4  # the bucket and slice travel in the reduce dtype
-            buffers[r] += int(padded_slice * size * scale) + int(padded_slice * scale)
+                if cut[index].stop > cut[index].start:  # an empty slice is no optimizer parameter
+                    own(r, (cut[index].stop - cut[index].start) * (var.num_elements // var.shape[0]),
+                        var.num_bytes // var.num_elements)
+            # The unit's bucket (every member's padded rows) and this rank's output segment, in the
+            # variables' float32; a bf16 reduce adds the same two in bfloat16 (what travels), so
+            # 1.5 times the float32 pair.
+            pair = padded_slice * size + padded_slice
+            buffers[r] += pair + (pair // 2 if sync.reduce_dtype == "bf16" else 0)
             if sync.reshard:
                 params[r] += mine
                 grads[r] += mine

@@ -184,7 +184,8 @@ class ShardOptions:
     depth: int = 2
     group: int = 0
     reshard: bool = False
-    prefetch: int = 0
+    #: Default: 1 with reshard (FSDP2's own), 0 without.
+    prefetch: int | None = None
     reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
@@ -196,7 +197,12 @@ class ShardOptions:
         if self.reduce_dtype not in REDUCE_DTYPES:
             raise StrategyError(f"builder shard: option reduce_dtype: expected one of {REDUCE_DTYPES}, "
                                 f"got {self.reduce_dtype!r}")
-        ShardSynchronizer(reshard=self.reshard, prefetch=self.prefetch)  # prefetch's own checks
+        if self.prefetch is None:
+            object.__setattr__(self, "prefetch", 1 if self.reshard is True else 0)
+        try:
+            ShardSynchronizer(reshard=self.reshard, prefetch=self.prefetch, group=self.group)
+        except StrategyError as exc:
+            raise StrategyError(f"builder shard: option {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -487,13 +493,14 @@ def parse_builder_options(builder: str, raw: Mapping[str, str]) -> Any:
                 if lowered not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError
                 values[key] = lowered in ("true", "1", "yes")
-            elif isinstance(default, int):
+            elif isinstance(default, int) or (default is None and str(fields[key].type).startswith("int")):
                 values[key] = int(text)
             else:
                 values[key] = str(text)
         except ValueError:
             raise StrategyError(
-                f"builder {builder}: option {key}: expected {type(default).__name__}, got {text!r}"
+                f"builder {builder}: option {key}: expected "
+                f"{'int' if default is None else type(default).__name__}, got {text!r}"
             ) from None
     return info.options(**values)
 

@@ -233,13 +233,15 @@ class ShardSynchronizer:
     def __post_init__(self) -> None:
         _req(self.kind == "shard", "synchronizer kind", "'shard'", self.kind)
         _req(in_range(self.unit, 0, LIMITS["seed"]), "shard: unit", "a non-negative integer", self.unit)
-        _req(in_range(self.group, 0, LIMITS["devices"]), "shard: group",
-             "0 (every replica) or a shard-group size", self.group)
+        _req(in_range(self.group, 0, LIMITS["devices"]) and self.group != 1, "shard: group",
+             "0 (every replica) or a shard-group size of 2 or more (a group of one shards nothing: use allreduce)",
+             self.group)
         _req(isinstance(self.reshard, bool), "shard: reshard", "true or false", self.reshard)
         _req(in_range(self.prefetch, 0, MAX_PREFETCH), "shard: prefetch", f"an integer from 0 to {MAX_PREFETCH}",
              self.prefetch)
         _req(self.prefetch == 0 or self.reshard, "shard: prefetch",
              "0 when reshard is false (the parameters stay gathered: nothing to prefetch)", self.prefetch)
+
         _req(self.reduce_dtype in REDUCE_DTYPES, "shard: reduce_dtype", f"one of {REDUCE_DTYPES}", self.reduce_dtype)
 
     @property
