@@ -80,6 +80,8 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         device = _device(case, rank)
         torch.manual_seed(case.get("seed", 0))
         module = build_model(name).to(device)
+        if case.get("channels_last"):
+            module = module.to(memory_format=torch.channels_last)  # 4-d weights no longer contiguous
         engine = StrategyEngine(module, strategy, model_spec(name), cluster,
                                 lambda ps: make_optimizer(case["optimizer"], ps, case["lr"]))
         for step in range(case["steps"]):

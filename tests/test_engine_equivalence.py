@@ -135,3 +135,15 @@ def test_lossy_compressors_still_train(compressor, options):
     # fp16 only rounds: it must track lossless training. PowerSGD(4) sends a rank-4 sketch of
     # each matrix per step; with error feedback it must still make most of the progress.
     assert progress >= (0.95 if compressor == "fp16" else 0.5), (start, exact, got)
+
+
+def test_shard_units_keep_channels_last_parameters_in_step():
+    """A model moved to channels_last has conv weights that are no contiguous (rows, rest) view:
+    the rows other ranks updated must still land in them (a write through a reshaped copy would
+    be lost, and replicas would drift apart silently)."""
+    cluster = cluster_preset("local-1x2")
+    s = build_strategy("shard", model_spec("cnn-small"), cluster)
+    cases = [{"label": "shard/cnn-small/channels_last", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
+              "optimizer": "sgd", "lr": 0.1, "steps": STEPS, "channels_last": True}]
+    outputs = run_local(train_cases, cluster.num_devices, (cases,), timeout_s=600, threads=1)
+    _check(cases, outputs, rtol=1e-5, atol=2e-6)
