@@ -97,13 +97,13 @@ def test_equivalence(device, world, backend):
 @pytest.mark.parametrize("device", DEVICES)
 def test_autocast_with_a_grad_scaler(device):
     """Mixed precision as the README shows it (fp16 autocast and a GradScaler on CUDA; bf16 on the
-    CPU), 2 processes on one device over gloo, with PS, a random composed strategy and clipping:
+    CPU), 2 processes on one device over gloo, with PS, a random composed strategy, clipping and shard units:
     rank 1 overflows at step 1 and every rank skips that step (the scale halves everywhere); the
     result equals single-process mixed-precision training on the same device."""
     from test_engine_habits import _cases
 
     cases = [{**c, "device": device} for c in _cases("local-1x2") if c["label"].startswith("amp/")]
-    assert len(cases) == 3
+    assert len(cases) == 4  # PS, random, clipped PS-LB, shard units in HSDP groups
     outputs = run_local(habits_worker, 2, (cases,), timeout_s=600)
     for c, case in enumerate(cases):
         label = case["label"]

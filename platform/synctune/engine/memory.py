@@ -74,9 +74,14 @@ def tensor_storages(tensors: Iterable[Any]) -> dict[int, int]:
         for p in parts:
             if p.device.type == "meta":
                 continue
-            storage = p.untyped_storage()
-            if storage.nbytes():
-                out[storage.data_ptr()] = storage.nbytes()
+            if hasattr(p, "to_local"):  # a DTensor (FSDP2): this rank holds its local shard
+                p = p.to_local()
+            try:
+                storage = p.untyped_storage()
+                if storage.nbytes():
+                    out[storage.data_ptr()] = storage.nbytes()
+            except RuntimeError:  # a storage FSDP2 freed (resharded): it holds nothing now
+                continue
     return out
 
 
