@@ -199,9 +199,12 @@ def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = loss_fn(model, batch)
+        persistent = set(seen)
         activations = _claim(saved, seen)
         loss.backward()
-        grads = _claim(tensor_storages(p.grad for p in model.parameters() if p.grad is not None), seen)
+        # Backward freed the saved activations, and a gradient may now sit at an address one of
+        # them had: gradients are told apart from what is alive (the persistent parts) only.
+        grads = _claim(tensor_storages(p.grad for p in model.parameters() if p.grad is not None), persistent)
         del loss
         step()
         if cuda:
@@ -223,7 +226,7 @@ def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any
                                                      "iteration_peak_bytes"))
     if optimizer is not None:
         # The step may have created the state (a first step): count it as it is now.
-        seen_now = set(seen)
+        seen_now = set(persistent)  # what is alive: not the freed activations
         out["optimizer_state_bytes"] = (out["optimizer_state_bytes"] or 0) + _claim(
             tensor_storages(_tensors_in(dict(optimizer.state))), seen_now)
     return out
