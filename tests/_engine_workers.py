@@ -42,6 +42,17 @@ def _device(case: dict, rank: int) -> torch.device:
     return device
 
 
+def case_model(case: dict, rank: int):
+    """A training case's (strategy, cluster, model name, device, freshly built model on it), the
+    model seeded with the case's seed as on every rank."""
+    strategy = Strategy.from_dict(case["strategy"])
+    cluster = ClusterSpec.from_dict(case["cluster"])
+    name = strategy.model["name"]
+    device = _device(case, rank)
+    torch.manual_seed(case.get("seed", 0))
+    return strategy, cluster, name, device, build_model(name).to(device)
+
+
 def make_optimizer(name: str, params, lr: float):
     if name == "adam":
         return torch.optim.Adam(params, lr=lr)
@@ -74,12 +85,7 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
 
     out = []
     for case in cases:
-        strategy = Strategy.from_dict(case["strategy"])
-        cluster = ClusterSpec.from_dict(case["cluster"])
-        name = strategy.model["name"]
-        device = _device(case, rank)
-        torch.manual_seed(case.get("seed", 0))
-        module = build_model(name).to(device)
+        strategy, cluster, name, device, module = case_model(case, rank)
         if case.get("channels_last"):
             module = module.to(memory_format=torch.channels_last)  # 4-d weights no longer contiguous
         engine = StrategyEngine(module, strategy, model_spec(name), cluster,

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from _engine_workers import _device, batches, make_optimizer
+from _engine_workers import batches, case_model, make_optimizer
 from synctune.models import build_model, model_spec
 from synctune.spec import ClusterSpec
 from synctune.strategy import ShardPlan, Strategy, VariablePlan, build_strategy
@@ -55,12 +55,7 @@ def fsdp_train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
 
     out = []
     for case in cases:
-        strategy = Strategy.from_dict(case["strategy"])
-        cluster = ClusterSpec.from_dict(case["cluster"])
-        name = strategy.model["name"]
-        device = _device(case, rank)
-        torch.manual_seed(case.get("seed", 0))
-        module = build_model(name).to(device)
+        strategy, cluster, name, device, module = case_model(case, rank)
         runtime = FSDPRuntime(FSDPConfig.from_dict(case["config"]))
         stepper = runtime.prepare(ArmContext(
             rank=rank, model=module, strategy=strategy, spec=model_spec(name), cluster=cluster,

@@ -132,8 +132,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     an unseen model, cluster or both: AutoSync §3.3's transfer)."""
     from tqdm import tqdm
 
-    from ..simulator import CalibratedReplay, evaluate, make_simulator, protocol_folds, split_domains
-    from ..simulator.evaluate import by_kind_mix
+    from ..simulator import CalibratedReplay, make_simulator, protocol_folds, split_domains
 
     if train_kinds and not protocols:
         raise SpecError("--train needs --protocol: which data the simulators train on and which they are tested on")
@@ -165,28 +164,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
                 entries.append((f"{kind} ({'calibrated' if kind == 'replay' else 'trained'})", sim, test))
         blocks.append((protocol, entries))
     bar.close()
-    rows, out, mix_rows = [], [], []
-    for protocol, entries in blocks:
-        by_label: dict[str, list] = {}
-        for label, sim, test in entries:
-            by_label.setdefault(label, []).extend((r, sim) for r in evaluate(sim, test, k))
-        for label, results in by_label.items():
-            results = [r for r, _sim in results]
-            for r in sorted(results, key=lambda r: r["domain"]):
-                rows.append([protocol, r["domain"], label, r["n"], f"{r['pairwise_accuracy']:.3f}",
-                             f"{r['kendall_tau']:.3f}", f"{r[f'top{k}_recall']:.2f}", _pct(r["abs_err_median"]),
-                             _pct(r["abs_err_p90"])])
-            overall = _overall(results, k, protocol, label)
-            rows.append([protocol, "overall", label, overall["n"], f"{overall['pairwise_accuracy']:.3f}",
-                         f"{overall['kendall_tau']:.3f}", f"{overall[f'top{k}_recall']:.2f}",
-                         _pct(overall["abs_err_median"]), _pct(overall["abs_err_p90"])])
-            out += [{**{key: v for key, v in r.items() if key not in _ARRAYS}, "simulator": label, "protocol": protocol}
-                    for r in results]
-            out.append(overall)
-            for m in by_kind_mix(results):
-                mix_rows.append([m["mix"], protocol, label, m["n"], m["pairs"], f"{m['pairwise_accuracy']:.3f}",
-                                 _pct(m["abs_err_median"]), _pct(m["abs_err_p90"])])
-                out.append({"domain": "by-mix", **m, "simulator": label, "protocol": protocol})
+    rows, out, mix_rows = _eval_tables(blocks, k)
     for _label, sim in fixed:
         if getattr(sim, "fallbacks", None):
             echo_err(f"replay: no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs "
@@ -204,6 +182,36 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
         means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out
                           if o["domain"] == "overall" and o["protocol"] == protocol)
         click.echo(f"{protocol}: mean pairwise ranking accuracy: {means}")
+
+
+def _eval_tables(blocks: list, k: int) -> tuple[list, list, list]:
+    """Every (protocol, simulator) evaluated: the per-domain table's rows (with each simulator's
+    overall row), the JSON records, and the per-kind-mix table's rows."""
+    from ..simulator import evaluate
+    from ..simulator.evaluate import by_kind_mix
+
+    rows, out, mix_rows = [], [], []
+    for protocol, entries in blocks:
+        by_label: dict[str, list] = {}
+        for label, sim, test in entries:
+            by_label.setdefault(label, []).extend(evaluate(sim, test, k))
+        for label, results in by_label.items():
+            for r in sorted(results, key=lambda r: r["domain"]):
+                rows.append([protocol, r["domain"], label, r["n"], f"{r['pairwise_accuracy']:.3f}",
+                             f"{r['kendall_tau']:.3f}", f"{r[f'top{k}_recall']:.2f}", _pct(r["abs_err_median"]),
+                             _pct(r["abs_err_p90"])])
+            overall = _overall(results, k, protocol, label)
+            rows.append([protocol, "overall", label, overall["n"], f"{overall['pairwise_accuracy']:.3f}",
+                         f"{overall['kendall_tau']:.3f}", f"{overall[f'top{k}_recall']:.2f}",
+                         _pct(overall["abs_err_median"]), _pct(overall["abs_err_p90"])])
+            out += [{**{key: v for key, v in r.items() if key not in _ARRAYS}, "simulator": label, "protocol": protocol}
+                    for r in results]
+            out.append(overall)
+            for m in by_kind_mix(results):
+                mix_rows.append([m["mix"], protocol, label, m["n"], m["pairs"], f"{m['pairwise_accuracy']:.3f}",
+                                 _pct(m["abs_err_median"]), _pct(m["abs_err_p90"])])
+                out.append({"domain": "by-mix", **m, "simulator": label, "protocol": protocol})
+    return rows, out, mix_rows
 
 
 #: Per-strategy arrays of :func:`~synctune.simulator.evaluate` results, not printed as JSON.

@@ -648,6 +648,8 @@ class ShardUnit(_Unit):
         # Views made once: (this member's rows of every segment as (k, per, elems), this rank's rows).
         self._slots = {}
         self.slices: list[Member] = []
+        # Per slice: where its rows sit in this rank's segment (the gradient's, then the update's).
+        self._segment_views: list[torch.Tensor] = []
         for m, (off, per, elems) in zip(members, self.layout):
             rows = m.shape[0]
             self._slots[id(m)] = grid[:, off:off + per * elems].view(self.size, per, elems)
@@ -656,8 +658,7 @@ class ShardUnit(_Unit):
                 view = torch.nn.Parameter(m.view.detach()[lo:hi], requires_grad=False)
                 piece = Member(variable=m.variable, shard=m.shard, slices=(slice(lo, hi),), shape=tuple(view.shape),
                                view=view)
-                piece.whole_member = m
-                piece.grad_slot = self.out[off:off + (hi - lo) * elems].view(piece.shape)
+                self._segment_views.append(self.out[off:off + (hi - lo) * elems].view(piece.shape))
                 self.slices.append(piece)
         super().__init__(members, weight)
 
@@ -707,8 +708,8 @@ class ShardUnit(_Unit):
     def finish(self):
         if self._wire_out is not None:
             self.out.copy_(self._wire_out)
-        for piece in self.slices:
-            piece.view.grad = piece.grad_slot
+        for piece, segment in zip(self.slices, self._segment_views):
+            piece.view.grad = segment
 
     def owned(self):
         return self.slices
@@ -735,10 +736,9 @@ class ShardUnit(_Unit):
         # The updated rows travel in the segment that brought their gradient (spent by the step: the
         # slices' gradients are the engine's own, dropped here), so a unit holds no third buffer.
         with torch.no_grad():
-            for piece in self.slices:
+            for piece, segment in zip(self.slices, self._segment_views):
                 piece.view.grad = None
-                off = self.layout[self.members.index(piece.whole_member)][0]
-                self.out[off:off + piece.numel].copy_(piece.view.reshape(-1))
+                segment.copy_(piece.view)
         self.counter(self.bucket)
         return [Handle(dist.all_gather_single(self.bucket, self.out, group=self.group, async_op=True))]
 

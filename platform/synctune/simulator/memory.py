@@ -37,7 +37,7 @@ upper bound, and the measured activation figure is what absorbs the difference.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..spec.cluster import ClusterSpec
@@ -110,6 +110,42 @@ def _shard_group(rank: int, world: int, group: int) -> tuple[int, int]:
     return size, rank % size
 
 
+@dataclass
+class _Tally:
+    """Per-rank byte counts while :func:`predict_memory` walks a strategy; ``own`` books the
+    optimizer state of ``elements`` updated elements (and the per-tensor scalars) on rank ``r``."""
+
+    world: int
+    multiplier: float
+    step_bytes: int
+    params: list[int] = field(default_factory=list)
+    grads: list[int] = field(default_factory=list)
+    state: list[int] = field(default_factory=list)
+    buffers: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("params", "grads", "state", "buffers"):
+            setattr(self, name, [0] * self.world)
+
+    def own(self, r: int, elements: int, item: int) -> None:
+        self.state[r] += int(self.multiplier * elements) * item + self.step_bytes
+
+
+def _multiplier(optimizer_state_multiplier: float | str, optimizer_step_bytes: int | None) -> tuple[float, int]:
+    """(state elements per updated element, bytes of per-tensor scalars) of the caller's figure
+    or optimizer name."""
+    if isinstance(optimizer_state_multiplier, str):
+        multiplier, step_bytes = optimizer_state(optimizer_state_multiplier)
+    else:
+        multiplier, step_bytes = float(optimizer_state_multiplier), 0
+        if not (math.isfinite(multiplier) and multiplier >= 0):
+            raise SpecError(f"optimizer_state_multiplier: expected a non-negative number, got "
+                            f"{optimizer_state_multiplier!r}")
+    if optimizer_step_bytes is not None:
+        step_bytes = int(optimizer_step_bytes)
+    return multiplier, step_bytes
+
+
 def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
                    optimizer_state_multiplier: float | str = 0.0, optimizer_step_bytes: int | None = None,
                    activation_bytes: int | Sequence[int] | Callable[[int], int] = 0,
@@ -120,30 +156,27 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     ``optimizer_step_bytes`` overrides the per-tensor scalars. ``activation_bytes``: the
     strategy-independent memory of a rank (one figure, one per rank, or a function of the
     rank's batch size)."""
-    if isinstance(optimizer_state_multiplier, str):
-        multiplier, step_bytes = optimizer_state(optimizer_state_multiplier)
-    else:
-        multiplier, step_bytes = float(optimizer_state_multiplier), 0
-        if not (math.isfinite(multiplier) and multiplier >= 0):
-            raise SpecError(f"optimizer_state_multiplier: expected a non-negative number, got "
-                            f"{optimizer_state_multiplier!r}")
-    if optimizer_step_bytes is not None:
-        step_bytes = int(optimizer_step_bytes)
+    multiplier, step_bytes = _multiplier(optimizer_state_multiplier, optimizer_step_bytes)
     world = len(strategy.replicas)
+    activations = _per_rank(activation_bytes, list(strategy.batch_split), "activation_bytes")
+    tally = _Tally(world=world, multiplier=multiplier, step_bytes=step_bytes)
+    groups, units = _count_plans(tally, strategy, model_spec, sparse_rows_per_sample)
+    _count_merge_groups(tally, groups, [cluster_spec.node_of(d).name for d in strategy.replicas])
+    _count_shard_units(tally, units)
+    return [RankMemory(rank=r, device=strategy.replicas[r], params_bytes=tally.params[r], grads_bytes=tally.grads[r],
+                       optimizer_state_bytes=tally.state[r], comm_buffers_bytes=tally.buffers[r],
+                       activations_bytes=activations[r]) for r in range(world)]
+
+
+def _count_plans(tally: _Tally, strategy: Strategy, model_spec: ModelSpec, sparse_rows_per_sample: float):
+    """Every plan's parameters, gradients, optimizer state and per-shard buffers; returns the
+    all-reduce merge groups (group -> (bytes, algorithm, item size)) and the shard units (unit ->
+    (variable, synchronizer)), whose buffers are counted whole afterwards."""
+    world = tally.world
     split = list(strategy.batch_split)
-    activations = _per_rank(activation_bytes, split, "activation_bytes")
     rank_of = {dev: r for r, dev in enumerate(strategy.replicas)}
-    nodes = [cluster_spec.node_of(d).name for d in strategy.replicas]
-    params = [0] * world
-    grads = [0] * world
-    state = [0] * world
-    buffers = [0] * world
-    groups: dict[int, list[tuple[int, str]]] = {}  # all-reduce merge group -> (elements, algorithm)
-    units: dict[int, list[tuple[Any, ShardSynchronizer]]] = {}  # shard unit -> (variable, synchronizer)
-
-    def own(r: int, elements: int, item: int) -> None:
-        state[r] += int(multiplier * elements) * item + step_bytes
-
+    groups: dict[int, list[tuple[int, str, int]]] = {}
+    units: dict[int, list[tuple[Any, ShardSynchronizer]]] = {}
     for plan in strategy.plans:
         var = model_spec[plan.variable]
         item = var.num_bytes // var.num_elements
@@ -151,11 +184,11 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
         sharded = any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard for s in plan.shards)
         for r in range(world):
             if not sharded:
-                params[r] += var.num_bytes
+                tally.params[r] += var.num_bytes
             if var.sparse:
-                grads[r] += int(sparse_rows_per_sample * split[r]) * (var.shape[1] * item + 8)
+                tally.grads[r] += int(sparse_rows_per_sample * split[r]) * (var.shape[1] * item + 8)
             elif not sharded:
-                grads[r] += var.num_bytes
+                tally.grads[r] += var.num_bytes
         for i, shard in enumerate(plan.shards):
             sync = shard.synchronizer
             shape = shapes[i]
@@ -167,45 +200,55 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
                 longest = max(rows)
                 receivers = range(world) if isinstance(sync, AllGatherSynchronizer) else [rank_of[sync.placement]]
                 for r in range(world):
-                    buffers[r] += (rows[r] + longest) * row_bytes
+                    tally.buffers[r] += (rows[r] + longest) * row_bytes
                 for r in receivers:
-                    buffers[r] += world * longest * row_bytes
+                    tally.buffers[r] += world * longest * row_bytes
             if isinstance(sync, AllReduceSynchronizer):
                 groups.setdefault(sync.group, []).append((numel * item, sync.algorithm, item))
                 for r in range(world):
-                    own(r, numel, item)
+                    tally.own(r, numel, item)
             elif isinstance(sync, (AllGatherSynchronizer, SFBSynchronizer)):
                 for r in range(world):
-                    own(r, numel, item)
+                    tally.own(r, numel, item)
             elif isinstance(sync, PSSynchronizer):
-                placement = rank_of[sync.placement]
                 if not var.sparse:
                     for r in range(world):
-                        buffers[r] += numel * item
-                own(placement, numel, item)
+                        tally.buffers[r] += numel * item
+                tally.own(rank_of[sync.placement], numel, item)
             elif isinstance(sync, ShardSynchronizer):
                 units.setdefault(sync.unit, []).append((var, sync))
             else:  # pragma: no cover - the schema has no other kind
                 raise SpecError(f"variable {plan.variable!r}: synchronizer {type(sync).__name__} is unknown to the "
                                 f"memory model")
+    return groups, units
+
+
+def _count_merge_groups(tally: _Tally, groups: dict, nodes: list[str]) -> None:
+    """Each all-reduce merge group's bucket on every rank."""
     for members in groups.values():
         used = sum(b for b, _a, _i in members)
         item = members[0][2]
-        for r in range(world):
+        for r in range(tally.world):
             if members[0][1] == "hierarchical":
                 # HierarchicalAllReduceUnit: the bucket padded to a multiple of the node's ranks
                 # (in elements), and the piece this rank all-reduces across nodes.
                 local = sum(1 for n in nodes if n == nodes[r])
                 padded = used + (-used) % (local * item)
-                buffers[r] += padded + padded // local
+                tally.buffers[r] += padded + padded // local
             else:
-                buffers[r] += used
+                tally.buffers[r] += used
+
+
+def _count_shard_units(tally: _Tally, units: dict) -> None:
+    """Each ``shard`` unit: this rank's rows' optimizer state, the unit's buffers, and with
+    reshard this rank's rows of parameters and gradients plus the largest ``prefetch + 1``
+    units gathered whole (in flight)."""
     largest_gathered = []
     for members in units.values():
         sync = members[0][1]
         whole = sum(v.num_bytes for v, _ in members)
-        for r in range(world):
-            size, index = _shard_group(r, world, sync.group)
+        for r in range(tally.world):
+            size, index = _shard_group(r, tally.world, sync.group)
             mine = 0
             padded_slice = 0
             for var, _ in members:
@@ -214,26 +257,23 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
                 mine += (cut[index].stop - cut[index].start) * row
                 padded_slice += (cut[0].stop - cut[0].start) * row
                 if cut[index].stop > cut[index].start:  # an empty slice is no optimizer parameter
-                    own(r, (cut[index].stop - cut[index].start) * (var.num_elements // var.shape[0]),
-                        var.num_bytes // var.num_elements)
+                    tally.own(r, (cut[index].stop - cut[index].start) * (var.num_elements // var.shape[0]),
+                              var.num_bytes // var.num_elements)
             # The unit's bucket (every member's padded rows) and this rank's output segment, in the
             # variables' float32; a bf16 reduce adds the same two in bfloat16 (what travels), so
             # 1.5 times the float32 pair.
             pair = padded_slice * size + padded_slice
-            buffers[r] += pair + (pair // 2 if sync.reduce_dtype == "bf16" else 0)
+            tally.buffers[r] += pair + (pair // 2 if sync.reduce_dtype == "bf16" else 0)
             if sync.reshard:
-                params[r] += mine
-                grads[r] += mine
+                tally.params[r] += mine
+                tally.grads[r] += mine
         if sync.reshard:
             largest_gathered.append((whole, sync.prefetch))
     if largest_gathered:
         depth = max(p for _, p in largest_gathered) + 1
         in_flight = sum(sorted((w for w, _ in largest_gathered), reverse=True)[:depth])
-        for r in range(world):
-            params[r] += in_flight
-    return [RankMemory(rank=r, device=strategy.replicas[r], params_bytes=params[r], grads_bytes=grads[r],
-                       optimizer_state_bytes=state[r], comm_buffers_bytes=buffers[r],
-                       activations_bytes=activations[r]) for r in range(world)]
+        for r in range(tally.world):
+            tally.params[r] += in_flight
 
 
 def _measured(record) -> list[dict[str, int | None]] | None:

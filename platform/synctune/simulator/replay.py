@@ -271,6 +271,37 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     ukind = np.zeros(u, dtype=np.int64)
     ukind[unit_of] = b.kind
     ubytes = np.bincount(unit_of, weights=wire, minlength=u)
+    dur, bcast = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain, sparse_part, alpha,
+                                 su=su, sec=sec if su is not None else None, rebuild=rebuild)
+    # The fixed launch order: by strategy, then by the first member's position in backward.
+    order = np.lexsort((first, usid))
+    position = np.empty(u, dtype=np.int64)
+    position[order] = np.arange(u)
+    usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
+    launch = _segmented_cummax(launch, usid)
+    csum = np.cumsum(dur)
+    finish = csum + _segmented_cummax(launch - (csum - dur), usid)
+    start = finish - dur
+    comm_end = np.zeros(n)
+    if u:
+        last = np.r_[np.flatnonzero(np.diff(usid)), u - 1]
+        comm_end[usid[last]] = finish[last]
+    step = dom.step_s * _step_share(b, ctx, su)
+    iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
+    return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
+            "broadcast_s": bcast + gathers_after_step,
+            "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
+            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
+
+
+def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants, t: dict,
+                    unit_of: np.ndarray, usid: np.ndarray, ukind: np.ndarray, ubytes: np.ndarray, wire: np.ndarray,
+                    plain: np.ndarray, sparse_part: np.ndarray, alpha: float, *, su: dict | None, sec: dict | None,
+                    rebuild: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit's time on the link queue (alpha-beta per kind, PS pushes, the fixed per-unit
+    and CPU costs, compression), and each strategy's PS broadcast after the step."""
+    u, n = len(usid), b.size
+    sfb = b.kind == KIND_SFB
     # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
     # subset it replicates on: TAG §4.2).
     unn, ring = t["N"][usid], t["ring_bw"][usid]
@@ -304,25 +335,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     dur += k.unit_s + _cpu_terms(k, ukind)
     if k.compress_s_per_mb and b.comp.any():
         dur += k.compress_s_per_mb * np.bincount(unit_of, weights=np.where(b.comp > 0, plain, 0.0), minlength=u) / 1e6
-    # The fixed launch order: by strategy, then by the first member's position in backward.
-    order = np.lexsort((first, usid))
-    position = np.empty(u, dtype=np.int64)
-    position[order] = np.arange(u)
-    usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
-    launch = _segmented_cummax(launch, usid)
-    csum = np.cumsum(dur)
-    finish = csum + _segmented_cummax(launch - (csum - dur), usid)
-    start = finish - dur
-    comm_end = np.zeros(n)
-    if u:
-        last = np.r_[np.flatnonzero(np.diff(usid)), u - 1]
-        comm_end[usid[last]] = finish[last]
-    step = dom.step_s * _step_share(b, ctx, su)
-    iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
-    return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
-            "broadcast_s": bcast + gathers_after_step,
-            "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
-            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
+    return dur, bcast
 
 
 def _step_share(b: StrategyColumns, ctx: DomainContext, su: dict | None) -> np.ndarray | float:
