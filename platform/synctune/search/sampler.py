@@ -438,6 +438,10 @@ class GuidedSampler:
             for m in modules:
                 reshard = rng.random() < rate
                 options[m] = (reshard, rng.choice(_PREFETCH) if reshard else 0)
+        # New units are numbered after the units ``strategy`` may already have (kept where their
+        # module is not chosen), then every unit renumbered by first appearance.
+        base = 1 + max((sh.synchronizer.unit for p in strategy.plans for sh in p.shards
+                        if isinstance(sh.synchronizer, ShardSynchronizer)), default=-1)
         units: dict[str, int] = {}
         plans = []
         for plan in strategy.plans:
@@ -446,7 +450,7 @@ class GuidedSampler:
                 plans.append(plan)
                 continue
             reshard, prefetch = options[module]
-            sync = ShardSynchronizer(unit=units.setdefault(module, len(units)), group=group, reshard=reshard,
+            sync = ShardSynchronizer(unit=units.setdefault(module, base + len(units)), group=group, reshard=reshard,
                                      prefetch=prefetch, reduce_dtype=reduce_dtype)
             plans.append(VariablePlan(variable=plan.variable, partition=(1,) * len(plan.partition),
                                       shards=(ShardPlan(synchronizer=sync),)))
