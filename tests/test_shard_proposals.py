@@ -19,7 +19,7 @@ import pytest
 
 from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
 from synctune.models.zoo import model_spec
-from synctune.search.local_search import ChoiceSpace, coordinate_descent
+from synctune.search.local_search import ChoiceSpace, coordinate_descent, mcts
 from synctune.search.moves import crossover, global_moves
 from synctune.search.sampler import GuidedSampler, module_at
 from synctune.simulator.memory import predict_memory
@@ -288,3 +288,19 @@ def test_coordinate_descent_on_the_memory_model_shards_the_large_variables():
                 group=gid)),)) if p.variable == v.name else p for p in back.plans))
         validate(back, spec, LOCAL4)
         assert peak(back) > peak(best), v.name
+
+
+def test_mcts_on_the_memory_model_shards_the_embedding():
+    """TAG's tree search gets the shard choice too: on bert-tiny, whose word embedding is most of
+    its bytes, the memory model's best strategy found shards it and lowers the peak."""
+    spec = model_spec("bert-tiny")
+
+    def peak(s) -> int:
+        return max(r.peak_bytes for r in predict_memory(s, spec, LOCAL4, optimizer_state_multiplier="adam"))
+
+    space = ChoiceSpace(spec, LOCAL4, shard=True)
+    result = mcts(space, lambda ss: np.array([-peak(s) for s in ss], float), rng=random.Random(0), evaluations=800)
+    best = result.strategies[0]
+    validate(best, spec, LOCAL4)
+    assert isinstance(best.plan_for("word_embeddings.weight").shards[0].synchronizer, ShardSynchronizer)
+    assert peak(best) < 0.8 * peak(space.data_parallel())
