@@ -21,10 +21,10 @@ from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
 from synctune.models.zoo import model_spec
 from synctune.search.local_search import ChoiceSpace, coordinate_descent, mcts
 from synctune.search.moves import crossover, global_moves
-from synctune.search.sampler import GuidedSampler, module_at
+from synctune.search.sampler import GuidedSampler
 from synctune.simulator.memory import predict_memory
 from synctune.spec import cluster_preset
-from synctune.strategy.builders import build_strategy
+from synctune.strategy.builders import ShardOptions, build_strategy
 from synctune.strategy.schema import AllReduceSynchronizer, ShardSynchronizer
 from synctune.strategy.validate import validate
 from synctune.workload import zoo_workload
@@ -127,18 +127,28 @@ def test_sharded_draws_validate_and_fsdp_ones_are_what_fsdp2_runs(domain):
     assert seen["hsdp"]  # every node holds 2 or 4 devices: HSDP over the nodes is drawn too
 
 
-def test_units_are_the_modules_at_one_depth():
+def _partition(strategy) -> set[frozenset[str]]:
+    units: dict[int, set[str]] = {}
+    for p in strategy.plans:
+        for sh in p.shards:
+            if isinstance(sh.synchronizer, ShardSynchronizer):
+                units.setdefault(sh.synchronizer.unit, set()).add(p.variable)
+    return {frozenset(names) for names in units.values()}
+
+
+def test_units_are_the_shard_builders_modules_at_one_depth():
+    """The reference is the ``shard`` builder (FSDP2's usual wrapping, one unit per module at a
+    depth): every fsdp draw's units are the builder's at some depth."""
     spec = model_spec("bert-tiny")
+    by_depth = {d: _partition(build_strategy("shard", spec, LOCAL4, ShardOptions(depth=d))) for d in range(1, 6)}
     sampler = GuidedSampler(spec, LOCAL4, seed=5, shard_prob=1.0)
+    depths = set()
     for _ in range(30):
-        strategy = sampler.sharded(sampler.sample(), mode="fsdp")
-        units: dict[int, set[str]] = {}
-        for p in strategy.plans:
-            units.setdefault(p.shards[0].synchronizer.unit, set()).add(p.variable)
-        # Some depth cuts every unit as one module: each unit's variables share it, units differ.
-        depths = [d for d in range(1, 6) if all(len({module_at(v, d) for v in names}) == 1 for names in units.values())
-                  and len({module_at(next(iter(names)), d) for names in units.values()}) == len(units)]
-        assert depths, sorted(map(sorted, units.values()))
+        units = _partition(sampler.sharded(sampler.sample(), mode="fsdp"))
+        match = [d for d, reference in by_depth.items() if units == reference]
+        assert match, sorted(map(sorted, units))
+        depths.add(match[0])
+    assert len(depths) > 1
 
 
 def test_zero2_draws_never_reshard():
@@ -191,10 +201,16 @@ def test_bf16_only_when_lossy_and_columns_refuse_shard():
 
 
 def test_hsdp_only_where_nodes_hold_as_many_devices():
-    """B9 is a 1-device node beside a 4-device one: never HSDP; on local-2x2 both groups appear."""
+    """B9 is a 1-device node beside a 4-device one, local-4x1 four 1-device nodes: never HSDP;
+    on local-2x2 both groups appear."""
     spec = model_spec("cnn-small")
-    uneven = GuidedSampler(spec, cluster_preset("B9"), seed=4, shard_prob=1.0)
-    assert {s.group for _ in range(40) for s in _shards(uneven.sample())} == {0}
+    for name in ("B9", "local-4x1"):
+        cluster = cluster_preset(name)
+        uneven = GuidedSampler(spec, cluster, seed=4, shard_prob=1.0)
+        draws = [uneven.sample() for _ in range(40)]
+        for s in draws:
+            validate(s, spec, cluster)
+        assert {s.group for d in draws for s in _shards(d)} == {0}
     even = GuidedSampler(spec, LOCAL4, seed=4, shard_prob=1.0)
     assert {s.group for _ in range(40) for s in _shards(even.sample())} == {0, 2}
 
