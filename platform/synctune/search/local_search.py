@@ -300,7 +300,8 @@ class ChoiceSpace:
     def _sharded(self, strategy: Strategy, coordinate: Sequence[int], choice: Choice) -> list[VariablePlan]:
         """The plans of ``strategy`` with the shardable variables of ``coordinate`` in ``choice``'s
         unit: the neighbour's (its synchronizer as it is) or a new one (ZeRO-2: no reshard)."""
-        units = [s.synchronizer for p in strategy.plans for s in p.shards if isinstance(s.synchronizer, ShardSynchronizer)]
+        units = [s.synchronizer for p in strategy.plans for s in p.shards
+                 if isinstance(s.synchronizer, ShardSynchronizer)]
         sync = next((u for u in units if u.unit == choice.unit), None) if choice.unit is not None else None
         if sync is None:
             sync = ShardSynchronizer(unit=1 + max((u.unit for u in units), default=-1), group=choice.group or 0,
