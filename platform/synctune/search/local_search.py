@@ -26,8 +26,10 @@ from ..spec.model import ModelSpec
 from ..strategy.compressors import COMPRESSORS
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (SPARSE_GROUP_BASE, AllGatherSynchronizer, AllReduceSynchronizer, Compressor,
-                               PSSynchronizer, SFBSynchronizer, ShardPlan, Strategy, VariablePlan)
-from .sampler import GuidedSampler
+                               PSSynchronizer, SFBSynchronizer, ShardPlan, ShardSynchronizer, Strategy, VariablePlan)
+# canonical_groups lives with the sampler (which numbers its sharded draws with it); it is
+# re-exported here, where the searches have always found it.
+from .sampler import GuidedSampler, canonical_groups, hsdp_size, shardable
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
            "canonical_groups", "compressor_choices"]
@@ -48,6 +50,11 @@ RANK_CHOICES = (1, 4)
 PS_LOSSY_CHOICES = 1
 #: The identity compressor's name: gradients sent as they are.
 NO_COMPRESSION = Compressor().kind
+#: The reduce dtypes a ``shard`` choice offers: fp32, and bf16 (lossy) when the space is lossy.
+SHARD_DTYPES = ("fp32", "bf16")
+#: With a space that offers ``shard``: how often the restarts of coordinate descent and the
+#: random-sampling reference draw a sharded strategy (:class:`GuidedSampler`'s ``shard_prob``).
+SHARD_RESTART_PROB = 0.5
 
 
 def compressor_choices(sync_kind: str, lossy: bool, max_lossy: int | None = None) -> list[tuple[str, int]]:
@@ -75,7 +82,10 @@ class Choice:
     ``kind``: ``ar`` (dense all-reduce; ``group`` an existing merge group to join, or None for
     a new one), ``ps`` (whole variable on ``server``, ``local`` aggregation within nodes),
     ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS), ``sfb``
-    (sufficient-factor broadcasting of the coordinate's linear weights).
+    (sufficient-factor broadcasting of the coordinate's linear weights), ``shard`` (ZeRO-2: the
+    coordinate's shardable variables sharded as one new unit, or joining the neighbours' unit
+    ``unit``, over shard groups of ``group`` replicas, 0 every one, reducing in
+    ``reduce_dtype``; its other variables keep their plans).
     ``algorithm``, ``compressor`` and ``rank`` as in the strategy language. Sparse variables
     given an ``ar`` choice are all-gathered (their rows, not a dense tensor)."""
 
@@ -86,28 +96,8 @@ class Choice:
     algorithm: str = "flat"
     compressor: str = NO_COMPRESSION
     rank: int = 0
-
-
-def canonical_groups(strategy: Strategy) -> Strategy:
-    """``strategy`` with its dense merge groups numbered by first appearance in plan (backward)
-    order and its sparse ones from :data:`SPARSE_GROUPS`: two strategies that group the same
-    shards the same way get the same hash, so neither is measured twice."""
-    dense: dict[int, int] = {}
-    sparse: dict[int, int] = {}
-    plans, changed = [], False
-    for plan in strategy.plans:
-        shards = []
-        for shard in plan.shards:
-            sync = shard.synchronizer
-            if isinstance(sync, AllReduceSynchronizer):
-                table, base = (sparse, SPARSE_GROUPS) if sync.group >= SPARSE_GROUPS else (dense, 0)
-                gid = table.setdefault(sync.group, base + len(table))
-                if gid != sync.group:
-                    shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, group=gid))
-                    changed = True
-            shards.append(shard)
-        plans.append(dataclasses.replace(plan, shards=tuple(shards)) if changed else plan)
-    return dataclasses.replace(strategy, plans=tuple(plans)) if changed else strategy
+    reduce_dtype: str = "fp32"
+    unit: int | None = None
 
 
 class ChoiceSpace:
@@ -124,11 +114,17 @@ class ChoiceSpace:
     ``lossy``, the first :data:`PS_LOSSY_CHOICES` lossy ones), a PS partitioned over every node
     for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
     broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep their
-    plans)."""
+    plans). With ``shard`` (issue 34 item 2), also ZeRO-2 sharding of a coordinate's shardable
+    variables (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,
+    HSDP over each node (:func:`~synctune.search.sampler.hsdp_size`), reducing in fp32 or, when
+    ``lossy``, bf16; or joining a neighbouring variable's unit, so units can grow to modules."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
-                 small_bytes: int = 256 * 1024) -> None:
+                 small_bytes: int = 256 * 1024, shard: bool = False) -> None:
         self.model, self.cluster, self.lossy, self.small_bytes = model, cluster, lossy, small_bytes
+        self.shard = shard
+        self.shard_dtypes = SHARD_DTYPES if lossy else SHARD_DTYPES[:1]
+        self.shardable = {v.name for v in model.variables if shardable(v)}
         self.helper = GuidedSampler(model, cluster, seed=0, lossy=lossy)  # servers, speeds, compressor fitting
         self.servers = self.helper.servers
         self.variables = list(model.variables)
@@ -203,7 +199,26 @@ class ChoiceSpace:
             out.append(Choice("pps"))
         if any(v.name in self.linear for v in variables):
             out.append(Choice("sfb"))
+        if self.shard and len(strategy.replicas) > 1 and any(v.name in self.shardable for v in variables):
+            hsdp = hsdp_size(strategy, self.cluster)
+            for group in (0, hsdp) if hsdp else (0,):
+                for dtype in self.shard_dtypes:
+                    out.append(Choice("shard", group=group, reduce_dtype=dtype))
+            for uid, sync in self._neighbour_units(strategy, coordinate).items():
+                out.append(Choice("shard", group=sync.group, reduce_dtype=sync.reduce_dtype, unit=uid))
         return out
+
+    def _neighbour_units(self, strategy: Strategy, coordinate: Sequence[int]) -> dict[int, ShardSynchronizer]:
+        """The ``shard`` units of the variables just before and after ``coordinate`` (joining one
+        grows a unit towards a module: one reduce-scatter for more variables)."""
+        units: dict[int, ShardSynchronizer] = {}
+        inside = set(coordinate)
+        for i in (min(coordinate) - 1, max(coordinate) + 1):
+            if 0 <= i < len(strategy.plans) and i not in inside:
+                for shard in strategy.plans[i].shards:
+                    if isinstance(shard.synchronizer, ShardSynchronizer):
+                        units.setdefault(shard.synchronizer.unit, shard.synchronizer)
+        return units
 
     def fits(self, var, comp: str, rank: int, sync_kind: str) -> bool:
         """Whether compressor ``comp`` (at ``rank``) encodes the whole of ``var`` under a
@@ -268,6 +283,9 @@ class ChoiceSpace:
                              if isinstance(s.synchronizer, AllReduceSynchronizer)
                              and s.synchronizer.group < SPARSE_GROUPS), default=-1)
         plans = list(strategy.plans)
+        if choice.kind == "shard":
+            return canonical_groups(dataclasses.replace(strategy, plans=tuple(self._sharded(strategy, coordinate,
+                                                                                            choice))))
         servers = self._servers_of(strategy)
         for i in coordinate:
             if choice.kind == "sfb":
@@ -278,6 +296,22 @@ class ChoiceSpace:
                 continue
             plans[i] = self._plan(self.variables[i], choice, group, servers)
         return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
+
+    def _sharded(self, strategy: Strategy, coordinate: Sequence[int], choice: Choice) -> list[VariablePlan]:
+        """The plans of ``strategy`` with the shardable variables of ``coordinate`` in ``choice``'s
+        unit: the neighbour's (its synchronizer as it is) or a new one (ZeRO-2: no reshard)."""
+        units = [s.synchronizer for p in strategy.plans for s in p.shards if isinstance(s.synchronizer, ShardSynchronizer)]
+        sync = next((u for u in units if u.unit == choice.unit), None) if choice.unit is not None else None
+        if sync is None:
+            sync = ShardSynchronizer(unit=1 + max((u.unit for u in units), default=-1), group=choice.group or 0,
+                                     reduce_dtype=choice.reduce_dtype)
+        plans = list(strategy.plans)
+        for i in coordinate:
+            var = self.variables[i]
+            if var.name in self.shardable:
+                plans[i] = VariablePlan(variable=var.name, partition=tuple(1 for _ in var.shape),
+                                        shards=(ShardPlan(synchronizer=sync),))
+        return plans
 
     def neighbours(self, strategy: Strategy, coordinate: Sequence[int]) -> list[Strategy]:
         """Every strategy one choice away along ``coordinate`` (distinct, ``strategy`` excluded)."""
@@ -290,6 +324,12 @@ class ChoiceSpace:
                 seen.add(h)
                 out.append(candidate)
         return out
+
+    def sampler(self, seed: int) -> GuidedSampler:
+        """A guided sampler of this space's domain (restarts, the random reference): sharded
+        draws at :data:`SHARD_RESTART_PROB` where the space offers ``shard``, none otherwise."""
+        return GuidedSampler(self.model, self.cluster, seed=seed, lossy=self.lossy,
+                             shard_prob=SHARD_RESTART_PROB if self.shard else 0.0)
 
     def data_parallel(self) -> Strategy:
         """TAG's baseline and the tree's root: every variable on one flat all-reduce group
@@ -366,7 +406,7 @@ def coordinate_descent(space: ChoiceSpace, score: Score, starts: Sequence[Strate
     passed ("many restarts": a single descent converges fast, restarts escape local minima)."""
     budget = _Budget(score, evaluations, seconds, keep)
     coords = space.coordinates()
-    sampler = GuidedSampler(space.model, space.cluster, seed=rng.getrandbits(63), lossy=space.lossy)
+    sampler = space.sampler(rng.getrandbits(63))
     queue = list(starts)
     while not budget.spent:
         start = queue.pop(0) if queue else canonical_groups(sampler.sample())
@@ -398,7 +438,7 @@ def random_sampling(space: ChoiceSpace, score: Score, *, rng: random.Random, eva
     """The reference of AutoDDL Fig. 7: guided random strategies (AutoDist §2.4's sampler),
     scored in batches, the best kept, under the same budget as the other searches."""
     budget = _Budget(score, evaluations, seconds, keep)
-    sampler = GuidedSampler(space.model, space.cluster, seed=rng.getrandbits(63), lossy=space.lossy)
+    sampler = space.sampler(rng.getrandbits(63))
     while not budget.spent:
         budget.score([canonical_groups(sampler.sample()) for _ in range(batch)])
     return budget.result()

@@ -7,18 +7,23 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from ..strategy.schema import AllReduceSynchronizer, Compressor, Strategy, VariablePlan
+from ..strategy.schema import AllReduceSynchronizer, Compressor, ShardSynchronizer, Strategy, VariablePlan
 from .local_search import NO_COMPRESSION, SPARSE_GROUPS, ChoiceSpace, canonical_groups, compressor_choices
-from .sampler import GuidedSampler
+from .sampler import GuidedSampler, hsdp_size
 
-__all__ = ["crossover", "global_moves", "renumber_groups"]
+__all__ = ["crossover", "global_moves", "renumber_groups", "shard_moves"]
 
 
 def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
     """Moves of every dense all-reduce merge group of ``strategy`` at once: each compressor that
     takes no rank (of the registry's, those ``space`` allows) on the groups whose members all
     take it, hierarchical all-reduce (where every node holds as many replicas), and the groups
-    re-cut into half or twice as many by bytes (when they share one compressor and algorithm)."""
+    re-cut into half or twice as many by bytes (when they share one compressor and algorithm).
+    A strategy whose plans are all ``shard`` (FSDP2's whole-model sharding) moves every unit at
+    once instead (:func:`shard_moves`)."""
+    if strategy.plans and all(isinstance(sh.synchronizer, ShardSynchronizer) for p in strategy.plans
+                              for sh in p.shards):
+        return shard_moves(strategy, space)
     variables = {v.name: v for v in space.variables}
     dense = [(i, j, sh) for i, plan in enumerate(strategy.plans) for j, sh in enumerate(plan.shards)
              if isinstance(sh.synchronizer, AllReduceSynchronizer) and sh.synchronizer.group < SPARSE_GROUPS
@@ -53,6 +58,30 @@ def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
         out += _recut(strategy, dense, [variables[strategy.plans[i].variable].num_bytes
                                         / max(1, len(strategy.plans[i].shards)) for i, _j, _sh in dense],
                       len(groups), rebuilt)
+    return out
+
+
+def shard_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
+    """Moves of every ``shard`` unit of ``strategy`` at once (FSDP2's knobs, each set for the
+    whole model as users set them): every unit resharded after forward (ZeRO-3, prefetch 1:
+    FSDP2's default), every unit reducing in bf16 (when ``space`` is lossy), and the shard group
+    toggled between every replica and HSDP over the nodes (where :func:`hsdp_size` finds it).
+    A move that changes nothing is left out."""
+    def every(change) -> Strategy:
+        return canonical_groups(dataclasses.replace(strategy, plans=tuple(
+            dataclasses.replace(p, shards=tuple(dataclasses.replace(sh, synchronizer=change(sh.synchronizer))
+                                                for sh in p.shards)) for p in strategy.plans)))
+
+    syncs = [sh.synchronizer for p in strategy.plans for sh in p.shards]
+    out = []
+    if not all(s.reshard for s in syncs):
+        out.append(every(lambda s: dataclasses.replace(s, reshard=True, prefetch=1)))
+    if space.lossy and not all(s.reduce_dtype == "bf16" for s in syncs):
+        out.append(every(lambda s: dataclasses.replace(s, reduce_dtype="bf16")))
+    hsdp = hsdp_size(strategy, space.cluster)
+    if hsdp:
+        target = hsdp if any(s.group == 0 for s in syncs) else 0
+        out.append(every(lambda s: dataclasses.replace(s, group=target)))
     return out
 
 
@@ -92,8 +121,11 @@ def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: Guide
 
 def renumber_groups(template: Strategy, plans: list[tuple[int, VariablePlan]]) -> Strategy:
     """A strategy from (parent index, plan) pairs: a parent's merge groups stay together, and
-    groups of different parents never share an id (they may differ in members and kind)."""
+    groups of different parents never share an id (they may differ in members and kind); so
+    with ``shard`` units (a unit's variables must agree on its shard group, reshard, prefetch
+    and reduce dtype, which two parents' units with one id need not)."""
     remap: dict[tuple[int, int], int] = {}
+    units: dict[tuple[int, int], int] = {}
     out = []
     for parent, plan in plans:
         shards = []
@@ -102,6 +134,9 @@ def renumber_groups(template: Strategy, plans: list[tuple[int, VariablePlan]]) -
             if isinstance(sync, AllReduceSynchronizer):
                 gid = remap.setdefault((parent, sync.group), len(remap))
                 shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, group=gid))
+            elif isinstance(sync, ShardSynchronizer):
+                uid = units.setdefault((parent, sync.unit), len(units))
+                shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, unit=uid))
             shards.append(shard)
         out.append(dataclasses.replace(plan, shards=tuple(shards)))
     return dataclasses.replace(template, plans=tuple(out))

@@ -5,6 +5,11 @@ variable a random partition (sometimes), per shard a synchronizer (PS on a node'
 all-reduce; all-gather too for sparse gradients), PS local aggregation at random, and merge
 groups over adjacent variables. It is the "plain random" ablation of the papers and the source
 of varied training data for the simulator.
+
+:class:`GuidedSampler` draws under the papers' knowledge constraints and, with ``shard_prob``,
+turns a draw into sharded data parallelism (ZeRO / FSDP2, DESIGN.md "shard"; issue 34 item 2):
+units cut at module boundaries, ZeRO-2 units beside the other plans (the engine runs them) or
+every variable sharded as FSDP2 expresses it (the ``fsdp`` runtime runs them).
 """
 
 from __future__ import annotations
@@ -30,18 +35,87 @@ from ..strategy.schema import (
     PSSynchronizer,
     SFBSynchronizer,
     ShardPlan,
+    ShardSynchronizer,
     Strategy,
     StrategyError,
     VariablePlan,
 )
 from ..strategy.validate import validate
 
-__all__ = ["RandomSampler", "GuidedSampler"]
+__all__ = ["RandomSampler", "GuidedSampler", "SHARD_MODES", "canonical_groups", "hsdp_size", "module_at",
+           "shardable"]
 
 _RANKS = (1, 2, 4)  # the PowerSGD ranks a strategy draws from (fitted to each shard)
 _UNCOMPRESSED = Compressor()  # frozen: one object serves every shard that sends its gradient as it is
 #: The synchronizer kinds some lossy compressor can wrap: the kind axis of the column tables.
 _COMPRESSIBLE = tuple(kind for kind in SYNCHRONIZER_KINDS if lossy_compressors(kind))
+#: How a sharded draw shards (:meth:`GuidedSampler.sample` with ``shard_prob``): ``zero2``, some
+#: modules' variables sharded without reshard beside the other plans (the engine runs it);
+#: ``fsdp``, every variable sharded, units resharded at a drawn rate (FSDP2 runs it).
+SHARD_MODES = ("zero2", "fsdp")
+#: The prefetch depths a resharded unit draws: FSDP2's default (1) or one unit more.
+_PREFETCH = (1, 2)
+
+
+def shardable(var) -> bool:
+    """Whether ``var`` may take a ``shard`` synchronizer: dense, not a scalar, float32 (what
+    :func:`synctune.strategy.validate.validate` accepts on an unpartitioned variable)."""
+    return not var.sparse and bool(var.shape) and var.dtype == "float32"
+
+
+def module_at(name: str, depth: int) -> str:
+    """The module holding variable ``name`` cut at ``depth`` (``blocks.0`` of
+    ``blocks.0.attn.q.weight`` at depth 2; ``""``, the root, for a top-level variable), as the
+    ``shard`` builder cuts units: every module at one depth is an FSDP2 ``fully_shard`` boundary."""
+    return ".".join(name.split(".")[:-1][:depth])
+
+
+def hsdp_size(strategy: Strategy, cluster: ClusterSpec) -> int | None:
+    """The shard-group size of HSDP that matches the nodes (one node's devices per group, the
+    groups all-reduced across nodes), or None where there is none: the replicas must be whole
+    nodes, more than one, and every node of the cluster the same number of devices, two or more."""
+    sizes = {node.num_devices for node in cluster.nodes}
+    if len(sizes) != 1 or min(sizes) < 2:
+        return None
+    held = set(strategy.replicas)
+    nodes = [node for node in cluster.nodes if held & set(node.devices)]
+    if len(nodes) < 2 or any(not set(node.devices) <= held for node in nodes):
+        return None
+    # Consecutive replicas form a group: each node's devices must be listed together.
+    owner = [cluster.node_of(d).name for d in strategy.replicas]
+    size = sizes.pop()
+    if any(len(set(owner[i:i + size])) != 1 for i in range(0, len(owner), size)):
+        return None
+    return size
+
+
+def canonical_groups(strategy: Strategy) -> Strategy:
+    """``strategy`` with its dense merge groups numbered by first appearance in plan (backward)
+    order, its sparse ones from :data:`SPARSE_GROUP_BASE`, and its ``shard`` units from 0 by first
+    appearance: two strategies that group the same shards the same way get the same hash, so
+    neither is measured twice. A strategy already in that form is returned as it is."""
+    dense: dict[int, int] = {}
+    sparse: dict[int, int] = {}
+    units: dict[int, int] = {}
+    plans, changed = [], False
+    for plan in strategy.plans:
+        shards = []
+        for shard in plan.shards:
+            sync = shard.synchronizer
+            if isinstance(sync, AllReduceSynchronizer):
+                table, base = (sparse, SPARSE_GROUP_BASE) if sync.group >= SPARSE_GROUP_BASE else (dense, 0)
+                gid = table.setdefault(sync.group, base + len(table))
+                if gid != sync.group:
+                    shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, group=gid))
+                    changed = True
+            elif isinstance(sync, ShardSynchronizer):
+                uid = units.setdefault(sync.unit, len(units))
+                if uid != sync.unit:
+                    shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, unit=uid))
+                    changed = True
+            shards.append(shard)
+        plans.append(dataclasses.replace(plan, shards=tuple(shards)) if changed else plan)
+    return dataclasses.replace(strategy, plans=tuple(plans)) if changed else strategy
 
 
 @dataclass
@@ -119,6 +193,16 @@ class GuidedSampler:
     broadcasting sends fewer bytes than a ring all-reduce for some linear weights (N·b·rows·
     (H_in + H_out) < 2·H_in·H_out: TAG §4.2.3's per-variable choice), a strategy draws with
     ``sfb_prob`` a rate at which those weights take it.
+
+    With ``shard_prob`` (> 0; at 0 nothing more is drawn, so every random stream stays as it
+    was), a draw is then turned into sharded data parallelism (DESIGN.md "shard"; ZeRO, FSDP2),
+    in one of :data:`SHARD_MODES`: units are the modules at a depth drawn from the model's
+    (:func:`module_at`, the ``shard`` builder's cut); ``zero2`` shards, at a drawn rate per
+    unit, the shardable variables of each unit (no reshard), the others keeping their plans;
+    ``fsdp`` (only where every variable is shardable) shards every variable and reshards each
+    unit at a drawn rate, prefetching 1 or 2 units. One shard group per strategy (every replica,
+    or HSDP over the nodes where :func:`hsdp_size` finds it) and one reduce dtype (bf16 only
+    when ``lossy``). The replica subset and batch split drawn before are kept.
     """
 
     model: ModelSpec
@@ -134,8 +218,11 @@ class GuidedSampler:
     split_prob: float = 0.6
     subset_prob: float = 0.25
     sfb_prob: float = 0.5
+    shard_prob: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
+            raise ValueError(f"GuidedSampler: shard_prob: expected a probability in [0, 1], got {self.shard_prob!r}")
         self.rng = random.Random(self.seed)
         self.servers = [node.devices[0] for node in self.cluster.nodes]
         self.nic = [node.nic_gbps for node in self.cluster.nodes]
@@ -148,6 +235,9 @@ class GuidedSampler:
         n = self.cluster.num_devices
         self.sfb_cheaper = {v.name for v, r in zip(self.model.variables, self.model.factor_rows or ())
                             if r and n * self.model.batch_size * r * (v.shape[0] + v.shape[1]) < 2 * v.num_elements}
+        self.shardable = {v.name for v in self.model.variables if shardable(v)}
+        #: The deepest module of any variable (1 at least: depth 1 cuts at the root's children).
+        self.max_depth = max(1, max((v.name.count(".") for v in self.model.variables), default=1))
 
     def with_sfb(self, strategy: Strategy) -> Strategy:
         """``strategy`` with sufficient-factor broadcasting for the linear weights whose factors are
@@ -309,7 +399,63 @@ class GuidedSampler:
                     sync = AllReduceSynchronizer(group=group, algorithm=algorithm)
                 shards.append(ShardPlan(synchronizer=sync, compressor=comp))
             plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        return self._batch_split(self._subset(Strategy.over(self.model, self.cluster, plans)))
+        strategy = self._batch_split(self._subset(Strategy.over(self.model, self.cluster, plans)))
+        if self.shard_prob > 0 and rng.random() < self.shard_prob:
+            strategy = self.sharded(strategy)
+        return strategy
+
+    def sharded(self, strategy: Strategy, mode: str | None = None) -> Strategy:
+        """``strategy`` turned into sharded data parallelism (see the class docstring), drawn from
+        this sampler's stream; ``mode`` one of :data:`SHARD_MODES` (None: drawn, ``fsdp`` only
+        where every variable is shardable). ``strategy`` as it is where nothing can be sharded
+        (no shardable variable, or a single replica: a shard group of one shards nothing)."""
+        if mode is not None and mode not in SHARD_MODES:
+            raise ValueError(f"GuidedSampler.sharded: mode: expected one of {SHARD_MODES}, got {mode!r}")
+        every = len(self.shardable) == len(self.model.variables)
+        if mode == "fsdp" and not every:
+            odd = next(v.name for v in self.model.variables if v.name not in self.shardable)
+            raise ValueError(f"GuidedSampler.sharded: mode fsdp shards every variable, and {odd!r} cannot be "
+                             f"sharded (sparse, scalar or not float32); use mode zero2")
+        if not self.shardable or len(strategy.replicas) < 2:
+            return strategy
+        rng = self.rng
+        if mode is None:
+            mode = SHARD_MODES[1] if every and rng.random() < 0.5 else SHARD_MODES[0]
+        depth = rng.randint(1, self.max_depth)
+        hsdp = hsdp_size(strategy, self.cluster)
+        group = rng.choice((0, hsdp)) if hsdp else 0
+        reduce_dtype = "bf16" if self.lossy and rng.random() < 0.5 else "fp32"
+        modules = list(dict.fromkeys(module_at(p.variable, depth) for p in strategy.plans
+                                     if p.variable in self.shardable))
+        rate = rng.random()
+        if mode == "zero2":
+            chosen = {m for m in modules if rng.random() < rate}
+            if not chosen:  # a sharded draw shards something
+                chosen = {modules[rng.randrange(len(modules))]}
+            options = {m: (False, 0) for m in chosen}
+        else:
+            options = {}
+            for m in modules:
+                reshard = rng.random() < rate
+                options[m] = (reshard, rng.choice(_PREFETCH) if reshard else 0)
+        # New units are numbered after the units ``strategy`` may already have (kept where their
+        # module is not chosen), then every unit renumbered by first appearance.
+        base = 1 + max((sh.synchronizer.unit for p in strategy.plans for sh in p.shards
+                        if isinstance(sh.synchronizer, ShardSynchronizer)), default=-1)
+        units: dict[str, int] = {}
+        plans = []
+        for plan in strategy.plans:
+            module = module_at(plan.variable, depth)
+            if plan.variable not in self.shardable or module not in options:
+                plans.append(plan)
+                continue
+            reshard, prefetch = options[module]
+            sync = ShardSynchronizer(unit=units.setdefault(module, base + len(units)), group=group, reshard=reshard,
+                                     prefetch=prefetch, reduce_dtype=reduce_dtype)
+            plans.append(VariablePlan(variable=plan.variable, partition=(1,) * len(plan.partition),
+                                      shards=(ShardPlan(synchronizer=sync),)))
+        # Merge groups that lost members to the units are renumbered, so equal strategies hash equal.
+        return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
 
     def sample_many(self, n: int) -> list[Strategy]:
         return [self.sample() for _ in range(n)]
@@ -383,6 +529,10 @@ class GuidedSampler:
         allocated once and filled chunk by chunk."""
         from .column_kernel import draw_partitions, fill_rows
 
+        if self.shard_prob > 0:
+            raise ValueError(f"GuidedSampler.sample_columns: shard_prob is {self.shard_prob}, and strategy columns "
+                             f"cannot express shard plans (units, shard groups); draw sharded strategies with "
+                             f"sample(), or set shard_prob 0 for columns")
         if not hasattr(self, "np_rng"):
             self.np_rng = np.random.default_rng(self.seed)
         rng = self.np_rng

@@ -1,0 +1,306 @@
+"""The samplers and local searches propose sharding (issue 34 item 2): sharded draws of the guided
+sampler validate, its ``fsdp`` draws are what torch FSDP2 runs (the fsdp runtime's own check on
+the zoo model built on the meta device), its ``zero2`` draws never reshard (the engine's part),
+about ``shard_prob`` of its draws are sharded, and with ``shard_prob`` 0 every stream is the one
+main drew before sharding existed (hashes recorded on main, commit 3e0e098, before any change);
+the choice space's ``shard`` choices and the all-shard global moves validate; and coordinate
+descent scored by the memory model (negated predicted peak with Adam) ends with the large
+variables sharded, each worth sharding by that model's own account. No trials: the specs only."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import random
+
+import numpy as np
+import pytest
+
+from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
+from synctune.models.zoo import model_spec
+from synctune.search.local_search import ChoiceSpace, coordinate_descent, mcts
+from synctune.search.moves import crossover, global_moves
+from synctune.search.sampler import GuidedSampler, module_at
+from synctune.simulator.memory import predict_memory
+from synctune.spec import cluster_preset
+from synctune.strategy.builders import build_strategy
+from synctune.strategy.schema import AllReduceSynchronizer, ShardSynchronizer
+from synctune.strategy.validate import validate
+from synctune.workload import zoo_workload
+
+
+def _hetero():
+    """lab-b10c with one node half as fast (replica subsets and batch splits get drawn)."""
+    c = cluster_preset("lab-b10c")
+    return dataclasses.replace(c, nodes=tuple(dataclasses.replace(n, compute_gflops=s)
+                                              for n, s in zip(c.nodes, [17.0, 34.0])))
+
+
+LOCAL4 = cluster_preset("local-2x2")
+DOMAINS = {"bert-tiny@local-2x2": ("bert-tiny", LOCAL4), "cnn-small@B1": ("cnn-small", cluster_preset("B1")),
+           "transformer-small@hetero": ("transformer-small", _hetero())}
+
+#: Recorded on main (3e0e098) before this change: per domain, the first 8 ``sample()`` hashes of
+#: ``GuidedSampler(seed=7)`` (16 hex digits each), the digest of ``sample_columns(16)`` from a fresh
+#: sampler, and the digest of ``ChoiceSpace``'s neighbours of data parallelism on its first and
+#: last variable.
+MAIN = {
+    "bert-tiny@local-2x2": (
+        ["35f6a853c2d95755", "27b0512456a6881f", "5408ee6bb94c68cd", "b4f4610d04146ca7", "112fcc8cfd1ca640",
+         "b656a41749767018", "769e6c496512d486", "15c614cc43297f95"], "597d2c4f6a141482", (23, "e3f23e09b8579df7")),
+    "cnn-small@B1": (
+        ["2831bf4508c015ba", "6d8244260fd38f9b", "71af71a1b19ce710", "52c13d94e0c4d10f", "c0d9f581bc923b11",
+         "2481497379c45fb3", "4d0562b6bc1e284b", "17015e5cf13c1089"], "e4f121eda53e29c9", (20, "a2f91ef13af44239")),
+    "transformer-small@hetero": (
+        ["74fbd3c617bc5ebb", "0b15abd6d8c855e0", "883b47c82ba27050", "f347fec4c3b0efc6", "4093a86245db5bb6",
+         "9e1f468bc463c5fc", "1233120638c098fd", "96cac165790a163a"], "1358dd2d69b47a62", (22, "c89375821a2433af")),
+}
+
+
+def _syncs(strategy):
+    return [sh.synchronizer for p in strategy.plans for sh in p.shards]
+
+
+def _shards(strategy):
+    return [s for s in _syncs(strategy) if isinstance(s, ShardSynchronizer)]
+
+
+def _all_shard(strategy) -> bool:
+    return all(isinstance(s, ShardSynchronizer) for s in _syncs(strategy))
+
+
+@pytest.mark.parametrize("domain", list(MAIN))
+def test_without_shard_every_stream_is_mains(domain):
+    name, cluster = DOMAINS[domain]
+    spec = model_spec(name)
+    hashes, columns, (count, neighbours) = MAIN[domain]
+    for sampler in (GuidedSampler(spec, cluster, seed=7), GuidedSampler(spec, cluster, seed=7, shard_prob=0.0)):
+        assert [sampler.sample().hash[:16] for _ in range(8)] == hashes
+    assert [s.hash[:16] for s in GuidedSampler(spec, cluster, seed=7).sample_many(8)] == hashes
+    cols = GuidedSampler(spec, cluster, seed=7, shard_prob=0.0).sample_columns(16)
+    assert hashlib.sha256(cols.digests().tobytes()).hexdigest()[:16] == columns
+    space = ChoiceSpace(spec, cluster)
+    dp = space.data_parallel()
+    found = space.neighbours(dp, [0]) + space.neighbours(dp, [len(space.variables) - 1])
+    assert (len(found), hashlib.sha256("".join(s.hash for s in found).encode()).hexdigest()[:16]) == (count, neighbours)
+
+
+def _units_canonical(strategy) -> None:
+    """Unit ids 0.. by first appearance in plan order."""
+    seen = list(dict.fromkeys(s.unit for s in _shards(strategy)))
+    assert seen == list(range(len(seen)))
+
+
+def _one_draw(strategy) -> None:
+    """A sampled strategy: canonical units, one shard group and one reduce dtype."""
+    _units_canonical(strategy)
+    assert len({s.group for s in _shards(strategy)}) == 1
+    assert len({s.reduce_dtype for s in _shards(strategy)}) == 1
+    assert len({s.reduce_dtype for s in _shards(strategy)}) == 1
+
+
+@pytest.mark.parametrize("domain", list(DOMAINS))
+def test_sharded_draws_validate_and_fsdp_ones_are_what_fsdp2_runs(domain):
+    name, cluster = DOMAINS[domain]
+    spec, workload = model_spec(name), zoo_workload(name)
+    runtime = FSDPRuntime(FSDPConfig(from_strategy=True))
+    sampler = GuidedSampler(spec, cluster, seed=11, shard_prob=1.0)
+    seen = collections.Counter()
+    for _ in range(40):
+        strategy = sampler.sample()
+        validate(strategy, spec, cluster)
+        assert _shards(strategy), "a sharded draw shards something"
+        _one_draw(strategy)
+        if _all_shard(strategy):
+            runtime.check(strategy, spec, cluster, workload)  # FSDP2 expresses it: module units, one mesh
+            seen["all shard"] += 1
+        seen["reshard"] += any(s.reshard for s in _shards(strategy))
+        seen["hsdp"] += _shards(strategy)[0].group > 0
+    for _ in range(10):
+        strategy = sampler.sharded(sampler.sample(), mode="fsdp")
+        validate(strategy, spec, cluster)
+        assert _all_shard(strategy)
+        _one_draw(strategy)
+        runtime.check(strategy, spec, cluster, workload)
+    assert seen["all shard"] and seen["reshard"]
+    assert seen["hsdp"]  # every node holds 2 or 4 devices: HSDP over the nodes is drawn too
+
+
+def test_units_are_the_modules_at_one_depth():
+    spec = model_spec("bert-tiny")
+    sampler = GuidedSampler(spec, LOCAL4, seed=5, shard_prob=1.0)
+    for _ in range(30):
+        strategy = sampler.sharded(sampler.sample(), mode="fsdp")
+        units: dict[int, set[str]] = {}
+        for p in strategy.plans:
+            units.setdefault(p.shards[0].synchronizer.unit, set()).add(p.variable)
+        # Some depth cuts every unit as one module: each unit's variables share it, units differ.
+        depths = [d for d in range(1, 6) if all(len({module_at(v, d) for v in names}) == 1 for names in units.values())
+                  and len({module_at(next(iter(names)), d) for names in units.values()}) == len(units)]
+        assert depths, sorted(map(sorted, units.values()))
+
+
+def test_zero2_draws_never_reshard():
+    """ZeRO-2 runs in the engine, which refuses reshard: no draw with a plan beside the shard units
+    (and none on a model with sparse variables, where only zero2 is drawn) reshards."""
+    count = 0
+    for name, cluster in (("ncf-small", LOCAL4), ("bert-tiny", LOCAL4), ("transformer-small", _hetero())):
+        spec = model_spec(name)
+        sampler = GuidedSampler(spec, cluster, seed=2, shard_prob=1.0)
+        for _ in range(60):
+            strategy = sampler.sample()
+            if not _all_shard(strategy):
+                count += 1
+                assert not any(s.reshard or s.prefetch for s in _shards(strategy)), strategy.summary()
+        plain = GuidedSampler(spec, cluster, seed=2)
+        for _ in range(10):
+            strategy = sampler.sharded(plain.sample(), mode="zero2")
+            validate(strategy, spec, cluster)
+            assert not any(s.reshard or s.prefetch for s in _shards(strategy))
+    assert count > 60
+    with pytest.raises(ValueError, match="item_embedding|user_embedding"):
+        GuidedSampler(model_spec("ncf-small"), LOCAL4, shard_prob=1.0).sharded(
+            GuidedSampler(model_spec("ncf-small"), LOCAL4).sample(), mode="fsdp")
+
+
+def test_the_share_of_sharded_draws_is_shard_prob():
+    spec = model_spec("transformer-small")
+    modes = collections.Counter()
+    for prob in (0.2, 0.6):
+        sampler = GuidedSampler(spec, LOCAL4, seed=1, shard_prob=prob)
+        draws = [sampler.sample() for _ in range(400)]
+        sharded = [s for s in draws if _shards(s)]
+        sd = (400 * prob * (1 - prob)) ** 0.5
+        assert abs(len(sharded) - 400 * prob) < 4 * sd, (prob, len(sharded))
+        for s in sharded:
+            modes["fsdp" if any(x.reshard for x in _shards(s)) else "zero2" if not _all_shard(s) else "either"] += 1
+    assert modes["fsdp"] > 50 and modes["zero2"] > 50
+
+
+def test_bf16_only_when_lossy_and_columns_refuse_shard():
+    spec = model_spec("bert-tiny")
+    sampler = GuidedSampler(spec, LOCAL4, seed=3, lossy=False, shard_prob=1.0)
+    assert {s.reduce_dtype for _ in range(40) for s in _shards(sampler.sample())} == {"fp32"}
+    lossy = GuidedSampler(spec, LOCAL4, seed=3, shard_prob=1.0)
+    assert {s.reduce_dtype for _ in range(40) for s in _shards(lossy.sample())} == {"fp32", "bf16"}
+    with pytest.raises(ValueError, match="cannot express shard"):
+        GuidedSampler(spec, LOCAL4, shard_prob=0.1).sample_columns(4)
+    with pytest.raises(ValueError, match="shard_prob"):
+        GuidedSampler(spec, LOCAL4, shard_prob=1.5)
+
+
+def test_hsdp_only_where_nodes_hold_as_many_devices():
+    """B9 is a 1-device node beside a 4-device one: never HSDP; on local-2x2 both groups appear."""
+    spec = model_spec("cnn-small")
+    uneven = GuidedSampler(spec, cluster_preset("B9"), seed=4, shard_prob=1.0)
+    assert {s.group for _ in range(40) for s in _shards(uneven.sample())} == {0}
+    even = GuidedSampler(spec, LOCAL4, seed=4, shard_prob=1.0)
+    assert {s.group for _ in range(40) for s in _shards(even.sample())} == {0, 2}
+
+
+def test_choice_space_offers_zero2_shard_choices_that_validate():
+    spec = model_spec("bert-tiny")
+    for lossy, dtypes in ((True, {"fp32", "bf16"}), (False, {"fp32"})):
+        space = ChoiceSpace(spec, LOCAL4, lossy=lossy, shard=True)
+        assert not any(c.kind == "shard" for c in ChoiceSpace(spec, LOCAL4, lossy=lossy).choices(
+            space.data_parallel(), [0]))
+        current = space.data_parallel()
+        coords = space.coordinates(6)
+        assert len(coords) > 1
+        for coord in coords:
+            shard = [c for c in space.choices(current, coord) if c.kind == "shard" and c.unit is None]
+            assert {(c.group, c.reduce_dtype) for c in shard} == {(g, d) for g in (0, 2) for d in dtypes}
+            for c in shard:
+                candidate = space.apply(current, coord, c)
+                validate(candidate, spec, LOCAL4)
+                _units_canonical(candidate)
+                names = {space.variables[i].name for i in coord}
+                new = [p.variable for p in candidate.plans if isinstance(p.shards[0].synchronizer, ShardSynchronizer)
+                       and p.variable in names]
+                assert set(new) == names  # bert-tiny: every variable shardable, one unit per coordinate
+                assert not any(s.reshard for s in _shards(candidate))
+            current = space.apply(current, coord, shard[0])
+        assert len({s.unit for s in _shards(current)}) == len(coords)
+        # Joining the neighbour's unit: one unit of both coordinates, still valid.
+        coords = space.coordinates()
+        first = next(c for c in space.choices(space.data_parallel(), coords[0]) if c.kind == "shard")
+        step = space.apply(space.data_parallel(), coords[0], first)
+        join = [c for c in space.choices(step, coords[1]) if c.kind == "shard" and c.unit is not None]
+        assert join
+        joined = space.apply(step, coords[1], join[0])
+        validate(joined, spec, LOCAL4)
+        assert {s.unit for s in _shards(joined)} == {0} and len(_shards(joined)) == 2
+
+
+def test_global_moves_of_an_all_shard_strategy():
+    spec, workload = model_spec("transformer-small"), zoo_workload("transformer-small")
+    space = ChoiceSpace(spec, LOCAL4, shard=True)
+    base = build_strategy("shard", spec, LOCAL4)
+    moves = global_moves(base, space)
+    assert len(moves) == 3
+    runtime = FSDPRuntime(FSDPConfig(from_strategy=True))
+    for m in moves:
+        validate(m, spec, LOCAL4)
+        runtime.check(m, spec, LOCAL4, workload)
+    reshard, bf16, hsdp = moves
+    assert all(s.reshard and s.prefetch == 1 for s in _shards(reshard))
+    assert all(s.reduce_dtype == "bf16" for s in _shards(bf16))
+    assert {s.group for s in _shards(hsdp)} == {2}
+    assert {s.group for s in _shards(global_moves(hsdp, space)[-1])} == {0}
+    assert len(global_moves(base, ChoiceSpace(spec, LOCAL4, lossy=False, shard=True))) == 2
+
+
+def test_crossover_of_sharded_parents_keeps_units_apart():
+    spec = model_spec("bert-tiny")
+    sampler = GuidedSampler(spec, LOCAL4, seed=9, shard_prob=1.0)
+    parents = [sampler.sharded(sampler.sample(), mode="zero2") for _ in range(4)]
+    for child in crossover(parents, 20, random.Random(0), GuidedSampler(spec, LOCAL4, seed=1)):
+        validate(child, spec, LOCAL4)
+
+
+def test_coordinate_descent_on_the_memory_model_shards_the_large_variables():
+    """The reference is the memory model: scored by its negated peak (Adam), coordinate descent
+    from data parallelism ends with every variable of 64 KiB or more sharded, and the model says
+    each of them, put back on an all-reduce, would raise the peak."""
+    spec = model_spec("bert-tiny")
+
+    def peak(s) -> int:
+        return max(r.peak_bytes for r in predict_memory(s, spec, LOCAL4, optimizer_state_multiplier="adam"))
+
+    space = ChoiceSpace(spec, LOCAL4, shard=True)
+    dp = space.data_parallel()
+    result = coordinate_descent(space, lambda ss: np.array([-peak(s) for s in ss], float), [dp],
+                                rng=random.Random(0), evaluations=1500, max_sweeps=1)
+    best = result.strategies[0]
+    validate(best, spec, LOCAL4)
+    assert peak(best) < 0.8 * peak(dp)
+    large = [v for v in spec.variables if v.num_bytes >= 64 * 1024]
+    assert large
+    for v in large:
+        plan = best.plan_for(v.name)
+        assert isinstance(plan.shards[0].synchronizer, ShardSynchronizer), v.name
+        i = space.index[v.name]
+        back = dataclasses.replace(best, plans=best.plans[:i] + (dp.plans[i],) + best.plans[i + 1:])
+        gid = 1 + max((s.group for s in _syncs(best) if isinstance(s, AllReduceSynchronizer)), default=-1)
+        back = dataclasses.replace(back, plans=tuple(
+            dataclasses.replace(p, shards=(dataclasses.replace(p.shards[0], synchronizer=AllReduceSynchronizer(
+                group=gid)),)) if p.variable == v.name else p for p in back.plans))
+        validate(back, spec, LOCAL4)
+        assert peak(back) > peak(best), v.name
+
+
+def test_mcts_on_the_memory_model_shards_the_embedding():
+    """TAG's tree search gets the shard choice too: on bert-tiny, whose word embedding is most of
+    its bytes, the memory model's best strategy found shards it and lowers the peak."""
+    spec = model_spec("bert-tiny")
+
+    def peak(s) -> int:
+        return max(r.peak_bytes for r in predict_memory(s, spec, LOCAL4, optimizer_state_multiplier="adam"))
+
+    space = ChoiceSpace(spec, LOCAL4, shard=True)
+    result = mcts(space, lambda ss: np.array([-peak(s) for s in ss], float), rng=random.Random(0), evaluations=800)
+    best = result.strategies[0]
+    validate(best, spec, LOCAL4)
+    assert isinstance(best.plan_for("word_embeddings.weight").shards[0].synchronizer, ShardSynchronizer)
+    assert peak(best) < 0.8 * peak(space.data_parallel())
