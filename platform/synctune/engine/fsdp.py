@@ -32,16 +32,18 @@ average is then the weighted mean.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ..spec._util import is_int
 from ..spec.errors import SpecError
-from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardSynchronizer
+from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardPlan, ShardSynchronizer, VariablePlan
 from .runtime import ArmContext, ConfiguredRuntime, Stepper
 
 __all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "fsdp_plan",
-           "plan_from_config", "plan_from_strategy", "apply_fsdp", "loss_scales", "has_shard_plans"]
+           "plan_from_config", "plan_from_strategy", "strategy_of_config", "apply_fsdp", "loss_scales",
+           "has_shard_plans"]
 
 #: What ``units`` names besides a list of module paths: every child of every ``nn.ModuleList``
 #: (FSDP's usual per-block wrapping; a list inside a chosen block is not descended into), or the
@@ -276,6 +278,56 @@ def plan_from_config(module: Any, config: FSDPConfig, strategy: Any) -> FSDPPlan
                     forward_order=tuple(p for p in order if p in set(chosen)))
 
 
+def _refuse_sparse(spec: Any) -> None:
+    """FSDP2 reduce-scatters dense gradients: a model with a sparse one is refused, naming it."""
+    sparse = [v.name for v in spec.variables if v.sparse]
+    if sparse:
+        raise SpecError(f"fsdp runtime: variable {sparse[0]!r} has sparse gradients, and FSDP2 reduce-scatters "
+                        f"dense ones; use the engine or ddp for this model")
+
+
+def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any) -> Any:
+    """The all-``shard`` strategy FSDP2 runs under ``config`` on ``module`` (an ``nn.Module``,
+    meta included), on ``strategy``'s replicas and batch split: what the memory model
+    (:func:`synctune.simulator.memory.predict_memory`) predicts an FSDP2 baseline from
+    (papers/sharding-notes.md "FSDP2"; issue 34 item 3).
+
+    Unit i of :func:`plan_from_config` (bottom-up, the root last) becomes ``shard`` unit i over
+    ``config.group``, in ``config.reduce_dtype``; the root unit keeps its parameters as FSDP2
+    does (no reshard). Prefetch as the strategy language has it: 0 without reshard (parameters
+    stay whole, nothing to count ahead), else ``config.prefetch`` but at least 1 (FSDP2 always
+    gathers the next unit ahead). An int ``reshard_after_forward`` (reshard to a smaller group)
+    is counted as *no* reshard: between forward and backward FSDP2 then holds each unit's
+    parameters sharded over that smaller group, which the language cannot say, and whole
+    parameters are an upper bound of it (1/r + 1/shard <= 1 for r, shard >= 2), the side a memory
+    budget must err on. A shard group of the whole replica set is written 0 (the same 1-D mesh).
+    Refuses a model with sparse gradients (FSDP2 cannot run it) and a shard group of 1 (nothing
+    sharded: that is replicated training)."""
+    _refuse_sparse(spec)
+    replicas = len(strategy.replicas)
+    if config.group == 1:
+        raise SpecError("fsdp config: group: a shard group of 1 shards nothing (every rank keeps whole parameters "
+                        "and all-reduces them); the strategy language says that with allreduce, not shard")
+    group = 0 if config.group in (0, replicas) else config.group
+    plan = plan_from_config(module, config, strategy)
+    unit_of: dict[str, tuple[int, bool]] = {}
+    for i, unit in enumerate(plan.units):
+        reshard = unit.reshard_after_forward is True  # an int counts as no reshard: see above
+        for name in unit.variables:
+            unit_of[name] = (i, reshard)
+    missing = [v.name for v in spec.variables if v.name not in unit_of]
+    if missing:
+        raise SpecError(f"fsdp config: variable {missing[0]!r} of the model spec is not a trainable parameter of "
+                        f"the module FSDP2 would wrap; build the spec from the same model")
+    plans = []
+    for v in spec.variables:
+        i, reshard = unit_of[v.name]
+        sync = ShardSynchronizer(unit=i, group=group, reshard=reshard,
+                                 prefetch=max(1, config.prefetch) if reshard else 0, reduce_dtype=config.reduce_dtype)
+        plans.append(VariablePlan(variable=v.name, partition=(1,) * len(v.shape), shards=(ShardPlan(synchronizer=sync),)))
+    return dataclasses.replace(strategy, plans=tuple(plans), schema=None)
+
+
 def _common_module(names: list[str], owner: dict[str, str]) -> str:
     """The deepest module holding every parameter of ``names``."""
     parts = [owner[n].split(".") if owner[n] else [] for n in names]
@@ -468,10 +520,7 @@ class FSDPRuntime(ConfiguredRuntime):
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
         """Refuse, before any worker starts, an FSDP2 trial that would not run as claimed."""
         config = self.config
-        sparse = [v.name for v in spec.variables if v.sparse]
-        if sparse:
-            raise SpecError(f"fsdp runtime: variable {sparse[0]!r} has sparse gradients, and FSDP2 reduce-scatters "
-                            f"dense ones; use the engine or ddp for this model")
+        _refuse_sparse(spec)
         if not config.from_strategy and has_shard_plans(strategy):
             raise SpecError("fsdp config: from_strategy: the strategy has shard plans, which this configuration would "
                             "ignore; run it with from_strategy true (no --fsdp settings) or use a strategy without "
