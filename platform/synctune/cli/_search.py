@@ -29,12 +29,25 @@ def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: 
                  f"communication_options=tf.distribute.experimental.CommunicationOptions(bytes_per_pack={pack}, "
                  f"implementation=RING)); no training file is written")
         return None, ""
-    if chosen.runtime.name not in ("engine", "ddp"):  # a training file runs the engine or DDP
+    if chosen.runtime.name not in ("engine", "ddp", "fsdp"):  # a training file runs the engine, DDP or FSDP2
         echo_err(f"note: the recommendation is {chosen.name}; its settings are in {settings}, and no training file "
                  f"is written")
         return None, ""
+    strategy = chosen.strategy
+    if chosen.runtime.name == "fsdp" and not chosen.runtime.config.from_strategy:
+        # Tuned FSDP2's configuration as the all-shard strategy FSDP2 runs under it: the
+        # training file then sets up exactly those fully_shard units.
+        import torch
+
+        from ..engine.fsdp import strategy_of_config
+        from ..strategy import Strategy
+
+        with torch.device("meta"):
+            module = workload.build_model()
+        strategy = strategy_of_config(module, chosen.runtime.config, Strategy.from_dict(chosen.strategy),
+                                      workload.spec()).to_dict()
     try:
-        return apply_search_result(chosen.strategy, workload, cluster, best_path, seed=exp.seed,
+        return apply_search_result(strategy, workload, cluster, best_path, seed=exp.seed,
                                    ddp=chosen.runtime.config_dict() if chosen.runtime.name == "ddp" else None,
                                    logger=MlflowLogger(exp.name, tracking_uri),
                                    parent_run_id=summary.mlflow_parent_run or "")
@@ -59,7 +72,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
 
     from ..data import data_home
     from ..run import run_search, search_id_of
-    from ..run.search import horovod_baselines, make_search_simulator
+    from ..run.search import horovod_baselines, make_search_simulator, prepare_memory
     from ..search.experiment import load_experiment
     from ..spec.files import make_parent, path_under, write_text_atomic
 
@@ -75,6 +88,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     # the best strategy goes, the data folder.
     make_search_simulator(exp, model, cluster)
     horovod_baselines(exp, model, cluster, workload)
+    memory = prepare_memory(exp, model, cluster, workload)  # a budget nothing fits is refused here
     search_id = search_id_of(exp)
     output = exp.run.output
     best_path = Path(output) if output else path_under(data_home(), "searches", f"{search_id}-best.json")
@@ -90,7 +104,7 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
 
     try:
         summary = run_search(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
-                             on_trial=on_trial, node_net=node_net, on_phase=on_phase)
+                             on_trial=on_trial, node_net=node_net, on_phase=on_phase, memory=memory)
     finally:
         bar.close()
     train_path, used = None, ""
@@ -140,7 +154,8 @@ def _progress(bar, name: str):
 
 
 #: How the summary names each runtime's baselines: (label, what its trials are).
-_BASELINE_LINES = {"ddp": ("DDP", "tuned torch DDP trials"), "horovod": ("Horovod", "real Horovod baseline(s)")}
+_BASELINE_LINES = {"ddp": ("DDP", "tuned torch DDP trials"), "horovod": ("Horovod", "real Horovod baseline(s)"),
+                   "fsdp": ("FSDP2", "torch FSDP2 trials, its defaults first")}
 
 
 def _print_summary(summary, exp, workload, best_path: Path) -> None:
@@ -172,6 +187,24 @@ def _print_summary(summary, exp, workload, best_path: Path) -> None:
         click.echo(f"result    {summary.recommended.name} ({summary.recommended.why}), saved to {best_path}")
         if summary.recommended.differs:
             click.echo(f"why       it {summary.recommended.differs}")
+    _print_memory(summary.memory)
+
+
+def _mib(values) -> str:
+    shown = [f"{v / 2**20:.1f}" for v in values or [] if v is not None]
+    return "/".join(shown) + " MiB" if shown else "n/a"
+
+
+def _print_memory(memory: dict) -> None:
+    """The budget, and what the recommendation costs per rank, predicted and measured."""
+    if not memory:
+        return
+    limits = [x for x in memory.get("limit_bytes") or [] if x is not None]
+    click.echo(f"memory    budget {memory.get('budget')}" + (f" = {min(limits) / 2**20:.1f} MiB per rank" if limits else "")
+               + f"; recommended: predicted {_mib(memory.get('predicted_peak_bytes'))}, measured "
+               f"{_mib(memory.get('measured_peak_bytes'))} per rank; {memory.get('oom_trials', 0)} oom trial(s)")
+    if memory.get("over_budget_builders"):
+        click.echo(f"          builders over the budget, never trialled: {', '.join(memory['over_budget_builders'])}")
 
 
 _STOPPED = {"verdict": "the interval excluded 1", "narrow": "the interval was narrow enough", "cap": "the cap"}

@@ -551,7 +551,10 @@ class FSDPRuntime(ConfiguredRuntime):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        return Stepper(forward_model=model, step=step, loss_scale=loss_scales(ctx.strategy.batch_split)[ctx.rank])
+        # The memory probe sees the optimizer's (sharded) state; FSDP2's gather and reduce-scatter
+        # buffers live only inside an iteration, so they are in its peak, not a persistent part.
+        return Stepper(forward_model=model, step=step, loss_scale=loss_scales(ctx.strategy.batch_split)[ctx.rank],
+                       memory_parts=lambda: {"optimizer": optimizer, "units": []})
 
     def describe(self, strategy: Any) -> str:
         if self.config.from_strategy:

@@ -243,3 +243,38 @@ def breakdown_from_row(memory: dict[str, list[int | None]] | None) -> list[dict[
         return None
     ranks = max((len(v) for v in memory.values() if isinstance(v, list)), default=0)
     return [{part: (memory.get(part) or [None] * ranks)[r] for part in MEMORY_PARTS} for r in range(ranks)]
+
+
+def single_process_activations(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd",
+                               lr: float = 0.01, seed: int = 0) -> dict[int, int]:
+    """Per batch size, the strategy-independent memory of one rank (activations, the batch,
+    module buffers, the iteration's temporaries: its peak less parameters, optimizer state and
+    gradients, as :func:`synctune.simulator.memory.reference_activations` takes it from a
+    trial), measured on one instrumented iteration in this process, on the CPU: what a memory
+    budget is judged with before any trial has run."""
+    import torch
+
+    out: dict[int, int] = {}
+    cpu = torch.device("cpu")
+    for b in sorted(set(int(x) for x in batch_sizes)):
+        torch.manual_seed(seed)
+        model = workload.build_model()
+        opt = workload.make_optimizer([p for p in model.parameters() if p.requires_grad], name=optimizer, lr=lr)
+        batch = workload.make_batch(b, rank=0, generator=torch.Generator(device=cpu).manual_seed(seed), device=cpu)
+
+        def step() -> None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        # One plain iteration first, as a trial's warm-up: the optimizer's state then exists
+        # before the probe, as it does in every timed iteration (a first step creates it inside
+        # the iteration's peak).
+        workload.loss(model, batch).backward()
+        step()
+        parts = probe_iteration(model=model, batch=batch, loss_fn=workload.loss, step=step, device=cpu,
+                                optimizer=opt, units=[])
+        if parts["peak_bytes"] is None:
+            continue
+        out[b] = max(0, parts["peak_bytes"] - parts["params_bytes"] - (parts["optimizer_state_bytes"] or 0)
+                     - parts["grads_bytes"])
+    return out

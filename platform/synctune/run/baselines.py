@@ -179,7 +179,7 @@ def fsdp_searcher(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, done:
             and p.get("reduce_dtype") in dtypes]
     points = [dict(p) for p, _t in done] or [_fsdp_default_point(layouts)]
     rewards = [t for _p, t in done] or None
-    budget = getattr(exp.baselines, "fsdp_trials", 3)
+    budget = exp.baselines.fsdp_trials if isinstance(exp.baselines.fsdp_trials, int) else 8  # auto: 8 where it runs
     sampler = optuna.samplers.TPESampler(seed=(exp.seed * 1_000_003 + len(done)) % 2**32,
                                          n_startup_trials=max(1, min(3, budget)))
     return _fitting_search_class()(fits=fits, space=space, metric="mean_s", mode="min", sampler=sampler,

@@ -5,7 +5,7 @@ interleaved on the same processes until a 95% interval decides
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..engine.composed import ENGINE
 from ..engine.measure import TrialResult
@@ -31,10 +31,12 @@ def is_builder_trial(trial: dict) -> bool:
 
 
 def confirmation_arms(search_trials: list[dict], ledger: BaselineLedger, skeleton: Strategy,
-                      candidates: int = 1, baselines: int = 1) -> tuple[list[Arm], list[Arm]] | None:
+                      candidates: int = 1, baselines: int = 1,
+                      runtime_of: Callable[[Strategy], Runtime] = lambda _s: ENGINE) -> tuple[list[Arm], list[Arm]] | None:
     """(candidate arms, baseline arms): the ``candidates`` searched strategies with the fastest
     single trials (distinct strategies, fastest first), and up to ``baselines`` baselines
-    (:func:`baseline_arms`); None if either side is empty."""
+    (:func:`baseline_arms`); None if either side is empty. ``runtime_of``: the runtime that runs
+    a strategy of the search (FSDP2 for one whose shard units reshard)."""
     finished = [t for t in search_trials if trial_mean_s(t) is not None]
     searched = [t for t in finished if not is_builder_trial(t)]
     picks: list[Arm] = []
@@ -45,14 +47,15 @@ def confirmation_arms(search_trials: list[dict], ledger: BaselineLedger, skeleto
         strategy = Strategy.from_dict(t["strategy"])
         if strategy.hash not in seen:
             seen.add(strategy.hash)
-            picks.append((strategy, ENGINE, f"{t['trial_id']} ({t['origin']})"))
-    bases = baseline_arms([t for t in finished if is_builder_trial(t)], ledger, skeleton, baselines)
+            picks.append((strategy, runtime_of(strategy), f"{t['trial_id']} ({t['origin']})"))
+    bases = baseline_arms([t for t in finished if is_builder_trial(t)], ledger, skeleton, baselines, runtime_of)
     if not picks or not bases:
         return None
     return picks, bases
 
 
-def baseline_arms(builder_trials: list[dict], ledger: BaselineLedger, skeleton: Strategy, count: int) -> list[Arm]:
+def baseline_arms(builder_trials: list[dict], ledger: BaselineLedger, skeleton: Strategy, count: int,
+                  runtime_of: Callable[[Strategy], Runtime] = lambda _s: ENGINE) -> list[Arm]:
     """The baselines a confirmation screens, fastest single trial first: the fastest of each
     kind (the builders, and each runtime of the ledger: tuned DDP, Horovod), then the next
     fastest of any kind, up to ``count``, each distinct (a builder by its strategy, a runtime by
@@ -61,7 +64,8 @@ def baseline_arms(builder_trials: list[dict], ledger: BaselineLedger, skeleton: 
     found: list[tuple[float, str, str, Arm]] = []  # (time, kind, identity, arm)
     for t in builder_trials:
         strategy = Strategy.from_dict(t["strategy"])
-        found.append((trial_mean_s(t), "builder", strategy.hash, (strategy, ENGINE, f"builder {t['origin']}")))
+        found.append((trial_mean_s(t), "builder", strategy.hash, (strategy, runtime_of(strategy),
+                                                                  f"builder {t['origin']}")))
     for t in ledger.trials:
         if t.mean_s is not None:
             found.append((t.mean_s, t.runtime.name, t.runtime.config_json(), (skeleton, t.runtime, t.label)))

@@ -39,17 +39,20 @@ from ..cluster.workers import HEAD_RESOURCE
 from ..data.paths import data_home, dataset_dir
 from ..data.store import TrialDataset
 from ..data.tracking import MlflowLogger
+from ..engine.composed import ENGINE
 from ..engine.measure import TrialConfig, TrialResult
 from ..engine.runtime import Runtime
-from ..engine.runtimes import runtime_class, strategy_runtime_class
+from ..engine.fsdp import FSDPConfig, FSDPRuntime
+from ..engine.runtimes import runtime_class, runtime_from_record, strategy_runtime_class
 from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
+from ..simulator.memory import GIB, MemoryBudget
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.files import check_name, path_under
 from ..spec.model import ModelSpec
 from ..strategy.builders import build_strategy
-from ..strategy.schema import Strategy
+from ..strategy.schema import ShardSynchronizer, Strategy
 from .baselines import TUNERS, BaselineLedger, BaselineTrial, RuntimeTuner, horovod_baselines
 from .confirm import confirmation_arms, confirmation_result, is_builder_trial, trial_mean_s
 from .profiles import ensure_profile
@@ -74,14 +77,117 @@ def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
     return lambda strategy: project_to_tensorflow(strategy, model)
 
 
+def is_search_row(record: Any) -> bool:
+    """Whether a row is one of the search algorithm's own trials (its strategy run by the engine,
+    TensorFlow, or FSDP2 from the strategy's shard plans), not a baseline runtime's nor a
+    confirmation."""
+    if record.trial_id.startswith("confirm-"):
+        return False
+    if runtime_class(record.runtime).runs_strategy:
+        return True
+    return record.runtime == "fsdp" and json.loads(record.runtime_json or "{}").get("from_strategy") is True
+
+
 def _search_state(records: list) -> dict[str, Any]:
-    """The search algorithm's state from its rows: the trials of runtimes that execute strategies
-    (not the tuned baselines, not confirmations), in the order recorded. Hashes are recomputed from
-    the strategies (a row of an older strategy schema stores the hash of its old form)."""
+    """The search algorithm's state from its rows: its own trials (:func:`is_search_row`), in
+    the order recorded, each with the memory it measured. Hashes are recomputed from the
+    strategies (a row of an older strategy schema stores the hash of its old form)."""
     return {"trials": [{"trial_id": r.trial_id, "strategy": json.loads(r.strategy_json), "origin": r.origin,
-                        "predicted": r.predicted_time_s, "mean_s": r.mean_s if r.status == "ok" else None}
-                       for r in records if runtime_class(r.runtime).runs_strategy
-                       and not r.trial_id.startswith("confirm-")]}
+                        "predicted": r.predicted_time_s, "mean_s": r.mean_s if r.status == "ok" else None,
+                        **({"memory": r.memory_breakdown} if r.memory_breakdown else {})}
+                       for r in records if is_search_row(r)]}
+
+
+def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> MemoryBudget:
+    """The search's memory budget (DESIGN.md "memory budget"), its activation figures measured in
+    this process at the batch sizes a rank trains with (the model's, and half of it, for a line
+    through the uneven splits); a model that cannot be built here (a Keras one) starts with none."""
+    budget = MemoryBudget(model, cluster, gib=exp.search.memory_gib, headroom=exp.search.memory_headroom,
+                          optimizer=exp.trial.optimizer)
+    if getattr(workload, "framework", "torch") == "torch":
+        from ..engine.memory import single_process_activations
+
+        for batch, figure in single_process_activations(
+                workload, {model.batch_size, max(1, model.batch_size // 2)}, optimizer=exp.trial.optimizer,
+                seed=exp.seed).items():
+            budget.probe.add(batch, figure)
+    return budget
+
+
+class SearchFilter:
+    """What the search algorithm may propose in this session (its
+    :class:`~synctune.search.interface.MemoryCheck`): strategies the memory budget fits that a
+    runtime can run. A strategy whose units reshard runs on FSDP2, which needs every plan
+    ``shard``, one shard group and units at module boundaries; the samplers' moves can make one
+    that validates and that neither runtime runs (a resharded unit beside an all-reduce), and it
+    is never proposed. Checked on the model built on the meta device, once."""
+
+    def __init__(self, budget: MemoryBudget, workload: Any, model: ModelSpec) -> None:
+        self.budget, self.workload, self.model = budget, workload, model
+        self._module: Any = None
+
+    def _fsdp_runs(self, strategy: Strategy) -> bool:
+        from ..engine.fsdp import fsdp_plan
+
+        if self._module is None:
+            import torch
+
+            with torch.device("meta"):
+                self._module = self.workload.build_model()
+        try:
+            fsdp_plan(self._module, FSDPConfig(from_strategy=True), strategy, self.model)
+        except SpecError:
+            return False
+        return True
+
+    def fits(self, strategy: Strategy) -> bool:
+        from ..simulator.memory import runs_on_fsdp
+
+        if runs_on_fsdp(strategy) and not self._fsdp_runs(strategy):
+            return False
+        return self.budget.fits(strategy)
+
+    def fit(self, strategies: list, breakdowns: list) -> None:
+        self.budget.fit(strategies, breakdowns)
+
+
+def check_budget(budget: MemoryBudget, where: str) -> None:
+    """Refuse, before any trial, a budget that nothing fits: one line with the smallest predicted
+    peak (of the most frugal strategies the builders make) and the fix."""
+    peak, name = budget.smallest()
+    limits = [x for x in budget.limits(build_strategy("allreduce", budget.model, budget.cluster)) if x is not None]
+    if limits and peak > min(limits):
+        raise SpecError(f"{where}: search.memory_gib: nothing fits {budget.describe()} ({min(limits) / GIB:.3f} GiB "
+                        f"per rank): the smallest predicted peak is {peak / GIB:.3f} GiB per rank ({name}); raise "
+                        f"search.memory_gib, lower search.memory_headroom, or train a smaller batch")
+
+
+def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> tuple[MemoryBudget, float]:
+    """The search's memory budget (:func:`memory_budget`) and its share of sharded proposals
+    (:func:`shard_rate`), refusing before any trial a budget nothing fits and a search that
+    would score shard units with a simulator that never saw any."""
+    where = exp.source or exp.name
+    budget = memory_budget(exp, model, cluster, workload)
+    check_budget(budget, where)
+    skeleton = build_strategy("allreduce", model, cluster)
+    rate = shard_rate(exp, budget, skeleton)
+    if rate and exp.search.uses_simulator and exp.search.simulator == "pretrained":
+        why = "; replicated training does not fit the budget" if not budget.fits(skeleton) else ""
+        raise SpecError(f"{where}: search.simulator: the shipped pretrained simulator was trained before the shard "
+                        f"synchronizer, and this search proposes shard units (search.shard: "
+                        f"{str(exp.search.shard).lower()}{why}); use simulator: replay (or analytic, or rnn)")
+    return budget, rate
+
+
+def shard_rate(exp: Experiment, budget: MemoryBudget, skeleton: Strategy) -> float:
+    """The share of sampled strategies that shard units: every one where replicated training does
+    not fit (``search.shard: auto``; the others would not fit either), half with ``shard: true``,
+    none with ``false`` or where replicated training fits under ``auto``."""
+    if exp.search.shard is False:
+        return 0.0
+    if not budget.fits(skeleton):
+        return 1.0
+    return 0.5 if exp.search.shard is True else 0.0
 
 
 class SearchSession:
@@ -90,7 +196,8 @@ class SearchSession:
     run (the slice actors), the search algorithm (``algo``) and the baselines' ``ledger``."""
 
     def __init__(self, exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool,
-                 tracking_uri: str | None, node_net: dict | None, on_trial, say: Callable[[str], None]) -> None:
+                 tracking_uri: str | None, node_net: dict | None, on_trial, say: Callable[[str], None],
+                 memory: tuple[MemoryBudget, float] | None = None) -> None:
         self.exp, self.model, self.cluster, self.workload = exp, model, cluster, workload
         self.search_id, self.node_net, self.on_trial, self.say = search_id_of(exp), node_net, on_trial, say
         if node_net and exp.run.slices > 1:
@@ -105,17 +212,27 @@ class SearchSession:
                             f"seed")
         self.done = sorted(done, key=lambda r: (r.created_at, r.record_id))
         self.ledger = BaselineLedger([BaselineTrial.from_record(r) for r in self.done
-                                      if not runtime_class(r.runtime).runs_strategy])
+                                      if not is_search_row(r) and not r.trial_id.startswith("confirm-")])
         self.horovod_entries = horovod_baselines(exp, model, cluster, workload)
         self.framework = getattr(workload, "framework", "torch")
         self.strategy_runtime = strategy_runtime_class(self.framework)
         self.project = tensorflow_projection(model) if self.framework == "tensorflow" else None
+        self.skeleton = build_strategy("allreduce", model, cluster)  # the runtimes' replicas and (even) batch split
+        self.memory, self.shard_prob = memory or prepare_memory(exp, model, cluster, workload)
         if exp.search.uses_simulator and exp.search.simulator != "analytic" and self.framework == "torch":
             ensure_profile(workload, model, cluster, say)
         self.algo = self.new_algorithm(_search_state(self.done))
         self.trial_config = TrialConfig(warmup=exp.trial.warmup, iters=exp.trial.iters, seed=exp.seed,
-                                        timeout_s=exp.trial.timeout_s)
-        self.skeleton = build_strategy("allreduce", model, cluster)  # the runtimes' replicas and (even) batch split
+                                        timeout_s=exp.trial.timeout_s, optimizer=exp.trial.optimizer)
+        #: Per (strategy hash, runtime settings), each rank's measured peak of the last trial that
+        #: measured one (the summary's memory per rank, measured beside predicted).
+        self.measured_peaks: dict[tuple[str, str], list[int | None]] = {}
+        for r in self.done:
+            breakdown = r.memory_breakdown
+            if breakdown:
+                self.measured_peaks[(Strategy.from_json(r.strategy_json).hash,
+                                     runtime_from_record(r.runtime, r.runtime_json).config_json())] = [
+                    m.get("peak_bytes") for m in breakdown]
         self.holders: list = []
         self.slice_names = [f"synctune-slice-{self.search_id}-{i}" for i in range(exp.run.slices)]
         self.free_slices = list(self.slice_names)
@@ -131,11 +248,22 @@ class SearchSession:
     def new_algorithm(self, state: dict) -> StrategySearch:
         """The search algorithm rebuilt from ``state`` (plain JSON), with a fresh simulator."""
         return StrategySearch.from_state(state, self.model, self.cluster, self.exp,
-                                     make_search_simulator(self.exp, self.model, self.cluster), self.project)
+                                         make_search_simulator(self.exp, self.model, self.cluster), self.project,
+                                         memory=SearchFilter(self.memory, self.workload, self.model),
+                                         shard_prob=self.shard_prob)
 
     def proposal_runtime(self, strategy: Strategy) -> Runtime:
-        """The runtime that runs a searched strategy (the engine; TensorFlow for a Keras model)."""
+        """The runtime that runs a searched strategy: the engine (TensorFlow for a Keras model);
+        FSDP2 for one whose shard units reshard after forward, which the engine does not execute."""
+        if any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard
+               for _p, _i, s in strategy.iter_shards()):
+            return FSDPRuntime(FSDPConfig(from_strategy=True))
         return self.strategy_runtime.from_options({}, strategy, self.model)
+
+    def memory_limits(self, strategy: Strategy) -> list[int | None]:
+        """Each rank's memory budget in bytes under ``strategy`` (what a trial's measured peak is
+        judged against: over it, the trial is ``oom``)."""
+        return self.memory.limits(strategy)
 
     def start_slices(self) -> None:
         """One named slice actor per slice, on a sliver of the head node."""
@@ -153,6 +281,9 @@ class SearchSession:
         """Record one trial (MLflow, then its dataset row) before anyone is told of it."""
         best_base = self.summary().best_baseline_s
         mean = result.measured_s
+        peaks = ((result.extra or {}).get("memory") or {}).get("peak_bytes")
+        if peaks:
+            self.measured_peaks[(strategy.hash, (runtime or ENGINE).config_json())] = list(peaks)
         record_result(result, strategy, self.model, self.cluster, dataset=self.dataset, logger=self.logger,
                       origin=origin, runtime=runtime, search_id=self.search_id, trial_id=trial_id,
                       predicted_time_s=predicted, experiment=self.exp.name, parent_run_id=self.parent,
@@ -188,9 +319,11 @@ def _tune_storage() -> str:
     return str(path_under(data_home(), "tune"))
 
 
-def tune_runtime(session: SearchSession, tuner: RuntimeTuner, budget: int) -> None:
+def tune_runtime(session: SearchSession, tuner: RuntimeTuner, budget: int, **context: Any) -> None:
     """Phase 1: tune a runtime's settings (``budget`` trials in all, a resumed search's included)
-    with Optuna's TPE through Ray Tune, on the first slice; each trial recorded as it completes."""
+    with Optuna's TPE through Ray Tune, on the first slice; each trial recorded as it completes,
+    judged against the memory budget. ``context`` goes to the tuner's searcher (``fits``: which
+    of its configurations the memory model says fit)."""
     from ray import tune
 
     from .searcher import RecordTunedTrials
@@ -210,12 +343,68 @@ def tune_runtime(session: SearchSession, tuner: RuntimeTuner, budget: int) -> No
         # The trainable only forwards to a slice actor: no CPU, a sliver of the head.
         tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),
         param_space={"slice": s.slice_names[0], "strategy": s.skeleton.to_dict(), "tuned": tuner.runtime,
-                     "trial_config": asdict(s.trial_config)},
-        tune_config=tune.TuneConfig(search_alg=tuner.searcher(s.exp, s.model, s.cluster, known),
+                     "trial_config": asdict(s.trial_config), "memory_limits": s.memory_limits(s.skeleton)},
+        tune_config=tune.TuneConfig(search_alg=tuner.searcher(s.exp, s.model, s.cluster, known, **context),
                                     num_samples=remaining, max_concurrent_trials=1, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{s.search_id}-{tuner.runtime}", storage_path=_tune_storage(), verbose=0,
                                   callbacks=[RecordTunedTrials(s.search_id, tuner.runtime)]),
     ).fit()
+
+
+def tune_ddp(session: SearchSession) -> None:
+    """Phase 1a: tuned torch DDP, where replicated training fits the memory budget."""
+    s = session
+    if s.exp.baselines.ddp_trials and not s.memory.fits(s.skeleton):
+        s.say(f"tuned torch DDP skipped: replicated training does not fit the memory budget (predicted "
+              f"{max(s.memory.peaks(s.skeleton)) / GIB:.3f} GiB per rank; {s.memory.describe()})")
+        return
+    tune_runtime(s, TUNERS["ddp"], s.exp.baselines.ddp_trials)
+
+
+def fsdp_trials(session: SearchSession) -> int:
+    """The tuned-FSDP2 trials this search runs: ``baselines.fsdp_trials``, where ``auto`` is 8
+    when the search proposes shard units and 0 otherwise."""
+    wanted = session.exp.baselines.fsdp_trials
+    return (8 if session.shard_prob else 0) if wanted == "auto" else int(wanted)
+
+
+def fsdp_fits(session: SearchSession) -> Callable[[FSDPConfig], bool]:
+    """Whether the memory model says an FSDP2 configuration fits: predicted on the all-shard
+    strategy FSDP2 runs under it (:func:`~synctune.engine.fsdp.strategy_of_config`), on the
+    model built on the meta device (no memory)."""
+    import torch
+
+    from ..engine.fsdp import strategy_of_config
+
+    try:
+        with torch.device("meta"):
+            module = session.workload.build_model()
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: built for real, once
+        module = session.workload.build_model()
+
+    def fits(config: FSDPConfig) -> bool:
+        return session.memory.fits(strategy_of_config(module, config, session.skeleton, session.model), runtime="fsdp")
+
+    return fits
+
+
+def tune_fsdp(session: SearchSession) -> None:
+    """Phase 1b: FSDP2 with its defaults and tuned (mesh, units, reshard, prefetch, reduce dtype),
+    Optuna's TPE through Ray Tune, over the configurations the memory model says fit."""
+    from .baselines import fsdp_layouts
+
+    s = session
+    budget = fsdp_trials(s)
+    if not budget:
+        return
+    if s.framework != "torch" or any(v.sparse for v in s.model.variables):
+        s.say(f"tuned torch FSDP2 skipped: FSDP2 runs dense torch models only ({s.model.name})")
+        return
+    fits = fsdp_fits(s)
+    if not fsdp_layouts(s.model, s.cluster, fits):
+        s.say(f"tuned torch FSDP2 skipped: no FSDP2 configuration fits the memory budget ({s.memory.describe()})")
+        return
+    tune_runtime(s, TUNERS["fsdp"], budget, fits=fits)
 
 
 def measure_runtime_baselines(session: SearchSession) -> None:
@@ -224,6 +413,9 @@ def measure_runtime_baselines(session: SearchSession) -> None:
 
     s = session
     measured = {t.origin for t in s.ledger.of("horovod")}
+    if s.horovod_entries and not s.memory.fits(s.skeleton):
+        s.say("real Horovod baselines skipped: replicated training does not fit the memory budget")
+        return
     for entry, runtime in s.horovod_entries:
         if entry in measured:
             continue
@@ -248,7 +440,10 @@ def run_algorithm(session: SearchSession) -> None:
     remaining = s.exp.search.budget - len(s.algo.trials)
     if remaining <= 0 or s.algo.finished:
         return
-    s.say(f"searching: {remaining} trial(s) of {s.exp.search.algorithm}, builder baselines first")
+    if s.algo.over_budget_baselines:
+        s.say(f"builder baselines over the memory budget, not trialled: {', '.join(s.algo.over_budget_baselines)}")
+    shard = f", shard units in {s.shard_prob:.0%} of the sampled strategies" if s.shard_prob else ""
+    s.say(f"searching: {remaining} trial(s) of {s.exp.search.algorithm}, builder baselines first{shard}")
     tune.Tuner(
         tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),
         # Reusing the trainables' actors saves a process start per trial (most of a small
@@ -275,7 +470,8 @@ def confirm_best(session: SearchSession) -> dict | None:
                                  f"trials"}
         s.say(f"confirmation skipped: {confirmation['error']}")
         return confirmation
-    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, confirm.candidates, confirm.baselines)
+    arms = confirmation_arms(s.algo.trials, s.ledger, s.skeleton, confirm.candidates, confirm.baselines,
+                             runtime_of=s.proposal_runtime)
     if arms is None:
         return {"error": "nothing to confirm: no searched strategy and baseline both finished"}
     candidates, baselines = arms
@@ -321,10 +517,41 @@ def summarize(session: SearchSession, confirmation: dict | None) -> SearchSummar
 
     summary = session.summary(confirmation)
     recommended = recommend(summary, session.skeleton.to_dict())
+    if recommended is not None and recommended.runtime.name == "engine":
+        # A searched strategy runs where its trials ran: FSDP2 when its units reshard.
+        recommended = replace(recommended, runtime=session.proposal_runtime(Strategy.from_dict(recommended.strategy)))
     if recommended is not None and recommended.kind == "search":
         recommended = replace(recommended, differs=differences_from_ddp(
             Strategy.from_dict(recommended.strategy), session.model, session.cluster.num_devices))
-    return replace(summary, recommended=recommended)
+    return replace(summary, recommended=recommended, memory=memory_summary(session, recommended))
+
+
+def memory_summary(session: SearchSession, recommended: Any) -> dict[str, Any]:
+    """What the recommendation costs in memory per rank, predicted (the memory model, on the
+    all-shard strategy an FSDP2 configuration runs) and measured (its last trial's probe), the
+    budget, and the trials the budget cost (``oom``) or spared (builders not trialled)."""
+    s = session
+    out: dict[str, Any] = {"budget": s.memory.describe(), "limit_bytes": s.memory.limits(s.skeleton),
+                           "oom_trials": sum(1 for r in s.dataset.records(model=s.model.name, cluster=s.cluster.name,
+                                                                          search_id=s.search_id) if r.status == "oom"),
+                           "over_budget_builders": list(s.algo.over_budget_baselines),
+                           "shard_share": s.shard_prob}
+    if recommended is None:
+        return out
+    strategy = Strategy.from_dict(recommended.strategy)
+    predicted = strategy
+    runtime = recommended.runtime
+    if runtime.name == "fsdp" and not runtime.config.from_strategy:
+        from ..engine.fsdp import strategy_of_config
+
+        import torch
+
+        with torch.device("meta"):
+            module = s.workload.build_model()
+        predicted = strategy_of_config(module, runtime.config, strategy, s.model)
+    out["predicted_peak_bytes"] = s.memory.peaks(predicted, "fsdp" if runtime.name == "fsdp" else "engine")
+    out["measured_peak_bytes"] = s.measured_peaks.get((strategy.hash, runtime.config_json()))
+    return out
 
 
 def finish(session: SearchSession, summary: SearchSummary) -> None:
@@ -352,11 +579,13 @@ def finish(session: SearchSession, summary: SearchSummary) -> None:
 
 def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workload, resume: bool = False,
                tracking_uri: str | None = None, on_trial: Callable[[TrialResult, SearchSummary], None] | None = None,
-               node_net: dict | None = None, on_phase: Callable[[str], None] | None = None) -> SearchSummary:
+               node_net: dict | None = None, on_phase: Callable[[str], None] | None = None,
+               memory: tuple[MemoryBudget, float] | None = None) -> SearchSummary:
     """Run (or resume) the search of ``exp`` for ``workload``; returns its summary. Ray must be
     initialized. ``node_net`` (a lab's network) runs each node's workers in that node's
     namespace. ``on_trial(result, summary so far)`` hears of each recorded trial;
-    ``on_phase(message)`` announces each phase."""
+    ``on_phase(message)`` announces each phase. ``memory``: the budget and shard share
+    :func:`prepare_memory` made already (the CLI checks the budget before Ray starts)."""
     from .searcher import SESSIONS
     from .slices import release_slices
 
@@ -364,11 +593,13 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     # only its older reporter).
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     session = SearchSession(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
-                            node_net=node_net, on_trial=on_trial, say=on_phase or (lambda _message: None))
+                            node_net=node_net, on_trial=on_trial, say=on_phase or (lambda _message: None),
+                            memory=memory)
     SESSIONS[session.search_id] = session
     try:
         session.start_slices()
-        tune_runtime(session, TUNERS["ddp"], exp.baselines.ddp_trials)
+        tune_ddp(session)
+        tune_fsdp(session)
         measure_runtime_baselines(session)
         run_algorithm(session)
         confirmation = confirm_best(session)

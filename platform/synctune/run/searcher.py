@@ -17,6 +17,7 @@ from typing import Any
 from ray import tune
 from ray.tune.search import Searcher
 
+from ..engine.memory import breakdown_from_row
 from .baselines import TUNERS, BaselineTrial
 from .slices import outcome_of
 
@@ -56,7 +57,7 @@ class StrategySearcher(Searcher):
         slice_name = s.free_slices.pop(0)
         s.proposals[trial_id] = (proposal, slice_name)
         config = {"slice": slice_name, "strategy": proposal.strategy.to_dict(),
-                  "trial_config": asdict(s.trial_config)}
+                  "trial_config": asdict(s.trial_config), "memory_limits": s.memory_limits(proposal.strategy)}
         runtime = s.proposal_runtime(proposal.strategy)
         if runtime.name != "engine":
             config["runtime"] = runtime.to_dict()
@@ -69,7 +70,7 @@ class StrategySearcher(Searcher):
         outcome = outcome_of(result)
         s.record(proposal.trial_id, proposal.strategy, proposal.origin, outcome,
                  runtime=s.proposal_runtime(proposal.strategy), predicted=proposal.predicted)
-        s.algo.tell(proposal.trial_id, outcome.measured_s)
+        s.algo.tell(proposal.trial_id, outcome.measured_s, memory=breakdown_from_row(outcome.extra.get("memory")))
         s.notify(outcome)
 
 

@@ -14,7 +14,7 @@ from ..spec.cluster import ClusterSpec
 from ..strategy.schema import Strategy
 from .baselines import TUNERS
 
-__all__ = ["SliceActor", "trainable", "release_slices", "outcome_of"]
+__all__ = ["SliceActor", "trainable", "release_slices", "outcome_of", "judge_memory"]
 
 
 class SliceActor:
@@ -76,11 +76,28 @@ def trainable(config: dict) -> None:
     if tuner is not None:  # a tuned runtime's trial: Optuna's parameters arrive in the config
         params = {k: config[k] for k in tuner.space}
         runtime = tuner.runtime_of(params).to_dict()
-    result = ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime))
+    result = judge_memory(ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime)),
+                          config.get("memory_limits"))
     if tuner is not None:
         result["extra"][f"{tuner.runtime}_params"] = params
     tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
                  "result_json": json.dumps(result)})
+
+
+def judge_memory(result: dict, limits: list | None) -> dict:
+    """A finished trial's result (plain data) as status ``oom`` when a rank's measured peak
+    (its memory breakdown's ``peak_bytes``: tensor memory, the allocator's on a GPU) exceeds
+    that rank's budget in ``limits`` (bytes per rank, None: none): DESIGN.md "memory budget".
+    Its times stay in the row; the search never ranks nor recommends it. A real CUDA
+    out-of-memory is ``oom`` already (:func:`synctune.engine.local.classify_error`)."""
+    if result.get("status") != "ok" or not limits:
+        return result
+    peaks = ((result.get("extra") or {}).get("memory") or {}).get("peak_bytes") or []
+    for r, (peak, limit) in enumerate(zip(peaks, limits)):
+        if peak is not None and limit is not None and peak > limit:
+            return dict(result, status="oom", error=f"rank {r} peaked at {peak / 2**30:.3f} GiB of tensor memory, over "
+                                                    f"its budget of {limit / 2**30:.3f} GiB (search.memory_gib)")
+    return result
 
 
 def outcome_of(reported: dict | None) -> TrialResult:

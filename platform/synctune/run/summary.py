@@ -70,6 +70,10 @@ class SearchSummary:
     recommended: Recommendation | None = None
     simulator_selection: tuple[dict, ...] = ()
     training_free_simulator: str | None = None
+    #: The memory budget and what the recommendation costs per rank, predicted and measured
+    #: (``budget``, ``limit_bytes``, ``predicted_peak_bytes``, ``measured_peak_bytes``,
+    #: ``oom_trials``, ``over_budget_builders``, ``shard_share``).
+    memory: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     def runtime_trials(self, runtime: str) -> int:
@@ -101,7 +105,7 @@ class SearchSummary:
                 "confirmed": self.confirmed, "best_mean_s": self.best_mean_s,
                 "best_builder_baseline_s": self.best_builder_baseline_s,
                 "speedup_over_best_baseline": self.speedup_over_best_baseline, "hit_rate": self.hit_rate,
-                "trials": self.trials, **self._per_runtime()}
+                "trials": self.trials, "memory": self.memory, **self._per_runtime()}
 
     def metrics(self) -> dict[str, float | None]:
         """The search run's MLflow metrics."""
@@ -110,6 +114,13 @@ class SearchSummary:
                "failed": self.failed, "trials_to_1_1x": self.trials_to_1_1x, "trials_to_1_2x": self.trials_to_1_2x,
                "best_builder_baseline_s": self.best_builder_baseline_s}
         out.update({k: v for k, v in self._per_runtime().items() if k.endswith("_best_s")})
+        peaks = [p for p in self.memory.get("measured_peak_bytes") or [] if p is not None]
+        if peaks:
+            out["recommended_measured_peak_bytes"] = max(peaks)
+        if self.memory.get("predicted_peak_bytes"):
+            out["recommended_predicted_peak_bytes"] = max(self.memory["predicted_peak_bytes"])
+        if "oom_trials" in self.memory:
+            out["oom_trials"] = self.memory["oom_trials"]
         confirmed = self.confirmed or {}
         if "ratio" in confirmed:
             out.update({"confirmed_speedup": confirmed["ratio"], "confirmed_speedup_low": confirmed["low"],

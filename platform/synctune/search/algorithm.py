@@ -33,12 +33,15 @@ from ..stats import search_outcome
 from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
 from .experiment import Experiment
-from .interface import Proposal, SimulatorProtocol
+from .interface import MemoryCheck, Proposal, SimulatorProtocol
 from .policies import ROUND_POLICIES
 from .selection import _Index, fidelity_level, select_diverse
 
 __all__ = ["SimulatorProtocol", "Proposal", "StrategySearch", "fidelity_level", "select_diverse"]
 
+#: Rounds drawn in a row whose every pick the memory budget dropped before the search gives up
+#: (a budget that only a few strategies fit; a round that proposes nothing ends the search at once).
+MAX_EMPTY_ROUNDS = 20
 #: Version of :meth:`StrategySearch.state`. 3: a trial's time is ``mean_s``; states before held
 #: it as ``runtime`` (still read).
 STATE_VERSION = 3
@@ -51,14 +54,20 @@ def _round_of(trial_id: str) -> int:
 
 
 def _baseline_proposals(model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
-                        project: Callable[[Strategy], Strategy] | None) -> list[Proposal]:
+                        project: Callable[[Strategy], Strategy] | None,
+                        memory: MemoryCheck | None = None) -> tuple[list[Proposal], list[str]]:
     """The experiment's baselines (AutoDist §3.1's hand-optimised builders), each strategy once,
     under the first builder that gives it; tuned-set entries that do not apply to the domain and
-    strategies the trials' runtime cannot execute are left out."""
+    strategies the trials' runtime cannot execute are left out, and so are those the memory
+    budget says do not fit (returned second, by builder entry: never trialled)."""
     queue: list[Proposal] = []
+    over: list[str] = []
     explicit = experiment.baselines.explicit_builders  # entries the experiment names itself
     for b in experiment.baselines.expanded_builders:
         strategy = baseline_strategy(b, model, cluster)
+        if memory is not None and not memory.fits(strategy):
+            over.append(b)
+            continue
         if b in TUNED_BASELINES and b not in explicit:
             try:
                 validate(strategy, model, cluster)
@@ -70,7 +79,7 @@ def _baseline_proposals(model: ModelSpec, cluster: ClusterSpec, experiment: Expe
             continue  # the trials' runtime cannot execute this builder's strategy
         if all(p.strategy.hash != strategy.hash for p in queue):
             queue.append(Proposal(trial_id=f"baseline-{b}", strategy=strategy, origin=b, predicted=None))
-    return queue
+    return queue, over
 
 
 def _stored_trial(trial: dict[str, Any]) -> dict[str, Any]:
@@ -100,8 +109,11 @@ class StrategySearch:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
                  simulator: SimulatorProtocol | None = None,
-                 project: Callable[[Strategy], Strategy] | None = None) -> None:
+                 project: Callable[[Strategy], Strategy] | None = None, *, memory: MemoryCheck | None = None,
+                 shard_prob: float = 0.0) -> None:
         self.policy = ROUND_POLICIES.get(experiment.search.algorithm)
+        self.memory = memory
+        self.shard_prob = float(shard_prob)
         self.project = project
         self.model = model
         self.cluster = cluster
@@ -110,7 +122,7 @@ class StrategySearch:
         self.index = _Index(model, cluster)
         self.simulator = simulator
         self.trials: list[dict[str, Any]] = []
-        self.queue: list[Proposal] = _baseline_proposals(model, cluster, experiment, project)
+        self.queue, self.over_budget_baselines = _baseline_proposals(model, cluster, experiment, project, memory)
         self.pending: dict[str, Proposal] = {}
         self.rounds = 0
         self.fitted_on = 0  # trials the simulator last learned from
@@ -139,8 +151,15 @@ class StrategySearch:
         if self.finished or self.waiting:
             return None
         if not self.queue:
-            self.rounds += 1
-            self.queue = self._round(self.rounds)
+            for _ in range(MAX_EMPTY_ROUNDS):
+                self.rounds += 1
+                # The last guard of the budget: a policy's pick the memory model says does not
+                # fit is dropped, never trialled (the policies filter before they pick).
+                raw = self._round(self.rounds)
+                self.queue = [p for p in raw if self.fits(p.strategy)]
+                if self.queue or not raw:
+                    break
+                # Every pick was over the budget: the next round draws afresh (its own stream).
             if not self.queue:  # every proposal was measured already: nothing new to try
                 self.exhausted = True
                 return None
@@ -148,12 +167,18 @@ class StrategySearch:
         self.pending[proposal.trial_id] = proposal
         return proposal
 
-    def tell(self, trial_id: str, mean_s: float | None) -> None:
-        """Report a trial's mean iteration time in seconds (None when it failed)."""
+    def fits(self, strategy: Strategy) -> bool:
+        """Whether ``strategy`` fits the memory budget (always, without one)."""
+        return self.memory is None or self.memory.fits(strategy)
+
+    def tell(self, trial_id: str, mean_s: float | None, memory: list[dict] | None = None) -> None:
+        """Report a trial's mean iteration time in seconds (None when it failed or broke the
+        memory budget) and, where it measured one, its memory per rank part by part."""
         proposal = self.pending.pop(trial_id)
         self.trials.append({"trial_id": trial_id, "strategy": proposal.strategy.to_dict(),
                             "hash": proposal.strategy.hash, "origin": proposal.origin,
-                            "predicted": proposal.predicted, "mean_s": mean_s})
+                            "predicted": proposal.predicted, "mean_s": mean_s,
+                            **({"memory": memory} if memory else {})})
         if not self.pending and not self.queue:
             self._fit(len(self.trials))
 
@@ -198,6 +223,9 @@ class StrategySearch:
     def _fit(self, upto: int) -> None:
         """Let the simulator learn from the first ``upto`` trials (at a batch boundary)."""
         self.fitted_on = upto
+        if self.memory is not None:
+            told = self.trials[:upto]
+            self.memory.fit([Strategy.from_dict(t["strategy"]) for t in told], [t.get("memory") for t in told])
         if self.simulator is None:
             return
         strategies, times_s = self.measured(upto)
@@ -231,12 +259,13 @@ class StrategySearch:
     @classmethod
     def from_state(cls, state: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
                    simulator: SimulatorProtocol | None = None,
-                   project: Callable[[Strategy], Strategy] | None = None) -> "StrategySearch":
+                   project: Callable[[Strategy], Strategy] | None = None, *, memory: MemoryCheck | None = None,
+                   shard_prob: float = 0.0) -> "StrategySearch":
         """Rebuild a search from its finished trials (in the order they were told; a trial's
         time under ``mean_s``, or ``runtime`` as older versions wrote it): the simulator relearns
         at the same points as it did, the last round is drawn again and its unfinished trials
         are proposed again, so the search goes on as if never interrupted."""
-        search = cls(model, cluster, experiment, simulator, project)
+        search = cls(model, cluster, experiment, simulator, project, memory=memory, shard_prob=shard_prob)
         trials = [_stored_trial(t) for t in state.get("trials", [])]
         done = {t["trial_id"] for t in trials}
         last = max((_round_of(t["trial_id"]) for t in trials), default=0)
@@ -254,7 +283,7 @@ class StrategySearch:
         # Draw the last round again, exactly as it was drawn from the trials before it.
         search.queue = []
         search.rounds = last
-        regenerated = search._round(last)
+        regenerated = [p for p in search._round(last) if search.fits(p.strategy)]
         search.trials = trials
         search.queue = [p for p in regenerated if p.trial_id not in done]
         if not search.queue:

@@ -42,6 +42,8 @@ SIMULATOR_CHOICES: tuple[str, ...] = get_args(SimulatorKind)
 UNSIMULATED: tuple[str, ...] = ("random", "random-guided")
 #: A Horovod baseline entry: a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``), not a builder.
 HOROVOD_BASELINE = "hvd"
+#: The optimizers a trial can step (the engine's ``OPTIMIZERS``; a test holds them equal).
+TRIAL_OPTIMIZERS = ("sgd", "adam")
 #: The builders trialled first when an experiment names none.
 DEFAULT_BUILDERS = ("allreduce", "horovod", "ps-lb", "partitioned-ps", "parallax")
 
@@ -194,6 +196,16 @@ class SearchSection(_Section):
     #: Whether lossy compression (fp16, bf16, PowerSGD) may be proposed, here and in tuned DDP's
     #: comm hooks; false: every candidate trains exactly as plain data-parallel SGD.
     lossy: bool = True
+    #: Each device's memory budget in GiB (0: the cluster spec's device memory; a CPU node
+    #: without one shares the host's memory among its workers). Proposals the memory model
+    #: predicts over it are never trialled; a trial whose measured peak exceeds it is ``oom``.
+    memory_gib: float = 0.0
+    #: The share of the budget kept free (allocator fragmentation, the runtime's own context):
+    #: strategies must fit ``memory_gib * (1 - memory_headroom)``.
+    memory_headroom: float = 0.1
+    #: Whether the search proposes ``shard`` units (FSDP2/ZeRO, per module): ``auto`` where
+    #: replicated training does not fit the budget, ``true`` always, ``false`` never.
+    shard: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         for name, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
@@ -212,6 +224,12 @@ class SearchSection(_Section):
             raise self.bad("fidelity_accuracy", "a number in [0.5, 1)")
         self.check_bool("incumbent_moves")
         self.check_bool("lossy")
+        if not (is_number(self.memory_gib) and 0 <= self.memory_gib <= (1 << 50) / (1 << 30)):
+            raise self.bad("memory_gib", "a non-negative number of GiB (0: the cluster's device memory)")
+        if not (is_number(self.memory_headroom) and 0 <= self.memory_headroom < 1):
+            raise self.bad("memory_headroom", "a number in [0, 1) (the share of the budget kept free)")
+        if not (isinstance(self.shard, bool) or self.shard == "auto"):
+            raise self.bad("shard", "auto, true or false")
         if self.candidates > self.proposals:
             raise self.error(f"{self.key('candidates')} ({self.candidates}) cannot exceed "
                              f"{self.key('proposals')} ({self.proposals})")
@@ -234,8 +252,12 @@ class TrialSection(_Section):
     iters: int = 40
     #: Seconds a trial may take, and a slice of the Ray cluster to come up.
     timeout_s: float = 900.0
+    #: The optimizer every trial steps (``sgd``, ``adam``): Adam's two moments are what makes
+    #: replicated training outgrow a device's memory, and the memory model counts them.
+    optimizer: str = "sgd"
 
     def __post_init__(self) -> None:
+        self.check_choice("optimizer", TRIAL_OPTIMIZERS)
         self.check_int("warmup", 0, LIMITS["iterations"])
         self.check_int("iters", 1, LIMITS["iterations"])
         if not (is_number(self.timeout_s) and 0 < self.timeout_s <= LIMITS["timeout_s"]):
@@ -259,8 +281,13 @@ class BaselinesSection(_Section):
     #: the ``horovod`` runtime with those settings (checked against Horovod's when the search starts).
     horovod: tuple[str, ...] = ()
     #: torch DDP trials (bucket size, first bucket, comm hook tuned by Optuna through Ray Tune),
-    #: one more baseline, run before the search (0: none).
+    #: one more baseline, run before the search (0: none); skipped where the memory model says
+    #: replicated training does not fit the budget.
     ddp_trials: int = 8
+    #: torch FSDP2/HSDP trials (mesh, units, reshard after forward, prefetch, reduce dtype tuned by
+    #: Optuna through Ray Tune; the first is FSDP2's defaults where they fit), run before the
+    #: search: ``auto`` is 8 where the search proposes shard units (``search.shard``), else 0.
+    fsdp_trials: int | Literal["auto"] = "auto"
 
     @classmethod
     def from_flat(cls, flat: str, value: Any) -> dict[str, Any]:
@@ -275,6 +302,8 @@ class BaselinesSection(_Section):
         from ..strategy.schema import StrategyError
 
         self.check_int("ddp_trials", 0, LIMITS["budget"])
+        if self.fsdp_trials != "auto" and not in_range(self.fsdp_trials, 0, LIMITS["budget"]):
+            raise self.bad("fsdp_trials", f"auto or an integer from 0 to {LIMITS['budget']}")
         flat = "builders" in self.written_flat  # one list of builders and Horovod runs
         runs = ", and real Horovod runs ('hvd', 'hvd:fusion_threshold_mb=64')" if flat else ""
         if not _strings(self.builders):

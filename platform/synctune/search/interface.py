@@ -11,7 +11,7 @@ import numpy as np
 
 from ..strategy.schema import Strategy
 
-__all__ = ["Proposal", "SimulatorProtocol", "OPTIONAL_SIMULATOR_MEMBERS"]
+__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "OPTIONAL_SIMULATOR_MEMBERS"]
 
 
 class SimulatorProtocol(Protocol):
@@ -29,6 +29,20 @@ class SimulatorProtocol(Protocol):
     def score(self, strategies: list[Strategy]) -> np.ndarray: ...
 
     def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> Any: ...
+
+
+class MemoryCheck(Protocol):
+    """What the search needs of a memory budget (DESIGN.md "memory budget"; issue 34 item 1):
+    ``fits(strategy)``, whether every rank's predicted peak is within its device's budget; and
+    ``fit(strategies, breakdowns)``, learning from the memory the trials measured (per trial,
+    per rank, part by part; None where a trial measured none), called where the simulator
+    learns, so a resumed search judges as the uninterrupted one did. A strategy that does not
+    fit is never proposed (the memory model lives with the simulators:
+    :class:`synctune.simulator.memory.MemoryBudget`)."""
+
+    def fits(self, strategy: Strategy) -> bool: ...
+
+    def fit(self, strategies: list[Strategy], breakdowns: list[Any]) -> Any: ...
 
 
 #: What a simulator may also offer the search beyond :class:`SimulatorProtocol`'s two methods.

@@ -50,14 +50,27 @@ def round_seed(seed: int, round_: int) -> int:
 
 
 def _fresh(search: StrategySearch, strategies: list[Strategy], seen: set[str]) -> list[Strategy]:
-    """``strategies`` projected into the trials' space, each once, none in ``seen``."""
+    """``strategies`` projected into the trials' space, each once, none in ``seen``, none over
+    the memory budget."""
     out, hashes = [], set(seen)
     for s in strategies:
         s = search.project(s) if search.project is not None else s
         if s.hash not in hashes:
             hashes.add(s.hash)
-            out.append(s)
+            if search.fits(s):
+                out.append(s)
     return out
+
+
+def guided_sampler(search: StrategySearch, seed: int) -> GuidedSampler:
+    """The guided sampler of a round (AutoDist §2.4), drawing ``shard`` units at the search's rate."""
+    return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
+                         shard_prob=search.shard_prob)
+
+
+def choice_space(search: StrategySearch) -> ChoiceSpace:
+    """The local searches' choices in the search's domain (``shard`` among them where the search shards)."""
+    return ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy, shard=search.shard_prob > 0)
 
 
 class RandomPolicy:
@@ -69,8 +82,15 @@ class RandomPolicy:
 
     def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
         sampler = self.sampler(search, round_seed(search.exp.seed, round_))
-        # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured.
-        picked = _fresh(search, sampler.sample_many(3 * k), search.seen())[:k]
+        # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured;
+        # under a memory budget, more batches while too few draws fit.
+        picked: list[Strategy] = []
+        seen = search.seen()
+        for _ in range(1 if search.memory is None else 20):
+            picked += _fresh(search, sampler.sample_many(3 * k), seen | {s.hash for s in picked})
+            if len(picked) >= k:
+                break
+        picked = picked[:k]
         return [Proposal(trial_id=f"r{round_}-{i}", strategy=s, origin=search.settings.algorithm, predicted=None)
                 for i, s in enumerate(picked)]
 
@@ -80,7 +100,7 @@ class RandomGuidedPolicy(RandomPolicy):
     knowledge constraints, AutoDist §2.4), trialled as drawn, no simulator."""
 
     def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
-        return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy)
+        return guided_sampler(search, seed)
 
 
 class _LocalSearchPolicy:
@@ -96,12 +116,16 @@ class _LocalSearchPolicy:
         picks among them), not measured yet, at most ``keep``; started from the two fastest
         measured strategies."""
         model = getattr(search.simulator, "training_free", search.simulator)
-        space = ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy)
+        space = choice_space(search)
 
         def score(strategies: list[Strategy]) -> np.ndarray:
             if search.project is not None:
                 strategies = [search.project(s) for s in strategies]
-            return np.asarray(model.score(strategies), dtype=float)
+            values = np.asarray(model.score(strategies), dtype=float)
+            if search.memory is not None:
+                # Over the budget is never kept (the local searches keep finite scores only).
+                values[[not search.fits(s) for s in strategies]] = -np.inf
+            return values
 
         seen = search.seen()
         strategies, times_s = search.measured()
@@ -167,7 +191,8 @@ def _scored_columns(search: StrategySearch, guided: GuidedSampler, k: int, tag: 
         def fresh(c: int, pool=pool) -> bool:
             i = int(pool[c])
             made[i] = cols.strategy(int(distinct[i]))
-            return made[i].hash not in seen and all(made[i].hash != made[j].hash for j in picks)
+            return (made[i].hash not in seen and all(made[i].hash != made[j].hash for j in picks)
+                    and search.fits(made[i]))
 
         chosen = select_diverse(None, scores[pool], k - len(picks), None, signatures=signatures[pool], accept=fresh)
         picks += [int(pool[c]) for c in chosen]
@@ -204,7 +229,7 @@ def _split_step(search: StrategySearch, guided: GuidedSampler, out: list[Proposa
     best = strategies[int(np.argmin(times_s))]
     taken = {p.strategy.hash for p in out} | seen
     variants = [v for v in (guided.split_towards_speed(best, t) for t in (0.25, 0.5, 0.75, 1.0))
-                if v.hash not in taken]
+                if v.hash not in taken and search.fits(v)]
     variants = list({v.hash: v for v in variants}.values())
     if not variants:
         return out
@@ -224,10 +249,11 @@ class AutoDistPolicy:
     def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
         seed, settings = round_seed(search.exp.seed, round_), search.settings
         rng = random.Random(seed)
-        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=settings.lossy)
+        guided = guided_sampler(search, seed)
         tag, seen = f"r{round_}", search.seen()
+        # Columns cannot hold shard units: a search that shards draws strategy objects.
         if (settings.generator == "sampler" and search.project is None and guided.speeds is None
-                and hasattr(search.simulator, "score_columns")):
+                and hasattr(search.simulator, "score_columns") and not search.shard_prob):
             out = _scored_columns(search, guided, k, tag, seen)
         elif settings.generator != "sampler":
             generator = ROUND_POLICIES.get(settings.generator)
@@ -260,7 +286,7 @@ class AutoDistPolicy:
         if not strategies:
             return None
         best = strategies[int(np.argmin(times_s))]
-        space = ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy)
+        space = choice_space(search)
         moves = global_moves(best, space)
         for coordinate in space.coordinates(8):
             moves += space.neighbours(best, coordinate)
@@ -268,7 +294,7 @@ class AutoDistPolicy:
             moves = [search.project(m) for m in moves]
         unique: dict[str, Strategy] = {}
         for m in moves:
-            if m.hash not in taken and m.hash != best.hash and m.hash not in unique:
+            if m.hash not in taken and m.hash != best.hash and m.hash not in unique and search.fits(m):
                 try:
                     validate(m, search.model, search.cluster)
                 except StrategyError:
@@ -290,7 +316,7 @@ class GeneticPolicy:
     def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
         seed = round_seed(search.exp.seed, round_)
         rng = random.Random(seed)
-        guided = GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy)
+        guided = guided_sampler(search, seed)
         tag, seen = f"r{round_}", search.seen()
         strategies, times_s = search.measured(search.fitted_on)
         if len(strategies) < 2:

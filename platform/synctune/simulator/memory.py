@@ -48,7 +48,7 @@ from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSS
                                ShardSynchronizer, Strategy)
 
 __all__ = ["RankMemory", "OPTIMIZER_STATE", "optimizer_state", "predict_memory", "memory_errors",
-           "activation_figures"]
+           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "runs_on_fsdp", "GIB"]
 
 #: Optimizer name -> (state elements per parameter element, bytes of per-tensor scalars): Adam's
 #: two moments and its ``step`` (a float32 scalar tensor per parameter, torch's default).
@@ -149,26 +149,33 @@ def _multiplier(optimizer_state_multiplier: float | str, optimizer_step_bytes: i
 def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
                    optimizer_state_multiplier: float | str = 0.0, optimizer_step_bytes: int | None = None,
                    activation_bytes: int | Sequence[int] | Callable[[int], int] = 0,
-                   sparse_rows_per_sample: float = 1.0) -> list[RankMemory]:
+                   sparse_rows_per_sample: float = 1.0, runtime: str = "engine") -> list[RankMemory]:
     """Each rank's predicted peak memory under ``strategy`` (see the module docstring), in the
     order of ``strategy.replicas``. ``optimizer_state_multiplier``: state elements per updated
     element, or an optimizer's name (``adam``: 2 and a 4-byte ``step`` per tensor; ``sgd``: 0);
     ``optimizer_step_bytes`` overrides the per-tensor scalars. ``activation_bytes``: the
     strategy-independent memory of a rank (one figure, one per rank, or a function of the
-    rank's batch size)."""
+    rank's batch size). ``runtime``: ``engine`` (its shard units' buckets persist, a ZeRO-2 unit
+    keeps whole gradients) or ``fsdp`` (torch FSDP2: every unit's gradients are its rows after
+    the reduce-scatter, one unit's whole gradient in flight; gather and reduce-scatter buffers
+    live only inside the iteration; a unit kept after forward holds its whole parameters beside
+    its rows)."""
+    if runtime not in ("engine", "fsdp"):
+        raise SpecError(f"predict_memory: runtime: expected engine or fsdp, got {runtime!r}")
     multiplier, step_bytes = _multiplier(optimizer_state_multiplier, optimizer_step_bytes)
     world = len(strategy.replicas)
     activations = _per_rank(activation_bytes, list(strategy.batch_split), "activation_bytes")
     tally = _Tally(world=world, multiplier=multiplier, step_bytes=step_bytes)
-    groups, units = _count_plans(tally, strategy, model_spec, sparse_rows_per_sample)
+    groups, units = _count_plans(tally, strategy, model_spec, sparse_rows_per_sample, fsdp=runtime == "fsdp")
     _count_merge_groups(tally, groups, [cluster_spec.node_of(d).name for d in strategy.replicas])
-    _count_shard_units(tally, units)
+    _count_shard_units(tally, units, fsdp=runtime == "fsdp")
     return [RankMemory(rank=r, device=strategy.replicas[r], params_bytes=tally.params[r], grads_bytes=tally.grads[r],
                        optimizer_state_bytes=tally.state[r], comm_buffers_bytes=tally.buffers[r],
                        activations_bytes=activations[r]) for r in range(world)]
 
 
-def _count_plans(tally: _Tally, strategy: Strategy, model_spec: ModelSpec, sparse_rows_per_sample: float):
+def _count_plans(tally: _Tally, strategy: Strategy, model_spec: ModelSpec, sparse_rows_per_sample: float,
+                 fsdp: bool = False):
     """Every plan's parameters, gradients, optimizer state and per-shard buffers; returns the
     all-reduce merge groups (group -> (bytes, algorithm, item size)) and the shard units (unit ->
     (variable, synchronizer)), whose buffers are counted whole afterwards."""
@@ -181,7 +188,10 @@ def _count_plans(tally: _Tally, strategy: Strategy, model_spec: ModelSpec, spars
         var = model_spec[plan.variable]
         item = var.num_bytes // var.num_elements
         shapes = shard_shapes(var.shape, plan.partition)
-        sharded = any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard for s in plan.shards)
+        # FSDP2 holds every unit's parameters and gradients as rows (counted per unit); the
+        # engine only a resharded unit's.
+        sharded = any(isinstance(s.synchronizer, ShardSynchronizer) and (s.synchronizer.reshard or fsdp)
+                      for s in plan.shards)
         for r in range(world):
             if not sharded:
                 tally.params[r] += var.num_bytes
@@ -239,11 +249,14 @@ def _count_merge_groups(tally: _Tally, groups: dict, nodes: list[str]) -> None:
                 tally.buffers[r] += used
 
 
-def _count_shard_units(tally: _Tally, units: dict) -> None:
+def _count_shard_units(tally: _Tally, units: dict, fsdp: bool = False) -> None:
     """Each ``shard`` unit: this rank's rows' optimizer state, the unit's buffers, and with
     reshard this rank's rows of parameters and gradients plus the largest ``prefetch + 1``
-    units gathered whole (in flight)."""
+    units gathered whole (in flight). Under FSDP2 (``fsdp``): no persistent buffers; every
+    unit's rows of parameters and gradients, a kept unit's whole parameters beside them, and the
+    largest unit's whole gradient (before its reduce-scatter)."""
     largest_gathered = []
+    largest_unit = 0
     for members in units.values():
         sync = members[0][1]
         whole = sum(v.num_bytes for v, _ in members)
@@ -263,17 +276,24 @@ def _count_shard_units(tally: _Tally, units: dict) -> None:
             # variables' float32; a bf16 reduce adds the same two in bfloat16 (what travels), so
             # 1.5 times the float32 pair.
             pair = padded_slice * size + padded_slice
-            tally.buffers[r] += pair + (pair // 2 if sync.reduce_dtype == "bf16" else 0)
-            if sync.reshard:
+            if not fsdp:
+                tally.buffers[r] += pair + (pair // 2 if sync.reduce_dtype == "bf16" else 0)
+            if sync.reshard or fsdp:
                 tally.params[r] += mine
                 tally.grads[r] += mine
+            if fsdp and not sync.reshard:
+                tally.params[r] += whole
         if sync.reshard:
             largest_gathered.append((whole, sync.prefetch))
+        largest_unit = max(largest_unit, whole)
     if largest_gathered:
         depth = max(p for _, p in largest_gathered) + 1
         in_flight = sum(sorted((w for w, _ in largest_gathered), reverse=True)[:depth])
         for r in range(tally.world):
             tally.params[r] += in_flight
+    if fsdp:
+        for r in range(tally.world):
+            tally.grads[r] += largest_unit
 
 
 def _measured(record) -> list[dict[str, int | None]] | None:
@@ -359,3 +379,152 @@ def memory_errors(records: Iterable[Any], *, activations: str = "reference") -> 
                         "error": abs(p.peak_bytes - m["peak_bytes"]) / m["peak_bytes"] if m["peak_bytes"] else None,
                         "predicted": p.to_dict(), "measured": m})
     return out
+
+
+#: Bytes in a GiB (budgets are written in GiB, as device memory is).
+GIB = 1 << 30
+
+
+class ActivationFigures:
+    """The strategy-independent memory of a rank (activations, the batch, module buffers, the
+    iteration's temporaries) as a function of its batch size, from what was measured: figures
+    at the batch sizes seen (their median), a least-squares line through them elsewhere (one
+    batch size seen: proportional to the batch). Measured trials add figures as a search runs,
+    so the memory model learns the domain it judges."""
+
+    def __init__(self, points: Mapping[int, Iterable[int]] | None = None) -> None:
+        self.points: dict[int, list[int]] = {int(b): [int(v) for v in vs] for b, vs in (points or {}).items()}
+
+    def add(self, batch: int, figure: int) -> None:
+        """One measured figure of a rank with ``batch`` samples."""
+        self.points.setdefault(int(batch), []).append(max(0, int(figure)))
+
+    def __bool__(self) -> bool:
+        return any(self.points.values())
+
+    def __call__(self, batch: int) -> int:
+        import statistics
+
+        medians = {b: statistics.median(v) for b, v in self.points.items() if v}
+        if not medians:
+            return 0
+        if batch in medians:
+            return int(medians[batch])
+        if len(medians) == 1:
+            (b0, f0), = medians.items()
+            return int(f0 * batch / b0) if b0 else int(f0)
+        xs, ys = list(medians), list(medians.values())
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / (sum((x - mx) ** 2 for x in xs) or 1.0)
+        return max(0, int(my + slope * (batch - mx)))
+
+
+def reference_activations(strategy: Strategy, measured: Sequence[Mapping[str, int | None]]) -> list[tuple[int, int]]:
+    """(rank's batch, strategy-independent bytes) of each rank of a measured breakdown, where the
+    strategy is a reference for it (every shard all-reduced or all-gathered: a PS server, SFB's
+    factors or a shard unit's gathers would add temporaries of their own); [] otherwise."""
+    if any(isinstance(s.synchronizer, (PSSynchronizer, ShardSynchronizer, SFBSynchronizer))
+           for _p, _i, s in strategy.iter_shards()):
+        return []
+    out = []
+    for r, m in enumerate(measured):
+        if r >= len(strategy.batch_split) or None in (m.get("peak_bytes"), m.get("params_bytes"), m.get("grads_bytes"),
+                                                      m.get("optimizer_state_bytes"), m.get("comm_buffers_bytes")):
+            continue
+        out.append((strategy.batch_split[r], m["peak_bytes"] - m["params_bytes"] - m["optimizer_state_bytes"]
+                    - m["comm_buffers_bytes"] - m["grads_bytes"]))
+    return out
+
+
+def runs_on_fsdp(strategy: Strategy) -> bool:
+    """Whether a search runs ``strategy`` on FSDP2 (a unit reshards after forward, which the
+    engine does not execute) rather than the engine."""
+    return any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard
+               for _p, _i, s in strategy.iter_shards())
+
+
+@dataclass
+class MemoryBudget:
+    """A search's memory budget (DESIGN.md "memory budget"; issue 34 item 1): each device may
+    use ``gib`` GiB at its peak (0: the cluster spec's device memory, see
+    :meth:`~synctune.spec.cluster.ClusterSpec.device_memory_budget_bytes`), less ``headroom``
+    of it; a strategy fits when every rank's predicted peak (:func:`predict_memory`, the
+    trials' ``optimizer``, the ``activations``) is within its device's limit. ``probe``: the
+    activation figures measured before any trial (one process); :meth:`fit` replaces them with
+    what the search's own trials measured once any did."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    gib: float = 0.0
+    headroom: float = 0.1
+    optimizer: str = "sgd"
+    probe: ActivationFigures = field(default_factory=ActivationFigures)
+
+    def __post_init__(self) -> None:
+        self.activations = self.probe
+
+    def limit_bytes(self, device: str) -> int | None:
+        """What a rank on ``device`` may hold at its peak (None: no limit is known)."""
+        base = int(self.gib * GIB) if self.gib else self.cluster.device_memory_budget_bytes(device)
+        return None if base is None else int(base * (1.0 - self.headroom))
+
+    def limits(self, strategy: Strategy) -> list[int | None]:
+        """Each rank's limit, in the order of ``strategy.replicas``."""
+        return [self.limit_bytes(d) for d in strategy.replicas]
+
+    def predict(self, strategy: Strategy, runtime: str | None = None) -> list[RankMemory]:
+        """Each rank's predicted memory under ``strategy`` run by ``runtime`` (``engine`` or
+        ``fsdp``; None: where a search runs it, FSDP2 when a unit reshards (:func:`runs_on_fsdp`),
+        else the engine)."""
+        runtime = runtime or ("fsdp" if runs_on_fsdp(strategy) else "engine")
+        return predict_memory(strategy, self.model, self.cluster, optimizer_state_multiplier=self.optimizer,
+                              activation_bytes=self.activations, runtime=runtime)
+
+    def peaks(self, strategy: Strategy, runtime: str | None = None) -> list[int]:
+        """Each rank's predicted peak bytes (``runtime`` as :meth:`predict`)."""
+        return [r.peak_bytes for r in self.predict(strategy, runtime)]
+
+    def fits(self, strategy: Strategy, runtime: str | None = None) -> bool:
+        """Whether every rank's predicted peak is within its limit (``runtime`` as :meth:`predict`)."""
+        return all(lim is None or p <= lim for p, lim in zip(self.peaks(strategy, runtime), self.limits(strategy)))
+
+    def fits_many(self, strategies: Sequence[Strategy]) -> list[bool]:
+        """:meth:`fits` of each strategy."""
+        return [self.fits(s) for s in strategies]
+
+    def fit(self, strategies: Sequence[Strategy], measured: Sequence[Sequence[Mapping[str, int | None]] | None]) -> None:
+        """Learn the activation figures from measured trials (each strategy's per-rank
+        breakdown, None where it has none), the reference ones only
+        (:func:`reference_activations`); without any, the probe's figures stay."""
+        learned = ActivationFigures()
+        for strategy, breakdown in zip(strategies, measured):
+            for batch, figure in reference_activations(strategy, breakdown or []):
+                learned.add(batch, figure)
+        self.activations = learned if learned else self.probe
+
+    def over(self, peaks: Sequence[int | None], strategy: Strategy) -> str | None:
+        """Why measured ``peaks`` (per rank) break the budget, or None when within it."""
+        for r, (p, lim) in enumerate(zip(peaks, self.limits(strategy))):
+            if p is not None and lim is not None and p > lim:
+                return (f"rank {r} ({strategy.replicas[r]}) peaked at {p / GIB:.3f} GiB, over its budget of "
+                        f"{lim / GIB:.3f} GiB")
+        return None
+
+    def describe(self) -> str:
+        """The budget in words, e.g. ``0.25 GiB per device, less 10% headroom``."""
+        base = f"{self.gib:g} GiB per device" if self.gib else "the cluster's device memory"
+        return f"{base}, less {self.headroom:.0%} headroom" if self.headroom else base
+
+    def smallest(self) -> tuple[int, str]:
+        """The smallest predicted peak (the largest rank's) of the most frugal strategies the
+        builders make, FSDP2's way at every module depth resharded or not, and the replicated
+        all-reduce (what a budget that nothing fits is refused with), and that strategy's name."""
+        from ..strategy.builders import build_strategy
+
+        depth = max((len(v.name.split(".")) - 1 for v in self.model.variables), default=1)
+        named = [("allreduce", build_strategy("allreduce", self.model, self.cluster))]
+        for d in range(1, max(1, depth) + 1):
+            for reshard in (True, False):
+                named.append((f"shard:depth={d},reshard={str(reshard).lower()}",
+                              build_strategy("shard", self.model, self.cluster, depth=d, reshard=reshard)))
+        return min((max(self.peaks(s)), name) for name, s in named)
