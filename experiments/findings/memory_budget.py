@@ -92,15 +92,24 @@ def oracle(workload, cluster, node_net, budget, warmup: int, iters: int, extra: 
         if key not in seen:
             seen.add(key)
             arms.append((s, rt, origin))
+    from synctune.spec import SpecError
+
     config = TrialConfig(warmup=warmup, iters=iters, optimizer="adam")
     timed = []
     with RayWorkerGroup(cluster, node_net=node_net) as group:
         for s, rt, origin in arms:
-            r = group.run_trial(s, config, workload=workload, runtime=rt)
-            if r.ok:
+            try:
+                r = group.run_trial(s, config, workload=workload, runtime=rt)
+            except SpecError as exc:  # a grid point the runtime refuses (e.g. not a module boundary)
+                print(f"    oracle: {origin}: refused: {str(exc)[:120]}", flush=True)
+                continue
+            peaks = ((r.extra or {}).get("memory") or {}).get("peak_bytes") or []
+            if r.ok and budget.over(peaks, s) is None:  # over the budget: an oom arm, never the oracle
                 timed.append((r.median_s, s, rt, origin))
         timed.sort(key=lambda t: t[0])
         top = timed[:5]
+        if len(top) < 2:
+            raise RuntimeError(f"oracle: {len(top)} arm(s) finished within the budget; need 2")
         from synctune.stats import SequentialRule
 
         c = group.run_confirm([(s, rt) for _t, s, rt, _o in top], TrialConfig(warmup=warmup, seed=0,
@@ -237,6 +246,9 @@ def main() -> None:
                                   spec, cluster, workload)
             budget.probe = budget.activations = probe.probe
             fits = budget.fits(build_strategy("allreduce", spec, cluster))
+            print(f"{domain}: replicated Adam {'fits' if fits else 'does not fit'} the budget (predicted "
+                  f"{max(budget.peaks(build_strategy('allreduce', spec, cluster))) / 2**20:.1f} MiB per rank)",
+                  flush=True)
             ray.init(address="local", num_cpus=cluster.num_devices + 1, include_dashboard=False, log_to_driver=False)
             try:
                 runs = []

@@ -33,6 +33,9 @@ def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: 
         echo_err(f"note: the recommendation is {chosen.name}; its settings are in {settings}, and no training file "
                  f"is written")
         return None, ""
+    from ..engine.fsdp import has_shard_plans
+    from ..strategy import Strategy
+
     strategy = chosen.strategy
     if chosen.runtime.name == "fsdp" and not chosen.runtime.config.from_strategy:
         # Tuned FSDP2's configuration as the all-shard strategy FSDP2 runs under it: the
@@ -40,7 +43,6 @@ def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: 
         import torch
 
         from ..engine.fsdp import strategy_of_config
-        from ..strategy import Strategy
 
         with torch.device("meta"):
             module = workload.build_model()
@@ -49,6 +51,10 @@ def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: 
     try:
         return apply_search_result(strategy, workload, cluster, best_path, seed=exp.seed,
                                    ddp=chosen.runtime.config_dict() if chosen.runtime.name == "ddp" else None,
+                                   # The file runs what the trials measured: the engine's ZeRO-2 units
+                                   # stay the engine's even where FSDP2 could express them.
+                                   fmt="fsdp" if chosen.runtime.name == "fsdp" else
+                                   "engine" if has_shard_plans(Strategy.from_dict(strategy)) else "auto",
                                    logger=MlflowLogger(exp.name, tracking_uri),
                                    parent_run_id=summary.mlflow_parent_run or "")
     except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus

@@ -327,14 +327,15 @@ def run_command(strategy: Strategy, output) -> str:
 
 
 def apply_search_result(best: dict, workload, cluster: ClusterSpec, best_path, *, seed: int = 0,
-                        logger=None, parent_run_id: str = "", ddp: dict | None = None):
+                        logger=None, parent_run_id: str = "", ddp: dict | None = None, fmt: str = "auto"):
     """The best strategy of a search (or, ``ddp`` given, the tuned DDP configuration that won)
     as a training file next to it (``<best>-train.py``), also attached to the search's MLflow
-    run; returns (path, format used)."""
+    run; returns (path, format used). ``fmt``: the training file's format (:data:`FORMATS`; the
+    runtime the search measured the winner on, so the file runs what was measured)."""
     from pathlib import Path
 
     path = Path(best_path).with_name(Path(best_path).stem + "-train.py")
-    used = write_training_file(Strategy.from_dict(best), workload, cluster, path, seed=seed,
+    used = write_training_file(Strategy.from_dict(best), workload, cluster, path, fmt, seed=seed,
                                ddp=DDPConfig.from_dict(ddp) if ddp else None)
     if logger is not None and parent_run_id:
         logger.log_text(parent_run_id, path.read_text(), "train.py")

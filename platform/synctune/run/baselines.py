@@ -214,6 +214,11 @@ def _fitting_search_class():
             self._ot_study.enqueue_trial({"layout": point["layout"], "prefetch": prefetch, "reduce_dtype": dtype})
             return super().suggest(trial_id)
 
+        def __getstate__(self) -> dict:
+            # Tune pickles its searcher when the Tuner is made (tuner.pkl); the predicate holds
+            # the live session's memory model and need not travel with it.
+            return {**self.__dict__, "_fits": None}
+
         def save(self, checkpoint_path: str) -> None:
             # The predicate is the session's (a closure over its memory model): not part of the state.
             fits, self._fits = self._fits, None

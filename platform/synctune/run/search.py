@@ -127,15 +127,21 @@ class SearchFilter:
         self._module: Any = None
 
     def _fsdp_runs(self, strategy: Strategy) -> bool:
-        from ..engine.fsdp import fsdp_plan
+        from ..engine.fsdp import _check_group, _check_plan, _shard_units, fsdp_plan
 
         if self._module is None:
             import torch
 
-            with torch.device("meta"):
+            try:
+                with torch.device("meta"):
+                    self._module = self.workload.build_model()
+            except Exception:  # noqa: BLE001 - an op without a meta kernel: built for real, once
                 self._module = self.workload.build_model()
+        config = FSDPConfig(from_strategy=True)
         try:
-            fsdp_plan(self._module, FSDPConfig(from_strategy=True), strategy, self.model)
+            _by_unit, _syncs, (group, _var) = _shard_units(strategy)
+            _check_group("strategy: shard: group", group, strategy, self.budget.cluster)
+            _check_plan(fsdp_plan(self._module, config, strategy, self.model), config)
         except SpecError:
             return False
         return True
@@ -154,9 +160,9 @@ class SearchFilter:
 def check_budget(budget: MemoryBudget, where: str) -> None:
     """Refuse, before any trial, a budget that nothing fits: one line with the smallest predicted
     peak (of the most frugal strategies the builders make) and the fix."""
-    peak, name = budget.smallest()
+    peak, name, fits = budget.smallest()
     limits = [x for x in budget.limits(build_strategy("allreduce", budget.model, budget.cluster)) if x is not None]
-    if limits and peak > min(limits):
+    if limits and not fits:
         raise SpecError(f"{where}: search.memory_gib: nothing fits {budget.describe()} ({min(limits) / GIB:.3f} GiB "
                         f"per rank): the smallest predicted peak is {peak / GIB:.3f} GiB per rank ({name}); raise "
                         f"search.memory_gib, lower search.memory_headroom, or train a smaller batch")
@@ -171,6 +177,10 @@ def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, work
     check_budget(budget, where)
     skeleton = build_strategy("allreduce", model, cluster)
     rate = shard_rate(exp, budget, skeleton)
+    if exp.search.shard is False and not budget.fits(skeleton):
+        raise SpecError(f"{where}: search.shard: false, but replicated training does not fit the memory budget "
+                        f"(predicted {max(budget.peaks(skeleton)) / GIB:.3f} GiB per rank; {budget.describe()}); "
+                        f"set search.shard: auto, or raise search.memory_gib")
     if rate and exp.search.uses_simulator and exp.search.simulator == "pretrained":
         why = "; replicated training does not fit the budget" if not budget.fits(skeleton) else ""
         raise SpecError(f"{where}: search.simulator: the shipped pretrained simulator was trained before the shard "
@@ -505,7 +515,8 @@ def confirm_best(session: SearchSession) -> dict | None:
     if "ratio" in confirmation:
         index = sum(r.trial_id.startswith("confirm-") for r in s.done)
         s.record(f"confirm-{index}", strategy, "confirmation",
-                 confirmation_result(confirmation, strategy, s.cluster, warmup=s.exp.trial.warmup))
+                 confirmation_result(confirmation, strategy, s.cluster, warmup=s.exp.trial.warmup),
+                 runtime=candidates[picked][1])
     return confirmation
 
 

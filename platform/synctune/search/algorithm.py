@@ -65,9 +65,6 @@ def _baseline_proposals(model: ModelSpec, cluster: ClusterSpec, experiment: Expe
     explicit = experiment.baselines.explicit_builders  # entries the experiment names itself
     for b in experiment.baselines.expanded_builders:
         strategy = baseline_strategy(b, model, cluster)
-        if memory is not None and not memory.fits(strategy):
-            over.append(b)
-            continue
         if b in TUNED_BASELINES and b not in explicit:
             try:
                 validate(strategy, model, cluster)
@@ -77,6 +74,9 @@ def _baseline_proposals(model: ModelSpec, cluster: ClusterSpec, experiment: Expe
         # the strategy is measured once, under the first builder's name.
         if project is not None and project(strategy).hash != strategy.hash:
             continue  # the trials' runtime cannot execute this builder's strategy
+        if memory is not None and not memory.fits(strategy):
+            over.append(b)
+            continue
         if all(p.strategy.hash != strategy.hash for p in queue):
             queue.append(Proposal(trial_id=f"baseline-{b}", strategy=strategy, origin=b, predicted=None))
     return queue, over
@@ -157,7 +157,9 @@ class StrategySearch:
                 # fit is dropped, never trialled (the policies filter before they pick).
                 raw = self._round(self.rounds)
                 self.queue = [p for p in raw if self.fits(p.strategy)]
-                if self.queue or not raw:
+                # Without a budget an empty round means nothing new is left; with one, the
+                # policies' own filter may have emptied it, so the next rounds draw afresh.
+                if self.queue or (not raw and self.memory is None):
                     break
                 # Every pick was over the budget: the next round draws afresh (its own stream).
             if not self.queue:  # every proposal was measured already: nothing new to try

@@ -482,8 +482,10 @@ class Experiment:
 
     @property
     def num_trials(self) -> int:
-        """Trials before the confirmation: the search's budget, tuned DDP's and the Horovod runs."""
-        return self.search.budget + self.baselines.ddp_trials + len(self.baselines.horovod)
+        """Trials before the confirmation: the search's budget, tuned DDP's, tuned FSDP2's where
+        given as a number (``auto`` is decided when the search starts) and the Horovod runs."""
+        fsdp = 0 if self.baselines.fsdp_trials == "auto" else self.baselines.fsdp_trials
+        return self.search.budget + self.baselines.ddp_trials + fsdp + len(self.baselines.horovod)
 
 
 def _read_section(section: type[_Section], data: Mapping, source: str) -> _Section:

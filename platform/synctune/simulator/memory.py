@@ -515,10 +515,11 @@ class MemoryBudget:
         base = f"{self.gib:g} GiB per device" if self.gib else "the cluster's device memory"
         return f"{base}, less {self.headroom:.0%} headroom" if self.headroom else base
 
-    def smallest(self) -> tuple[int, str]:
+    def smallest(self) -> tuple[int, str, bool]:
         """The smallest predicted peak (the largest rank's) of the most frugal strategies the
         builders make, FSDP2's way at every module depth resharded or not, and the replicated
-        all-reduce (what a budget that nothing fits is refused with), and that strategy's name."""
+        all-reduce (what a budget that nothing fits is refused with), that strategy's name, and
+        whether any of them fits rank by rank (devices of different memory)."""
         from ..strategy.builders import build_strategy
 
         depth = max((len(v.name.split(".")) - 1 for v in self.model.variables), default=1)
@@ -527,4 +528,5 @@ class MemoryBudget:
             for reshard in (True, False):
                 named.append((f"shard:depth={d},reshard={str(reshard).lower()}",
                               build_strategy("shard", self.model, self.cluster, depth=d, reshard=reshard)))
-        return min((max(self.peaks(s)), name) for name, s in named)
+        peak, name = min((max(self.peaks(s)), name) for name, s in named)
+        return peak, name, any(self.fits(s) for _n, s in named)
