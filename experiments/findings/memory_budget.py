@@ -200,7 +200,7 @@ def table_row(run: dict, found: dict, workload, cluster, node_net, warmup: int, 
     trials = [r for r in run["rows"] if not r.trial_id.startswith("confirm-")]
     within = next((n for n, r in enumerate(trials, 1) if r.status == "ok" and r.median_s <= 1.05 * oracle_s), None)
     m = s.memory or {}
-    mib = lambda xs: "/".join(f"{x / 2**20:.0f}" for x in xs or [] if x is not None) or "n/a"  # noqa: E731
+    mib = lambda xs: "/".join(f"{x / 2**20:.1f}" for x in xs or [] if x is not None) or "n/a"  # noqa: E731
     return [run["seed"], "yes" if fits else "no", len(trials), rec.name if rec else "n/a", confirmed, over_fsdp, gap,
             within or "-", f"{mib(m.get('predicted_peak_bytes'))} / {mib(m.get('measured_peak_bytes'))}",
             m.get("oom_trials", "n/a"), f"{run['wall']:.0f}"]
