@@ -15,6 +15,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def use_data_folder(home: str | None, prefix: str) -> Path:
+    """Point synctune at a data folder of the run's own (``home``, or a new temporary one named
+    ``prefix``...) and its MLflow store, and say where it is: the searches' rows stay together."""
+    import os
+    import tempfile
+
+    folder = Path(home) if home else Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["SYNCTUNE_HOME"] = str(folder)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    print(f"data folder: {folder} (dataset rows of every search; MLflow store)", flush=True)
+    return folder
+
+
 @contextlib.contextmanager
 def lab(preset: str):
     """The lab up with ``preset`` (replacing whatever was up), calibrated; down afterwards.

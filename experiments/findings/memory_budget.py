@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import lab, markdown_table  # noqa: E402
+from _common import lab, markdown_table, use_data_folder  # noqa: E402
 
 #: model@preset:budget MiB. bert-tiny and transformer-small at budgets replicated Adam training
 #: does not fit (parameters, gradients and two moments on every replica); cnn-small and
@@ -215,13 +215,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--home", help="synctune data folder of this run (default: a new one)")
     args = parser.parse_args()
-    import os
-    import tempfile
-
-    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="synctune-mem-"))
-    os.environ["SYNCTUNE_HOME"] = str(home)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    print(f"data folder: {home} (dataset rows of every search; MLflow store)", flush=True)
+    use_data_folder(args.home, "synctune-mem-")
 
     import ray
 

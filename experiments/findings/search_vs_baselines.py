@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import lab, markdown_table  # noqa: E402
+from _common import lab, markdown_table, use_data_folder  # noqa: E402
 
 DOMAINS = ("ncf-small@lab-2x2", "cnn-small@lab-2x2", "ncf-small@lab-b12", "cnn-small@lab-b12")
 ALGORITHMS = ("autodist", "random-guided", "random", "genetic", "coordinate-descent", "mcts", "tuned-ddp")
@@ -213,13 +213,7 @@ def main() -> None:
     parser.add_argument("--home", help="synctune data folder of this run (default: a new one; its dataset keeps "
                                        "every trial, MLflow store included)")
     args = parser.parse_args()
-    import os
-    import tempfile
-
-    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="synctune-svb-"))
-    os.environ["SYNCTUNE_HOME"] = str(home)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    print(f"data folder: {home} (dataset rows of every search; MLflow store)", flush=True)
+    use_data_folder(args.home, "synctune-svb-")
 
     import ray
 

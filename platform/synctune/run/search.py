@@ -46,13 +46,13 @@ from ..engine.fsdp import FSDPConfig, FSDPRuntime
 from ..engine.runtimes import runtime_class, runtime_from_record, strategy_runtime_class
 from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
-from ..simulator.memory import GIB, MemoryBudget
+from ..simulator.memory import GIB, MemoryBudget, runs_on_fsdp
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.files import check_name, path_under
 from ..spec.model import ModelSpec
 from ..strategy.builders import build_strategy
-from ..strategy.schema import ShardSynchronizer, Strategy
+from ..strategy.schema import Strategy
 from .baselines import TUNERS, BaselineLedger, BaselineTrial, RuntimeTuner, horovod_baselines
 from .confirm import confirmation_arms, confirmation_result, is_builder_trial, trial_mean_s
 from .profiles import ensure_profile
@@ -120,35 +120,24 @@ class SearchFilter:
     runtime can run. A strategy whose units reshard runs on FSDP2, which needs every plan
     ``shard``, one shard group and units at module boundaries; the samplers' moves can make one
     that validates and that neither runtime runs (a resharded unit beside an all-reduce), and it
-    is never proposed. Checked on the model built on the meta device, once."""
+    is never proposed. Checked on the session's module (:meth:`SearchSession.module`)."""
 
-    def __init__(self, budget: MemoryBudget, workload: Any, model: ModelSpec) -> None:
-        self.budget, self.workload, self.model = budget, workload, model
-        self._module: Any = None
+    def __init__(self, budget: MemoryBudget, module: Callable[[], Any], model: ModelSpec) -> None:
+        self.budget, self.module, self.model = budget, module, model
 
     def _fsdp_runs(self, strategy: Strategy) -> bool:
         from ..engine.fsdp import _check_group, _check_plan, _shard_units, fsdp_plan
 
-        if self._module is None:
-            import torch
-
-            try:
-                with torch.device("meta"):
-                    self._module = self.workload.build_model()
-            except Exception:  # noqa: BLE001 - an op without a meta kernel: built for real, once
-                self._module = self.workload.build_model()
         config = FSDPConfig(from_strategy=True)
         try:
             _by_unit, _syncs, (group, _var) = _shard_units(strategy)
             _check_group("strategy: shard: group", group, strategy, self.budget.cluster)
-            _check_plan(fsdp_plan(self._module, config, strategy, self.model), config)
+            _check_plan(fsdp_plan(self.module(), config, strategy, self.model), config)
         except SpecError:
             return False
         return True
 
     def fits(self, strategy: Strategy) -> bool:
-        from ..simulator.memory import runs_on_fsdp
-
         if runs_on_fsdp(strategy) and not self._fsdp_runs(strategy):
             return False
         return self.budget.fits(strategy)
@@ -229,6 +218,7 @@ class SearchSession:
         self.project = tensorflow_projection(model) if self.framework == "tensorflow" else None
         self.skeleton = build_strategy("allreduce", model, cluster)  # the runtimes' replicas and (even) batch split
         self.memory, self.shard_prob = memory or prepare_memory(exp, model, cluster, workload)
+        self._module: Any = None
         if exp.search.uses_simulator and exp.search.simulator != "analytic" and self.framework == "torch":
             ensure_profile(workload, model, cluster, say)
         self.algo = self.new_algorithm(_search_state(self.done))
@@ -259,14 +249,25 @@ class SearchSession:
         """The search algorithm rebuilt from ``state`` (plain JSON), with a fresh simulator."""
         return StrategySearch.from_state(state, self.model, self.cluster, self.exp,
                                          make_search_simulator(self.exp, self.model, self.cluster), self.project,
-                                         memory=SearchFilter(self.memory, self.workload, self.model),
+                                         memory=SearchFilter(self.memory, self.module, self.model),
                                          shard_prob=self.shard_prob)
+
+    def module(self) -> Any:
+        """The workload's model on the meta device (built for real where an op has no meta
+        kernel), built once: what FSDP2's units are worked out on, for the memory model and the
+        proposal filter."""
+        if self._module is None:
+            from ..engine.fsdp import _meta_model
+
+            self._module = _meta_model(self.workload)
+            if self._module is None:
+                self._module = self.workload.build_model()
+        return self._module
 
     def proposal_runtime(self, strategy: Strategy) -> Runtime:
         """The runtime that runs a searched strategy: the engine (TensorFlow for a Keras model);
         FSDP2 for one whose shard units reshard after forward, which the engine does not execute."""
-        if any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard
-               for _p, _i, s in strategy.iter_shards()):
+        if runs_on_fsdp(strategy):
             return FSDPRuntime(FSDPConfig(from_strategy=True))
         return self.strategy_runtime.from_options({}, strategy, self.model)
 
@@ -381,19 +382,12 @@ def fsdp_trials(session: SearchSession) -> int:
 def fsdp_fits(session: SearchSession) -> Callable[[FSDPConfig], bool]:
     """Whether the memory model says an FSDP2 configuration fits: predicted on the all-shard
     strategy FSDP2 runs under it (:func:`~synctune.engine.fsdp.strategy_of_config`), on the
-    model built on the meta device (no memory)."""
-    import torch
-
+    session's module (:meth:`SearchSession.module`)."""
     from ..engine.fsdp import strategy_of_config
 
-    try:
-        with torch.device("meta"):
-            module = session.workload.build_model()
-    except Exception:  # noqa: BLE001 - an op without a meta kernel: built for real, once
-        module = session.workload.build_model()
-
     def fits(config: FSDPConfig) -> bool:
-        return session.memory.fits(strategy_of_config(module, config, session.skeleton, session.model), runtime="fsdp")
+        return session.memory.fits(strategy_of_config(session.module(), config, session.skeleton, session.model),
+                                   runtime="fsdp")
 
     return fits
 
@@ -555,11 +549,7 @@ def memory_summary(session: SearchSession, recommended: Any) -> dict[str, Any]:
     if runtime.name == "fsdp" and not runtime.config.from_strategy:
         from ..engine.fsdp import strategy_of_config
 
-        import torch
-
-        with torch.device("meta"):
-            module = s.workload.build_model()
-        predicted = strategy_of_config(module, runtime.config, strategy, s.model)
+        predicted = strategy_of_config(s.module(), runtime.config, strategy, s.model)
     out["predicted_peak_bytes"] = s.memory.peaks(predicted, "fsdp" if runtime.name == "fsdp" else "engine")
     out["measured_peak_bytes"] = s.measured_peaks.get((strategy.hash, runtime.config_json()))
     return out

@@ -90,14 +90,12 @@ def judge_memory(result: dict, limits: list | None) -> dict:
     that rank's budget in ``limits`` (bytes per rank, None: none): DESIGN.md "memory budget".
     Its times stay in the row; the search never ranks nor recommends it. A real CUDA
     out-of-memory is ``oom`` already (:func:`synctune.engine.local.classify_error`)."""
+    from ..simulator.memory import over_limits
+
     if result.get("status") != "ok" or not limits:
         return result
-    peaks = ((result.get("extra") or {}).get("memory") or {}).get("peak_bytes") or []
-    for r, (peak, limit) in enumerate(zip(peaks, limits)):
-        if peak is not None and limit is not None and peak > limit:
-            return dict(result, status="oom", error=f"rank {r} peaked at {peak / 2**30:.3f} GiB of tensor memory, over "
-                                                    f"its budget of {limit / 2**30:.3f} GiB (search.memory_gib)")
-    return result
+    why = over_limits(((result.get("extra") or {}).get("memory") or {}).get("peak_bytes") or [], limits)
+    return dict(result, status="oom", error=f"{why} (search.memory_gib)") if why else result
 
 
 def outcome_of(reported: dict | None) -> TrialResult:

@@ -48,7 +48,7 @@ from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSS
                                ShardSynchronizer, Strategy)
 
 __all__ = ["RankMemory", "OPTIMIZER_STATE", "optimizer_state", "predict_memory", "memory_errors",
-           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "runs_on_fsdp", "GIB"]
+           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "runs_on_fsdp", "over_limits", "GIB"]
 
 #: Optimizer name -> (state elements per parameter element, bytes of per-tensor scalars): Adam's
 #: two moments and its ``step`` (a float32 scalar tensor per parameter, torch's default).
@@ -322,23 +322,13 @@ def activation_figures(records: Iterable[Any]) -> dict[tuple[str, int], int]:
     temporaries as the allocator saw them."""
     import statistics
 
-    from ..strategy.schema import Strategy as _Strategy
-
     figures: dict[tuple[str, int], list[int]] = {}
     for rec in records:
         measured = _measured(rec)
         if measured is None or rec.status != "ok":
             continue
-        strategy = _Strategy.from_json(rec.strategy_json)
-        if any(isinstance(s.synchronizer, (PSSynchronizer, ShardSynchronizer, SFBSynchronizer))
-               for _p, _i, s in strategy.iter_shards()):
-            continue
-        for r, m in enumerate(measured):
-            if None in (m.get("peak_bytes"), m.get("optimizer_state_bytes"), m.get("comm_buffers_bytes")):
-                continue
-            rest = m["peak_bytes"] - m["params_bytes"] - m["optimizer_state_bytes"] - m["comm_buffers_bytes"] \
-                - m["grads_bytes"]
-            figures.setdefault((rec.model_hash, strategy.batch_split[r]), []).append(rest)
+        for batch, rest in reference_activations(Strategy.from_json(rec.strategy_json), measured):
+            figures.setdefault((rec.model_hash, batch), []).append(rest)
     return {k: int(statistics.median(v)) for k, v in figures.items()}
 
 
@@ -436,6 +426,15 @@ def reference_activations(strategy: Strategy, measured: Sequence[Mapping[str, in
     return out
 
 
+def over_limits(peaks: Sequence[int | None], limits: Sequence[int | None]) -> str | None:
+    """Why measured ``peaks`` break per-rank ``limits`` (bytes; None: unknown), or None when every
+    rank is within its own."""
+    for r, (p, lim) in enumerate(zip(peaks, limits)):
+        if p is not None and lim is not None and p > lim:
+            return f"rank {r} peaked at {p / GIB:.3f} GiB of tensor memory, over its budget of {lim / GIB:.3f} GiB"
+    return None
+
+
 def runs_on_fsdp(strategy: Strategy) -> bool:
     """Whether a search runs ``strategy`` on FSDP2 (a unit reshards after forward, which the
     engine does not execute) rather than the engine."""
@@ -504,11 +503,7 @@ class MemoryBudget:
 
     def over(self, peaks: Sequence[int | None], strategy: Strategy) -> str | None:
         """Why measured ``peaks`` (per rank) break the budget, or None when within it."""
-        for r, (p, lim) in enumerate(zip(peaks, self.limits(strategy))):
-            if p is not None and lim is not None and p > lim:
-                return (f"rank {r} ({strategy.replicas[r]}) peaked at {p / GIB:.3f} GiB, over its budget of "
-                        f"{lim / GIB:.3f} GiB")
-        return None
+        return over_limits(peaks, self.limits(strategy))
 
     def describe(self) -> str:
         """The budget in words, e.g. ``0.25 GiB per device, less 10% headroom``."""
