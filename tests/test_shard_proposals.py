@@ -275,6 +275,61 @@ def test_crossover_of_sharded_parents_keeps_units_apart():
         validate(child, spec, LOCAL4)
 
 
+def test_under_a_budget_sharded_draws_grow_until_they_fit():
+    """With ``fits`` (here the memory model's peak with Adam against a limit between ZeRO-2 over
+    every module and replicated training: an independent predicate, not the sampler's), a draw
+    that fits as drawn is returned unchanged and the stream is the plain sampler's; one that
+    does not is grown (its units kept, more modules sharded, the largest first) until it fits;
+    ZeRO-2 draws that can fit without resharding never reshard; below every ZeRO-2 layout the
+    draws reshard; below everything they are returned unfitting, for the search to drop."""
+    spec = model_spec("bert-tiny")
+
+    def peak(s) -> int:
+        return max(r.peak_bytes for r in predict_memory(s, spec, LOCAL4, optimizer_state_multiplier="adam",
+                                                        runtime="fsdp" if any(x.reshard for x in _shards(s))
+                                                        else "engine"))
+
+    zero2 = peak(build_strategy("shard", spec, LOCAL4, depth=2, reshard=False))
+    replicated = peak(build_strategy("allreduce", spec, LOCAL4))
+    assert zero2 < replicated
+    limit = (zero2 + replicated) // 2
+    fits = lambda s: peak(s) <= limit  # noqa: E731
+    plain = GuidedSampler(spec, LOCAL4, seed=5, shard_prob=1.0)
+    grown = GuidedSampler(spec, LOCAL4, seed=5, shard_prob=1.0, fits=fits)
+    changed = 0
+    for _ in range(40):
+        a, b = plain.sample(), grown.sample()
+        validate(b, spec, LOCAL4)
+        assert fits(b), b.summary()
+        if fits(a):
+            assert a.hash == b.hash
+            continue
+        changed += 1
+        units_a = {p.variable for p in a.plans if isinstance(p.shards[0].synchronizer, ShardSynchronizer)}
+        units_b = {p.variable for p in b.plans if isinstance(p.shards[0].synchronizer, ShardSynchronizer)}
+        assert units_a <= units_b
+        if units_a == units_b:  # every module already a unit: one shard group, then reshard
+            assert (sum(x.reshard for x in _shards(b)) > sum(x.reshard for x in _shards(a))
+                    or {x.group for x in _shards(b)} == {0} != {x.group for x in _shards(a)})
+        if not any(x.reshard for x in _shards(a)) and not any(x.group for x in _shards(a)):
+            # A ZeRO-2 draw over every replica: every ZeRO-2 layout at depth 2 fits, so no reshard.
+            depth2 = all(len(p.variable.split(".")) <= 3 for p in b.plans)
+            if depth2:
+                assert not any(x.reshard for x in _shards(b)), b.summary()
+    assert changed >= 10
+    # Below every ZeRO-2 layout (the smallest one, at the deepest cut): the draws reshard to fit.
+    deepest = min(peak(build_strategy("shard", spec, LOCAL4, depth=d, reshard=False)) for d in range(1, 6))
+    tight = GuidedSampler(spec, LOCAL4, seed=5, shard_prob=1.0, fits=lambda s: peak(s) < deepest)
+    draws = [tight.sample() for _ in range(20)]
+    assert all(any(x.reshard for x in _shards(s)) for s in draws if peak(s) < deepest)
+    assert sum(peak(s) < deepest for s in draws) >= 10
+    # Below everything: returned as drawn and grown as far as it goes, still over the limit.
+    hopeless = GuidedSampler(spec, LOCAL4, seed=5, shard_prob=1.0, fits=lambda s: False)
+    s = hopeless.sample()
+    validate(s, spec, LOCAL4)
+    assert all(x.reshard for x in _shards(s)) and len(_shards(s)) == len(spec.variables)
+
+
 def test_coordinate_descent_on_the_memory_model_shards_the_large_variables():
     """The reference is the memory model: scored by its negated peak (Adam), coordinate descent
     from data parallelism ends with every variable of 64 KiB or more sharded, and the model says

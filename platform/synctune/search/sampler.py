@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -203,6 +204,17 @@ class GuidedSampler:
     unit at a drawn rate, prefetching 1 or 2 units. One shard group per strategy (every replica,
     or HSDP over the nodes where :func:`hsdp_size` finds it) and one reduce dtype (bf16 only
     when ``lossy``). The replica subset and batch split drawn before are kept.
+
+    With ``fits`` (a memory budget's predicate: :class:`synctune.simulator.memory.MemoryBudget`'s
+    ``fits``), a sharded draw the budget does not hold is grown until it does, with no further
+    draw from the stream: the modules left replicated join units, the largest first, and where
+    every module is a unit and it still does not fit, the shard group widens from one node
+    (HSDP) to every replica, and then the units reshard, the largest first
+    (only where every variable is shardable: FSDP2 runs a resharded unit). What then still does
+    not fit is returned as it is, for the search's filter to drop. This is ZeRO's order of
+    stages (ZeRO §5: shard optimizer state and gradients first, parameters only where that is
+    not enough), per module; without it, under a budget replicated training does not fit, a
+    zero2 draw shards a random share of modules and almost never fits.
     """
 
     model: ModelSpec
@@ -219,6 +231,7 @@ class GuidedSampler:
     subset_prob: float = 0.25
     sfb_prob: float = 0.5
     shard_prob: float = 0.0
+    fits: Callable[[Strategy], bool] | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
@@ -438,6 +451,39 @@ class GuidedSampler:
             for m in modules:
                 reshard = rng.random() < rate
                 options[m] = (reshard, rng.choice(_PREFETCH) if reshard else 0)
+        out = self._with_units(strategy, depth, options, group, reduce_dtype)
+        if self.fits is None or self.fits(out):
+            return out
+        # Grow the draw until the budget holds it (the class docstring): more modules, then reshard.
+        size: dict[str, int] = {}
+        for var in self.model.variables:
+            if var.name in self.shardable:
+                module = module_at(var.name, depth)
+                size[module] = size.get(module, 0) + var.num_bytes
+        order = {m: i for i, m in enumerate(modules)}
+        for m in sorted((m for m in modules if m not in options), key=lambda m: (-size[m], order[m])):
+            options[m] = (False, 0)
+            out = self._with_units(strategy, depth, options, group, reduce_dtype)
+            if self.fits(out):
+                return out
+        if group:  # HSDP keeps a copy per node: shard over every replica before resharding
+            group = 0
+            out = self._with_units(strategy, depth, options, group, reduce_dtype)
+            if self.fits(out):
+                return out
+        if not every:
+            return out
+        for m in sorted((m for m in modules if not options[m][0]), key=lambda m: (-size[m], order[m])):
+            options[m] = (True, 1)
+            out = self._with_units(strategy, depth, options, group, reduce_dtype)
+            if self.fits(out):
+                return out
+        return out
+
+    def _with_units(self, strategy: Strategy, depth: int, options: dict[str, tuple[bool, int]], group: int,
+                    reduce_dtype: str) -> Strategy:
+        """``strategy`` with the shardable variables of each module of ``options`` (module to
+        (reshard, prefetch)) in one ``shard`` unit per module."""
         # New units are numbered after the units ``strategy`` may already have (kept where their
         # module is not chosen), then every unit renumbered by first appearance.
         base = 1 + max((sh.synchronizer.unit for p in strategy.plans for sh in p.shards
