@@ -116,6 +116,47 @@ def test_the_search_never_proposes_what_the_memory_check_says_does_not_fit(algor
     assert asked >= 8 and check.fitted  # the check learned where the simulator does
 
 
+class _Refuses:
+    """A fit rule written here: nothing fits once the baselines are done (``open`` False)."""
+
+    def __init__(self) -> None:
+        self.open = True
+
+    def fits(self, strategy: Strategy) -> bool:
+        return self.open
+
+    def fit(self, strategies, breakdowns) -> None:
+        pass
+
+
+def test_a_round_the_budget_emptied_draws_afresh_and_an_exhausted_one_stops():
+    """A round emptied by the budget is followed by fresh rounds (up to MAX_EMPTY_ROUNDS); a round
+    with nothing new and nothing refused ends the search at once (it drew 20 rounds before)."""
+    from synctune.search.algorithm import MAX_EMPTY_ROUNDS
+
+    model, cluster = model_spec("transformer-small"), cluster_preset("lab-2x2")
+    exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=12, algorithm="random-guided",
+                               candidates=3, seed=5, baselines=["allreduce"])
+    check = _Refuses()
+    refused = StrategySearch(model, cluster, exp, memory=check)
+    p = refused.ask()
+    refused.tell(p.trial_id, 1.0)
+    check.open = False
+    assert refused.ask() is None and refused.exhausted
+    assert refused.rounds == MAX_EMPTY_ROUNDS and refused.over_budget > MAX_EMPTY_ROUNDS
+
+    class _Nothing:  # a round policy with nothing new left to propose
+        def propose(self, search, round_, k):
+            return []
+
+    for memory in (None, _Refuses()):
+        done = StrategySearch(model, cluster, exp, memory=memory)
+        p = done.ask()
+        done.tell(p.trial_id, 1.0)
+        done.policy = _Nothing()
+        assert done.ask() is None and done.exhausted and done.rounds == 1
+
+
 def test_a_search_with_a_memory_check_resumes_exactly():
     model, cluster = model_spec("transformer-small"), cluster_preset("lab-2x2")
     exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=12, algorithm="random-guided",

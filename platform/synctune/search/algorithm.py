@@ -127,6 +127,7 @@ class StrategySearch:
         self.rounds = 0
         self.fitted_on = 0  # trials the simulator last learned from
         self.exhausted = False  # a round found nothing that was not measured already
+        self.over_budget = 0  # strategies :meth:`fits` refused: a round they emptied draws afresh
 
     # ------------------------------------------------------------------------------ ask / tell
 
@@ -155,11 +156,12 @@ class StrategySearch:
                 self.rounds += 1
                 # The last guard of the budget: a policy's pick the memory model says does not
                 # fit is dropped, never trialled (the policies filter before they pick).
+                refused = self.over_budget
                 raw = self._round(self.rounds)
                 self.queue = [p for p in raw if self.fits(p.strategy)]
-                # Without a budget an empty round means nothing new is left; with one, the
-                # policies' own filter may have emptied it, so the next rounds draw afresh.
-                if self.queue or (not raw and self.memory is None):
+                # A round empty with nothing refused means nothing new is left; one the budget
+                # emptied (here or in the policies' own filter) is followed by a fresh draw.
+                if self.queue or self.over_budget == refused:
                     break
                 # Every pick was over the budget: the next round draws afresh (its own stream).
             if not self.queue:  # every proposal was measured already: nothing new to try
@@ -170,8 +172,12 @@ class StrategySearch:
         return proposal
 
     def fits(self, strategy: Strategy) -> bool:
-        """Whether ``strategy`` fits the memory budget (always, without one)."""
-        return self.memory is None or self.memory.fits(strategy)
+        """Whether ``strategy`` fits the memory budget (always, without one); a refusal is counted
+        (:attr:`over_budget`)."""
+        if self.memory is None or self.memory.fits(strategy):
+            return True
+        self.over_budget += 1
+        return False
 
     def tell(self, trial_id: str, mean_s: float | None, memory: list[dict] | None = None) -> None:
         """Report a trial's mean iteration time in seconds (None when it failed or broke the

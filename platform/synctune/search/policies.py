@@ -66,7 +66,7 @@ def guided_sampler(search: StrategySearch, seed: int) -> GuidedSampler:
     """The guided sampler of a round (AutoDist §2.4), drawing ``shard`` units at the search's rate,
     each sharded draw grown until the search's memory budget holds it."""
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
-                         shard_prob=search.shard_prob, fits=search.fits if search.memory is not None else None)
+                         shard_prob=search.shard_prob, fits=search.memory.fits if search.memory is not None else None)
 
 
 def choice_space(search: StrategySearch) -> ChoiceSpace:
