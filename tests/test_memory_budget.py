@@ -179,6 +179,43 @@ def test_a_search_with_a_memory_check_resumes_exactly():
     assert [t["hash"] for t in part.trials] + rest == order
 
 
+def test_a_resumed_search_judges_with_the_probe_the_interrupted_one_measured():
+    """The probe's figures travel in the search's state: a search resumed with a budget whose own
+    probe measured three times the activations (a second probe differs) proposes what the
+    uninterrupted one did. The limit sits where that difference decides what fits (the shard
+    builder fits with the first figure, not with the second)."""
+
+    model, cluster = model_spec("transformer-small"), cluster_preset("lab-2x2")
+    shard = build_strategy("shard", model, cluster)
+
+    def budget(figure: int) -> MemoryBudget:
+        return MemoryBudget(model, cluster, gib=limit / GIB, headroom=0.0, optimizer="adam",
+                            probe=ActivationFigures({model.batch_size: [figure]}))
+
+    limit = 2**40
+    limit = max(budget(0).peaks(shard)) + 2 * 2**20  # the builder fits with 1 MiB of activations, not with 3 MiB
+    assert budget(2**20).fits(shard) and not budget(3 * 2**20).fits(shard)
+    exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=10, algorithm="random-guided",
+                               candidates=3, seed=2, baselines=["allreduce", "shard"])
+    full = StrategySearch(model, cluster, exp, memory=budget(2**20), shard_prob=1.0)
+    order = []
+    while (p := full.ask()) is not None:
+        full.tell(p.trial_id, _time(p.strategy))
+        order.append(p.strategy.hash)
+    part = StrategySearch(model, cluster, exp, memory=budget(2**20), shard_prob=1.0)
+    for _ in range(4):
+        p = part.ask()
+        part.tell(p.trial_id, _time(p.strategy))
+    state = json.loads(json.dumps(part.state()))
+    resumed = StrategySearch.from_state(state, model, cluster, exp, memory=budget(3 * 2**20), shard_prob=1.0)
+    rest = []
+    while (p := resumed.ask()) is not None:
+        resumed.tell(p.trial_id, _time(p.strategy))
+        rest.append(p.strategy.hash)
+    assert [t["hash"] for t in part.trials] + rest == order
+    assert resumed.memory.fits(shard)
+
+
 def test_a_trial_over_its_budget_is_oom_and_ranks_nowhere():
     from synctune.run.slices import judge_memory
 

@@ -145,6 +145,12 @@ class SearchFilter:
     def fit(self, strategies: list, breakdowns: list) -> None:
         self.budget.fit(strategies, breakdowns)
 
+    def state(self) -> dict:
+        return self.budget.state()
+
+    def restore(self, state: dict) -> None:
+        self.budget.restore(state)
+
 
 def check_budget(budget: MemoryBudget, where: str) -> None:
     """Refuse, before any trial, a budget that nothing fits: one line with the smallest predicted

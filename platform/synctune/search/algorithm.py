@@ -260,9 +260,12 @@ class StrategySearch:
     # ------------------------------------------------------------------------------- persistence
 
     def state(self) -> dict[str, Any]:
-        """Plain-JSON state: the finished trials, in the order they were told (the rest is
-        re-derived on restore)."""
-        return {"version": STATE_VERSION, "trials": list(self.trials)}
+        """Plain-JSON state: the finished trials, in the order they were told, and the memory
+        check's own state where it has one (the rest is re-derived on restore)."""
+        state = {"version": STATE_VERSION, "trials": list(self.trials)}
+        if self.memory is not None and hasattr(self.memory, "state"):
+            state["memory"] = self.memory.state()
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
@@ -272,7 +275,10 @@ class StrategySearch:
         """Rebuild a search from its finished trials (in the order they were told; a trial's
         time under ``mean_s``, or ``runtime`` as older versions wrote it): the simulator relearns
         at the same points as it did, the last round is drawn again and its unfinished trials
-        are proposed again, so the search goes on as if never interrupted."""
+        are proposed again, so the search goes on as if never interrupted. A memory check with
+        ``restore`` gets back what its ``state`` gave (the budget's probe figures) first."""
+        if memory is not None and state.get("memory") is not None and hasattr(memory, "restore"):
+            memory.restore(state["memory"])
         search = cls(model, cluster, experiment, simulator, project, memory=memory, shard_prob=shard_prob)
         trials = [_stored_trial(t) for t in state.get("trials", [])]
         done = {t["trial_id"] for t in trials}

@@ -44,6 +44,9 @@ class MemoryCheck(Protocol):
 
     def fit(self, strategies: list[Strategy], breakdowns: list[Any]) -> Any: ...
 
+    # Optional: ``state()`` (plain JSON) and ``restore(state)``, kept in the search's state, so a
+    # resumed search judges with what the interrupted one measured before its first trial.
+
 
 #: What a simulator may also offer the search beyond :class:`SimulatorProtocol`'s two methods.
 OPTIONAL_SIMULATOR_MEMBERS = ("score_columns", "predicts_seconds", "fine_tune")

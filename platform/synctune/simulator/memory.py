@@ -501,6 +501,17 @@ class MemoryBudget:
                 learned.add(batch, figure)
         self.activations = learned if learned else self.probe
 
+    def state(self) -> dict[str, Any]:
+        """Plain JSON of what a resumed search must judge with as the uninterrupted one did: the
+        probe's figures (measured once, before any trial; a second probe would differ a little)."""
+        return {"probe": {str(b): list(v) for b, v in self.probe.points.items()}}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take the probe's figures from :meth:`state` (before the search learns any)."""
+        probe = ActivationFigures({int(b): v for b, v in (state.get("probe") or {}).items()})
+        if probe:
+            self.probe = self.activations = probe
+
     def over(self, peaks: Sequence[int | None], strategy: Strategy) -> str | None:
         """Why measured ``peaks`` (per rank) break the budget, or None when within it."""
         return over_limits(peaks, self.limits(strategy))
