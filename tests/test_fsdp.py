@@ -218,6 +218,50 @@ def test_refusals_name_the_variable_and_field():
         FSDPRuntime(FSDPConfig(units=("encoder.7",))), plain)
 
 
+def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
+    """Units cut at depth 1 make transformer-small's ``decoder`` (a ModuleList, no forward) a
+    unit. The reference is torch itself: ``fully_shard`` on each unit's module of the real model,
+    in one process over gloo, raises exactly where the check refuses, naming the module."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from synctune.engine.fsdp import _meta_model, fsdp_plan
+
+    spec = TRANSFORMER.spec()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    refused = set()
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for depth in (1, 2, 3):
+            strategy = build_strategy("shard", spec, CLUSTER4, depth=depth, reshard=True)
+            torch.manual_seed(0)
+            model = TRANSFORMER.build_model()
+            paths = {module for module in
+                     (".".join(v.name.split(".")[:-1][:depth]) for v in spec.variables) if module}
+            torch_refuses = []
+            for path in sorted(paths, key=lambda p: -p.count(".")):
+                try:
+                    fully_shard(model.get_submodule(path), mesh=mesh)
+                except ValueError as err:
+                    torch_refuses.append((path, str(err)))
+            runtime = FSDPRuntime.from_options({}, strategy, spec)
+            if torch_refuses:
+                refused.add(depth)
+                assert "forward" in torch_refuses[0][1]
+                msg = _check(runtime, strategy)
+                assert f"is module {torch_refuses[0][0]!r}, a ModuleList with no forward" in msg, msg
+                assert ".shards[0].synchronizer.unit:" in msg
+                with pytest.raises(SpecError):
+                    fsdp_plan(_meta_model(TRANSFORMER), FSDPConfig(from_strategy=True), strategy, spec)
+            else:
+                runtime.check(strategy, spec, CLUSTER4, TRANSFORMER)
+    finally:
+        dist.destroy_process_group()
+    assert refused == {1}
+
+
 def test_a_shard_group_across_part_of_a_node_is_refused():
     """HSDP's shard groups follow the nodes: on 2x2, groups of 2 are the nodes; on three nodes of
     two devices, groups of 3 would take one node and half of the next, refused naming the field."""

@@ -405,6 +405,8 @@ def plan_from_strategy(module: Any, strategy: Any, spec: Any) -> FSDPPlan:
         seen[""] = seen.pop(top)
         paths[seen[""]] = ""
     placed = [p for p in paths.values() if p]
+    for path in placed:
+        _refuse_container(module, path, seen[path], by_unit, where_of)
     units = []
     for path in _bottom_up(placed, order):
         unit = seen[path]
@@ -444,6 +446,21 @@ def _refuse_boundary(unit: int, path: str, held: set, want: set, by_unit: dict, 
         f"strategy: plans[{where_of[var]}] (variable {var!r}).shards[0].synchronizer.unit: unit {unit} is not a "
         f"module boundary ({module} holds its variables but {var!r} falls in a unit below it); FSDP2 shards whole "
         f"modules: make each unit exactly the parameters of one module")
+
+
+def _refuse_container(module: Any, path: str, unit: int, by_unit: dict, where_of: dict) -> None:
+    """Refuse a unit whose module has no ``forward`` of its own (a ``ModuleList`` or
+    ``ModuleDict``): ``fully_shard`` refuses it at the first iteration (its hooks run around a
+    forward), and the search must know before it proposes one."""
+    import torch
+
+    sub = module.get_submodule(path)
+    if type(sub).forward is torch.nn.Module.forward:
+        var = by_unit[unit][0]
+        raise SpecError(
+            f"strategy: plans[{where_of[var]}] (variable {var!r}).shards[0].synchronizer.unit: unit {unit} is module "
+            f"{path!r}, a {type(sub).__name__} with no forward of its own, which FSDP2's fully_shard cannot wrap; "
+            f"cut the units one module deeper (its children), or leave its variables to the root's unit")
 
 
 def fsdp_plan(module: Any, config: FSDPConfig, strategy: Any, spec: Any) -> FSDPPlan:
