@@ -145,7 +145,7 @@ def one_search(workload, cluster, node_net, mib: float, seed: int, budget: int, 
                                proposals=400, candidates=3, warmup=warmup, iters=iters, optimizer="adam",
                                memory_gib=mib / 1024, memory_headroom=0.0, shard=True,
                                baselines=("tuned", "shard"), ddp_trials=6, fsdp_trials=8, confirm_rounds=10,
-                               confirm_iters=5, seed=seed)
+                               confirm_iters=5, timeout_s=180, seed=seed)
     start = time.monotonic()
     summary = run_search(exp, spec, cluster, workload=workload, node_net=node_net,
                          on_phase=lambda m: print(f"    {m}", flush=True))
