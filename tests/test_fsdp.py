@@ -251,7 +251,7 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
                 refused.add(depth)
                 assert "forward" in torch_refuses[0][1]
                 msg = _check(runtime, strategy)
-                assert f"is module {torch_refuses[0][0]!r}, a ModuleList with no forward" in msg, msg
+                assert any(f"is module {path!r}, a ModuleList with no forward" in msg for path, _e in torch_refuses), msg
                 assert ".shards[0].synchronizer.unit:" in msg
                 with pytest.raises(SpecError):
                     fsdp_plan(_meta_model(TRANSFORMER), FSDPConfig(from_strategy=True), strategy, spec)

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from synctune.engine.measure import OPTIMIZERS
@@ -214,6 +215,48 @@ def test_a_resumed_search_judges_with_the_probe_the_interrupted_one_measured():
         rest.append(p.strategy.hash)
     assert [t["hash"] for t in part.trials] + rest == order
     assert resumed.memory.fits(shard)
+
+
+def test_per_runtime_residual_learns_what_fsdp2_costs_and_the_search_follows():
+    """The reference is a timing rule written here: strategies FSDP2 runs (resharded units) take
+    three times the analytic model's prediction, the engine's take it as predicted. Scaled per
+    runtime after a fit, the simulator ranks every pair of strategies as that rule does; and a
+    search over sharded draws, told those times, proposes FSDP2-run strategies in its later
+    rounds far less often than the same search with the bare simulator."""
+    from synctune.run.search import proposal_runtime_name as runtime_class
+    from synctune.simulator import AnalyticSimulator, BoundSimulator, RuntimeResidual
+    from synctune.search.sampler import GuidedSampler
+
+    model, cluster = model_spec("transformer-small"), cluster_preset("lab-2x2")
+    bare = BoundSimulator(AnalyticSimulator(), model, cluster)
+
+    def true_s(strategies) -> np.ndarray:
+        base = -bare.score(strategies)
+        return base * np.array([3.0 if runtime_class(s) == "fsdp" else 1.0 for s in strategies])
+
+    draws = GuidedSampler(model, cluster, seed=4, shard_prob=1.0).sample_many(60)
+    assert {runtime_class(s) for s in draws} == {"fsdp", "engine"}
+    sim = RuntimeResidual(BoundSimulator(AnalyticSimulator(), model, cluster), runtime_class)
+    assert np.allclose(sim.score(draws), bare.score(draws))  # nothing learned: the inner's scores
+    sim.fit(draws[:20], true_s(draws[:20]))
+    assert sim.factors == pytest.approx({"fsdp": 3.0, "engine": 1.0})
+    rest = draws[20:]
+    assert np.array_equal(np.argsort(sim.score(rest), kind="stable"), np.argsort(-true_s(rest), kind="stable"))
+    assert not np.array_equal(np.argsort(bare.score(rest), kind="stable"), np.argsort(-true_s(rest), kind="stable"))
+
+    exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=24, algorithm="autodist",
+                               proposals=80, candidates=4, seed=1, baselines=["shard"])
+    late = {}
+    for name, simulator in (("bare", BoundSimulator(AnalyticSimulator(), model, cluster)),
+                            ("residual", RuntimeResidual(BoundSimulator(AnalyticSimulator(), model, cluster),
+                                                         runtime_class))):
+        algo = StrategySearch(model, cluster, exp, simulator, shard_prob=1.0)
+        kinds = []
+        while (p := algo.ask()) is not None:
+            kinds.append(runtime_class(p.strategy))
+            algo.tell(p.trial_id, float(true_s([p.strategy])[0]))
+        late[name] = kinds[len(kinds) // 2:].count("fsdp")
+    assert late["residual"] < late["bare"], late
 
 
 def test_a_trial_over_its_budget_is_oom_and_ranks_nowhere():

@@ -46,6 +46,7 @@ from ..engine.fsdp import FSDPConfig, FSDPRuntime
 from ..engine.runtimes import runtime_class, runtime_from_record, strategy_runtime_class
 from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
+from ..simulator.bound import RuntimeResidual
 from ..simulator.memory import GIB, MemoryBudget, runs_on_fsdp
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
@@ -112,6 +113,11 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
                 seed=exp.seed).items():
             budget.probe.add(batch, figure)
     return budget
+
+
+def proposal_runtime_name(strategy: Strategy) -> str:
+    """The runtime a searched strategy runs on: ``fsdp`` where its units reshard, else ``engine``."""
+    return "fsdp" if runs_on_fsdp(strategy) else "engine"
 
 
 class SearchFilter:
@@ -253,8 +259,13 @@ class SearchSession:
 
     def new_algorithm(self, state: dict) -> StrategySearch:
         """The search algorithm rebuilt from ``state`` (plain JSON), with a fresh simulator."""
-        return StrategySearch.from_state(state, self.model, self.cluster, self.exp,
-                                         make_search_simulator(self.exp, self.model, self.cluster), self.project,
+        simulator = make_search_simulator(self.exp, self.model, self.cluster)
+        if (self.shard_prob and simulator is not None and simulator.predicts_seconds
+                and not hasattr(simulator, "training_free")):
+            # Proposals run on two runtimes (the engine, FSDP2 where units reshard): the replay's
+            # seconds are scaled per runtime by what the trials measured.
+            simulator = RuntimeResidual(simulator, proposal_runtime_name)
+        return StrategySearch.from_state(state, self.model, self.cluster, self.exp, simulator, self.project,
                                          memory=SearchFilter(self.memory, self.module, self.model),
                                          shard_prob=self.shard_prob)
 

@@ -3,7 +3,7 @@
 Importing this package imports numpy only; the learned models import torch when used.
 """
 
-from .bound import BoundSimulator
+from .bound import BoundSimulator, RuntimeResidual
 from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
     top_k_recall
 from .replay import CalibratedReplay, ReplayConstants, ReplaySimulator, calibrate_replay, profile_key
@@ -30,6 +30,7 @@ __all__ = [
     "AnalyticConstants",
     "AnalyticSimulator",
     "BoundSimulator",
+    "RuntimeResidual",
     "CalibratedReplay",
     "Domain",
     "DomainContext",

@@ -13,7 +13,7 @@ from ..strategy.schema import Strategy
 from .features import DomainContext, encode
 from .models import Domain, Simulator
 
-__all__ = ["BoundSimulator"]
+__all__ = ["BoundSimulator", "RuntimeResidual"]
 
 
 class BoundSimulator:
@@ -69,3 +69,52 @@ class BoundSimulator:
     def fine_tune(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
         if self.simulator.learned:
             self.simulator.fine_tune([self._domain(strategies, times_s)])
+
+
+class RuntimeResidual:
+    """A seconds-predicting simulator (``inner``, a :class:`BoundSimulator`) whose predictions are
+    scaled per runtime by what the search measured: ``runtime_of`` names the runtime a strategy
+    runs on (the engine, or FSDP2 for one whose units reshard), and after every :meth:`fit` each
+    runtime's factor is the median of measured / predicted over its trials (two at least; 1
+    before). The replay times the engine's collectives; FSDP2's per-unit all-gathers and
+    reduce-scatters, issued by its own hooks, cost what the replay does not model (three times
+    its prediction over gloo here), and a search that proposes both would otherwise keep
+    proposing the slower one (dPRO §4.3: calibrate the replay on the job's own measurements, here
+    one constant per runtime). Ranks within one runtime are the inner simulator's."""
+
+    def __init__(self, inner, runtime_of: Callable[[Strategy], str]) -> None:
+        self.inner = inner
+        self.runtime_of = runtime_of
+        #: Per runtime, measured / predicted (the median over its trials).
+        self.factors: dict[str, float] = {}
+
+    @property
+    def kind(self) -> str:
+        return self.inner.kind
+
+    @property
+    def predicts_seconds(self) -> bool:
+        return True
+
+    def score(self, strategies: list[Strategy]) -> np.ndarray:
+        """Higher is better: the negated prediction, scaled by its runtime's factor."""
+        scores = np.asarray(self.inner.score(strategies), dtype=np.float64)
+        scale = np.array([self.factors.get(self.runtime_of(s), 1.0) for s in strategies], dtype=np.float64)
+        return scores * scale
+
+    def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        self.inner.fit(strategies, times_s)
+        if not len(strategies):
+            return
+        predicted = -np.asarray(self.inner.score(strategies), dtype=np.float64)
+        times = np.asarray(times_s, dtype=np.float64)
+        runtimes = [self.runtime_of(s) for s in strategies]
+        factors = {}
+        for runtime in sorted(set(runtimes)):
+            pick = np.array([r == runtime for r in runtimes]) & (predicted > 0) & np.isfinite(times)
+            if pick.sum() >= 2:
+                factors[runtime] = float(np.median(times[pick] / predicted[pick]))
+        self.factors = factors
+
+    def fine_tune(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        self.inner.fine_tune(strategies, times_s)
