@@ -262,6 +262,53 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
     assert refused == {1}
 
 
+def test_a_tied_weight_in_a_resharded_unit_is_refused_as_torch_fails_it(tmp_path):
+    """bert-tiny multiplies its word embedding in the root's forward (the tied output projection).
+    The reference is torch: with that embedding's unit resharded after forward, FSDP2's first
+    iteration fails ("mixed torch.Tensor and DTensor"), in one process over gloo; unresharded it
+    runs. The check refuses exactly the first, naming the variable and field, before any worker."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from synctune.engine.fsdp import _meta_model, apply_fsdp, escaping_parameters, fsdp_plan
+
+    bert = zoo_workload("bert-tiny")
+    spec = bert.spec()
+    one = cluster_preset("local-1x1")
+    assert escaping_parameters(_meta_model(bert), bert) == {"word_embeddings.weight"}
+    outcomes = {}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for reshard in (True, False):
+            strategy = build_strategy("shard", spec, one, depth=2, reshard=True)
+            strategy = _with_plan(strategy, "word_embeddings.weight", reshard=reshard,
+                                  prefetch=1 if reshard else 0)
+            torch.manual_seed(0)
+            model = bert.build_model()
+            plan = fsdp_plan(model, FSDPConfig(from_strategy=True), strategy, spec)
+            assert any(u.module == "word_embeddings" for u in plan.units)
+            model = apply_fsdp(model, plan, "cpu")
+            try:
+                bert.loss(model, bert.make_batch(2, rank=0, generator=torch.Generator().manual_seed(0),
+                                                 device=torch.device("cpu"))).backward()
+                outcomes[reshard] = "runs"
+            except RuntimeError as err:
+                assert "DTensor" in str(err)
+                outcomes[reshard] = "fails"
+            runtime = FSDPRuntime.from_options({}, strategy, spec)
+            if outcomes[reshard] == "fails":
+                with pytest.raises(SpecError, match=r"variable 'word_embeddings.weight': shard: reshard: unit "
+                                                    r"'word_embeddings' holds 'word_embeddings.weight'.*tied"):
+                    runtime.check(strategy, spec, one, bert)
+            else:
+                runtime.check(strategy, spec, one, bert)
+    finally:
+        dist.destroy_process_group()
+    assert outcomes == {True: "fails", False: "runs"}
+
+
 def test_a_shard_group_across_part_of_a_node_is_refused():
     """HSDP's shard groups follow the nodes: on 2x2, groups of 2 are the nodes; on three nodes of
     two devices, groups of 3 would take one node and half of the next, refused naming the field."""

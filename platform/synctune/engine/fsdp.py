@@ -470,10 +470,67 @@ def fsdp_plan(module: Any, config: FSDPConfig, strategy: Any, spec: Any) -> FSDP
     return plan_from_config(module, config, strategy)
 
 
-def _check_plan(plan: FSDPPlan, config: FSDPConfig) -> None:
-    """What FSDP2 refuses at its first iteration, refused before any worker starts."""
+def escaping_parameters(module: Any, workload: Any) -> frozenset[str]:
+    """The trainable parameters ``workload``'s forward uses outside the forward of the module that
+    registers them (a tied weight: bert-tiny's word embedding, multiplied in the root's forward
+    as the output projection), traced once on ``module`` (built on the meta device) with a
+    batch of 2 there; empty where the workload's batch cannot be made on the meta device. FSDP2
+    hands such a parameter, in a unit resharded after forward, as a shard to that later use,
+    which fails at the first iteration ("mixed torch.Tensor and DTensor")."""
+    cached = getattr(module, "_synctune_escaping", None)
+    if cached is not None:
+        return cached
+    import torch
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
+    paths = {id(m): n for n, m in module.named_modules()}
+    stack: list[str] = []
+    found: set[str] = set()
+
+    class _Uses(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            for leaf in tree_leaves((args, kwargs or {})):
+                name = names.get(id(leaf))
+                if name is not None and name.rpartition(".")[0] not in stack:
+                    found.add(name)
+            return func(*args, **(kwargs or {}))
+
+    def pre(m, _args):
+        stack.append(paths.get(id(m), "?"))
+
+    def post(m, _args, _out):
+        stack.pop()
+
+    hooks = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+    try:
+        batch = workload.make_batch(2, rank=0, generator=None, device=torch.device("meta"))
+        with _Uses():
+            workload.loss(module, batch)
+        result = frozenset(found)
+    except Exception:  # noqa: BLE001 - no meta batch (an imported model): the workers' first iteration decides
+        result = frozenset()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    module._synctune_escaping = result
+    return result
+
+
+def _check_plan(plan: FSDPPlan, config: FSDPConfig, escaping: frozenset[str] = frozenset()) -> None:
+    """What FSDP2 refuses at its first iteration, refused before any worker starts (``escaping``:
+    :func:`escaping_parameters`)."""
     shard = plan.mesh_shape[-1]
     for unit in plan.units:
+        held = sorted(set(unit.variables) & escaping)
+        if unit.module and unit.reshard_after_forward is not False and held:
+            field = ("fsdp config: reshard_after_forward" if not config.from_strategy
+                     else f"strategy: variable {held[0]!r}: shard: reshard")
+            raise SpecError(f"{field}: unit {unit.module!r} holds {held[0]!r}, which the model uses outside that "
+                            f"module's forward (a tied weight), where a unit resharded after forward hands it over "
+                            f"as a shard; do not reshard that unit, or leave {held[0]!r} to the root's unit")
         r = unit.reshard_after_forward
         if not isinstance(r, bool) and not (1 < r < shard and shard % r == 0):
             field = "fsdp config: reshard_after_forward" if not config.from_strategy else "shard: reshard"
@@ -553,7 +610,7 @@ class FSDPRuntime(ConfiguredRuntime):
             _check_group("fsdp config: group", config.group, strategy, cluster)
         module = _meta_model(workload) if workload is not None else None
         if module is not None:
-            _check_plan(fsdp_plan(module, config, strategy, spec), config)
+            _check_plan(fsdp_plan(module, config, strategy, spec), config, escaping_parameters(module, workload))
         elif config.from_strategy:
             _shard_units(strategy)
 

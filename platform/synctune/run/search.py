@@ -128,17 +128,18 @@ class SearchFilter:
     that validates and that neither runtime runs (a resharded unit beside an all-reduce), and it
     is never proposed. Checked on the session's module (:meth:`SearchSession.module`)."""
 
-    def __init__(self, budget: MemoryBudget, module: Callable[[], Any], model: ModelSpec) -> None:
-        self.budget, self.module, self.model = budget, module, model
+    def __init__(self, budget: MemoryBudget, module: Callable[[], Any], model: ModelSpec, workload: Any = None) -> None:
+        self.budget, self.module, self.model, self.workload = budget, module, model, workload
 
     def _fsdp_runs(self, strategy: Strategy) -> bool:
-        from ..engine.fsdp import _check_group, _check_plan, _shard_units, fsdp_plan
+        from ..engine.fsdp import _check_group, _check_plan, _shard_units, escaping_parameters, fsdp_plan
 
         config = FSDPConfig(from_strategy=True)
         try:
             _by_unit, _syncs, (group, _var) = _shard_units(strategy)
             _check_group("strategy: shard: group", group, strategy, self.budget.cluster)
-            _check_plan(fsdp_plan(self.module(), config, strategy, self.model), config)
+            escaping = escaping_parameters(self.module(), self.workload) if self.workload is not None else frozenset()
+            _check_plan(fsdp_plan(self.module(), config, strategy, self.model), config, escaping)
         except SpecError:
             return False
         return True
@@ -266,7 +267,7 @@ class SearchSession:
             # seconds are scaled per runtime by what the trials measured.
             simulator = RuntimeResidual(simulator, proposal_runtime_name)
         return StrategySearch.from_state(state, self.model, self.cluster, self.exp, simulator, self.project,
-                                         memory=SearchFilter(self.memory, self.module, self.model),
+                                         memory=SearchFilter(self.memory, self.module, self.model, self.workload),
                                          shard_prob=self.shard_prob)
 
     def module(self) -> Any:
