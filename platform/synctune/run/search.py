@@ -128,7 +128,7 @@ class SearchFilter:
     that validates and that neither runtime runs (a resharded unit beside an all-reduce), and it
     is never proposed. Checked on the session's module (:meth:`SearchSession.module`)."""
 
-    def __init__(self, budget: MemoryBudget, module: Callable[[], Any], model: ModelSpec, workload: Any = None) -> None:
+    def __init__(self, budget: MemoryBudget, module: Callable[[], Any], model: ModelSpec, workload: Any) -> None:
         self.budget, self.module, self.model, self.workload = budget, module, model, workload
 
     def _fsdp_runs(self, strategy: Strategy) -> bool:
@@ -138,8 +138,9 @@ class SearchFilter:
         try:
             _by_unit, _syncs, (group, _var) = _shard_units(strategy)
             _check_group("strategy: shard: group", group, strategy, self.budget.cluster)
-            escaping = escaping_parameters(self.module(), self.workload) if self.workload is not None else frozenset()
-            _check_plan(fsdp_plan(self.module(), config, strategy, self.model), config, escaping)
+            module = self.module()
+            _check_plan(fsdp_plan(module, config, strategy, self.model), config,
+                        escaping_parameters(module, self.workload))
         except SpecError:
             return False
         return True
