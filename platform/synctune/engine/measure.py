@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..spec._util import LIMITS, in_range, is_number
 from ..spec.errors import SpecError
 
-__all__ = ["TrialConfig", "TrialResult", "PeakMemory", "STATUSES", "OPTIMIZERS", "timed_iterations", "gather_max", "loss_value"]
+__all__ = ["TrialConfig", "TrialResult", "PeakMemory", "STATUSES", "OPTIMIZERS", "timed_iterations", "device_done", "gather_max", "loss_value"]
 
 #: Every trial ends in one of these.
 STATUSES = ("ok", "failed", "timeout", "oom")
@@ -176,6 +176,15 @@ def gather_max(times: list[float], device) -> list[float]:
 
 
 
+def device_done(device) -> None:
+    """Return once ``device`` has run every kernel launched so far (a no-op off CUDA): what ends
+    a timed iteration on a GPU, whose kernels run after the calls that launch them return."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory: PeakMemory,
                      iteration: Callable[[], Any], *, t_start: float, take_comm: Callable[[], int | None] | None = None,
                      close: Callable[[], None] | None = None, progress: bool = True,
@@ -195,6 +204,10 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
 
     t_loop = time.perf_counter()
     total = config.warmup + config.iters
+    # CUDA kernels run after the calls that launch them return: an iteration is over when the
+    # device has run them (else the times are launch times, and the GPU's work is paid in the
+    # next iteration's barrier, outside every timed window).
+    cuda = getattr(device, "type", "cpu") == "cuda"
     times: list[float] = []
     comm: list[int] = []
     for it in range(total):
@@ -203,6 +216,8 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
             dist.barrier()
             t0 = time.perf_counter()
         loss = iteration()
+        if cuda:
+            device_done(device)
         if timed:
             times.append(time.perf_counter() - t0)
         sent = take_comm() if take_comm is not None else None

@@ -8,6 +8,12 @@ variable's gradient becomes ready (a post-accumulate-grad hook, the same event t
 units wait for). Warm-up iterations are not timed; each timed iteration starts after a barrier
 so the workers compete for the machine as they do in a trial. The profile keeps, per figure,
 the median over iterations of the slowest worker.
+
+On a GPU the kernels run after the Python calls return, so the figures are taken from CUDA
+events instead of the host clock: one recorded at the start of the iteration, one in each
+gradient's hook (on the stream backward runs on), one at each phase's end; the iteration ends
+with a device synchronization, outside the figures (PyTorch's "CUDA semantics: asynchronous
+execution" and its timing advice).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 
-__all__ = ["profile_compute", "profile_worker"]
+__all__ = ["profile_compute", "profile_per_device_type", "profile_worker"]
 
 
 def profile_worker(rank: int, world: int, payload: dict) -> dict:
@@ -28,20 +34,24 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
     import torch.distributed as dist
 
     workload, spec = payload["workload"], ModelSpec.from_dict(payload["model_spec"])
+    device = torch.device(payload.get("device", "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank)  # one GPU per worker
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     torch.manual_seed(payload["seed"])
-    model = workload.build_model()
+    model = workload.build_model().to(device)
     params = dict(model.named_parameters())
     names = [v.name for v in spec.variables]
     index = {name: i for i, name in enumerate(names)}
     optimizer = workload.make_optimizer([params[n] for n in names], name=payload["optimizer"], lr=payload["lr"])
     gen = torch.Generator().manual_seed(payload["seed"] * 100_003 + rank)
-    batch = workload.make_batch(payload["batch_size"], rank=rank, generator=gen, device=torch.device("cpu"))
-    ready = [0.0] * len(names)
-    origin = [0.0]
+    batch = workload.make_batch(payload["batch_size"], rank=rank, generator=gen, device=device)
+    clock = _CudaClock(len(names)) if device.type == "cuda" else _HostClock(len(names))
 
     def hook_of(i: int):
         def hook(_param) -> None:
-            ready[i] = time.perf_counter() - origin[0]
+            clock.mark(i)
         return hook
 
     handles = [params[n].register_post_accumulate_grad_hook(hook_of(index[n])) for n in names]
@@ -49,17 +59,18 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
     try:
         for it in range(payload["warmup"] + payload["iters"]):
             dist.barrier()
-            t0 = time.perf_counter()
+            clock.start()
             loss = workload.loss(model, batch)
-            t1 = time.perf_counter()
-            origin[0] = t1
+            clock.phase(0)
             loss.backward()
-            t2 = time.perf_counter()
+            clock.phase(1)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
+            clock.phase(2)
             if it >= payload["warmup"]:
-                rows.append((t1 - t0, t2 - t1, t3 - t2, list(ready)))
+                rows.append(clock.read())
+            else:
+                clock.read()
     finally:
         for h in handles:
             h.remove()
@@ -68,26 +79,117 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
             "step_s": med(r[2] for r in rows), "ready_s": [med(r[3][i] for r in rows) for i in range(len(names))]}
 
 
+class _HostClock:
+    """Phase ends and gradient ready times on the host clock (CPU workers: the call returns when
+    the work is done). ``read`` returns (forward, backward, step, ready times from backward's start)."""
+
+    def __init__(self, n: int) -> None:
+        self.ready = [0.0] * n
+        self.marks = [0.0] * 4
+
+    def start(self) -> None:
+        self.marks[0] = time.perf_counter()
+
+    def phase(self, i: int) -> None:
+        self.marks[i + 1] = time.perf_counter()
+
+    def mark(self, i: int) -> None:
+        self.ready[i] = time.perf_counter() - self.marks[1]
+
+    def read(self) -> tuple:
+        m = self.marks
+        return (m[1] - m[0], m[2] - m[1], m[3] - m[2], list(self.ready))
+
+
+class _CudaClock:
+    """The same figures from CUDA events (the GPU's own clock), read after a synchronization."""
+
+    def __init__(self, n: int) -> None:
+        import torch
+
+        event = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        self.torch = torch
+        self.ready = [event() for _ in range(n)]
+        self.marks = [event() for _ in range(4)]
+
+    def start(self) -> None:
+        self.marks[0].record()
+
+    def phase(self, i: int) -> None:
+        self.marks[i + 1].record()
+
+    def mark(self, i: int) -> None:
+        self.ready[i].record()  # the hook runs on backward's stream, after the gradient's kernels
+
+    def read(self) -> tuple:
+        self.torch.cuda.synchronize()
+        m = self.marks
+        s = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds -> seconds)
+        return (s(m[0], m[1]), s(m[1], m[2]), s(m[2], m[3]), [s(m[1], e) for e in self.ready])
+
+
 def profile_compute(workload, *, workers: int, batch_size: int | None = None, device: str = "cpu", warmup: int = 3,
                     iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
-                    timeout_s: float = 600.0, nets: list[dict[str, str]] | None = None) -> ComputeProfile:
-    """Profile ``workload`` with ``workers`` concurrent CPU worker processes (local launcher).
+                    timeout_s: float = 600.0, nets: list[dict[str, str]] | None = None,
+                    device_type: str | None = None) -> ComputeProfile:
+    """Profile ``workload`` with ``workers`` concurrent worker processes (local launcher): CPU
+    workers (``device="cpu"``), or one GPU of this machine each (``device="cuda"``).
 
-    ``batch_size`` is each worker's batch (default: the model's). Raises
+    ``batch_size`` is each worker's batch (default: the model's). ``device_type`` names what the
+    profile is filed under (default ``"cpu"``, or this machine's GPU model): the replay looks a
+    node's profile up by its ``device_model``. Raises
     :class:`~synctune.engine.local.WorkerFailure` when a worker fails.
     """
+    spec = workload.spec()
+    outs = _profile_workers(workload, spec, workers=workers, batch_size=batch_size, device=device, warmup=warmup,
+                            iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s, nets=nets)
+    return _slowest(spec, device_type or _device_type(device), workers, batch_size or spec.batch_size, outs)
+
+
+def profile_per_device_type(workload, cluster, *, nets: list[dict[str, str]] | None = None, warmup: int = 3,
+                            iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
+                            timeout_s: float = 600.0) -> list[ComputeProfile]:
+    """One profile per device type of ``cluster`` (a node's ``device_model``), all its devices
+    computing at once: the contention of a trial on every device, each worker where its node
+    runs (``nets`` from :func:`~synctune.engine.local.rank_networks`: a lab node's namespace and
+    CPU quota). Each type's figures are its slowest worker's. CPU clusters only (the workers run
+    on this machine)."""
+    spec = workload.spec()
+    if cluster.device_kind != "cpu":
+        raise ValueError(f"profile_per_device_type: cluster {cluster.name!r} has GPU nodes; profile each GPU type "
+                         f"on a machine with it (profile_compute with device='cuda')")
+    outs = _profile_workers(workload, spec, workers=cluster.num_devices, batch_size=None, device="cpu",
+                            warmup=warmup, iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s,
+                            nets=nets)
+    types = [cluster.node_of(d).device_model for d in cluster.devices]
+    return [_slowest(spec, t, cluster.num_devices, spec.batch_size, [o for o, ot in zip(outs, types) if ot == t])
+            for t in sorted(set(types))]
+
+
+def _device_type(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
+
+
+def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, device: str, warmup: int, iters: int,
+                     seed: int, optimizer: str, lr: float, timeout_s: float, nets) -> list[dict]:
     from .local import run_local
 
     if workers < 1 or iters < 1 or warmup < 0:
         raise ValueError(f"profile_compute: workers >= 1, iters >= 1, warmup >= 0 expected, got {workers}, {iters}, "
                          f"{warmup}")
-    spec = workload.spec()
-    batch = batch_size or spec.batch_size
-    payload: dict[str, Any] = {"workload": workload, "model_spec": spec.to_dict(), "batch_size": batch,
+    payload: dict[str, Any] = {"workload": workload, "model_spec": spec.to_dict(),
+                               "batch_size": batch_size or spec.batch_size, "device": device,
                                "warmup": warmup, "iters": iters, "seed": seed, "optimizer": optimizer, "lr": lr}
-    outs = run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets)
+    return run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets)
+
+
+def _slowest(spec, device_type: str, workers: int, batch: int, outs: list[dict]) -> ComputeProfile:
     # The slowest worker sets the pace of a synchronous iteration: take its figures.
-    return ComputeProfile(model=spec.name, device=device, workers=workers, batch_size=batch,
+    return ComputeProfile(model=spec.name, device=device_type, workers=workers, batch_size=batch,
                           forward_s=max(o["forward_s"] for o in outs), backward_s=max(o["backward_s"] for o in outs),
                           step_s=max(o["step_s"] for o in outs),
                           ready_s=tuple(max(o["ready_s"][i] for o in outs) for i in range(len(spec.variables))))

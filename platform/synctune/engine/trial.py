@@ -19,7 +19,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
-from .measure import STATUSES, PeakMemory, TrialConfig, TrialResult, gather_max, timed_iterations
+from .measure import STATUSES, PeakMemory, TrialConfig, TrialResult, device_done, gather_max, timed_iterations
 from .runtime import ArmContext, Runtime
 from .runtimes import as_runtime
 
@@ -197,6 +197,7 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
             dist.barrier()
             t0 = time.perf_counter()
             arm.iteration()
+            device_done(device)
             times.append(time.perf_counter() - t0)
             arm.take_comm_bytes()
         # Every rank gets the same gathered times, so every rank makes the same picks and stops

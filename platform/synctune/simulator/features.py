@@ -181,11 +181,13 @@ def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyColumns:
     return StrategyColumns.from_strategies(ctx.model, ctx.cluster, strategies)
 
 
-def batch_scale(b: StrategyColumns, ctx: DomainContext) -> np.ndarray:
+def batch_scale(b: StrategyColumns, ctx: DomainContext, slowdowns: np.ndarray | None = None) -> np.ndarray:
     """(n,) each strategy's compute time relative to one model batch on the fastest node: every
-    replica's batch share times its node's slowdown, the iteration waiting for the slowest
-    replica (TAG §4.2's batch split on calibrated, heterogeneous nodes)."""
-    return (b.splits() * ctx.device_slowdowns[None, :]).max(1) / ctx.model.batch_size
+    replica's batch share times its node's slowdown (``slowdowns`` per device, default the
+    cluster's calibrated speeds), the iteration waiting for the slowest replica (TAG §4.2's batch
+    split on calibrated, heterogeneous nodes)."""
+    slow = ctx.device_slowdowns if slowdowns is None else slowdowns
+    return (b.splits() * slow[None, :]).max(1) / ctx.model.batch_size
 
 
 def message_sizes(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray | None]:

@@ -104,6 +104,9 @@ class _ReplayDomain:
     rebuild_scale: float = 1.0
     #: forward time before backward starts, seconds (where resharded units gather their parameters)
     forward_s: float = 0.0
+    #: (devices,) each device's compute time over the fastest one's (per-node profiles, else the
+    #: cluster's calibrated speeds)
+    device_slowdowns: np.ndarray | None = None
 
 
 class ReplaySimulator(Simulator):
@@ -148,12 +151,37 @@ class ReplaySimulator(Simulator):
                 raise SpecError(f"{path}: not a compute profile ({type(exc).__name__})") from None
         return sim
 
+    def _node_profiles(self, model, cluster) -> tuple[ComputeProfile | None, np.ndarray | None]:
+        """The profile the replay's compute follows and, where the cluster's nodes are of several
+        device types each with its own profile (``device_model``: a lab node's CPU quota, a GPU
+        type), each device's compute time over the fastest type's, measured on this workload
+        (None: the calibrated speeds of the cluster spec say it). With typed profiles the fastest
+        type's shape is replayed and the slowest replica sets the pace (TAG §2.1); otherwise one
+        profile per device kind (every node alike)."""
+        fits = lambda p: p is not None and len(p.ready_s) == len(model.variables)  # noqa: E731
+        typed = {n.device_model: self.profiles.get(profile_key(model.name, n.device_model, cluster.num_devices))
+                 for n in cluster.nodes}
+        if all(fits(p) for p in typed.values()):
+            if len(typed) == 1:
+                return next(iter(typed.values())), None
+            total = {t: p.forward_s + p.backward_s for t, p in typed.items()}
+            fastest = min(total, key=total.get)
+            slowdowns = np.array([max(total[cluster.node_of(d).device_model], 1e-12) / max(total[fastest], 1e-12)
+                                  for d in cluster.devices], dtype=np.float64)
+            ref = typed[fastest]
+            step = max(p.step_s for p in typed.values())
+            from dataclasses import replace
+
+            return replace(ref, step_s=step), slowdowns
+        generic = self.profiles.get(profile_key(model.name, cluster.device_kind, cluster.num_devices))
+        return (generic if fits(generic) else None), None
+
     def _domain(self, ctx: DomainContext) -> _ReplayDomain:
         if self._cache is not None and self._cache[0] is ctx:
             return self._cache[1]
         model, cluster = ctx.model, ctx.cluster
-        profile = self.profiles.get(profile_key(model.name, cluster.device_kind, cluster.num_devices))
-        if profile is not None and len(profile.ready_s) == len(model.variables):
+        profile, slowdowns = self._node_profiles(model, cluster)
+        if profile is not None:
             ready = profile.forward_s + np.asarray(profile.ready_s, dtype=np.float64)
             backward_end, step_s, batch, measured = profile.forward_s + profile.backward_s, profile.step_s, \
                 profile.batch_size, True
@@ -181,7 +209,8 @@ class ReplaySimulator(Simulator):
                 model.flops_per_sample * batch / float(backward_end))
         forward_s = (profile.forward_s if measured else forward) * c
         dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha,
-                            rebuild_scale, float(forward_s))
+                            rebuild_scale, float(forward_s),
+                            ctx.device_slowdowns if slowdowns is None else slowdowns)
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
@@ -226,7 +255,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     alpha = dom.alpha
     # A replica's compute scales with its batch and its node's slowdown (calibrated speeds);
     # the iteration waits for the slowest replica (TAG §2.1).
-    scale = batch_scale(b, ctx) * (ctx.model.batch_size / dom.profile_batch)
+    scale = batch_scale(b, ctx, dom.device_slowdowns) * (ctx.model.batch_size / dom.profile_batch)
     plain = ctx.var_bytes[b.var] * b.frac
     sparse_part = np.where(b.kind == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
     wire = plain * sparse_part * b.ratio
