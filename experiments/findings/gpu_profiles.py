@@ -8,7 +8,7 @@ device synchronized at the end of every timed iteration), then the replay's pred
 trial from the profile alone. One GPU: no communication, so the replay's iteration is the
 profile's forward, backward and step plus the engine's fixed costs, and the comparison says how
 well a profile measured once stands for the engine's iteration. The profiles are written to
-``--out`` (one JSON per model, ``model@<GPU name>-w1.json``, what ``synctune dataset push``
+``--out`` (one JSON per model, ``model-<GPU name, spaces as _>-w1.json``, what ``synctune dataset push``
 carries in a release's ``profiles/``).
 
     python experiments/findings/gpu_profiles.py [--models bert-base,bert-large,resnet50,vgg16,transformer]
@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--out", default="gpu-profiles")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3, help="trials per model (median of their medians)")
+    parser.add_argument("--repeats", type=int, default=5, help="trials per model (median of their medians)")
     args = parser.parse_args()
 
     import torch
@@ -61,7 +61,7 @@ def main() -> int:
         t0 = time.perf_counter()
         profile = profile_compute(workload, workers=1, device="cuda", warmup=args.warmup, iters=args.iters,
                                   timeout_s=900)
-        (out / f"{model}@{name}-w1.json").write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+        (out / f"{model}-{name.replace(' ', '_')}-w1.json").write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
         strategy = build_strategy("allreduce", spec, cluster)
         medians = []
         for _ in range(args.repeats):

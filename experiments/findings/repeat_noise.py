@@ -11,6 +11,18 @@ times taken as the truth, measured again with that noise). Also printed: the wit
 coefficient of variation of the timed iterations.
 
     python experiments/findings/repeat_noise.py [--data dataset/synctune-v0.2/data]
+
+With ``--presets`` it measures instead (root: the lab): on each lab preset, for each model, the
+same strategies (the builders, then guided-sampler strategies) are trialled twice in one
+process group, the whole list then the whole list again, under each measurement rule: ``fixed``
+(v0.2's rows: 2 warm-up and 6 timed iterations) and ``ci`` (the quieter trial: 5 warm-up, at
+least 10 timed, then on until the 95% interval of the median is within +-3%, at most 100
+iterations or 10 s of them; ``TrialConfig.target_ci``). Printed per preset and rule: the median
+and p90 of |x1 - x2| / mean over the pairs, the timed iterations a trial took and its seconds.
+The rows are recorded in the data folder (``--home``; search id ``repeat-<rule>-<model>@<preset>``).
+
+    python experiments/findings/repeat_noise.py --presets lab-2x2,lab-4x1,lab-b12,lab-b10c,lab-b11c
+        [--models cnn-small,transformer-small] [--strategies 8] [--rules fixed,ci] [--home DIR]
 """
 
 from __future__ import annotations
@@ -25,11 +37,86 @@ import pyarrow.dataset as ds
 from synctune.simulator.evaluate import pairwise_accuracy
 
 
+#: The measurement rules compared (TrialConfig keywords).
+RULES = {"fixed": {"warmup": 2, "iters": 6},
+         "ci": {"warmup": 5, "iters": 10, "target_ci": 0.03, "max_iters": 100, "max_timed_s": 10.0}}
+
+
+def measure(args) -> None:
+    import sys
+    import time
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _common
+    from synctune.data import TrialDataset
+    from synctune.data.paths import dataset_dir
+    from synctune.engine.trial import TrialConfig, run_trials_local
+    from synctune.run.collect import collection_plan
+    from synctune.run.recording import record_result
+    from synctune.workload.zoo import zoo_workload
+
+    _common.use_data_folder(args.home, "repeat-noise-")
+    ds = TrialDataset(dataset_dir())
+    rows = []
+    for preset in args.presets.split(","):
+        with _common.lab(preset) as (cluster, node_net):
+            for model in args.models.split(","):
+                workload = zoo_workload(model)
+                spec = workload.spec()
+                plan = collection_plan(spec, cluster, num_random=0, num_guided=args.strategies, seed=args.seed)
+                # Strategies on every replica only: one process group runs the whole list twice.
+                plan = [p for p in plan if len(p[2].replicas) == cluster.num_devices][:args.strategies]
+                for rule in args.rules.split(","):
+                    config = TrialConfig(seed=args.seed, **RULES[rule])
+                    t0 = time.perf_counter()
+                    results = run_trials_local([p[2] for p in plan] * 2, cluster, config, workload=workload,
+                                               node_net=node_net)
+                    wall = time.perf_counter() - t0
+                    for i, r in enumerate(results):
+                        trial_id, origin, strategy = plan[i % len(plan)]
+                        record_result(r, strategy, spec, cluster, dataset=ds, logger=None, origin=origin,
+                                      search_id=f"repeat-{rule}-{model}@{preset}",
+                                      trial_id=f"{trial_id}-pass{i // len(plan)}")
+                    k = len(plan)
+                    for a, b in zip(results[:k], results[k:]):
+                        if a.ok and b.ok:
+                            rows.append({"preset": preset, "model": model, "rule": rule,
+                                         "diff": abs(a.median_s - b.median_s) / ((a.median_s + b.median_s) / 2),
+                                         "iters": (a.iters + b.iters) / 2, "wall": wall / len(results)})
+                    done = pd.DataFrame([r for r in rows if r["preset"] == preset and r["model"] == model
+                                         and r["rule"] == rule])
+                    print(f"{model}@{preset} {rule}: {len(done)} pairs, median diff {done['diff'].median():.1%}, "
+                          f"{done['iters'].mean():.0f} iterations, {wall / len(results):.1f} s per trial", flush=True)
+    t = pd.DataFrame(rows)
+    table = t.groupby(["preset", "rule"]).agg(pairs=("diff", "size"), median=("diff", "median"),
+                                              p90=("diff", lambda d: d.quantile(0.9)),
+                                              iterations=("iters", "mean"), seconds=("wall", "mean")).reset_index()
+    print()
+    print(_common.markdown_table(
+        ["preset", "rule", "pairs", "median |x1-x2|/mean", "p90", "timed iterations per trial (mean)",
+         "s per trial (mean)"],
+        [[r.preset, r.rule, r.pairs, f"{r.median:.1%}", f"{r.p90:.1%}", f"{r.iterations:.0f}", f"{r.seconds:.1f}"]
+         for r in table.itertuples()]))
+    for rule, g in t.groupby("rule"):
+        per = g.groupby("preset")["diff"].median()
+        print(f"{rule}: median over all pairs {g['diff'].median():.1%}; presets at or under 5%: "
+              f"{int((per <= 0.05).sum())} of {len(per)} (worst {per.max():.1%}, {per.idxmax()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="dataset/synctune-v0.2/data")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--presets", default="", help="measure on these lab presets (root) instead of reading --data")
+    parser.add_argument("--models", default="cnn-small,transformer-small")
+    parser.add_argument("--strategies", type=int, default=8, help="strategies per domain, each measured twice")
+    parser.add_argument("--rules", default="fixed,ci")
+    parser.add_argument("--home", default=None, help="data folder for the rows (default: a new temporary one)")
     args = parser.parse_args()
+    if args.presets:
+        measure(args)
+        return
     t = ds.dataset(args.data, format="parquet", partitioning="hive").to_table(
         columns=["model_name", "cluster_name", "strategy_hash", "median_s", "status", "iteration_times_s"]).to_pandas()
     t = t[t.status == "ok"]

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio", "t_quantile", "SequentialRule"]
+__all__ = ["SearchOutcome", "search_outcome", "PairedRatio", "paired_ratio", "t_quantile", "SequentialRule",
+           "median_interval"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,28 @@ def t_quantile(p: float, dof: int) -> float:
     from scipy.stats import t
 
     return float(t.ppf(p, dof))
+
+
+def median_interval(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(low, median, high): the distribution-free interval of a median from order statistics
+    (Conover, *Practical Nonparametric Statistics*, §3.2): the k-th smallest and k-th largest
+    value, k the largest rank with P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2, so it
+    covers the median at ``confidence`` or more whatever the distribution. It assumes nothing of
+    the iteration times' shape (they are skewed: a slow iteration now and then). With too few
+    values for any interval at that confidence (n < 6 at 95%), low and high are -inf and inf."""
+    from scipy.stats import binom
+
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value")
+    if not 0 < confidence < 1:
+        raise ValueError(f"median_interval: confidence must be between 0 and 1, got {confidence!r}")
+    mid = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    k = int(binom.ppf((1 - confidence) / 2, n, 0.5))
+    if k < 1:
+        return -math.inf, mid, math.inf
+    return xs[k - 1], mid, xs[n - k]
 
 
 def paired_ratio(baseline_s: Iterable[float], candidate_s: Iterable[float], confidence: float = 0.95

@@ -27,10 +27,19 @@ OPTIMIZERS = ("sgd", "adam")  # names a workload's make_optimizer takes
 
 @dataclass(frozen=True, kw_only=True)
 class TrialConfig:
-    """How a trial runs: iteration counts, optimizer, seed and the bounds on waiting."""
+    """How a trial runs: iteration counts, optimizer, seed and the bounds on waiting.
+
+    With ``target_ci`` above 0 the trial measures until it knows its median: after ``iters``
+    timed iterations it adds more until the 95% interval of the median iteration time
+    (:func:`synctune.stats.median_interval`) lies within ``target_ci`` of the median on both
+    sides, or ``max_iters`` timed iterations or ``max_timed_s`` seconds of them are spent
+    (whichever comes first). 0 (the default): exactly ``iters``, as AutoDist §3.3's W + M."""
 
     warmup: int = 10
     iters: int = 40
+    target_ci: float = 0.0
+    max_iters: int = 100
+    max_timed_s: float = 30.0
     optimizer: str = "sgd"
     lr: float = 0.01
     seed: int = 0
@@ -43,6 +52,15 @@ class TrialConfig:
             raise SpecError(f"trial config: warmup: expected an integer from 0 to {top}, got {self.warmup!r}")
         if not in_range(self.iters, 1, top):
             raise SpecError(f"trial config: iters: expected an integer from 1 to {top}, got {self.iters!r}")
+        if not (is_number(self.target_ci) and 0 <= self.target_ci < 1):
+            raise SpecError(f"trial config: target_ci: expected a relative half-width from 0 (off) to below 1, e.g. "
+                            f"0.03 for +-3%, got {self.target_ci!r}")
+        if not in_range(self.max_iters, self.iters, top):
+            raise SpecError(f"trial config: max_iters: expected an integer from iters ({self.iters}) to {top}, got "
+                            f"{self.max_iters!r}")
+        if not (is_number(self.max_timed_s) and 0 < self.max_timed_s <= LIMITS["timeout_s"]):
+            raise SpecError(f"trial config: max_timed_s: expected a positive number of seconds, got "
+                            f"{self.max_timed_s!r}")
         if self.optimizer not in OPTIMIZERS:
             raise SpecError(f"trial config: optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if not in_range(self.seed, 0, LIMITS["seed"]):
@@ -204,13 +222,28 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
 
     t_loop = time.perf_counter()
     total = config.warmup + config.iters
+    adaptive = config.target_ci > 0
+    stopped = "iters"
     # CUDA kernels run after the calls that launch them return: an iteration is over when the
     # device has run them (else the times are launch times, and the GPU's work is paid in the
     # next iteration's barrier, outside every timed window).
     cuda = getattr(device, "type", "cpu") == "cuda"
     times: list[float] = []
     comm: list[int] = []
-    for it in range(total):
+    slowest: list[float] = []
+    it = 0
+    while True:
+        if it == total:
+            if not adaptive:
+                break
+            # Decided from the gathered (slowest-rank) times, the same on every rank, so every
+            # rank stops after the same iteration.
+            slowest = gather_max(times, device)
+            stopped = _enough(slowest, config)
+            if stopped:
+                break
+            total += max(2, len(times) // 4)  # a few more, then look again: few gathers
+            total = min(total, config.warmup + config.max_iters)
         timed = it >= config.warmup
         if timed:
             dist.barrier()
@@ -225,8 +258,10 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
             comm.append(sent)
         if rank == 0 and progress:
             report({"event": "iteration", "iteration": it + 1, "total": total, "loss": loss_value(loss)})
+        it += 1
     t_end = time.perf_counter()
-    slowest = gather_max(times, device)
+    if not adaptive:
+        slowest = gather_max(times, device)
     peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
                         dtype=torch.float64, device=device)
     parts = None
@@ -256,4 +291,34 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
         "comm_bytes_per_iter": int(sum(p[1].item() for p in peaks)) if comm else None,
         "final_loss": loss_value(loss),
         "memory": parts,
+        "measure": measure_figures(slowest, config, stopped),
     }
+
+
+def _enough(times: list[float], config: TrialConfig) -> str:
+    """Why an adaptive trial stops now ("target", "max_iters", "max_timed_s"), or "" to go on."""
+    from ..stats import median_interval
+
+    low, mid, high = median_interval(times)
+    if mid > 0 and max(mid - low, high - mid) <= config.target_ci * mid:
+        return "target"
+    if len(times) >= config.max_iters:
+        return "max_iters"
+    if sum(times) >= config.max_timed_s:
+        return "max_timed_s"
+    return ""
+
+
+def measure_figures(times: list[float], config: TrialConfig, stopped: str) -> dict:
+    """What a trial records of how it measured: the rule (fixed ``iters``, or the target
+    interval and its caps), why it stopped, the timed iterations and the 95% interval of the
+    median (relative half-width: the larger side over the median; None below 6 iterations)."""
+    from ..stats import median_interval
+
+    low, mid, high = median_interval(times)
+    half = max(mid - low, high - mid) / mid if mid > 0 and math.isfinite(low) and math.isfinite(high) else None
+    out = {"rule": "ci" if config.target_ci > 0 else "fixed", "stopped": stopped, "iterations": len(times),
+           "median_ci_s": [low, high] if half is not None else None, "median_ci_rel": half}
+    if config.target_ci > 0:
+        out |= {"target_ci": config.target_ci, "max_iters": config.max_iters, "max_timed_s": config.max_timed_s}
+    return out

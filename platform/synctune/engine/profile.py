@@ -45,7 +45,7 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
     names = [v.name for v in spec.variables]
     index = {name: i for i, name in enumerate(names)}
     optimizer = workload.make_optimizer([params[n] for n in names], name=payload["optimizer"], lr=payload["lr"])
-    gen = torch.Generator().manual_seed(payload["seed"] * 100_003 + rank)
+    gen = torch.Generator(device=device).manual_seed(payload["seed"] * 100_003 + rank)  # the trial's batch
     batch = workload.make_batch(payload["batch_size"], rank=rank, generator=gen, device=device)
     clock = _CudaClock(len(names)) if device.type == "cuda" else _HostClock(len(names))
 

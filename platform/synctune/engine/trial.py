@@ -313,8 +313,10 @@ def result_from_rank0(out: dict, strategy: Strategy, cluster: ClusterSpec, confi
         out["times"], backend=out["backend"], device_kind=out["device_kind"],
         comm_bytes_per_iter=out["comm_bytes_per_iter"], peak_memory_bytes=out["peak_memory_bytes"], wall_s=wall_s,
         extra={"final_loss": out["final_loss"], "phases_s": out.get("phases_s", {}), "optimizer": config.optimizer,
-               **({"memory": out["memory"]} if out.get("memory") else {})},
-        **_describe(strategy, cluster, config, launcher))
+               **({"memory": out["memory"]} if out.get("memory") else {}),
+               **({"measure": out["measure"]} if out.get("measure") else {})},
+        # the timed iterations it took (a trial with a target interval decides how many)
+        **(_describe(strategy, cluster, config, launcher) | {"iters": len(out["times"])}))
 
 
 def failed_result(status: str, error: str, strategy: Strategy, cluster: ClusterSpec, config: TrialConfig,

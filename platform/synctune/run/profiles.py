@@ -20,7 +20,8 @@ __all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_relea
 
 def profile_path(model: str, device: str, workers: int) -> Path:
     """Where the profile of ``model`` on ``workers`` concurrent ``device`` workers is filed."""
-    return path_under(profiles_dir(), f"{profile_key(model, device, workers)}.json")
+    # A GPU's name has spaces ("NVIDIA H200"): not in file names, which travel in releases.
+    return path_under(profiles_dir(), f"{profile_key(model, device.replace(' ', '_'), workers)}.json")
 
 
 def save_profile(profile: ComputeProfile) -> Path:
