@@ -175,3 +175,35 @@ def test_strategies_made_columns_come_back_the_same_replica_subsets_included():
     for i in range(len(strategies)):
         for j in range(i):
             assert (strategies[i].hash == strategies[j].hash) == (digests[i] == digests[j])
+
+
+def test_narrow_columns_hold_their_bounds_and_score_as_int64_columns_do():
+    """A round's codes are stored narrow (the memory of a search round). Each narrow dtype holds
+    its column's values from -1 to the bound the spec enforces (nodes, shards, devices,
+    prefetch, ...), and columns at large values (PS servers on node 299 of 300, a shard group of
+    all 300 devices) give the same signatures, digests and predictions as the same columns
+    widened to int64 (the reference: what every column was before)."""
+    from synctune.simulator import ReplaySimulator, analytic_time
+    from synctune.spec import ClusterSpec
+    from synctune.strategy.columns import COLUMN_BOUNDS, COLUMN_DTYPES
+
+    for name, (why, bound) in COLUMN_BOUNDS.items():
+        info = np.iinfo(COLUMN_DTYPES[name])
+        assert info.min <= -1 and info.max >= bound, f"{name}: {COLUMN_DTYPES[name]} cannot hold {bound} ({why})"
+    spec = model_spec("bert-tiny")
+    cluster = ClusterSpec.from_dict({"name": "wide", "nodes": [{"instance_type": "g4dn.2xlarge", "count": 300}]})
+    ctx = DomainContext(spec, cluster)
+    drawn = GuidedSampler(spec, cluster, seed=1).sample_columns(300, chunk=64)
+    sharded = encode(GuidedSampler(spec, cluster, seed=2, shard_prob=0.7).sample_many(30), ctx)
+    assert int(drawn.node.max()) > 127, "the draw should put PS servers beyond an int8's reach"
+    assert (sharded.shard_group >= 0).any(), "the sharded draw should hold shard units"
+    # Shard groups written as their size, every device (300: beyond an int8), instead of 0.
+    everyone = dataclasses.replace(sharded, shard_group=np.where(sharded.shard_group >= 0, 300, -1).astype(np.int32))
+    for cols in (drawn, sharded, everyone):
+        assert cols.node.dtype == np.int16 and cols.kind.dtype == np.int8 and cols.shard_group.dtype == np.int32
+        wide = dataclasses.replace(cols, **{k: getattr(cols, k).astype(np.int64) for k in COLUMN_BOUNDS})
+        np.testing.assert_array_equal(cols.signatures(), wide.signatures())
+        np.testing.assert_array_equal(cols.digests(), wide.digests())
+        np.testing.assert_array_equal(analytic_time(cols, ctx), analytic_time(wide, ctx))
+        np.testing.assert_array_equal(ReplaySimulator()._predict_batch(cols, ctx),
+                                      ReplaySimulator()._predict_batch(wide, ctx))

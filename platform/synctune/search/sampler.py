@@ -24,7 +24,7 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.columns import KIND_CODES, StrategyColumns
+from ..strategy.columns import COLUMN_DTYPES, KIND_CODES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS, lossy_compressors
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (
@@ -606,10 +606,10 @@ class GuidedSampler:
                             v["naxes"], v["upper"], v["axes"], v["combo"], self.partition_prob, sfb, pieces, axes, base)
         offsets = np.r_[0, np.cumsum(pieces.sum(1))].astype(np.int64)
         rows = int(offsets[-1])
-        out = {k: np.empty(rows, np.int64) for k in ("sid", "var", "axis", "nshards", "kind", "node", "group", "comp",
-                                                      "rank")}
-        out.update(local=np.empty(rows, bool), hier=np.empty(rows, bool), frac=np.empty(rows), ratio=np.empty(rows),
-                   group_order=np.empty(rows, np.int64), ngroups=np.zeros(n))
+        out = {k: np.empty(rows, COLUMN_DTYPES[k]) for k in ("sid", "var", "axis", "nshards", "kind", "node", "group",
+                                                              "comp", "rank", "local", "hier", "frac", "ratio",
+                                                              "group_order")}
+        out.update(ngroups=np.zeros(n))
         nic = np.asarray(self.nic, dtype=np.float64)
         codes = np.array([KIND_CODES[k] for k in ("ps", "allreduce", "allgather", "sfb")])
         kind_axis = np.array([_COMPRESSIBLE.index(k) if k in _COMPRESSIBLE else -1 for k in SYNCHRONIZER_KINDS])

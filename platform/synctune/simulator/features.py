@@ -338,7 +338,7 @@ def _per_server(b: StrategyColumns, ctx: DomainContext, t: dict | None, m: np.nd
     ps = np.flatnonzero(b.kind == KIND_PS)
     if not len(ps):
         return np.zeros((n, w))
-    look = b.node[ps] * 2 + b.local[ps]
+    look = b.node[ps].astype(np.int64) * 2 + b.local[ps]
     both = wire[ps] + m[ps]  # gradient up (encoded), parameters down (plain)
     key = b.sid[ps] * w + b.node[ps]
     if t is not None:
@@ -486,7 +486,7 @@ def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np
     column = _KIND_COLUMN[b.kind]
     known = column >= 0
     out[np.flatnonzero(known), column[known]] = 1.0
-    out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp] = 1.0
+    out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp.astype(np.int64)] = 1.0
     out[:, col["wire_ratio"]] = b.ratio
     out[:, col["local_agg"]] = b.local
     ps = b.kind == KIND_PS

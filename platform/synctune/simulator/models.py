@@ -353,7 +353,7 @@ class GATSimulator(_Learned):
         lengths = np.diff(batch.offsets)
         row = np.repeat(np.arange(n), lengths)
         pos = np.arange(len(batch.sid)) - np.repeat(batch.offsets[:-1], lengths)
-        node_key[row, pos] = np.where(batch.kind == KIND_PS, batch.node, -1 - 10**6)
+        node_key[row, pos] = np.where(batch.kind == KIND_PS, batch.node.astype(np.int64), -1 - 10**6)
         group_key[row, pos] = np.where(batch.group_order >= 0, batch.group_order, -1 - 10**6)
         nk, gk = torch.as_tensor(node_key), torch.as_tensor(group_key)
         idx = torch.arange(longest)

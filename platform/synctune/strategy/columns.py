@@ -24,9 +24,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..spec._util import LIMITS
 from .compressors import COMPRESSORS
 from .partition import shard_shapes
 from .schema import (
+    MAX_PREFETCH,
     SYNCHRONIZER_KINDS,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
@@ -40,7 +42,7 @@ from .schema import (
     VariablePlan,
 )
 
-__all__ = ["StrategyColumns", "KIND_CODES"]
+__all__ = ["StrategyColumns", "KIND_CODES", "COLUMN_DTYPES", "COLUMN_BOUNDS"]
 
 #: Synchronizer kind -> the code of its rows (its index in the synchronizer registry).
 KIND_CODES: dict[str, int] = {kind: i for i, kind in enumerate(SYNCHRONIZER_KINDS)}
@@ -143,13 +145,14 @@ class StrategyColumns:
         n, v = self.size, len(self.model.variables)
         # A row's decisions folded into one integer, then the rows of a variable combined with
         # a position weight (shards of a variable are consecutive rows).
-        row = (((((self.kind * 64 + (self.node + 1)) * 2 + self.local) * 2 + self.hier) * 8 + self.comp) * 8
-               + np.minimum(self.rank, 7)) * 64 + self.axis
-        row = row * 1_000_003 + self.nshards
+        w = lambda a: np.asarray(a, np.int64)  # noqa: E731  (narrow columns: fold in int64)
+        row = (((((w(self.kind) * 64 + (w(self.node) + 1)) * 2 + self.local) * 2 + self.hier) * 8 + w(self.comp)) * 8
+               + np.minimum(w(self.rank), 7)) * 64 + w(self.axis)
+        row = row * 1_000_003 + w(self.nshards)
         shard = self.kind == _SHARD
         if shard.any():  # a shard row's unit and options (other rows fold in as before)
-            opts = ((((self.group + 1) * 64 + self.shard_group + 1) * 2 + self.reshard) * 16 + self.prefetch) * 4 \
-                + self.reduce_dtype
+            opts = ((((self.group + 1) * 64 + w(self.shard_group) + 1) * 2 + self.reshard) * 16
+                    + w(self.prefetch)) * 4 + w(self.reduce_dtype)
             row = np.where(shard, row * 1_000_033 + opts, row)
         first = np.r_[0, np.flatnonzero(np.diff(self.sid * v + self.var)) + 1]
         position = np.arange(len(self.sid)) - np.repeat(first, np.diff(np.r_[first, len(self.sid)]))
@@ -281,16 +284,36 @@ class StrategyColumns:
                    batch_split=None if even else split, ngroups=np.asarray(ngroups, np.float64), **arrays)
 
 
-#: The per-shard columns and their dtypes.
+#: The per-shard columns and their dtypes. A round of 30,000 BERT-large proposals holds about
+#: ten million rows, so the codes that are small by construction are stored narrow (the memory
+#: of a search round); :data:`COLUMN_BOUNDS` says why each fits, a test holds it, and arithmetic
+#: that could leave a narrow type (the signatures' folding) widens first. ``sid``, ``var``,
+#: ``group`` and ``group_order`` enter products (unit keys, flat indices) and stay int64.
 _ROW_FIELDS: dict[str, type] = {
-    "sid": np.int64, "var": np.int64, "axis": np.int64, "nshards": np.int64, "kind": np.int64, "node": np.int64,
-    "local": bool, "group": np.int64, "hier": bool, "comp": np.int64, "rank": np.int64, "frac": np.float64,
-    "ratio": np.float64, "group_order": np.int64, "shard_group": np.int64, "reshard": bool, "prefetch": np.int64,
-    "reduce_dtype": np.int64,
+    "sid": np.int64, "var": np.int64, "axis": np.int8, "nshards": np.int16, "kind": np.int8, "node": np.int16,
+    "local": bool, "group": np.int64, "hier": bool, "comp": np.int8, "rank": np.int32, "frac": np.float64,
+    "ratio": np.float64, "group_order": np.int64, "shard_group": np.int32, "reshard": bool, "prefetch": np.int8,
+    "reduce_dtype": np.int8,
 }
 #: The shard-plan columns: (name, value off shard, dtype).
-_SHARD_FIELDS = (("shard_group", -1, np.int64), ("reshard", False, bool), ("prefetch", 0, np.int64),
-                 ("reduce_dtype", 0, np.int64))
+_SHARD_FIELDS = (("shard_group", -1, np.int32), ("reshard", False, bool), ("prefetch", 0, np.int8),
+                 ("reduce_dtype", 0, np.int8))
+
+#: Each narrow column's largest value and where that bound comes from (the smallest is -1 for
+#: ``node`` off PS and ``shard_group`` off shard, else 0).
+COLUMN_BOUNDS: dict[str, tuple[str, int]] = {
+    "axis": ("a tensor's dimensions (torch allows at most 64)", 64),
+    "nshards": ("LIMITS['shards'], shards of one variable", LIMITS["shards"]),
+    "kind": ("synchronizer kinds", len(SYNCHRONIZER_KINDS)),
+    "node": ("LIMITS['nodes'], nodes of a cluster", LIMITS["nodes"]),
+    "comp": ("registered compressors (a registry of a few)", 64),
+    "rank": ("a compressor's rank (Compressor allows 1 to 2**20)", 1 << 20),
+    "shard_group": ("LIMITS['devices'], devices a shard group spans", LIMITS["devices"]),
+    "prefetch": ("MAX_PREFETCH", MAX_PREFETCH),
+    "reduce_dtype": ("REDUCE_DTYPES", len(REDUCE_DTYPES)),
+}
+#: The dtype of every per-shard column (what producers allocate).
+COLUMN_DTYPES: dict[str, type] = dict(_ROW_FIELDS)
 
 
 def _number_groups(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
