@@ -518,3 +518,10 @@ def backend_worker(rank: int, world: int, device_kind: str) -> dict:
     served_by = dist.distributed_c10d._get_default_group()._get_backend(device).name()
     return {"configured": str(dist.get_backend()), "served_by": served_by, "sum": t.cpu().tolist(),
             "device": t.device.type}
+
+
+def affinity_worker(rank: int, world: int) -> list[int]:
+    """The CPUs this worker may run on."""
+    import os
+
+    return sorted(os.sched_getaffinity(0))

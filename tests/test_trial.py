@@ -197,3 +197,56 @@ def test_progress_report_takes_the_loss_without_the_requires_grad_warning(monkey
     # The reported figures are the loss itself (independent: 2 * 3 ones), once per iteration.
     assert [r["loss"] for r in reports] == [6.0, 6.0, 6.0]
     assert out["final_loss"] == 6.0
+
+
+def test_the_median_interval_is_the_published_order_statistics():
+    """The 95% interval of a median from order statistics, against the ranks tabulated in
+    Conover's Practical Nonparametric Statistics (n = 10: 2nd and 9th; 20: 6th and 15th; 30:
+    10th and 21st; 100: 40th and 61st), and none below 6 values."""
+    from synctune.stats import median_interval
+
+    for n, (lo, hi) in {10: (2, 9), 20: (6, 15), 30: (10, 21), 100: (40, 61)}.items():
+        values = [float(v) for v in range(1, n + 1)]  # the k-th smallest is k
+        low, _mid, high = median_interval(values[::-1])
+        assert (low, high) == (lo, hi), n
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0])[0] == float("-inf")
+
+
+def test_a_trial_with_a_target_interval_measures_until_it_holds_or_a_cap():
+    """With ``target_ci`` a trial times at least ``iters`` and at most ``max_iters`` iterations,
+    every rank stopping after the same one (the trial finishes), and records why it stopped
+    with the interval of its median; that interval is the one the recorded times give
+    (``median_interval`` of them, the independent reference), within the target when it says
+    so. A target no machine reaches runs to the cap."""
+    from synctune.stats import median_interval
+
+    cluster = cluster_preset("local-1x2")
+    strategy = build_strategy("allreduce", model_spec("cnn-small"), cluster)
+    for target, cap in ((0.2, 60), (1e-6, 24)):
+        result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=8, target_ci=target, max_iters=cap),
+                                 workload=zoo_workload("cnn-small"))
+        assert result.ok, result.error
+        m = result.extra["measure"]
+        times = result.iteration_times_s
+        assert 8 <= len(times) == result.iters == m["iterations"] <= cap
+        low, mid, high = median_interval(times)
+        assert m["median_ci_s"] == [low, high] and m["median_ci_rel"] == pytest.approx(max(mid - low, high - mid) / mid)
+        if m["stopped"] == "target":
+            assert m["median_ci_rel"] <= target
+        else:
+            assert m["stopped"] in ("max_iters", "max_timed_s")
+        if target == 1e-6:
+            assert m["stopped"] == "max_iters" and len(times) == cap
+    fixed = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=7), workload=zoo_workload("cnn-small"))
+    assert fixed.iters == len(fixed.iteration_times_s) == 7 and fixed.extra["measure"]["rule"] == "fixed"
+
+
+def test_pinned_workers_each_run_on_their_own_cpu():
+    """``pin_cpus``: rank r may run on the r-th CPU this process may use (cyclically) and on no
+    other; unpinned, a worker may run on every one."""
+    from _engine_workers import affinity_worker
+
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = run_local(affinity_worker, 3, timeout_s=120, pin_cpus=True)
+    assert pinned == [[cpus[r % len(cpus)]] for r in range(3)]
+    assert run_local(affinity_worker, 2, timeout_s=120) == [cpus, cpus]

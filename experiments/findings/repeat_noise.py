@@ -39,7 +39,10 @@ from synctune.simulator.evaluate import pairwise_accuracy
 
 #: The measurement rules compared (TrialConfig keywords).
 RULES = {"fixed": {"warmup": 2, "iters": 6},
-         "ci": {"warmup": 5, "iters": 10, "target_ci": 0.03, "max_iters": 100, "max_timed_s": 10.0}}
+         "ci": {"warmup": 5, "iters": 10, "target_ci": 0.03, "max_iters": 100, "max_timed_s": 10.0},
+         "pinned": {"warmup": 2, "iters": 6, "pin_cpus": True},
+         "ci-pinned": {"warmup": 5, "iters": 10, "target_ci": 0.03, "max_iters": 100, "max_timed_s": 10.0,
+                       "pin_cpus": True}}
 
 
 def measure(args) -> None:
@@ -94,7 +97,7 @@ def measure(args) -> None:
                                               iterations=("iters", "mean"), seconds=("wall", "mean")).reset_index()
     print()
     print(_common.markdown_table(
-        ["preset", "rule", "pairs", "median |x1-x2|/mean", "p90", "timed iterations per trial (mean)",
+        ["preset", "rule", "pairs", "median of abs(x1 - x2) / mean", "p90", "timed iterations per trial (mean)",
          "s per trial (mean)"],
         [[r.preset, r.rule, r.pairs, f"{r.median:.1%}", f"{r.p90:.1%}", f"{r.iterations:.0f}", f"{r.seconds:.1f}"]
          for r in table.itertuples()]))

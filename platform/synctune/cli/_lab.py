@@ -134,13 +134,23 @@ def _small_models() -> tuple[str, ...]:
               help="Sharded (ZeRO-2) settings per domain: the shard builder's unit depth, HSDP group and reduce "
                    "dtype, in a fixed order.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1_000_000))
-@click.option("--iters", default=6, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(0, 1_000_000))
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Timed iterations (at least this many with --target-ci).")
+@click.option("--target-ci", default=0.03, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
+              help="Measure each trial until the 95% interval of its median iteration time is within this share "
+                   "of it (0: exactly --iters).")
+@click.option("--max-iters", default=100, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="With --target-ci: at most this many timed iterations.")
+@click.option("--max-timed-s", default=10.0, show_default=True, type=FiniteFloatRange(0, 86_400, min_open=True),
+              help="With --target-ci: at most this many seconds of timed iterations.")
+@click.option("--pin-cpus/--no-pin-cpus", default=True, show_default=True,
+              help="Bind each worker to one CPU, so which workers share a core is the same in every trial.")
 @click.option("--data", "data_path", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
 @click.option("--release", help="Then publish the dataset as a release here (folder or s3://).")
 @click.option("--name", help="Release name (with --release).")
-def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmup, iters, data_path, release,
-                name) -> None:
+def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmup, iters, target_ci, max_iters,
+                max_timed_s, pin_cpus, data_path, release, name) -> None:
     """For each preset: bring the lab up, calibrate it, measure each model's compute profile
     (once per model and worker count), trial every builder, RANDOM unconstrained and GUIDED
     guided-sampler strategies of each model over the shaped links; then take the lab down.
@@ -157,6 +167,12 @@ def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmu
     from ..spec.cluster import ClusterSpec
     from ._common import node_network, resolve_workload_arg
 
+    from ..spec.errors import SpecError
+
+    if target_ci and max_iters < iters:
+        raise SpecError(f"--max-iters {max_iters}: at least --iters ({iters}) expected")
+    measure = {"target_ci": target_ci, "max_iters": max(max_iters, iters), "max_timed_s": max_timed_s,
+               "pin_cpus": pin_cpus}
     ds = TrialDataset(data_path or dataset_dir())
     workloads = [resolve_workload_arg(m) for m in (model or _small_models())]
     clusters = [_lab_preset(p) for p in presets]
@@ -187,10 +203,11 @@ def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmu
                 echo_err(f"{nominal.name}: continuing {', '.join(sorted(recorded))} on their recorded calibration")
             for workload in workloads:
                 cluster = recorded.get(workload.spec().name) or fresh
-                ensure_profile(workload, workload.spec(), cluster, echo_err)
+                ensure_profile(workload, workload.spec(), cluster, echo_err, node_net=node_network(cluster),
+                               pin_cpus=pin_cpus)
                 results = collect_domain(ds, workload, cluster, num_random=num_random, num_guided=num_guided,
                                          num_sharded=num_sharded, builders=True, seed=seed, warmup=warmup, iters=iters,
-                                         node_net=node_network(cluster), say=echo_err)
+                                         node_net=node_network(cluster), say=echo_err, measure=measure)
                 ok = sum(r.status == "ok" for r in results)
                 click.echo(f"{workload.name}@{cluster.name}: {ok}/{len(results)} trials ok now, recorded in {ds.root}")
     finally:

@@ -43,8 +43,9 @@ _domain = click.option("--domain", "domains", multiple=True, metavar="MODEL@CLUS
 
 
 @sim_group.command("train")
-@click.option("--model", "kind", type=click.Choice(["linear", "rnn", "gat"]), default="rnn", show_default=True,
-              help="Which ranker.")
+@click.option("--model", "kind", type=click.Choice(["linear", "rnn", "gat", "residual"]), default="rnn",
+              show_default=True, help="Which ranker (residual: the calibrated replay with a learned correction; "
+                                      "it predicts seconds).")
 @_data
 @_domain
 @click.option("--epochs", default=150, show_default=True, type=click.IntRange(1, 100_000))
@@ -66,11 +67,19 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, alpha_ms, output) -> 
     doms = _domains(data, domains)
     if held_out > 0:
         doms, _ = split_domains(doms, held_out, seed)
-    sim = make_simulator(kind, epochs=epochs, seed=seed)
-    sim.use_profiles(_replay(alpha_ms))  # the replay under the learned model uses the measured profiles
-    bar = tqdm(total=epochs, desc=f"train {kind}", unit="epoch", disable=None)
-    sim.fit(doms, log=lambda epoch, loss: (bar.update(epoch - bar.n), bar.set_postfix_str(f"loss {loss:.3f}")))
-    bar.close()
+    if kind == "residual":
+        from ..simulator import ResidualReplay
+
+        sim = ResidualReplay(seed=seed)
+        sim.use_profiles(_replay(alpha_ms))
+        echo_err(f"calibrating the replay and fitting its correction on {len(doms)} domains")
+        sim.fit(doms)
+    else:
+        sim = make_simulator(kind, epochs=epochs, seed=seed)
+        sim.use_profiles(_replay(alpha_ms))  # the replay under the learned model uses the measured profiles
+        bar = tqdm(total=epochs, desc=f"train {kind}", unit="epoch", disable=None)
+        sim.fit(doms, log=lambda epoch, loss: (bar.update(epoch - bar.n), bar.set_postfix_str(f"loss {loss:.3f}")))
+        bar.close()
     sim.save(output)
     echo_err(f"trained {kind} on {sum(len(d.strategies) for d in doms)} trials of "
              f"{', '.join(d.key for d in doms)}; wrote {output}")
@@ -112,9 +121,11 @@ def _pct(value) -> str:
               "unseen-cluster", "unseen-both"]), help="Train the --train kinds on part of the data and test on "
               "the rest: a held-out share of each domain, or whole domains of a model, a cluster, or both never "
               "seen in training (repeatable; each protocol is one block of the table).")
-@click.option("--train", "train_kinds", multiple=True, type=click.Choice(["linear", "rnn", "gat", "replay"]),
+@click.option("--train", "train_kinds", multiple=True,
+              type=click.Choice(["linear", "rnn", "gat", "replay", "residual"]),
               help="With --protocol: learned simulators trained per fold (repeatable); replay: the replay with "
-                   "its communication CPU costs and compute scale calibrated on the fold's training trials.")
+                   "its communication CPU costs and compute scale calibrated on the fold's training trials; "
+                   "residual: that calibrated replay times a correction learned on the same trials.")
 @click.option("--epochs", default=150, show_default=True, type=click.IntRange(1, 100_000),
               help="Training epochs of the --train kinds.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, (1 << 63) - 1))
@@ -132,7 +143,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     an unseen model, cluster or both: AutoSync §3.3's transfer)."""
     from tqdm import tqdm
 
-    from ..simulator import CalibratedReplay, make_simulator, protocol_folds, split_domains
+    from ..simulator import CalibratedReplay, ResidualReplay, make_simulator, protocol_folds, split_domains
 
     if train_kinds and not protocols:
         raise SpecError("--train needs --protocol: which data the simulators train on and which they are tested on")
@@ -156,12 +167,15 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
         entries = [(label, sim, [d for _n, _tr, test in folds for d in test]) for label, sim in fixed]
         for kind in train_kinds:
             for fold, train, test in folds:
-                sim = CalibratedReplay() if kind == "replay" else make_simulator(kind, epochs=epochs, seed=seed)
+                sim = (CalibratedReplay() if kind == "replay" else ResidualReplay(seed=seed) if kind == "residual"
+                       else make_simulator(kind, epochs=epochs, seed=seed))
                 sim.use_profiles(_replay(alpha_ms))
                 bar.set_postfix_str(f"{protocol} {fold}")
                 sim.fit(train)
                 bar.update(1)
-                entries.append((f"{kind} ({'calibrated' if kind == 'replay' else 'trained'})", sim, test))
+                label = {"replay": "replay (calibrated)", "residual": "replay + learned residual"}.get(
+                    kind, f"{kind} (trained)")
+                entries.append((label, sim, test))
         blocks.append((protocol, entries))
     bar.close()
     rows, out, mix_rows = _eval_tables(blocks, k)

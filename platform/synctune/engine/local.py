@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["WorkerFailure", "run_local", "free_port", "report", "classify_error", "enter_netns", "join_cgroup",
+__all__ = ["WorkerFailure", "run_local", "cpu_of_rank", "free_port", "report", "classify_error", "enter_netns", "join_cgroup",
            "peer_interface"]
 
 
@@ -142,10 +142,12 @@ def _die_with_parent(parent: int) -> None:
 
 def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collective_timeout_s: float,
            threads: int | None, env: dict[str, str], net: dict[str, str] | None = None,
-           parent: int | None = None) -> None:
+           parent: int | None = None, cpu: int | None = None) -> None:
     global _REPORTER
     if parent is not None:
         _die_with_parent(parent)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})  # before torch starts its threads: they inherit it
     os.environ.update(env)
     master = "127.0.0.1"
     if net:
@@ -212,13 +214,25 @@ def _dead_peer(procs, failed_rank: int, results: dict, grace_s: float = 1.0) -> 
         time.sleep(0.05)
 
 
+def cpu_of_rank(rank: int) -> int:
+    """The CPU a pinned rank runs on: the ``rank``-th of those this process may use, cyclically.
+    Unpinned, which workers share a core changes with every process group (the scheduler's
+    choice) and persists through a trial: trials of the same strategy then differ more than
+    their iterations do (measured in experiments/findings/repeat_noise.py)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[rank % len(cpus)]
+
+
 def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
               timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
               on_progress: Callable[[int, Any], None] | None = None, threads: int | None = None,
-              env: dict[str, str] | None = None, nets: list[dict[str, str]] | None = None) -> list[Any]:
+              env: dict[str, str] | None = None, nets: list[dict[str, str]] | None = None,
+              pin_cpus: bool = False) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return results by rank.
 
     ``nets`` (from :func:`rank_networks`) runs each rank inside its node's network namespace.
+    ``pin_cpus`` binds rank r to the r-th CPU this process may use (modulo their number), so
+    which workers share a core is the same in every group (:func:`cpu_of_rank`).
 
     ``fn`` and ``args`` must be picklable (a module-level function); its result may hold tensors,
     lists, dicts and plain values (what ``torch.load(weights_only=True)`` accepts). Raises
@@ -232,7 +246,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, q, collective_timeout_s,
-                                              threads, dict(env or {}), nets[r] if nets else None, os.getpid()),
+                                              threads, dict(env or {}), nets[r] if nets else None, os.getpid(),
+                                              cpu_of_rank(r) if pin_cpus else None),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:

@@ -40,6 +40,9 @@ class TrialConfig:
     target_ci: float = 0.0
     max_iters: int = 100
     max_timed_s: float = 30.0
+    #: Local launcher: bind each worker to one CPU (rank r to the r-th), so a trial's workers
+    #: share cores the same way in every trial (:func:`synctune.engine.local.cpu_of_rank`).
+    pin_cpus: bool = False
     optimizer: str = "sgd"
     lr: float = 0.01
     seed: int = 0
@@ -55,12 +58,15 @@ class TrialConfig:
         if not (is_number(self.target_ci) and 0 <= self.target_ci < 1):
             raise SpecError(f"trial config: target_ci: expected a relative half-width from 0 (off) to below 1, e.g. "
                             f"0.03 for +-3%, got {self.target_ci!r}")
-        if not in_range(self.max_iters, self.iters, top):
-            raise SpecError(f"trial config: max_iters: expected an integer from iters ({self.iters}) to {top}, got "
-                            f"{self.max_iters!r}")
+        low = self.iters if self.target_ci else 1  # a cap below iters caps nothing measured to a target
+        if not in_range(self.max_iters, low, top):
+            raise SpecError(f"trial config: max_iters: expected an integer from {low} to {top}"
+                            f"{' (at least iters with target_ci)' if self.target_ci else ''}, got {self.max_iters!r}")
         if not (is_number(self.max_timed_s) and 0 < self.max_timed_s <= LIMITS["timeout_s"]):
             raise SpecError(f"trial config: max_timed_s: expected a positive number of seconds, got "
                             f"{self.max_timed_s!r}")
+        if not isinstance(self.pin_cpus, bool):
+            raise SpecError(f"trial config: pin_cpus: expected true or false, got {self.pin_cpus!r}")
         if self.optimizer not in OPTIMIZERS:
             raise SpecError(f"trial config: optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if not in_range(self.seed, 0, LIMITS["seed"]):

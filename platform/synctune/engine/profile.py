@@ -131,7 +131,7 @@ class _CudaClock:
 def profile_compute(workload, *, workers: int, batch_size: int | None = None, device: str = "cpu", warmup: int = 3,
                     iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                     timeout_s: float = 600.0, nets: list[dict[str, str]] | None = None,
-                    device_type: str | None = None) -> ComputeProfile:
+                    device_type: str | None = None, pin_cpus: bool = False) -> ComputeProfile:
     """Profile ``workload`` with ``workers`` concurrent worker processes (local launcher): CPU
     workers (``device="cpu"``), or one GPU of this machine each (``device="cuda"``).
 
@@ -142,25 +142,26 @@ def profile_compute(workload, *, workers: int, batch_size: int | None = None, de
     """
     spec = workload.spec()
     outs = _profile_workers(workload, spec, workers=workers, batch_size=batch_size, device=device, warmup=warmup,
-                            iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s, nets=nets)
+                            iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s, nets=nets,
+                            pin_cpus=pin_cpus)
     return _slowest(spec, device_type or _device_type(device), workers, batch_size or spec.batch_size, outs)
 
 
 def profile_per_device_type(workload, cluster, *, nets: list[dict[str, str]] | None = None, warmup: int = 3,
                             iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
-                            timeout_s: float = 600.0) -> list[ComputeProfile]:
+                            timeout_s: float = 600.0, pin_cpus: bool = False) -> list[ComputeProfile]:
     """One profile per device type of ``cluster`` (a node's ``device_model``), all its devices
     computing at once: the contention of a trial on every device, each worker where its node
     runs (``nets`` from :func:`~synctune.engine.local.rank_networks`: a lab node's namespace and
-    CPU quota). Each type's figures are its slowest worker's. CPU clusters only (the workers run
-    on this machine)."""
+    CPU quota; ``pin_cpus`` as the trials run). Each type's figures are its slowest worker's.
+    CPU clusters only (the workers run on this machine)."""
     spec = workload.spec()
     if cluster.device_kind != "cpu":
         raise ValueError(f"profile_per_device_type: cluster {cluster.name!r} has GPU nodes; profile each GPU type "
                          f"on a machine with it (profile_compute with device='cuda')")
     outs = _profile_workers(workload, spec, workers=cluster.num_devices, batch_size=None, device="cpu",
                             warmup=warmup, iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s,
-                            nets=nets)
+                            nets=nets, pin_cpus=pin_cpus)
     types = [cluster.node_of(d).device_model for d in cluster.devices]
     return [_slowest(spec, t, cluster.num_devices, spec.batch_size, [o for o, ot in zip(outs, types) if ot == t])
             for t in sorted(set(types))]
@@ -175,7 +176,8 @@ def _device_type(device: str) -> str:
 
 
 def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, device: str, warmup: int, iters: int,
-                     seed: int, optimizer: str, lr: float, timeout_s: float, nets) -> list[dict]:
+                     seed: int, optimizer: str, lr: float, timeout_s: float, nets, pin_cpus: bool = False
+                     ) -> list[dict]:
     from .local import run_local
 
     if workers < 1 or iters < 1 or warmup < 0:
@@ -184,7 +186,7 @@ def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, de
     payload: dict[str, Any] = {"workload": workload, "model_spec": spec.to_dict(),
                                "batch_size": batch_size or spec.batch_size, "device": device,
                                "warmup": warmup, "iters": iters, "seed": seed, "optimizer": optimizer, "lr": lr}
-    return run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets)
+    return run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets, pin_cpus=pin_cpus)
 
 
 def _slowest(spec, device_type: str, workers: int, batch: int, outs: list[dict]) -> ComputeProfile:

@@ -388,7 +388,7 @@ def run_trial_local(strategy: Strategy, cluster: ClusterSpec, config: TrialConfi
         outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=backend, timeout_s=config.timeout_s,
                          collective_timeout_s=config.collective_timeout_s,
                          on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
-                         nets=rank_networks(cluster, strategy.replicas, node_net))
+                         nets=rank_networks(cluster, strategy.replicas, node_net), pin_cpus=config.pin_cpus)
     except WorkerFailure as failure:
         return failed_result(failure.status, failure.message, strategy, cluster, config, "local",
                              time.monotonic() - start)
@@ -496,7 +496,7 @@ def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluste
     outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
-                     nets=rank_networks(cluster, strategy.replicas, node_net))
+                     nets=rank_networks(cluster, strategy.replicas, node_net), pin_cpus=config.pin_cpus)
     return confirm_figures(outs[0], rule, per_round, "local", time.monotonic() - start)
 
 
@@ -562,7 +562,7 @@ def run_trials_local(strategies: list[Strategy], cluster: ClusterSpec, config: T
         try:
             run_local(trials_worker, world, (payload,), timeout_s=config.timeout_s * len(group),
                       collective_timeout_s=config.collective_timeout_s, on_progress=on_progress,
-                      nets=rank_networks(cluster, group[0].replicas, node_net))
+                      nets=rank_networks(cluster, group[0].replicas, node_net), pin_cpus=config.pin_cpus)
         except WorkerFailure as failure:
             culprit = next(i for i in run if i not in results)
             results[culprit] = failed_result(failure.status, failure.message, strategies[culprit], cluster, config,

@@ -64,15 +64,16 @@ def collection_plan(spec, cluster: ClusterSpec, *, num_random: int, num_guided: 
 
 def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_random: int, builders: bool, seed: int,
                    warmup: int, iters: int, num_guided: int = 0, use_mlflow: bool = False, node_net=None,
-                   say=None, num_sharded: int = 0) -> list[TrialResult]:
+                   say=None, num_sharded: int = 0, measure: dict | None = None) -> list[TrialResult]:
     """Trial the :func:`collection_plan` of ``workload`` on ``cluster`` in one process group,
     each row recorded as its trial ends. Trials this collection (same model, cluster name and
     seed) already recorded in ``ds`` are skipped, failed ones included; returns the results of
-    the trials run now, in order."""
+    the trials run now, in order. ``measure``: more :class:`TrialConfig` settings (the quieter
+    trial's ``target_ci``, ``max_iters``, ``max_timed_s``, ``pin_cpus``)."""
     from tqdm import tqdm
 
     spec = workload.spec()
-    config = TrialConfig(warmup=warmup, iters=iters, seed=seed)
+    config = TrialConfig(warmup=warmup, iters=iters, seed=seed, **(measure or {}))
     search_id = collect_search_id(spec.name, cluster.name, seed)
     plan = collection_plan(spec, cluster, num_random=num_random, num_guided=num_guided, builders=builders, seed=seed,
                            num_sharded=num_sharded)

@@ -34,27 +34,39 @@ def save_profile(profile: ComputeProfile) -> Path:
     return path
 
 
-def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callable[[str], None]) -> Path | None:
+def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callable[[str], None], *,
+                   node_net: dict | None = None, pin_cpus: bool = False) -> Path | None:
     """The compute profile the replay simulator needs for this domain (dPRO §4.1), measured once
     and filed in the data folder when missing: one short profiling pass with as many concurrent
-    workers as the cluster has devices. CPU clusters only (their workers run on this machine);
-    for GPU clusters the replay falls back on counted FLOPs. Returns the profile's path, or None."""
-    from ..engine.local import WorkerFailure
-    from ..engine.profile import profile_compute
+    workers as the cluster has devices. Where the cluster's nodes are of several device types
+    (a lab node's CPU quota), one profile per type, every worker in its node's namespace and
+    CPU group (``node_net``), so each type is measured at its own speed under the trial's
+    contention. CPU clusters only (their workers run on this machine); for GPU clusters the
+    replay falls back on counted FLOPs unless a profile of the GPU type is filed. Returns the
+    (first) profile's path, or None."""
+    from ..engine.local import WorkerFailure, rank_networks
+    from ..engine.profile import profile_compute, profile_per_device_type
 
     if cluster.device_kind != "cpu":
         return None
-    path = profile_path(model.name, "cpu", cluster.num_devices)
-    if path.is_file():
-        return path
-    say(f"profiling {model.name}'s compute with {cluster.num_devices} concurrent workers (the replay simulator's "
-        f"input; once per model and worker count)")
+    types = sorted({n.device_model for n in cluster.nodes})
+    paths = [profile_path(model.name, t, cluster.num_devices) for t in types]
+    if all(p.is_file() for p in paths):
+        return paths[0]
+    say(f"profiling {model.name}'s compute with {cluster.num_devices} concurrent workers"
+        + (f", one profile per device type ({', '.join(types)})" if len(types) > 1 else "")
+        + " (the replay simulator's input; once per model and worker count)")
     try:
-        profile = profile_compute(workload, workers=cluster.num_devices)
+        if len(types) > 1:
+            nets = rank_networks(cluster, list(cluster.devices), node_net) if node_net else None
+            profiles = profile_per_device_type(workload, cluster, nets=nets, pin_cpus=pin_cpus)
+        else:
+            profiles = [profile_compute(workload, workers=cluster.num_devices, device_type=types[0],
+                                        pin_cpus=pin_cpus)]
     except WorkerFailure as exc:  # the trials will say what is wrong with the workload; score analytically
         say(f"profiling failed ({str(exc)[:200]}); the replay falls back on counted FLOPs")
         return None
-    return save_profile(profile)
+    return [save_profile(p) for p in profiles][0]
 
 
 def profiles_for_release(models: set[str]) -> dict[str, dict]:

@@ -237,7 +237,9 @@ class SearchSession:
             ensure_profile(workload, model, cluster, say)
         self.algo = self.new_algorithm(_search_state(self.done))
         self.trial_config = TrialConfig(warmup=exp.trial.warmup, iters=exp.trial.iters, seed=exp.seed,
-                                        timeout_s=exp.trial.timeout_s, optimizer=exp.trial.optimizer)
+                                        timeout_s=exp.trial.timeout_s, optimizer=exp.trial.optimizer,
+                                        target_ci=exp.trial.target_ci, max_iters=exp.trial.max_iters,
+                                        max_timed_s=exp.trial.max_timed_s)
         #: Per (strategy hash, runtime settings), each rank's measured peak of the last trial that
         #: measured one (the summary's memory per rank, measured beside predicted).
         self.measured_peaks: dict[tuple[str, str], list[int | None]] = {}

@@ -255,11 +255,23 @@ class TrialSection(_Section):
     #: The optimizer every trial steps (``sgd``, ``adam``): Adam's two moments are what makes
     #: replicated training outgrow a device's memory, and the memory model counts them.
     optimizer: str = "sgd"
+    #: Above 0: after ``iters``, go on until the 95% interval of the median iteration time is
+    #: within this share of it, at most ``max_iters`` timed iterations or ``max_timed_s`` of
+    #: them (the quieter trial; 0: exactly ``iters``). The search's confirmation re-measures its
+    #: pick interleaved whatever this is, so the default keeps the papers' fixed count.
+    target_ci: float = 0.0
+    max_iters: int = 100
+    max_timed_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.check_choice("optimizer", TRIAL_OPTIMIZERS)
         self.check_int("warmup", 0, LIMITS["iterations"])
         self.check_int("iters", 1, LIMITS["iterations"])
+        if not (is_number(self.target_ci) and 0 <= self.target_ci < 1):
+            raise self.bad("target_ci", "a share from 0 (off) to below 1, e.g. 0.03 for +-3%")
+        self.check_int("max_iters", self.iters if self.target_ci else 1, LIMITS["iterations"])
+        if not (is_number(self.max_timed_s) and 0 < self.max_timed_s <= LIMITS["timeout_s"]):
+            raise self.bad("max_timed_s", "a positive number of seconds")
         if not (is_number(self.timeout_s) and 0 < self.timeout_s <= LIMITS["timeout_s"]):
             raise self.bad("timeout_s", f"a positive number of seconds up to {LIMITS['timeout_s']:g}")
 

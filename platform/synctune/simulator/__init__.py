@@ -7,6 +7,7 @@ from .bound import BoundSimulator, RuntimeResidual
 from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
     top_k_recall
 from .replay import CalibratedReplay, ReplayConstants, ReplaySimulator, calibrate_replay, profile_key
+from .residual import ResidualReplay
 from .features import AnalyticConstants, DomainContext, analytic_time, batch_scale, encode, message_sizes
 from .models import (
     SIMULATORS,
@@ -32,6 +33,7 @@ __all__ = [
     "BoundSimulator",
     "RuntimeResidual",
     "CalibratedReplay",
+    "ResidualReplay",
     "Domain",
     "DomainContext",
     "GATSimulator",

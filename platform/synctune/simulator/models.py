@@ -402,6 +402,12 @@ def load_simulator(path: str | Path) -> Simulator:
             raise SpecError(f"simulator: pretrained: this installation has no shipped simulator ({path} is missing; "
                             f"reinstall synctune, or name a kind such as rnn or a simulator file)")
     path = check_regular(path, "simulator")
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    if head.lstrip().startswith(b"{") and b"synctune-replay-residual" in head + Path(path).read_bytes()[:4096]:
+        from .residual import ResidualReplay  # a JSON file: the calibrated replay and its correction
+
+        return ResidualReplay.load(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - corrupted, truncated, or not a torch file
