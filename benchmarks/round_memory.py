@@ -3,7 +3,8 @@
 A search round (``autodist``) draws ``proposals`` strategies from the guided sampler as columns
 (:meth:`GuidedSampler.sample_columns`: one row per shard of every proposal), finds the distinct
 ones (``digests``), scores them (the analytic model and the replay, as a search does) and
-computes their diversity signatures. On BERT-large a proposal has hundreds of shards, so a round
+computes their diversity signatures. Scoring goes through the search's ``BoundSimulator``
+(chunked where the engine has ``StrategyColumns.take``; in one piece before). On BERT-large a proposal has hundreds of shards, so a round
 of 30,000 holds millions of rows: this prints the bytes of the columns by dtype and the peak
 Python-tracked allocation (``tracemalloc``, which numpy reports its arrays to) of the round, and
 the process's peak resident set.
@@ -31,7 +32,7 @@ def main() -> None:
 
     from synctune.models import model_spec
     from synctune.search import GuidedSampler
-    from synctune.simulator import DomainContext, ReplaySimulator, analytic_time
+    from synctune.simulator import AnalyticSimulator, BoundSimulator, DomainContext, ReplaySimulator, analytic_time
     from synctune.spec import cluster_preset
 
     spec, cluster = model_spec(args.model), cluster_preset(args.cluster)
@@ -46,8 +47,12 @@ def main() -> None:
     cols = guided.sample_columns(args.proposals)
     drawn = tracemalloc.get_traced_memory()[1]
     _, first = np.unique(cols.digests(), return_index=True)
-    analytic_time(cols, ctx)
-    replay._predict_batch(cols, ctx)
+    if hasattr(cols, "take"):  # as a search scores a round: a chunk at a time
+        BoundSimulator(AnalyticSimulator(), spec, cluster).score_columns(cols)
+        BoundSimulator(replay, spec, cluster).score_columns(cols)
+    else:  # an engine before chunked scoring (what it did then)
+        analytic_time(cols, ctx)
+        replay._predict_batch(cols, ctx)
     cols.signatures()
     wall = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()

@@ -207,3 +207,24 @@ def test_narrow_columns_hold_their_bounds_and_score_as_int64_columns_do():
         np.testing.assert_array_equal(analytic_time(cols, ctx), analytic_time(wide, ctx))
         np.testing.assert_array_equal(ReplaySimulator()._predict_batch(cols, ctx),
                                       ReplaySimulator()._predict_batch(wide, ctx))
+
+
+def test_a_round_scored_a_chunk_at_a_time_scores_as_in_one_piece(monkeypatch):
+    """``StrategyColumns.take`` cuts a round into strategies of their own: each piece holds the
+    strategies the whole holds (as objects), and the search's chunked scoring (a chunk of 7 here)
+    gives every simulator's scores of the whole round in one piece, uneven splits included."""
+    from synctune.simulator import AnalyticSimulator, BoundSimulator, ReplaySimulator
+
+    spec = model_spec("transformer-small")
+    cluster = _heterogeneous("lab-b10c")
+    cols = GuidedSampler(spec, cluster, seed=5).sample_columns(40, chunk=16)
+    piece = cols.take(10, 17)
+    assert piece.size == 7 and [piece.strategy(i).hash for i in range(7)] == [cols.strategy(i).hash
+                                                                             for i in range(10, 17)]
+    for sim in (AnalyticSimulator(), ReplaySimulator()):
+        bound = BoundSimulator(sim, spec, cluster)
+        whole = bound.score_columns(cols)
+        monkeypatch.setattr(BoundSimulator, "SCORE_CHUNK", 7)
+        # the replay's cumulative sums start elsewhere in a chunk: equal up to rounding
+        np.testing.assert_allclose(bound.score_columns(cols), whole, rtol=1e-9)
+        monkeypatch.undo()

@@ -565,3 +565,44 @@ def test_a_residual_simulator_saved_loads_back_and_predicts_the_same(tmp_path):
     back = load_simulator(tmp_path / "residual.json")
     for d in domains:
         np.testing.assert_allclose(back.predict_domain(d), sim.predict_domain(d), rtol=1e-9)
+
+
+def test_per_node_profiles_price_each_replica_at_its_own_type():
+    """Nodes of two device types (lab-b10c: quota'd CPUs of a g3 and a g4dn node), each with its
+    own profile, the g3's every figure twice the g4dn's: the replay predicts what it predicts
+    from one profile with the cluster's calibrated speeds saying the g3 computes at half the
+    speed (the path TAG's heterogeneous replay already had, the reference), for even and uneven
+    batch splits alike; and a GPU type's one-worker profile serves a cluster of several GPUs."""
+    import dataclasses
+
+    from synctune.models import model_spec
+    from synctune.search import GuidedSampler
+    from synctune.spec import cluster_preset
+
+    model = model_spec("cnn-small")
+    cluster = cluster_preset("lab-b10c")
+    n = len(model.variables)
+
+    def profile(device: str, k: float) -> ComputeProfile:
+        return ComputeProfile(model=model.name, device=device, workers=cluster.num_devices,
+                              batch_size=model.batch_size, forward_s=0.004 * k, backward_s=0.009 * k, step_s=0.001,
+                              ready_s=tuple(0.009 * k * (i + 1) / n for i in range(n)))
+
+    typed = ReplaySimulator({})
+    typed.add_profile(profile("cpu-g4dn", 1.0))
+    typed.add_profile(profile("cpu-g3", 2.0))
+    speeds = dataclasses.replace(cluster, nodes=tuple(
+        dataclasses.replace(node, compute_gflops=10.0 if node.device_model == "cpu-g3" else 20.0)
+        for node in cluster.nodes))
+    reference = ReplaySimulator({})
+    reference.add_profile(profile("cpu", 1.0))
+    strategies = GuidedSampler(model, speeds, seed=4).sample_many(40)  # uneven splits drawn on these speeds
+    assert any(s.batch_split and len(set(s.batch_split)) > 1 for s in strategies)
+    np.testing.assert_allclose(typed.predict(strategies, model, cluster), reference.predict(strategies, model, speeds),
+                               rtol=1e-12)
+    gpus = ClusterSpec.from_dict({"name": "h200x4", "nodes": [
+        {"instance_type": "g4dn.12xlarge", "device_model": "NVIDIA H200", "num_devices": 4}]})
+    gpu = ReplaySimulator({})
+    gpu.add_profile(dataclasses.replace(profile("NVIDIA H200", 1.0), workers=1))
+    gpu.predict([build_strategy("allreduce", model, gpus)], model, gpus)
+    assert not gpu.fallbacks, "the H200's one-worker profile should serve the 4-GPU cluster"

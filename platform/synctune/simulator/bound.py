@@ -46,10 +46,19 @@ class BoundSimulator:
         """Higher is better: the negated prediction."""
         return -self.simulator._predict_batch(encode(strategies, self.ctx), self.ctx)
 
+    #: Proposals scored at once: a round of 30,000 BERT-large proposals is 17 million rows, and
+    #: every simulator's per-row temporaries would otherwise span all of them.
+    SCORE_CHUNK = 4096
+
     def score_columns(self, columns) -> np.ndarray:
         """:meth:`score` of :class:`~synctune.strategy.columns.StrategyColumns` (a round's
-        proposals, never made objects: the form every simulator reads)."""
-        return -self.simulator._predict_batch(columns, self.ctx)
+        proposals, never made objects: the form every simulator reads), a chunk of
+        :attr:`SCORE_CHUNK` proposals at a time (every simulator scores a strategy on its own)."""
+        n = columns.size
+        if n <= self.SCORE_CHUNK:
+            return -self.simulator._predict_batch(columns, self.ctx)
+        return -np.concatenate([self.simulator._predict_batch(columns.take(lo, min(n, lo + self.SCORE_CHUNK)), self.ctx)
+                                for lo in range(0, n, self.SCORE_CHUNK)])
 
     def _domain(self, strategies: list[Strategy], times_s: np.ndarray) -> Domain:
         return Domain(self.ctx, list(strategies), np.asarray(times_s, dtype=np.float64))

@@ -159,7 +159,9 @@ class ReplaySimulator(Simulator):
         type's shape is replayed and the slowest replica sets the pace (TAG §2.1); otherwise one
         profile per device kind (every node alike)."""
         fits = lambda p: p is not None and len(p.ready_s) == len(model.variables)  # noqa: E731
+        # A GPU computes alone whatever the cluster's size: its one-worker profile stands for it.
         typed = {n.device_model: self.profiles.get(profile_key(model.name, n.device_model, cluster.num_devices))
+                 or (self.profiles.get(profile_key(model.name, n.device_model, 1)) if n.device_kind == "gpu" else None)
                  for n in cluster.nodes}
         if all(fits(p) for p in typed.values()):
             if len(typed) == 1:

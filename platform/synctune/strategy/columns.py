@@ -184,6 +184,17 @@ class StrategyColumns:
                     out = (out ^ col) * m(0xBF58476D1CE4E5B9)
         return out
 
+    def take(self, lo: int, hi: int) -> "StrategyColumns":
+        """Strategies ``lo`` to ``hi - 1`` as columns of their own (views of these rows, the
+        strategy ids counted from 0): how a round is scored a chunk at a time, so the
+        simulators' per-row temporaries never span the whole round."""
+        a, b = int(self.offsets[lo]), int(self.offsets[hi])
+        rows = {name: getattr(self, name)[a:b] for name in _ROW_FIELDS}
+        rows["sid"] = rows["sid"] - lo
+        return StrategyColumns(model=self.model, cluster=self.cluster, offsets=self.offsets[lo:hi + 1] - a,
+                               batch_split=None if self.batch_split is None else self.batch_split[lo:hi],
+                               ngroups=self.ngroups[lo:hi], **rows)
+
     # ------------------------------------------------------------------- objects and back
     def strategy(self, i: int) -> Strategy:
         """Strategy ``i`` as an object."""
