@@ -41,7 +41,8 @@ __all__ = ["ResidualReplay", "RESIDUAL_FEATURES"]
 
 #: The correction's inputs, in order (every one scale-free: shares, rates, logs of counts).
 RESIDUAL_FEATURES = ("comm_after_backward_share", "backward_share", "broadcast_share", "ps_units_per_s", "ar_units_per_s", "ag_units_per_s", "shard_units_per_s",
-                     "mb_compressed_per_s", "log_units", "log_partitions", "ps_share", "shard_share", "bias")
+                     "mb_compressed_per_s", "log_units", "log_partitions", "ps_share", "shard_share",
+                     "sparse_share", "log_variables", "bias")
 #: Ridge penalties tried (per unit of domain weight); inf: no correction.
 PENALTIES = (0.01, 0.1, 1.0, 10.0, 100.0, np.inf)
 #: How much smaller a penalty's held-out error must be to be chosen over a stronger one.
@@ -67,7 +68,9 @@ def residual_features(sim: CalibratedReplay, b: StrategyColumns, ctx: DomainCont
     shard = np.bincount(b.sid, weights=np.where(b.kind == KIND_SHARD, bytes_of, 0.0), minlength=n) / total
     x = np.stack([exposed / it, ev["backward_end"] / it, ev["broadcast_s"] / it, units[KIND_PS] / it / 1e3, units[KIND_AR] / it / 1e3, units[KIND_AG] / it / 1e3,
                   units[KIND_SHARD] / it / 1e3, mb / it / 1e3, np.log1p(sum(units.values())),
-                  np.log(rows / max(1, len(ctx.model.variables))), ps, shard, np.ones(n)], axis=1)
+                  np.log(rows / max(1, len(ctx.model.variables))), ps, shard,
+                  np.full(n, float(ctx.var_bytes[ctx.var_sparse].sum()) / max(ctx.model_bytes, 1.0)),
+                  np.full(n, np.log(len(ctx.model.variables))), np.ones(n)], axis=1)
     return it, x
 
 
