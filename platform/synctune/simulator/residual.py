@@ -8,8 +8,8 @@ This model keeps the calibrated replay's prediction and learns only a multiplica
 
 where ``x(s)`` are scale-free features of the replay's own timeline (the shares of the
 iteration spent in backward, in communication after it and in PS broadcasts, units per kind per
-second, MB compressed per second) and of the strategy (units, partitions, the bytes on PS and
-on shard units). ``w`` is ridge regression
+second, MB compressed per second), of the strategy (units, partitions, the bytes on PS and on
+shard units) and of the model (its share of sparse bytes, its number of variables). ``w`` is ridge regression
 on ``log(measured / replayed)``, each domain weighing alike. Its penalty is chosen by
 cross-validation over groups of training domains, and the choices include an infinite penalty
 (no correction): where the correction does not improve held-out domains' error, the model
