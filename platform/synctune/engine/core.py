@@ -42,6 +42,7 @@ collectively: there a rank with no gradient in flight cannot see the misuse by i
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -102,6 +103,23 @@ def check_supported(strategy: Strategy, model: ModelSpec) -> None:
                                     f"of variable {first[1]!r}")
 
 
+#: Per world (the default process group, held weakly), the subgroups engines made. A worker runs
+#: many trials, each with an engine of its own: a group per engine was never destroyed, so they
+#: piled up (threads, connections) and PS steps ran faster the more a worker held (25% over
+#: three passes of the same strategies; the dataset card, "Toward v0.3"). Shared, every trial of
+#: a worker sees the same groups, as one training job does. new_group is collective: every rank
+#: runs the same trials, so every rank creates the same groups in the same order.
+_WORLD_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _shared_group(ranks: tuple[int, ...], backend: str | None = None):
+    """The process group of ``ranks`` (with ``backend``, default the world's), made once per world."""
+    cache = _WORLD_GROUPS.setdefault(dist.distributed_c10d._get_default_group(), {})
+    if (ranks, backend) not in cache:
+        cache[(ranks, backend)] = dist.new_group(list(ranks), backend=backend) if backend else dist.new_group(list(ranks))
+    return cache[(ranks, backend)]
+
+
 class StrategyEngine:
     """Executes ``strategy`` for ``module`` on this rank of the default process group.
 
@@ -150,7 +168,7 @@ class StrategyEngine:
         # Checkpoint verdicts travel apart from the units' collectives: on the world group they
         # would be issued between unit stages that ranks launch in different interleavings. gloo
         # on CPU whatever the device: a verdict is host state, and it then costs no device sync.
-        self._verdict_group = dist.new_group(list(range(self.world)), backend="gloo") if self.world > 1 else None
+        self._verdict_group = _shared_group(tuple(range(self.world)), "gloo") if self.world > 1 else None
 
         self._groups_cache: dict[tuple[int, ...], object] = {}
         self._params = params
@@ -220,7 +238,7 @@ class StrategyEngine:
         if key not in self._groups_cache:
             # new_group is collective over the whole world: every rank creates the same groups
             # in the same (sorted) order, see _build_units.
-            self._groups_cache[key] = dist.new_group(list(key))
+            self._groups_cache[key] = _shared_group(key)
         return self._groups_cache[key]
 
     def _hierarchy(self) -> tuple[list[list[int]], list[list[int]]]:
