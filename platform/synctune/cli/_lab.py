@@ -171,7 +171,7 @@ def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmu
 
     if target_ci and max_iters < iters:
         raise SpecError(f"--max-iters {max_iters}: at least --iters ({iters}) expected")
-    measure = {"target_ci": target_ci, "max_iters": max(max_iters, iters), "max_timed_s": max_timed_s,
+    measure = {"target_ci": target_ci, "max_iters": max_iters, "max_timed_s": max_timed_s,
                "pin_cpus": pin_cpus}
     ds = TrialDataset(data_path or dataset_dir())
     workloads = [resolve_workload_arg(m) for m in (model or _small_models())]

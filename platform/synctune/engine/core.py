@@ -170,7 +170,6 @@ class StrategyEngine:
         # on CPU whatever the device: a verdict is host state, and it then costs no device sync.
         self._verdict_group = _shared_group(tuple(range(self.world)), "gloo") if self.world > 1 else None
 
-        self._groups_cache: dict[tuple[int, ...], object] = {}
         self._params = params
         self.units = []
         self._building: list = []
@@ -234,12 +233,9 @@ class StrategyEngine:
             t.copy_(buf)
 
     def _group(self, ranks: Iterable[int]):
-        key = tuple(sorted(set(ranks)))
-        if key not in self._groups_cache:
-            # new_group is collective over the whole world: every rank creates the same groups
-            # in the same (sorted) order, see _build_units.
-            self._groups_cache[key] = _shared_group(key)
-        return self._groups_cache[key]
+        # new_group is collective over the whole world: every rank asks for the same groups in
+        # the same (sorted) order, see _build_units; each is made once per world.
+        return _shared_group(tuple(sorted(set(ranks))))
 
     def _hierarchy(self) -> tuple[list[list[int]], list[list[int]]]:
         """Ranks per node, and per local index the ranks holding it on every node."""

@@ -224,49 +224,10 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
     import torch
     import torch.distributed as dist
 
-    from .local import report
-
     t_loop = time.perf_counter()
-    total = config.warmup + config.iters
-    adaptive = config.target_ci > 0
-    stopped = "iters"
-    # CUDA kernels run after the calls that launch them return: an iteration is over when the
-    # device has run them (else the times are launch times, and the GPU's work is paid in the
-    # next iteration's barrier, outside every timed window).
-    cuda = getattr(device, "type", "cpu") == "cuda"
-    times: list[float] = []
-    comm: list[int] = []
-    slowest: list[float] = []
-    it = 0
-    while True:
-        if it == total:
-            if not adaptive:
-                break
-            # Decided from the gathered (slowest-rank) times, the same on every rank, so every
-            # rank stops after the same iteration.
-            slowest = gather_max(times, device)
-            stopped = _enough(slowest, config)
-            if stopped:
-                break
-            total += max(2, len(times) // 4)  # a few more, then look again: few gathers
-            total = min(total, config.warmup + config.max_iters)
-        timed = it >= config.warmup
-        if timed:
-            dist.barrier()
-            t0 = time.perf_counter()
-        loss = iteration()
-        if cuda:
-            device_done(device)
-        if timed:
-            times.append(time.perf_counter() - t0)
-        sent = take_comm() if take_comm is not None else None
-        if timed and sent is not None:
-            comm.append(sent)
-        if rank == 0 and progress:
-            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": loss_value(loss)})
-        it += 1
+    times, slowest, comm, loss, stopped = _iterate(rank, config, device, iteration, take_comm, progress)
     t_end = time.perf_counter()
-    if not adaptive:
+    if slowest is None:  # the fixed count: gathered once, after the loop (the "gather" phase)
         slowest = gather_max(times, device)
     peak = torch.tensor([memory.peak_bytes(), sum(comm) // max(1, len(comm)) if comm else -1],
                         dtype=torch.float64, device=device)
@@ -299,6 +260,49 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
         "memory": parts,
         "measure": measure_figures(slowest, config, stopped),
     }
+
+
+def _iterate(rank: int, config: TrialConfig, device, iteration: Callable[[], Any],
+             take_comm: Callable[[], int | None] | None, progress: bool
+             ) -> tuple[list[float], list[float] | None, list[int], Any, str]:
+    """The warm-up and timed iterations: (this rank's seconds per timed iteration, the slowest
+    rank's where a target interval already gathered them, else None, the bytes sent per timed
+    iteration, the last loss, why timing stopped). With a target interval,
+    after ``iters`` it times a few more at a time until :func:`_enough` says stop, decided from
+    the gathered times, the same on every rank, so every rank stops after the same iteration."""
+    import torch.distributed as dist
+
+    from .local import report
+
+    total = config.warmup + config.iters
+    times: list[float] = []
+    comm: list[int] = []
+    it = 0
+    while True:
+        if it == total:
+            if config.target_ci <= 0:
+                return times, None, comm, loss, "iters"
+            slowest = gather_max(times, device)
+            stopped = _enough(slowest, config)
+            if stopped:
+                return times, slowest, comm, loss, stopped
+            total = min(total + max(2, len(times) // 4), config.warmup + config.max_iters)  # few gathers
+        timed = it >= config.warmup
+        if timed:
+            dist.barrier()
+            t0 = time.perf_counter()
+        loss = iteration()
+        # CUDA kernels run after the calls that launch them return: without waiting for them the
+        # times were launch times, the GPU's work paid in the next barrier, outside every window.
+        device_done(device)
+        if timed:
+            times.append(time.perf_counter() - t0)
+        sent = take_comm() if take_comm is not None else None
+        if timed and sent is not None:
+            comm.append(sent)
+        if rank == 0 and progress:
+            report({"event": "iteration", "iteration": it + 1, "total": total, "loss": loss_value(loss)})
+        it += 1
 
 
 def _enough(times: list[float], config: TrialConfig) -> str:

@@ -403,8 +403,8 @@ def load_simulator(path: str | Path) -> Simulator:
                             f"reinstall synctune, or name a kind such as rnn or a simulator file)")
     path = check_regular(path, "simulator")
     with open(path, "rb") as fh:
-        head = fh.read(64)
-    if head.lstrip().startswith(b"{") and b"synctune-replay-residual" in head + Path(path).read_bytes()[:4096]:
+        head = fh.read(4096)
+    if head.lstrip().startswith(b"{") and b"synctune-replay-residual" in head:
         from .residual import ResidualReplay  # a JSON file: the calibrated replay and its correction
 
         return ResidualReplay.load(path)

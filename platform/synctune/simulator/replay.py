@@ -30,6 +30,7 @@ CPU cost on a shared CPU, and links shared by process groups running at once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,9 +173,7 @@ class ReplaySimulator(Simulator):
                                   for d in cluster.devices], dtype=np.float64)
             ref = typed[fastest]
             step = max(p.step_s for p in typed.values())
-            from dataclasses import replace
-
-            return replace(ref, step_s=step), slowdowns
+            return dataclasses.replace(ref, step_s=step), slowdowns
         generic = self.profiles.get(profile_key(model.name, cluster.device_kind, cluster.num_devices))
         return (generic if fits(generic) else None), None
 
@@ -499,8 +498,6 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10)
     :func:`scipy.optimize.lsq_linear`). A cost added to a unit can hide behind backward, so the
     fit is repeated on the residual of the replay with the constants so far (``rounds`` times).
     The other constants and the measured compute profiles are kept."""
-    import dataclasses
-
     from scipy.optimize import lsq_linear
 
     base = sim.constants

@@ -146,6 +146,7 @@ class ResidualReplay(CalibratedReplay):
                  seed: int = 0) -> None:
         super().__init__(profiles, constants, min_trials=min_trials)
         self.groups, self.seed = groups, seed
+        self._uncalibrated = constants  # what the held-out calibrations start from
         self.seen = _Correction()
         self.unseen = _Correction()
 
@@ -171,7 +172,7 @@ class ResidualReplay(CalibratedReplay):
         order = rng.permutation(len(domains))
         group_of = {domains[i].key: j % self.groups for j, i in enumerate(order)}
         xs, ys, gs, ws = [], [], [], []
-        held = CalibratedReplay(self.profiles, self._base)
+        held = CalibratedReplay(self.profiles, self._uncalibrated)
         for g in sorted(set(group_of.values())):
             others = [d for d in domains if group_of[d.key] != g]
             if not others:
@@ -187,10 +188,6 @@ class ResidualReplay(CalibratedReplay):
         if xs:
             self.unseen.fit(np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), np.concatenate(ws))
         return self
-
-    @property
-    def _base(self) -> ReplayConstants:
-        return self._uncalibrated if hasattr(self, "_uncalibrated") else ReplayConstants()
 
     def use_profiles(self, replay) -> None:
         super().use_profiles(replay)
