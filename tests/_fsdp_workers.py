@@ -94,3 +94,19 @@ def engine_vs_fsdp_cases(rank: int, world: int, cases: list[dict]) -> list[dict]
         out.append({"engine": {k: v.detach().clone() for k, v in module.state_dict().items()},
                     "fsdp": by_fsdp["params"]})
     return out
+
+
+def process_groups_per_pass(rank: int, world: int, cases: list[dict], passes: int) -> list[int]:
+    """Run ``cases`` ``passes`` times on this rank, the fsdp runtime for cases with a ``config``
+    and the engine for the others, as a worker runs trial after trial; the number of process
+    groups the world holds after each pass."""
+    import torch.distributed as dist
+
+    from _engine_workers import train_cases
+
+    counts = []
+    for _ in range(passes):
+        fsdp_train_cases(rank, world, [c for c in cases if "config" in c])
+        train_cases(rank, world, [c for c in cases if "config" not in c])
+        counts.append(len(dist.distributed_c10d._world.pg_map))
+    return counts

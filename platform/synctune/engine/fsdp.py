@@ -33,6 +33,7 @@ average is then the weighted mean.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -538,6 +539,50 @@ def _check_plan(plan: FSDPPlan, config: FSDPConfig, escaping: frozenset[str] = f
                             f"other than 1 and {shard}; use true, false or such a divisor")
 
 
+#: Per world (the default process group, held weakly), the device meshes trials built. A mesh of
+#: more than one dimension makes a process group per dimension; built per trial and never
+#: destroyed, they pile up in a worker that runs many trials, which made the engine's PS steps
+#: drift faster (the dataset card, "Toward v0.3"). new_group is collective: every rank runs the
+#: same trials, so every rank builds the same meshes in the same order.
+_WORLD_MESHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _world_mesh(init_device_mesh: Any, device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """The device mesh of ``shape`` on ``device_type``, built once per world."""
+    import torch.distributed as dist
+
+    cache = _WORLD_MESHES.setdefault(dist.distributed_c10d._get_default_group(), {})
+    key = (device_type, tuple(shape), tuple(names))
+    if key not in cache:
+        cache[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return cache[key]
+
+
+def _process_groups() -> set:
+    """The process groups the world holds now."""
+    import torch.distributed as dist
+
+    return set(dist.distributed_c10d._world.pg_map)
+
+
+def _world_mesh_groups() -> set:
+    """The process groups of this world's shared meshes (kept for the next trial)."""
+    import torch.distributed as dist
+
+    meshes = _WORLD_MESHES.get(dist.distributed_c10d._get_default_group(), {})
+    return {g for mesh in meshes.values() for g in mesh.get_all_groups()}
+
+
+def _destroy_groups(groups: set) -> None:
+    """Destroy ``groups``, which one trial made: FSDP2 builds a mesh of its own for a unit
+    resharded to a part of its group (``reshard_after_forward`` an int), per unit and per trial.
+    Every rank runs the same trials, so every rank destroys the same groups."""
+    import torch.distributed as dist
+
+    for group in groups:
+        dist.destroy_process_group(group)
+
+
 def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
     """``fully_shard`` every unit of ``plan`` on ``model`` (bottom-up, the root last) on a mesh
     of ``device_type`` over the default process group, then the explicit prefetch lists; returns
@@ -546,7 +591,7 @@ def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
+    mesh = _world_mesh(init_device_mesh, device_type, plan.mesh_shape, plan.mesh_dim_names)
     for unit in plan.units:
         reduce = None if unit.reduce_dtype == "fp32" else getattr(torch, _TORCH_DTYPES[unit.reduce_dtype])
         fully_shard(model.get_submodule(unit.module), mesh=mesh, reshard_after_forward=unit.reshard_after_forward,
@@ -617,7 +662,9 @@ class FSDPRuntime(ConfiguredRuntime):
     def prepare(self, ctx: ArmContext) -> Stepper:
         plan = fsdp_plan(ctx.model, self.config, ctx.strategy, ctx.spec)
         _check_plan(plan, self.config)
+        before = _process_groups()
         model = apply_fsdp(ctx.model, plan, ctx.device.type)
+        made = _process_groups() - before - _world_mesh_groups()
         # After fully_shard: the optimizer holds the DTensor shards, so its state is sharded too.
         optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
 
@@ -628,7 +675,8 @@ class FSDPRuntime(ConfiguredRuntime):
         # The memory probe sees the optimizer's (sharded) state; FSDP2's gather and reduce-scatter
         # buffers live only inside an iteration, so they are in its peak, not a persistent part.
         return Stepper(forward_model=model, step=step, loss_scale=loss_scales(ctx.strategy.batch_split)[ctx.rank],
-                       memory_parts=lambda: {"optimizer": optimizer, "units": []})
+                       memory_parts=lambda: {"optimizer": optimizer, "units": []},
+                       close=lambda: _destroy_groups(made))
 
     def describe(self, strategy: Any) -> str:
         if self.config.from_strategy:
