@@ -250,3 +250,23 @@ def test_pinned_workers_each_run_on_their_own_cpu():
     pinned = run_local(affinity_worker, 3, timeout_s=120, pin_cpus=True)
     assert pinned == [[cpus[r % len(cpus)]] for r in range(3)]
     assert run_local(affinity_worker, 2, timeout_s=120) == [cpus, cpus]
+
+
+def test_a_collection_without_a_terminal_prints_a_line_per_trial(tmp_path):
+    """With no terminal for the progress bar (nohup, output to a log file) a long collection
+    showed nothing between its start and its end; now each trial is one line, with the median
+    the dataset recorded for it."""
+    import pyarrow.dataset as pds
+    from click.testing import CliRunner
+
+    from synctune.cli import cli
+
+    data = tmp_path / "data"
+    result = CliRunner(env={"SYNCTUNE_HOME": str(tmp_path / "home")}).invoke(cli, [
+        "dataset", "collect", "--data", str(data), "-m", "cnn-small", "-c", "local-1x2", "--random", "2",
+        "--no-builders", "--warmup", "0", "--iters", "2"])
+    assert result.exit_code == 0, result.output
+    rows = pds.dataset(data, format="parquet", partitioning="hive").to_table().to_pylist()
+    assert len(rows) == 2
+    for i, row in enumerate(sorted(rows, key=lambda r: r["trial_id"]), start=1):
+        assert f"cnn-small@local-1x2: {i}/2 {row['trial_id']}: {row['median_s'] * 1e3:.1f} ms" in result.stderr

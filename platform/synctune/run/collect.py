@@ -87,6 +87,7 @@ def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_rand
     logger = MlflowLogger(f"collect-{spec.name}@{cluster.name}") if use_mlflow else None
     parent = logger.start_search(search_id, {"model": spec.name, "cluster": cluster.name}) if logger else ""
     bar = tqdm(total=len(todo), desc=f"{spec.name}@{cluster.name}", unit="trial", disable=None)
+    finished = [0]  # a disabled bar counts nothing
 
     def on_result(i: int, result: TrialResult) -> None:
         trial_id, origin, strategy = todo[i]
@@ -94,6 +95,11 @@ def collect_domain(ds: TrialDataset, workload, cluster: ClusterSpec, *, num_rand
                       search_id=search_id, trial_id=trial_id, experiment=logger.experiment if logger else "",
                       parent_run_id=parent, workload_source=workload.source)
         bar.update(1)
+        if bar.disable and say is not None:
+            # No terminal for the bar (nohup, a log file): a line per trial, so progress shows.
+            figure = f"{result.median_s * 1e3:.1f} ms" if result.status == "ok" else result.status
+            finished[0] += 1
+            say(f"{spec.name}@{cluster.name}: {finished[0]}/{len(todo)} {trial_id}: {figure}")
 
     try:
         return run_trials_local([s for _t, _o, s in todo], cluster, config, workload=workload, on_result=on_result,
