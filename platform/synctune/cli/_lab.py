@@ -140,7 +140,7 @@ def _small_models() -> tuple[str, ...]:
 @click.option("--target-ci", default=0.03, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
               help="Measure each trial until the 95% interval of its median iteration time is within this share "
                    "of it (0: exactly --iters).")
-@click.option("--max-iters", default=100, show_default=True, type=click.IntRange(1, 1_000_000),
+@click.option("--max-iters", default=200, show_default=True, type=click.IntRange(1, 1_000_000),
               help="With --target-ci: at most this many timed iterations.")
 @click.option("--max-timed-s", default=10.0, show_default=True, type=FiniteFloatRange(0, 86_400, min_open=True),
               help="With --target-ci: at most this many seconds of timed iterations.")
