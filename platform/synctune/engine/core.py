@@ -42,7 +42,6 @@ collectively: there a rank with no gradient in flight cannot see the misuse by i
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -57,6 +56,7 @@ from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSS
 from ..strategy.validate import validate
 from .compress import ByteCounter, make_compressor
 from .layout import RankLayout
+from .runtime import per_world
 from .units import (
     AllReduceUnit,
     GradView,
@@ -103,21 +103,11 @@ def check_supported(strategy: Strategy, model: ModelSpec) -> None:
                                     f"of variable {first[1]!r}")
 
 
-#: Per world (the default process group, held weakly), the subgroups engines made. A worker runs
-#: many trials, each with an engine of its own: a group per engine was never destroyed, so they
-#: piled up (threads, connections) and PS steps ran faster the more a worker held (25% over
-#: three passes of the same strategies; the dataset card, "Toward v0.3"). Shared, every trial of
-#: a worker sees the same groups, as one training job does. new_group is collective: every rank
-#: runs the same trials, so every rank creates the same groups in the same order.
-_WORLD_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def _shared_group(ranks: tuple[int, ...], backend: str | None = None):
-    """The process group of ``ranks`` (with ``backend``, default the world's), made once per world."""
-    cache = _WORLD_GROUPS.setdefault(dist.distributed_c10d._get_default_group(), {})
-    if (ranks, backend) not in cache:
-        cache[(ranks, backend)] = dist.new_group(list(ranks), backend=backend) if backend else dist.new_group(list(ranks))
-    return cache[(ranks, backend)]
+    """The process group of ``ranks`` (with ``backend``, default the world's), made once per
+    world and shared by every engine of a worker (:func:`~synctune.engine.runtime.per_world`)."""
+    return per_world(("group", ranks, backend),
+                     lambda: dist.new_group(list(ranks), backend=backend) if backend else dist.new_group(list(ranks)))
 
 
 class StrategyEngine:

@@ -33,14 +33,13 @@ average is then the weighted mean.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ..spec._util import is_int
 from ..spec.errors import SpecError
 from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardPlan, ShardSynchronizer, VariablePlan
-from .runtime import ArmContext, ConfiguredRuntime, Stepper
+from .runtime import ArmContext, ConfiguredRuntime, Stepper, per_world
 
 __all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "fsdp_plan",
            "plan_from_config", "plan_from_strategy", "strategy_of_config", "apply_fsdp", "loss_scales",
@@ -539,23 +538,14 @@ def _check_plan(plan: FSDPPlan, config: FSDPConfig, escaping: frozenset[str] = f
                             f"other than 1 and {shard}; use true, false or such a divisor")
 
 
-#: Per world (the default process group, held weakly), the device meshes trials built. A mesh of
-#: more than one dimension makes a process group per dimension; built per trial and never
-#: destroyed, they pile up in a worker that runs many trials, which made the engine's PS steps
-#: drift faster (the dataset card, "Toward v0.3"). new_group is collective: every rank runs the
-#: same trials, so every rank builds the same meshes in the same order.
-_WORLD_MESHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def _world_mesh(device_type: str, plan: FSDPPlan) -> Any:
+    """The device mesh of ``plan`` on ``device_type``, built once per world
+    (:func:`~synctune.engine.runtime.per_world`): a mesh of more than one dimension makes a
+    process group per dimension, which a mesh per trial would pile up."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-
-def _world_mesh(init_device_mesh: Any, device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
-    """The device mesh of ``shape`` on ``device_type``, built once per world."""
-    import torch.distributed as dist
-
-    cache = _WORLD_MESHES.setdefault(dist.distributed_c10d._get_default_group(), {})
-    key = (device_type, tuple(shape), tuple(names))
-    if key not in cache:
-        cache[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    return cache[key]
+    return per_world(("mesh", device_type, plan.mesh_shape, plan.mesh_dim_names),
+                     lambda: init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names))
 
 
 def _process_groups() -> set:
@@ -563,14 +553,6 @@ def _process_groups() -> set:
     import torch.distributed as dist
 
     return set(dist.distributed_c10d._world.pg_map)
-
-
-def _world_mesh_groups() -> set:
-    """The process groups of this world's shared meshes (kept for the next trial)."""
-    import torch.distributed as dist
-
-    meshes = _WORLD_MESHES.get(dist.distributed_c10d._get_default_group(), {})
-    return {g for mesh in meshes.values() for g in mesh.get_all_groups()}
 
 
 def _destroy_groups(groups: set) -> None:
@@ -588,10 +570,9 @@ def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
     of ``device_type`` over the default process group, then the explicit prefetch lists; returns
     the model (the same object, now an ``FSDPModule``)."""
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = _world_mesh(init_device_mesh, device_type, plan.mesh_shape, plan.mesh_dim_names)
+    mesh = _world_mesh(device_type, plan)
     for unit in plan.units:
         reduce = None if unit.reduce_dtype == "fp32" else getattr(torch, _TORCH_DTYPES[unit.reduce_dtype])
         fully_shard(model.get_submodule(unit.module), mesh=mesh, reshard_after_forward=unit.reshard_after_forward,
@@ -662,9 +643,10 @@ class FSDPRuntime(ConfiguredRuntime):
     def prepare(self, ctx: ArmContext) -> Stepper:
         plan = fsdp_plan(ctx.model, self.config, ctx.strategy, ctx.spec)
         _check_plan(plan, self.config)
+        _world_mesh(ctx.device.type, plan)  # kept for the next trial: made (or found) before the count
         before = _process_groups()
         model = apply_fsdp(ctx.model, plan, ctx.device.type)
-        made = _process_groups() - before - _world_mesh_groups()
+        made = _process_groups() - before
         # After fully_shard: the optimizer holds the DTensor shards, so its state is sharded too.
         optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
 
