@@ -44,6 +44,10 @@ KIND_SHARD = KIND_CODES["shard"]
 DEVICE_FLOPS = {"T4": 8.1e12, "M60": 4.8e12, "TITAN X": 11e12, "cpu": 5e10}
 
 
+#: The tables of :meth:`DomainContext._gloo_ps_tables` (the replay's dense PS shards).
+_GLOO_KEYS = ("gloo_ring_a", "gloo_n_a", "gloo_ring_b", "gloo_n_b", "gloo_gather", "gloo_bcast", "gloo_bcast_rounds")
+
+
 @dataclass(frozen=True)
 class AnalyticConstants:
     """phi: per-message network overhead (s); delta: per-shard kernel latency (s);
@@ -91,6 +95,7 @@ class DomainContext:
         self.ps_flow_coef, self.ps_phi_coef = tables["ps_flow"][0], tables["ps_phi"][0]
         self.ps_nic_coef, self.ps_intra_coef = tables["ps_nic"][0], tables["ps_intra"][0]
         self.ring_bw = float(tables["ring_bw"][0])
+        self.gloo = {k: tables[k][0] for k in _GLOO_KEYS}
         self.hier_per_byte, self.hier_msgs = float(tables["hier_per_byte"][0]), float(tables["hier_msgs"][0])
         self.flow_min, self.intra_min, self.nic_min = (float(tables[k][0]) for k in ("flow_min", "intra_min", "nic_min"))
         self.t_ref = self.model_bytes / float(self.flow.min())
@@ -148,9 +153,88 @@ class DomainContext:
                       + np.where(w_used > 1, 2 * (w_used - 1) / np.maximum(w_used, 1) / cross, 0.0))
         hier_msgs = 2 * np.maximum(per_node - 1, 0) + 2 * np.maximum(w_used - 1, 0)
         nics = np.where(used, self.nic[None, :], np.inf).min(1)
-        return {"ps_flow": flow, "ps_phi": phi, "ps_nic": nic, "ps_intra": intra, "ring_bw": ring,
-                "N": r.sum(1), "W": w_used, "r": r, "hier_per_byte": hier_bytes, "hier_msgs": hier_msgs,
-                "flow_min": flows, "intra_min": intras, "nic_min": nics}
+        out = {"ps_flow": flow, "ps_phi": phi, "ps_nic": nic, "ps_intra": intra, "ring_bw": ring,
+               "N": r.sum(1), "W": w_used, "r": r, "hier_per_byte": hier_bytes, "hier_msgs": hier_msgs,
+               "flow_min": flows, "intra_min": intras, "nic_min": nics}
+        out.update(self._gloo_ps_tables(r))
+        return out
+
+    def _concurrent_per_byte(self, transfers: list[tuple[int, int]]) -> float:
+        """Seconds per byte of transfers (from node, to node) running at once, each of one byte:
+        the slowest one's link (a node's own: intra-node), a cross-node one on the slower flow of
+        its ends, and every NIC's share (its cross-node transfers out, or in, one after the other)."""
+        worst = 0.0
+        out_count: dict[int, int] = {}
+        in_count: dict[int, int] = {}
+        for a, b in transfers:
+            if a == b:
+                worst = max(worst, 1.0 / self.intra[a])
+                continue
+            worst = max(worst, 1.0 / min(self.flow[a], self.flow[b]))
+            out_count[a] = out_count.get(a, 0) + 1
+            in_count[b] = in_count.get(b, 0) + 1
+        for counts in (out_count, in_count):
+            for node, c in counts.items():
+                worst = max(worst, c / self.nic[node])
+        return worst
+
+    def _gloo_layout(self, ranks: list[int], root: int) -> tuple[float, float, float, float]:
+        """(ring, gather, broadcast seconds per byte, broadcast rounds) of a group whose ranks sit
+        on the nodes ``ranks`` (in rank order) with its root at position ``root``, as gloo runs
+        them (gloo/reduce.cc: a ring reduce-scatter, each rank sending to rank - 1, then every
+        rank's chunk of 1/N sent to the root at once; gloo/broadcast.cc: a binomial tree, round i
+        sending from virtual ranks below 2^i to those 2^i above)."""
+        n = len(ranks)
+        if n < 2:
+            return 0.0, 0.0, 0.0, 0.0
+        ring = self._concurrent_per_byte([(ranks[i], ranks[i - 1]) for i in range(n)])
+        gather = self._concurrent_per_byte([(ranks[i], ranks[root]) for i in range(n) if i != root]) / n
+        rounds = math.ceil(math.log2(n))
+        bcast = 0.0
+        for i in range(rounds):
+            sends = [(ranks[(v + root) % n], ranks[(v + (1 << i) + root) % n])
+                     for v in range(1 << i) if v + (1 << i) < n]
+            bcast += self._concurrent_per_byte(sends)
+        return ring, gather, bcast, float(rounds)
+
+    def _gloo_ps_tables(self, r: np.ndarray) -> dict[str, np.ndarray]:
+        """A dense PS shard as the engine runs it on gloo: ``dist.reduce`` to its server, then after
+        the step ``dist.broadcast`` from it (:class:`~synctune.engine.units.PSUnit`). Per strategy
+        (replicas per node ``r``), server node j and local-aggregation flag (n, nodes, 2): the two
+        reduce phases (flat: the world's ring then nothing; with local aggregation: a ring inside
+        every node at once, then one across the node roots), each as seconds per byte of its ring
+        (``gloo_ring_a``/``_b``) with its group size (``gloo_n_a``/``_b``: gloo cuts a message into
+        segments by it), gather per byte of the message (``gloo_gather``, both phases), and the
+        broadcast back per byte and its rounds (``gloo_bcast``, ``gloo_bcast_rounds``). The group's
+        ranks are its replicas node by node, as the engine orders devices; the root is the
+        server node's first replica."""
+        n, w = r.shape
+        names = ("gloo_ring_a", "gloo_n_a", "gloo_ring_b", "gloo_n_b", "gloo_gather", "gloo_bcast",
+                 "gloo_bcast_rounds")
+        out = {k: np.zeros((n, w, 2)) for k in names}
+        rows, inverse = np.unique(r, axis=0, return_inverse=True)
+        for u, counts in enumerate(rows):
+            counts = counts.astype(int)
+            ranks = [k for k in range(w) for _ in range(counts[k])]
+            roots = [k for k in range(w) if counts[k] > 0]
+            widest = int(counts.max()) if len(counts) else 0
+            # Every node's own ring at once: the slowest node's, first replica its root.
+            intra = [self._gloo_layout([k] * counts[k], 0) for k in roots]
+            i_ring = max((x[0] for x in intra), default=0.0)
+            i_gather = max((x[1] for x in intra), default=0.0)
+            i_bcast = max((x[2] for x in intra), default=0.0)
+            i_rounds = max((x[3] for x in intra), default=0.0)
+            sel = inverse.reshape(-1) == u
+            for j in roots:
+                ring, gather, bcast, rounds = self._gloo_layout(ranks, ranks.index(j))
+                c_ring, c_gather, c_bcast, c_rounds = self._gloo_layout(roots, roots.index(j))
+                flat = (ring, len(ranks), 0.0, 0, gather, bcast, rounds)
+                local = (i_ring, widest, c_ring, len(roots), i_gather + c_gather, i_bcast + c_bcast,
+                         i_rounds + c_rounds)
+                for key, f, loc in zip(names, flat, local):
+                    out[key][sel, j, 0] = f
+                    out[key][sel, j, 1] = loc
+        return out
 
 
 def comm_terms(b: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
@@ -167,10 +251,11 @@ def comm_terms(b: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
                 "ring_bw": np.full(n, ctx.ring_bw), "N": np.full(n, ctx.N), "W": np.full(n, float(w)),
                 "r": np.broadcast_to(ctx.r, (n, w)), "hier_per_byte": np.full(n, ctx.hier_per_byte),
                 "hier_msgs": np.full(n, ctx.hier_msgs), "flow_min": np.full(n, ctx.flow_min),
-                "intra_min": np.full(n, ctx.intra_min), "nic_min": np.full(n, ctx.nic_min)}
+                "intra_min": np.full(n, ctx.intra_min), "nic_min": np.full(n, ctx.nic_min),
+                **{k: np.broadcast_to(ctx.gloo[k], (n, w, 2)) for k in _GLOO_KEYS}}
     else:
         tabs = ctx.comm_tables(counts)
-    for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra"):
+    for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra") + _GLOO_KEYS:
         tabs[key + "_flat"] = np.ascontiguousarray(tabs[key]).reshape(-1)
     return tabs
 

@@ -439,9 +439,9 @@ def load_simulator(path: str | Path) -> Simulator:
         for profile in config.get("profiles") or []:
             sim.replay.add_profile(ComputeProfile.from_dict(profile, where=f"{path}: profile"))
         if config.get("replay_constants"):
-            from .replay import ReplayConstants
+            from .replay import constants_from_file
 
-            sim.replay.set_constants(ReplayConstants(**{k: float(v) for k, v in config["replay_constants"].items()}))
+            sim.replay.set_constants(constants_from_file(config["replay_constants"]))
         norm = payload["norm"]
         widths = {"x_mean": config["raw"], "x_std": config["raw"], "g_mean": config["global"],
                   "g_std": config["global"]}

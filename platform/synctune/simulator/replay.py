@@ -17,15 +17,21 @@ replay does the same for a strategy it has never run, from three measured inputs
   placement broadcasts its new values, one after the other.
 
 Event times follow AutoDDL's alpha-beta costs: ring all-reduce ``2(N-1)(alpha + bytes/(N beta))``,
-all-gather ``(N-1)(alpha + bytes/beta)``, a PS shard the busier of its server's NIC and its flows
-(AutoSync Eq. 2) plus alpha per message. A sparse variable on all-reduce is dense on the wire (the
+all-gather ``(N-1)(alpha + bytes/beta)``; a dense PS shard as gloo runs the engine's
+``dist.reduce`` (a ring reduce-scatter in segments, then every rank's chunk to the server) and,
+after the step, ``dist.broadcast`` (a binomial tree), each link and NIC shared by the transfers
+running at once; a sparse one's rows gathered straight to the server (the busier of its NIC and
+its flows, AutoSync Eq. 2), alpha per message. alpha is the smallest calibrated node latency: a
+probe's round trip is only lengthened by what else the host runs. A sparse variable on all-reduce is dense on the wire (the
 engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
 ``touched_rows``). Compressors shrink what they encode (their registry's wire ratio).
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
-Not modelled (stated, not hidden): hierarchical all-reduce runs as flat, the communication's own
-CPU cost on a shared CPU, and links shared by process groups running at once.
+Calibrated, not modelled from first principles: the communication's own CPU cost (per unit), a
+fixed cost per iteration, and how much of the communication hidden behind backward still delays
+it on a shared CPU (:func:`calibrate_replay`). Not modelled: links shared by process groups
+running at once.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainCo
                        hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
 from .base import Simulator
 
-__all__ = ["ReplayConstants", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
+__all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
            "replay_features", "profile_key", "critical_path",
            "REPLAY_SHARD_NAMES", "REPLAY_GLOBAL_NAMES"]
 
@@ -85,6 +91,22 @@ class ReplayConstants:
     #: model, device kind and worker count, so a cluster whose CPUs run at other quotas replays
     #: another cluster's compute; :func:`calibrate_replay` fits this factor too.
     compute_scale: float = 1.0
+    #: The share of the communication hidden behind backward that still delays the iteration (0:
+    #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
+    #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
+    serial_share: float = 0.0
+    #: Which replay: 2 runs a dense PS shard as gloo's ring reduce and binomial broadcast with the
+    #: smallest node latency as alpha; 1 as AutoSync's star through the server (Eq. 2) with the
+    #: largest. A learned simulator saved before version 2 replays with 1, so its replay features
+    #: are those it was trained on (:func:`constants_from_file`).
+    replay_version: int = 2
+
+
+def constants_from_file(values: dict) -> ReplayConstants:
+    """:class:`ReplayConstants` as a simulator file saved them; a file saved before
+    ``replay_version`` existed replays as version 1."""
+    values = {"replay_version": 1, **values}
+    return ReplayConstants(**{k: (int(v) if k == "replay_version" else float(v)) for k, v in values.items()})
 
 
 def profile_key(model: str, device: str, workers: int) -> str:
@@ -201,7 +223,9 @@ class ReplaySimulator(Simulator):
         else:
             density = np.where(ctx.var_sparse, ctx.sparse_density, 1.0)
         latencies = [n.latency_ms for n in cluster.nodes]
-        alpha = max(latencies) / 1e3 if all(x is not None for x in latencies) else self.constants.alpha_s
+        slowest = self.constants.replay_version < 2
+        alpha = ((max(latencies) if slowest else min(latencies)) / 1e3 if all(x is not None for x in latencies)
+                 else self.constants.alpha_s)
         rebuild_scale = 1.0
         if measured and model.flops_per_sample and backward_end > 0:
             # The rebuild of an SFB gradient is a matmul: price it at the speed the profile measured.
@@ -318,6 +342,9 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
         comm_end[usid[last]] = finish[last]
     step = dom.step_s * _step_share(b, ctx, su)
     iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
+    if k.serial_share and u:
+        hidden = np.clip(np.minimum(finish, backward_end[usid]) - start, 0.0, None)
+        iteration = iteration + k.serial_share * np.bincount(usid, weights=hidden, minlength=n)
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
             "broadcast_s": bcast + gathers_after_step,
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
@@ -449,24 +476,55 @@ def _resharded_compute(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomai
     return ready, backward_end
 
 
+def _gloo_segments(nbytes: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """How many segments gloo's ring reduce cuts ``nbytes`` into over ``group`` ranks
+    (gloo/reduce.cc: at least two per rank, at most 1 MiB each, a multiple of the ranks)."""
+    group = np.maximum(group, 1.0)
+    return np.maximum(2 * group, group * np.ceil(np.ceil(nbytes / _GLOO_SEGMENT) / group))
+
+
+#: gloo's largest segment of a ring reduce (ReduceOptions::kMaxSegmentSize).
+_GLOO_SEGMENT = float(1 << 20)
+
+
 def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray, sent: np.ndarray, alpha: float,
                k: ReplayConstants) -> tuple[np.ndarray, np.ndarray]:
-    """Per shard, the seconds a PS shard's push (its encoded gradient, and the messages of every
-    replica or of each node's local aggregate) and its pull (the ``sent`` parameter bytes back
-    to every replica) take on its server's links (0 off PS)."""
+    """Per shard, the seconds a PS shard's push and its pull (the ``sent`` parameter bytes back to
+    every replica) take (0 off PS), as the engine runs them on gloo
+    (:meth:`~synctune.simulator.features.DomainContext._gloo_ps_tables`): a dense shard's push is
+    ``dist.reduce`` (a ring reduce-scatter in segments, one message each, then every rank's chunk
+    to the server), a sparse one's ``dist.gather`` of its rows straight to the server (its
+    server's NIC and flows, AutoSync Eq. 2, one message per sender); the pull is a binomial-tree
+    ``dist.broadcast`` (one message a round)."""
     shard_ps = b.kind == KIND_PS
     look = b.node * 2 + b.local.astype(np.int64)
     look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
+    g = {key: t[key + "_flat"][look] for key in ("gloo_ring_a", "gloo_n_a", "gloo_ring_b", "gloo_n_b", "gloo_gather",
+                                               "gloo_bcast", "gloo_bcast_rounds")}
+    dense = np.zeros(len(wire))
+    for ring, group in ((g["gloo_ring_a"], g["gloo_n_a"]), (g["gloo_ring_b"], g["gloo_n_b"])):
+        segments = _gloo_segments(wire, group)
+        steps = np.where(group > 1, segments - 2, 0.0)
+        dense += wire * steps / segments * ring + steps * alpha
+    dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
+    # A sparse shard (rows touched, density < 1) is gathered, not reduced.
     w = np.maximum(1.0, t["W"] - 1)[b.sid]
     per_byte = np.maximum(t["ps_flow_flat"][look] / w, t["ps_nic_flat"][look]) + t["ps_intra_flat"][look]
     r_server = np.asarray(t["r"])[b.sid, np.maximum(b.node, 0)]
     msgs = t["ps_phi_flat"][look] + np.where(b.local, r_server - 1, 0)
-    push = np.where(shard_ps, wire * per_byte + msgs * alpha, 0.0)
-    pull = np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0)
+    gathered = wire * per_byte + msgs * alpha
+    if k.replay_version < 2:  # every shard through the server's NIC and flows, both ways
+        return (np.where(shard_ps, gathered, 0.0),
+                np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0))
+    sparse = ctx.var_sparse[b.var] & (b.kind == KIND_PS)
+    push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
+    pull = np.where(shard_ps, sent * g["gloo_bcast"] + g["gloo_bcast_rounds"] * alpha + k.unit_s, 0.0)
     return push, pull
 
 
-_CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb")
+_CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share")
+#: Upper bounds of the fields (a share is at most 1).
+_CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0])
 
 
 def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
@@ -475,29 +533,43 @@ def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
     return per_unit[ukind] if per_unit.any() else np.zeros(len(ukind))
 
 
+#: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
+#: seconds per iteration, and a relative change of the compute.
+_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05)
+_SCALE_STEP = 1e-2
+
+
 def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
-    """(replayed seconds, inputs of the calibrated terms) of domain ``d`` under ``sim``'s
-    current constants, one replay: per strategy, one column per field of :data:`_CPU_FIELDS`
-    (units of each kind, MB compressed), then the compute the replay charges (backward and step)."""
+    """(replayed seconds, how they move with the calibrated terms) of domain ``d`` under ``sim``'s
+    current constants: per strategy, one column per field of :data:`_CPU_FIELDS` (seconds of
+    iteration per second of the term, or per s/MB), then per relative change of the compute scale.
+    Finite differences of the replay itself (a Gauss-Newton step), not counts of units: a cost
+    added to a unit that hides behind backward adds nothing, and more compute delays a
+    strategy bound on its links only by the compute before its critical chain starts; so a fixed
+    cost per iteration and the compute scale are told apart by the strategies whose
+    communication is exposed."""
     b, ctx = d.encoded(), d.ctx
-    ev = sim.timeline(b, ctx)
-    n = b.size
-    usid, ukind = ev["unit_sid"], ev["unit_kind"]
-    cols = [np.bincount(usid, weights=(ukind == kind).astype(float), minlength=n) for kind in (KIND_PS, KIND_AR, KIND_AG)]
-    cols.append(np.bincount(b.sid, weights=np.where(b.comp > 0, ctx.var_bytes[b.var] * b.frac, 0.0), minlength=n) / 1e6)
-    cols.append(ev["backward_end"] + sim._domain(ctx).step_s)
-    return ev["iteration_s"], np.stack(cols, axis=1)
+    k = sim.constants
+    base = sim.timeline(b, ctx)["iteration_s"]
+    cols = []
+    for field, h in zip(_CPU_FIELDS, _CPU_STEPS):
+        sim.set_constants(dataclasses.replace(k, **{field: getattr(k, field) + h}))
+        cols.append((sim.timeline(b, ctx)["iteration_s"] - base) / h)
+    sim.set_constants(dataclasses.replace(k, compute_scale=k.compute_scale * (1 + _SCALE_STEP)))
+    cols.append((sim.timeline(b, ctx)["iteration_s"] - base) / _SCALE_STEP)
+    sim.set_constants(k)
+    return base, np.stack(cols, axis=1)
 
 
 def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10) -> ReplayConstants:
-    """The communication's CPU terms and the compute scale of :class:`ReplayConstants` fitted on
-    measured trials (dPRO §4.3 calibrates its replay's overhead ops from a trace in the same
-    spirit): what the replay leaves unexplained, ``measured - replayed``, in proportion to each
-    trial's time (so every trial weighs alike), as non-negative costs per unit of each kind and
-    per MB compressed, and a factor on the compute (bounded least squares,
-    :func:`scipy.optimize.lsq_linear`). A cost added to a unit can hide behind backward, so the
-    fit is repeated on the residual of the replay with the constants so far (``rounds`` times).
-    The other constants and the measured compute profiles are kept."""
+    """The communication's CPU terms, a fixed cost per iteration and the compute scale of
+    :class:`ReplayConstants` fitted on measured trials (dPRO §4.3 calibrates its replay's overhead
+    ops from a trace in the same spirit): what the replay leaves unexplained, ``measured -
+    replayed``, in proportion to each trial's time (so every trial weighs alike), as non-negative
+    costs per unit of each kind, per MB compressed and per iteration, and a factor on the compute
+    (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
+    :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
+    piecewise linear in them). The other constants and the measured compute profiles are kept."""
     from scipy.optimize import lsq_linear
 
     base = sim.constants
@@ -515,11 +587,11 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10)
             break
         # A round may take back what an earlier one overshot, never below zero; the compute may
         # be scaled down as well as up.
-        lower = np.r_[-current, -0.5]
-        step = lsq_linear(np.vstack(rows), np.concatenate(target), bounds=(lower, np.inf)).x
+        lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, np.inf]
+        step = lsq_linear(np.vstack(rows), np.concatenate(target), bounds=(lower, np.maximum(upper, lower + 1e-12))).x
         if np.abs(step).max() < 1e-9:
             break
-        current, scale = np.maximum(0.0, current + step[:-1]), scale * (1.0 + step[-1])
+        current, scale = np.clip(current + step[:-1], 0.0, _CPU_UPPER), scale * (1.0 + step[-1])
         trial.set_constants(dataclasses.replace(base, compute_scale=float(scale),
                                                 **dict(zip(_CPU_FIELDS, current.tolist()))))
     return trial.constants

@@ -35,7 +35,7 @@ from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SHARD, DomainContext
-from .replay import CalibratedReplay, ReplayConstants, calibrate_replay
+from .replay import CalibratedReplay, ReplayConstants, calibrate_replay, constants_from_file
 
 __all__ = ["ResidualReplay", "RESIDUAL_FEATURES"]
 
@@ -217,8 +217,8 @@ class ResidualReplay(CalibratedReplay):
         sim = cls(min_trials=int(data.get("min_trials", 10)))
         for p in data.get("profiles", []):
             sim.add_profile(ComputeProfile.from_dict(p, where=str(path)))
-        sim.general = ReplayConstants(**data["general"])
-        sim.per_domain = {k: ReplayConstants(**v) for k, v in data.get("per_domain", {}).items()}
+        sim.general = constants_from_file(data["general"])
+        sim.per_domain = {k: constants_from_file(v) for k, v in data.get("per_domain", {}).items()}
         sim.set_constants(sim.general)
         sim.seen, sim.unseen = _Correction.from_dict(data["seen"]), _Correction.from_dict(data["unseen"])
         return sim
