@@ -523,6 +523,8 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share")
+#: The field :func:`calibrate_replay` keeps for a domain's own constants.
+_FIXED = 4
 #: Upper bounds of the fields (a share is at most 1).
 _CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0])
 
@@ -561,7 +563,7 @@ def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
     return base, np.stack(cols, axis=1)
 
 
-def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10) -> ReplayConstants:
+def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10, own: bool = True) -> ReplayConstants:
     """The communication's CPU terms, a fixed cost per iteration and the compute scale of
     :class:`ReplayConstants` fitted on measured trials (dPRO §4.3 calibrates its replay's overhead
     ops from a trace in the same spirit): what the replay leaves unexplained, ``measured -
@@ -569,7 +571,11 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10)
     costs per unit of each kind, per MB compressed and per iteration, and a factor on the compute
     (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
-    piecewise linear in them). The other constants and the measured compute profiles are kept."""
+    piecewise linear in them). The other constants and the measured compute profiles are kept.
+
+    ``own=False`` fits constants for domains not among ``domains`` (an unseen model or cluster):
+    the fixed cost per iteration then stays as it was, since it is a workload's own (seconds of
+    one model's engine work, 5 to 350 ms across the lab's models) and carries to no other."""
     from scipy.optimize import lsq_linear
 
     base = sim.constants
@@ -588,7 +594,15 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10)
         # A round may take back what an earlier one overshot, never below zero; the compute may
         # be scaled down as well as up.
         lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, np.inf]
-        step = lsq_linear(np.vstack(rows), np.concatenate(target), bounds=(lower, np.maximum(upper, lower + 1e-12))).x
+        if not own:
+            lower[_FIXED], upper[_FIXED] = 0.0, 0.0
+        a = np.vstack(rows)
+        # A term no training trial moves (no all-gather unit among them, nothing compressed) is
+        # not fitted: least squares would give it any value, and domains with such units would pay it.
+        idle = ~(np.abs(a) > 1e-12).any(axis=0)
+        lower[idle], upper[idle] = 0.0, 0.0
+        step = lsq_linear(a, np.concatenate(target), bounds=(lower, np.maximum(upper, lower + 1e-15))).x
+        step[lower == upper] = 0.0  # the fields held (lsq_linear needs an open interval)
         if np.abs(step).max() < 1e-9:
             break
         current, scale = np.clip(current + step[:-1], 0.0, _CPU_UPPER), scale * (1.0 + step[-1])
@@ -622,7 +636,7 @@ class CalibratedReplay(ReplaySimulator):
     def fit(self, domains: list) -> "CalibratedReplay":
         base = self.general
         self.set_constants(base)
-        self.general = calibrate_replay(self, domains)
+        self.general = calibrate_replay(self, domains, own=False)
         self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.times_s) >= self.min_trials}
         return self
 

@@ -177,7 +177,7 @@ class ResidualReplay(CalibratedReplay):
             others = [d for d in domains if group_of[d.key] != g]
             if not others:
                 continue
-            held.set_constants(calibrate_replay(held, others))
+            held.set_constants(calibrate_replay(held, others, own=False))
             held.general, held.per_domain = held.constants, {}
             for d in (d for d in domains if group_of[d.key] == g):
                 pred, x = residual_features(held, d.encoded(), d.ctx)
