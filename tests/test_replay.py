@@ -494,7 +494,40 @@ def test_calibration_leaves_a_term_no_trial_moves_where_it_was():
     fitted = calibrate_replay(blank, [domain])
     assert fitted.ag_unit_s == 0.0 and fitted.ar_unit_s == pytest.approx(0.0012, rel=0.15)
     assert fitted.iteration_s == pytest.approx(0.004, rel=0.15)
-    assert calibrate_replay(blank, [domain], own=False).iteration_s == ReplayConstants().iteration_s
+    unseen = calibrate_replay(blank, [domain], own=False)
+    assert (unseen.iteration_s, unseen.serial_share) == (ReplayConstants().iteration_s, 0.0)
+
+
+def test_calibration_finds_where_between_the_node_latencies_alpha_lies():
+    """Nodes whose probes measured 0.1 and 1.5 ms (a quota-throttled node, or a probe that ran
+    beside something else): times generated with alpha at 60% of the way from the smallest to
+    the largest; the fit finds that share again from the strategies' message counts."""
+    import dataclasses
+
+    from synctune.models import model_spec
+    from synctune.search import GuidedSampler
+    from synctune.simulator import Domain, calibrate_replay
+    from synctune.spec import cluster_preset
+
+    model = model_spec("cnn-small")
+    preset = cluster_preset("lab-2x2")
+    cluster = dataclasses.replace(preset, nodes=tuple(dataclasses.replace(n, latency_ms=ms)
+                                                      for n, ms in zip(preset.nodes, (0.1, 1.5))))
+    n = len(model.variables)
+    profile = ComputeProfile(model=model.name, device="cpu", workers=4, batch_size=model.batch_size,
+                             forward_s=0.004, backward_s=0.009, step_s=0.001,
+                             ready_s=tuple(0.009 * (i + 1) / n for i in range(n)))
+    generator = ReplaySimulator({}, ReplayConstants(latency_share=0.6, ar_unit_s=0.001))
+    generator.add_profile(profile)
+    strategies = list({s.hash: s for s in GuidedSampler(model, cluster, seed=7).sample_many(80)}.values())
+    domain = Domain(DomainContext(model, cluster), strategies, generator.predict(strategies, model, cluster))
+    blank = ReplaySimulator({}, ReplayConstants())
+    blank.add_profile(profile)
+    before = np.median(np.abs(blank.predict_domain(domain) / domain.times_s - 1))
+    fitted = calibrate_replay(blank, [domain])
+    assert fitted.latency_share == pytest.approx(0.6, abs=0.1), fitted
+    blank.set_constants(fitted)
+    assert np.median(np.abs(blank.predict_domain(domain) / domain.times_s - 1)) < min(0.01, before / 5)
 
 
 def test_a_search_calibrates_its_replay_on_its_own_trials_after_judging_it():
