@@ -533,6 +533,9 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
                "latency_share")
+#: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
+#: per trial for a share of 1.
+_LATENCY, _LATENCY_PRIOR = 6, 0.035
 #: The fields :func:`calibrate_replay` fits only for a domain's own constants.
 _OWN = (4, 5)
 #: Upper bounds of the fields (a share is at most 1).
@@ -608,12 +611,18 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, np.inf]
         if not own:
             lower[list(_OWN)], upper[list(_OWN)] = 0.0, 0.0
-        a = np.vstack(rows)
+        a, b = np.vstack(rows), np.concatenate(target)
         # A term no training trial moves (no all-gather unit among them, nothing compressed) is
         # not fitted: least squares would give it any value, and domains with such units would pay it.
         idle = ~(np.abs(a) > 1e-12).any(axis=0)
         lower[idle], upper[idle] = 0.0, 0.0
-        step = lsq_linear(a, np.concatenate(target), bounds=(lower, np.maximum(upper, lower + 1e-15))).x
+        # The latency share is pulled to the smallest latency unless the trials say otherwise: on
+        # nodes of near-equal latencies it barely moves them, and a share fitted there would price
+        # another cluster's far slower node (lab-4x1's 1.8 ms probe) into every message.
+        prior = np.zeros((1, a.shape[1]))
+        prior[0, _LATENCY] = _LATENCY_PRIOR * np.sqrt(len(b))
+        a, b = np.vstack([a, prior]), np.r_[b, -prior[0, _LATENCY] * current[_LATENCY]]
+        step = lsq_linear(a, b, bounds=(lower, np.maximum(upper, lower + 1e-15))).x
         step[lower == upper] = 0.0  # the fields held (lsq_linear needs an open interval)
         if np.abs(step).max() < 1e-9:
             break
