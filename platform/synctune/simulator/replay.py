@@ -23,7 +23,8 @@ after the step, ``dist.broadcast`` (a binomial tree), each link and NIC shared b
 running at once; a sparse one's rows gathered straight to the server (the busier of its NIC and
 its flows, AutoSync Eq. 2), alpha per message. alpha lies between the smallest and the largest
 calibrated node latency (``latency_share``, fitted by :func:`calibrate_replay`): a probe's round
-trip is lengthened by what else its host runs, and by a CPU quota. A sparse variable on all-reduce is dense on the wire (the
+trip is lengthened by what else its host runs, and by a CPU quota. A sparse variable on
+all-reduce is dense on the wire (the
 engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
 ``touched_rows``). Compressors shrink what they encode (their registry's wire ratio).
 
@@ -54,7 +55,8 @@ from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainCo
                        hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
 from .base import Simulator
 
-__all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay", "replay_units",
+__all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay",
+           "replay_units",
            "replay_features", "profile_key", "critical_path",
            "REPLAY_SHARD_NAMES", "REPLAY_GLOBAL_NAMES"]
 
@@ -96,10 +98,10 @@ class ReplayConstants:
     #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
     #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
     serial_share: float = 0.0
-    #: Which replay: 2 runs a dense PS shard as gloo's ring reduce and binomial broadcast with the
-    #: smallest node latency as alpha; 1 as AutoSync's star through the server (Eq. 2) with the
-    #: largest. A learned simulator saved before version 2 replays with 1, so its replay features
-    #: are those it was trained on (:func:`constants_from_file`).
+    #: Which replay: 2 runs a dense PS shard as gloo's ring reduce and binomial broadcast with alpha
+    #: at ``latency_share`` between the node latencies; 1 as AutoSync's star through the server
+    #: (Eq. 2) with the largest latency. A learned simulator saved before version 2 replays with
+    #: 1, so its replay features are those it was trained on (:func:`constants_from_file`).
     replay_version: int = 2
     #: Where between the smallest and the largest calibrated node latency alpha lies (version 2;
     #: version 1 takes the largest). A probe's round trip is lengthened by what else its host
@@ -549,7 +551,7 @@ def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
-#: seconds per iteration, and a relative change of the compute.
+#: seconds per iteration, the two shares, then (``_SCALE_STEP``) a relative change of the compute.
 _CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05)
 _SCALE_STEP = 1e-2
 
@@ -577,11 +579,12 @@ def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
 
 
 def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10, own: bool = True) -> ReplayConstants:
-    """The communication's CPU terms, a fixed cost per iteration and the compute scale of
-    :class:`ReplayConstants` fitted on measured trials (dPRO §4.3 calibrates its replay's overhead
-    ops from a trace in the same spirit): what the replay leaves unexplained, ``measured -
-    replayed``, in proportion to each trial's time (so every trial weighs alike), as non-negative
-    costs per unit of each kind, per MB compressed and per iteration, and a factor on the compute
+    """The communication's CPU terms, a fixed cost per iteration, the serial and latency shares
+    and the compute scale of :class:`ReplayConstants` fitted on measured trials (dPRO §4.3
+    calibrates its replay's overhead ops from a trace in the same spirit): what the replay leaves
+    unexplained, ``measured - replayed``, in proportion to each trial's time (so every trial weighs
+    alike), as non-negative costs per unit of each kind, per MB compressed and per iteration, two
+    shares in [0, 1] (the latency one pulled to 0 unless the trials move it), and a factor on the compute
     (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). The other constants and the measured compute profiles are kept.
