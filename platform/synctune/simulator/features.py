@@ -209,9 +209,7 @@ class DomainContext:
         ranks are its replicas node by node, as the engine orders devices; the root is the
         server node's first replica."""
         n, w = r.shape
-        names = ("gloo_ring_a", "gloo_n_a", "gloo_ring_b", "gloo_n_b", "gloo_gather", "gloo_bcast",
-                 "gloo_bcast_rounds")
-        out = {k: np.zeros((n, w, 2)) for k in names}
+        out = {k: np.zeros((n, w, 2)) for k in _GLOO_KEYS}
         rows, inverse = np.unique(r, axis=0, return_inverse=True)
         for u, counts in enumerate(rows):
             counts = counts.astype(int)
@@ -231,7 +229,7 @@ class DomainContext:
                 flat = (ring, len(ranks), 0.0, 0, gather, bcast, rounds)
                 local = (i_ring, widest, c_ring, len(roots), i_gather + c_gather, i_bcast + c_bcast,
                          i_rounds + c_rounds)
-                for key, f, loc in zip(names, flat, local):
+                for key, f, loc in zip(_GLOO_KEYS, flat, local):
                     out[key][sel, j, 0] = f
                     out[key][sel, j, 1] = loc
         return out
@@ -255,7 +253,7 @@ def comm_terms(b: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
                 **{k: np.broadcast_to(ctx.gloo[k], (n, w, 2)) for k in _GLOO_KEYS}}
     else:
         tabs = ctx.comm_tables(counts)
-    for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra") + _GLOO_KEYS:
+    for key in ("ps_flow", "ps_phi", "ps_nic", "ps_intra"):
         tabs[key + "_flat"] = np.ascontiguousarray(tabs[key]).reshape(-1)
     return tabs
 

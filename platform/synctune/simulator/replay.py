@@ -51,8 +51,8 @@ from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from ..strategy.schema import SYNCHRONIZER_KINDS
-from .features import (KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainContext, batch_scale, comm_terms, encode,
-                       hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
+from .features import (_GLOO_KEYS, KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainContext, batch_scale,
+                       comm_terms, encode, hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
 from .base import Simulator
 
 __all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay",
@@ -510,14 +510,6 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
     shard_ps = b.kind == KIND_PS
     look = b.node * 2 + b.local.astype(np.int64)
     look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
-    g = {key: t[key + "_flat"][look] for key in ("gloo_ring_a", "gloo_n_a", "gloo_ring_b", "gloo_n_b", "gloo_gather",
-                                               "gloo_bcast", "gloo_bcast_rounds")}
-    dense = np.zeros(len(wire))
-    for ring, group in ((g["gloo_ring_a"], g["gloo_n_a"]), (g["gloo_ring_b"], g["gloo_n_b"])):
-        segments = _gloo_segments(wire, group)
-        steps = np.where(group > 1, segments - 2, 0.0)
-        dense += wire * steps / segments * ring + steps * alpha
-    dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
     # A sparse shard (rows touched, density < 1) is gathered, not reduced.
     w = np.maximum(1.0, t["W"] - 1)[b.sid]
     per_byte = np.maximum(t["ps_flow_flat"][look] / w, t["ps_nic_flat"][look]) + t["ps_intra_flat"][look]
@@ -527,7 +519,16 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
     if k.replay_version < 2:  # every shard through the server's NIC and flows, both ways
         return (np.where(shard_ps, gathered, 0.0),
                 np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0))
-    sparse = ctx.var_sparse[b.var] & (b.kind == KIND_PS)
+    # The (strategies, nodes, 2) tables read in place: a round's domain tables are broadcast views.
+    server, local = np.where(shard_ps, b.node, 0), b.local.astype(np.int64)
+    g = {key: t[key][b.sid, server, local] for key in _GLOO_KEYS}
+    dense = np.zeros(len(wire))
+    for ring, group in ((g["gloo_ring_a"], g["gloo_n_a"]), (g["gloo_ring_b"], g["gloo_n_b"])):
+        segments = _gloo_segments(wire, group)
+        steps = np.where(group > 1, segments - 2, 0.0)
+        dense += wire * steps / segments * ring + steps * alpha
+    dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
+    sparse = ctx.var_sparse[b.var] & shard_ps
     push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
     pull = np.where(shard_ps, sent * g["gloo_bcast"] + g["gloo_bcast_rounds"] * alpha + k.unit_s, 0.0)
     return push, pull
@@ -537,9 +538,9 @@ _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iter
                "latency_share")
 #: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
 #: per trial for a share of 1.
-_LATENCY, _LATENCY_PRIOR = 6, 0.035
+_LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 #: The fields :func:`calibrate_replay` fits only for a domain's own constants.
-_OWN = (4, 5)
+_OWN = [_CPU_FIELDS.index(f) for f in ("iteration_s", "serial_share")]
 #: Upper bounds of the fields (a share is at most 1).
 _CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0, 1.0])
 
@@ -584,8 +585,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     calibrates its replay's overhead ops from a trace in the same spirit): what the replay leaves
     unexplained, ``measured - replayed``, in proportion to each trial's time (so every trial weighs
     alike), as non-negative costs per unit of each kind, per MB compressed and per iteration, two
-    shares in [0, 1] (the latency one pulled to 0 unless the trials move it), and a factor on the compute
-    (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
+    shares in [0, 1] (the latency one pulled to 0 unless the trials move it), and a factor on the
+    compute (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). The other constants and the measured compute profiles are kept.
 
@@ -613,7 +614,7 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         # be scaled down as well as up.
         lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, np.inf]
         if not own:
-            lower[list(_OWN)], upper[list(_OWN)] = 0.0, 0.0
+            lower[_OWN], upper[_OWN] = 0.0, 0.0
         a, b = np.vstack(rows), np.concatenate(target)
         # A term no training trial moves (no all-gather unit among them, nothing compressed) is
         # not fitted: least squares would give it any value, and domains with such units would pay it.
