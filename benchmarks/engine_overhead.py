@@ -23,6 +23,7 @@ A lab preset (``--cluster lab-2x2``, after ``synctune lab up lab-2x2``) runs it 
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import time
 
@@ -59,8 +60,12 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     engine = StrategyEngine(ours_model, strategy, spec, cluster, sgd)
     # DDP broadcasts buffers before every forward even with one process, where the engine skips
     # it: the same work on both sides, or the ratio times a broadcast only one side does.
-    ddp_model = DDP(model(), bucket_cap_mb=args["bucket_mb"], forward_sync_buffers=buffers_broadcast(world))
-    if ddp_model.forward_sync_buffers != (engine.broadcast_buffers and world > 1):
+    # torch 2.13 calls the switch forward_sync_buffers; before it, broadcast_buffers did the same.
+    switch = "forward_sync_buffers"
+    if switch not in inspect.signature(DDP).parameters:
+        switch = "broadcast_buffers"
+    ddp_model = DDP(model(), bucket_cap_mb=args["bucket_mb"], **{switch: buffers_broadcast(world)})
+    if getattr(ddp_model, switch) != (engine.broadcast_buffers and world > 1):
         raise RuntimeError("DDP and the engine broadcast buffers differently: the ratio would time one side's extra work")
     ddp_opt = sgd(ddp_model.parameters())
     alone_model = model()

@@ -207,3 +207,20 @@ def test_fsdp2_runtime(device):
                              TrialConfig(warmup=1, iters=3), workload=workload, runtime=FSDPRuntime())
     assert result.status == "ok", result.error
     assert result.device_kind == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_gpu_profile_measures_the_hosts_own_path(device):
+    """On a GPU the host returns before the kernels finish: the profile records when its last
+    call returned (no later than the iteration the device timed, give or take the event
+    records) and the engine's host cost per variable from its probe; a CPU profile has neither
+    (its calls return with the work done)."""
+    from synctune.engine.profile import profile_compute
+
+    profile = profile_compute(zoo_workload("cnn-small"), workers=1, device=device, warmup=2, iters=5)
+    if device == "cpu":
+        assert profile.launch_s is None and profile.hook_s is None
+        return
+    assert profile.launch_s is not None and 0 < profile.launch_s
+    assert profile.hook_s is not None and 0 <= profile.hook_s < 1e-3
+    assert profile.host_s() >= profile.launch_s

@@ -709,3 +709,85 @@ def test_per_node_profiles_price_each_replica_at_its_own_type():
     gpu.add_profile(dataclasses.replace(profile("NVIDIA H200", 1.0), workers=1))
     gpu.predict([build_strategy("allreduce", model, gpus)], model, gpus)
     assert not gpu.fallbacks, "the H200's one-worker profile should serve the 4-GPU cluster"
+
+
+def test_a_gpu_profile_carries_the_hosts_own_time_and_old_profiles_load():
+    """A GPU profile's host figures round-trip; a profile without them (every CPU profile, every
+    file written before) loads with none and replays as before; negative seconds are refused."""
+    import dataclasses
+
+    plain = _profile(_model())
+    assert plain.launch_s is None and plain.host_s() is None and "launch_s" not in plain.to_dict()
+    gpu = dataclasses.replace(plain, launch_s=0.0125, hook_s=4e-5)
+    assert ComputeProfile.from_dict(gpu.to_dict()) == gpu
+    assert gpu.host_s() == pytest.approx(0.0125 + 2 * 4e-5)
+    with pytest.raises(SpecError, match="hook_s"):
+        dataclasses.replace(plain, launch_s=0.01, hook_s=-1e-5)
+
+
+def test_the_replay_ends_an_iteration_no_sooner_than_its_host_path():
+    """One GPU, no communication: where the host's path (launches plus the engine's hooks on
+    every variable) is longer than the device's, the iteration is that path plus the fixed cost
+    per iteration, worked by hand; where it is shorter the prediction is the device's, exactly
+    what the profile without host figures predicts."""
+    import dataclasses
+
+    from synctune.models import model_spec
+
+    model = model_spec("cnn-small")
+    n = len(model.variables)
+    gpu = ClusterSpec.from_dict({"name": "h100x1", "nodes": [
+        {"instance_type": "this-machine", "device_kind": "gpu", "device_model": "NVIDIA H100", "num_devices": 1,
+         "nic_gbps": 100.0, "single_flow_gbps": 100.0, "intra_node_gbps": 100.0}]})
+    base = ComputeProfile(model=model.name, device="NVIDIA H100", workers=1, batch_size=model.batch_size,
+                          forward_s=0.004, backward_s=0.009, step_s=0.001,
+                          ready_s=tuple(0.009 * (i + 1) / n for i in range(n)))
+    strategy = [build_strategy("allreduce", model, gpu)]
+
+    def predict(profile):
+        sim = ReplaySimulator({})
+        sim.add_profile(profile)
+        return float(sim.predict(strategy, model, gpu)[0])
+
+    device_only = predict(base)
+    assert device_only > 0.014  # forward + backward + step at least
+    host_bound = dataclasses.replace(base, launch_s=0.012, hook_s=5e-4)
+    assert predict(host_bound) == pytest.approx(0.012 + n * 5e-4 + ReplayConstants().iteration_s, rel=1e-12)
+    device_bound = dataclasses.replace(base, launch_s=0.003, hook_s=1e-5)
+    assert predict(device_bound) == device_only
+
+
+def test_the_hook_probe_measures_what_the_engine_adds_per_variable():
+    """The probe's figure follows a cost planted in the engine's gradient hook: 300 us of host
+    time per variable (a busy wait in every hook) shows as at least 250 us more than without it."""
+    from synctune.engine.local import run_local
+
+    free = run_local(_probe_worker, 1, (0.0,), timeout_s=300)[0]
+    slowed = run_local(_probe_worker, 1, (3e-4,), timeout_s=300)[0]
+    assert 0 <= free < 2e-4, free
+    assert slowed - free >= 2.5e-4, (free, slowed)
+
+
+def _probe_worker(rank: int, world: int, planted: float) -> float:
+    import time as _time
+
+    import torch
+
+    from synctune.engine import core
+    from synctune.engine.profile import hook_cost
+
+    if planted:
+        original = core.StrategyEngine._hook
+
+        def slowed(self, name):
+            hook = original(self, name)
+
+            def wrapped(param):
+                end = _time.perf_counter() + planted
+                while _time.perf_counter() < end:  # a busy wait: sleep's granularity is coarser
+                    pass
+                return hook(param)
+            return wrapped
+
+        core.StrategyEngine._hook = slowed
+    return hook_cost(torch.device("cpu"), variables=64, warmup=2, iters=10)

@@ -25,7 +25,7 @@ from typing import Any
 from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 
-__all__ = ["profile_compute", "profile_per_device_type", "profile_worker"]
+__all__ = ["profile_compute", "profile_per_device_type", "profile_worker", "hook_cost"]
 
 
 def profile_worker(rank: int, world: int, payload: dict) -> dict:
@@ -55,10 +55,11 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
         return hook
 
     handles = [params[n].register_post_accumulate_grad_hook(hook_of(index[n])) for n in names]
-    rows = []
+    rows, launches = [], []
     try:
         for it in range(payload["warmup"] + payload["iters"]):
             dist.barrier()
+            t0 = time.perf_counter()
             clock.start()
             loss = workload.loss(model, batch)
             clock.phase(0)
@@ -67,7 +68,9 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             clock.phase(2)
+            launched = time.perf_counter() - t0  # the host's part: on a GPU the kernels may still run
             if it >= payload["warmup"]:
+                launches.append(launched)
                 rows.append(clock.read())
             else:
                 clock.read()
@@ -75,8 +78,80 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
         for h in handles:
             h.remove()
     med = statistics.median
-    return {"forward_s": med(r[0] for r in rows), "backward_s": med(r[1] for r in rows),
-            "step_s": med(r[2] for r in rows), "ready_s": [med(r[3][i] for r in rows) for i in range(len(names))]}
+    out = {"forward_s": med(r[0] for r in rows), "backward_s": med(r[1] for r in rows),
+           "step_s": med(r[2] for r in rows), "ready_s": [med(r[3][i] for r in rows) for i in range(len(names))]}
+    if device.type == "cuda":
+        out["launch_s"] = med(launches)
+        out["hook_s"] = hook_cost(device, warmup=payload["warmup"])
+    return out
+
+
+def hook_cost(device, *, variables: int = 256, warmup: int = 5, iters: int = 40) -> float:
+    """Host seconds the engine's gradient path (hook, bucket copy, the all-reduce's launch) adds
+    per variable on this host and device: a chain of ``variables`` small parameters, trained once
+    plainly and once through the engine (the all-reduce builder), interleaved iteration by
+    iteration in this process (a process group of one must be up); the median difference over
+    ``variables``. The model is synthetic, so the figure says nothing of the profiled workload's
+    own iteration: it is what the replay adds per variable when the host sets the pace (dPRO §4:
+    the framework's CPU work is part of the replayed graph). Never negative."""
+    import torch
+    import torch.nn as nn
+
+    from ..spec.cluster import ClusterSpec
+    from ..strategy import build_strategy
+    from .core import StrategyEngine
+    from .measure import device_done
+
+    device = torch.device(device)
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.ParameterList(nn.Parameter(torch.ones(32)) for _ in range(variables))
+
+        def forward(self, x):
+            for w in self.w:
+                x = x * w
+            return x.sum()
+
+    # Backward order: the last parameter's gradient is ready first.
+    spec = ModelSpec.from_dict({"name": "hook-probe", "family": "mlp", "batch_size": 1, "variables": [
+        {"name": f"w.{i}", "shape": [32], "dtype": "float32", "sparse": False} for i in reversed(range(variables))]})
+    gpu = device.type == "cuda"
+    cluster = ClusterSpec.from_dict({"name": "hook-probe", "nodes": [{
+        "instance_type": "this-machine", "device_kind": "gpu" if gpu else "cpu",
+        "device_model": torch.cuda.get_device_name(device) if gpu else "cpu", "num_devices": 1,
+        "nic_gbps": 100.0, "single_flow_gbps": 100.0, "intra_node_gbps": 100.0}]})
+    sgd = lambda ps: torch.optim.SGD(ps, lr=1e-6)  # noqa: E731
+    plain, through = Chain().to(device), Chain().to(device)
+    plain_opt = sgd(plain.parameters())
+    engine = StrategyEngine(through, build_strategy("allreduce", spec, cluster), spec, cluster, sgd,
+                            broadcast_initial=False, broadcast_buffers=False)
+    x = torch.ones(32, device=device)
+
+    def alone() -> None:
+        plain(x).backward()
+        plain_opt.step()
+        plain_opt.zero_grad(set_to_none=True)
+
+    def engined() -> None:
+        through(x).backward()
+        engine.step()
+        engine.zero_grad()
+
+    diffs = []
+    for it in range(warmup + iters):
+        times = []
+        for fn in (alone, engined):
+            device_done(device)
+            t0 = time.perf_counter()
+            fn()
+            device_done(device)
+            times.append(time.perf_counter() - t0)
+        if it >= warmup:
+            diffs.append(times[1] - times[0])
+    engine.close()
+    return max(0.0, statistics.median(diffs) / variables)
 
 
 class _HostClock:
@@ -179,6 +254,7 @@ def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, de
                      seed: int, optimizer: str, lr: float, timeout_s: float, nets, pin_cpus: bool = False
                      ) -> list[dict]:
     from .local import run_local
+    from .trial import GPU_BACKEND
 
     if workers < 1 or iters < 1 or warmup < 0:
         raise ValueError(f"profile_compute: workers >= 1, iters >= 1, warmup >= 0 expected, got {workers}, {iters}, "
@@ -186,12 +262,17 @@ def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, de
     payload: dict[str, Any] = {"workload": workload, "model_spec": spec.to_dict(),
                                "batch_size": batch_size or spec.batch_size, "device": device,
                                "warmup": warmup, "iters": iters, "seed": seed, "optimizer": optimizer, "lr": lr}
-    return run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets, pin_cpus=pin_cpus)
+    # GPU workers as a GPU trial's: NCCL for CUDA tensors (the hook probe's all-reduce).
+    backend = "gloo" if device == "cpu" else GPU_BACKEND
+    return run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets, pin_cpus=pin_cpus,
+                     backend=backend)
 
 
 def _slowest(spec, device_type: str, workers: int, batch: int, outs: list[dict]) -> ComputeProfile:
     # The slowest worker sets the pace of a synchronous iteration: take its figures.
+    host = {k: max(o[k] for o in outs) for k in ("launch_s", "hook_s") if all(o.get(k) is not None for o in outs)}
     return ComputeProfile(model=spec.name, device=device_type, workers=workers, batch_size=batch,
                           forward_s=max(o["forward_s"] for o in outs), backward_s=max(o["backward_s"] for o in outs),
                           step_s=max(o["step_s"] for o in outs),
-                          ready_s=tuple(max(o["ready_s"][i] for o in outs) for i in range(len(spec.variables))))
+                          ready_s=tuple(max(o["ready_s"][i] for o in outs) for i in range(len(spec.variables))),
+                          **host)

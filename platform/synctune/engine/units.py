@@ -23,6 +23,12 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor (the same collectives, the
+# old names deprecated) to *_single; the older names keep the engine running on an earlier torch
+# (a GPU machine's image, say).
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 __all__ = ["Member", "GradView", "Scheduler", "Handle", "AllReduceUnit", "HierarchicalAllReduceUnit", "PSUnit",
            "SparseAllGatherUnit", "SparsePSUnit", "SFBUnit", "ShardUnit", "SynchronizationError"]
 
@@ -700,7 +706,7 @@ class ShardUnit(_Unit):
         self.counter(send)
         # gloo's reduce_scatter never reports itself completed before wait(): a stage after it
         # (the HSDP all-reduce) is launched when the step waits for it, not during backward.
-        yield self.group, lambda: dist.reduce_scatter_single(out, send, group=self.group, async_op=True)
+        yield self.group, lambda: _reduce_scatter(out, send, group=self.group, async_op=True)
         if self.cross is not None:
             self.counter(out)
             yield self.cross, lambda: dist.all_reduce(out, group=self.cross, async_op=True)
@@ -740,7 +746,7 @@ class ShardUnit(_Unit):
                 piece.view.grad = None
                 segment.copy_(piece.view)
         self.counter(self.bucket)
-        return [Handle(dist.all_gather_single(self.bucket, self.out, group=self.group, async_op=True))]
+        return [Handle(_all_gather(self.bucket, self.out, group=self.group, async_op=True))]
 
     def after_broadcast(self):
         with torch.no_grad():

@@ -139,6 +139,9 @@ class _ReplayDomain:
     #: (devices,) each device's compute time over the fastest one's (per-node profiles, else the
     #: cluster's calibrated speeds)
     device_slowdowns: np.ndarray | None = None
+    #: the host's own time per iteration where the profile measured it (a GPU's launches and the
+    #: engine's hooks, :meth:`ComputeProfile.host_s`), else 0: the iteration ends no sooner
+    host_s: float = 0.0
 
 
 class ReplaySimulator(Simulator):
@@ -204,7 +207,9 @@ class ReplaySimulator(Simulator):
                                   for d in cluster.devices], dtype=np.float64)
             ref = typed[fastest]
             step = max(p.step_s for p in typed.values())
-            return dataclasses.replace(ref, step_s=step), slowdowns
+            # The slowest host among the types (each replica's host launches its own kernels).
+            host = max(typed.values(), key=lambda p: p.host_s() or 0.0)
+            return dataclasses.replace(ref, step_s=step, launch_s=host.launch_s, hook_s=host.hook_s), slowdowns
         generic = self.profiles.get(profile_key(model.name, cluster.device_kind, cluster.num_devices))
         return (generic if fits(generic) else None), None
 
@@ -246,7 +251,8 @@ class ReplaySimulator(Simulator):
         forward_s = (profile.forward_s if measured else forward) * c
         dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha,
                             rebuild_scale, float(forward_s),
-                            ctx.device_slowdowns if slowdowns is None else slowdowns)
+                            ctx.device_slowdowns if slowdowns is None else slowdowns,
+                            float((profile.host_s() if measured else None) or 0.0))
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
@@ -356,6 +362,11 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     if k.serial_share and u:
         hidden = np.clip(np.minimum(finish, backward_end[usid]) - start, 0.0, None)
         iteration = iteration + k.serial_share * np.bincount(usid, weights=hidden, minlength=n)
+    if dom.host_s:
+        # A GPU waits for a host that launches many small kernels (and runs the engine's hooks
+        # between them): the iteration ends no sooner than the host's own path (dPRO §4: the
+        # framework's CPU work is a node of the replayed graph, here a lower bound).
+        iteration = np.maximum(iteration, dom.host_s + k.iteration_s)
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
             "broadcast_s": bcast + gathers_after_step,
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,

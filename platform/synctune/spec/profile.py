@@ -39,6 +39,14 @@ class ComputeProfile:
     ``step_s`` is one optimizer step over every variable (no synchronization anywhere).
     ``batch_size`` is the per-replica batch it was measured at, ``workers`` how many workers
     computed at once on ``device`` (the trial's contention).
+
+    On a GPU the host launches kernels ahead of the device, and a model of many small kernels
+    keeps the GPU waiting for the host; two optional figures say so (None where not measured: CPU
+    profiles, whose calls return with the work done). ``launch_s``: when the iteration's last
+    call (the step) returned on the host clock, from the iteration's start; ``hook_s``: the host
+    seconds the engine's gradient path adds per variable on that host (a probe of its own, on a
+    synthetic model, not this one: :func:`synctune.engine.profile.hook_cost`). The replay's host
+    path is ``launch_s + variables x hook_s`` (:meth:`host_s`).
     """
 
     model: str
@@ -49,6 +57,8 @@ class ComputeProfile:
     backward_s: float
     step_s: float
     ready_s: tuple[float, ...]
+    launch_s: float | None = None
+    hook_s: float | None = None
 
     def __post_init__(self) -> None:
         where = f"compute profile of {self.model!r}"
@@ -66,6 +76,10 @@ class ComputeProfile:
             value = getattr(self, key)
             require(is_number(value) and 0 <= value < 1e6, f"{where}: {key}", "seconds (a non-negative number)",
                     value)
+        for key in ("launch_s", "hook_s"):
+            value = getattr(self, key)
+            require(value is None or (is_number(value) and 0 <= value < 1e6), f"{where}: {key}",
+                    "seconds (a non-negative number) or null", value)
         require(isinstance(self.ready_s, tuple) and all(is_number(x) and 0 <= x < 1e6 for x in self.ready_s),
                 f"{where}: ready_s", "a list of non-negative seconds", self.ready_s)
 
@@ -75,10 +89,18 @@ class ComputeProfile:
         require(len(self.ready_s) == len(model.variables), f"compute profile of {self.model!r}: ready_s",
                 f"{len(model.variables)} ready times (one per variable of {model.name!r})", len(self.ready_s))
 
+    def host_s(self) -> float | None:
+        """The host's own time per iteration (``launch_s`` plus the engine's hooks on every
+        variable), or None where the profile did not measure it."""
+        if self.launch_s is None or self.hook_s is None:
+            return None
+        return self.launch_s + len(self.ready_s) * self.hook_s
+
     def to_dict(self) -> dict[str, Any]:
+        host = {k: getattr(self, k) for k in ("launch_s", "hook_s") if getattr(self, k) is not None}
         return {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device, "workers": self.workers,
                 "batch_size": self.batch_size, "forward_s": self.forward_s, "backward_s": self.backward_s,
-                "step_s": self.step_s, "ready_s": list(self.ready_s)}
+                "step_s": self.step_s, "ready_s": list(self.ready_s), **host}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "compute profile") -> "ComputeProfile":
@@ -90,6 +112,7 @@ class ComputeProfile:
         ready = data["ready_s"]
         require(isinstance(ready, list), f"{where}: ready_s", "a list of numbers", type(ready).__name__)
         try:
-            return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready))
+            host = {k: data[k] for k in ("launch_s", "hook_s") if data.get(k) is not None}  # optional
+            return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready), **host)
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
