@@ -61,6 +61,7 @@ def main() -> int:
          "nic_gbps": 100.0, "single_flow_gbps": 100.0, "intra_node_gbps": 100.0}]})
     print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}; {args.warmup} warm-up and {args.iters} "
           f"timed iterations per profile and per trial, {args.repeats} trials per model, SGD")
+    print(HEADER, flush=True)
     rows = []
     for model in [m for m in args.models.split(",") if m]:
         workload = zoo_workload(model)
@@ -93,20 +94,27 @@ def main() -> int:
                      min(medians), max(medians), predicted, predicted / measured - 1, len(spec.variables), alone,
                      launch, max(halves), profile.host_s() or 0.0, profile.hook_s or 0.0, on_device,
                      time.perf_counter() - t0))
-        print(f"  {model}: {rows[-1][-1]:.0f} s", flush=True)
+        print(_row(rows[-1]), f"  ({rows[-1][-1]:.0f} s)", flush=True)  # each row as it comes: a cut run keeps it
     print()
-    print("| model | batch | variables | forward ms | backward ms | step ms | host path ms (hooks us/variable) "
-          "| torch alone ms (launch ms) | measured iteration ms (median of trials; min-max; widest ±) "
-          "| replay ms (device only) | replay error (device only) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(HEADER)
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[10]} | {r[2] * 1e3:.1f} | {r[3] * 1e3:.1f} | {r[4] * 1e3:.1f} | "
-              f"{r[14] * 1e3:.1f} ({r[15] * 1e6:.0f}) | {r[11] * 1e3:.1f} ({r[12] * 1e3:.1f}) | "
-              f"{r[5] * 1e3:.1f} ({r[6] * 1e3:.1f}-{r[7] * 1e3:.1f}; {r[13]:.1%}) | "
-              f"{r[8] * 1e3:.1f} ({r[16] * 1e3:.1f}) | {r[9]:+.1%} ({r[16] / r[5] - 1:+.1%}) |")
+        print(_row(r))
     within = sum(abs(r[9]) <= 0.05 for r in rows)
     print(f"\nreplay within 5% of the measured single-GPU iteration: {within} of {len(rows)} models")
     return 0
+
+
+HEADER = ("| model | batch | variables | forward ms | backward ms | step ms | host path ms (hooks us/variable) "
+          "| torch alone ms (launch ms) | measured iteration ms (median of trials; min-max; widest ±) "
+          "| replay ms (device only) | replay error (device only) |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+
+def _row(r: tuple) -> str:
+    return (f"| {r[0]} | {r[1]} | {r[10]} | {r[2] * 1e3:.1f} | {r[3] * 1e3:.1f} | {r[4] * 1e3:.1f} | "
+            f"{r[14] * 1e3:.1f} ({r[15] * 1e6:.0f}) | {r[11] * 1e3:.1f} ({r[12] * 1e3:.1f}) | "
+            f"{r[5] * 1e3:.1f} ({r[6] * 1e3:.1f}-{r[7] * 1e3:.1f}; {r[13]:.1%}) | "
+            f"{r[8] * 1e3:.1f} ({r[16] * 1e3:.1f}) | {r[9]:+.1%} ({r[16] / r[5] - 1:+.1%}) |")
 
 
 def torch_alone(workload, spec, *, warmup: int, iters: int) -> tuple[float, float]:
