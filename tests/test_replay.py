@@ -220,6 +220,29 @@ def test_sparse_on_all_reduce_is_dense_on_the_wire():
     assert 0.002 + 1e-4 + touched / GB + 5e-5 < 0.003 and t_ag == pytest.approx(0.003 + 5e-4, rel=1e-9)
 
 
+def test_a_sparse_ps_shard_replays_the_engines_messages():
+    """A sparse shard on a PS as SparsePSUnit runs it, worked by hand on 2 nodes: the row counts
+    all-gathered (N - 1 = 1 message), the touched rows' int64 indices and the rows gathered to the
+    server (one message each), and after the step the count, the indices and the rows broadcast
+    (one binomial round each); version 2 priced one gather and one broadcast of the rows."""
+    import dataclasses
+
+    model = ModelSpec(name="emb", batch_size=8, variables=(
+        VariableSpec(name="e", shape=(100_000, 16), dtype="float32", sparse=True),), touched_rows=(64,))
+    cluster = _cluster()
+    profile = ComputeProfile(model="emb", device="cpu", workers=2, batch_size=8, forward_s=0.001, backward_s=0.002,
+                             step_s=0.0, ready_s=(0.001,))
+    ps = build_strategy("ps", model, cluster)
+    rows, indices = 64 * 16 * 4, 64 * 8
+    push = 1e-4 + (indices / GB + 1e-4) + (rows / GB + 1e-4) + 5e-5
+    pull = (rows + indices) / GB + 3 * 1e-4 + 5e-5
+    for version, want in ((3, max(0.003, 0.002 + push) + pull + 5e-4),
+                          (2, max(0.003, 0.002 + rows / GB + 1e-4 + 5e-5) + rows / GB + 1e-4 + 5e-5 + 5e-4)):
+        sim = ReplaySimulator({}, dataclasses.replace(K, replay_version=version))
+        sim.add_profile(profile)
+        assert sim.predict([ps], model, cluster)[0] == pytest.approx(want, rel=1e-9), version
+
+
 def test_profiles_are_validated():
     with pytest.raises(SpecError, match="forward_s"):
         ComputeProfile(model="m", device="cpu", workers=1, batch_size=1, forward_s=-1.0, backward_s=0, step_s=0,

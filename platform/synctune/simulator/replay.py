@@ -98,11 +98,15 @@ class ReplayConstants:
     #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
     #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
     serial_share: float = 0.0
-    #: Which replay: 2 runs a dense PS shard as gloo's ring reduce and binomial broadcast with alpha
-    #: at ``latency_share`` between the node latencies; 1 as AutoSync's star through the server
-    #: (Eq. 2) with the largest latency. A learned simulator saved before version 2 replays with
-    #: 1, so its replay features are those it was trained on (:func:`constants_from_file`).
-    replay_version: int = 2
+    #: Which replay: 3 runs a sparse PS shard as the engine's SparsePSUnit does (an all-gather of
+    #: the row counts, the rows' indices and the rows gathered, then a blocking broadcast of the
+    #: count, the indices and the rows); 2 prices it as one gather and one broadcast; from 2 a
+    #: dense PS shard is gloo's ring reduce and binomial broadcast with alpha at
+    #: ``latency_share`` between the node latencies; 1 runs every PS shard as AutoSync's star
+    #: through the server (Eq. 2) with the largest latency. A learned simulator replays with the
+    #: version it was saved with, so its replay features are those it was trained on
+    #: (:func:`constants_from_file`: a file from before the field existed is version 1).
+    replay_version: int = 3
     #: Where between the smallest and the largest calibrated node latency alpha lies (version 2;
     #: version 1 takes the largest). A probe's round trip is lengthened by what else its host
     #: runs, and by a CPU quota: on lab-4x1 (no quota, nodes alike) one node of four measured
@@ -540,8 +544,19 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
         dense += wire * steps / segments * ring + steps * alpha
     dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
     sparse = ctx.var_sparse[b.var] & shard_ps
+    pull_bytes, pull_msgs = sent, 1.0
+    if k.replay_version >= 3:
+        # SparsePSUnit: the row counts all-gathered first (gloo's ring: N - 1 messages, a few
+        # bytes), then the rows' int64 indices gathered beside the rows, and after the step the
+        # count broadcast (blocking), then the indices and the rows.
+        row_bytes = ctx.var_bytes[b.var] / np.maximum(ctx.var_rows[b.var], 1.0)
+        index_bytes = np.where(sparse, sent / np.maximum(row_bytes, 1.0) * 8.0, 0.0)
+        gathered = gathered + index_bytes * per_byte + msgs * alpha + (t["N"][b.sid] - 1) * alpha
+        pull_bytes = np.where(sparse, sent + index_bytes, sent)
+        pull_msgs = np.where(sparse, 3.0, 1.0)
     push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
-    pull = np.where(shard_ps, sent * g["gloo_bcast"] + g["gloo_bcast_rounds"] * alpha + k.unit_s, 0.0)
+    pull = np.where(shard_ps, pull_bytes * g["gloo_bcast"] + pull_msgs * g["gloo_bcast_rounds"] * alpha + k.unit_s,
+                    0.0)
     return push, pull
 
 
