@@ -218,6 +218,13 @@ def test_sparse_on_all_reduce_is_dense_on_the_wire():
     assert t_ar == pytest.approx(0.002 + 2 * (1e-4 + dense / (2 * GB)) + 5e-5 + 5e-4, rel=1e-9)
     # All-gather: (N-1) (alpha + touched rows / beta), done before backward ends here.
     assert 0.002 + 1e-4 + touched / GB + 5e-5 < 0.003 and t_ag == pytest.approx(0.003 + 5e-4, rel=1e-9)
+    # Exposed (the gradient ready as backward ends): SparseAllGatherUnit's three ring all-gathers
+    # of N - 1 messages each, the row counts, the rows' int64 indices and the rows.
+    late = ReplaySimulator({}, K)
+    late.add_profile(ComputeProfile(model="emb", device="cpu", workers=2, batch_size=8, forward_s=0.001,
+                                    backward_s=0.002, step_s=0.0, ready_s=(0.002,)))
+    (t_late,) = late.predict([ag], model, cluster)
+    assert t_late == pytest.approx(0.003 + 3 * 1e-4 + (touched + 64 * 8) / GB + 5e-5 + 5e-4, rel=1e-9)
 
 
 def test_a_sparse_ps_shard_replays_the_engines_messages():

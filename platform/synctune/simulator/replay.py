@@ -397,7 +397,15 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         uhier[unit_of] = hier
         hr = uhier & (ukind == KIND_AR)
         dur[hr] = t["hier_msgs"][usid[hr]] * alpha + ubytes[hr] * t["hier_per_byte"][usid[hr]]
-    dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
+    if k.replay_version >= 3:
+        # The engine's sparse all-gather (SparseAllGatherUnit): the row counts all-gathered first,
+        # then the rows' int64 indices and the rows, each a ring all-gather of N - 1 messages.
+        row_bytes = ctx.var_bytes[b.var] / np.maximum(ctx.var_rows[b.var], 1.0)
+        index_bytes = np.bincount(unit_of, weights=np.where(b.kind == KIND_AG, plain * sparse_part / np.maximum(
+            row_bytes, 1.0) * 8.0, 0.0), minlength=u)
+        dur[ag] = (unn[ag] - 1) * (3 * alpha + (ubytes[ag] + index_bytes[ag]) / ring[ag])
+    else:
+        dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
     if su is not None:
         # A shard unit: the reduce-scatter over its shard group, then (HSDP) the all-reduce of its
         # slice across the groups, chained on the queue.
