@@ -250,6 +250,35 @@ def test_a_sparse_ps_shard_replays_the_engines_messages():
         assert sim.predict([ps], model, cluster)[0] == pytest.approx(want, rel=1e-9), version
 
 
+def test_a_locally_aggregated_ps_shard_runs_beside_the_worlds_queue():
+    """A dense PS shard with local aggregation runs on the node roots' process group, which gloo
+    serves beside the world's group: worked by hand on 2 nodes, an all-reduce of 1 MB and such a
+    PS push of 1 MB both ready at 30 ms run at once (version 3), not one after the other (version
+    2, one queue)."""
+    import dataclasses
+
+    model = ModelSpec(name="two", batch_size=8, variables=(VariableSpec(name="b", shape=(250_000,), dtype="float32"),
+                                                           VariableSpec(name="a", shape=(250_000,), dtype="float32")))
+    cluster = _cluster()
+    data = build_strategy("ps", model, cluster).to_dict()
+    for plan in data["plans"]:
+        if plan["variable"] == "a":
+            plan["shards"][0]["synchronizer"]["local_aggregation"] = True
+        else:
+            plan["shards"][0]["synchronizer"] = {"kind": "allreduce", "group": 0, "algorithm": "flat"}
+    strategy = Strategy.from_dict(data)
+    profile = ComputeProfile(model="two", device="cpu", workers=2, batch_size=8, forward_s=0.010, backward_s=0.021,
+                             step_s=0.003, ready_s=(0.020, 0.020))
+    ar = 2 * (1e-4 + 1e6 / (2 * GB)) + 5e-5  # ring all-reduce over 2 ranks
+    push = 1e6 / GB + 3e-4 + 5e-5  # gloo's reduce over the 2 node roots (one replica a node)
+    pull = 1e6 / GB + 1e-4 + 5e-5
+    for version, comm_end in ((3, 0.030 + max(ar, push)), (2, 0.030 + ar + push)):
+        sim = ReplaySimulator({}, dataclasses.replace(K, replay_version=version))
+        sim.add_profile(profile)
+        got = sim.predict([strategy], model, cluster)[0]
+        assert got == pytest.approx(max(0.031, comm_end) + 0.003 + pull + 5e-4, rel=1e-9), version
+
+
 def test_profiles_are_validated():
     with pytest.raises(SpecError, match="forward_s"):
         ComputeProfile(model="m", device="cpu", workers=1, batch_size=1, forward_s=-1.0, backward_s=0, step_s=0,
@@ -531,7 +560,8 @@ def test_calibration_leaves_a_term_no_trial_moves_where_it_was():
 def test_calibration_finds_where_between_the_node_latencies_alpha_lies():
     """Nodes whose probes measured 0.1 and 1.5 ms (a quota-throttled node, or a probe that ran
     beside something else): times generated with alpha at 60% of the way from the smallest to
-    the largest; the fit finds that share again from the strategies' message counts."""
+    the largest; the fit finds that share again from the strategies' message counts, and keeps
+    it out of the constants for unseen domains."""
     import dataclasses
 
     from synctune.models import model_spec
@@ -558,6 +588,9 @@ def test_calibration_finds_where_between_the_node_latencies_alpha_lies():
     assert fitted.latency_share == pytest.approx(0.6, abs=0.1), fitted
     blank.set_constants(fitted)
     assert np.median(np.abs(blank.predict_domain(domain) / domain.times_s - 1)) < min(0.01, before / 5)
+    # A cluster's share is its own probe's: constants for domains never measured keep the base.
+    blank.set_constants(ReplayConstants())
+    assert calibrate_replay(blank, [domain], own=False).latency_share == 0.0
 
 
 def test_a_search_calibrates_its_replay_on_its_own_trials_after_judging_it():
@@ -645,10 +678,12 @@ def test_the_learned_residual_finds_what_the_replay_misses_and_is_the_replay_whe
     """The calibrated replay times a learned correction, tested on domains it never saw (unseen
     model: every domain of one model held out). (1) Where the times hold an effect the replay
     has no term for (PS-held bytes cost 40% more per share, a stand-in for the CPU work of
-    serving them), the correction's error on the unseen model is below the calibrated replay's
-    and it ranks pairs better. (2) Where the times are the replay's own plus noise,
-    cross-validation keeps no correction for the unseen model (the predictions are the
-    calibrated replay's exactly), and on the seen domains at most one far inside the noise."""
+    serving them), the correction ranks the unseen model's pairs far better; on a domain never
+    measured it only reorders (its median over the strategies scored together is 0, the level
+    the calibrated replay's), so its error stays near the calibrated replay's. (2) Where the
+    times are the replay's own plus noise, cross-validation keeps no correction for the unseen
+    model (the predictions are the calibrated replay's exactly), and on the seen domains at most
+    one far inside the noise."""
     from synctune.simulator import CalibratedReplay, ResidualReplay, pairwise_accuracy
 
     for effect, expect_gain in ((lambda s, ctx: np.exp(0.4 * _ps_share(s, ctx)), True),
@@ -670,10 +705,11 @@ def test_the_learned_residual_finds_what_the_replay_misses_and_is_the_replay_whe
             err[label + " rank"] = float(np.mean([pairwise_accuracy(p, d.times_s) for p, d in zip(pred, test)]))
         if expect_gain:
             # The calibration's fixed cost per iteration and serial share take up part of the
-            # effect's size already (5% left): the correction must rank far better and not lose
-            # more than a twentieth of that error.
-            assert err["residual"] < 1.05 * err["calibrated"], err
-            assert err["residual rank"] >= err["calibrated rank"] + 0.05, err
+            # effect's size already (7% left, mostly the unseen model's level, which the
+            # correction leaves alone): the correction must rank far better, its error within a
+            # fifth of the calibrated replay's (reordered around one level, the median moves).
+            assert err["residual"] < 1.2 * err["calibrated"], err
+            assert err["residual rank"] >= err["calibrated rank"] + 0.1, err
         else:
             assert residual.unseen.penalty == np.inf, (residual.unseen.cv, err)
             for d in test:

@@ -13,7 +13,9 @@ replay does the same for a strategy it has never run, from three measured inputs
   every earlier unit launched (the engine's scheduler issues units in one fixed order, as torch
   DDP its buckets); units share one communication queue (the world process group, whose
   collectives gloo runs one at a time), so a unit starts when it launched and the previous one
-  finished; ``step`` waits for the queue and the end of backward, runs the optimizer, then each PS
+  finished; a dense PS shard with local aggregation (version 3) reduces inside the nodes on their
+  own groups, then among the node roots on theirs, two more queues that gloo serves beside the
+  world's; ``step`` waits for the queues and the end of backward, runs the optimizer, then each PS
   placement broadcasts its new values, one after the other.
 
 Event times follow AutoDDL's alpha-beta costs: ring all-reduce ``2(N-1)(alpha + bytes/(N beta))``,
@@ -23,7 +25,8 @@ after the step, ``dist.broadcast`` (a binomial tree), each link and NIC shared b
 running at once; a sparse one's rows gathered straight to the server (the busier of its NIC and
 its flows, AutoSync Eq. 2), alpha per message. alpha lies between the smallest and the largest
 calibrated node latency (``latency_share``, fitted by :func:`calibrate_replay`): a probe's round
-trip is lengthened by what else its host runs, and by a CPU quota. A sparse variable on
+trip is lengthened by what else its host runs, and by a CPU quota. A sparse shard's unit also
+sends its rows' indices, after an all-gather of the row counts (version 3). A sparse variable on
 all-reduce is dense on the wire (the
 engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
 ``touched_rows``). Compressors shrink what they encode (their registry's wire ratio).
@@ -32,8 +35,8 @@ Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
 Calibrated, not modelled from first principles: the communication's own CPU cost (per unit), a
 fixed cost per iteration, and how much of the communication hidden behind backward still delays
-it on a shared CPU (:func:`calibrate_replay`). Not modelled: links shared by process groups
-running at once.
+it on a shared CPU (:func:`calibrate_replay`). Not modelled: the bytes of process groups
+running at once sharing their links (their messages' latencies overlap).
 """
 
 from __future__ import annotations
@@ -295,6 +298,37 @@ def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(shifted) - seg * span
 
 
+def _serial(launch: np.ndarray, dur: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Finish times of units run one after the other on their queue (``seg``: contiguous, sorted
+    segments, one queue each), each launched in order and no earlier than ``launch``."""
+    launch = _segmented_cummax(launch, seg)
+    csum = np.cumsum(dur)
+    return csum + _segmented_cummax(launch - (csum - dur), seg)
+
+
+def _two_queues(usid: np.ndarray, first: np.ndarray, launch: np.ndarray, dur: np.ndarray, in_node: np.ndarray,
+                roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, finish) of every unit (sorted by strategy, then launch order) where dense PS
+    shards with local aggregation run on process groups of their own: gloo runs each group's
+    collectives on its own threads, in the group's order, beside the other groups'
+    (:class:`~synctune.engine.units.Scheduler`). Such a unit reduces inside the nodes first (every
+    node at once, one queue: ``in_node`` seconds), then among the node roots (a second queue);
+    every other unit keeps the world's queue. The queues share no latency (the messages of
+    small units overlap); their bytes are not shared out between them."""
+    u = len(usid)
+    stage1 = np.flatnonzero(roots)
+    done1 = launch.copy()
+    if len(stage1):
+        done1[stage1] = _serial(launch[stage1], in_node[stage1], usid[stage1])
+    rest = np.where(roots, dur - in_node, dur)
+    queue = usid * 2 + roots
+    order = np.lexsort((first, queue))
+    finish = np.empty(u)
+    finish[order] = _serial(done1[order], rest[order], queue[order])
+    start = np.where(roots, done1 - in_node, finish - rest)
+    return start, finish
+
+
 def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
     """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit."""
     n = b.size
@@ -346,21 +380,25 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     ukind = np.zeros(u, dtype=np.int64)
     ukind[unit_of] = b.kind
     ubytes = np.bincount(unit_of, weights=wire, minlength=u)
-    dur, bcast = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain, sparse_part, alpha,
-                                 su=su, sec=sec if su is not None else None, rebuild=rebuild)
+    dur, bcast, in_node = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain, sparse_part,
+                                          alpha, su=su, sec=sec if su is not None else None, rebuild=rebuild)
     # The fixed launch order: by strategy, then by the first member's position in backward.
     order = np.lexsort((first, usid))
     position = np.empty(u, dtype=np.int64)
     position[order] = np.arange(u)
     usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
-    launch = _segmented_cummax(launch, usid)
-    csum = np.cumsum(dur)
-    finish = csum + _segmented_cummax(launch - (csum - dur), usid)
-    start = finish - dur
+    roots = np.zeros(u, dtype=bool)
+    if k.replay_version >= 3:
+        roots[unit_of] = (b.kind == KIND_PS) & b.local.astype(bool) & ~ctx.var_sparse[b.var]
+        roots = roots[order]
+    if roots.any():
+        start, finish = _two_queues(usid, first, launch, dur, in_node[order], roots)
+    else:
+        finish = _serial(launch, dur, usid)
+        start = finish - dur
     comm_end = np.zeros(n)
     if u:
-        last = np.r_[np.flatnonzero(np.diff(usid)), u - 1]
-        comm_end[usid[last]] = finish[last]
+        np.maximum.at(comm_end, usid, finish)
     step = dom.step_s * _step_share(b, ctx, su)
     iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
     if k.serial_share and u:
@@ -380,9 +418,10 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
 def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants, t: dict,
                     unit_of: np.ndarray, usid: np.ndarray, ukind: np.ndarray, ubytes: np.ndarray, wire: np.ndarray,
                     plain: np.ndarray, sparse_part: np.ndarray, alpha: float, *, su: dict | None, sec: dict | None,
-                    rebuild: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                    rebuild: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each unit's time on the link queue (alpha-beta per kind, PS pushes, the fixed per-unit
-    and CPU costs, compression), and each strategy's PS broadcast after the step."""
+    and CPU costs, compression), each strategy's PS broadcast after the step, and the part of
+    each unit's time spent inside the nodes first (local aggregation; else 0)."""
     u, n = len(usid), b.size
     sfb = b.kind == KIND_SFB
     # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
@@ -419,14 +458,16 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         dur[fb] = (unn[fb] - 1) * (2 * alpha + ubytes[fb] / ring[fb])
         dur += np.bincount(unit_of, weights=np.where(sfb, rebuild * dom.rebuild_scale, 0.0), minlength=u)
     bcast = np.zeros(n)
+    in_node = np.zeros(u)
     if ps.any():
-        push, pull = _ps_shards(b, ctx, t, wire, plain * sparse_part, alpha, k)
+        push, pull, stage = _ps_shards(b, ctx, t, wire, plain * sparse_part, alpha, k)
         dur += np.bincount(unit_of, weights=push, minlength=u)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
+        in_node = np.bincount(unit_of, weights=stage, minlength=u)
     dur += k.unit_s + _cpu_terms(k, ukind)
     if k.compress_s_per_mb and b.comp.any():
         dur += k.compress_s_per_mb * np.bincount(unit_of, weights=np.where(b.comp > 0, plain, 0.0), minlength=u) / 1e6
-    return dur, bcast
+    return dur, bcast, in_node
 
 
 def _step_share(b: StrategyColumns, ctx: DomainContext, su: dict | None) -> np.ndarray | float:
@@ -524,7 +565,8 @@ _GLOO_SEGMENT = float(1 << 20)
 def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray, sent: np.ndarray, alpha: float,
                k: ReplayConstants) -> tuple[np.ndarray, np.ndarray]:
     """Per shard, the seconds a PS shard's push and its pull (the ``sent`` parameter bytes back to
-    every replica) take (0 off PS), as the engine runs them on gloo
+    every replica) take (0 off PS), and the part of the push inside the nodes (a dense shard with
+    local aggregation, version 3; else 0), as the engine runs them on gloo
     (:meth:`~synctune.simulator.features.DomainContext._gloo_ps_tables`): a dense shard's push is
     ``dist.reduce`` (a ring reduce-scatter in segments, one message each, then every rank's chunk
     to the server), a sparse one's ``dist.gather`` of its rows straight to the server (its
@@ -541,15 +583,18 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
     gathered = wire * per_byte + msgs * alpha
     if k.replay_version < 2:  # every shard through the server's NIC and flows, both ways
         return (np.where(shard_ps, gathered, 0.0),
-                np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0))
+                np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0),
+                np.zeros(len(wire)))
     # The (strategies, nodes, 2) tables read in place: a round's domain tables are broadcast views.
     server, local = np.where(shard_ps, b.node, 0), b.local.astype(np.int64)
     g = {key: t[key][b.sid, server, local] for key in _GLOO_KEYS}
     dense = np.zeros(len(wire))
+    phases = []
     for ring, group in ((g["gloo_ring_a"], g["gloo_n_a"]), (g["gloo_ring_b"], g["gloo_n_b"])):
         segments = _gloo_segments(wire, group)
         steps = np.where(group > 1, segments - 2, 0.0)
-        dense += wire * steps / segments * ring + steps * alpha
+        phases.append(wire * steps / segments * ring + steps * alpha)
+        dense += phases[-1]
     dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
     sparse = ctx.var_sparse[b.var] & shard_ps
     pull_bytes, pull_msgs = sent, 1.0
@@ -565,7 +610,12 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
     push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
     pull = np.where(shard_ps, pull_bytes * g["gloo_bcast"] + pull_msgs * g["gloo_bcast_rounds"] * alpha + k.unit_s,
                     0.0)
-    return push, pull
+    # With local aggregation the reduce inside the nodes is a stage of its own, on the nodes'
+    # process groups (the rest, on the node roots' group, follows it).
+    in_node = np.zeros(len(wire))
+    if k.replay_version >= 3:
+        in_node = np.where(shard_ps & ~sparse & b.local.astype(bool), phases[0], 0.0)
+    return push, pull, in_node
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
@@ -574,7 +624,7 @@ _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iter
 #: per trial for a share of 1.
 _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 #: The fields :func:`calibrate_replay` fits only for a domain's own constants.
-_OWN = [_CPU_FIELDS.index(f) for f in ("iteration_s", "serial_share")]
+_OWN = [_CPU_FIELDS.index(f) for f in ("iteration_s", "serial_share", "latency_share")]
 #: Upper bounds of the fields (a share is at most 1).
 _CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0, 1.0])
 
@@ -625,10 +675,13 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     piecewise linear in them). The other constants and the measured compute profiles are kept.
 
     ``own=False`` fits constants for domains not among ``domains`` (an unseen model or cluster):
-    the fixed cost per iteration and the serial share then stay as they were. Both are a
-    workload's own on its host: the fixed cost is seconds of one model's engine work (5 to 350 ms
-    across the lab's models), and carried to an unseen model and cluster of release v0.2 the two
-    took the replay's median error from 20% to 47%."""
+    the fixed cost per iteration, the serial share and the latency share then stay as they were.
+    The first two are a workload's own on its host: the fixed cost is seconds of one model's
+    engine work (5 to 350 ms across the lab's models), and carried to an unseen model and cluster
+    of release v0.2 the two took the replay's median error from 20% to 47%. The latency share
+    says how far a cluster's own probe readings are to be believed: fitted on other clusters and
+    applied to lab-4x1's spurious 1.8 ms probe, it put transformer-small@lab-4x1 (unseen model
+    and cluster, v0.3) at +146%."""
     from scipy.optimize import lsq_linear
 
     base = sim.constants
