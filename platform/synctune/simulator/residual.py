@@ -20,10 +20,9 @@ folds are not like the test domains).
 Two corrections are learned: one for domains the replay was calibrated on (the residual of the
 domain's own constants; a held-out strategy of a measured domain) and one for domains never
 measured (the residual under constants calibrated without that domain's group: an unseen model
-or cluster), and each prediction uses the one that matches how its domain is replayed. On a
-domain never measured the correction only reorders: its median over the strategies scored
-together is 0, so their level is the calibrated replay's; and a feature outside the range the
-correction was fitted on is taken at the range's edge (no linear extrapolation).
+or cluster), and each prediction uses the one that matches how its domain is replayed. A
+feature outside the range the correction was fitted on is taken at the range's edge: the linear
+fit is not extrapolated beyond what it saw.
 """
 
 from __future__ import annotations
@@ -207,13 +206,8 @@ class ResidualReplay(CalibratedReplay):
 
     def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:
         pred, x = residual_features(self, batch, ctx)
-        if f"{ctx.model.name}@{ctx.cluster.name}" in self.per_domain:
-            return pred * np.exp(self.seen(x))
-        # A domain never measured: the correction only reorders the strategies scored together
-        # (its median over them is 0). Its level, learned on other models and clusters, did not
-        # carry (lm-small unseen, times with a PS-share effect: +12% to +15% over the truth).
-        c = self.unseen(x)
-        return pred * np.exp(c - np.median(c))
+        seen = f"{ctx.model.name}@{ctx.cluster.name}" in self.per_domain
+        return pred * np.exp((self.seen if seen else self.unseen)(x))
 
     def save(self, path: str | Path) -> None:
         from ..spec.files import write_text_atomic
