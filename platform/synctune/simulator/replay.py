@@ -93,6 +93,10 @@ class ReplayConstants:
     ar_unit_s: float = 0.0
     ag_unit_s: float = 0.0
     compress_s_per_mb: float = 0.0
+    #: Per MB a shard unit reduce-scatters, the CPU time gloo's reduce-scatter takes beyond the
+    #: links (on the lab's CPUs a 4-16 MB ``reduce_scatter_single`` over 4 ranks took 3-6 times
+    #: an all-reduce of the same tensor, where the ring model says half).
+    shard_s_per_mb: float = 0.0
     #: Measured compute over the profile's (1: the profile as measured). A profile is keyed by
     #: model, device kind and worker count, so a cluster whose CPUs run at other quotas replays
     #: another cluster's compute; :func:`calibrate_replay` fits this factor too.
@@ -451,7 +455,8 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         ushard = np.flatnonzero(ukind == KIND_SHARD)
         which = np.empty(u, np.int64)
         which[unit_of[su["rows"]]] = su["unit_of"]
-        dur[ushard] = (sec["reduce_scatter"] + sec["cross"])[which[ushard]]
+        dur[ushard] = (sec["reduce_scatter"] + sec["cross"] + k.shard_s_per_mb * su["reduce_bytes"] / 1e6)[
+            which[ushard]]
     if sfb.any():
         # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
         fb = (ukind == KIND_SFB) & (unn > 1)
@@ -619,14 +624,14 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
-               "latency_share")
+               "latency_share", "shard_s_per_mb")
 #: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
 #: per trial for a share of 1.
 _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 #: The fields :func:`calibrate_replay` fits only for a domain's own constants.
 _OWN = [_CPU_FIELDS.index(f) for f in ("iteration_s", "serial_share", "latency_share")]
 #: Upper bounds of the fields (a share is at most 1).
-_CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0, 1.0])
+_CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0, 1.0, np.inf])
 
 
 def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
@@ -636,8 +641,9 @@ def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
-#: seconds per iteration, the two shares, then (``_SCALE_STEP``) a relative change of the compute.
-_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05)
+#: seconds per iteration, the two shares, seconds per MB reduce-scattered, then (``_SCALE_STEP``)
+#: a relative change of the compute.
+_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-3)
 _SCALE_STEP = 1e-2
 
 
