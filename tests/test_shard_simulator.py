@@ -129,13 +129,13 @@ def test_replay_prices_a_shard_unit_as_alpha_beta_by_hand():
     # ZeRO-2: the updated slices are all-gathered once, after the step.
     gather_flat = (16 - 1) * (ALPHA_S + total / (16 * flow)) + unit_s
     assert ev["broadcast_s"][0] == pytest.approx(gather_flat, rel=1e-9)
-    # gloo's reduce-scatter's own CPU time (calibrated per MB): added to the unit, once per MB of
-    # the gradient it reduces, and not to the all-gather after the step.
+    # gloo's reduce-scatter's own CPU time (calibrated per unit): added to the unit, not to the
+    # all-gather after the step.
     from synctune.simulator import DomainContext, ReplaySimulator, encode
 
     ctx = DomainContext(spec, cluster)
-    costly = ReplaySimulator(constants=ReplayConstants(shard_s_per_mb=0.002)).timeline(encode([flat], ctx), ctx)
-    assert _shard_unit_s(costly) == pytest.approx(_shard_unit_s(ev, 0) + 0.002 * total / 1e6, rel=1e-9)
+    costly = ReplaySimulator(constants=ReplayConstants(shard_unit_s=0.002)).timeline(encode([flat], ctx), ctx)
+    assert _shard_unit_s(costly) == pytest.approx(_shard_unit_s(ev, 0) + 0.002, rel=1e-9)
     assert costly["broadcast_s"][0] == pytest.approx(gather_flat, rel=1e-9)
 
 

@@ -93,10 +93,10 @@ class ReplayConstants:
     ar_unit_s: float = 0.0
     ag_unit_s: float = 0.0
     compress_s_per_mb: float = 0.0
-    #: Per MB a shard unit reduce-scatters, the CPU time gloo's reduce-scatter takes beyond the
-    #: links (on the lab's CPUs a 4-16 MB ``reduce_scatter_single`` over 4 ranks took 3-6 times
-    #: an all-reduce of the same tensor, where the ring model says half).
-    shard_s_per_mb: float = 0.0
+    #: Per shard unit, the CPU time gloo's reduce-scatter takes beyond the links (on the lab's
+    #: CPUs a 4-16 MB ``reduce_scatter_single`` over 4 ranks took 3-6 times an all-reduce of the
+    #: same tensor, where the ring model says half).
+    shard_unit_s: float = 0.0
     #: Measured compute over the profile's (1: the profile as measured). A profile is keyed by
     #: model, device kind and worker count, so a cluster whose CPUs run at other quotas replays
     #: another cluster's compute; :func:`calibrate_replay` fits this factor too.
@@ -455,8 +455,7 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         ushard = np.flatnonzero(ukind == KIND_SHARD)
         which = np.empty(u, np.int64)
         which[unit_of[su["rows"]]] = su["unit_of"]
-        dur[ushard] = (sec["reduce_scatter"] + sec["cross"] + k.shard_s_per_mb * su["reduce_bytes"] / 1e6)[
-            which[ushard]]
+        dur[ushard] = (sec["reduce_scatter"] + sec["cross"])[which[ushard]] + k.shard_unit_s
     if sfb.any():
         # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
         fb = (ukind == KIND_SFB) & (unn > 1)
@@ -624,14 +623,17 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
-               "latency_share", "shard_s_per_mb")
+               "latency_share", "shard_unit_s")
 #: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
 #: per trial for a share of 1.
 _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 #: The fields :func:`calibrate_replay` fits only for a domain's own constants.
 _OWN = [_CPU_FIELDS.index(f) for f in ("iteration_s", "serial_share", "latency_share")]
-#: Upper bounds of the fields (a share is at most 1).
-_CPU_UPPER = np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 1.0, 1.0, np.inf])
+#: Upper bounds of the fields: a share is at most 1; a CPU cost of 50 ms per unit, 1 s per MB
+#: compressed or 1 s per iteration is no CPU cost of these units (the fits found at most 13 ms,
+#: 0.3 s and 0.35 s), and without a bound two nearly collinear columns can cancel at absurd sizes
+#: (cnn-small@lab-4x1's fit once put 5e9 s on a PS unit against a compute scale of 6,000).
+_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05])
 
 
 def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
@@ -641,9 +643,9 @@ def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
-#: seconds per iteration, the two shares, seconds per MB reduce-scattered, then (``_SCALE_STEP``)
-#: a relative change of the compute.
-_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-3)
+#: seconds per iteration, the two shares, seconds per shard unit, then (``_SCALE_STEP``) a
+#: relative change of the compute.
+_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4)
 _SCALE_STEP = 1e-2
 
 
@@ -704,8 +706,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         if not rows:
             break
         # A round may take back what an earlier one overshot, never below zero; the compute may
-        # be scaled down as well as up.
-        lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, np.inf]
+        # be scaled down as well as up (by half at most, or doubled, per round).
+        lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, 1.0]  # the compute at most doubles
         if not own:
             lower[_OWN], upper[_OWN] = 0.0, 0.0
         a, b = np.vstack(rows), np.concatenate(target)
@@ -723,9 +725,26 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         step[lower == upper] = 0.0  # the fields held (lsq_linear needs an open interval)
         if np.abs(step).max() < 1e-9:
             break
-        current, scale = np.clip(current + step[:-1], 0.0, _CPU_UPPER), scale * (1.0 + step[-1])
-        trial.set_constants(dataclasses.replace(base, compute_scale=float(scale),
-                                                **dict(zip(_CPU_FIELDS, current.tolist()))))
+        # The replay is only piecewise linear in its constants: a full Gauss-Newton step can land
+        # far worse (cnn-small@lab-4x1 once went to a compute scale of 6,000). Halve it until the
+        # trials' squared relative residual falls; none that does ends the fit where it is.
+        before = float(np.sum(b[:-1] ** 2) + (prior[0, _LATENCY] * current[_LATENCY]) ** 2)
+        kept = trial.constants
+        for _half in range(6):
+            moved = np.clip(current + step[:-1], 0.0, _CPU_UPPER)
+            candidate = dataclasses.replace(base, compute_scale=float(scale * (1.0 + step[-1])),
+                                            **dict(zip(_CPU_FIELDS, moved.tolist())))
+            trial.set_constants(candidate)
+            after = sum(float(np.sum(((np.asarray(d.times_s, float) - trial.predict_domain(d))
+                                      / np.asarray(d.times_s, float)) ** 2)) for d in domains)
+            after += float((prior[0, _LATENCY] * moved[_LATENCY]) ** 2)
+            if after < before:
+                break
+            step = step / 2
+        else:
+            trial.set_constants(kept)
+            break
+        current, scale = moved, candidate.compute_scale
     return trial.constants
 
 
