@@ -302,6 +302,13 @@ def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(shifted) - seg * span
 
 
+def _index_bytes(b: StrategyColumns, ctx: DomainContext, rows_bytes: np.ndarray) -> np.ndarray:
+    """The int64 indices of ``rows_bytes`` of each shard's rows (a sparse unit sends them beside
+    the rows)."""
+    row_bytes = ctx.var_bytes[b.var] / np.maximum(ctx.var_rows[b.var], 1.0)
+    return rows_bytes / np.maximum(row_bytes, 1.0) * 8.0
+
+
 def _serial(launch: np.ndarray, dur: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """Finish times of units run one after the other on their queue (``seg``: contiguous, sorted
     segments, one queue each), each launched in order and no earlier than ``launch``."""
@@ -331,6 +338,27 @@ def _two_queues(usid: np.ndarray, first: np.ndarray, launch: np.ndarray, dur: np
     finish[order] = _serial(done1[order], rest[order], queue[order])
     start = np.where(roots, done1 - in_node, finish - rest)
     return start, finish
+
+
+def _schedule(b: StrategyColumns, ctx: DomainContext, k: ReplayConstants, unit_of: np.ndarray, order: np.ndarray,
+              usid: np.ndarray, first: np.ndarray, launch: np.ndarray, dur: np.ndarray, in_node: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, finish) of every unit in launch order (``order``: from unit index to it), and each
+    strategy's end of communication: one queue per strategy, or with dense PS shards on local
+    aggregation (version 3) the queues of :func:`_two_queues`."""
+    roots = np.zeros(len(usid), dtype=bool)
+    if k.replay_version >= 3:
+        roots[unit_of] = (b.kind == KIND_PS) & b.local.astype(bool) & ~ctx.var_sparse[b.var]
+        roots = roots[order]
+    if roots.any():
+        start, finish = _two_queues(usid, first, launch, dur, in_node, roots)
+    else:
+        finish = _serial(launch, dur, usid)
+        start = finish - dur
+    comm_end = np.zeros(b.size)
+    if len(usid):
+        np.maximum.at(comm_end, usid, finish)
+    return start, finish, comm_end
 
 
 def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
@@ -391,18 +419,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     position = np.empty(u, dtype=np.int64)
     position[order] = np.arange(u)
     usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
-    roots = np.zeros(u, dtype=bool)
-    if k.replay_version >= 3:
-        roots[unit_of] = (b.kind == KIND_PS) & b.local.astype(bool) & ~ctx.var_sparse[b.var]
-        roots = roots[order]
-    if roots.any():
-        start, finish = _two_queues(usid, first, launch, dur, in_node[order], roots)
-    else:
-        finish = _serial(launch, dur, usid)
-        start = finish - dur
-    comm_end = np.zeros(n)
-    if u:
-        np.maximum.at(comm_end, usid, finish)
+    start, finish, comm_end = _schedule(b, ctx, k, unit_of, order, usid, first, launch, dur, in_node[order])
     step = dom.step_s * _step_share(b, ctx, su)
     iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
     if k.serial_share and u:
@@ -443,9 +460,8 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     if k.replay_version >= 3:
         # The engine's sparse all-gather (SparseAllGatherUnit): the row counts all-gathered first,
         # then the rows' int64 indices and the rows, each a ring all-gather of N - 1 messages.
-        row_bytes = ctx.var_bytes[b.var] / np.maximum(ctx.var_rows[b.var], 1.0)
-        index_bytes = np.bincount(unit_of, weights=np.where(b.kind == KIND_AG, plain * sparse_part / np.maximum(
-            row_bytes, 1.0) * 8.0, 0.0), minlength=u)
+        index_bytes = np.bincount(unit_of, weights=np.where(b.kind == KIND_AG, _index_bytes(
+            b, ctx, plain * sparse_part), 0.0), minlength=u)
         dur[ag] = (unn[ag] - 1) * (3 * alpha + (ubytes[ag] + index_bytes[ag]) / ring[ag])
     else:
         dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
@@ -601,24 +617,21 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
         dense += phases[-1]
     dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
     sparse = ctx.var_sparse[b.var] & shard_ps
-    pull_bytes, pull_msgs = sent, 1.0
+    pull_bytes, pull_msgs, in_node = sent, 1.0, np.zeros(len(wire))
     if k.replay_version >= 3:
         # SparsePSUnit: the row counts all-gathered first (gloo's ring: N - 1 messages, a few
         # bytes), then the rows' int64 indices gathered beside the rows, and after the step the
         # count broadcast (blocking), then the indices and the rows.
-        row_bytes = ctx.var_bytes[b.var] / np.maximum(ctx.var_rows[b.var], 1.0)
-        index_bytes = np.where(sparse, sent / np.maximum(row_bytes, 1.0) * 8.0, 0.0)
+        index_bytes = np.where(sparse, _index_bytes(b, ctx, sent), 0.0)
         gathered = gathered + index_bytes * per_byte + msgs * alpha + (t["N"][b.sid] - 1) * alpha
         pull_bytes = np.where(sparse, sent + index_bytes, sent)
         pull_msgs = np.where(sparse, 3.0, 1.0)
+        # With local aggregation the reduce inside the nodes is a stage of its own, on the nodes'
+        # process groups (the rest, on the node roots' group, follows it).
+        in_node = np.where(shard_ps & ~sparse & b.local.astype(bool), phases[0], 0.0)
     push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
     pull = np.where(shard_ps, pull_bytes * g["gloo_bcast"] + pull_msgs * g["gloo_bcast_rounds"] * alpha + k.unit_s,
                     0.0)
-    # With local aggregation the reduce inside the nodes is a stage of its own, on the nodes'
-    # process groups (the rest, on the node roots' group, follows it).
-    in_node = np.zeros(len(wire))
-    if k.replay_version >= 3:
-        in_node = np.where(shard_ps & ~sparse & b.local.astype(bool), phases[0], 0.0)
     return push, pull, in_node
 
 
@@ -649,7 +662,7 @@ _CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4)
 _SCALE_STEP = 1e-2
 
 
-def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
+def _cpu_features(sim: "ReplaySimulator", d, base: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(replayed seconds, how they move with the calibrated terms) of domain ``d`` under ``sim``'s
     current constants: per strategy, one column per field of :data:`_CPU_FIELDS` (seconds of
     iteration per second of the term, or per s/MB), then per relative change of the compute scale.
@@ -657,10 +670,12 @@ def _cpu_features(sim: "ReplaySimulator", d) -> tuple[np.ndarray, np.ndarray]:
     added to a unit that hides behind backward adds nothing, and more compute delays a
     strategy bound on its links only by the compute before its critical chain starts; so a fixed
     cost per iteration and the compute scale are told apart by the strategies whose
-    communication is exposed."""
+    communication is exposed. ``base``: the replayed seconds under the current constants where
+    the caller has them already."""
     b, ctx = d.encoded(), d.ctx
     k = sim.constants
-    base = sim.timeline(b, ctx)["iteration_s"]
+    if base is None:
+        base = sim.timeline(b, ctx)["iteration_s"]
     cols = []
     for field, h in zip(_CPU_FIELDS, _CPU_STEPS):
         sim.set_constants(dataclasses.replace(k, **{field: getattr(k, field) + h}))
@@ -696,10 +711,11 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     current = np.array([getattr(base, f) for f in _CPU_FIELDS], dtype=float)
     scale = base.compute_scale
     trial = ReplaySimulator(sim.profiles, base)
+    replays = [None] * len(domains)  # each domain's replayed seconds under the accepted constants
     for _ in range(rounds):
         rows, target = [], []
-        for d in domains:
-            replayed, feats = _cpu_features(trial, d)
+        for d, known in zip(domains, replays):
+            replayed, feats = _cpu_features(trial, d, known)
             truth = np.asarray(d.times_s, dtype=float)
             rows.append(feats / truth[:, None])
             target.append((truth - replayed) / truth)
@@ -735,8 +751,9 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
             candidate = dataclasses.replace(base, compute_scale=float(scale * (1.0 + step[-1])),
                                             **dict(zip(_CPU_FIELDS, moved.tolist())))
             trial.set_constants(candidate)
-            after = sum(float(np.sum(((np.asarray(d.times_s, float) - trial.predict_domain(d))
-                                      / np.asarray(d.times_s, float)) ** 2)) for d in domains)
+            predicted = [trial.predict_domain(d) for d in domains]
+            after = sum(float(np.sum(((np.asarray(d.times_s, float) - p) / np.asarray(d.times_s, float)) ** 2))
+                        for d, p in zip(domains, predicted))
             after += float((prior[0, _LATENCY] * moved[_LATENCY]) ** 2)
             if after < before:
                 break
@@ -744,7 +761,7 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         else:
             trial.set_constants(kept)
             break
-        current, scale = moved, candidate.compute_scale
+        current, scale, replays = moved, candidate.compute_scale, predicted
     return trial.constants
 
 
