@@ -292,6 +292,47 @@ def test_a_release_carries_its_compute_profiles(tmp_path, monkeypatch):
     assert not (tmp_path / "c").exists() or not TrialDataset(tmp_path / "c").files()
 
 
+def test_a_release_carries_profiles_of_a_device_measured_apart(tmp_path, monkeypatch):
+    """`dataset push --profiles DIR` publishes every profile in DIR, models without rows included
+    (a GPU's profiles, measured apart from the trials), under the name the data folder files it
+    by; `dataset pull` files them. A file that is not a profile, or a second, different profile of
+    the same (model, device, workers), is refused with one line naming it, and nothing is pushed."""
+    from synctune.run import profile_path, save_profile
+    from synctune.spec import ComputeProfile
+
+    src = _populated(tmp_path)
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home-a"))
+    gpu = ComputeProfile(model="vgg16", device="NVIDIA H200", workers=1, batch_size=32, forward_s=0.0082,
+                         backward_s=0.0168, step_s=0.0004, ready_s=tuple(0.0005 * i for i in range(32)),
+                         launch_s=0.0077, hook_s=2e-5)
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    (folder / "vgg16-NVIDIA_H200-w1.json").write_text(json.dumps(gpu.to_dict()))  # not the filing name
+    runner = CliRunner()
+    res = runner.invoke(cli, ["dataset", "push", str(tmp_path / "rel"), "--data", str(src.root),
+                              "--profiles", str(folder)])
+    assert res.exit_code == 0 and "1 compute profile(s)" in res.output, res.output
+    assert (tmp_path / "rel" / "profiles" / "vgg16@NVIDIA_H200-w1.json").is_file()
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home-b"))
+    res = runner.invoke(cli, ["dataset", "pull", str(tmp_path / "rel"), "--data", str(tmp_path / "b")])
+    assert res.exit_code == 0 and "filed 1 compute profile(s)" in res.output, res.output
+    assert ComputeProfile.from_dict(json.loads(profile_path("vgg16", "NVIDIA H200", 1).read_text()), where="x") == gpu
+
+    save_profile(dataclasses.replace(gpu, forward_s=0.0099))  # home-b now holds a different one
+    clash = tmp_path / "clash"
+    clash.mkdir()
+    (clash / "a.json").write_text(json.dumps(gpu.to_dict()))
+    res = runner.invoke(cli, ["dataset", "push", str(tmp_path / "rel2"), "--data", str(src.root), "--profiles",
+                              str(clash), "--profiles", str(profile_path("vgg16", "NVIDIA H200", 1).parent)])
+    assert res.exit_code == 2 and "a different profile of vgg16 on 1 NVIDIA H200 worker(s)" in res.stderr, res.output
+    assert "a.json" in res.stderr and not (tmp_path / "rel2").exists()
+    (clash / "a.json").write_text('{"schema": 1, "model": "vgg16"}')
+    res = runner.invoke(cli, ["dataset", "push", str(tmp_path / "rel3"), "--data", str(src.root),
+                              "--profiles", str(clash)])
+    assert res.exit_code == 2 and "a.json: not a compute profile" in res.stderr and len(res.stderr.splitlines()) == 1
+    assert not (tmp_path / "rel3").exists()
+
+
 def test_tampered_release_is_refused_and_local_data_unchanged(tmp_path):
     src = _populated(tmp_path)
     manifest = push_release(src, str(tmp_path / "rel"))

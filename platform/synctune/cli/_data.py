@@ -85,14 +85,20 @@ def export_cmd(data_path, fmt, output, model, cluster, status) -> None:
 @_data_option
 @click.argument("dest")
 @click.option("--name", help="Release name recorded in the manifest (default: release-<date>).")
-def push_cmd(data_path: str | None, dest: str, name: str | None) -> None:
-    """Publish the dataset as a release (Parquet files + manifest.json) to DEST: a folder or s3://."""
+@click.option("--profiles", "profile_dirs", multiple=True, metavar="DIR",
+              help="Also publish every compute profile in DIR, whatever its model (a GPU's profiles "
+                   "measured apart from the trials); repeatable.")
+def push_cmd(data_path: str | None, dest: str, name: str | None, profile_dirs: tuple[str, ...]) -> None:
+    """Publish the dataset as a release (Parquet files + manifest.json) to DEST: a folder or s3://.
+
+    The release carries the data folder's compute profiles of its models, and those of --profiles."""
     from ..data import push_release
-    from ..run import profiles_for_release
+    from ..run import profiles_for_release, profiles_in_folders
 
     ds = _dataset(data_path)
     models = set(ds.table().column("model_name").to_pylist())
-    manifest = push_release(ds, dest, name=name, profiles=profiles_for_release(models))
+    profiles = profiles_in_folders(profile_dirs, profiles_for_release(models))  # checked before anything is written
+    manifest = push_release(ds, dest, name=name, profiles=profiles)
     click.echo(f"pushed {manifest['total_rows']} rows in {len(manifest['files'])} file(s) and "
                f"{len(manifest.get('profiles', []))} compute profile(s) to {dest} (release {manifest['name']})")
 

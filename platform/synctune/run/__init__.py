@@ -7,11 +7,13 @@ calibration. Lower layers never import this one.
 
 from .collect import collect_domain
 from .lab import calibrate_lab, calibrated_cluster
-from .profiles import ensure_profile, file_release_profiles, profile_path, profiles_for_release, save_profile
+from .profiles import (ensure_profile, file_release_profiles, profile_path, profiles_for_release, profiles_in_folders,
+                       save_profile)
 from .recording import record_result, record_trial
 from .search import run_search, search_id_of
 from .summary import Recommendation, SearchSummary
 
 __all__ = ["calibrate_lab", "calibrated_cluster", "collect_domain", "ensure_profile", "file_release_profiles",
-           "profiles_for_release", "profile_path", "record_result", "record_trial", "run_search", "save_profile",
+           "profiles_for_release", "profiles_in_folders", "profile_path", "record_result", "record_trial", "run_search",
+           "save_profile",
            "search_id_of", "SearchSummary", "Recommendation"]

@@ -15,7 +15,8 @@ from ..spec.errors import SpecError
 from ..spec.files import path_under, read_json
 from ..spec.profile import ComputeProfile
 
-__all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_release", "file_release_profiles"]
+__all__ = ["profile_path", "save_profile", "ensure_profile", "profiles_for_release", "profiles_in_folders",
+           "file_release_profiles"]
 
 
 def profile_path(model: str, device: str, workers: int) -> Path:
@@ -83,6 +84,36 @@ def profiles_for_release(models: set[str]) -> dict[str, dict]:
                 from None
         if data.get("model") in models:
             out[path.name] = data
+    return out
+
+
+def profiles_in_folders(folders, into: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Every compute profile in each of ``folders`` (``*.json``), whatever its model, added to
+    ``into`` (the data folder's, from :func:`profiles_for_release`) under the name the data folder
+    files it by: profiles of a device measured apart from the trials (a GPU's,
+    ``experiments/findings/gpu_profiles.py``) that a release should carry. A file that is not a
+    profile, or a second profile of one (model, device, workers) that differs from the first, is
+    refused naming both."""
+    out = dict(into or {})
+    origin: dict[str, str] = {}
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise SpecError(f"--profiles {folder}: not a folder")
+        paths = sorted(folder.glob("*.json"))
+        if not paths:
+            raise SpecError(f"--profiles {folder}: no compute profile (*.json) in it")
+        for path in paths:
+            raw = read_json(path, "compute profile")
+            try:
+                data = ComputeProfile.from_dict(raw, where=str(path)).to_dict()
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise SpecError(f"{path}: not a compute profile ({str(exc).splitlines()[0][:200]})") from None
+            name = f"{profile_key(data['model'], data['device'].replace(' ', '_'), data['workers'])}.json"
+            if name in out and out[name] != data:
+                raise SpecError(f"{path}: a different profile of {data['model']} on {data['workers']} "
+                                f"{data['device']} worker(s) than {origin.get(name, 'the data folder')}'s; keep one")
+            out[name] = data
+            origin[name] = str(path)
     return out
 
 
