@@ -17,7 +17,9 @@ same strategies (the builders, then guided-sampler strategies) are trialled twic
 process group, the whole list then the whole list again, under each measurement rule: ``fixed``
 (v0.2's rows: 2 warm-up and 6 timed iterations) and ``ci`` (the quieter trial: 5 warm-up, at
 least 10 timed, then on until the 95% interval of the median is within +-3%, at most 100
-iterations or 10 s of them; ``TrialConfig.target_ci``). Printed per preset and rule: the median
+iterations or 10 s of them; ``TrialConfig.target_ci``), each also with every worker bound to one
+CPU (``pinned``, ``ci-pinned``), and ``ci-pinned-200``, the rule v0.3 is collected with (``lab
+collect``'s defaults: room for 200 timed iterations). Printed per preset and rule: the median
 and p90 of |x1 - x2| / mean over the pairs, the timed iterations a trial took and its seconds.
 The rows are recorded in the data folder (``--home``; search id ``repeat-<rule>-<model>@<preset>``).
 
