@@ -13,7 +13,9 @@ On a GPU the kernels run after the Python calls return, so the figures are taken
 events instead of the host clock: one recorded at the start of the iteration, one in each
 gradient's hook (on the stream backward runs on), one at each phase's end; the iteration ends
 with a device synchronization, outside the figures (PyTorch's "CUDA semantics: asynchronous
-execution" and its timing advice).
+execution" and its timing advice). A GPU profile also records the host's own path: when an
+iteration's last call returns (``launch_s``, from plain iterations without the events' hooks)
+and the host time the engine's gradient path adds per variable (``hook_s``, :func:`hook_cost`).
 """
 
 from __future__ import annotations
