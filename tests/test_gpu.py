@@ -230,10 +230,10 @@ def test_a_gpu_profile_measures_the_hosts_own_path(device):
 def test_a_gpu_profiles_host_path_is_a_lower_bound_of_the_engines_iteration():
     """The replay ends an iteration no sooner than the profile's host path (``launch_s`` plus the
     engine's hooks, ``hook_s`` per variable): a bound, so it must not exceed what the engine
-    measures on the same GPU. resnet50 (161 variables) is host-bound on an H100 or H200. When the
-    launch time was taken from the profiled iterations, whose hooks record a CUDA event per
-    gradient, the event records were counted twice and the path read 32.1 ms against a measured
-    30.7 on an H200 (bert-large: 65.0 against 61.1)."""
+    measures on the same GPU. resnet50 (161 variables) has a host path close to its device time
+    on an H100 or H200. When the launch time was taken from the profiled iterations, whose hooks
+    record a CUDA event per gradient, the event records were counted twice and the path read
+    32.1 ms against a measured 30.7 on an H200 (bert-large: 65.0 against 61.1)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine")
     from synctune.engine.profile import profile_compute

@@ -7,13 +7,15 @@ the same split as ``sim eval --protocol held-out --seed``), the replay calibrate
 (:class:`~synctune.simulator.CalibratedReplay`: per domain constants, as ``--train replay``), and
 the held-out trials replayed. A strategy is counted in every class it belongs to:
 
-- ``ar-only``, ``ps-only``, ``ps+ar``, ``+allgather``, ``+sfb``, ``+shard``: the kinds it mixes;
+- ``ar-only``, ``ps-only``, ``ps+ar``, ``neither ps nor ar`` (all-gather, SFB or shard only),
+  ``+allgather``, ``+sfb``, ``+shard``: the kinds it mixes;
 - ``ar groups=1``, ``ar groups=2-4``, ``ar groups>=5``: its all-reduce merge groups (one group
   cannot start before backward ends);
 - ``dense ar of a sparse variable``: an embedding whose sparse gradient is all-reduced dense;
 - ``hierarchical``, ``compressed``, ``local aggregation``, ``partitioned``: as named.
 
-Printed: per model and class, the held-out strategies, the median signed error
+Printed: per model and class, the held-out trials (a strategy measured twice counts twice), the
+median signed error
 (predicted / measured - 1: negative is under-predicted) and the median absolute error.
 
     python experiments/findings/replay_errors.py --data DIR [--home HOME] [--held-out 0.3] [--seed 0]
@@ -39,7 +41,7 @@ def classes(strategy, model) -> list[str]:
     sparse = {v.name for v in model.variables if v.sparse}
     kinds, groups, out = set(), set(), []
     for plan in strategy.plans:
-        if len(plan.partition) > 1 and any(p > 1 for p in plan.partition):
+        if plan.is_partitioned:
             out.append("partitioned")
         for shard in plan.shards:
             sync = shard.synchronizer
@@ -78,7 +80,14 @@ def main() -> int:
     from synctune.data import TrialDataset, profiles_dir
     from synctune.simulator import CalibratedReplay, ReplaySimulator, domains_from_records, split_domains
 
+    if not 0 < args.held_out < 1:
+        print(f"--held-out {args.held_out}: expected a share between 0 and 1", file=sys.stderr)
+        return 2
     domains = domains_from_records(TrialDataset(args.data).records())
+    missing = sorted(set(args.domain) - {d.key for d in domains})
+    if missing:
+        print(f"{args.data}: no successful trials for domain(s) {', '.join(missing)}", file=sys.stderr)
+        return 2
     if args.domain:
         domains = [d for d in domains if d.key in set(args.domain)]
     if not domains:

@@ -80,7 +80,8 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
     out = {"forward_s": med(r[0] for r in rows), "backward_s": med(r[1] for r in rows),
            "step_s": med(r[2] for r in rows), "ready_s": [med(r[3][i] for r in rows) for i in range(len(names))]}
     if device.type == "cuda":
-        out["launch_s"] = _launch_time(workload, model, batch, optimizer, iters=payload["iters"])
+        out["launch_s"] = _launch_time(workload, model, batch, optimizer, iters=payload["iters"],
+                                       warmup=min(payload["warmup"], 2))
         out["hook_s"] = hook_cost(device, warmup=payload["warmup"])
     return out
 
@@ -92,10 +93,12 @@ def _launch_time(workload, model, batch, optimizer, *, iters: int, warmup: int =
     an H200 the profiled iterations' launch read 8.8 ms above the plain loop's for bert-large's
     398 variables, 0.9 ms for vgg16's 32)."""
     import torch
+    import torch.distributed as dist
 
     launches = []
     for it in range(warmup + iters):
         torch.cuda.synchronize()
+        dist.barrier()  # as in the profiled iterations: the workers' hosts busy at once
         t0 = time.perf_counter()
         workload.loss(model, batch).backward()
         optimizer.step()

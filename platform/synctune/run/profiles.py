@@ -70,11 +70,19 @@ def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callab
     return [save_profile(p) for p in profiles][0]
 
 
+def _release_name(data: dict) -> str:
+    """The file name a profile travels under (and is filed by): its (model, device, workers)."""
+    return f"{profile_key(data['model'], data['device'].replace(' ', '_'), data['workers'])}.json"
+
+
 def profiles_for_release(models: set[str]) -> dict[str, dict]:
     """The data folder's compute profiles of ``models`` (file name -> mapping), to publish with
-    a dataset release (the replay simulator's measured inputs for its domains)."""
+    a dataset release (the replay simulator's measured inputs for its domains). Two files of one
+    (model, device, workers) that differ (a profile copied in by hand beside one measured here)
+    are refused naming both."""
     folder = profiles_dir()
-    out = {}
+    out: dict[str, dict] = {}
+    origin: dict[str, Path] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         raw = read_json(path, "compute profile")
         try:
@@ -83,7 +91,11 @@ def profiles_for_release(models: set[str]) -> dict[str, dict]:
             raise SpecError(f"{path}: not a compute profile; remove it or measure it again (synctune sim profile)") \
                 from None
         if data.get("model") in models:
-            out[path.name] = data
+            name = _release_name(data)
+            if name in out and out[name] != data:
+                raise SpecError(f"{path}: a different profile of {data['model']} on {data['workers']} "
+                                f"{data['device']} worker(s) than {origin[name]}; keep one")
+            out[name], origin[name] = data, path
     return out
 
 
@@ -92,23 +104,23 @@ def profiles_in_folders(folders, into: dict[str, dict] | None = None) -> dict[st
     ``into`` (the data folder's, from :func:`profiles_for_release`) under the name the data folder
     files it by: profiles of a device measured apart from the trials (a GPU's,
     ``experiments/findings/gpu_profiles.py``) that a release should carry. A file that is not a
-    profile, or a second profile of one (model, device, workers) that differs from the first, is
-    refused naming both."""
+    profile is refused naming it; a second profile of one (model, device, workers) that differs from
+    the first, naming both."""
     out = dict(into or {})
     origin: dict[str, str] = {}
     for folder in map(Path, folders):
         if not folder.is_dir():
-            raise SpecError(f"--profiles {folder}: not a folder")
+            raise SpecError(f"profiles folder {folder}: not a folder")
         paths = sorted(folder.glob("*.json"))
         if not paths:
-            raise SpecError(f"--profiles {folder}: no compute profile (*.json) in it")
+            raise SpecError(f"profiles folder {folder}: no compute profile (*.json) in it")
         for path in paths:
             raw = read_json(path, "compute profile")
             try:
                 data = ComputeProfile.from_dict(raw, where=str(path)).to_dict()
             except (ValueError, TypeError, AttributeError) as exc:
                 raise SpecError(f"{path}: not a compute profile ({str(exc).splitlines()[0][:200]})") from None
-            name = f"{profile_key(data['model'], data['device'].replace(' ', '_'), data['workers'])}.json"
+            name = _release_name(data)
             if name in out and out[name] != data:
                 raise SpecError(f"{path}: a different profile of {data['model']} on {data['workers']} "
                                 f"{data['device']} worker(s) than {origin.get(name, 'the data folder')}'s; keep one")
