@@ -121,3 +121,27 @@ def test_a_confirmation_whose_worker_dies_runs_again_on_fresh_workers(local_ray)
             assert "a worker died" in str(exc)
         else:
             raise AssertionError("a confirmation whose worker died with no retry left must fail")
+
+
+def test_rank_zero_holds_its_rendezvous_port_from_the_moment_it_names_it():
+    """The group's rank 0 names its rendezvous port to the other ranks before any of them joins.
+    A port that was only probed free at that moment can be taken by any socket on the node before
+    rank 0 binds it (CI once failed with EADDRINUSE so); the port named must already be bound."""
+    import socket
+
+    from synctune.cluster.workers import _Worker
+
+    worker = _Worker(1)
+    host, port = worker.address(10.0, "127.0.0.1")
+    assert host == "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        try:
+            other.bind(("127.0.0.1", port))
+        except OSError:
+            pass
+        else:
+            raise AssertionError(f"port {port} was free after address() returned it: another socket could take it")
+        # ...and it is the rendezvous store listening there, not an idle socket.
+        other.settimeout(5)
+        other.connect(("127.0.0.1", port))
+    worker._shutdown()

@@ -64,6 +64,7 @@ class _Worker:
         self.rank = -1
         self.net = net
         self._pool = None
+        self._store = None  # the rendezvous store this actor serves as rank 0 (address())
         if net:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -79,12 +80,26 @@ class _Worker:
     def _call(self, fn, *args):
         return self._pool.submit(fn, *args).result() if self._pool else fn(*args)
 
-    def address(self) -> tuple[str, int]:
+    def address(self, timeout_s: float, host: str | None = None) -> tuple[str, int]:
+        """Open the rendezvous store this actor serves as the next group's rank 0 at ``host``
+        (default: its lab node's address, else its Ray node's); return host and port.
+
+        The store binds an ephemeral port itself and keeps it: probing a free port and binding it
+        later leaves a window in which another socket takes it (EADDRINUSE on a busy node)."""
         import ray
 
-        from ..engine.local import free_port
+        host = host or (self.net["master"] if self.net else ray.util.get_node_ip_address())
+        return host, self._call(self._open_store, host, timeout_s)
 
-        return (self.net["master"] if self.net else ray.util.get_node_ip_address()), free_port()
+    def _open_store(self, host: str, timeout_s: float) -> int:
+        import datetime
+
+        import torch.distributed as dist
+
+        # On the pool's thread, so a lab node's store listens inside the node's namespace.
+        self._store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s),
+                                    wait_for_workers=False)
+        return self._store.port
 
     def node_id(self) -> str:
         import ray
@@ -102,7 +117,12 @@ class _Worker:
 
         self.rank = rank
         os.environ["SYNCTUNE_MASTER_ADDR"] = master  # where rank 0 serves runtimes' rendezvous (Horovod)
-        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
+        store, self._store = self._store, None
+        if rank == 0 and store is None:
+            raise RuntimeError("rank 0 of a group must first serve its rendezvous store (address())")
+        if rank != 0:
+            store = dist.TCPStore(master, port, world, False, datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return os.getpid()
 
@@ -143,6 +163,7 @@ class _Worker:
     def _shutdown(self) -> None:
         import torch.distributed as dist
 
+        self._store = None
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -263,7 +284,8 @@ class RayWorkerGroup:
                 ranks.append(remote.options(**opts).remote(1, nets[len(ranks)]))
         self.actors = ranks
         try:
-            master, port = ray.get(self.actors[0].address.remote(), timeout=self.startup_timeout_s)
+            master, port = ray.get(self.actors[0].address.remote(self.collective_timeout_s),
+                                   timeout=self.startup_timeout_s)
             world = len(self.actors)
             self.pids = ray.get([a.init_group.remote(r, world, master, port, self.backend, self.collective_timeout_s)
                                  for r, a in enumerate(self.actors)], timeout=self.startup_timeout_s)
@@ -288,10 +310,12 @@ class RayWorkerGroup:
         try:
             ray.get([a.leave_group.remote() for a in self.actors], timeout=self.startup_timeout_s)
             first = self.actors[members[0]]
-            host, port = ray.get(first.address.remote(), timeout=self.startup_timeout_s)
+            host = None
             if self.node_net:  # a lab: the first replica's node address, inside the lab's network
                 devices = self.cluster.devices
                 host = rank_networks(self.cluster, [devices[i] for i in members], self.node_net)[0]["master"]
+            host, port = ray.get(first.address.remote(self.collective_timeout_s, host),
+                                 timeout=self.startup_timeout_s)
             ray.get([self.actors[i].init_group.remote(r, len(members), host, port, self.backend,
                                                       self.collective_timeout_s)
                      for r, i in enumerate(members)], timeout=self.startup_timeout_s)
