@@ -453,3 +453,17 @@ def test_every_published_release_pulls_into_an_empty_data_dir_and_verifies(relea
     assert f"pulled {entry['rows']} rows" in done.stdout and f"{entry['rows']} new" in done.stdout
     rows = TrialDataset(tmp_path / "home" / "dataset").read()
     assert len(rows) == entry["rows"] and (rows["schema_version"] == entry["schema_version"]).all()
+
+
+def test_a_lab_preset_begun_earlier_gives_new_domains_its_recorded_calibration():
+    """``lab collect`` calibrates a preset only while it has no rows: a domain begun after a
+    restart is measured on the links its preset's recorded rows were, so the preset stays one
+    cluster in the dataset (a re-probe once read a link's latency 4x its earlier value)."""
+    from synctune.cli._lab import preset_calibration
+    from synctune.spec import cluster_preset
+
+    earlier, other = cluster_preset("lab-2x2"), cluster_preset("lab-4x1")
+    assert preset_calibration({}, ["bert-tiny", "cnn-small"]) is None  # nothing recorded: calibrate
+    assert preset_calibration({"bert-tiny": earlier}, ["bert-tiny", "cnn-small"]) is earlier
+    # the first model in collection order that has rows decides, whatever the dict's order
+    assert preset_calibration({"ncf-small": other, "bert-tiny": earlier}, ["bert-tiny", "ncf-small"]) is earlier

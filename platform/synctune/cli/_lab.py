@@ -120,6 +120,20 @@ def _small_models() -> tuple[str, ...]:
     return tuple(name for name, entry in MODELS.items() if entry.small)
 
 
+def preset_calibration(recorded: dict, models: list[str]):
+    """The calibrated cluster every domain of a lab preset is collected on, or None when the
+    preset has no recorded rows yet (calibrate it now).
+
+    ``recorded`` maps a model to the cluster its recorded rows were measured on. A domain begun
+    later (or after a restart) takes the first recorded model's calibration rather than a fresh
+    probe: one preset is one cluster in the dataset, and a re-probe can differ by a spurious
+    latency reading (one read a link's latency 4x its earlier value)."""
+    for name in models:
+        if name in recorded:
+            return recorded[name]
+    return next(iter(recorded.values()), None)
+
+
 @lab_group.command("collect")
 @click.option("--preset", "-p", "presets", multiple=True, default=COLLECT_PRESETS, show_default=True,
               help="Lab preset (repeatable).")
@@ -193,14 +207,15 @@ def collect_cmd(presets, model, num_random, num_guided, num_sharded, seed, warmu
                 click.echo(f"{nominal.name}: every trial already recorded")
                 continue
             lab_up(nominal)
-            fresh = None
-            if len(recorded) < len(workloads):
+            fresh = preset_calibration(recorded, [w.spec().name for w in workloads])
+            if fresh is None:
                 _spec, figures, _path = calibrate_lab(nominal, lab_status()["state"])
                 fresh = resolve_cluster_arg(nominal.name)  # the calibrated spec
                 echo_err(f"{fresh.name}: links at " + ", ".join(f"{n['node']} {n['efficiency']:.0%}"
                                                                 for n in figures["nodes"]) + " of nominal")
             if recorded:  # a domain continues on the calibration its recorded rows were measured with
-                echo_err(f"{nominal.name}: continuing {', '.join(sorted(recorded))} on their recorded calibration")
+                echo_err(f"{nominal.name}: continuing {', '.join(sorted(recorded))} on their recorded calibration"
+                         + ("; new domains on the same one" if len(recorded) < len(workloads) else ""))
             for workload in workloads:
                 cluster = recorded.get(workload.spec().name) or fresh
                 ensure_profile(workload, workload.spec(), cluster, echo_err, node_net=node_network(cluster),
