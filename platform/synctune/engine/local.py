@@ -243,21 +243,25 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     taken (before any rank ran ``fn``) starts again on another, up to three times.
     """
     for attempt in range(_PORT_TRIES):
+        port = free_port()
         try:
-            return _run_group(fn, world_size, args, free_port(), backend=backend, timeout_s=timeout_s,
+            return _run_group(fn, world_size, args, port, backend=backend, timeout_s=timeout_s,
                               collective_timeout_s=collective_timeout_s, on_progress=on_progress,
                               threads=threads, env=env, nets=nets, pin_cpus=pin_cpus)
         except WorkerFailure as exc:
-            if attempt + 1 == _PORT_TRIES or not _port_taken(exc):
+            if attempt + 1 == _PORT_TRIES or not _port_taken(exc, port):
                 raise
 
 
 _PORT_TRIES = 3
 
 
-def _port_taken(exc: WorkerFailure) -> bool:
-    """Whether ``exc`` is rank 0 failing to listen on its rendezvous port (c10d's TCPStore)."""
-    return exc.message.startswith("rank 0: ") and "EADDRINUSE" in exc.message
+def _port_taken(exc: WorkerFailure, port: int) -> bool:
+    """Whether ``exc`` is rank 0 failing to listen on the rendezvous ``port`` (c10d's TCPStore
+    names it), not on a port of its own inside ``fn`` (a runtime's server): only then has no rank
+    run ``fn`` yet."""
+    return (exc.message.startswith("rank 0: DistNetworkError: ") and "EADDRINUSE" in exc.message
+            and f"port: {port}," in exc.message)
 
 
 def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, timeout_s: float,
