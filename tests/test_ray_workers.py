@@ -131,17 +131,23 @@ def test_rank_zero_holds_its_rendezvous_port_from_the_moment_it_names_it():
 
     from synctune.cluster.workers import _Worker
 
-    worker = _Worker(1)
-    host, port = worker.address(10.0, "127.0.0.1")
-    assert host == "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
-        try:
-            other.bind(("127.0.0.1", port))
-        except OSError:
-            pass
-        else:
-            raise AssertionError(f"port {port} was free after address() returned it: another socket could take it")
-        # ...and it is the rendezvous store listening there, not an idle socket.
-        other.settimeout(5)
-        other.connect(("127.0.0.1", port))
-    worker._shutdown()
+    import torch
+
+    threads = torch.get_num_threads()
+    worker = _Worker(threads)  # the actor body, here in the test's process (it sets torch's threads)
+    try:
+        host, port = worker.address(10.0, "127.0.0.1")
+        assert host == "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+            try:
+                other.bind(("127.0.0.1", port))
+            except OSError:
+                pass
+            else:
+                raise AssertionError(f"port {port} was free after address() returned it: another socket could take it")
+            # ...and it is the rendezvous store listening there, not an idle socket.
+            other.settimeout(5)
+            other.connect(("127.0.0.1", port))
+    finally:
+        worker._shutdown()
+        torch.set_num_threads(threads)

@@ -270,3 +270,21 @@ def test_a_collection_without_a_terminal_prints_a_line_per_trial(tmp_path):
     assert len(rows) == 2
     for i, row in enumerate(sorted(rows, key=lambda r: r["trial_id"]), start=1):
         assert f"cnn-small@local-1x2: {i}/2 {row['trial_id']}: {row['median_s'] * 1e3:.1f} ms" in result.stderr
+
+
+def test_a_rendezvous_port_taken_before_rank_0_listens_is_replaced(monkeypatch):
+    """The launcher names rank 0's rendezvous port before the workers start; a socket that takes
+    it meanwhile (CI once lost a run so, EADDRINUSE) must cost a new port, not the trial."""
+    import operator
+    import socket
+
+    from synctune.engine import local
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        given = [busy.getsockname()[1]]  # the first port the launcher gets is taken
+        real = local.free_port
+        monkeypatch.setattr(local, "free_port", lambda: given.append(real()) or given[-2])
+        assert local.run_local(operator.add, 2, timeout_s=120, threads=1) == [2, 3]  # rank + world
+        assert len(given) == 3  # a second port was asked for, and it was the one used

@@ -237,12 +237,40 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     ``fn`` and ``args`` must be picklable (a module-level function); its result may hold tensors,
     lists, dicts and plain values (what ``torch.load(weights_only=True)`` accepts). Raises
     :class:`WorkerFailure` on the first error, death or timeout.
+
+    Rank 0 serves the rendezvous on a port probed free before the workers start; another socket
+    can take it in the seconds they take to import torch, so a run whose rank 0 finds its port
+    taken (before any rank ran ``fn``) starts again on another, up to three times.
     """
+    for attempt in range(_PORT_TRIES):
+        port = free_port()
+        try:
+            return _run_group(fn, world_size, args, port, backend=backend, timeout_s=timeout_s,
+                              collective_timeout_s=collective_timeout_s, on_progress=on_progress,
+                              threads=threads, env=env, nets=nets, pin_cpus=pin_cpus)
+        except WorkerFailure as exc:
+            if attempt + 1 == _PORT_TRIES or not _port_taken(exc, port):
+                raise
+
+
+_PORT_TRIES = 3
+
+
+def _port_taken(exc: WorkerFailure, port: int) -> bool:
+    """Whether ``exc`` is rank 0 failing to listen on the rendezvous ``port`` (c10d's TCPStore
+    names it), not on a port of its own inside ``fn`` (a runtime's server): only then has no rank
+    run ``fn`` yet."""
+    return (exc.message.startswith("rank 0: DistNetworkError: ") and "EADDRINUSE" in exc.message
+            and f"port: {port}," in exc.message)
+
+
+def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, timeout_s: float,
+               collective_timeout_s: float, on_progress, threads: int | None, env: dict[str, str] | None,
+               nets: list[dict[str, str]] | None, pin_cpus: bool) -> list[Any]:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, q, collective_timeout_s,
