@@ -128,10 +128,7 @@ def preset_calibration(recorded: dict, models: list[str]):
     later (or after a restart) takes the first recorded model's calibration rather than a fresh
     probe: one preset is one cluster in the dataset, and a re-probe can differ by a spurious
     latency reading (one read a link's latency 4x its earlier value)."""
-    for name in models:
-        if name in recorded:
-            return recorded[name]
-    return next(iter(recorded.values()), None)
+    return next((recorded[name] for name in models if name in recorded), None)
 
 
 @lab_group.command("collect")

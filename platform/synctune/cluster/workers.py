@@ -117,10 +117,11 @@ class _Worker:
 
         self.rank = rank
         os.environ["SYNCTUNE_MASTER_ADDR"] = master  # where rank 0 serves runtimes' rendezvous (Horovod)
-        store, self._store = self._store, None
-        if rank == 0 and store is None:
-            raise RuntimeError("rank 0 of a group must first serve its rendezvous store (address())")
-        if rank != 0:
+        if rank == 0:
+            store, self._store = self._store, None
+            if store is None:
+                raise RuntimeError("rank 0 of a group must first serve its rendezvous store (address())")
+        else:
             store = dist.TCPStore(master, port, world, False, datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
