@@ -528,6 +528,52 @@ def test_calibration_recovers_the_cpu_costs_that_generated_the_times():
     assert before > 0.1 and after < 0.02, (before, after)
 
 
+def test_an_unseen_model_on_a_known_cluster_replays_with_that_clusters_constants():
+    """Two clusters whose communication costs CPU at different rates (a quota on one, as on the
+    lab's lab-b10c), three models: calibrated on two models of both clusters, the third model
+    on each cluster is predicted with that cluster's constants, within 3% of the generating
+    replay's times (the reference); the constants pooled over both clusters (what an unseen
+    model replayed with before) put it more than 10% off on at least one."""
+    from synctune.models import model_spec
+    from synctune.search import GuidedSampler
+    from synctune.simulator import CalibratedReplay, Domain
+    from synctune.spec import cluster_preset
+
+    costs = {"lab-2x2": ReplayConstants(ar_unit_s=0.0012, ps_unit_s=0.0006, compute_scale=1.2),
+             "lab-b12": ReplayConstants(ar_unit_s=0.006, ps_unit_s=0.004, compute_scale=2.4)}
+    profiles, domains = [], []
+    for name in ("ncf-small", "cnn-small", "lm-small"):
+        model = model_spec(name)
+        n = len(model.variables)
+        profiles.append(ComputeProfile(model=name, device="cpu", workers=4, batch_size=model.batch_size,
+                                       forward_s=0.004, backward_s=0.009, step_s=0.001,
+                                       ready_s=tuple(0.009 * (i + 1) / n for i in range(n))))
+        for preset, truth in costs.items():
+            generator = ReplaySimulator({}, truth)
+            for p in profiles:
+                generator.add_profile(p)
+            cluster = cluster_preset(preset)
+            strategies = list({s.hash: s for s in GuidedSampler(model, cluster, seed=1).sample_many(40)}.values())
+            domains.append(Domain(DomainContext(model, cluster), strategies,
+                                  generator.predict(strategies, model, cluster)))
+    base = ReplaySimulator({}, ReplayConstants())
+    for p in profiles:
+        base.add_profile(p)
+    sim = CalibratedReplay()
+    sim.use_profiles(base)
+    sim.fit([d for d in domains if d.ctx.model.name != "lm-small"])
+    unseen = [d for d in domains if d.ctx.model.name == "lm-small"]
+    assert set(sim.per_cluster) == set(costs) and not any(d.key in sim.per_domain for d in unseen)
+
+    def errors():
+        return [float(np.median(np.abs(sim.predict_domain(d) / d.times_s - 1))) for d in unseen]
+
+    own = errors()
+    sim.per_cluster = {}
+    pooled = errors()
+    assert max(own) < 0.03 and max(pooled) > 0.10, (own, pooled)
+
+
 def test_calibration_leaves_a_term_no_trial_moves_where_it_was():
     """Trials of a dense model have no all-gather unit (all-gather is for sparse gradients): the
     fit has nothing to say of the cost per all-gather unit and leaves it at the base, so the
@@ -640,7 +686,7 @@ class _Scores:
 
 
 def _generated_domains(effect, seed: int = 0):
-    """Domains (three models on two lab presets) whose "measured" times are the replay's under
+    """Domains (four models on two lab presets) whose "measured" times are the replay's under
     known CPU costs, times ``effect(strategies, ctx)`` (a factor per strategy the replay's event
     model has no term for), times 2% noise."""
     from synctune.models import model_spec
@@ -651,7 +697,7 @@ def _generated_domains(effect, seed: int = 0):
     rng = np.random.default_rng(seed)
     truth = ReplayConstants(ar_unit_s=0.0012, ag_unit_s=0.004, ps_unit_s=0.0006, compute_scale=1.2)
     generator, profiles, domains = ReplaySimulator({}, truth), [], []
-    for name in ("ncf-small", "cnn-small", "lm-small"):
+    for name in ("ncf-small", "cnn-small", "transformer-small", "lm-small"):
         model = model_spec(name)
         n = len(model.variables)
         profile = ComputeProfile(model=name, device="cpu", workers=4, batch_size=model.batch_size, forward_s=0.004,

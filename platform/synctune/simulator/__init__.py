@@ -6,7 +6,7 @@ Importing this package imports numpy only; the learned models import torch when 
 from .bound import BoundSimulator, RuntimeResidual
 from .evaluate import PROTOCOLS, evaluate, kendall_tau, pairwise_accuracy, protocol_folds, split_domains, \
     top_k_recall
-from .replay import CalibratedReplay, ReplayConstants, ReplaySimulator, calibrate_replay, profile_key
+from .replay import CalibratedReplay, ReplayConstants, ReplaySimulator, calibrate_per_cluster, calibrate_replay, profile_key
 from .residual import ResidualReplay
 from .features import AnalyticConstants, DomainContext, analytic_time, batch_scale, encode, message_sizes
 from .models import (
@@ -26,6 +26,7 @@ from .models import (
 )
 
 __all__ = [
+    "calibrate_per_cluster",
     "calibrate_replay",
     "SIMULATORS",
     "AnalyticConstants",

@@ -686,7 +686,8 @@ def _cpu_features(sim: "ReplaySimulator", d, base: np.ndarray | None = None) -> 
     return base, np.stack(cols, axis=1)
 
 
-def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10, own: bool = True) -> ReplayConstants:
+def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10, own: bool = True,
+                     scale: bool = True) -> ReplayConstants:
     """The communication's CPU terms, a fixed cost per iteration, the serial and latency shares
     and the compute scale of :class:`ReplayConstants` fitted on measured trials (dPRO §4.3
     calibrates its replay's overhead ops from a trace in the same spirit): what the replay leaves
@@ -696,6 +697,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     compute (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). The other constants and the measured compute profiles are kept.
+
+    ``scale=False`` keeps the compute scale where it is.
 
     ``own=False`` fits constants for domains not among ``domains`` (an unseen model or cluster):
     the fixed cost per iteration, the serial share and the latency share then stay as they were.
@@ -726,6 +729,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, 1.0]  # the compute at most doubles
         if not own:
             lower[_OWN], upper[_OWN] = 0.0, 0.0
+        if not scale:
+            lower[-1], upper[-1] = 0.0, 0.0
         a, b = np.vstack(rows), np.concatenate(target)
         # A term no training trial moves (no all-gather unit among them, nothing compressed) is
         # not fitted: least squares would give it any value, and domains with such units would pay it.
@@ -765,11 +770,32 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     return trial.constants
 
 
+def calibrate_per_cluster(sim: "ReplaySimulator", domains: list, min_trials: int = 10) -> dict[str, ReplayConstants]:
+    """Per cluster, the constants :func:`calibrate_replay` fits (``own=False``: for domains not
+    among them) on that cluster's domains with at least ``min_trials`` trials, from ``sim``'s
+    constants: what an unseen model on that cluster replays with. The fixed cost per iteration
+    and the shares stay as they were (a model's own, or a probe's, as ``own=False`` says), and so
+    does the compute scale: the profiles are measured per node type already, and a scale fitted
+    on a cluster's small models takes up their communication's CPU time, which a larger model's
+    compute would then be charged."""
+    by_cluster: dict[str, list] = {}
+    for d in domains:
+        if len(d.times_s) >= min_trials:
+            by_cluster.setdefault(d.ctx.cluster.name, []).append(d)
+    return {name: calibrate_replay(sim, ds, own=False, scale=False) for name, ds in sorted(by_cluster.items())}
+
+
 class CalibratedReplay(ReplaySimulator):
     """The replay with the communication's CPU costs and the compute scale fitted on measured
     trials (:func:`calibrate_replay`): one set of constants per training domain with at least
-    ``min_trials`` trials, and one over all of them for domains never measured (an unseen model
-    or cluster). Still the replay: seconds, a timeline, a critical path."""
+    ``min_trials`` trials; for a domain never measured, one per cluster over that cluster's
+    training domains (an unseen model on a known cluster), else one over all of them (an unseen
+    cluster). Still the replay: seconds, a timeline, a critical path.
+
+    Why a cluster's own: the CPU a collective costs and the compute scale are the cluster's
+    (a CPU quota slows gloo's reductions and the model's kernels alike): on release v0.3 the
+    quota presets run 3-6 times slower than the uncalibrated replay, the others 1.1-2.5 times;
+    constants pooled over both put an unseen model 38% off (median), its cluster's 20%."""
 
     kind = "replay-calibrated"
 
@@ -778,6 +804,7 @@ class CalibratedReplay(ReplaySimulator):
         super().__init__(profiles, constants)
         self.general = constants
         self.per_domain: dict[str, ReplayConstants] = {}
+        self.per_cluster: dict[str, ReplayConstants] = {}
         self.min_trials = min_trials
 
     def use_profiles(self, replay: ReplaySimulator) -> None:
@@ -791,6 +818,9 @@ class CalibratedReplay(ReplaySimulator):
         base = self.general
         self.set_constants(base)
         self.general = calibrate_replay(self, domains, own=False)
+        self.set_constants(self.general)  # a cluster's constants start from (and keep) the general compute scale
+        self.per_cluster = calibrate_per_cluster(self, domains, self.min_trials)
+        self.set_constants(base)
         self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.times_s) >= self.min_trials}
         return self
 
@@ -809,7 +839,8 @@ class CalibratedReplay(ReplaySimulator):
 
     def _domain(self, ctx: DomainContext) -> _ReplayDomain:
         # Every replay of a domain comes through here: switch to that domain's constants first.
-        wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}", self.general)
+        wanted = self.per_domain.get(f"{ctx.model.name}@{ctx.cluster.name}") or self.per_cluster.get(
+            ctx.cluster.name, self.general)
         if wanted is not self.constants:
             self.set_constants(wanted)
         return super()._domain(ctx)

@@ -37,7 +37,7 @@ from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SHARD, DomainContext
-from .replay import CalibratedReplay, ReplayConstants, calibrate_replay, constants_from_file
+from .replay import CalibratedReplay, ReplayConstants, calibrate_per_cluster, calibrate_replay, constants_from_file
 
 __all__ = ["ResidualReplay", "RESIDUAL_FEATURES"]
 
@@ -179,7 +179,7 @@ class ResidualReplay(CalibratedReplay):
             ws.append(np.full(len(pred), weight_of[d.key]))
         self.seen.fit(np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), np.concatenate(ws))
         # Unseen domains: constants calibrated without the domain's group, as an unseen domain is
-        # replayed (with the general constants of domains that are not it).
+        # replayed (with its cluster's or the general constants of domains that are not it).
         order = rng.permutation(len(domains))
         group_of = {domains[i].key: j % self.groups for j, i in enumerate(order)}
         xs, ys, gs, ws = [], [], [], []
@@ -188,8 +188,13 @@ class ResidualReplay(CalibratedReplay):
             others = [d for d in domains if group_of[d.key] != g]
             if not others:
                 continue
-            held.set_constants(calibrate_replay(held, others, own=False))
-            held.general, held.per_domain = held.constants, {}
+            # Each fit starts from the uncalibrated constants, as CalibratedReplay.fit's do.
+            held.set_constants(self._uncalibrated)
+            general = calibrate_replay(held, others, own=False)
+            held.set_constants(general)
+            held.per_cluster = calibrate_per_cluster(held, others, self.min_trials)
+            held.general, held.per_domain = general, {}
+            held.set_constants(general)
             for d in (d for d in domains if group_of[d.key] == g):
                 pred, x = residual_features(held, d.encoded(), d.ctx)
                 xs.append(x)
@@ -215,6 +220,7 @@ class ResidualReplay(CalibratedReplay):
         write_text_atomic(Path(path), json.dumps({
             "format": "synctune-replay-residual", "version": 1, "profiles": [p.to_dict() for p in self.profiles.values()],
             "general": self.general.__dict__, "per_domain": {k: c.__dict__ for k, c in self.per_domain.items()},
+            "per_cluster": {k: c.__dict__ for k, c in self.per_cluster.items()},
             "min_trials": self.min_trials, "features": list(RESIDUAL_FEATURES),
             "seen": self.seen.to_dict(), "unseen": self.unseen.to_dict()}, indent=1) + "\n")
 
@@ -230,6 +236,8 @@ class ResidualReplay(CalibratedReplay):
             sim.add_profile(ComputeProfile.from_dict(p, where=str(path)))
         sim.general = constants_from_file(data["general"])
         sim.per_domain = {k: constants_from_file(v) for k, v in data.get("per_domain", {}).items()}
+        # A file from before per-cluster constants replays unseen models with the general ones.
+        sim.per_cluster = {k: constants_from_file(v) for k, v in data.get("per_cluster", {}).items()}
         sim.set_constants(sim.general)
         sim.seen, sim.unseen = _Correction.from_dict(data["seen"]), _Correction.from_dict(data["unseen"])
         return sim
