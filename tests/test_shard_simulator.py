@@ -211,11 +211,14 @@ def test_analytic_model_reshard_and_prefetch():
 #: Predictions of the shipped simulator (a version-3 file, trained before ``shard``) on the first
 #: six trials of each domain of the sample release, computed with synctune at fc0d2ba (before the
 #: shard kind existed): with the shard features appended, it must score them exactly as before.
+#: The shipped simulator's scores of the first six trials of each sample-local-v0 domain (the
+#: file trained on release synctune-v0.3, ``pretrained.json``): a change of the features or
+#: the encoding that moves them means the shipped file must be retrained with it.
 _PRETRAINED_BEFORE = {
-    "cnn-small@local-1x2": [-17.404814, -17.404814, -6.978762, -6.978762, -10.22732, -6.978765],
-    "cnn-small@local-2x2": [-14.083035, -14.083035, 9.743502, 8.339855, 4.937072, 10.778556],
-    "ncf-small@local-1x2": [-9.494456, -9.494456, -9.192407, -9.192407, -12.496911, -9.192411],
-    "ncf-small@local-2x2": [-7.536132, -7.536132, 1.353313, 0.569389, 1.283255, 3.51007],
+    "cnn-small@local-1x2": [-28.618282, -28.618282, -22.633345, -22.633345, -11.401299, -22.633345],
+    "cnn-small@local-2x2": [-27.211626, -27.211626, -10.374445, -12.681735, -1.123615, 11.487553],
+    "ncf-small@local-1x2": [-19.202295, -19.202295, -25.141476, -25.141476, -13.389297, -25.141474],
+    "ncf-small@local-2x2": [-0.388299, -0.388299, -6.650558, -6.327229, 4.996273, 13.580931],
 }
 
 
@@ -271,16 +274,21 @@ def _synthetic_domain():
     return Domain(DomainContext(spec, cluster), strategies, times)
 
 
-def test_the_shipped_simulator_scores_unsharded_strategies_as_before_and_refuses_shard_plans(sample_domains):
-    from synctune.spec import SpecError
-    from synctune.simulator import load_simulator
+def test_the_shipped_simulator_scores_as_pinned_ranks_unseen_trials_and_scores_shard_plans(sample_domains):
+    """The shipped simulator (trained on v0.3, whose rows hold shard plans) scores the sample
+    trials as pinned, ranks them (loopback clusters it never saw) better than chance against
+    their measured times, and scores shard plans, telling the 36 shard variants apart, where the
+    simulator trained before the shard synchronizer refused them."""
+    from synctune.simulator import load_simulator, pairwise_accuracy
 
     sim = load_simulator("pretrained")
     for d in sample_domains:
         got = sim.predict_domain(d.subset(list(range(6))))
         np.testing.assert_allclose(got, _PRETRAINED_BEFORE[d.key], rtol=0, atol=2e-5)
-    with pytest.raises(SpecError, match="trained before the shard synchronizer existed.*retrain it"):
-        sim.predict_domain(_synthetic_domain())
+    accuracy = [pairwise_accuracy(sim.predict_domain(d), d.times_s) for d in sample_domains]
+    assert min(accuracy) > 0.58 and np.mean(accuracy) > 0.62, accuracy
+    scores = sim.predict_domain(_synthetic_domain())
+    assert np.isfinite(scores).all() and len(np.unique(np.round(scores[4:], 4))) > 18
 
 
 def test_learned_models_read_the_shard_kind_and_save_it(tmp_path):
