@@ -686,8 +686,7 @@ def _cpu_features(sim: "ReplaySimulator", d, base: np.ndarray | None = None) -> 
     return base, np.stack(cols, axis=1)
 
 
-def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10, own: bool = True,
-                     scale: bool = True) -> ReplayConstants:
+def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10, own: bool = True) -> ReplayConstants:
     """The communication's CPU terms, a fixed cost per iteration, the serial and latency shares
     and the compute scale of :class:`ReplayConstants` fitted on measured trials (dPRO §4.3
     calibrates its replay's overhead ops from a trace in the same spirit): what the replay leaves
@@ -697,8 +696,6 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     compute (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). The other constants and the measured compute profiles are kept.
-
-    ``scale=False`` keeps the compute scale where it is.
 
     ``own=False`` fits constants for domains not among ``domains`` (an unseen model or cluster):
     the fixed cost per iteration, the serial share and the latency share then stay as they were.
@@ -729,8 +726,6 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
         lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, 1.0]  # the compute at most doubles
         if not own:
             lower[_OWN], upper[_OWN] = 0.0, 0.0
-        if not scale:
-            lower[-1], upper[-1] = 0.0, 0.0
         a, b = np.vstack(rows), np.concatenate(target)
         # A term no training trial moves (no all-gather unit among them, nothing compressed) is
         # not fitted: least squares would give it any value, and domains with such units would pay it.
@@ -774,15 +769,12 @@ def calibrate_per_cluster(sim: "ReplaySimulator", domains: list, min_trials: int
     """Per cluster, the constants :func:`calibrate_replay` fits (``own=False``: for domains not
     among them) on that cluster's domains with at least ``min_trials`` trials, from ``sim``'s
     constants: what an unseen model on that cluster replays with. The fixed cost per iteration
-    and the shares stay as they were (a model's own, or a probe's, as ``own=False`` says), and so
-    does the compute scale: the profiles are measured per node type already, and a scale fitted
-    on a cluster's small models takes up their communication's CPU time, which a larger model's
-    compute would then be charged."""
+    and the shares stay as they were (a model's own, or a probe's, as ``own=False`` says)."""
     by_cluster: dict[str, list] = {}
     for d in domains:
         if len(d.times_s) >= min_trials:
             by_cluster.setdefault(d.ctx.cluster.name, []).append(d)
-    return {name: calibrate_replay(sim, ds, own=False, scale=False) for name, ds in sorted(by_cluster.items())}
+    return {name: calibrate_replay(sim, ds, own=False) for name, ds in sorted(by_cluster.items())}
 
 
 class CalibratedReplay(ReplaySimulator):
@@ -816,13 +808,19 @@ class CalibratedReplay(ReplaySimulator):
 
     def fit(self, domains: list) -> "CalibratedReplay":
         base = self.general
-        self.set_constants(base)
-        self.general = calibrate_replay(self, domains, own=False)
-        self.set_constants(self.general)  # a cluster's constants start from (and keep) the general compute scale
-        self.per_cluster = calibrate_per_cluster(self, domains, self.min_trials)
+        self.fit_unseen(domains, base)
         self.set_constants(base)
         self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.times_s) >= self.min_trials}
         return self
+
+    def fit_unseen(self, domains: list, base: ReplayConstants) -> None:
+        """The constants of domains not among ``domains``, both fitted from ``base``: the general
+        ones, and each cluster's (:func:`calibrate_per_cluster`, starting from the general ones).
+        Leaves the general constants set."""
+        self.set_constants(base)
+        self.general = calibrate_replay(self, domains, own=False)
+        self.set_constants(self.general)
+        self.per_cluster = calibrate_per_cluster(self, domains, self.min_trials)
 
     #: :class:`~synctune.simulator.BoundSimulator` calls :meth:`calibrate` with a search's trials.
     calibrates = True

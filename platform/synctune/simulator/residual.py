@@ -37,7 +37,7 @@ from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SHARD, DomainContext
-from .replay import CalibratedReplay, ReplayConstants, calibrate_per_cluster, calibrate_replay, constants_from_file
+from .replay import CalibratedReplay, ReplayConstants, constants_from_file
 
 __all__ = ["ResidualReplay", "RESIDUAL_FEATURES"]
 
@@ -188,13 +188,7 @@ class ResidualReplay(CalibratedReplay):
             others = [d for d in domains if group_of[d.key] != g]
             if not others:
                 continue
-            # Each fit starts from the uncalibrated constants, as CalibratedReplay.fit's do.
-            held.set_constants(self._uncalibrated)
-            general = calibrate_replay(held, others, own=False)
-            held.set_constants(general)
-            held.per_cluster = calibrate_per_cluster(held, others, self.min_trials)
-            held.general, held.per_domain = general, {}
-            held.set_constants(general)
+            held.fit_unseen(others, self._uncalibrated)  # from the uncalibrated constants, as fit's
             for d in (d for d in domains if group_of[d.key] == g):
                 pred, x = residual_features(held, d.encoded(), d.ctx)
                 xs.append(x)
