@@ -249,6 +249,9 @@ def test_cli_train_eval_transfer_and_score(sample_dataset, tmp_path):
     res = runner.invoke(cli, ["sim", "train", "--model", "rnn", "--data", str(sample_dataset.root), "--held-out", "0.3",
                               "--epochs", "40", "-o", str(sim)])
     assert res.exit_code == 0, res.output
+    # Not a terminal (as in a log): the training says how far it is, a line per tenth of the epochs.
+    epochs = [line for line in res.stderr.splitlines() if line.startswith("train rnn: epoch ")]
+    assert [line.split()[3] for line in epochs] == [f"{e}/40," for e in range(4, 41, 4)], res.stderr
     res = runner.invoke(cli, ["sim", "eval", str(sim), "--data", str(sample_dataset.root), "--held-out", "0.3"])
     assert res.exit_code == 0, res.output
     assert "mean pairwise ranking accuracy: analytic " in res.output and f", rnn ({sim}) " in res.output
@@ -302,6 +305,10 @@ def test_cross_domain_protocols_never_train_on_what_they_test(sample_dataset):
     res = runner.invoke(cli, ["sim", "eval", "--data", str(sample_dataset.root), "--protocol", "unseen-model",
                               "--protocol", "held-out", "--train", "linear", "--epochs", "5"])
     assert res.exit_code == 0, res.output
+    # Not a terminal: a line per model trained, numbered, so a long evaluation in a log is not silent.
+    progress = [line.split(":")[0] for line in res.stderr.splitlines() if line.startswith("[")]
+    assert progress == ["[1/3] unseen-model cnn-small", "[2/3] unseen-model ncf-small", "[3/3] held-out held-out"], \
+        res.stderr
     lines = [line.split() for line in res.output.splitlines()]
     trained = [line for line in lines if line[:1] == ["unseen-model"] and line[2:4] == ["linear", "(trained)"]]
     assert sorted(line[1] for line in trained) == sorted(keys) + ["overall"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import click
 
@@ -78,7 +79,15 @@ def train_cmd(kind, data, domains, epochs, seed, held_out, alpha_ms, output) -> 
         sim = make_simulator(kind, epochs=epochs, seed=seed)
         sim.use_profiles(_replay(alpha_ms))  # the replay under the learned model uses the measured profiles
         bar = tqdm(total=epochs, desc=f"train {kind}", unit="epoch", disable=None)
-        sim.fit(doms, log=lambda epoch, loss: (bar.update(epoch - bar.n), bar.set_postfix_str(f"loss {loss:.3f}")))
+        tenth = max(1, epochs // 10)
+
+        def log(epoch: int, loss: float) -> None:
+            bar.update(epoch - bar.n)
+            bar.set_postfix_str(f"loss {loss:.3f}")
+            if bar.disable and (epoch % tenth == 0 or epoch == epochs):  # a log: a line per tenth
+                echo_err(f"train {kind}: epoch {epoch}/{epochs}, loss {loss:.3f}")
+
+        sim.fit(doms, log=log)
         bar.close()
     sim.save(output)
     echo_err(f"trained {kind} on {sum(len(d.strategies) for d in doms)} trials of "
@@ -159,6 +168,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     folds_of = {p: protocol_folds(doms, p, held_out=held_out or 0.3, seed=seed) for p in protocols}
     bar = tqdm(total=sum(len(f) for f in folds_of.values()) * len(train_kinds), desc="train per fold",
                unit="model", disable=None if train_kinds else True)
+    done, started = 0, time.monotonic()
     for protocol in protocols:
         folds = folds_of[protocol]
         if not folds:
@@ -173,8 +183,12 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
                 bar.set_postfix_str(f"{protocol} {fold}")
                 sim.fit(train)
                 bar.update(1)
+                done += 1
                 label = {"replay": "replay (calibrated)", "residual": "replay + learned residual"}.get(
                     kind, f"{kind} (trained)")
+                if bar.disable:  # not a terminal (a log): a line per model, so a long run is not silent
+                    echo_err(f"[{done}/{bar.total}] {protocol} {fold}: {label} trained "
+                             f"({time.monotonic() - started:.0f} s so far)")
                 entries.append((label, sim, test))
         blocks.append((protocol, entries))
     bar.close()
