@@ -12,7 +12,9 @@ the held-out trials replayed. A strategy is counted in every class it belongs to
 - ``ar groups=1``, ``ar groups=2-4``, ``ar groups>=5``: its all-reduce merge groups (one group
   cannot start before backward ends);
 - ``dense ar of a sparse variable``: an embedding whose sparse gradient is all-reduced dense;
-- ``hierarchical``, ``compressed``, ``local aggregation``, ``partitioned``: as named.
+- ``hierarchical``, ``compressed``, ``local aggregation``, ``partitioned``: as named;
+- ``uneven batch split`` (replicas given different batches, TAG §4.2) and ``replica subset``
+  (replicas on fewer devices than the cluster has).
 
 Printed: per model and class, the held-out trials (a strategy measured twice counts twice), the
 median signed error
@@ -36,10 +38,14 @@ from pathlib import Path
 import numpy as np
 
 
-def classes(strategy, model) -> list[str]:
-    """The classes a strategy belongs to (see the module docstring)."""
+def classes(strategy, model, devices: int | None = None) -> list[str]:
+    """The classes a strategy belongs to (see the module docstring); ``devices``: the cluster's."""
     sparse = {v.name for v in model.variables if v.sparse}
     kinds, groups, out = set(), set(), []
+    if len(set(strategy.batch_split)) > 1:
+        out.append("uneven batch split")
+    if devices is not None and len(strategy.replicas) < devices:
+        out.append("replica subset")
     for plan in strategy.plans:
         if plan.is_partitioned:
             out.append("partitioned")
@@ -101,7 +107,7 @@ def main() -> int:
     for d in test:
         errors = sim.predict_domain(d) / d.times_s - 1
         for strategy, e in zip(d.strategies, errors):
-            for c in ["all"] + classes(strategy, d.ctx.model):
+            for c in ["all"] + classes(strategy, d.ctx.model, d.ctx.cluster.num_devices):
                 signed[(d.ctx.model.name, c)].append(float(e))
                 if len({t.ctx.model.name for t in test}) > 1:
                     signed[("all models", c)].append(float(e))
