@@ -697,6 +697,20 @@ def _cpu_features(sim: "ReplaySimulator", d, base: np.ndarray | None = None) -> 
     return base, np.stack(cols, axis=1)
 
 
+def _step_bounds(current: np.ndarray, a: np.ndarray, fields: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of one round's step in :func:`calibrate_replay` (the CPU terms, then the relative
+    change of the compute scale), given the constants so far and the round's sensitivities ``a``."""
+    # A round may take back what an earlier one overshot, never below zero; the compute may
+    # be scaled down as well as up (by half at most, or doubled, per round).
+    lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, 1.0]
+    held = np.array([f not in fields for f in ALL_FIELDS])
+    # A term no training trial moves (no all-gather unit among them, nothing compressed) is
+    # not fitted: least squares would give it any value, and domains with such units would pay it.
+    idle = ~(np.abs(a) > 1e-12).any(axis=0)
+    lower[held | idle], upper[held | idle] = 0.0, 0.0
+    return lower, upper
+
+
 def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
                      fields: tuple[str, ...] = ALL_FIELDS) -> ReplayConstants:
     """The communication's CPU terms, a fixed cost per iteration, the serial and latency shares
@@ -736,16 +750,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
             target.append((truth - replayed) / truth)
         if not rows:
             break
-        # A round may take back what an earlier one overshot, never below zero; the compute may
-        # be scaled down as well as up (by half at most, or doubled, per round).
-        lower, upper = np.r_[-current, -0.5], np.r_[_CPU_UPPER - current, 1.0]  # the compute at most doubles
-        held = np.array([f not in fields for f in ALL_FIELDS])
-        lower[held], upper[held] = 0.0, 0.0
         a, b = np.vstack(rows), np.concatenate(target)
-        # A term no training trial moves (no all-gather unit among them, nothing compressed) is
-        # not fitted: least squares would give it any value, and domains with such units would pay it.
-        idle = ~(np.abs(a) > 1e-12).any(axis=0)
-        lower[idle], upper[idle] = 0.0, 0.0
+        lower, upper = _step_bounds(current, a, fields)
         # The latency share is pulled to the smallest latency unless the trials say otherwise: on
         # nodes of near-equal latencies it barely moves them, and a share fitted there would price
         # another cluster's far slower node (lab-4x1's 1.8 ms probe) into every message.
