@@ -865,9 +865,9 @@ def test_an_unseen_models_correction_does_not_carry_other_models_levels():
 
     assert residual.correction_for(test[0].ctx) is residual.unseen
     assert residual.correction_for(train[0].ctx) is residual.seen
-    elsewhere = cluster_preset("lab-4x1")
-    assert residual.correction_for(DomainContext(train[0].ctx.model, elsewhere)) is residual.foreign
-    assert residual.correction_for(DomainContext(test[0].ctx.model, elsewhere)) is residual.novel
+    other = cluster_preset("lab-4x1")
+    assert residual.correction_for(DomainContext(train[0].ctx.model, other)) is residual.elsewhere
+    assert residual.correction_for(DomainContext(test[0].ctx.model, other)) is residual.unseen
 
 
 def test_a_residual_simulator_saved_loads_back_and_predicts_the_same(tmp_path):

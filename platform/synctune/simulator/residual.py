@@ -18,26 +18,25 @@ cross-validation over groups of training domains, and the choices include an inf
 physics by construction of the choice (the remaining risk is that the cross-validation folds
 are not like the test domains, below).
 
-Four corrections are learned, and each prediction uses the one that matches what was measured
+Three corrections are learned, and each prediction uses the one that matches what was measured
 of its domain:
 
 - ``seen``, a domain the replay was calibrated on (a new strategy of a measured domain): the
   residual under the domain's own constants;
-- ``unseen``, a model never measured on a cluster that was (replayed with the cluster's
-  constants), and ``novel``, neither measured: the residual under constants calibrated without
-  the domain's group, with the features that only name the model left out and a correction
-  kept only where it is no worse than none on *every* cross-validation group (``strict``). A
-  model's own level is its own: fitted over four models, those features carried where the new
-  model sits among them, and on release v0.3 the one correction for every unseen domain took
-  the calibrated replay's unseen-model error from 14.7% to 15.6%, and both unseen from 29.2% to
-  33.9%; with these two, 15.3% and 28.2% (ranking 0.828 and 0.817, the replay's 0.806 and
-  0.814). An unseen model is still 0.6 points worse than the replay: the strategy features move
-  a new model's level too (ncf-small 15-23% -> 10-17%, lm-small 11-16% -> 13-23%). Fitted on
-  each domain's rows less its mean (only what tells strategies apart) it was 18.6%; a smaller
-  clip (a factor of 1.1 or 1.2), 15.3% and 15.1%;
-- ``foreign``, a measured model on a cluster never measured: the same residuals, every
-  feature, the penalty chosen on the groups' mean (the model's features may say its level,
-  since it was measured elsewhere).
+- ``elsewhere``, a model measured on other clusters (or a cluster measured with other models)
+  in a domain never measured: the residual under constants calibrated without the domain's
+  group, every feature, the penalty chosen on the groups' mean (the model's features may say its
+  level: it was measured);
+- ``unseen``, a model never measured: the same residuals, without the features that only name
+  the model, and a correction kept only where it is no worse than none on *every*
+  cross-validation group (``strict``). A model's own level is its own: fitted over four models,
+  those features carried where the new model sits among them, and on release v0.3 the one
+  correction for every unmeasured domain took the calibrated replay's unseen-model error from
+  14.7% to 15.6%, and both unseen from 29.2% to 33.9%; with this one, 15.3% and 28.2% (ranking
+  0.828 and 0.817, the replay's 0.806 and 0.814). An unseen model is still 0.6 points worse than
+  the replay: the strategy features move a new model's level too (ncf-small 15-23% -> 10-17%,
+  lm-small 11-16% -> 13-23%). Fitted on each domain's rows less its mean (only what tells
+  strategies apart) it was 18.6%; a smaller clip (a factor of 1.1 or 1.2), 15.3% and 15.1%.
 
 A feature outside the range the correction was fitted on is taken at the range's edge: the linear
 fit is not extrapolated beyond what it saw.
@@ -169,11 +168,16 @@ class _Correction:
     def to_dict(self) -> dict:
         return {"mean": self.mean.tolist(), "std": self.std.tolist(), "w": self.w.tolist(),
                 "low": self.low.tolist(), "high": self.high.tolist(),
-                "penalty": None if not np.isfinite(self.penalty) else self.penalty, "cv": self.cv}
+                "penalty": None if not np.isfinite(self.penalty) else self.penalty, "cv": self.cv,
+                "drop": [RESIDUAL_FEATURES[i] for i in self.drop], "strict": self.strict}
 
     @classmethod
     def from_dict(cls, data: dict) -> "_Correction":
-        c = cls()
+        drop = data.get("drop", [])
+        unknown = [name for name in drop if name not in RESIDUAL_FEATURES]
+        if unknown:
+            raise SpecError(f"replay-residual file: drop names no feature of this synctune: {unknown}")
+        c = cls(tuple(drop), strict=bool(data.get("strict", False)))
         c.mean, c.std, c.w = (np.asarray(data[k], float) for k in ("mean", "std", "w"))
         if c.w.shape != (len(RESIDUAL_FEATURES),):
             raise SpecError(f"replay-residual file: expected {len(RESIDUAL_FEATURES)} weights, got {c.w.shape}")
@@ -202,26 +206,24 @@ class ResidualReplay(CalibratedReplay):
         self.groups, self.seed = groups, seed
         self._uncalibrated = constants  # what the held-out calibrations start from
         self.seen = _Correction()
-        # A domain never measured on a cluster that was: an unseen model, whose level is its
-        # own and not told by where it sits among the training models (the features that only
-        # name the model are left out: fitted over 4 models they moved an unseen ncf-small of
-        # release v0.3 from 15% to 21% error).
+        self.elsewhere = _Correction()
+        # A model never measured: its level is its own, not told by where it sits among the
+        # training models (fitted over 4 models, the features that only name a model moved an
+        # unseen ncf-small of release v0.3 from 15% to 21% error).
         self.unseen = _Correction(drop=MODEL_FEATURES, strict=True)
-        # A measured model on a cluster never measured: the model's features may say its level.
-        self.foreign = _Correction()
-        # Neither measured: as an unseen model (on release v0.3 the foreign correction took
-        # the replay's 29.2% to 33.9% there).
-        self.novel = _Correction(drop=MODEL_FEATURES, strict=True)
+        #: The models the corrections were fitted with (a domain of another is ``unseen``).
+        self.models: set[str] = set()
 
     def fit(self, domains: list) -> "ResidualReplay":
-        """Calibrate the replay (:meth:`CalibratedReplay.fit`), then learn both corrections."""
+        """Calibrate the replay (:meth:`CalibratedReplay.fit`), then learn the corrections."""
         super().fit(domains)
+        self.models = {d.ctx.model.name for d in domains}
         if not domains:
             return self
         self.seen.fit(*_stack(self._seen_rows(domains)))
         rows = self._unseen_rows(domains)
         if rows:
-            for correction in (self.unseen, self.foreign, self.novel):
+            for correction in (self.elsewhere, self.unseen):
                 correction.fit(*_stack(rows))
         return self
 
@@ -237,8 +239,7 @@ class ResidualReplay(CalibratedReplay):
         folds, five times the calibrations) chose no correction all the same."""
         rng = np.random.default_rng(self.seed)
         out = []
-        for d in domains:
-            self.set_constants(self.per_domain.get(d.key, self.general))
+        for d in domains:  # the replay switches to each domain's own constants itself
             out.append(self._rows(self, d, rng.integers(0, self.groups, len(d.times_s)), 1.0 / max(1, len(d.times_s))))
         return out
 
@@ -268,14 +269,11 @@ class ResidualReplay(CalibratedReplay):
         return pred * np.exp(self.correction_for(ctx)(x))
 
     def correction_for(self, ctx: DomainContext) -> "_Correction":
-        """The correction a domain is predicted with: what was measured of it (the module
-        docstring's table)."""
+        """The correction a domain is predicted with, by what was measured of it (the module
+        docstring's list)."""
         if f"{ctx.model.name}@{ctx.cluster.name}" in self.per_domain:
             return self.seen
-        if ctx.cluster.name in self.per_cluster:
-            return self.unseen
-        model_seen = any(key.startswith(f"{ctx.model.name}@") for key in self.per_domain)
-        return self.foreign if model_seen else self.novel
+        return self.elsewhere if ctx.model.name in self.models else self.unseen
 
     def save(self, path: str | Path) -> None:
         from ..spec.files import write_text_atomic
@@ -285,15 +283,18 @@ class ResidualReplay(CalibratedReplay):
             "general": self.general.__dict__, "per_domain": {k: c.__dict__ for k, c in self.per_domain.items()},
             "per_cluster": {k: c.__dict__ for k, c in self.per_cluster.items()},
             "min_trials": self.min_trials, "features": list(RESIDUAL_FEATURES),
-            "seen": self.seen.to_dict(), "unseen": self.unseen.to_dict(), "foreign": self.foreign.to_dict(),
-            "novel": self.novel.to_dict()},
+            "models": sorted(self.models), "seen": self.seen.to_dict(), "elsewhere": self.elsewhere.to_dict(),
+            "unseen": self.unseen.to_dict()},
             indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "ResidualReplay":
         data = read_json(Path(path), "replay-residual simulator")
-        if data.get("format") != "synctune-replay-residual" or data.get("version") not in (1, 2):
-            raise SpecError(f"{path}: not a replay-residual simulator file (format synctune-replay-residual, version 2)")
+        if data.get("format") != "synctune-replay-residual":
+            raise SpecError(f"{path}: not a replay-residual simulator file (format synctune-replay-residual)")
+        if data.get("version") != 2:
+            raise SpecError(f"{path}: replay-residual file version {data.get('version')}; this synctune reads "
+                            "version 2: retrain it (synctune sim train --model residual)")
         if data.get("features") != list(RESIDUAL_FEATURES):
             raise SpecError(f"{path}: written with other features ({data.get('features')}); retrain it")
         sim = cls(min_trials=int(data.get("min_trials", 10)))
@@ -304,7 +305,6 @@ class ResidualReplay(CalibratedReplay):
         # A file from before per-cluster constants replays unseen models with the general ones.
         sim.per_cluster = {k: constants_from_file(v) for k, v in data.get("per_cluster", {}).items()}
         sim.set_constants(sim.general)
-        sim.seen, sim.unseen = _Correction.from_dict(data["seen"]), _Correction.from_dict(data["unseen"])
-        # Version 1 had one correction for every domain never measured.
-        sim.foreign, sim.novel = (_Correction.from_dict(data.get(k, data["unseen"])) for k in ("foreign", "novel"))
+        sim.models = set(data["models"])
+        sim.seen, sim.elsewhere, sim.unseen = (_Correction.from_dict(data[k]) for k in ("seen", "elsewhere", "unseen"))
         return sim
