@@ -785,6 +785,30 @@ def _ps_share(strategies, ctx):
         b.sid, weights=size, minlength=b.size)
 
 
+def _unseen_lm_small(effect):
+    """Generated domains (``_generated_domains(effect)``), a calibrated replay and a residual
+    trained on every model but lm-small, and both scored on lm-small's domains: (train, test,
+    calibrated, residual, {label: median |error|, label + " rank": mean pairwise accuracy})."""
+    from synctune.simulator import CalibratedReplay, ResidualReplay, pairwise_accuracy
+
+    domains, profiles = _generated_domains(effect)
+    base = ReplaySimulator({}, ReplayConstants())
+    for p in profiles:
+        base.add_profile(p)
+    train = [d for d in domains if d.ctx.model.name != "lm-small"]
+    test = [d for d in domains if d.ctx.model.name == "lm-small"]
+    calibrated, residual = CalibratedReplay(), ResidualReplay()
+    for sim in (calibrated, residual):
+        sim.use_profiles(base)
+        sim.fit(train)
+    err = {}
+    for label, sim in (("calibrated", calibrated), ("residual", residual)):
+        pred = [sim.predict_domain(d) for d in test]
+        err[label] = float(np.median(np.abs(np.concatenate([p / d.times_s - 1 for p, d in zip(pred, test)]))))
+        err[label + " rank"] = float(np.mean([pairwise_accuracy(p, d.times_s) for p, d in zip(pred, test)]))
+    return train, test, calibrated, residual, err
+
+
 def test_the_learned_residual_finds_what_the_replay_misses_and_is_the_replay_where_nothing_is():
     """The calibrated replay times a learned correction, tested on domains it never saw (unseen
     model: every domain of one model held out). (1) Where the times hold an effect the replay
@@ -795,25 +819,9 @@ def test_the_learned_residual_finds_what_the_replay_misses_and_is_the_replay_whe
     times are the replay's own plus noise, cross-validation keeps no correction for the unseen
     model (the predictions are the calibrated replay's exactly), and on the seen domains at most
     one far inside the noise."""
-    from synctune.simulator import CalibratedReplay, ResidualReplay, pairwise_accuracy
-
     for effect, expect_gain in ((lambda s, ctx: np.exp(0.4 * _ps_share(s, ctx)), True),
                                 (lambda s, ctx: np.ones(len(s)), False)):
-        domains, profiles = _generated_domains(effect)
-        base = ReplaySimulator({}, ReplayConstants())
-        for p in profiles:
-            base.add_profile(p)
-        train = [d for d in domains if d.ctx.model.name != "lm-small"]
-        test = [d for d in domains if d.ctx.model.name == "lm-small"]
-        calibrated, residual = CalibratedReplay(), ResidualReplay()
-        for sim in (calibrated, residual):
-            sim.use_profiles(base)
-            sim.fit(train)
-        err = {}
-        for label, sim in (("calibrated", calibrated), ("residual", residual)):
-            pred = [sim.predict_domain(d) for d in test]
-            err[label] = float(np.median(np.abs(np.concatenate([p / d.times_s - 1 for p, d in zip(pred, test)]))))
-            err[label + " rank"] = float(np.mean([pairwise_accuracy(p, d.times_s) for p, d in zip(pred, test)]))
+        train, test, calibrated, residual, err = _unseen_lm_small(effect)
         if expect_gain:
             # The calibration's per-unit costs, fixed cost per iteration and serial share take up
             # most of the effect's size already (9% left, mostly the unseen model's level, which
@@ -841,25 +849,10 @@ def test_an_unseen_models_correction_does_not_carry_other_models_levels():
     groups of domains (before), its error was 30.1% against the replay's 28.3% (though it ranked
     the pairs better, 0.95 against 0.88: the price of the rule, see the module docstring).
     Also checks which correction each kind of domain is predicted with."""
-    from synctune.simulator import CalibratedReplay, ResidualReplay, pairwise_accuracy
     from synctune.spec import cluster_preset
 
     level = {"ncf-small": 0.8, "cnn-small": 1.25, "transformer-small": 0.85, "lm-small": 1.2}
-    domains, profiles = _generated_domains(lambda s, ctx: np.full(len(s), level[ctx.model.name]))
-    base = ReplaySimulator({}, ReplayConstants())
-    for p in profiles:
-        base.add_profile(p)
-    train = [d for d in domains if d.ctx.model.name != "lm-small"]
-    test = [d for d in domains if d.ctx.model.name == "lm-small"]
-    calibrated, residual = CalibratedReplay(), ResidualReplay()
-    for sim in (calibrated, residual):
-        sim.use_profiles(base)
-        sim.fit(train)
-    err = {}
-    for label, sim in (("calibrated", calibrated), ("residual", residual)):
-        pred = [sim.predict_domain(d) for d in test]
-        err[label] = float(np.median(np.abs(np.concatenate([p / d.times_s - 1 for p, d in zip(pred, test)]))))
-        err[label + " rank"] = float(np.mean([pairwise_accuracy(p, d.times_s) for p, d in zip(pred, test)]))
+    train, test, calibrated, residual, err = _unseen_lm_small(lambda s, ctx: np.full(len(s), level[ctx.model.name]))
     assert err["residual"] <= 1.05 * err["calibrated"], err
     assert err["residual rank"] >= err["calibrated rank"] - 0.01, err
 

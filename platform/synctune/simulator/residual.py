@@ -188,6 +188,14 @@ class _Correction:
         return c
 
 
+def _rows(sim: CalibratedReplay, d, group: int | np.ndarray) -> tuple:
+    """(features, log(measured / replayed), cross-validation group, weight) of ``d``'s trials
+    replayed by ``sim``; each domain's rows weigh 1 in all."""
+    pred, x = residual_features(sim, d.encoded(), d.ctx)
+    return (x, np.log(np.asarray(d.times_s, float) / pred), np.broadcast_to(group, len(pred)),
+            np.full(len(pred), 1.0 / max(1, len(pred))))
+
+
 def _stack(rows: list[tuple]) -> tuple[np.ndarray, ...]:
     return tuple(np.concatenate([r[i] for r in rows]) for i in range(4))
 
@@ -227,27 +235,19 @@ class ResidualReplay(CalibratedReplay):
                 correction.fit(*_stack(rows))
         return self
 
-    def _rows(self, sim: CalibratedReplay, d, group: int | np.ndarray, weight: float) -> tuple:
-        pred, x = residual_features(sim, d.encoded(), d.ctx)
-        return (x, np.log(np.asarray(d.times_s, float) / pred), np.broadcast_to(group, len(pred)),
-                np.full(len(pred), weight))
-
     def _seen_rows(self, domains: list) -> list[tuple]:
         """Each domain's residual under its own constants, cross-validated over random groups of
         strategies (the test strategies of a seen domain are new strategies). In-sample: on
         release v0.3, residuals of strategies each domain's constants were not fitted on (five
         folds, five times the calibrations) chose no correction all the same."""
         rng = np.random.default_rng(self.seed)
-        out = []
-        for d in domains:  # the replay switches to each domain's own constants itself
-            out.append(self._rows(self, d, rng.integers(0, self.groups, len(d.times_s)), 1.0 / max(1, len(d.times_s))))
-        return out
+        # The replay switches to each domain's own constants itself.
+        return [_rows(self, d, rng.integers(0, self.groups, len(d.times_s))) for d in domains]
 
     def _unseen_rows(self, domains: list) -> list[tuple]:
         """Residuals under constants calibrated without the domain, as a domain never measured is
         replayed (its cluster's constants, or the general ones): the domains dealt into
         ``groups`` random groups, each left out in turn, each a cross-validation group."""
-        weight_of = {d.key: 1.0 / max(1, len(d.times_s)) for d in domains}
         order = np.random.default_rng(self.seed).permutation(len(domains))
         held = CalibratedReplay(self.profiles, self._uncalibrated, min_trials=self.min_trials)
         out = []
@@ -257,7 +257,7 @@ class ResidualReplay(CalibratedReplay):
             others = [d for d in domains if d.key not in keys]
             if others:
                 held.fit_unseen(others, self._uncalibrated)  # from the uncalibrated constants, as fit's
-                out += [self._rows(held, d, g, weight_of[d.key]) for d in left_out]
+                out += [_rows(held, d, g) for d in left_out]
         return out
 
     def use_profiles(self, replay) -> None:
