@@ -1002,3 +1002,58 @@ def _probe_worker(rank: int, world: int, planted: float) -> float:
 
         core.StrategyEngine._hook = slowed
     return hook_cost(torch.device("cpu"), variables=64, warmup=2, iters=10)
+
+
+def test_each_compressors_stages_are_the_collectives_its_engine_launches():
+    """The replay prices :attr:`CompressorInfo.stages` collectives per unit: for every compressor
+    the engine implements, that is how many collectives its all-reduce really launches (the
+    implementation's generator yields one launch per collective)."""
+    import torch
+
+    from synctune.strategy.compressors import COMPRESSORS
+
+    for name in COMPRESSORS.names():
+        info = COMPRESSORS.get(name)
+        impl = info.engine(rank=2, members=[(0, 8, 6)], weight=0.5, seed=0)
+        launches = sum(1 for _launch in impl.all_reduce(torch.ones(48), None, lambda _t: None))
+        assert launches == info.stages == impl.stages, name
+    assert COMPRESSORS.get("powersgd").stages == 2  # the P factors, then the Q factors
+
+
+def test_a_powersgd_unit_pays_two_collectives_and_its_own_encoding_price_worked_by_hand():
+    """Replay version 5: a PowerSGD unit runs two chained all-reduces, so it pays the latency
+    2(N-1) alpha, the launch cost and the CPU cost per other replica twice (the bytes once: the
+    wire ratio counts both factors), and its encoding at ``lowrank_s_per_mb``, not at the casts'
+    ``compress_s_per_mb``; version 4 priced it as one collective at the casts' price. An fp16 unit
+    is one collective at the casts' price in both."""
+    import dataclasses
+
+    w = VariableSpec(name="w", shape=(500, 500), dtype="float32")  # 1 MB, the only variable
+    model, cluster = ModelSpec(name="two", batch_size=8, variables=(w,)), _cluster()
+    profile = ComputeProfile(model="two", device="cpu", workers=2, batch_size=8, forward_s=0.010, backward_s=0.021,
+                             step_s=0.003, ready_s=(0.020,))
+    psgd = build_strategy("allreduce", model, cluster, compressor="powersgd", powersgd_rank=2)
+    fp16 = build_strategy("allreduce", model, cluster, compressor="fp16")
+
+    def unit_s(strategy, **constants) -> float:
+        sim = ReplaySimulator({}, dataclasses.replace(K, **constants))
+        sim.add_profile(profile)
+        ctx = DomainContext(model, cluster)
+        return float(sim.timeline(encode([strategy], ctx), ctx)["unit_s"][0])
+
+    n_peers = 1  # two replicas
+    latency_and_launch = 2 * n_peers * K.alpha_s + K.unit_s
+    for version in (5, 4):
+        extra_stage = latency_and_launch if version == 5 else 0.0
+        base = unit_s(psgd, replay_version=version)
+        assert base - unit_s(psgd, replay_version=version, alpha_s=0.0, unit_s=0.0) == pytest.approx(
+            latency_and_launch + extra_stage, rel=1e-9)
+        cpu = 0.004 * n_peers * (2 if version == 5 else 1)
+        assert unit_s(psgd, replay_version=version, ar_unit_s=0.004) - base == pytest.approx(cpu, rel=1e-9)
+        casts, lowrank = (unit_s(psgd, replay_version=version, **{f: 0.01}) - base
+                          for f in ("compress_s_per_mb", "lowrank_s_per_mb"))
+        assert (casts, lowrank) == pytest.approx((0.0, 0.01) if version == 5 else (0.01, 0.0), abs=1e-12)
+        fp16_base = unit_s(fp16, replay_version=version)
+        assert fp16_base - unit_s(fp16, replay_version=version, alpha_s=0.0, unit_s=0.0) == pytest.approx(
+            latency_and_launch, rel=1e-9)
+        assert unit_s(fp16, replay_version=version, compress_s_per_mb=0.01) - fp16_base == pytest.approx(0.01)

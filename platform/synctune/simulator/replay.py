@@ -29,7 +29,9 @@ trip is lengthened by what else its host runs, and by a CPU quota. A sparse shar
 sends its rows' indices, after an all-gather of the row counts (version 3). A sparse variable on
 all-reduce is dense on the wire (the
 engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
-``touched_rows``). Compressors shrink what they encode (their registry's wire ratio).
+``touched_rows``). Compressors shrink what they encode (their registry's wire ratio); one of
+several stages (PowerSGD: the P factors, then the Q factors) runs that many chained collectives per
+unit, each with its latency and CPU cost (version 5).
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
@@ -54,6 +56,7 @@ from ..spec.errors import SpecError
 from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
+from ..strategy.compressors import COMPRESSORS
 from ..strategy.schema import SYNCHRONIZER_KINDS
 from .features import (_GLOO_KEYS, KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainContext, batch_scale,
                        comm_terms, encode, hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
@@ -96,6 +99,10 @@ class ReplayConstants:
     ar_unit_s: float = 0.0
     ag_unit_s: float = 0.0
     compress_s_per_mb: float = 0.0
+    #: Per MB a low-rank compressor encodes (PowerSGD's products and QR, version 5; before, every
+    #: compressor paid ``compress_s_per_mb``): its work is matrix products where a cast's is one
+    #: pass over the bytes, so one price for both overcharged the casts.
+    lowrank_s_per_mb: float = 0.0
     #: Per shard unit, the CPU time gloo's reduce-scatter takes beyond the links (on the lab's
     #: CPUs a 4-16 MB ``reduce_scatter_single`` over 4 ranks took 3-6 times an all-reduce of the
     #: same tensor, where the ring model says half).
@@ -108,7 +115,11 @@ class ReplayConstants:
     #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
     #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
     serial_share: float = 0.0
-    #: Which replay: 4 prices the CPU costs per unit per other replica (a unit of 2 replicas pays
+    #: Which replay: 5 runs a compressor of several stages as the engine does (PowerSGD's P
+    #: factors all-reduced, then its Q factors: two chained collectives per unit, each paying the
+    #: latency, the fixed launch cost and the CPU cost per other replica; on release v0.3 a unit
+    #: priced as one collective put PowerSGD strategies 12% under their measured time, median);
+    #: 4 prices the CPU costs per unit per other replica (a unit of 2 replicas pays
     #: a third of one of 4: on lab-b10c the 2-replica strategies were over-predicted 1.4-1.7
     #: times with a cost per unit, and every strategy of 4 under-predicted to make up for them);
     #: 3 runs a sparse PS shard as the engine's SparsePSUnit does (an all-gather of
@@ -119,7 +130,7 @@ class ReplayConstants:
     #: through the server (Eq. 2) with the largest latency. A learned simulator replays with the
     #: version it was saved with, so its replay features are those it was trained on
     #: (:func:`constants_from_file`: a file from before the field existed is version 1).
-    replay_version: int = 4
+    replay_version: int = 5
     #: Where between the smallest and the largest calibrated node latency alpha lies (version 2;
     #: version 1 takes the largest). A probe's round trip is lengthened by what else its host
     #: runs, and by a CPU quota: on lab-4x1 (no quota, nodes alike) one node of four measured
@@ -299,6 +310,12 @@ class ReplaySimulator(Simulator):
             p.to_dict() for p in self.profiles.values()], "constants": self.constants.__dict__}, indent=1) + "\n")
 
 
+def compressor_stages() -> np.ndarray:
+    """Per compressor code (the registry's order), how many chained collectives one unit of it
+    runs (:attr:`~synctune.strategy.compressors.CompressorInfo.stages`)."""
+    return np.array([COMPRESSORS.get(name).stages for name in COMPRESSORS.names()], dtype=float)
+
+
 def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """Running maximum of ``values`` restarting at every segment (segments contiguous, sorted)."""
     if not len(values):
@@ -456,7 +473,11 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     unn, ring = t["N"][usid], t["ring_bw"][usid]
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
-    dur[ar] = 2 * (unn[ar] - 1) * (alpha + ubytes[ar] / (unn[ar] * ring[ar]))
+    # Collectives per unit: a compressor of several stages runs them one after the other (version 5).
+    stages = np.ones(u)
+    if k.replay_version >= 5 and b.comp.any():
+        np.maximum.at(stages, unit_of, compressor_stages()[b.comp])
+    dur[ar] = 2 * (unn[ar] - 1) * (alpha * stages[ar] + ubytes[ar] / (unn[ar] * ring[ar]))
     hier = hier_rows(b)
     if hier is not None:
         uhier = np.zeros(u, dtype=bool)
@@ -492,9 +513,12 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         in_node = np.bincount(unit_of, weights=stage, minlength=u)
     # From version 4 a unit's CPU cost is per other replica of its collective (none alone).
     peers = np.maximum(unn - 1, 0) if k.replay_version >= 4 else 1.0
-    dur += k.unit_s + _cpu_terms(k, ukind) * peers
-    if k.compress_s_per_mb and b.comp.any():
-        dur += k.compress_s_per_mb * np.bincount(unit_of, weights=np.where(b.comp > 0, plain, 0.0), minlength=u) / 1e6
+    dur += (k.unit_s + _cpu_terms(k, ukind) * peers) * stages
+    if b.comp.any():
+        # Per MB encoded: a low-rank compressor at its own price (version 5), a cast at the other.
+        lowrank = compressor_stages()[b.comp] > 1 if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
+        price = np.where(lowrank, k.lowrank_s_per_mb, k.compress_s_per_mb)
+        dur += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
     return dur, bcast, in_node
 
 
@@ -644,7 +668,7 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
-               "latency_share", "shard_unit_s")
+               "latency_share", "shard_unit_s", "lowrank_s_per_mb")
 #: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
 #: per trial for a share of 1.
 _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
@@ -652,12 +676,12 @@ _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 ALL_FIELDS = (*_CPU_FIELDS, "compute_scale")
 #: The fields other domains' trials say of a domain never measured (:func:`calibrate_replay`
 #: says why the others are not): the CPU cost of each kind of unit and of compression.
-UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard_unit_s")
+UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard_unit_s", "lowrank_s_per_mb")
 #: Upper bounds of the fields: a share is at most 1; a CPU cost of 50 ms per unit, 1 s per MB
 #: compressed or 1 s per iteration is no CPU cost of these units (the fits found at most 13 ms,
 #: 0.3 s and 0.35 s), and without a bound two nearly collinear columns can cancel at absurd sizes
 #: (cnn-small@lab-4x1's fit once put 5e9 s on a PS unit against a compute scale of 6,000).
-_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05])
+_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05, 1.0])
 
 
 def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
@@ -667,9 +691,9 @@ def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
-#: seconds per iteration, the two shares, seconds per shard unit, then (``_SCALE_STEP``) a
-#: relative change of the compute.
-_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4)
+#: seconds per iteration, the two shares, seconds per shard unit, seconds per MB low-rank encoded,
+#: then (``_SCALE_STEP``) a relative change of the compute.
+_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4, 1e-3)
 _SCALE_STEP = 1e-2
 
 

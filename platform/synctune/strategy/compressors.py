@@ -158,7 +158,8 @@ class CompressorInfo:
     ``fit(shape, rank)``: the ``rank`` to use on such a shard when a builder asks for
     ``rank`` (None: the compressor does not apply there). ``engine(rank, members, weight,
     seed)``: its implementation for one collective (members: ``(offset, rows, cols)`` of the
-    matrices of a flat merge-group buffer).
+    matrices of a flat merge-group buffer). ``stages``: how many chained collectives that
+    implementation launches per unit (its own ``stages``; the replay prices each one).
     """
 
     name: str
@@ -171,6 +172,7 @@ class CompressorInfo:
     problem: Callable[[tuple[int, ...], Any], str | None] = lambda shape, rank: None
     fit: Callable[[tuple[int, ...], Any], Any] = lambda shape, rank: 0
     engine: Callable[..., Any] = lambda **_: _Identity()
+    stages: int = 1
 
     @property
     def code(self) -> int:
@@ -207,7 +209,8 @@ for _info in (
                    description="PowerSGD low-rank approximation with error feedback (Vogels et al. 2019)",
                    wire_ratio=_powersgd_ratio, problem=_powersgd_problem,
                    fit=lambda shape, rank: min(rank, shape[0], _cols(shape)) if len(shape) >= 2 else None,
-                   engine=lambda rank, members, weight, seed, **_: _PowerSGD(rank, members, weight, seed)),
+                   engine=lambda rank, members, weight, seed, **_: _PowerSGD(rank, members, weight, seed),
+                   stages=_PowerSGD.stages),
 ):
     COMPRESSORS.register(_info.name, _info)
 
