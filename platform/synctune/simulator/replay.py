@@ -31,7 +31,9 @@ all-reduce is dense on the wire (the
 engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
 ``touched_rows``). Compressors shrink what they encode (their registry's wire ratio); one of
 several stages (PowerSGD: the P factors, then the Q factors) runs that many chained collectives per
-unit, each with its latency and CPU cost (version 5).
+unit. From version 5 every collective the engine launches pays its launch and CPU costs: each
+stage of a compressor, each reduce, all-reduce and all-gather of a hierarchical all-reduce, each
+broadcast round of a PS shard after the step.
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
@@ -115,10 +117,13 @@ class ReplayConstants:
     #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
     #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
     serial_share: float = 0.0
-    #: Which replay: 5 runs a compressor of several stages as the engine does (PowerSGD's P
-    #: factors all-reduced, then its Q factors: two chained collectives per unit, each paying the
-    #: latency, the fixed launch cost and the CPU cost per other replica; on release v0.3 a unit
-    #: priced as one collective put PowerSGD strategies 12% under their measured time, median);
+    #: Which replay: 5 prices every collective the engine launches: PowerSGD's two chained
+    #: all-reduces (P factors, then Q factors), each with its latency, launch cost and CPU cost per
+    #: other replica (priced as one, PowerSGD strategies came out 12% under their measured time on
+    #: release v0.3, median); a hierarchical all-reduce's reduces, cross-node all-reduce and
+    #: all-gather, each with its own peers (-5.0%); a PS shard's broadcasts after the step at the
+    #: PS CPU cost per round (free before, so the fit put their cost on the all-reduce units of
+    #: mixed strategies: all-reduce-only strategies +6.7%); low-rank encoding at its own price;
     #: 4 prices the CPU costs per unit per other replica (a unit of 2 replicas pays
     #: a third of one of 4: on lab-b10c the 2-replica strategies were over-predicted 1.4-1.7
     #: times with a cost per unit, and every strategy of 4 under-predicted to make up for them);
@@ -473,10 +478,7 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     unn, ring = t["N"][usid], t["ring_bw"][usid]
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
-    # Collectives per unit: a compressor of several stages runs them one after the other (version 5).
-    stages = np.ones(u)
-    if k.replay_version >= 5 and b.comp.any():
-        np.maximum.at(stages, unit_of, compressor_stages()[b.comp])
+    stages, launches, steps = _collectives(b, k, t, unit_of, usid, ukind)
     dur[ar] = 2 * (unn[ar] - 1) * (alpha * stages[ar] + ubytes[ar] / (unn[ar] * ring[ar]))
     hier = hier_rows(b)
     if hier is not None:
@@ -511,15 +513,40 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         dur += np.bincount(unit_of, weights=push, minlength=u)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
         in_node = np.bincount(unit_of, weights=stage, minlength=u)
-    # From version 4 a unit's CPU cost is per other replica of its collective (none alone).
-    peers = np.maximum(unn - 1, 0) if k.replay_version >= 4 else 1.0
-    dur += (k.unit_s + _cpu_terms(k, ukind) * peers) * stages
+    dur += k.unit_s * launches + _cpu_terms(k, ukind) * steps
     if b.comp.any():
         # Per MB encoded: a low-rank compressor at its own price (version 5), a cast at the other.
         lowrank = compressor_stages()[b.comp] > 1 if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
         price = np.where(lowrank, k.lowrank_s_per_mb, k.compress_s_per_mb)
         dur += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
     return dur, bcast, in_node
+
+
+def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.ndarray, usid: np.ndarray,
+                 ukind: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per unit: the chained collectives its compressor runs (``stages``), the collectives it
+    launches (each pays ``unit_s``) and the steps a rank takes in them with another replica (each
+    pays the unit kind's CPU cost, :func:`_cpu_terms`)."""
+    u = len(usid)
+    stages = np.ones(u)
+    if k.replay_version >= 5 and b.comp.any():  # PowerSGD: the P factors, then the Q factors
+        np.maximum.at(stages, unit_of, compressor_stages()[b.comp])
+    # From version 4 a unit's CPU cost is per other replica of its collective (none alone).
+    peers = np.maximum(t["N"][usid] - 1, 0) if k.replay_version >= 4 else np.ones(u)
+    launches, steps = stages.copy(), peers * stages
+    hier = hier_rows(b)
+    if k.replay_version >= 5 and hier is not None:
+        # The engine's HierarchicalAllReduceUnit, r replicas on each of W nodes: a reduce per piece
+        # inside the node (r reduces, r - 1 peers each), the rank's piece all-reduced across the
+        # nodes (W - 1), then an all-gather inside the node (r - 1); not one ring over N - 1 peers.
+        on = np.zeros(u, dtype=bool)
+        on[unit_of] = hier
+        on &= ukind == KIND_AR
+        r, w = t["r"][usid].max(1), t["W"][usid]
+        inside = np.maximum(r - 1, 0)
+        launches[on] = (np.where(r > 1, r + 1, 0) + (w > 1))[on]
+        steps[on] = (r * inside + np.maximum(w - 1, 0) + inside)[on]
+    return stages, launches, steps
 
 
 def _step_share(b: StrategyColumns, ctx: DomainContext, su: dict | None) -> np.ndarray | float:
@@ -664,6 +691,11 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
     push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
     pull = np.where(shard_ps, pull_bytes * g["gloo_bcast"] + pull_msgs * g["gloo_bcast_rounds"] * alpha + k.unit_s,
                     0.0)
+    if k.replay_version >= 5:
+        # Each broadcast's rounds cost a rank the PS CPU cost, as the push's steps do (before version
+        # 5 they were free: the fit charged them to the all-reduce units of the mixed strategies,
+        # which put all-reduce-only strategies 6.7% too slow on release v0.3, median).
+        pull = pull + np.where(shard_ps, k.ps_unit_s * pull_msgs * g["gloo_bcast_rounds"], 0.0)
     return push, pull, in_node
 
 
