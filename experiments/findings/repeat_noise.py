@@ -8,9 +8,16 @@ time would still be that far from the rows it is tested on. Pairs of strategies 
 differ by less than the noise are ordered by chance: the script also estimates the pairwise
 accuracy such a perfect simulator would reach on the release's domains (each domain's measured
 times taken as the truth, measured again with that noise). Also printed: the within-trial
-coefficient of variation of the timed iterations.
+coefficient of variation of the timed iterations, and how far apart the medians of a trial's
+first and second half are (what more iterations of the same trial average away), beside how far
+apart two trials of the same strategy are.
 
     python experiments/findings/repeat_noise.py [--data dataset/synctune-v0.2/data]
+
+With ``--probe SECONDS`` it times a fixed piece of CPU work instead, on an idle machine, to show
+how much the machine's own speed moves between windows of a minute or less (:func:`probe_drift`).
+
+    python experiments/findings/repeat_noise.py --probe 120
 
 With ``--presets`` it measures instead (root: the lab): on each lab preset, for each model, the
 same strategies (the builders, then guided-sampler strategies) are trialled twice in one
@@ -113,6 +120,45 @@ def measure(args) -> None:
               f"{int((per <= 0.05).sum())} of {len(per)} (worst {per.max():.1%}, {per.idxmax()})")
 
 
+def probe_drift(seconds: float, windows: int = 6) -> None:
+    """How much this machine's own speed moves with nothing of ours running: one fixed piece of
+    CPU work (40 products of two 300 x 300 matrices on numpy's threads, then a loop of 200,000
+    Python additions) timed every half second for ``seconds``, and the median of each of ``windows``
+    consecutive windows. Run it on an idle machine: its windows' spread is a floor under the
+    difference between two trials minutes apart that no rule inside a trial can remove."""
+    import time
+
+    a = np.random.default_rng(0).random((300, 300))
+    out = []
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        t0 = time.perf_counter()
+        for _ in range(40):
+            a @ a
+        x = 0
+        for i in range(200_000):
+            x += i
+        out.append(time.perf_counter() - t0)
+        time.sleep(0.5)
+    x = np.asarray(out) * 1e3
+    k = max(1, len(x) // windows)
+    medians = [float(np.median(x[i * k:(i + 1) * k])) for i in range(len(x) // k)]
+    print(f"CPU probe, {len(x)} runs over {seconds:.0f} s: window medians (ms) "
+          + " ".join(f"{m:.1f}" for m in medians)
+          + f"; spread {(max(medians) - min(medians)) / np.median(medians):.1%} of their median")
+
+
+def _halves_apart(times) -> float:
+    """How far apart the medians of a trial's first and second half of timed iterations are
+    (relative to their mean; NaN under 4 iterations): the noise a longer trial averages away,
+    against which the difference between two trials says how much comes from outside a trial."""
+    x = np.asarray(times, dtype=float)
+    if len(x) < 4:
+        return np.nan
+    a, b = np.median(x[:len(x) // 2]), np.median(x[len(x) // 2:])
+    return abs(a - b) / ((a + b) / 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="dataset/synctune-v0.2/data")
@@ -122,7 +168,12 @@ def main() -> None:
     parser.add_argument("--strategies", type=int, default=8, help="strategies per domain, each measured twice")
     parser.add_argument("--rules", default="fixed,ci")
     parser.add_argument("--home", default=None, help="data folder for the rows (default: a new temporary one)")
+    parser.add_argument("--probe", type=float, default=0.0,
+                        help="instead, time a fixed CPU probe for this many seconds (an idle machine's own drift)")
     args = parser.parse_args()
+    if args.probe:
+        probe_drift(args.probe)
+        return
     if args.presets:
         measure(args)
         return
@@ -142,6 +193,10 @@ def main() -> None:
           .to_string(float_format=lambda x: f"{x:.1%}"))
     cv = t.iteration_times_s.apply(lambda x: np.std(x) / np.mean(x) if len(x) > 1 else np.nan)
     print(f"within a trial, the iterations' coefficient of variation: median {cv.median():.1%}")
+    halves = t.iteration_times_s.apply(_halves_apart).dropna()
+    print(f"within a trial, the median of its first half of timed iterations against its second half's: "
+          f"median {halves.median():.1%} apart ({len(halves)} trials), where two trials of one strategy are "
+          f"{p['diff'].median():.1%} apart: {p['diff'].median() / halves.median():.1f} times as far")
     rng = np.random.default_rng(args.seed)
     # A perfect simulator's pairwise accuracy, for a few noise levels (a normal relative error).
     for sigma in (noise * 0.5, noise, p["diff"].median()):
