@@ -93,8 +93,9 @@ class ReplayConstants:
     #: The communication's own CPU time, which the links do not show (zero: training-free;
     #: :func:`calibrate_replay` fits them on measured trials): per unit of each kind, beyond
     #: ``unit_s`` (from ``replay_version`` 4, per unit and per other replica of its collective:
-    #: a ring takes one step per peer, and gloo's CPU work is per step), and per MB compressed
-    #: (encode and decode). Not per MB sent: every strategy of a domain sends about the model's
+    #: a ring takes one step per peer, and gloo's CPU work is per step; from version 5 per step
+    #: of every collective the unit launches, a PS shard's broadcast rounds included), and per MB
+    #: compressed (encode and decode). Not per MB sent: every strategy of a domain sends about the model's
     #: bytes, so such a cost could not be told apart from the compute scale below (a cost per
     #: MB fitted beside the others on release v0.3 stayed at zero).
     ps_unit_s: float = 0.0
