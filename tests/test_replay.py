@@ -1024,6 +1024,7 @@ def test_each_compressors_stages_are_the_collectives_its_engine_launches():
         launches = sum(1 for _launch in impl.all_reduce(torch.ones(48), None, lambda _t: None))
         assert launches == info.stages == impl.stages, name
     assert COMPRESSORS.get("powersgd").stages == 2  # the P factors, then the Q factors
+    assert [n for n in COMPRESSORS.names() if COMPRESSORS.get(n).low_rank] == ["powersgd"]
 
 
 def test_a_powersgd_unit_pays_two_collectives_and_its_own_encoding_price_worked_by_hand():

@@ -141,8 +141,7 @@ def probe_drift(seconds: float, windows: int = 6) -> None:
         out.append(time.perf_counter() - t0)
         time.sleep(0.5)
     x = np.asarray(out) * 1e3
-    k = max(1, len(x) // windows)
-    medians = [float(np.median(x[i * k:(i + 1) * k])) for i in range(len(x) // k)]
+    medians = [float(np.median(w)) for w in np.array_split(x, windows)]
     print(f"CPU probe, {len(x)} runs over {seconds:.0f} s: window medians (ms) "
           + " ".join(f"{m:.1f}" for m in medians)
           + f"; spread {(max(medians) - min(medians)) / np.median(medians):.1%} of their median")
@@ -172,6 +171,8 @@ def main() -> None:
                         help="instead, time a fixed CPU probe for this many seconds (an idle machine's own drift)")
     args = parser.parse_args()
     if args.probe:
+        if args.probe < 10:
+            parser.error(f"--probe: at least 10 seconds (six windows of a few runs each), got {args.probe}")
         probe_drift(args.probe)
         return
     if args.presets:

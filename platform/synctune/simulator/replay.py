@@ -29,11 +29,14 @@ trip is lengthened by what else its host runs, and by a CPU quota. A sparse shar
 sends its rows' indices, after an all-gather of the row counts (version 3). A sparse variable on
 all-reduce is dense on the wire (the
 engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
-``touched_rows``). Compressors shrink what they encode (their registry's wire ratio); one of
-several stages (PowerSGD: the P factors, then the Q factors) runs that many chained collectives per
-unit. From version 5 every collective the engine launches pays its launch and CPU costs: each
-stage of a compressor, each reduce, all-reduce and all-gather of a hierarchical all-reduce, each
-broadcast round of a PS shard after the step.
+``touched_rows``). Compressors shrink what they encode (their registry's wire ratio); a
+compressor of several stages (PowerSGD: the P factors, then the Q factors) runs that many chained
+collectives per unit. From version 5 three kinds of unit pay the launch and CPU costs of each
+collective they run, not of one: a compressor's stages, a hierarchical all-reduce's reduces,
+all-reduce and all-gather (each with its own peers), and a PS shard's broadcast rounds after the
+step (CPU cost per round). The other units of several collectives (a sparse all-gather or PS
+push, SFB, a locally aggregated PS push, an HSDP shard unit) still pay one launch; their CPU
+costs are fitted per unit of their kind.
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
@@ -94,7 +97,8 @@ class ReplayConstants:
     #: :func:`calibrate_replay` fits them on measured trials): per unit of each kind, beyond
     #: ``unit_s`` (from ``replay_version`` 4, per unit and per other replica of its collective:
     #: a ring takes one step per peer, and gloo's CPU work is per step; from version 5 per step
-    #: of every collective the unit launches, a PS shard's broadcast rounds included), and per MB
+    #: of each stage of a compressor and of each collective of a hierarchical all-reduce, and a PS
+    #: shard's per broadcast round too), and per MB
     #: compressed (encode and decode). Not per MB sent: every strategy of a domain sends about the model's
     #: bytes, so such a cost could not be told apart from the compute scale below (a cost per
     #: MB fitted beside the others on release v0.3 stayed at zero).
@@ -118,7 +122,7 @@ class ReplayConstants:
     #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
     #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
     serial_share: float = 0.0
-    #: Which replay: 5 prices every collective the engine launches: PowerSGD's two chained
+    #: Which replay: 5 prices each collective of three kinds of unit: PowerSGD's two chained
     #: all-reduces (P factors, then Q factors), each with its latency, launch cost and CPU cost per
     #: other replica (priced as one, PowerSGD strategies came out 12% under their measured time on
     #: release v0.3, median); a hierarchical all-reduce's reduces, cross-node all-reduce and
@@ -316,10 +320,15 @@ class ReplaySimulator(Simulator):
             p.to_dict() for p in self.profiles.values()], "constants": self.constants.__dict__}, indent=1) + "\n")
 
 
-def compressor_stages() -> np.ndarray:
+def _compressor_stages() -> np.ndarray:
     """Per compressor code (the registry's order), how many chained collectives one unit of it
     runs (:attr:`~synctune.strategy.compressors.CompressorInfo.stages`)."""
     return np.array([COMPRESSORS.get(name).stages for name in COMPRESSORS.names()], dtype=float)
+
+
+def _low_rank() -> np.ndarray:
+    """Per compressor code, whether it encodes by low-rank products (priced ``lowrank_s_per_mb``)."""
+    return np.array([COMPRESSORS.get(name).low_rank for name in COMPRESSORS.names()], dtype=bool)
 
 
 def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
@@ -517,7 +526,7 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     dur += k.unit_s * launches + _cpu_terms(k, ukind) * steps
     if b.comp.any():
         # Per MB encoded: a low-rank compressor at its own price (version 5), a cast at the other.
-        lowrank = compressor_stages()[b.comp] > 1 if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
+        lowrank = _low_rank()[b.comp] if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
         price = np.where(lowrank, k.lowrank_s_per_mb, k.compress_s_per_mb)
         dur += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
     return dur, bcast, in_node
@@ -531,7 +540,7 @@ def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.nd
     u = len(usid)
     stages = np.ones(u)
     if k.replay_version >= 5 and b.comp.any():  # PowerSGD: the P factors, then the Q factors
-        np.maximum.at(stages, unit_of, compressor_stages()[b.comp])
+        np.maximum.at(stages, unit_of, _compressor_stages()[b.comp])
     # From version 4 a unit's CPU cost is per other replica of its collective (none alone).
     peers = np.maximum(t["N"][usid] - 1, 0) if k.replay_version >= 4 else np.ones(u)
     launches, steps = stages.copy(), peers * stages

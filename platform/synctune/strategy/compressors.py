@@ -160,6 +160,8 @@ class CompressorInfo:
     seed)``: its implementation for one collective (members: ``(offset, rows, cols)`` of the
     matrices of a flat merge-group buffer). ``stages``: how many chained collectives that
     implementation launches per unit (its own ``stages``; the replay prices each one).
+    ``low_rank``: it encodes by matrix products (the replay prices its encoding apart from a
+    cast's one pass over the bytes).
     """
 
     name: str
@@ -173,6 +175,7 @@ class CompressorInfo:
     fit: Callable[[tuple[int, ...], Any], Any] = lambda shape, rank: 0
     engine: Callable[..., Any] = lambda **_: _Identity()
     stages: int = 1
+    low_rank: bool = False
 
     @property
     def code(self) -> int:
@@ -210,7 +213,7 @@ for _info in (
                    wire_ratio=_powersgd_ratio, problem=_powersgd_problem,
                    fit=lambda shape, rank: min(rank, shape[0], _cols(shape)) if len(shape) >= 2 else None,
                    engine=lambda rank, members, weight, seed, **_: _PowerSGD(rank, members, weight, seed),
-                   stages=_PowerSGD.stages),
+                   stages=_PowerSGD.stages, low_rank=True),
 ):
     COMPRESSORS.register(_info.name, _info)
 
