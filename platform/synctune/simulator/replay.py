@@ -320,15 +320,10 @@ class ReplaySimulator(Simulator):
             p.to_dict() for p in self.profiles.values()], "constants": self.constants.__dict__}, indent=1) + "\n")
 
 
-def _compressor_stages() -> np.ndarray:
-    """Per compressor code (the registry's order), how many chained collectives one unit of it
-    runs (:attr:`~synctune.strategy.compressors.CompressorInfo.stages`)."""
-    return np.array([COMPRESSORS.get(name).stages for name in COMPRESSORS.names()], dtype=float)
-
-
-def _low_rank() -> np.ndarray:
-    """Per compressor code, whether it encodes by low-rank products (priced ``lowrank_s_per_mb``)."""
-    return np.array([COMPRESSORS.get(name).low_rank for name in COMPRESSORS.names()], dtype=bool)
+def _per_compressor(field: str) -> np.ndarray:
+    """Per compressor code (the registry's order), its :class:`~synctune.strategy.compressors.CompressorInfo`
+    ``field`` (``stages``: chained collectives per unit; ``low_rank``: priced ``lowrank_s_per_mb``)."""
+    return np.array([getattr(COMPRESSORS.get(name), field) for name in COMPRESSORS.names()])
 
 
 def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
@@ -488,13 +483,15 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     unn, ring = t["N"][usid], t["ring_bw"][usid]
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
-    stages, launches, steps = _collectives(b, k, t, unit_of, usid, ukind)
-    dur[ar] = 2 * (unn[ar] - 1) * (alpha * stages[ar] + ubytes[ar] / (unn[ar] * ring[ar]))
     hier = hier_rows(b)
-    if hier is not None:
-        uhier = np.zeros(u, dtype=bool)
-        uhier[unit_of] = hier
-        hr = uhier & (ukind == KIND_AR)
+    hr = None
+    if hier is not None:  # the hierarchical all-reduce units
+        hr = np.zeros(u, dtype=bool)
+        hr[unit_of] = hier
+        hr &= ukind == KIND_AR
+    stages, launches, steps = _collectives(b, k, t, unit_of, usid, hr)
+    dur[ar] = 2 * (unn[ar] - 1) * (alpha * stages[ar] + ubytes[ar] / (unn[ar] * ring[ar]))
+    if hr is not None:
         dur[hr] = t["hier_msgs"][usid[hr]] * alpha + ubytes[hr] * t["hier_per_byte"][usid[hr]]
     if k.replay_version >= 3:
         # The engine's sparse all-gather (SparseAllGatherUnit): the row counts all-gathered first,
@@ -526,36 +523,33 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     dur += k.unit_s * launches + _cpu_terms(k, ukind) * steps
     if b.comp.any():
         # Per MB encoded: a low-rank compressor at its own price (version 5), a cast at the other.
-        lowrank = _low_rank()[b.comp] if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
+        lowrank = _per_compressor("low_rank")[b.comp] if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
         price = np.where(lowrank, k.lowrank_s_per_mb, k.compress_s_per_mb)
         dur += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
     return dur, bcast, in_node
 
 
 def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.ndarray, usid: np.ndarray,
-                 ukind: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 hier: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per unit: the chained collectives its compressor runs (``stages``), the collectives it
     launches (each pays ``unit_s``) and the steps a rank takes in them with another replica (each
-    pays the unit kind's CPU cost, :func:`_cpu_terms`)."""
+    pays the unit kind's CPU cost, :func:`_cpu_terms`); ``hier``: which units are hierarchical
+    all-reduces (None: none is)."""
     u = len(usid)
     stages = np.ones(u)
     if k.replay_version >= 5 and b.comp.any():  # PowerSGD: the P factors, then the Q factors
-        np.maximum.at(stages, unit_of, _compressor_stages()[b.comp])
+        np.maximum.at(stages, unit_of, _per_compressor("stages")[b.comp])
     # From version 4 a unit's CPU cost is per other replica of its collective (none alone).
     peers = np.maximum(t["N"][usid] - 1, 0) if k.replay_version >= 4 else np.ones(u)
     launches, steps = stages.copy(), peers * stages
-    hier = hier_rows(b)
     if k.replay_version >= 5 and hier is not None:
         # The engine's HierarchicalAllReduceUnit, r replicas on each of W nodes: a reduce per piece
         # inside the node (r reduces, r - 1 peers each), the rank's piece all-reduced across the
         # nodes (W - 1), then an all-gather inside the node (r - 1); not one ring over N - 1 peers.
-        on = np.zeros(u, dtype=bool)
-        on[unit_of] = hier
-        on &= ukind == KIND_AR
         r, w = t["r"][usid].max(1), t["W"][usid]
         inside = np.maximum(r - 1, 0)
-        launches[on] = (np.where(r > 1, r + 1, 0) + (w > 1))[on]
-        steps[on] = (r * inside + np.maximum(w - 1, 0) + inside)[on]
+        launches[hier] = (np.where(r > 1, r + 1, 0) + (w > 1))[hier]
+        steps[hier] = (r * inside + np.maximum(w - 1, 0) + inside)[hier]
     return stages, launches, steps
 
 
