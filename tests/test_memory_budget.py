@@ -346,3 +346,21 @@ def test_a_search_under_a_budget_replicated_training_does_not_fit(tmp_path):
     memory = result["memory"]
     assert memory["over_budget_builders"] == ["allreduce"] and memory["predicted_peak_bytes"]
     assert all(p <= limit for p in memory["measured_peak_bytes"] or [0])
+
+
+def test_a_shard_search_may_score_with_the_shipped_simulator_which_has_seen_shard_plans():
+    """``shard: true`` with the experiment's default simulator (the shipped one) is prepared, not
+    refused: the shipped simulator was trained on release v0.3, whose rows hold shard plans, and
+    scores them (the refusal said it was trained before the shard synchronizer, which stopped
+    being true when it was retrained)."""
+    from synctune.run.search import prepare_memory
+    from synctune.simulator import load_simulator, pretrained_info
+    from synctune.workload.zoo import zoo_workload
+
+    model, cluster = model_spec("transformer-small"), cluster_preset("lab-2x2")
+    exp = Experiment.from_keys(name="t", model=model.name, cluster=cluster.name, budget=4, shard=True)
+    assert exp.search.simulator == "pretrained" and exp.search.uses_simulator
+    assert "shard" in load_simulator("pretrained").config["synchronizers"]
+    assert "shard plans included" in pretrained_info()["trained_on"]
+    _budget, rate = prepare_memory(exp, model, cluster, zoo_workload(model.name))
+    assert rate == 0.5

@@ -184,12 +184,21 @@ def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, work
         raise SpecError(f"{where}: search.shard: false, but replicated training does not fit the memory budget "
                         f"(predicted {max(budget.peaks(skeleton)) / GIB:.3f} GiB per rank; {budget.describe()}); "
                         f"set search.shard: auto, or raise search.memory_gib")
-    if rate and exp.search.uses_simulator and exp.search.simulator == "pretrained":
+    if rate and exp.search.uses_simulator and exp.search.simulator == "pretrained" and not _pretrained_scores_shard():
         why = "; replicated training does not fit the budget" if not budget.fits(skeleton) else ""
         raise SpecError(f"{where}: search.simulator: the shipped pretrained simulator was trained before the shard "
                         f"synchronizer, and this search proposes shard units (search.shard: "
                         f"{str(exp.search.shard).lower()}{why}); use simulator: replay (or analytic, or rnn)")
     return budget, rate
+
+
+def _pretrained_scores_shard() -> bool:
+    """Whether the shipped simulator was trained with the shard synchronizer among its inputs (the
+    one trained on release v0.3 was; an installation's older file would refuse shard units only
+    when scoring them, mid-search)."""
+    from ..simulator import load_simulator
+
+    return "shard" in (load_simulator("pretrained").config.get("synchronizers") or [])
 
 
 def shard_rate(exp: Experiment, budget: MemoryBudget, skeleton: Strategy) -> float:
