@@ -208,17 +208,15 @@ def test_analytic_model_reshard_and_prefetch():
 
 # ------------------------------------------------------------------ learned models, sim eval
 
-#: Predictions of the shipped simulator (a version-3 file, trained before ``shard``) on the first
-#: six trials of each domain of the sample release, computed with synctune at fc0d2ba (before the
-#: shard kind existed): with the shard features appended, it must score them exactly as before.
 #: The shipped simulator's scores of the first six trials of each sample-local-v0 domain (the
-#: file trained on release synctune-v0.3, ``pretrained.json``): a change of the features or
-#: the encoding that moves them means the shipped file must be retrained with it.
+#: file trained on release synctune-v0.3 with version 5's replay features, ``pretrained.json``):
+#: a change of the features or the encoding that moves them means the shipped file must be
+#: retrained with it.
 _PRETRAINED_BEFORE = {
-    "cnn-small@local-1x2": [-28.618282, -28.618282, -22.633345, -22.633345, -11.401299, -22.633345],
-    "cnn-small@local-2x2": [-27.211626, -27.211626, -10.374445, -12.681735, -1.123615, 11.487553],
-    "ncf-small@local-1x2": [-19.202295, -19.202295, -25.141476, -25.141476, -13.389297, -25.141474],
-    "ncf-small@local-2x2": [-0.388299, -0.388299, -6.650558, -6.327229, 4.996273, 13.580931],
+    "cnn-small@local-1x2": [-32.806934, -32.806934, -26.619652, -26.619652, -16.250578, -26.619650],
+    "cnn-small@local-2x2": [-23.160343, -23.160343, -3.210215, -10.199519, -0.989214, 17.913441],
+    "ncf-small@local-1x2": [-21.854239, -21.854239, -28.421707, -28.421707, -18.855059, -28.421711],
+    "ncf-small@local-2x2": [-2.215588, -2.215588, -10.091950, -12.237413, -4.991058, 2.439968],
 }
 
 
