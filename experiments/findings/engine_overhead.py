@@ -25,6 +25,7 @@ import argparse
 import multiprocessing as mp
 import statistics
 import time
+from queue import Empty
 
 MODELS = ("cnn-small", "ncf-small", "lm-small", "transformer-small", "bert-tiny")
 
@@ -102,7 +103,15 @@ def main() -> None:
              for _ in range(args.workers)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=3600) for _ in procs]
+    results = []
+    while len(results) < len(procs):
+        try:
+            results.append(queue.get(timeout=5))
+        except Empty:
+            # A worker that died (its traceback is on stderr) would leave the others' results waiting.
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise SystemExit(f"engine_overhead: a worker failed (exit status {failed[0]}); see its error above")
     for p in procs:
         p.join()
     print(f"{args.workers} workers at once, each a process group of one; {args.iters} interleaved pairs "
