@@ -36,15 +36,13 @@ def _one_worker(models: list[str], builders: list[str], warmup: int, iters: int,
     import torch.distributed as dist
 
     from synctune.engine.core import StrategyEngine
-    from synctune.spec.cluster import ClusterSpec
+    from synctune.spec import cluster_preset
     from synctune.strategy import build_strategy
     from synctune.workload.zoo import zoo_workload
 
     torch.set_num_threads(1)  # as a trial's worker
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    cluster = ClusterSpec.from_dict({"name": "one-replica", "nodes": [{
-        "instance_type": "this-machine", "device_kind": "cpu", "device_model": "cpu", "num_devices": 1,
-        "nic_gbps": 10.0, "single_flow_gbps": 10.0, "intra_node_gbps": 10.0}]})
+    cluster = cluster_preset("local-1x1")  # one CPU device: nothing travels
     rows = {}
     try:
         for name in models:
