@@ -36,7 +36,12 @@ collective they run, not of one: a compressor's stages, a hierarchical all-reduc
 all-reduce and all-gather (each with its own peers), and a PS shard's broadcast rounds after the
 step (CPU cost per round). The other units of several collectives (a sparse all-gather or PS
 push, SFB, a locally aggregated PS push, an HSDP shard unit) still pay one launch; their CPU
-costs are fitted per unit of their kind.
+costs are fitted per unit of their kind. From version 6, on CPU workers, an iteration ends no
+sooner than backward, then every unit's CPU work (its launches, its steps with other replicas,
+its encoding), then the step: gloo's collectives run on the cores that compute (the lab runs
+more workers than cores), so what they cost the CPU does not hide behind backward as their
+links' time does (dPRO §4.3's replayer keeps a queue per device, a worker's and each link's:
+on CPU workers gloo's work is on the worker's device, not the link's).
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
