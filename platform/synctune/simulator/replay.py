@@ -456,10 +456,11 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     ukind = np.zeros(u, dtype=np.int64)
     ukind[unit_of] = b.kind
     ubytes = np.bincount(unit_of, weights=wire, minlength=u)
-    dur, bcast, in_node = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain, sparse_part,
-                                          alpha, su=su, sec=sec if su is not None else None, rebuild=rebuild)
-    # The communication's CPU work, for the bound below: computed before the units are reordered.
-    cpu_s = _communication_cpu(b, k, t, unit_of, usid, ukind, plain) if _host_bound(ctx, k) and u else None
+    dur, bcast, in_node, cpu = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain,
+                                               sparse_part, alpha, su=su, sec=sec if su is not None else None,
+                                               rebuild=rebuild)
+    # Each strategy's communication CPU work, for the bound below (units still in their first order).
+    cpu_s = np.bincount(usid, weights=cpu, minlength=n) if _host_bound(ctx, k) and u else None
     # The fixed launch order: by strategy, then by the first member's position in backward.
     order = np.lexsort((first, usid))
     position = np.empty(u, dtype=np.int64)
@@ -488,10 +489,11 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
 def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants, t: dict,
                     unit_of: np.ndarray, usid: np.ndarray, ukind: np.ndarray, ubytes: np.ndarray, wire: np.ndarray,
                     plain: np.ndarray, sparse_part: np.ndarray, alpha: float, *, su: dict | None, sec: dict | None,
-                    rebuild: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    rebuild: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each unit's time on the link queue (alpha-beta per kind, PS pushes, the fixed per-unit
-    and CPU costs, compression), each strategy's PS broadcast after the step, and the part of
-    each unit's time spent inside the nodes first (local aggregation; else 0)."""
+    and CPU costs, compression), each strategy's PS broadcast after the step, the part of
+    each unit's time spent inside the nodes first (local aggregation; else 0), and the part of
+    each unit's time that is CPU work (its calibrated costs and launches: version 6's bound)."""
     u, n = len(usid), b.size
     sfb = b.kind == KIND_SFB
     # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
@@ -499,7 +501,12 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     unn, ring = t["N"][usid], t["ring_bw"][usid]
     dur = np.zeros(u)
     ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
-    hr = _hier_units(b, unit_of, ukind)
+    hier = hier_rows(b)
+    hr = None
+    if hier is not None:  # the hierarchical all-reduce units
+        hr = np.zeros(u, dtype=bool)
+        hr[unit_of] = hier
+        hr &= ukind == KIND_AR
     stages, launches, steps = _collectives(b, k, t, unit_of, usid, hr)
     dur[ar] = 2 * (unn[ar] - 1) * (alpha * stages[ar] + ubytes[ar] / (unn[ar] * ring[ar]))
     if hr is not None:
@@ -518,7 +525,7 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         ushard = np.flatnonzero(ukind == KIND_SHARD)
         which = np.empty(u, np.int64)
         which[unit_of[su["rows"]]] = su["unit_of"]
-        dur[ushard] = (sec["reduce_scatter"] + sec["cross"])[which[ushard]] + k.shard_unit_s
+        dur[ushard] = (sec["reduce_scatter"] + sec["cross"])[which[ushard]]
     if sfb.any():
         # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
         fb = (ukind == KIND_SFB) & (unn > 1)
@@ -531,44 +538,19 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
         dur += np.bincount(unit_of, weights=push, minlength=u)
         bcast = np.bincount(b.sid, weights=pull, minlength=n)
         in_node = np.bincount(unit_of, weights=stage, minlength=u)
-    dur += k.unit_s * launches + _cpu_terms(k, ukind) * steps
+    cpu = k.unit_s * launches + _cpu_terms(k, ukind) * steps + np.where(ukind == KIND_SHARD, k.shard_unit_s, 0.0)
     if b.comp.any():
         # Per MB encoded: a low-rank compressor at its own price (version 5), a cast at the other.
         lowrank = _per_compressor("low_rank")[b.comp] if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
         price = np.where(lowrank, k.lowrank_s_per_mb, k.compress_s_per_mb)
-        dur += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
-    return dur, bcast, in_node
-
-
-def _hier_units(b: StrategyColumns, unit_of: np.ndarray, ukind: np.ndarray) -> np.ndarray | None:
-    """Which units are hierarchical all-reduces (None: none is)."""
-    hier = hier_rows(b)
-    if hier is None:
-        return None
-    hr = np.zeros(len(ukind), dtype=bool)
-    hr[unit_of] = hier
-    return hr & (ukind == KIND_AR)
+        cpu += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
+    return dur + cpu, bcast, in_node, cpu
 
 
 def _host_bound(ctx: DomainContext, k: ReplayConstants) -> bool:
     """Whether the iteration is bounded below by the compute plus the communication's CPU work
     (version 6; CPU clusters, whose workers compute on the cores gloo's collectives run on)."""
     return k.replay_version >= 6 and ctx.cluster.device_kind == "cpu"
-
-
-def _communication_cpu(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.ndarray, usid: np.ndarray,
-                       ukind: np.ndarray, plain: np.ndarray) -> np.ndarray:
-    """Per strategy, the CPU seconds of its units before the step: every calibrated CPU cost of
-    :func:`_unit_durations` (each collective's launch, each step with another replica, a shard
-    unit's reduce-scatter, the encoding of what is compressed), none of the links' time."""
-    n = b.size
-    _stages, launches, steps = _collectives(b, k, t, unit_of, usid, _hier_units(b, unit_of, ukind))
-    per_unit = k.unit_s * launches + _cpu_terms(k, ukind) * steps + np.where(ukind == KIND_SHARD, k.shard_unit_s, 0.0)
-    cpu = np.bincount(usid, weights=per_unit, minlength=n)
-    if b.comp.any():
-        price = np.where(_per_compressor("low_rank")[b.comp], k.lowrank_s_per_mb, k.compress_s_per_mb)
-        cpu += np.bincount(b.sid, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=n) / 1e6
-    return cpu
 
 
 def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.ndarray, usid: np.ndarray,
