@@ -207,6 +207,48 @@ def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     assert not list(CPU_ROOT.glob(f"{PREFIX}-n*"))
 
 
+_PROFILE_IN_GROUP = """
+import json, sys
+from synctune.engine.local import join_cgroup
+from synctune.engine.profile import profile_compute, under_cpu_quota
+from synctune.workload import zoo_workload
+before = under_cpu_quota()
+if sys.argv[1]:
+    join_cgroup(sys.argv[1])  # the profile's worker process inherits the group
+p = profile_compute(zoo_workload("cnn-small"), workers=1, warmup=2, iters=10)
+print(json.dumps({"before": before, "after": under_cpu_quota(), "total_s": p.forward_s + p.backward_s + p.step_s}))
+"""
+
+
+def test_a_profile_under_a_cpu_quota_measures_the_rate_the_quota_grants():
+    """A worker held to a quarter of a core computes a quarter as fast as one on a whole core,
+    over any stretch of the kernel's 100 ms periods; within a period it runs at full speed until
+    the quota is spent. Ten iterations of a few ms fit in one burst: their median was the full
+    speed (a g3 lab node's profile came out 1.0-2.4x its g4dn one's from one run to the next,
+    where its quota makes it 2x). Reference: the same profile with no quota, in this test."""
+    from synctune.lab.cpu import check_cpu_quota_support, make_node_cgroups, remove_cgroups
+
+    try:
+        check_cpu_quota_support()
+    except InfraError as exc:
+        pytest.skip(str(exc))
+    # lab-b11c's first node: one g3-like worker, a quarter of a core.
+    groups = make_node_cgroups(cluster_preset("lab-b11c"), PREFIX)
+    try:
+        def profile(group: str) -> dict:
+            done = subprocess.run([sys.executable, "-c", _PROFILE_IN_GROUP, group], capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        free, held = profile(""), profile(groups["node0"])
+    finally:
+        remove_cgroups(PREFIX)
+    assert not free["before"] and not free["after"] and not held["before"] and held["after"]
+    # 4x ideal (more if the free worker's torch used both cores); 1x is the burst's speed.
+    assert held["total_s"] / free["total_s"] >= 2.5, (held, free, os.getloadavg())
+
+
 def test_cluster_calibrate_measures_a_ray_slice_against_the_shaped_links(lab, tmp_path):
     """`synctune cluster calibrate` on the Ray worker group of lab-b9 (a 1-worker node at 10 GbE x
     1/32 = 312.5 Mbit/s, a 2-worker node at 781.25 Mbit/s): tc's shaping is the reference."""

@@ -7,7 +7,11 @@ an optimizer step on their own batch, without any synchronization, and record wh
 variable's gradient becomes ready (a post-accumulate-grad hook, the same event the engine's
 units wait for). Warm-up iterations are not timed; each timed iteration starts after a barrier
 so the workers compete for the machine as they do in a trial. The profile keeps, per figure,
-the median over iterations of the slowest worker.
+the median over iterations of the slowest worker; a CPU worker under a CFS quota (a lab node's
+``cpu_share``) is timed for at least :data:`QUOTA_WINDOW_S` and keeps the mean, since the kernel
+grants a quota per 100 ms period (cgroup v1 ``cpu.cfs_quota_us``, "CFS Bandwidth Control" in the
+kernel's scheduler documentation): a few short iterations fit in one period's burst at a whole
+core's speed.
 
 On a GPU the kernels run after the Python calls return, so the figures are taken from CUDA
 events instead of the host clock: one recorded at the start of the iteration, one in each
@@ -27,7 +31,8 @@ from typing import Any
 from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 
-__all__ = ["profile_compute", "profile_per_device_type", "profile_worker", "hook_cost"]
+__all__ = ["profile_compute", "profile_per_device_type", "profile_worker", "hook_cost", "under_cpu_quota",
+           "QUOTA_WINDOW_S"]
 
 
 def profile_worker(rank: int, world: int, payload: dict) -> dict:
@@ -58,9 +63,13 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
 
     handles = [params[n].register_post_accumulate_grad_hook(hook_of(index[n])) for n in names]
     rows = []
+    # A CPU worker under a CFS quota (a lab node's cpu_share) is measured over whole periods.
+    window_s = payload.get("quota_window_s", QUOTA_WINDOW_S) if device.type == "cpu" and under_cpu_quota() else 0.0
+    more = _more_iterations(dist, torch, device, payload["warmup"], payload["iters"], window_s)
     try:
-        for it in range(payload["warmup"] + payload["iters"]):
-            dist.barrier()
+        it = 0
+        while more(it):
+            it += 1
             clock.start()
             loss = workload.loss(model, batch)
             clock.phase(0)
@@ -69,14 +78,17 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             clock.phase(2)
-            if it >= payload["warmup"]:
+            if it > payload["warmup"]:
                 rows.append(clock.read())
             else:
                 clock.read()
     finally:
         for h in handles:
             h.remove()
-    med = statistics.median
+    # Under a quota an iteration runs at a core's full speed until the group's quota for the
+    # period is spent, then waits for the next period: iteration times are two clusters, and
+    # their median is either; the mean over whole periods is the rate the quota grants.
+    med = statistics.fmean if window_s else statistics.median
     out = {"forward_s": med(r[0] for r in rows), "backward_s": med(r[1] for r in rows),
            "step_s": med(r[2] for r in rows), "ready_s": [med(r[3][i] for r in rows) for i in range(len(names))]}
     if device.type == "cuda":
@@ -84,6 +96,72 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
                                        warmup=min(payload["warmup"], 2))
         out["hook_s"] = hook_cost(device, warmup=payload["warmup"])
     return out
+
+
+#: How long a CPU worker under a CFS quota is timed at least (ten of the kernel's default
+#: 100 ms periods): its iterations last a few milliseconds, its quota is granted per period.
+QUOTA_WINDOW_S = 1.0
+
+
+def under_cpu_quota() -> bool:
+    """Whether this process's CPU group, or a group above it, has a CFS quota (cgroup v1
+    ``cpu.cfs_quota_us`` > 0: a lab node's ``cpu_share``); False where none can be read. The
+    ``cpu`` controller's mount is read from /proc/self/mountinfo (proc(5))."""
+    from pathlib import Path
+
+    try:
+        groups = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    path = next((line.split(":", 2)[2] for line in groups if "cpu" in line.split(":", 2)[1].split(",")), None)
+    root = None
+    for line in mounts:
+        fields, _, fs = line.partition(" - ")
+        fs = fs.split()
+        if len(fs) >= 3 and fs[0] == "cgroup" and "cpu" in fs[2].split(","):
+            # The mount shows the hierarchy from its own root down (a container's mount starts lower).
+            mounted_from, root = fields.split()[3], Path(fields.split()[4])
+            break
+    if path is None or root is None:
+        return False
+    group = root / Path(path).relative_to(mounted_from) if Path(path).is_relative_to(mounted_from) else root
+    for parent in (group, *group.parents):
+        try:
+            if int((parent / "cpu.cfs_quota_us").read_text()) > 0:
+                return True
+        except (OSError, ValueError):
+            pass
+        if parent == root:
+            break
+    return False
+
+
+def _more_iterations(dist, torch, device, warmup: int, iters: int, window_s: float):
+    """``more(it)``: whether iteration ``it`` (0-based; the first ``warmup`` untimed) runs, the
+    same answer on every worker; it also starts the workers' iterations together, as a barrier
+    would. CPU workers run ``warmup + iters`` iterations and, while any worker's ``window_s``
+    (0: none) since its first timed iteration has not passed, more (at most ``100 * iters``
+    timed); GPU workers exactly ``warmup + iters`` (no quotas there, and NCCL's collectives
+    take CUDA tensors: a barrier starts them)."""
+    count = warmup + iters
+    if device.type != "cpu":
+        def fixed(it: int) -> bool:
+            if it < count:
+                dist.barrier()
+            return it < count
+        return fixed
+    start = [0.0]
+
+    def more(it: int) -> bool:
+        now = time.perf_counter()
+        if it == warmup:
+            start[0] = now
+        want = it < count or (window_s > 0 and now - start[0] < window_s and it < warmup + 100 * iters)
+        flag = torch.tensor([int(want)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return more
 
 
 def _launch_time(workload, model, batch, optimizer, *, iters: int, warmup: int = 2) -> float:
