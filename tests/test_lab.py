@@ -224,8 +224,8 @@ def test_a_profile_under_a_cpu_quota_measures_the_rate_the_quota_grants():
     """A worker held to a quarter of a core computes a quarter as fast as one on a whole core,
     over any stretch of the kernel's 100 ms periods; within a period it runs at full speed until
     the quota is spent. Ten iterations of a few ms fit in one burst: their median was the full
-    speed (a g3 lab node's profile came out 1.0-2.4x its g4dn one's from one run to the next,
-    where its quota makes it 2x). Reference: the same profile with no quota, in this test."""
+    speed (cnn-small's g3 lab profile came out 2.2x and 1.3x its g4dn one's in two runs minutes
+    apart, where the quotas make it 2x). Reference: the same profile with no quota, in this test."""
     from synctune.lab.cpu import check_cpu_quota_support, make_node_cgroups, remove_cgroups
 
     try:
