@@ -1,6 +1,7 @@
 """The findings scripts' shared measurement (experiments/findings/_common.py), on loopback: the
 lab's figures in experiments/findings/README.md come from it, so it must report each arm under
-its own times and a real difference as one."""
+its own times and a real difference as one; and repeat_noise.py's speed probe, which must give
+every trial its probe without moving a result to another trial."""
 
 from __future__ import annotations
 
@@ -53,3 +54,25 @@ def test_round_medians_splits_measure_output_into_consecutive_rounds():
     assert bench.round_medians(out, 3) == {"synctune": [1.5, 9.5, 20.5], "ddp": [4.5, 2.5, 0.75]}
     with pytest.raises(ValueError, match="do not split into 4 rounds"):
         bench.round_medians(out, 4)
+
+
+def test_speed_probe_times_every_trial_and_leaves_each_result_with_its_trial():
+    # repeat_noise.probing swaps the engine's local launcher for one whose workers time a CPU
+    # probe around each trial: every trial gets its probe, each result stays with its own trial
+    # (the slow arm, 8x the batch, is the middle one) and the engine's launcher is back after.
+    import repeat_noise
+
+    import synctune.engine.local as local
+    from synctune.engine.trial import TrialConfig, run_trials_local
+
+    cluster = cluster_preset("local-1x2")
+    workload = zoo_workload("cnn-small")
+    fast = build_strategy("allreduce", workload.spec(), cluster, chunk=4)
+    slow = dataclasses.replace(fast, batch_split=tuple(8 * b for b in fast.batch_split))
+    plain = local.run_local
+    with repeat_noise.probing({}) as probes:
+        got = run_trials_local([fast, slow, fast], cluster, TrialConfig(warmup=1, iters=3), workload=workload)
+    assert local.run_local is plain
+    assert sorted(probes) == [0, 1, 2] and all(0 < p < 10 for p in probes.values()), probes
+    assert all(r.ok for r in got)
+    assert got[1].median_s > 2 * max(got[0].median_s, got[2].median_s)

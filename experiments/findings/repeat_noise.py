@@ -32,12 +32,24 @@ The rows are recorded in the data folder (``--home``; search id ``repeat-<rule>-
 
     python experiments/findings/repeat_noise.py --presets lab-2x2,lab-4x1,lab-b12,lab-b10c,lab-b11c
         [--models cnn-small,transformer-small] [--strategies 8] [--rules fixed,ci] [--home DIR]
+
+Also printed per preset: the median ratio of a strategy's second measurement to its first (a
+drift or a first-run effect shows as a ratio away from 1). ``--speed-probe`` adds, around every
+trial, a fixed piece of CPU work timed on rank 0 while the other ranks wait (:func:`speed_probe`),
+and prints how far apart the pairs are once each trial's time is divided by its probe's: if the
+machine's own speed made the difference between two trials, that quotient would be closer.
+``--fresh-groups`` runs every trial in a process group of its own, as the first trial of its
+group (the engine's trial lists share one group per run of trials on the same replicas, whose
+trials drift faster over the group's life: ``group_drift.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -58,9 +70,86 @@ RULES = {"fixed": {"warmup": 2, "iters": 6},
                            "pin_cpus": True}}
 
 
+def speed_probe() -> list[float]:
+    """Rank 0's seconds for three runs of a fixed piece of CPU work (20 products of two 256 x 256
+    torch matrices, then 50,000 Python additions: some 9 ms), the other ranks waiting in a
+    barrier before and after, so that nothing of the trials runs beside it."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    out = []
+    if dist.get_rank() == 0:
+        a = torch.rand(256, 256, generator=torch.Generator().manual_seed(0))
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(20):
+                a @ a
+            x = 0
+            for i in range(50_000):
+                x += i
+            out.append(time.perf_counter() - t0)
+    dist.barrier()
+    return out
+
+
+def probed_trials_worker(rank: int, world: int, payload: dict) -> int:
+    """The engine's trials worker (:func:`synctune.engine.trial.trials_worker`) with
+    :func:`speed_probe` before and after each trial, reported as event ``speed_probe``."""
+    import os
+
+    from synctune.engine.local import report
+    from synctune.engine.trial import _measure
+    from synctune.strategy.schema import Strategy
+
+    report({"event": "started", "rank": rank, "pid": os.getpid()})
+    for index, strategy in enumerate(payload["strategies"]):
+        before = speed_probe()
+        out = _measure(rank, world, payload, Strategy.from_dict(strategy), True, progress=False)
+        after = speed_probe()
+        if rank == 0:
+            report({"event": "speed_probe", "index": payload["first_index"] + index, "seconds": before + after})
+            report({"event": "trial_done", "index": payload["first_index"] + index, "out": out})
+    return len(payload["strategies"])
+
+
+@contextlib.contextmanager
+def probing(probes: dict[int, float]):
+    """While open, every local process group of the engine's trial lists runs
+    :func:`probed_trials_worker`; each trial's probe median lands in ``probes`` by index."""
+    import synctune.engine.local as local
+
+    plain = local.run_local
+
+    def run_local(fn, world_size, args=(), *, on_progress=None, **kw):
+        def progress(rank, msg):
+            if msg.get("event") == "speed_probe":
+                probes[msg["index"]] = float(np.median(msg["seconds"]))
+            elif on_progress is not None:
+                on_progress(rank, msg)
+        return plain(probed_trials_worker, world_size, args, on_progress=progress, **kw)
+
+    local.run_local = run_local
+    try:
+        yield probes
+    finally:
+        local.run_local = plain
+
+
+def _pair_row(preset: str, model: str, rule: str, a, b, probe_a: float | None, probe_b: float | None,
+              wall: float) -> dict:
+    row = {"preset": preset, "model": model, "rule": rule,
+           "diff": abs(a.median_s - b.median_s) / ((a.median_s + b.median_s) / 2),
+           "ratio": b.median_s / a.median_s, "iters": (a.iters + b.iters) / 2, "wall": wall}
+    if probe_a and probe_b:
+        x, y = a.median_s / probe_a, b.median_s / probe_b
+        row |= {"probed_diff": abs(x - y) / ((x + y) / 2), "log_ratio": math.log(b.median_s / a.median_s),
+                "log_probe_ratio": math.log(probe_b / probe_a)}
+    return row
+
+
 def measure(args) -> None:
     import sys
-    import time
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -86,8 +175,14 @@ def measure(args) -> None:
                 for rule in args.rules.split(","):
                     config = TrialConfig(seed=args.seed, **RULES[rule])
                     t0 = time.perf_counter()
-                    results = run_trials_local([p[2] for p in plan] * 2, cluster, config, workload=workload,
-                                               node_net=node_net)
+                    trials = [p[2] for p in plan] * 2
+                    with probing({}) if args.speed_probe else contextlib.nullcontext({}) as probes:
+                        if args.fresh_groups:  # each trial the first of a process group of its own
+                            results = [run_trials_local([s], cluster, config, workload=workload,
+                                                        node_net=node_net)[0] for s in trials]
+                        else:
+                            results = run_trials_local(trials, cluster, config, workload=workload,
+                                                       node_net=node_net)
                     wall = time.perf_counter() - t0
                     for i, r in enumerate(results):
                         trial_id, origin, strategy = plan[i % len(plan)]
@@ -95,29 +190,45 @@ def measure(args) -> None:
                                       search_id=f"repeat-{rule}-{model}@{preset}",
                                       trial_id=f"{trial_id}-pass{i // len(plan)}")
                     k = len(plan)
-                    for a, b in zip(results[:k], results[k:]):
+                    for i, (a, b) in enumerate(zip(results[:k], results[k:])):
                         if a.ok and b.ok:
-                            rows.append({"preset": preset, "model": model, "rule": rule,
-                                         "diff": abs(a.median_s - b.median_s) / ((a.median_s + b.median_s) / 2),
-                                         "iters": (a.iters + b.iters) / 2, "wall": wall / len(results)})
+                            rows.append(_pair_row(preset, model, rule, a, b, probes.get(i), probes.get(i + k),
+                                                  wall / len(results)))
                     done = pd.DataFrame([r for r in rows if r["preset"] == preset and r["model"] == model
                                          and r["rule"] == rule])
                     print(f"{model}@{preset} {rule}: {len(done)} pairs, median diff {done['diff'].median():.1%}, "
                           f"{done['iters'].mean():.0f} iterations, {wall / len(results):.1f} s per trial", flush=True)
     t = pd.DataFrame(rows)
     table = t.groupby(["preset", "rule"]).agg(pairs=("diff", "size"), median=("diff", "median"),
-                                              p90=("diff", lambda d: d.quantile(0.9)),
+                                              p90=("diff", lambda d: d.quantile(0.9)), ratio=("ratio", "median"),
                                               iterations=("iters", "mean"), seconds=("wall", "mean")).reset_index()
     print()
     print(_common.markdown_table(
-        ["preset", "rule", "pairs", "median of abs(x1 - x2) / mean", "p90", "timed iterations per trial (mean)",
-         "s per trial (mean)"],
-        [[r.preset, r.rule, r.pairs, f"{r.median:.1%}", f"{r.p90:.1%}", f"{r.iterations:.0f}", f"{r.seconds:.1f}"]
-         for r in table.itertuples()]))
+        ["preset", "rule", "pairs", "median of abs(x1 - x2) / mean", "p90", "x2 / x1 (median)",
+         "timed iterations per trial (mean)", "s per trial (mean)"],
+        [[r.preset, r.rule, r.pairs, f"{r.median:.1%}", f"{r.p90:.1%}", f"{r.ratio:.3f}", f"{r.iterations:.0f}",
+          f"{r.seconds:.1f}"] for r in table.itertuples()]))
+    if "probed_diff" in t:
+        _print_probed(t.dropna(subset=["probed_diff"]))
     for rule, g in t.groupby("rule"):
         per = g.groupby("preset")["diff"].median()
         print(f"{rule}: median over all pairs {g['diff'].median():.1%}; presets at or under 5%: "
               f"{int((per <= 0.05).sum())} of {len(per)} (worst {per.max():.1%}, {per.idxmax()})")
+
+
+def _print_probed(t: pd.DataFrame) -> None:
+    """The pairs as measured beside the pairs divided by their trials' speed probes."""
+    import _common
+
+    rows = []
+    for (preset, model), g in t.groupby(["preset", "model"]):
+        r = np.corrcoef(g.log_ratio, g.log_probe_ratio)[0, 1] if len(g) > 2 else np.nan
+        rows.append([preset, model, len(g), f"{g['diff'].median():.1%}", f"{g.probed_diff.median():.1%}",
+                     f"{g.log_ratio.std():.3f}", f"{g.log_probe_ratio.std():.3f}", f"{r:.2f}"])
+    print()
+    print(_common.markdown_table(
+        ["preset", "model", "pairs", "median abs(x1 - x2) / mean", "the same of x / probe",
+         "sd of log(x2 / x1)", "sd of log(probe2 / probe1)", "correlation"], rows))
 
 
 def probe_drift(seconds: float, windows: int = 6) -> None:
@@ -126,8 +237,6 @@ def probe_drift(seconds: float, windows: int = 6) -> None:
     Python additions) timed every half second for ``seconds``, and the median of each of ``windows``
     consecutive windows. Run it on an idle machine: its windows' spread is a floor under the
     difference between two trials minutes apart that no rule inside a trial can remove."""
-    import time
-
     a = np.random.default_rng(0).random((300, 300))
     out = []
     start = time.monotonic()
@@ -167,6 +276,10 @@ def main() -> None:
     parser.add_argument("--strategies", type=int, default=8, help="strategies per domain, each measured twice")
     parser.add_argument("--rules", default="fixed,ci")
     parser.add_argument("--home", default=None, help="data folder for the rows (default: a new temporary one)")
+    parser.add_argument("--fresh-groups", action="store_true",
+                        help="with --presets: every trial in a process group of its own (no drift over a group's life)")
+    parser.add_argument("--speed-probe", action="store_true",
+                        help="with --presets: time a fixed CPU probe on rank 0 around every trial")
     parser.add_argument("--probe", type=float, default=0.0,
                         help="instead, time a fixed CPU probe for this many seconds (an idle machine's own drift)")
     args = parser.parse_args()
@@ -176,6 +289,9 @@ def main() -> None:
         probe_drift(args.probe)
         return
     if args.presets:
+        if args.fresh_groups and args.speed_probe:
+            parser.error("--fresh-groups and --speed-probe: one at a time (a probe is keyed by its trial's place in "
+                         "one group)")
         measure(args)
         return
     t = ds.dataset(args.data, format="parquet", partitioning="hive").to_table(
