@@ -76,3 +76,26 @@ def test_speed_probe_times_every_trial_and_leaves_each_result_with_its_trial():
     assert sorted(probes) == [0, 1, 2] and all(0 < p < 10 for p in probes.values()), probes
     assert all(r.ok for r in got)
     assert got[1].median_s > 2 * max(got[0].median_s, got[2].median_s)
+
+
+def test_means_of_two_sets_one_trial_against_a_mean_of_two_from_either_run(tmp_path, capsys):
+    # Two runs' rows of the same two strategies; by hand: one trial against one is 2/11 and 2/9
+    # (run a), 0 and 0 (run b), median 1/11 (between 0 and 2/11); a mean of two, one trial from
+    # each run, against the other: (10 + 10) / 2 = 10 against (12 + 10) / 2 = 11 -> 1/10.5, and
+    # (8 + 4) / 2 = 6 against (10 + 4) / 2 = 7 -> 1/6.5; median (1/10.5 + 1/6.5) / 2.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import repeat_noise
+
+    runs = {"a": {"s-pass0": 10.0, "s-pass1": 12.0, "t-pass0": 8.0, "t-pass1": 10.0},
+            "b": {"s-pass0": 10.0, "s-pass1": 10.0, "t-pass0": 4.0, "t-pass1": 4.0}}
+    for name, rows in runs.items():
+        (tmp_path / name / "dataset").mkdir(parents=True)
+        pq.write_table(pa.table({"trial_id": list(rows), "model_name": ["m"] * 4, "cluster_name": ["c"] * 4,
+                                 "median_s": list(rows.values()), "status": ["ok"] * 4}),
+                       tmp_path / name / "dataset" / "part.parquet")
+    repeat_noise.means_of_two([str(tmp_path / "a"), str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert "2 strategies" in out
+    assert f"one trial against one: median {1 / 11:.1%}" in out
+    assert f"another: median {(1 / 10.5 + 1 / 6.5) / 2:.1%}" in out

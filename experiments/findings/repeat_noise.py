@@ -38,6 +38,8 @@ drift or a first-run effect shows as a ratio away from 1). ``--speed-probe`` add
 trial, a fixed piece of CPU work timed on rank 0 while the other ranks wait (:func:`speed_probe`),
 and prints how far apart the pairs are once each trial's time is divided by its probe's: if the
 machine's own speed made the difference between two trials, that quotient would be closer.
+``--means-of-two HOME HOME ...`` reads two or more such runs' rows and sets one measurement
+against one beside a mean of two (one trial from each run) against another.
 ``--fresh-groups`` runs every trial in a process group of its own, as the first trial of its
 group (the engine's trial lists share one group per run of trials on the same replicas, whose
 trials drift faster over the group's life: ``group_drift.py``).
@@ -256,6 +258,34 @@ def probe_drift(seconds: float, windows: int = 6) -> None:
           + f"; spread {(max(medians) - min(medians)) / np.median(medians):.1%} of their median")
 
 
+def _repeat_pairs(folder: str) -> pd.DataFrame:
+    """A ``--presets`` run's rows (its ``--home``): per (model, preset, strategy) its first and
+    second measurement (columns "0", "1"), matched by trial id (a strategy's hash moves with the
+    calibrated cluster, its builder or sampler name does not)."""
+    t = ds.dataset(f"{folder}/dataset", format="parquet", partitioning="hive").to_table(
+        columns=["trial_id", "model_name", "cluster_name", "median_s", "status"]).to_pandas()
+    t = t[(t.status == "ok") & t.trial_id.str.contains("-pass")]
+    t["strategy"], t["pass"] = t.trial_id.str.rsplit("-pass", n=1).str[0], t.trial_id.str.rsplit("-pass", n=1).str[1]
+    return t.pivot_table(index=["model_name", "cluster_name", "strategy"], columns="pass", values="median_s")
+
+
+def means_of_two(folders: list[str]) -> None:
+    """For each two ``--presets`` runs of the same strategies (same presets, models and seed), how
+    far apart two measurements are against how far apart two means of two are, each mean of one
+    trial from either run (different process groups, different hours): what measuring every
+    strategy twice would leave, from rows already measured."""
+    def apart(a, b):
+        return (a - b).abs() / ((a + b) / 2)
+
+    runs = {f: _repeat_pairs(f) for f in folders}
+    for a, b in itertools.combinations(folders, 2):
+        j = pd.merge(runs[a], runs[b], left_index=True, right_index=True, suffixes=("a", "b")).dropna()
+        one = pd.concat([apart(j["0a"], j["1a"]), apart(j["0b"], j["1b"])])
+        two = apart((j["0a"] + j["1b"]) / 2, (j["1a"] + j["0b"]) / 2)
+        print(f"{a} + {b}: {len(j)} strategies; one trial against one: median {one.median():.1%}; "
+              f"a mean of two (one from each run) against another: median {two.median():.1%}")
+
+
 def _halves_apart(times) -> float:
     """How far apart the medians of a trial's first and second half of timed iterations are
     (relative to their mean; NaN under 4 iterations): the noise a longer trial averages away,
@@ -278,6 +308,9 @@ def main() -> None:
     parser.add_argument("--home", default=None, help="data folder for the rows (default: a new temporary one)")
     parser.add_argument("--fresh-groups", action="store_true",
                         help="with --presets: every trial in a process group of its own (no drift over a group's life)")
+    parser.add_argument("--means-of-two", nargs="+", metavar="HOME", default=None,
+                        help="instead, from two or more --presets runs' data folders (--home): one trial against "
+                             "one, beside a mean of two trials against another")
     parser.add_argument("--speed-probe", action="store_true",
                         help="with --presets: time a fixed CPU probe on rank 0 around every trial")
     parser.add_argument("--probe", type=float, default=0.0,
@@ -287,6 +320,11 @@ def main() -> None:
         if args.probe < 10:
             parser.error(f"--probe: at least 10 seconds (six windows of a few runs each), got {args.probe}")
         probe_drift(args.probe)
+        return
+    if args.means_of_two:
+        if len(args.means_of_two) < 2:
+            parser.error(f"--means-of-two: at least two data folders, got {len(args.means_of_two)}")
+        means_of_two(args.means_of_two)
         return
     if args.presets:
         if args.fresh_groups and args.speed_probe:
