@@ -15,7 +15,7 @@ apart two trials of the same strategy are.
     python experiments/findings/repeat_noise.py [--data dataset/synctune-v0.2/data]
 
 With ``--probe SECONDS`` it times a fixed piece of CPU work instead, on an idle machine, to show
-how much the machine's own speed moves between windows of a minute or less (:func:`probe_drift`).
+how much the machine's state moves between windows of a minute or less (:func:`probe_drift`).
 
     python experiments/findings/repeat_noise.py --probe 120
 
@@ -52,6 +52,7 @@ import contextlib
 import itertools
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -152,7 +153,6 @@ def _pair_row(preset: str, model: str, rule: str, a, b, probe_a: float | None, p
 
 def measure(args) -> None:
     import sys
-    from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common
@@ -234,11 +234,12 @@ def _print_probed(t: pd.DataFrame) -> None:
 
 
 def probe_drift(seconds: float, windows: int = 6) -> None:
-    """How much this machine's own speed moves with nothing of ours running: one fixed piece of
-    CPU work (40 products of two 300 x 300 matrices on numpy's threads, then a loop of 200,000
-    Python additions) timed every half second for ``seconds``, and the median of each of ``windows``
-    consecutive windows. Run it on an idle machine: its windows' spread is a floor under the
-    difference between two trials minutes apart that no rule inside a trial can remove."""
+    """How much one fixed piece of CPU work moves with nothing of ours running (40 products of two
+    300 x 300 matrices on numpy's threads, then a loop of 200,000 Python additions), timed every
+    half second for ``seconds``, and the median of each of ``windows`` consecutive windows. Run it
+    on an idle machine: its spread says how much the machine's state moves from minute to minute.
+    It is not a speed a trial runs at: a probe beside every trial (``--speed-probe``) moves
+    otherwise and divides none of the pairs' difference away (dataset card)."""
     a = np.random.default_rng(0).random((300, 300))
     out = []
     start = time.monotonic()
@@ -324,6 +325,9 @@ def main() -> None:
     if args.means_of_two:
         if len(args.means_of_two) < 2:
             parser.error(f"--means-of-two: at least two data folders, got {len(args.means_of_two)}")
+        for folder in args.means_of_two:
+            if not (Path(folder) / "dataset").is_dir():
+                parser.error(f"--means-of-two: {folder} has no dataset/ folder (a --presets run's --home)")
         means_of_two(args.means_of_two)
         return
     if args.presets:
