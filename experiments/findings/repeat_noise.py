@@ -73,6 +73,18 @@ RULES = {"fixed": {"warmup": 2, "iters": 6},
                            "pin_cpus": True}}
 
 
+def _cpu_work(a, products: int, additions: int) -> float:
+    """Seconds for ``products`` products of the matrix ``a`` with itself (numpy or torch), then
+    ``additions`` Python additions: the fixed piece of work both probes time."""
+    t0 = time.perf_counter()
+    for _ in range(products):
+        a @ a
+    x = 0
+    for i in range(additions):
+        x += i
+    return time.perf_counter() - t0
+
+
 def speed_probe() -> list[float]:
     """Rank 0's seconds for three runs of a fixed piece of CPU work (20 products of two 256 x 256
     torch matrices, then 50,000 Python additions: some 9 ms), the other ranks waiting in a
@@ -84,14 +96,7 @@ def speed_probe() -> list[float]:
     out = []
     if dist.get_rank() == 0:
         a = torch.rand(256, 256, generator=torch.Generator().manual_seed(0))
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(20):
-                a @ a
-            x = 0
-            for i in range(50_000):
-                x += i
-            out.append(time.perf_counter() - t0)
+        out = [_cpu_work(a, 20, 50_000) for _ in range(3)]
     dist.barrier()
     return out
 
@@ -244,13 +249,7 @@ def probe_drift(seconds: float, windows: int = 6) -> None:
     out = []
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        t0 = time.perf_counter()
-        for _ in range(40):
-            a @ a
-        x = 0
-        for i in range(200_000):
-            x += i
-        out.append(time.perf_counter() - t0)
+        out.append(_cpu_work(a, 40, 200_000))
         time.sleep(0.5)
     x = np.asarray(out) * 1e3
     medians = [float(np.median(w)) for w in np.array_split(x, windows)]
@@ -266,7 +265,8 @@ def _repeat_pairs(folder: str) -> pd.DataFrame:
     t = ds.dataset(f"{folder}/dataset", format="parquet", partitioning="hive").to_table(
         columns=["trial_id", "model_name", "cluster_name", "median_s", "status"]).to_pandas()
     t = t[(t.status == "ok") & t.trial_id.str.contains("-pass")]
-    t["strategy"], t["pass"] = t.trial_id.str.rsplit("-pass", n=1).str[0], t.trial_id.str.rsplit("-pass", n=1).str[1]
+    parts = t.trial_id.str.rsplit("-pass", n=1)
+    t["strategy"], t["pass"] = parts.str[0], parts.str[1]
     return t.pivot_table(index=["model_name", "cluster_name", "strategy"], columns="pass", values="median_s")
 
 
