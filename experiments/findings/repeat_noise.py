@@ -169,6 +169,11 @@ def measure(args) -> None:
     from synctune.workload.zoo import zoo_workload
 
     _common.use_data_folder(args.home, "repeat-noise-")
+    if args.cfs_period_ms:
+        import synctune.lab.cpu as lab_cpu
+
+        # Read by make_node_cgroups when the lab comes up; the quotas keep their shares of it.
+        lab_cpu.PERIOD_US = int(round(args.cfs_period_ms * 1000))
     ds = TrialDataset(dataset_dir())
     rows = []
     for preset in args.presets.split(","):
@@ -312,6 +317,9 @@ def main() -> None:
     parser.add_argument("--means-of-two", nargs="+", metavar="HOME", default=None,
                         help="instead, from two or more --presets runs' data folders (--home): one trial against "
                              "one, beside a mean of two trials against another")
+    parser.add_argument("--cfs-period-ms", type=float, default=None,
+                        help="with --presets: the lab's CFS period for the quota presets' cgroups (default: "
+                             "the lab's, 100 ms); 1 to 1000")
     parser.add_argument("--speed-probe", action="store_true",
                         help="with --presets: time a fixed CPU probe on rank 0 around every trial")
     parser.add_argument("--probe", type=float, default=0.0,
@@ -331,6 +339,8 @@ def main() -> None:
         means_of_two(args.means_of_two)
         return
     if args.presets:
+        if args.cfs_period_ms is not None and not 1 <= args.cfs_period_ms <= 1000:
+            parser.error(f"--cfs-period-ms: 1 to 1000 (the kernel's bounds), got {args.cfs_period_ms:g}")
         if args.fresh_groups and args.speed_probe:
             parser.error("--fresh-groups and --speed-probe: one at a time (a probe is keyed by its trial's place in "
                          "one group)")
