@@ -43,6 +43,9 @@ against one beside a mean of two (one trial from each run) against another.
 ``--fresh-groups`` runs every trial in a process group of its own, as the first trial of its
 group (the engine's trial lists share one group per run of trials on the same replicas, whose
 trials drift faster over the group's life: ``group_drift.py``).
+``--cfs-period-ms`` sets the CFS period of the quota presets' cgroups (the lab's is 100 ms, the
+kernel's default; a quota is granted per period, so iterations about as long as the period alias
+with it).
 """
 
 from __future__ import annotations
