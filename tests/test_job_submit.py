@@ -65,14 +65,17 @@ def ray_head(tmp_path_factory):
         yield url, env, tmp_path / "home"
     finally:
         try:
-            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+            os.kill(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started, in order
+            head.wait(timeout=60)
         except ProcessLookupError:  # it never came up: the assertion above says why
             pass
-        try:
-            head.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever of its process group outlived it
             os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        head.wait(timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
 
 
