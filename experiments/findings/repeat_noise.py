@@ -172,7 +172,7 @@ def measure(args) -> None:
     from synctune.workload.zoo import zoo_workload
 
     _common.use_data_folder(args.home, "repeat-noise-")
-    if args.cfs_period_ms:
+    if args.cfs_period_ms is not None:
         import synctune.lab.cpu as lab_cpu
 
         # Read by make_node_cgroups when the lab comes up; the quotas keep their shares of it.
