@@ -147,14 +147,19 @@ def probing(probes: dict[int, float]):
         local.run_local = plain
 
 
+def _apart(a, b):
+    """How far apart two measurements are, relative to their mean (numbers or pandas Series)."""
+    return abs(a - b) / ((a + b) / 2)
+
+
 def _pair_row(preset: str, model: str, rule: str, a, b, probe_a: float | None, probe_b: float | None,
               wall: float) -> dict:
     row = {"preset": preset, "model": model, "rule": rule,
-           "diff": abs(a.median_s - b.median_s) / ((a.median_s + b.median_s) / 2),
+           "diff": _apart(a.median_s, b.median_s),
            "ratio": b.median_s / a.median_s, "iters": (a.iters + b.iters) / 2, "wall": wall}
     if probe_a and probe_b:
         x, y = a.median_s / probe_a, b.median_s / probe_b
-        row |= {"probed_diff": abs(x - y) / ((x + y) / 2), "log_ratio": math.log(b.median_s / a.median_s),
+        row |= {"probed_diff": _apart(x, y), "log_ratio": math.log(b.median_s / a.median_s),
                 "log_probe_ratio": math.log(probe_b / probe_a)}
     return row
 
@@ -283,14 +288,11 @@ def means_of_two(folders: list[str]) -> None:
     far apart two measurements are against how far apart two means of two are, each mean of one
     trial from either run (different process groups, different hours): what measuring every
     strategy twice would leave, from rows already measured."""
-    def apart(a, b):
-        return (a - b).abs() / ((a + b) / 2)
-
     runs = {f: _repeat_pairs(f) for f in folders}
     for a, b in itertools.combinations(folders, 2):
         j = pd.merge(runs[a], runs[b], left_index=True, right_index=True, suffixes=("a", "b")).dropna()
-        one = pd.concat([apart(j["0a"], j["1a"]), apart(j["0b"], j["1b"])])
-        two = apart((j["0a"] + j["1b"]) / 2, (j["1a"] + j["0b"]) / 2)
+        one = pd.concat([_apart(j["0a"], j["1a"]), _apart(j["0b"], j["1b"])])
+        two = _apart((j["0a"] + j["1b"]) / 2, (j["1a"] + j["0b"]) / 2)
         print(f"{a} + {b}: {len(j)} strategies; one trial against one: median {one.median():.1%}; "
               f"a mean of two (one from each run) against another: median {two.median():.1%}")
 
@@ -303,7 +305,7 @@ def _halves_apart(times) -> float:
     if len(x) < 4:
         return np.nan
     a, b = np.median(x[:len(x) // 2]), np.median(x[len(x) // 2:])
-    return abs(a - b) / ((a + b) / 2)
+    return _apart(a, b)
 
 
 def main() -> None:
@@ -355,7 +357,7 @@ def main() -> None:
     pairs = []
     for (model, cluster, _), g in t.groupby(["model_name", "cluster_name", "strategy_hash"]):
         for a, b in itertools.combinations(g.median_s.to_numpy(), 2):
-            pairs.append((cluster, abs(a - b) / ((a + b) / 2)))
+            pairs.append((cluster, _apart(a, b)))
     p = pd.DataFrame(pairs, columns=["cluster", "diff"])
     print(f"{len(t)} ok rows; {len(p)} pairs of measurements of the same strategy in the same domain")
     print(f"|x1 - x2| / mean: median {p['diff'].median():.1%}, p90 {p['diff'].quantile(0.9):.1%}")
