@@ -525,3 +525,10 @@ def affinity_worker(rank: int, world: int) -> list[int]:
     import os
 
     return sorted(os.sched_getaffinity(0))
+
+
+def environment_worker(rank: int, world: int, name: str) -> dict:
+    """This worker's value of the variable ``name`` (None when unset) and its parent's process id."""
+    import os
+
+    return {"value": os.environ.get(name), "parent": os.getppid()}

@@ -283,6 +283,23 @@ def _children(pid: int) -> list:
         return []
 
 
+def _ranks(pid: int) -> list:
+    """The trial's worker processes under ``pid``: not multiprocessing's resource tracker, nor its
+    fork server (a child of ``pid`` whose children the workers are, where they are forked)."""
+    import psutil
+
+    out = []
+    for p in _children(pid):
+        try:
+            line = " ".join(p.cmdline())
+            if "resource_tracker" in line or (p.ppid() == pid and "forkserver" in line):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(p)
+    return out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signalled_trial_leaves_no_worker_behind(tmp_path, sig):
     import psutil
@@ -293,10 +310,10 @@ def test_a_signalled_trial_leaves_no_worker_behind(tmp_path, sig):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+        while len(_ranks(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        workers = _children(proc.pid)
-        assert len(workers) >= 2, "the trial's workers never started"
+        workers = _ranks(proc.pid)
+        assert len(workers) == 2, "the trial's workers never started"
         time.sleep(2.0)  # let them get into the collectives
         proc.send_signal(sig)
         _out, err = proc.communicate(timeout=60)
@@ -323,18 +340,15 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     try:
         deadline = time.monotonic() + 120
 
-        def workers_now() -> list:
-            # The resource tracker may be the first child to appear: only the two ranks count.
-            return [w for w in _children(proc.pid) if "resource_tracker" not in " ".join(w.cmdline())]
-
-        while len(workers_now()) < 2 and time.monotonic() < deadline:
+        while len(_ranks(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        workers = workers_now()
-        assert len(workers) >= 2
+        workers = _ranks(proc.pid)
+        assert len(workers) == 2
+        started = _children(proc.pid)  # the ranks, and the fork server they came from where they were forked
         proc.kill()
         proc.wait(timeout=30)
-        _gone, alive = psutil.wait_procs(workers, timeout=15)
-        assert not alive, [p.pid for p in alive]
+        _gone, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, [" ".join(p.cmdline())[:100] for p in alive]
     finally:
         if proc.poll() is None:
             proc.kill()

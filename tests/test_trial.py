@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +21,8 @@ from synctune.engine.local import WorkerFailure, classify_error, run_local
 from synctune.models import model_spec
 from synctune.spec import SpecError, cluster_preset
 from synctune.strategy import Strategy, build_strategy
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cli_trial_json_has_40_timed_iterations():
@@ -252,6 +257,42 @@ def test_pinned_workers_each_run_on_their_own_cpu():
     pinned = run_local(affinity_worker, 3, timeout_s=120, pin_cpus=True)
     assert pinned == [[cpus[r % len(cpus)]] for r in range(3)]
     assert run_local(affinity_worker, 2, timeout_s=120) == [cpus, cpus]
+
+
+def test_workers_see_the_launchers_environment_as_it_is_at_each_run(tmp_path):
+    """Workers are forked from a fork server that imported torch once; they must still see the
+    launcher's environment as it is at each run, as fresh interpreters do (a variable set, one
+    unset since the server started), and a changed variable that torch reads when it loads must
+    start fresh interpreters again. A launcher process of its own, so the server starts here."""
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "from _engine_workers import environment_worker\n"
+        "from synctune.engine.local import run_local\n"
+        "def run(name):\n"
+        "    return run_local(environment_worker, 2, (name,), timeout_s=120, threads=1)\n"
+        "if __name__ == '__main__':\n"
+        "    os.environ['SYNCTUNE_CHECK_GONE'] = 'before'\n"
+        "    first = run('SYNCTUNE_CHECK_GONE')\n"
+        "    del os.environ['SYNCTUNE_CHECK_GONE']\n"
+        "    os.environ['SYNCTUNE_CHECK_NEW'] = 'after'\n"
+        "    gone, new = run('SYNCTUNE_CHECK_GONE'), run('SYNCTUNE_CHECK_NEW')\n"
+        "    os.environ['OMP_NUM_THREADS'] = '1'\n"
+        "    loaded = run('OMP_NUM_THREADS')\n"
+        "    print(json.dumps({'me': os.getpid(), 'first': first, 'gone': gone, 'new': new, 'loaded': loaded}))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "tests")]))
+    env.pop("OMP_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [w["value"] for w in out["first"]] == ["before", "before"]
+    assert [w["value"] for w in out["gone"]] == [None, None]
+    assert [w["value"] for w in out["new"]] == ["after", "after"]
+    # Forked: the parent is the fork server, not the launcher; after OMP_NUM_THREADS changed, a
+    # fresh interpreter each, whose parent is the launcher.
+    assert all(w["parent"] != out["me"] for key in ("first", "gone", "new") for w in out[key])
+    assert [w["value"] for w in out["loaded"]] == ["1", "1"]
+    assert all(w["parent"] == out["me"] for w in out["loaded"])
 
 
 def test_a_collection_without_a_terminal_prints_a_line_per_trial(tmp_path):

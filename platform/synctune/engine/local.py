@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -126,9 +127,11 @@ def rank_networks(cluster, replicas, node_net) -> list[dict[str, str]] | None:
     return out
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to kill this worker when its launcher dies, however it dies (even SIGKILL,
-    which runs no cleanup): orphaned workers would hold ports, memory and a lab namespace."""
+def _die_with_parent(parent: int, launcher: int) -> None:
+    """Ask Linux to kill this worker when its parent dies, however it dies (even SIGKILL, which
+    runs no cleanup): orphaned workers would hold ports, memory and a lab namespace. The parent
+    is the launcher, or the fork server, which exits when the launcher does (its end of the
+    server's pipe closes)."""
     try:
         import ctypes
 
@@ -136,16 +139,27 @@ def _die_with_parent(parent: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the launcher's own cleanup still applies
         return
-    if os.getppid() != parent:  # the launcher died before the request took effect
+    if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+    if launcher != parent:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:  # the launcher is gone, and its server with it
+            os._exit(1)
 
 
 def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collective_timeout_s: float,
            threads: int | None, env: dict[str, str], net: dict[str, str] | None = None,
-           parent: int | None = None, cpu: int | None = None) -> None:
+           parent: int | None = None, cpu: int | None = None, launcher_env: dict[str, str] | None = None) -> None:
     global _REPORTER
+    if launcher_env is not None:
+        # Forked from the fork server: its environment is the one the server started with; the
+        # worker's is the launcher's as of this run, as a fresh interpreter's would be.
+        os.environ.clear()
+        os.environ.update(launcher_env)
     if parent is not None:
-        _die_with_parent(parent)
+        # Forked, the parent is the server (if it already died, the launcher check below catches it).
+        _die_with_parent(os.getppid() if launcher_env is not None else parent, launcher=parent)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})  # before torch starts its threads: they inherit it
     os.environ.update(env)
@@ -228,7 +242,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
               on_progress: Callable[[int, Any], None] | None = None, threads: int | None = None,
               env: dict[str, str] | None = None, nets: list[dict[str, str]] | None = None,
               pin_cpus: bool = False) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return results by rank.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new processes; return results by rank.
 
     ``nets`` (from :func:`rank_networks`) runs each rank inside its node's network namespace.
     ``pin_cpus`` binds rank r to the r-th CPU this process may use (modulo their number), so
@@ -238,7 +252,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     lists, dicts and plain values (what ``torch.load(weights_only=True)`` accepts). Raises
     :class:`WorkerFailure` on the first error, death or timeout.
 
-    Rank 0 serves the rendezvous on a port probed free before the workers start; another socket
+    Workers start as :func:`_start_method` says: forked from a server that has imported torch, or
+    a fresh interpreter each. Rank 0 serves the rendezvous on a port probed free before the workers start; another socket
     can take it in the seconds they take to import torch, so a run whose rank 0 finds its port
     taken (before any rank ran ``fn``) starts again on another, up to three times.
     """
@@ -264,18 +279,64 @@ def _port_taken(exc: WorkerFailure, port: int) -> bool:
             and f"port: {port}," in exc.message)
 
 
+def _call_pickled(rank: int, world: int, call: bytes) -> Any:
+    fn, args = pickle.loads(call)
+    return fn(rank, world, *args)
+
+
+# Variables read when torch and the libraries under it load, not when they are used: a worker
+# forked from the server has them as the server had them when it started.
+_IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "PYTHON", "MALLOC_",
+                    "CUDA_", "NVIDIA_")
+_FORK_SERVER_ENV: dict[str, str] | None = None  # those variables as the fork server started with them
+
+
+def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME_ENV)}
+
+
+def _start_method(backend: str, nets, env: dict[str, str] | None):
+    """How the workers start, and the environment a forked one takes: (context, environment or None).
+
+    On a CPU-only machine, outside a lab node, workers are forked from multiprocessing's fork
+    server with torch already imported: a fresh interpreter spends about 2 s of CPU importing
+    torch, so on a 2-core machine a 4-worker group waited about 4 s for it, every run. They
+    start a fresh interpreter (``spawn``), as every worker did before, where that would not be
+    the same: a lab node's worker sets an import-time variable before it imports torch; a
+    launcher whose import-time variables changed since the server started would get workers
+    loaded with the old ones; and on a machine with an NVIDIA device (``/dev/nvidiactl``) CUDA
+    workers stay as they were measured (the forked path has not run there).
+    """
+    import multiprocessing as mp
+    import multiprocessing.forkserver
+
+    global _FORK_SERVER_ENV
+    if backend != "gloo" or nets or os.path.exists("/dev/nvidiactl"):
+        return mp.get_context("spawn"), None
+    ctx = mp.get_context("forkserver")
+    if _FORK_SERVER_ENV is None:
+        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+        multiprocessing.forkserver.ensure_running()  # now, with the environment recorded here
+        _FORK_SERVER_ENV = _import_time_env(dict(os.environ))
+    if _import_time_env({**os.environ, **(env or {})}) != _FORK_SERVER_ENV:
+        return mp.get_context("spawn"), None
+    return ctx, dict(os.environ)
+
+
 def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, timeout_s: float,
                collective_timeout_s: float, on_progress, threads: int | None, env: dict[str, str] | None,
                nets: list[dict[str, str]] | None, pin_cpus: bool) -> list[Any]:
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx, launcher_env = _start_method(backend, nets, env)
+    if launcher_env is not None:
+        # Multiprocessing's pickler passes tensors as shared-memory file descriptors, and a fork
+        # server takes at most 256 per process (a conformance run's inputs are more): by value.
+        fn, args = _call_pickled, (pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL),)
     q = ctx.Queue()
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, backend, fn, args, q, collective_timeout_s,
                                               threads, dict(env or {}), nets[r] if nets else None, os.getpid(),
-                                              cpu_of_rank(r) if pin_cpus else None),
+                                              cpu_of_rank(r) if pin_cpus else None, launcher_env),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:
