@@ -251,6 +251,12 @@ def test_unusable_data_folder_is_found_before_the_trial_runs(tmp_path):
     assert time.monotonic() - start < 10 and "status ok" not in result.stdout
 
 
+def test_an_unknown_worker_start_is_one_line(tmp_path):
+    result = run("trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce", "--iters", "2", "--no-record",
+                 env={"SYNCTUNE_HOME": str(tmp_path / "home"), "SYNCTUNE_WORKER_START": "fork"})
+    assert_one_line(result, 2, "SYNCTUNE_WORKER_START='fork': 'auto'")
+
+
 def test_sim_train_checks_its_output_before_training(tmp_path):
     result = run("sim", "train", "--data", tmp_path / "d", "-o", tmp_path / "missing" / "x.pt")
     assert_one_line(result, 2, "folder")

@@ -306,12 +306,20 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
     launcher whose import-time variables changed since the server started would get workers
     loaded with the old ones; and on a machine with an NVIDIA device (``/dev/nvidiactl``) CUDA
     workers stay as they were measured (the forked path has not run there).
+    ``SYNCTUNE_WORKER_START=spawn`` asks for fresh interpreters everywhere (``benchmarks/launcher_start.py``
+    compares the two).
     """
     import multiprocessing as mp
     import multiprocessing.forkserver
 
     global _FORK_SERVER_ENV
-    if backend != "gloo" or nets or os.path.exists("/dev/nvidiactl"):
+    chosen = os.environ.get("SYNCTUNE_WORKER_START", "auto")
+    if chosen not in ("auto", "spawn"):
+        from ..spec.errors import SpecError
+
+        raise SpecError(f"SYNCTUNE_WORKER_START={chosen!r}: 'auto' (fork where the same) or 'spawn' (a fresh "
+                        f"interpreter per worker); unset it for the default")
+    if chosen == "spawn" or backend != "gloo" or nets or os.path.exists("/dev/nvidiactl"):
         return mp.get_context("spawn"), None
     ctx = mp.get_context("forkserver")
     if _FORK_SERVER_ENV is None:
