@@ -290,15 +290,18 @@ def _children(pid: int) -> list:
 
 
 def _ranks(pid: int) -> list:
-    """The trial's worker processes under ``pid``: not multiprocessing's resource tracker, nor its
-    fork server (a child of ``pid`` whose children the workers are, where they are forked)."""
+    """The trial's worker processes under ``pid``, started (spawned, or forked from the fork
+    server): not multiprocessing's resource tracker, nor the fork server (a child of ``pid`` whose
+    children the workers are), nor a child between its fork and its exec (it still shows the
+    launcher's command line)."""
     import psutil
 
     out = []
     for p in _children(pid):
         try:
             line = " ".join(p.cmdline())
-            if "resource_tracker" in line or (p.ppid() == pid and "forkserver" in line):
+            if ("multiprocessing" not in line or "resource_tracker" in line
+                    or (p.ppid() == pid and "forkserver" in line)):
                 continue
         except psutil.NoSuchProcess:
             continue

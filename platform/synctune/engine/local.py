@@ -127,11 +127,9 @@ def rank_networks(cluster, replicas, node_net) -> list[dict[str, str]] | None:
     return out
 
 
-def _die_with_parent(parent: int, launcher: int) -> None:
+def _die_with_parent(parent: int) -> None:
     """Ask Linux to kill this worker when its parent dies, however it dies (even SIGKILL, which
-    runs no cleanup): orphaned workers would hold ports, memory and a lab namespace. The parent
-    is the launcher, or the fork server, which exits when the launcher does (its end of the
-    server's pipe closes)."""
+    runs no cleanup): orphaned workers would hold ports, memory and a lab namespace."""
     try:
         import ctypes
 
@@ -141,11 +139,25 @@ def _die_with_parent(parent: int, launcher: int) -> None:
         return
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
-    if launcher != parent:
-        try:
-            os.kill(launcher, 0)
-        except ProcessLookupError:  # the launcher is gone, and its server with it
-            os._exit(1)
+
+
+def _die_with_launcher(launcher: int) -> None:
+    """A forked worker's parent is the fork server, and the server outlives its launcher while
+    any worker it forked lives (each holds the server's end of the launcher's pipe): so the
+    worker watches the launcher itself, and dies the moment it exits, however it exits."""
+    import select
+    import threading
+
+    try:
+        watched = os.pidfd_open(launcher)
+    except ProcessLookupError:  # the launcher is already gone
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([watched], [], [])  # readable once the launcher has exited
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="synctune-launcher-watch", daemon=True).start()
 
 
 def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collective_timeout_s: float,
@@ -157,9 +169,11 @@ def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collecti
         # worker's is the launcher's as of this run, as a fresh interpreter's would be.
         os.environ.clear()
         os.environ.update(launcher_env)
-    if parent is not None:
-        # Forked, the parent is the server (if it already died, the launcher check below catches it).
-        _die_with_parent(os.getppid() if launcher_env is not None else parent, launcher=parent)
+    if parent is not None and launcher_env is not None:
+        _die_with_parent(os.getppid())  # the fork server
+        _die_with_launcher(parent)
+    elif parent is not None:
+        _die_with_parent(parent)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})  # before torch starts its threads: they inherit it
     os.environ.update(env)
@@ -319,7 +333,8 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
 
         raise SpecError(f"SYNCTUNE_WORKER_START={chosen!r}: 'auto' (fork where the same) or 'spawn' (a fresh "
                         f"interpreter per worker); unset it for the default")
-    if chosen == "spawn" or backend != "gloo" or nets or os.path.exists("/dev/nvidiactl"):
+    if (chosen == "spawn" or backend != "gloo" or nets or os.path.exists("/dev/nvidiactl")
+            or not hasattr(os, "pidfd_open")):  # a forked worker watches its launcher through a pidfd
         return mp.get_context("spawn"), None
     ctx = mp.get_context("forkserver")
     if _FORK_SERVER_ENV is None:
