@@ -149,7 +149,7 @@ def _die_with_launcher(launcher: int) -> None:
     import threading
 
     try:
-        watched = os.pidfd_open(launcher)
+        watched = os.pidfd_open(launcher)  # pidfd_open(2), Linux 5.3: readable when the process exits
     except ProcessLookupError:  # the launcher is already gone
         os._exit(1)
 
@@ -313,7 +313,8 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
     """How the workers start, and the environment a forked one takes: (context, environment or None).
 
     On a CPU-only machine, outside a lab node, workers are forked from multiprocessing's fork
-    server with torch already imported: a fresh interpreter spends about 2 s of CPU importing
+    server (Python's ``multiprocessing`` documentation, "Contexts and start methods") with torch
+    already imported: a fresh interpreter spends about 2 s of CPU importing
     torch, so on a 2-core machine a 4-worker group waited about 4 s for it, every run. They
     start a fresh interpreter (``spawn``), as every worker did before, where that would not be
     the same: a lab node's worker sets an import-time variable before it imports torch; a
