@@ -267,8 +267,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
     :class:`WorkerFailure` on the first error, death or timeout.
 
     Workers start as :func:`_start_method` says: forked from a server that has imported torch, or
-    a fresh interpreter each. Rank 0 serves the rendezvous on a port probed free before the workers start; another socket
-    can take it in the seconds they take to import torch, so a run whose rank 0 finds its port
+    a fresh interpreter each. Rank 0 serves the rendezvous on a port probed free before the
+    workers start; another socket can take it in the seconds they take to import torch, so a run whose rank 0 finds its port
     taken (before any rank ran ``fn``) starts again on another, up to three times.
     """
     for attempt in range(_PORT_TRIES):
