@@ -338,8 +338,9 @@ def test_a_signalled_trial_leaves_no_worker_behind(tmp_path, sig):
 
 
 def test_workers_die_with_a_killed_launcher(tmp_path):
-    """SIGKILL runs no cleanup at all: the workers still go (they asked Linux to kill them when
-    their launcher dies)."""
+    """SIGKILL runs no cleanup at all: the workers still go (spawned, they asked Linux to kill
+    them when their launcher dies; forked, they watch the launcher through a pidfd), and so does
+    everything else the launcher started (the fork server, the resource tracker)."""
     import psutil
 
     env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
