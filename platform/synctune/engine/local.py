@@ -268,8 +268,9 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, back
 
     Workers start as :func:`_start_method` says: forked from a server that has imported torch, or
     a fresh interpreter each. Rank 0 serves the rendezvous on a port probed free before the
-    workers start; another socket can take it in the seconds they take to import torch, so a run whose rank 0 finds its port
-    taken (before any rank ran ``fn``) starts again on another, up to three times.
+    workers start; another socket can take it meanwhile (fresh interpreters take seconds to
+    import torch), so a run whose rank 0 finds its port taken (before any rank ran ``fn``)
+    starts again on another, up to three times.
     """
     for attempt in range(_PORT_TRIES):
         port = free_port()
@@ -294,6 +295,9 @@ def _port_taken(exc: WorkerFailure, port: int) -> bool:
 
 
 def _call_pickled(rank: int, world: int, call: bytes) -> Any:
+    # ``call`` never touches a file: the launcher pickled it in this run and it reaches its own
+    # worker over multiprocessing's pipe, the trust multiprocessing's own unpickling of the
+    # function and arguments had before (and still has under spawn).
     fn, args = pickle.loads(call)
     return fn(rank, world, *args)
 
@@ -314,15 +318,15 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
 
     On a CPU-only machine, outside a lab node, workers are forked from multiprocessing's fork
     server (Python's ``multiprocessing`` documentation, "Contexts and start methods") with torch
-    already imported: a fresh interpreter spends about 2 s of CPU importing
-    torch, so on a 2-core machine a 4-worker group waited about 4 s for it, every run. They
+    already imported: a fresh interpreter spends about 2 s of CPU importing torch, so on a
+    2-core machine a 4-worker group waited about 4 s for it, every run. They
     start a fresh interpreter (``spawn``), as every worker did before, where that would not be
     the same: a lab node's worker sets an import-time variable before it imports torch; a
     launcher whose import-time variables changed since the server started would get workers
     loaded with the old ones; and on a machine with an NVIDIA device (``/dev/nvidiactl``) CUDA
     workers stay as they were measured (the forked path has not run there).
-    ``SYNCTUNE_WORKER_START=spawn`` asks for fresh interpreters everywhere (``benchmarks/launcher_start.py``
-    compares the two).
+    ``SYNCTUNE_WORKER_START=spawn`` asks for fresh interpreters everywhere
+    (``benchmarks/launcher_start.py`` compares the two).
     """
     import multiprocessing as mp
     import multiprocessing.forkserver
