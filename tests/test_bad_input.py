@@ -903,6 +903,26 @@ def test_ddp_options_out_of_range_are_one_line(tmp_path, option, fragment):
     assert len(lines) == 1 and fragment in lines[0] and len(lines[0]) < 300, result.stderr[-1000:]
 
 
+@pytest.mark.parametrize("runtime, option, fragment", [
+    ("ddp", "bucket=3", "--ddp: unknown key 'bucket'"),
+    ("ddp", "comm_hook=bf17", "comm_hook: expected one of none, fp16, bf16, powersgd"),
+    ("fsdp", "grp=2", "--fsdp: unknown key 'grp'"),
+    ("horovod", "fusion=1", "--horovod: unknown key 'fusion'"),
+])
+def test_runtime_settings_are_refused_before_the_workload_is_imported(tmp_path, runtime, option, fragment):
+    """A typo in --ddp/--fsdp/--horovod does not wait for the user's model to be imported and
+    stepped (seconds to minutes): the workload file leaves a mark when imported, and must not."""
+    mark = tmp_path / "imported"
+    (tmp_path / "my_job.py").write_text(f"open({str(mark)!r}, 'w').close()\n"
+                                        "def workload():\n    raise RuntimeError('built')\n")
+    result = _cli_subprocess(tmp_path, "trial", "-m", "my_job.py:workload", "-c", "local-1x2", "--runtime", runtime,
+                             f"--{runtime}", option, "--no-record", timeout_s=60)
+    assert result.returncode == 2, (result.returncode, result.stderr[-1000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr[-1000:]
+    assert not mark.exists(), "the workload was imported before its runtime settings were checked"
+
+
 # ------------------------------------------------------- special files inside a dataset or a release
 
 

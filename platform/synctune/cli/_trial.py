@@ -99,6 +99,11 @@ def trial_cmd(model, cluster: str, builder: str | None,
     for flag, given in settings.items():
         if given and runtime != flag:
             raise SpecError(f"--{flag} applies to --runtime {flag} only")
+    runtime_options = _parse_options(settings.get(runtime, ()))
+    if runtime_options:
+        # Keys and values are checked again below with the strategy; here they are refused before
+        # the model is built (seconds, torch imported), which a typo should not wait for.
+        runs.from_options(runtime_options, None, None)
     config = TrialConfig(warmup=warmup, iters=iters, optimizer=optimizer, lr=lr, seed=seed, timeout_s=timeout_s)
     workload = resolve_workload_arg(model, timeout_s=timeout_s)
     model_spec = workload.spec()
@@ -111,7 +116,7 @@ def trial_cmd(model, cluster: str, builder: str | None,
         strategy = load_strategy(strategy_file)
     else:
         strategy = build_strategy("allreduce", model_spec, cluster_spec)
-    run_config = runs.from_options(_parse_options(settings.get(runtime, ())), strategy, model_spec)
+    run_config = runs.from_options(runtime_options, strategy, model_spec)
     check_trial(workload, strategy, cluster_spec, run_config)
     node_net = node_network(cluster_spec)
     if record:
