@@ -76,12 +76,24 @@ def measure_today(preset: str, samples: dict[str, list[dict]], seed: int) -> Non
             spec = workload.spec()
             ensure_profile(workload, spec, cluster, lambda line: print(line, flush=True), node_net=node_net,
                            pin_cpus=True)
-            strategies = [Strategy.from_json(r["strategy_json"], where=f"{model} {r['trial_id']}") for r in rows]
+            # The same strategies, on today's calibration of the preset (its links measured now;
+            # the devices are the release's).
+            strategies = [_on(Strategy.from_json(r["strategy_json"], where=f"{model} {r['trial_id']}"), cluster)
+                          for r in rows]
             print(f"{model}@{preset}: {len(strategies)} trials", flush=True)
             results = run_trials_local(strategies, cluster, config, workload=workload, node_net=node_net)
             for row, strategy, result in zip(rows, strategies, results):
                 record_result(result, strategy, spec, cluster, dataset=ds, logger=None, origin=row["origin"],
                               search_id=f"sitting-{model}@{preset}", trial_id=row["trial_id"])
+
+
+def _on(strategy, cluster):
+    """``strategy`` bound to ``cluster``, a calibration of the preset it was built for."""
+    from synctune.strategy.schema import Strategy
+
+    data = strategy.to_dict()
+    data["cluster"] = {"name": cluster.name, "hash": cluster.hash}
+    return Strategy.from_dict(data, where="strategy")
 
 
 def levels(rows: list[dict], profiles: Path) -> dict[str, tuple[float, float, int]]:
