@@ -532,3 +532,11 @@ def environment_worker(rank: int, world: int, name: str) -> dict:
     import os
 
     return {"value": os.environ.get(name), "parent": os.getppid()}
+
+
+
+def cpus_worker(rank: int, world: int) -> dict:
+    """The CPUs this worker may run on and its parent's process id."""
+    import os
+
+    return {"cpus": sorted(os.sched_getaffinity(0)), "parent": os.getppid()}

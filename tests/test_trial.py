@@ -295,6 +295,38 @@ def test_workers_see_the_launchers_environment_as_it_is_at_each_run(tmp_path):
     assert all(w["parent"] == out["me"] for w in out["loaded"])
 
 
+def test_workers_bound_to_other_cpus_than_the_fork_servers_start_fresh(tmp_path):
+    """Torch's OpenMP runtime counts the CPUs it may use when torch loads, and spins its threads
+    by that count (libgomp's GOMP_SPINCOUNT): a worker forked from the fork server kept the
+    server's count, and one pinned to a CPU with two threads ran an iteration 30 times slower
+    than a fresh interpreter. So pinned workers start fresh; and a launcher whose own CPUs
+    changed since the server started gets workers on its CPUs, not the server's (forked ones
+    ran on every CPU of the server). A launcher process of its own, so the server starts there."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU here: no worker can be bound to other CPUs than the fork server's")
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import json, os\n"
+        "from _engine_workers import cpus_worker\n"
+        "from synctune.engine.local import run_local\n"
+        "if __name__ == '__main__':\n"
+        "    free = run_local(cpus_worker, 2, timeout_s=120)\n"
+        "    pinned = run_local(cpus_worker, 2, timeout_s=120, pin_cpus=True)\n"
+        "    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "    narrowed = run_local(cpus_worker, 2, timeout_s=120)\n"
+        "    print(json.dumps({'me': os.getpid(), 'free': free, 'pinned': pinned, 'narrowed': narrowed}))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "tests")]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [w["cpus"] for w in out["free"]] == [cpus, cpus]
+    assert all(w["parent"] != out["me"] for w in out["free"])  # forked: the fork server's children
+    assert [w["cpus"] for w in out["pinned"]] == [[cpus[0]], [cpus[1]]]
+    assert all(w["parent"] == out["me"] for w in out["pinned"] + out["narrowed"])  # fresh interpreters
+    assert [w["cpus"] for w in out["narrowed"]] == [[cpus[0]], [cpus[0]]]
+
+
 def test_a_collection_without_a_terminal_prints_a_line_per_trial(tmp_path):
     """With no terminal for the progress bar (nohup, output to a log file) a long collection
     showed nothing between its start and its end; now each trial is one line, with the median

@@ -307,13 +307,14 @@ def _call_pickled(rank: int, world: int, call: bytes) -> Any:
 _IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "PYTHON", "MALLOC_",
                     "CUDA_", "NVIDIA_")
 _FORK_SERVER_ENV: dict[str, str] | None = None  # those variables as the fork server started with them
+_FORK_SERVER_CPUS: set[int] | None = None  # the CPUs the fork server may run on (its workers too)
 
 
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME_ENV)}
 
 
-def _start_method(backend: str, nets, env: dict[str, str] | None):
+def _start_method(backend: str, nets, env: dict[str, str] | None, pin_cpus: bool = False):
     """How the workers start, and the environment a forked one takes: (context, environment or None).
 
     On a CPU-only machine, outside a lab node, workers are forked from multiprocessing's fork
@@ -323,15 +324,20 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
     start a fresh interpreter (``spawn``), as every worker did before, where that would not be
     the same: a lab node's worker sets an import-time variable before it imports torch; a
     launcher whose import-time variables changed since the server started would get workers
-    loaded with the old ones; and on a machine with an NVIDIA device (``/dev/nvidiactl``) CUDA
-    workers stay as they were measured (the forked path has not run there).
+    loaded with the old ones; workers bound to CPUs other than the server's (``pin_cpus``; a
+    launcher whose own CPUs changed since would get workers on the server's): torch's OpenMP
+    runtime counts the CPUs it may use when torch loads and spins its threads by that count
+    (the GNU libgomp manual, ``GOMP_SPINCOUNT``), so a forked worker pinned to one CPU with two
+    threads ran cnn-small's iteration 30 times slower than a fresh one; and on a machine with
+    an NVIDIA device (``/dev/nvidiactl``) CUDA workers stay as they were measured (the forked
+    path has not run there).
     ``SYNCTUNE_WORKER_START=spawn`` asks for fresh interpreters everywhere
     (``benchmarks/launcher_start.py`` compares the two).
     """
     import multiprocessing as mp
     import multiprocessing.forkserver
 
-    global _FORK_SERVER_ENV
+    global _FORK_SERVER_ENV, _FORK_SERVER_CPUS
     chosen = os.environ.get("SYNCTUNE_WORKER_START", "auto")
     if chosen not in ("auto", "spawn"):
         from ..spec.errors import SpecError
@@ -339,14 +345,16 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
         raise SpecError(f"SYNCTUNE_WORKER_START={chosen!r}: 'auto' (fork where the same) or 'spawn' (a fresh "
                         f"interpreter per worker); unset it for the default")
     if (chosen == "spawn" or backend != "gloo" or nets or os.path.exists("/dev/nvidiactl")
-            or not hasattr(os, "pidfd_open")):  # a forked worker watches its launcher through a pidfd
+            or not hasattr(os, "pidfd_open") or pin_cpus):  # a forked worker watches its launcher by a pidfd
         return mp.get_context("spawn"), None
     ctx = mp.get_context("forkserver")
     if _FORK_SERVER_ENV is None:
         ctx.set_forkserver_preload(["torch", "torch.distributed"])
         multiprocessing.forkserver.ensure_running()  # now, with the environment recorded here
         _FORK_SERVER_ENV = _import_time_env(dict(os.environ))
-    if _import_time_env({**os.environ, **(env or {})}) != _FORK_SERVER_ENV:
+        _FORK_SERVER_CPUS = os.sched_getaffinity(0)
+    if (_import_time_env({**os.environ, **(env or {})}) != _FORK_SERVER_ENV
+            or os.sched_getaffinity(0) != _FORK_SERVER_CPUS):
         return mp.get_context("spawn"), None
     return ctx, dict(os.environ)
 
@@ -354,7 +362,7 @@ def _start_method(backend: str, nets, env: dict[str, str] | None):
 def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, timeout_s: float,
                collective_timeout_s: float, on_progress, threads: int | None, env: dict[str, str] | None,
                nets: list[dict[str, str]] | None, pin_cpus: bool) -> list[Any]:
-    ctx, launcher_env = _start_method(backend, nets, env)
+    ctx, launcher_env = _start_method(backend, nets, env, pin_cpus)
     if launcher_env is not None:
         # Multiprocessing's pickler passes tensors as shared-memory file descriptors, and a fork
         # server takes at most 256 per process (a conformance run's inputs are more): by value.
