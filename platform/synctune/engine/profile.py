@@ -64,7 +64,8 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
     handles = [params[n].register_post_accumulate_grad_hook(hook_of(index[n])) for n in names]
     rows = []
     # A CPU worker under a CFS quota (a lab node's cpu_share) is measured over whole periods.
-    window_s = payload["quota_window_s"] if device.type == "cpu" and under_cpu_quota() else 0.0
+    quota = device.type == "cpu" and under_cpu_quota()
+    window_s = payload["quota_window_s"] if quota else payload["min_timed_s"] if device.type == "cpu" else 0.0
     more = _more_iterations(dist, torch, device, payload["warmup"], payload["iters"], window_s)
     try:
         it = 0
@@ -88,7 +89,7 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
     # Under a quota an iteration runs at a core's full speed until the group's quota for the
     # period is spent, then waits for the next period: iteration times are two clusters, and
     # their median is either; the mean over whole periods is the rate the quota grants.
-    med = statistics.fmean if window_s else statistics.median
+    med = statistics.fmean if quota and window_s else statistics.median
     out = {"forward_s": med(r[0] for r in rows), "backward_s": med(r[1] for r in rows),
            "step_s": med(r[2] for r in rows), "ready_s": [med(r[3][i] for r in rows) for i in range(len(names))]}
     if device.type == "cuda":
@@ -308,7 +309,7 @@ def profile_compute(workload, *, workers: int, batch_size: int | None = None, de
                     iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                     timeout_s: float = 600.0, nets: list[dict[str, str]] | None = None,
                     device_type: str | None = None, pin_cpus: bool = False,
-                    quota_window_s: float = QUOTA_WINDOW_S) -> ComputeProfile:
+                    quota_window_s: float = QUOTA_WINDOW_S, min_timed_s: float = 0.0) -> ComputeProfile:
     """Profile ``workload`` with ``workers`` concurrent worker processes (local launcher): CPU
     workers (``device="cpu"``), or one GPU of this machine each (``device="cuda"``).
 
@@ -316,24 +317,26 @@ def profile_compute(workload, *, workers: int, batch_size: int | None = None, de
     profile is filed under (default ``"cpu"``, or this machine's GPU model): the replay looks a
     node's profile up by its ``device_model``. ``quota_window_s``: how long a worker under a CPU
     quota is timed at least, keeping the mean (0: ``iters`` iterations and the median, as for
-    any other worker; the module's docstring says why not). Raises
+    any other worker; the module's docstring says why not). ``min_timed_s``: how long any other
+    CPU worker is timed at least, keeping the median (0: ``iters`` iterations). Raises
     :class:`~synctune.engine.local.WorkerFailure` when a worker fails.
     """
     spec = workload.spec()
     outs = _profile_workers(workload, spec, workers=workers, batch_size=batch_size, device=device, warmup=warmup,
                             iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s, nets=nets,
-                            pin_cpus=pin_cpus, quota_window_s=quota_window_s)
+                            pin_cpus=pin_cpus, quota_window_s=quota_window_s, min_timed_s=min_timed_s)
     return _slowest(spec, device_type or _device_type(device), workers, batch_size or spec.batch_size, outs)
 
 
 def profile_per_device_type(workload, cluster, *, nets: list[dict[str, str]] | None = None, warmup: int = 3,
                             iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                             timeout_s: float = 600.0, pin_cpus: bool = False,
-                            quota_window_s: float = QUOTA_WINDOW_S) -> list[ComputeProfile]:
+                            quota_window_s: float = QUOTA_WINDOW_S, min_timed_s: float = 0.0) -> list[ComputeProfile]:
     """One profile per device type of ``cluster`` (a node's ``device_model``), all its devices
     computing at once: the contention of a trial on every device, each worker where its node
     runs (``nets`` from :func:`~synctune.engine.local.rank_networks`: a lab node's namespace and
-    CPU quota; ``pin_cpus`` as the trials run; ``quota_window_s`` as :func:`profile_compute`'s).
+    CPU quota; ``pin_cpus`` as the trials run; ``quota_window_s`` and ``min_timed_s`` as
+    :func:`profile_compute`'s).
     Each type's figures are its slowest worker's.
     CPU clusters only (the workers run on this machine)."""
     spec = workload.spec()
@@ -342,7 +345,7 @@ def profile_per_device_type(workload, cluster, *, nets: list[dict[str, str]] | N
                          f"on a machine with it (profile_compute with device='cuda')")
     outs = _profile_workers(workload, spec, workers=cluster.num_devices, batch_size=None, device="cpu",
                             warmup=warmup, iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s,
-                            nets=nets, pin_cpus=pin_cpus, quota_window_s=quota_window_s)
+                            nets=nets, pin_cpus=pin_cpus, quota_window_s=quota_window_s, min_timed_s=min_timed_s)
     types = [cluster.node_of(d).device_model for d in cluster.devices]
     return [_slowest(spec, t, cluster.num_devices, spec.batch_size, [o for o, ot in zip(outs, types) if ot == t])
             for t in sorted(set(types))]
@@ -358,17 +361,17 @@ def _device_type(device: str) -> str:
 
 def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, device: str, warmup: int, iters: int,
                      seed: int, optimizer: str, lr: float, timeout_s: float, nets, pin_cpus: bool = False,
-                     quota_window_s: float = 0.0) -> list[dict]:
+                     quota_window_s: float = 0.0, min_timed_s: float = 0.0) -> list[dict]:
     from .local import run_local
     from .trial import GPU_BACKEND
 
-    if workers < 1 or iters < 1 or warmup < 0 or not quota_window_s >= 0:
-        raise ValueError(f"profile_compute: workers >= 1, iters >= 1, warmup >= 0, quota_window_s >= 0 expected, got "
-                         f"{workers}, {iters}, {warmup}, {quota_window_s}")
+    if workers < 1 or iters < 1 or warmup < 0 or not quota_window_s >= 0 or not min_timed_s >= 0:
+        raise ValueError(f"profile_compute: workers >= 1, iters >= 1, warmup >= 0, quota_window_s >= 0, "
+                         f"min_timed_s >= 0 expected, got {workers}, {iters}, {warmup}, {quota_window_s}, {min_timed_s}")
     payload: dict[str, Any] = {"workload": workload, "model_spec": spec.to_dict(),
                                "batch_size": batch_size or spec.batch_size, "device": device,
                                "warmup": warmup, "iters": iters, "seed": seed, "optimizer": optimizer, "lr": lr,
-                               "quota_window_s": quota_window_s}
+                               "quota_window_s": quota_window_s, "min_timed_s": min_timed_s}
     # GPU workers as a GPU trial's: NCCL for CUDA tensors (the hook probe's all-reduce).
     backend = "gloo" if device == "cpu" else GPU_BACKEND
     return run_local(profile_worker, workers, (payload,), timeout_s=timeout_s, nets=nets, pin_cpus=pin_cpus,
