@@ -534,7 +534,6 @@ def environment_worker(rank: int, world: int, name: str) -> dict:
     return {"value": os.environ.get(name), "parent": os.getppid()}
 
 
-
 def cpus_worker(rank: int, world: int) -> dict:
     """The CPUs this worker may run on and its parent's process id."""
     import os
