@@ -259,6 +259,16 @@ def test_pinned_workers_each_run_on_their_own_cpu():
     assert run_local(affinity_worker, 2, timeout_s=120) == [cpus, cpus]
 
 
+def _fork_server_launcher_env() -> dict[str, str]:
+    """The environment of a launcher whose unpinned workers are forked from the fork server
+    (skips the test where the launcher never forks: a machine with an NVIDIA device)."""
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("an NVIDIA device here: every worker starts a fresh interpreter (the fork server is CPU-only)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "tests")]))
+    env.pop("SYNCTUNE_WORKER_START", None)
+    return env
+
+
 def test_workers_see_the_launchers_environment_as_it_is_at_each_run(tmp_path):
     """Workers are forked from a fork server that imported torch once; they must still see the
     launcher's environment as it is at each run, as fresh interpreters do (a variable set, one
@@ -280,7 +290,7 @@ def test_workers_see_the_launchers_environment_as_it_is_at_each_run(tmp_path):
         "    os.environ['OMP_NUM_THREADS'] = '1'\n"
         "    loaded = run('OMP_NUM_THREADS')\n"
         "    print(json.dumps({'me': os.getpid(), 'first': first, 'gone': gone, 'new': new, 'loaded': loaded}))\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "tests")]))
+    env = _fork_server_launcher_env()
     env.pop("OMP_NUM_THREADS", None)
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -316,8 +326,8 @@ def test_workers_bound_to_other_cpus_than_the_fork_servers_start_fresh(tmp_path)
         "    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
         "    narrowed = run_local(cpus_worker, 2, timeout_s=120)\n"
         "    print(json.dumps({'me': os.getpid(), 'free': free, 'pinned': pinned, 'narrowed': narrowed}))\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT / "tests")]))
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script)], env=_fork_server_launcher_env(), capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert [w["cpus"] for w in out["free"]] == [cpus, cpus]

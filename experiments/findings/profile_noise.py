@@ -4,12 +4,13 @@ An unseen model is replayed from its compute profile (dPRO §4.1) and its cluste
 fitted on the other models' trials; whatever moves its profile moves its predicted level. A
 lab profile is 4 workers on the 2-core machine, each timing 10 iterations after 3 warm-up and
 keeping the median (``profile_compute``'s default). Release v0.3's transformer-small profile
-on 4 workers says 11.3 ms, later ones 15.7-27.7 ms, while its trials moved 15% (findings (q)).
+on 4 workers says 11.3 ms, later ones from 15.7 to 36.6 ms, while its trials moved 15%
+(findings (q), (r)).
 This measures the profile's own repeat spread, by rule, interleaved:
 
 - ``median-10``: the default, 3 warm-up and 10 timed iterations, the median;
-- ``window``: 5 warm-up, then timed for at least ``--window`` seconds (and 10 iterations),
-  the median (``profile_compute(min_timed_s=...)``).
+- ``window``: 5 warm-up, then timed for at least ``--window`` seconds (and 10 iterations, and
+  at most 1,000), the median (``profile_compute(min_timed_s=...)``).
 
 Each model is profiled ``--runs`` times under each rule, the rules alternating and their order
 swapped every run, every worker pinned as ``lab collect`` profiles them. Printed per model and

@@ -4,11 +4,11 @@ The calibrated replay predicts an unseen model (``synctune sim eval --protocol u
 from that model's compute profile and its cluster's constants fitted on the other models' rows
 (dPRO §4.3's calibration; AutoSync §3.3's transfer). On release v0.3 some models come out at a
 level: transformer-small 1.17-1.22 of its measured time on the presets without a quota,
-lm-small 0.87-0.90. The release's profiles of those presets (``*@cpu-w4``) were taken in
-another sitting than most of their rows, and this machine's speed differs between sittings by
-more than a profile's own noise. If that difference made the levels, rows and profiles measured
-in one sitting would show none; if the levels stay, they are the replay's, and re-collecting
-the release sitting by sitting would not remove them.
+lm-small 0.87-0.90. The hypothesis tested: the release's profiles of those presets
+(``*@cpu-w4``) come from another sitting than their rows, and this machine's speed differs
+between sittings by more than a profile's own noise, so rows and profiles measured in one
+sitting would show no level. (They came from the same sitting as lab-2x2's rows, and rows and
+profiles of one sitting today move the levels both ways: findings (q).)
 
 What it does (root: the lab): a sample of each model's release rows on one preset
 (``--strategies`` per model, the same strategies for every model's fold) is measured again now,

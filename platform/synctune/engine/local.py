@@ -344,8 +344,8 @@ def _start_method(backend: str, nets, env: dict[str, str] | None, pin_cpus: bool
 
         raise SpecError(f"SYNCTUNE_WORKER_START={chosen!r}: 'auto' (fork where the same) or 'spawn' (a fresh "
                         f"interpreter per worker); unset it for the default")
-    if (chosen == "spawn" or backend != "gloo" or nets or os.path.exists("/dev/nvidiactl")
-            or not hasattr(os, "pidfd_open") or pin_cpus):  # a forked worker watches its launcher by a pidfd
+    if (chosen == "spawn" or backend != "gloo" or nets or os.path.exists("/dev/nvidiactl") or pin_cpus
+            or not hasattr(os, "pidfd_open")):  # a forked worker watches its launcher through a pidfd
         return mp.get_context("spawn"), None
     ctx = mp.get_context("forkserver")
     if _FORK_SERVER_ENV is None:

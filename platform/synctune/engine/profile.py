@@ -11,7 +11,8 @@ the median over iterations of the slowest worker; a CPU worker under a CFS quota
 ``cpu_share``) is timed for at least :data:`QUOTA_WINDOW_S` and keeps the mean, since the kernel
 grants a quota per 100 ms period (cgroup v1 ``cpu.cfs_quota_us``, "CFS Bandwidth Control" in the
 kernel's scheduler documentation): a few short iterations fit in one period's burst at a whole
-core's speed.
+core's speed. Other CPU workers can be timed over a window too (``min_timed_s``), keeping the
+median; by default they time ``iters`` iterations.
 
 On a GPU the kernels run after the Python calls return, so the figures are taken from CUDA
 events instead of the host clock: one recorded at the start of the iteration, one in each
@@ -318,7 +319,8 @@ def profile_compute(workload, *, workers: int, batch_size: int | None = None, de
     node's profile up by its ``device_model``. ``quota_window_s``: how long a worker under a CPU
     quota is timed at least, keeping the mean (0: ``iters`` iterations and the median, as for
     any other worker; the module's docstring says why not). ``min_timed_s``: how long any other
-    CPU worker is timed at least, keeping the median (0: ``iters`` iterations). Raises
+    CPU worker is timed at least, keeping the median (0: ``iters`` iterations). Either window
+    stops at ``100 * iters`` timed iterations. Raises
     :class:`~synctune.engine.local.WorkerFailure` when a worker fails.
     """
     spec = workload.spec()
