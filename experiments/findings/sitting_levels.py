@@ -98,17 +98,18 @@ def _on(strategy, cluster):
 
 def levels(rows: list[dict], profiles: Path) -> dict[str, tuple[float, float, int]]:
     """Per model: (median predicted / measured, median |error|, trials) of the calibrated replay
-    fitted on the other models' ``rows``, replaying with the profiles in ``profiles``."""
-    from synctune.simulator import CalibratedReplay, ReplaySimulator, domains_from_records
+    fitted on the other models' ``rows`` (``sim eval``'s unseen-model folds), replaying with the
+    profiles in ``profiles``."""
+    from synctune.simulator import CalibratedReplay, ReplaySimulator, domains_from_records, protocol_folds
 
-    domains = domains_from_records(rows)
+    replay = ReplaySimulator.from_folder(profiles)
     out = {}
-    for test in domains:
+    for model, train, (test,) in protocol_folds(domains_from_records(rows), "unseen-model"):  # one preset
         sim = CalibratedReplay()
-        sim.use_profiles(ReplaySimulator.from_folder(profiles))
-        sim.fit([d for d in domains if d.ctx.model.name != test.ctx.model.name])
+        sim.use_profiles(replay)
+        sim.fit(train)
         ratio = np.asarray(sim.predict_domain(test), float) / test.times_s
-        out[test.ctx.model.name] = (float(np.median(ratio)), float(np.median(np.abs(ratio - 1))), len(ratio))
+        out[model] = (float(np.median(ratio)), float(np.median(np.abs(ratio - 1))), len(ratio))
     return out
 
 
