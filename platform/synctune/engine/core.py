@@ -50,57 +50,26 @@ import torch.nn as nn
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..strategy.kinds import units_of
 from ..strategy.partition import shard_slices
-from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
-                               ShardSynchronizer, Strategy, StrategyError)
+from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
-from .compress import ByteCounter, make_compressor
+from .compress import ByteCounter
+from .kinds import ENGINE_KINDS, BuildContext, check_refusals
 from .layout import RankLayout
 from .runtime import per_world
-from .units import (
-    AllReduceUnit,
-    GradView,
-    HierarchicalAllReduceUnit,
-    Member,
-    PSUnit,
-    SFBUnit,
-    Scheduler,
-    ShardUnit,
-    SparseAllGatherUnit,
-    SparsePSUnit,
-    SynchronizationError,
-)
+from .units import GradView, Member, Scheduler, SparsePSUnit, SynchronizationError
 
 __all__ = ["StrategyEngine", "check_supported", "SynchronizationError"]
 
 
 def check_supported(strategy: Strategy, model: ModelSpec) -> None:
-    """Reject, before launch, what the engine does not execute, with a message naming the variable.
-
-    Not executed: staleness > 0 (the engine is synchronous), merge groups mixing dtypes, and
-    ``shard`` with ``reshard: true`` (ZeRO-3: the engine keeps parameters whole between forward
-    and backward; the FSDP2 runtime, ``--runtime fsdp``, runs resharded units).
-    """
-    group_dtype: dict[int, tuple[str, str]] = {}
-    for plan, i, shard in strategy.iter_shards():
-        sync = shard.synchronizer
-        where = f"variable {plan.variable!r}: shards[{i}]"
-        if isinstance(sync, ShardSynchronizer) and sync.reshard:
-            raise StrategyError(
-                f"{where}.synchronizer.reshard: true (unit {sync.unit}) is not executed by the engine, which keeps "
-                f"a unit's parameters whole between forward and backward (ZeRO-2); run the strategy with "
-                f"--runtime fsdp (torch FSDP2 frees and re-gathers them), or set reshard false")
-        if isinstance(sync, PSSynchronizer) and sync.staleness > 0:
-            raise StrategyError(
-                f"{where}.synchronizer.staleness: {sync.staleness} is not supported; the engine runs synchronous "
-                f"training only (staleness 0)"
-            )
-        if isinstance(sync, AllReduceSynchronizer):
-            dtype = model[plan.variable].dtype
-            first = group_dtype.setdefault(sync.group, (dtype, plan.variable))
-            if first[0] != dtype:
-                raise StrategyError(f"{where}.synchronizer.group: group {sync.group} mixes {dtype} with {first[0]} "
-                                    f"of variable {first[1]!r}")
+    """Reject, before launch, what the engine does not execute, with a message naming the variable:
+    each unit's kind says what it refuses (:data:`synctune.engine.kinds.ENGINE_KINDS`): staleness
+    > 0 (the engine is synchronous), merge groups mixing dtypes, and ``shard`` with ``reshard:
+    true`` (ZeRO-3: the engine keeps parameters whole between forward and backward; the FSDP2
+    runtime, ``--runtime fsdp``, runs resharded units)."""
+    check_refusals(units_of(strategy), model)
 
 
 def _shared_group(ranks: tuple[int, ...], backend: str | None = None):
@@ -168,8 +137,7 @@ class StrategyEngine:
         except BaseException:
             # SFB units hook the module's layers as they are built: leave it as it was.
             for u in self.units + self._building:
-                if isinstance(u, SFBUnit):
-                    u.close()
+                u.close()
             raise
 
     def _build(self, strategy, model_spec, params, device, seed, optimizer_factory, overlap) -> None:
@@ -227,152 +195,36 @@ class StrategyEngine:
         # the same (sorted) order, see _build_units; each is made once per world.
         return _shared_group(tuple(sorted(set(ranks))))
 
-    def _hierarchy(self) -> tuple[list[list[int]], list[list[int]]]:
-        """Ranks per node, and per local index the ranks holding it on every node."""
-        nodes = [self.layout.ranks_on_node(n) for n in self.layout.nodes()]
-        width = len(nodes[0])
-        return nodes, [[ranks[i] for ranks in nodes] for i in range(width)]
-
     def _build_units(self, strategy: Strategy, spec: ModelSpec, params, device, seed: int) -> list:
-        plans = sorted(strategy.plans, key=lambda p: spec.position(p.variable))
-        layout = self.layout
-        self._create_subgroups(plans)
-        groups: dict[int, list[Member]] = {}
-        group_spec: dict[int, tuple] = {}
-        shard_units: dict[int, list[Member]] = {}
-        shard_spec: dict[int, ShardSynchronizer] = {}
-        units: list = []
-        order: list[tuple[str, object]] = []  # units in order of their first member (backward order)
-        for plan in plans:
-            var = spec[plan.variable]
-            param = params[plan.variable]
-            slices = shard_slices(var.shape, plan.partition)
-            for i, shard in enumerate(plan.shards):
-                view = nn.Parameter(param.detach()[slices[i]], requires_grad=False)
-                shape = tuple(view.shape)
-                member = Member(variable=plan.variable, shard=i, slices=slices[i], shape=shape, view=view,
-                                whole=len(plan.shards) == 1)
-                sync = shard.synchronizer
-                if isinstance(sync, AllReduceSynchronizer):
-                    if sync.group not in groups:
-                        groups[sync.group] = []
-                        group_spec[sync.group] = (shard.compressor, sync.algorithm)
-                        order.append(("group", sync.group))
-                    groups[sync.group].append(member)
-                elif isinstance(sync, ShardSynchronizer):
-                    if sync.unit not in shard_units:
-                        shard_units[sync.unit] = []
-                        shard_spec[sync.unit] = sync
-                        order.append(("shard", sync.unit))
-                    shard_units[sync.unit].append(member)
-                elif isinstance(sync, SFBSynchronizer):
-                    unit = SFBUnit(member, self.weight, layer=self._linear_layer(plan.variable), world=self.world,
-                                   device=device, counter=self.counter)
-                    self._building.append(unit)  # closed if a later unit cannot be built
-                    order.append(("unit", unit))
-                elif isinstance(sync, AllGatherSynchronizer):
-                    order.append(("unit", SparseAllGatherUnit(member, self.weight, world=self.world, device=device,
-                                                              counter=self.counter)))
-                elif var.sparse:
-                    order.append(("unit", SparsePSUnit(member, self.weight, rank=self.rank,
-                                                       placement=layout.rank_of(sync.placement), world=self.world,
-                                                       device=device, counter=self.counter)))
-                else:
-                    order.append(("unit", self._ps_unit(member, sync, shard.compressor, device)))
-        for kind, item in order:
-            if kind == "unit":
-                units.append(item)
-            elif kind == "shard":
-                units.append(self._shard_unit(shard_units[item], shard_spec[item], device))
-            else:
-                units.append(self._group_unit(item, groups[item], *group_spec[item], device, seed))
-        return units
-
-    def _shard_groups(self, size: int) -> tuple[list[list[int]], list[list[int]]]:
-        """Shard groups of ``size`` consecutive ranks (0: all), and the groups across them (HSDP's
-        replicate dimension: the ranks holding the same slice)."""
-        size = size or self.world
-        shards = [list(range(start, start + size)) for start in range(0, self.world, size)]
-        return shards, [[g[i] for g in shards] for i in range(size)]
-
-    def _shard_unit(self, members: list, sync: ShardSynchronizer, device) -> ShardUnit:
-        shards, across = self._shard_groups(sync.group)
-        mine = next(g for g in shards if self.rank in g)
-        cross = next(g for g in across if self.rank in g)
-        dtype = {"fp32": members[0].view.dtype, "bf16": torch.bfloat16}[sync.reduce_dtype]
-        return ShardUnit(members, self.weight, rank=self.rank, shard_ranks=mine,
-                         group=None if len(mine) == self.world else self._group(mine),
-                         cross=self._group(cross) if len(cross) > 1 else None, reduce_dtype=dtype, device=device,
-                         counter=self.counter)
-
-    def _create_subgroups(self, plans) -> None:
-        """The sub-groups the plans need (local aggregation, hierarchical all-reduce), created in
-        one deterministic order on every rank (torch.distributed.new_group is collective)."""
-        layout = self.layout
+        """One engine unit per unit of the strategy (:func:`~synctune.strategy.kinds.units_of`, in
+        backward order of their first members), each built by its kind's
+        :class:`~synctune.engine.kinds.EngineKind`, after every process sub-group they need."""
+        plan_units = units_of(strategy, spec)
         needed: set[tuple[int, ...]] = set()
-        nodes = layout.nodes()
-        hierarchical = False
-        for plan in plans:
-            for shard in plan.shards:
-                s = shard.synchronizer
-                if isinstance(s, ShardSynchronizer) and s.group and s.group < self.world:
-                    shards, across = self._shard_groups(s.group)
-                    needed.update(tuple(g) for g in shards + across if len(g) > 1)
-                if isinstance(s, PSSynchronizer) and s.local_aggregation:
-                    placement = layout.rank_of(s.placement)
-                    for node in nodes:
-                        ranks = layout.ranks_on_node(node)
-                        if len(ranks) > 1:
-                            needed.add(tuple(ranks))
-                    if len(nodes) > 1:
-                        needed.add(tuple(sorted(layout.local_root(n, placement) for n in nodes)))
-                elif isinstance(s, AllReduceSynchronizer) and s.algorithm == "hierarchical":
-                    hierarchical = True
-        if hierarchical:
-            per_node, per_index = self._hierarchy()
-            needed.update(tuple(r) for r in per_node if len(r) > 1)
-            needed.update(tuple(r) for r in per_index if len(r) > 1)
-        for key in sorted(needed):
+        for unit in plan_units:
+            kind = ENGINE_KINDS.get(unit.kind)
+            for member in unit.members:
+                needed.update(kind.subgroups(self.world, self.layout, member.synchronizer))
+        for key in sorted(needed):  # new_group is collective: one order on every rank
             self._group(key)
-
-    def _group_unit(self, group: int, members: list, comp_spec, algorithm: str, device, seed: int):
-        """The unit of one all-reduce merge group: flat (its compressor wrapped around it) or
-        hierarchical (intra-node, then across nodes)."""
-        dtype = members[0].view.dtype
-        if algorithm == "hierarchical":
-            per_node, per_index = self._hierarchy()
-            mine = next(r for r in per_node if self.rank in r)
-            cross = next(r for r in per_index if self.rank in r)
-            return HierarchicalAllReduceUnit(
-                members, self.weight, self.counter, device, dtype, rank=self.rank, intra_ranks=mine,
-                intra=self._group(mine) if len(mine) > 1 else None,
-                cross=self._group(cross) if len(cross) > 1 else None)
-        offsets, at = [], 0
-        for m in members:
-            if len(m.shape) >= 2:
-                offsets.append((at, m.shape[0], m.numel // m.shape[0]))
-            at += m.numel
-        comp = make_compressor(comp_spec, members=offsets, weight=self.weight, seed=seed * 7919 + group,
-                               counter=self.counter)
-        return AllReduceUnit(members, self.weight, comp, device, dtype)
-
-    def _ps_unit(self, member: Member, sync: PSSynchronizer, compressor, device) -> PSUnit:
-        layout = self.layout
-        placement = layout.rank_of(sync.placement)
-        intra = roots = local_root = None
-        if sync.local_aggregation:
-            nodes = layout.nodes()
-            node = layout.node_of_rank[self.rank]
-            local_root = layout.local_root(node, placement)
-            node_ranks = layout.ranks_on_node(node)
-            if len(node_ranks) > 1:
-                intra = (self._group(node_ranks), node_ranks)
-            if len(nodes) > 1:
-                root_ranks = sorted(layout.local_root(n, placement) for n in nodes)
-                roots = (self._group(root_ranks), root_ranks)
-        return PSUnit(member, self.weight, make_compressor(compressor, counter=self.counter), rank=self.rank,
-                      placement=placement, device=device, counter=self.counter, intra=intra, roots=roots,
-                      local_root=local_root)
+        ctx = BuildContext(rank=self.rank, world=self.world, weight=self.weight, counter=self.counter, device=device,
+                           layout=self.layout, seed=seed, module=self.module, spec=spec, group=self._group,
+                           linear_layer=self._linear_layer)
+        units: list = []
+        cuts: dict[str, list] = {}  # each plan's shard slices, worked out once
+        for unit in plan_units:
+            members = []
+            for m in unit.members:
+                if m.variable not in cuts:
+                    cuts[m.variable] = shard_slices(spec[m.variable].shape, m.plan.partition)
+                slices = cuts[m.variable][m.index]
+                view = nn.Parameter(params[m.variable].detach()[slices], requires_grad=False)
+                members.append(Member(variable=m.variable, shard=m.index, slices=slices, shape=tuple(view.shape),
+                                      view=view, whole=len(m.plan.shards) == 1))
+            built = ENGINE_KINDS.get(unit.kind).build(ctx, unit, members)
+            self._building.append(built)  # closed if a later unit cannot be built
+            units.append(built)
+        return units
 
     def _linear_layer(self, name: str) -> nn.Linear:
         """The ``nn.Linear`` whose weight is variable ``name`` (sfb's factors are its input and
@@ -614,8 +466,7 @@ class StrategyEngine:
             p.grad = None
         for unit in self.units:
             unit.drop_grads()
-            if isinstance(unit, SFBUnit):
-                unit.forget()
+            unit.forget()
 
     # ----------------------------------------------------------------------------- checkpoints
 
@@ -707,5 +558,4 @@ class StrategyEngine:
             h.remove()
         self._hooks = []
         for u in self.units:
-            if isinstance(u, SFBUnit):
-                u.close()
+            u.close()

@@ -188,6 +188,12 @@ class _Unit:
     def after_broadcast(self) -> None:
         pass
 
+    def forget(self) -> None:
+        """Drop what the unit kept of this step beyond the gradients (``zero_grad``)."""
+
+    def close(self) -> None:
+        """Undo what the unit did to the module (hooks); the engine calls it when it closes."""
+
     def _store(self, member: Member, grad: GradView | None) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from ..strategy.kinds import renumber_units
 from ..strategy.schema import AllReduceSynchronizer, Compressor, ShardSynchronizer, Strategy, VariablePlan
 from .local_search import NO_COMPRESSION, SPARSE_GROUPS, ChoiceSpace, canonical_groups, compressor_choices
 from .sampler import GuidedSampler, hsdp_size
@@ -120,23 +121,8 @@ def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: Guide
 
 
 def renumber_groups(template: Strategy, plans: list[tuple[int, VariablePlan]]) -> Strategy:
-    """A strategy from (parent index, plan) pairs: a parent's merge groups stay together, and
-    groups of different parents never share an id (they may differ in members and kind); so
-    with ``shard`` units (a unit's variables must agree on its shard group, reshard, prefetch
-    and reduce dtype, which two parents' units with one id need not)."""
-    remap: dict[tuple[int, int], int] = {}
-    units: dict[tuple[int, int], int] = {}
-    out = []
-    for parent, plan in plans:
-        shards = []
-        for shard in plan.shards:
-            sync = shard.synchronizer
-            if isinstance(sync, AllReduceSynchronizer):
-                gid = remap.setdefault((parent, sync.group), len(remap))
-                shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, group=gid))
-            elif isinstance(sync, ShardSynchronizer):
-                uid = units.setdefault((parent, sync.unit), len(units))
-                shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, unit=uid))
-            shards.append(shard)
-        out.append(dataclasses.replace(plan, shards=tuple(shards)))
-    return dataclasses.replace(template, plans=tuple(out))
+    """A strategy from (parent index, plan) pairs: a parent's units (merge groups, ``shard``
+    units) stay together, and units of different parents never share an id (they may differ in
+    members and options); the ids then numbered as :func:`renumber_units` numbers them."""
+    return renumber_units(dataclasses.replace(template, plans=tuple(plan for _parent, plan in plans)),
+                          sources=[parent for parent, _plan in plans])

@@ -26,6 +26,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.columns import COLUMN_DTYPES, KIND_CODES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS, lossy_compressors
+from ..strategy.kinds import renumber_units
 from ..strategy.partition import shard_shapes
 from ..strategy.schema import (
     SPARSE_GROUP_BASE,
@@ -93,30 +94,9 @@ def hsdp_size(strategy: Strategy, cluster: ClusterSpec) -> int | None:
 def canonical_groups(strategy: Strategy) -> Strategy:
     """``strategy`` with its dense merge groups numbered by first appearance in plan (backward)
     order, its sparse ones from :data:`SPARSE_GROUP_BASE`, and its ``shard`` units from 0 by first
-    appearance: two strategies that group the same shards the same way get the same hash, so
-    neither is measured twice. A strategy already in that form is returned as it is."""
-    dense: dict[int, int] = {}
-    sparse: dict[int, int] = {}
-    units: dict[int, int] = {}
-    plans, changed = [], False
-    for plan in strategy.plans:
-        shards = []
-        for shard in plan.shards:
-            sync = shard.synchronizer
-            if isinstance(sync, AllReduceSynchronizer):
-                table, base = (sparse, SPARSE_GROUP_BASE) if sync.group >= SPARSE_GROUP_BASE else (dense, 0)
-                gid = table.setdefault(sync.group, base + len(table))
-                if gid != sync.group:
-                    shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, group=gid))
-                    changed = True
-            elif isinstance(sync, ShardSynchronizer):
-                uid = units.setdefault(sync.unit, len(units))
-                if uid != sync.unit:
-                    shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(sync, unit=uid))
-                    changed = True
-            shards.append(shard)
-        plans.append(dataclasses.replace(plan, shards=tuple(shards)) if changed else plan)
-    return dataclasses.replace(strategy, plans=tuple(plans)) if changed else strategy
+    appearance (:func:`synctune.strategy.kinds.renumber_units`): two strategies that group the
+    same shards the same way get the same hash, so neither is measured twice."""
+    return renumber_units(strategy)
 
 
 @dataclass

@@ -27,27 +27,15 @@ import numpy as np
 from ..spec._util import LIMITS
 from .compressors import COMPRESSORS
 from .partition import shard_shapes
-from .schema import (
-    MAX_PREFETCH,
-    SYNCHRONIZER_KINDS,
-    AllGatherSynchronizer,
-    AllReduceSynchronizer,
-    Compressor,
-    PSSynchronizer,
-    REDUCE_DTYPES,
-    SFBSynchronizer,
-    ShardPlan,
-    ShardSynchronizer,
-    Strategy,
-    VariablePlan,
-)
+from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS
+from .schema import MAX_PREFETCH, REDUCE_DTYPES, SYNCHRONIZER_KINDS, Compressor, ShardPlan, Strategy, VariablePlan
 
 __all__ = ["StrategyColumns", "KIND_CODES", "COLUMN_DTYPES", "COLUMN_BOUNDS"]
 
-#: Synchronizer kind -> the code of its rows (its index in the synchronizer registry).
-KIND_CODES: dict[str, int] = {kind: i for i, kind in enumerate(SYNCHRONIZER_KINDS)}
-_AR = KIND_CODES["allreduce"]
-_SHARD = KIND_CODES["shard"]
+
+def _merge_group_codes() -> np.ndarray:
+    """The codes of the kinds whose units are all-reduce merge groups (``group_order``, ``ngroups``)."""
+    return np.array([KIND_CODES[k] for k in SYNCHRONIZER_KINDS if SYNCHRONIZERS.get(k).merge_groups], np.int64)
 
 
 @dataclass
@@ -149,7 +137,7 @@ class StrategyColumns:
         row = (((((w(self.kind) * 64 + (w(self.node) + 1)) * 2 + self.local) * 2 + self.hier) * 8 + w(self.comp)) * 8
                + np.minimum(w(self.rank), 7)) * 64 + w(self.axis)
         row = row * 1_000_003 + w(self.nshards)
-        shard = self.kind == _SHARD
+        shard = self.shard_group >= 0  # the rows of shard plans (off them, -1)
         if shard.any():  # a shard row's unit and options (other rows fold in as before)
             opts = ((((self.group + 1) * 64 + w(self.shard_group) + 1) * 2 + self.reshard) * 16
                     + w(self.prefetch)) * 4 + w(self.reduce_dtype)
@@ -168,7 +156,7 @@ class StrategyColumns:
         m = np.uint64
         fields = (self.var, self.axis, self.nshards, self.kind, self.node + 1, self.local, self.group + 1, self.hier,
                   self.comp, self.rank, np.arange(len(self.sid)) - np.repeat(self.offsets[:-1], np.diff(self.offsets)))
-        if (self.kind == _SHARD).any():  # shard options; columns without shard rows hash as before
+        if (self.shard_group >= 0).any():  # shard options; columns without shard rows hash as before
             fields += (self.shard_group + 1, self.reshard, self.prefetch, self.reduce_dtype)
         code = np.zeros(len(self.sid), dtype=m)
         with np.errstate(over="ignore"):
@@ -212,18 +200,8 @@ class StrategyColumns:
                 partition[int(self.axis[at])] = k
             shards = []
             for r in range(at, at + k):
-                kind = SYNCHRONIZER_KINDS[int(self.kind[r])]
-                if kind == "ps":
-                    sync = PSSynchronizer(placement=servers[int(self.node[r])], local_aggregation=bool(self.local[r]))
-                elif kind == "allreduce":
-                    sync = AllReduceSynchronizer(group=int(self.group[r]),
-                                                 algorithm="hierarchical" if self.hier[r] else "flat")
-                elif kind == "shard":
-                    sync = ShardSynchronizer(unit=int(self.group[r]), group=int(self.shard_group[r]),
-                                             reshard=bool(self.reshard[r]), prefetch=int(self.prefetch[r]),
-                                             reduce_dtype=REDUCE_DTYPES[int(self.reduce_dtype[r])])
-                else:
-                    sync = AllGatherSynchronizer() if kind == "allgather" else SFBSynchronizer()
+                row = {name: getattr(self, name)[r] for name in _OFF_COLUMNS}
+                sync = SYNCHRONIZERS.get(SYNCHRONIZER_KINDS[int(self.kind[r])]).from_columns(row, servers)
                 comp = names[int(self.comp[r])]
                 compressor = Compressor(kind=comp, rank=int(self.rank[r])) if "rank" in COMPRESSORS.get(
                     comp).params else Compressor(kind=comp)
@@ -252,7 +230,7 @@ class StrategyColumns:
         split = np.zeros((len(strategies), cluster.num_devices), np.int64)
         wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
         for si, s in enumerate(strategies):
-            groups: dict[int, int] = {}  # the strategy's merge groups, numbered as they first appear
+            groups: dict[tuple[str, int], int] = {}  # the strategy's merge groups, numbered as they first appear
             for plan in sorted(s.plans, key=lambda p: var_index[p.variable]):
                 vi = var_index[plan.variable]
                 var = model.variables[vi]
@@ -266,25 +244,25 @@ class StrategyColumns:
                         wire_of[key] = (comp.info.code, comp.info.wire_ratio(tuple(shape), comp.rank))
                     code, ratio = wire_of[key]
                     kind = sync.kind
-                    ps, ar, sh = kind == "ps", kind == "allreduce", kind == "shard"
+                    values = {**_OFF_COLUMNS, **sync.column_values(node_of)}
                     a_sid(si)
                     a_var(vi)
                     a_axis(axis)
                     a_nshards(k)
                     a_kind(KIND_CODES[kind])
-                    a_node(node_of[sync.placement] if ps else -1)
-                    a_local(sync.local_aggregation if ps else False)
-                    a_group(sync.group if ar else sync.unit if sh else -1)
-                    a_hier(ar and sync.algorithm == "hierarchical")
+                    a_node(values["node"])
+                    a_local(values["local"])
+                    a_group(values["group"])
+                    a_hier(values["hier"])
                     a_comp(code)
                     a_rank(comp.rank or 0)
                     a_frac((math.prod(shape) if shape else 1) / total)
                     a_ratio(ratio)
-                    a_order(groups.setdefault(sync.group, len(groups)) if ar else -1)
-                    a_sgroup(sync.group if sh else -1)
-                    a_reshard(sh and sync.reshard)
-                    a_prefetch(sync.prefetch if sh else 0)
-                    a_rdtype(REDUCE_DTYPES.index(sync.reduce_dtype) if sh else 0)
+                    a_order(groups.setdefault((kind, sync.merge_id), len(groups)) if sync.merge_groups else -1)
+                    a_sgroup(values["shard_group"])
+                    a_reshard(values["reshard"])
+                    a_prefetch(values["prefetch"])
+                    a_rdtype(values["reduce_dtype"])
             offsets.append(len(cols["sid"]))
             ngroups.append(len(groups))
             for d, b in zip(s.replicas, s.batch_split):
@@ -332,10 +310,11 @@ def _number_groups(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, n: int)
     (-1 off all-reduce), and per strategy how many groups it has."""
     order = np.full(len(sid), -1, np.int64)
     ngroups = np.zeros(n)
-    rows = np.flatnonzero(kind == _AR)
+    rows = np.flatnonzero(np.isin(kind, _merge_group_codes()))
     if not len(rows):
         return order, ngroups
-    key = sid[rows] * (int(group.max()) + 2) + group[rows]
+    # One group per (strategy, kind, id): two merging kinds' groups of one id stay apart.
+    key = (sid[rows] * len(SYNCHRONIZER_KINDS) + kind[rows]) * (int(group.max()) + 2) + group[rows]
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     owner = sid[rows][first]
     by_owner = np.lexsort((first, owner))  # groups by strategy, then by first appearance

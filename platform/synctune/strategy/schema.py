@@ -17,16 +17,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
-from ..spec._util import LIMITS, canonical_json, check_keys, in_range, is_int, require, sha256_hex, shown
-from ..spec.errors import SpecError
+from ..spec._util import LIMITS, canonical_json, check_keys, in_range, is_int, sha256_hex, shown
 from ..spec.files import parse_json, read_text
 from .compressors import COMPRESSORS, CompressorInfo
-
-#: The merge groups of sparse gradients are numbered from here, so sparse and dense gradients
-#: never share a group (samplers, local searches and the compiled kernel number them alike).
-SPARSE_GROUP_BASE = 10_000
+from .errors import StrategyError, req as _req
+from .kinds import (ALLREDUCE_ALGORITHMS, MAX_PREFETCH, REDUCE_DTYPES, SPARSE_GROUP_BASE, SYNCHRONIZER_KINDS,
+                    SYNCHRONIZERS, AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
+                    ShardSynchronizer, Synchronizer, synchronizer_from_dict)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -41,6 +40,7 @@ __all__ = [
     "AllGatherSynchronizer",
     "SFBSynchronizer",
     "ShardSynchronizer",
+    "MAX_PREFETCH",
     "REDUCE_DTYPES",
     "Synchronizer",
     "SYNCHRONIZER_KINDS",
@@ -63,25 +63,8 @@ _SCHEMA_UNSHARDED = 2
 _SCHEMA_1_ALGORITHMS = ("auto", "ring", "tree")
 
 
-class StrategyError(SpecError):
-    """A strategy that is malformed or inconsistent with its model/cluster spec."""
-
-
-#: How an all-reduce merge group runs: ``flat``, one collective over every replica (the backend
-#: picks its ring or tree); ``hierarchical``, reduce-scatter inside each node, all-reduce of each
-#: piece across nodes, all-gather inside each node (Horovod's hierarchical all-reduce).
-ALLREDUCE_ALGORITHMS = ("flat", "hierarchical")
-
-
 def _check_keys(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
     return check_keys(data, where, required, optional, StrategyError)
-
-
-def _req(cond: bool, where: str, expected: str, actual: Any) -> None:
-    try:
-        require(cond, where, expected, actual)
-    except SpecError as exc:
-        raise StrategyError(str(exc)) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,160 +112,6 @@ class Compressor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PSSynchronizer:
-    """Parameter server: reduce to ``placement``, update there, broadcast back.
-
-    ``local_aggregation`` reduces inside each node first (AutoDist's two-level hierarchy);
-    ``staleness`` bounds how many steps the fastest replica may run ahead (0 = synchronous).
-    """
-
-    placement: str
-    local_aggregation: bool = False
-    staleness: int = 0
-    kind: str = "ps"
-
-    def __post_init__(self) -> None:
-        _req(self.kind == "ps", "synchronizer kind", "'ps'", self.kind)
-        _req(isinstance(self.placement, str) and bool(self.placement), "ps: placement", "a device id like 'node0:0'",
-             self.placement)
-        _req(isinstance(self.local_aggregation, bool), "ps: local_aggregation", "true or false", self.local_aggregation)
-        _req(in_range(self.staleness, 0, LIMITS["iterations"]), "ps: staleness", "a non-negative integer",
-             self.staleness)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "ps", "placement": self.placement, "local_aggregation": self.local_aggregation,
-                "staleness": self.staleness}
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllReduceSynchronizer:
-    """All-reduce among all replicas; plans with the same ``group`` are fused into one collective."""
-
-    group: int = 0
-    algorithm: str = "flat"
-    kind: str = "allreduce"
-
-    def __post_init__(self) -> None:
-        _req(self.kind == "allreduce", "synchronizer kind", "'allreduce'", self.kind)
-        _req(in_range(self.group, 0, LIMITS["seed"]), "allreduce: group", "a non-negative integer", self.group)
-        _req(self.algorithm in ALLREDUCE_ALGORITHMS, "allreduce: algorithm", f"one of {ALLREDUCE_ALGORITHMS}",
-             self.algorithm)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "allreduce", "group": self.group, "algorithm": self.algorithm}
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllGatherSynchronizer:
-    """All-gather of (indices, values) of a sparse gradient, summed locally by every replica."""
-
-    kind: str = "allgather"
-
-    def __post_init__(self) -> None:
-        _req(self.kind == "allgather", "synchronizer kind", "'allgather'", self.kind)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "allgather"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class SFBSynchronizer:
-    """Sufficient-factor broadcasting (TAG §2.3, §4.2.3; Poseidon's SFB) for the weight of a
-    linear layer: replicas all-gather the layer's input activations X and (batch-weighted)
-    output gradients dY, 2·N·(H_in + H_out) values for N rows, instead of the H_out·H_in
-    gradient, and every replica rebuilds the same gradient Σ dYᵀX. Lossless; the variable must
-    be a whole ``nn.Linear`` weight (the model spec's ``factor_rows`` marks them)."""
-
-    kind: str = "sfb"
-
-    def __post_init__(self) -> None:
-        _req(self.kind == "sfb", "synchronizer kind", "'sfb'", self.kind)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "sfb"}
-
-
-#: The dtypes a ``shard`` unit may reduce its gradients in (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``).
-REDUCE_DTYPES = ("fp32", "bf16")
-#: The most all-gathers a resharded unit may issue ahead (FSDP2 prefetches one by default).
-MAX_PREFETCH = 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardSynchronizer:
-    """Sharded data parallelism (ZeRO, Rajbhandari et al. SC'20; FSDP2 ``fully_shard``): the
-    gradient is reduce-scattered over a **shard group**, each member updates only its slice of
-    rows (so its optimizer state is a slice too), and the updated slices are all-gathered.
-
-    Variables with the same ``unit`` form one communication unit (FSDP2's ``fully_shard`` module
-    boundary): one reduce-scatter and one all-gather for all of them, so they must agree on every
-    other field. ``group``: 0 shards over every replica; k > 0 over groups of k consecutive
-    replicas, the slices then all-reduced across the groups (HSDP, a (replicas/k, k) mesh).
-    ``reshard``: also free the parameter after forward and gather it again for backward
-    (ZeRO-3, FSDP's ``reshard_after_forward=True``); otherwise parameters stay whole (ZeRO-2).
-    ``prefetch``: all-gathers issued ahead of use when resharded. ``reduce_dtype``: the dtype
-    the gradient travels and is summed in (``bf16`` halves the bytes; lossy)."""
-
-    unit: int = 0
-    group: int = 0
-    reshard: bool = False
-    prefetch: int = 0
-    reduce_dtype: str = "fp32"
-    kind: str = "shard"
-
-    def __post_init__(self) -> None:
-        _req(self.kind == "shard", "synchronizer kind", "'shard'", self.kind)
-        _req(in_range(self.unit, 0, LIMITS["seed"]), "shard: unit", "a non-negative integer", self.unit)
-        _req(in_range(self.group, 0, LIMITS["devices"]) and self.group != 1, "shard: group",
-             "0 (every replica) or a shard-group size of 2 or more (a group of one shards nothing: use allreduce)",
-             self.group)
-        _req(isinstance(self.reshard, bool), "shard: reshard", "true or false", self.reshard)
-        _req(in_range(self.prefetch, 0, MAX_PREFETCH), "shard: prefetch", f"an integer from 0 to {MAX_PREFETCH}",
-             self.prefetch)
-        _req(self.prefetch == 0 or self.reshard, "shard: prefetch",
-             "0 when reshard is false (the parameters stay gathered: nothing to prefetch)", self.prefetch)
-
-        _req(self.reduce_dtype in REDUCE_DTYPES, "shard: reduce_dtype", f"one of {REDUCE_DTYPES}", self.reduce_dtype)
-
-    @property
-    def unit_key(self) -> tuple:
-        """What every variable of one unit must share."""
-        return (self.group, self.reshard, self.prefetch, self.reduce_dtype)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "shard", "unit": self.unit, "group": self.group, "reshard": self.reshard,
-                "prefetch": self.prefetch, "reduce_dtype": self.reduce_dtype}
-
-
-Synchronizer = Union[PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer, SFBSynchronizer, ShardSynchronizer]
-#: The synchronizer registry: kind -> (class, optional keys of its JSON form).
-_SYNC_KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
-    "ps": (PSSynchronizer, ("placement", "local_aggregation", "staleness")),
-    "allreduce": (AllReduceSynchronizer, ("group", "algorithm")),
-    "allgather": (AllGatherSynchronizer, ()),
-    "sfb": (SFBSynchronizer, ()),
-    "shard": (ShardSynchronizer, ("unit", "group", "reshard", "prefetch", "reduce_dtype")),
-}
-#: The synchronizer kinds in registry order; a kind's code in strategy columns and simulator
-#: features is its index here (:data:`synctune.strategy.columns.KIND_CODES`).
-SYNCHRONIZER_KINDS: tuple[str, ...] = tuple(_SYNC_KEYS)
-
-
-def _sync_from_dict(data: Any, where: str) -> Synchronizer:
-    if not isinstance(data, Mapping):
-        raise StrategyError(f"{where}: expected a mapping, got {type(data).__name__}")
-    kind = data.get("kind")
-    if not isinstance(kind, str) or kind not in _SYNC_KEYS:
-        raise StrategyError(f"{where}: kind: expected one of {', '.join(_SYNC_KEYS)}, got {shown(kind)}")
-    cls, optional = _SYNC_KEYS[kind]
-    d = _check_keys(data, where, ("kind",), optional)
-    try:
-        return cls(**{k: d[k] for k in optional if k in d})
-    except (StrategyError, TypeError) as exc:
-        raise StrategyError(f"{where}: {exc}") from None
-
-
-@dataclass(frozen=True, kw_only=True)
 class ShardPlan:
     """How one shard (or the whole unpartitioned variable) is synchronized and encoded."""
 
@@ -290,9 +119,7 @@ class ShardPlan:
     compressor: Compressor = Compressor()
 
     def __post_init__(self) -> None:
-        _req(isinstance(self.synchronizer, (PSSynchronizer, AllReduceSynchronizer, AllGatherSynchronizer,
-                                            SFBSynchronizer, ShardSynchronizer)),
-             "shard: synchronizer", "a ps, allreduce, allgather, sfb or shard synchronizer", self.synchronizer)
+        _req(SYNCHRONIZERS.holds(self.synchronizer), "shard: synchronizer", f"a {', '.join(SYNCHRONIZERS)} synchronizer", self.synchronizer)
         _req(isinstance(self.compressor, Compressor), "shard: compressor", "a Compressor", self.compressor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,7 +129,7 @@ class ShardPlan:
     def from_dict(cls, data: Any, where: str) -> "ShardPlan":
         d = _check_keys(data, where, ("synchronizer",), ("compressor",))
         comp = Compressor.from_dict(d["compressor"], f"{where}.compressor") if "compressor" in d else Compressor()
-        return cls(synchronizer=_sync_from_dict(d["synchronizer"], f"{where}.synchronizer"), compressor=comp)
+        return cls(synchronizer=synchronizer_from_dict(d["synchronizer"], f"{where}.synchronizer"), compressor=comp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,9 +210,8 @@ class Strategy:
                 object.__setattr__(self, key, tuple(getattr(self, key)))
         _req(self.schema is None or (is_int(self.schema) and 1 <= self.schema <= SCHEMA_VERSION), "strategy: schema",
              f"1..{SCHEMA_VERSION}", self.schema)
-        object.__setattr__(self, "schema", SCHEMA_VERSION if any(
-            isinstance(s.synchronizer, ShardSynchronizer) for p in self.plans for s in p.shards
-            if isinstance(p, VariablePlan)) else _SCHEMA_UNSHARDED)
+        object.__setattr__(self, "schema", max((s.synchronizer.min_schema for p in self.plans if isinstance(
+            p, VariablePlan) for s in p.shards), default=_SCHEMA_UNSHARDED))
         for key in ("model", "cluster"):
             ref = getattr(self, key)
             _req(isinstance(ref, Mapping) and set(ref) == {"name", "hash"} and all(isinstance(v, str) for v in ref.values()),
@@ -424,11 +250,12 @@ class Strategy:
         for key in ("replicas", "batch_split", "plans"):
             _req(isinstance(d[key], list), f"{where}: {key}", "a list", type(d[key]).__name__)
         plans = tuple(VariablePlan.from_dict(p, f"{where}: plans[{i}]") for i, p in enumerate(d["plans"]))
-        sharded = next((p.variable for p in plans for s in p.shards if isinstance(s.synchronizer, ShardSynchronizer)),
-                       None)
-        _req(sharded is None or d["schema"] >= SCHEMA_VERSION, f"{where}: schema",
-             f"{SCHEMA_VERSION} (variable {sharded!r} has a shard synchronizer, new in schema {SCHEMA_VERSION})",
-             d["schema"])
+        newer = next(((p.variable, s.synchronizer) for p in plans for s in p.shards
+                      if s.synchronizer.min_schema > d["schema"]), None)
+        if newer is not None:
+            name, sync = newer
+            _req(False, f"{where}: schema", f"{sync.min_schema} (variable {name!r} has a {sync.kind} synchronizer, new "
+                 f"in schema {sync.min_schema})", d["schema"])
         try:
             return cls(model=d["model"], cluster=d["cluster"], replicas=tuple(d["replicas"]),
                        batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"])
@@ -475,41 +302,31 @@ class Strategy:
 
     def stats(self) -> dict[str, Any]:
         """Summary numbers of the strategy (dataset summary columns, one-line summary)."""
-        kinds = dict.fromkeys(SYNCHRONIZER_KINDS, 0)
-        groups: set[int] = set()
-        servers: set[str] = set()
+        counts = {SYNCHRONIZERS.get(k).stats_column: 0 for k in SYNCHRONIZER_KINDS if SYNCHRONIZERS.get(k).stats_column}
+        groups: set[tuple[str, int]] = set()
+        units: set[tuple[str, int]] = set()
         compressors: set[str] = set()
-        local_agg = 0
-        max_staleness = 0
-        units: set[int] = set()
+        extra: dict[str, Any] = {"servers": set(), "num_local_aggregation": 0, "max_staleness": 0}
         for _plan, _i, shard in self.iter_shards():
             sync = shard.synchronizer
-            kinds[sync.kind] += 1
+            if sync.stats_column:
+                counts[sync.stats_column] += 1
             compressors.add(shard.compressor.label)
-            if isinstance(sync, AllReduceSynchronizer):
-                groups.add(sync.group)
-            elif isinstance(sync, ShardSynchronizer):
-                units.add(sync.unit)
-            elif isinstance(sync, PSSynchronizer):
-                servers.add(sync.placement)
-                local_agg += sync.local_aggregation
-                max_staleness = max(max_staleness, sync.staleness)
+            if sync.merge_id is not None:
+                (groups if sync.merge_groups else units).add((sync.kind, sync.merge_id))
+            sync.add_stats(extra)
         return {
             "num_replicas": len(self.replicas),
             "global_batch_size": self.global_batch_size,
             "num_variables": len(self.plans),
             "num_partitioned": sum(1 for p in self.plans if p.is_partitioned),
             "num_shards": sum(p.num_shards for p in self.plans),
-            "num_ps_shards": kinds["ps"],
-            "num_allreduce_shards": kinds["allreduce"],
-            "num_allgather_shards": kinds["allgather"],
-            "num_sfb_shards": kinds["sfb"],
-            "num_sharded": kinds["shard"],
+            **counts,
             "num_shard_units": len(units),
             "num_merge_groups": len(groups),
-            "num_ps_servers": len(servers),
-            "num_local_aggregation": local_agg,
-            "max_staleness": max_staleness,
+            "num_ps_servers": len(extra["servers"]),
+            "num_local_aggregation": extra["num_local_aggregation"],
+            "max_staleness": extra["max_staleness"],
             "compressors": sorted(compressors),
         }
 
