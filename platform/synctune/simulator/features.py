@@ -282,7 +282,7 @@ def message_sizes(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, n
     nbytes = ctx.var_bytes[var] * b.frac
     sparse = np.flatnonzero(ctx.var_sparse[var])
     nbytes[sparse] *= ctx.sparse_density[var[sparse]]
-    sfb = np.flatnonzero(b.kind == KIND_SFB)
+    sfb = np.flatnonzero(b.pattern == KIND_SFB)
     if not len(sfb):
         return nbytes, None
     split = b.splits()
@@ -318,7 +318,7 @@ def shard_units(b: StrategyColumns, ctx: DomainContext, t: dict | None = None) -
     intra-node link; across nodes: the slowest flow), ``bw_cross`` the ring of the G members at one
     position of every group (HSDP's all-reduce of the slices: across nodes the slowest flow, the
     node's NIC shared by the min(k, r) rings leaving it; on one node the intra-node link)."""
-    rows = np.flatnonzero(b.kind == KIND_SHARD)
+    rows = np.flatnonzero(b.pattern == KIND_SHARD)
     if not len(rows):
         return None
     t = comm_terms(b, ctx) if t is None else t
@@ -370,7 +370,7 @@ def shard_features(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, 
     sparse = ctx.var_sparse[b.var]
     m_eff = np.where(sparse, m * ctx.sparse_density[b.var], m)
     wire = m_eff * b.ratio
-    ps = b.kind == KIND_PS
+    ps = b.pattern == KIND_PS
     node = np.where(ps, b.node, 0)
     ip = b.local.astype(np.int64)
     both = wire + m_eff  # gradient up (encoded), parameters down (plain)
@@ -382,15 +382,15 @@ def shard_features(b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, 
     out[:, 2] = np.where(ps, both * t["ps_intra_flat"][look], 0.0)
     out[:, 3] = np.where(ps, t["ps_phi_flat"][look], 0.0)
     n, ring = t["N"][b.sid], t["ring_bw"][b.sid]
-    ar = b.kind == KIND_AR
+    ar = b.pattern == KIND_AR
     out[:, 4] = np.where(ar, 2 * (n - 1) / n * wire / ring, 0.0)
     hier = hier_rows(b)
     if hier is not None:
         out[:, 4] = np.where(hier, wire * t["hier_per_byte"][b.sid], out[:, 4])
-    ag = _GATHERS[b.kind]  # all-gather of rows or of sufficient factors
-    rebuild = message_sizes(b, ctx)[1] if (b.kind == KIND_SFB).any() else None
+    ag = _GATHERS[b.pattern]  # all-gather of rows or of sufficient factors
+    rebuild = message_sizes(b, ctx)[1] if (b.pattern == KIND_SFB).any() else None
     out[:, 6] = np.where(ag, (n - 1) * wire / ring, 0.0) + (rebuild if rebuild is not None else 0.0)
-    out[:, 7] = np.where(ag, np.where(b.kind == KIND_SFB, 2.0, 1.0) * (n - 1), 0.0)  # SFB: counts, then factors
+    out[:, 7] = np.where(ag, np.where(b.pattern == KIND_SFB, 2.0, 1.0) * (n - 1), 0.0)  # SFB: counts, then factors
     out[:, 8] = 1.0
     # A merge group pays the ring's 2(N-1) message overheads once: share it among members.
     if ar.any():
@@ -418,7 +418,7 @@ def _per_server(b: StrategyColumns, ctx: DomainContext, t: dict | None, m: np.nd
     tables of :func:`comm_terms` where strategies replicate on subsets, else None."""
     c = ctx.constants
     n, w = b.size, ctx.W
-    ps = np.flatnonzero(b.kind == KIND_PS)
+    ps = np.flatnonzero(b.pattern == KIND_PS)
     if not len(ps):
         return np.zeros((n, w))
     look = b.node[ps].astype(np.int64) * 2 + b.local[ps]
@@ -456,28 +456,28 @@ def analytic_parts(b: StrategyColumns, ctx: DomainContext, *, split: bool = True
     per_server = _per_server(b, ctx, t, m, wire)
     if subset:
         nn, ring = t["N"][b.sid], t["ring_bw"][b.sid]
-        scale = np.select([b.kind == KIND_AR, _GATHERS[b.kind]], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
+        scale = np.select([b.pattern == KIND_AR, _GATHERS[b.pattern]], [2 * (nn - 1) / nn / ring, (nn - 1) / ring], 0.0)
         # SFB's two gathers (row counts, then factors) pay the per-message overhead twice.
-        fixed = np.select([b.kind == KIND_AR, b.kind == KIND_AG, b.kind == KIND_SFB],
+        fixed = np.select([b.pattern == KIND_AR, b.pattern == KIND_AG, b.pattern == KIND_SFB],
                           [np.full_like(nn, c.delta), c.phi * (nn - 1), 2 * c.phi * (nn - 1)], 0.0)
         ring_msgs = 2 * (t["N"] - 1)
     else:
         nn = ctx.N
         # Per-kind constants looked up by kind code: one gather, no masks.
         scale = per_kind({"allreduce": 2 * (nn - 1) / nn / ctx.ring_bw, "allgather": (nn - 1) / ctx.ring_bw,
-                           "sfb": (nn - 1) / ctx.ring_bw})[b.kind]
-        fixed = per_kind({"allreduce": c.delta, "allgather": c.phi * (nn - 1), "sfb": 2 * c.phi * (nn - 1)})[b.kind]
+                           "sfb": (nn - 1) / ctx.ring_bw})[b.pattern]
+        fixed = per_kind({"allreduce": c.delta, "allgather": c.phi * (nn - 1), "sfb": 2 * c.phi * (nn - 1)})[b.pattern]
         ring_msgs = 2 * (nn - 1)
     hier = hier_rows(b)
     if hier is not None:
         scale = np.where(hier, t["hier_per_byte"][b.sid] if subset else ctx.hier_per_byte, scale)
     per_shard = wire * scale + fixed
-    t_ag = np.bincount(b.sid, per_shard * _GATHERS[b.kind], n) if split else np.zeros(n)
+    t_ag = np.bincount(b.sid, per_shard * _GATHERS[b.pattern], n) if split else np.zeros(n)
     # A merge group pays the ring's 2(N-1) message overheads once.
     t_ar = np.bincount(b.sid, per_shard, n) - t_ag + c.phi * ring_msgs * b.ngroups
     if hier is not None:
         # A hierarchical group pays its stages' messages, 2(r-1) + 2(W-1), not the flat ring's.
-        rows = np.flatnonzero(hier & (b.kind == KIND_AR))
+        rows = np.flatnonzero(hier & (b.pattern == KIND_AR))
         width = int(b.group_order.max()) + 1
         owner = np.unique(b.sid[rows] * width + b.group_order[rows]) // width
         hier_groups = np.bincount(owner, minlength=n)
@@ -534,9 +534,9 @@ def global_features(b: StrategyColumns, ctx: DomainContext, pre: np.ndarray, wir
     mean = np.add.reduceat(norm, b.offsets[:-1], axis=0) / counts[:, None]
     parts = analytic_parts(b, ctx)
     bytes_total = ctx.model_bytes
-    kind_bytes = [_segment_sum(np.where(b.kind == k, ctx.var_bytes[b.var] * b.frac, 0.0), b.sid, n) / bytes_total
+    kind_bytes = [_segment_sum(np.where(b.pattern == k, ctx.var_bytes[b.var] * b.frac, 0.0), b.sid, n) / bytes_total
                   for k in (KIND_PS, KIND_AR, KIND_AG)]
-    sfb = b.kind == KIND_SFB
+    sfb = b.pattern == KIND_SFB
     if sfb.any():  # the factors an SFB shard gathers count with the all-gathered bytes
         kind_bytes[2] = kind_bytes[2] + _segment_sum(np.where(sfb, message_sizes(b, ctx)[0], 0.0), b.sid, n) / bytes_total
     server_share = parts["per_server"].max(axis=1) / np.maximum(parts["per_server"].sum(axis=1), 1e-30)
@@ -566,18 +566,18 @@ def raw_features(b: StrategyColumns, ctx: DomainContext, wire: np.ndarray) -> np
     s = len(b.sid)
     out = np.zeros((s, len(RAW_NAMES)))
     col = _RAW
-    column = _KIND_COLUMN[b.kind]
+    column = _KIND_COLUMN[b.pattern]
     known = column >= 0
     out[np.flatnonzero(known), column[known]] = 1.0
     out[np.arange(s), col["comp_" + COMPRESSORS.names()[0]] + b.comp.astype(np.int64)] = 1.0
     out[:, col["wire_ratio"]] = b.ratio
     out[:, col["local_agg"]] = b.local
-    ps = b.kind == KIND_PS
+    ps = b.pattern == KIND_PS
     node = np.where(ps, b.node, 0)
     out[:, col["server_nic"]] = np.where(ps, ctx.nic[node] / (10 * GBIT), 0.0)
     out[:, col["server_devices"]] = np.where(ps, ctx.r[node] / max(1.0, ctx.N), 0.0)
     out[:, col["server_flow"]] = np.where(ps, ctx.flow[node] / (10 * GBIT), 0.0)
-    ar = b.kind == KIND_AR
+    ar = b.pattern == KIND_AR
     if ar.any():
         group = b.group_order
         width = group.max() + 1

@@ -43,9 +43,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
-from ..strategy.partition import shard_rows, shard_shapes
-from ..strategy.schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
-                               ShardSynchronizer, Strategy)
+from ..strategy.kinds import units_of
+from ..strategy.schema import Strategy
+from .kinds import MEMORY_KINDS, MemoryContext, Tally
 
 __all__ = ["RankMemory", "OPTIMIZER_STATE", "optimizer_state", "predict_memory", "memory_errors",
            "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "runs_on_fsdp", "over_limits", "GIB"]
@@ -104,33 +104,6 @@ def _per_rank(value, batch_split: Sequence[int], what: str) -> list[int]:
     return [int(v) for v in out]
 
 
-def _shard_group(rank: int, world: int, group: int) -> tuple[int, int]:
-    """(size of ``rank``'s shard group, its index in it)."""
-    size = group or world
-    return size, rank % size
-
-
-@dataclass
-class _Tally:
-    """Per-rank byte counts while :func:`predict_memory` walks a strategy; ``own`` books the
-    optimizer state of ``elements`` updated elements (and the per-tensor scalars) on rank ``r``."""
-
-    world: int
-    multiplier: float
-    step_bytes: int
-    params: list[int] = field(default_factory=list)
-    grads: list[int] = field(default_factory=list)
-    state: list[int] = field(default_factory=list)
-    buffers: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        for name in ("params", "grads", "state", "buffers"):
-            setattr(self, name, [0] * self.world)
-
-    def own(self, r: int, elements: int, item: int) -> None:
-        self.state[r] += int(self.multiplier * elements) * item + self.step_bytes
-
-
 def _multiplier(optimizer_state_multiplier: float | str, optimizer_step_bytes: int | None) -> tuple[float, int]:
     """(state elements per updated element, bytes of per-tensor scalars) of the caller's figure
     or optimizer name."""
@@ -165,135 +138,36 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     multiplier, step_bytes = _multiplier(optimizer_state_multiplier, optimizer_step_bytes)
     world = len(strategy.replicas)
     activations = _per_rank(activation_bytes, list(strategy.batch_split), "activation_bytes")
-    tally = _Tally(world=world, multiplier=multiplier, step_bytes=step_bytes)
-    groups, units = _count_plans(tally, strategy, model_spec, sparse_rows_per_sample, fsdp=runtime == "fsdp")
-    _count_merge_groups(tally, groups, [cluster_spec.node_of(d).name for d in strategy.replicas])
-    _count_shard_units(tally, units, fsdp=runtime == "fsdp")
+    tally = Tally(world=world, multiplier=multiplier, step_bytes=step_bytes)
+    ctx = MemoryContext(model=model_spec, split=list(strategy.batch_split),
+                        rank_of={dev: r for r, dev in enumerate(strategy.replicas)},
+                        nodes=[cluster_spec.node_of(d).name for d in strategy.replicas],
+                        sparse_rows_per_sample=sparse_rows_per_sample, fsdp=runtime == "fsdp")
+    _count_variables(tally, strategy, ctx)
+    by_kind: dict[str, list] = {}
+    for unit in units_of(strategy):
+        by_kind.setdefault(unit.kind, []).append(unit)
+    for kind, units in by_kind.items():
+        MEMORY_KINDS.get(kind).count(tally, units, ctx)
     return [RankMemory(rank=r, device=strategy.replicas[r], params_bytes=tally.params[r], grads_bytes=tally.grads[r],
                        optimizer_state_bytes=tally.state[r], comm_buffers_bytes=tally.buffers[r],
                        activations_bytes=activations[r]) for r in range(world)]
 
 
-def _count_plans(tally: _Tally, strategy: Strategy, model_spec: ModelSpec, sparse_rows_per_sample: float,
-                 fsdp: bool = False):
-    """Every plan's parameters, gradients, optimizer state and per-shard buffers; returns the
-    all-reduce merge groups (group -> (bytes, algorithm, item size)) and the shard units (unit ->
-    (variable, synchronizer)), whose buffers are counted whole afterwards."""
-    world = tally.world
-    split = list(strategy.batch_split)
-    rank_of = {dev: r for r, dev in enumerate(strategy.replicas)}
-    groups: dict[int, list[tuple[int, str, int]]] = {}
-    units: dict[int, list[tuple[Any, ShardSynchronizer]]] = {}
+def _count_variables(tally: Tally, strategy: Strategy, ctx: MemoryContext) -> None:
+    """Every variable's parameters and gradients where its kinds hold them whole (a sparse
+    gradient: its looked-up rows); the kinds that hold them as rows book those themselves."""
     for plan in strategy.plans:
-        var = model_spec[plan.variable]
+        var = ctx.model[plan.variable]
         item = var.num_bytes // var.num_elements
-        shapes = shard_shapes(var.shape, plan.partition)
-        # FSDP2 holds every unit's parameters and gradients as rows (counted per unit); the
-        # engine only a resharded unit's.
-        sharded = any(isinstance(s.synchronizer, ShardSynchronizer) and (s.synchronizer.reshard or fsdp)
-                      for s in plan.shards)
-        for r in range(world):
+        sharded = any(MEMORY_KINDS.get(s.synchronizer.kind).holds_rows(s.synchronizer, ctx.fsdp) for s in plan.shards)
+        for r in range(tally.world):
             if not sharded:
                 tally.params[r] += var.num_bytes
             if var.sparse:
-                tally.grads[r] += int(sparse_rows_per_sample * split[r]) * (var.shape[1] * item + 8)
+                tally.grads[r] += int(ctx.sparse_rows_per_sample * ctx.split[r]) * (var.shape[1] * item + 8)
             elif not sharded:
                 tally.grads[r] += var.num_bytes
-        for i, shard in enumerate(plan.shards):
-            sync = shard.synchronizer
-            shape = shapes[i]
-            numel = math.prod(shape)
-            if var.sparse and not isinstance(sync, (AllReduceSynchronizer,)):
-                # Row buffers: each rank's own rows (and the padded copy), the receivers every rank's.
-                rows = [int(sparse_rows_per_sample * b) for b in split]
-                row_bytes = shape[1] * item + 8
-                longest = max(rows)
-                receivers = range(world) if isinstance(sync, AllGatherSynchronizer) else [rank_of[sync.placement]]
-                for r in range(world):
-                    tally.buffers[r] += (rows[r] + longest) * row_bytes
-                for r in receivers:
-                    tally.buffers[r] += world * longest * row_bytes
-            if isinstance(sync, AllReduceSynchronizer):
-                groups.setdefault(sync.group, []).append((numel * item, sync.algorithm, item))
-                for r in range(world):
-                    tally.own(r, numel, item)
-            elif isinstance(sync, (AllGatherSynchronizer, SFBSynchronizer)):
-                for r in range(world):
-                    tally.own(r, numel, item)
-            elif isinstance(sync, PSSynchronizer):
-                if not var.sparse:
-                    for r in range(world):
-                        tally.buffers[r] += numel * item
-                tally.own(rank_of[sync.placement], numel, item)
-            elif isinstance(sync, ShardSynchronizer):
-                units.setdefault(sync.unit, []).append((var, sync))
-            else:  # pragma: no cover - the schema has no other kind
-                raise SpecError(f"variable {plan.variable!r}: synchronizer {type(sync).__name__} is unknown to the "
-                                f"memory model")
-    return groups, units
-
-
-def _count_merge_groups(tally: _Tally, groups: dict, nodes: list[str]) -> None:
-    """Each all-reduce merge group's bucket on every rank."""
-    for members in groups.values():
-        used = sum(b for b, _a, _i in members)
-        item = members[0][2]
-        for r in range(tally.world):
-            if members[0][1] == "hierarchical":
-                # HierarchicalAllReduceUnit: the bucket padded to a multiple of the node's ranks
-                # (in elements), and the piece this rank all-reduces across nodes.
-                local = sum(1 for n in nodes if n == nodes[r])
-                padded = used + (-used) % (local * item)
-                tally.buffers[r] += padded + padded // local
-            else:
-                tally.buffers[r] += used
-
-
-def _count_shard_units(tally: _Tally, units: dict, fsdp: bool = False) -> None:
-    """Each ``shard`` unit: this rank's rows' optimizer state, the unit's buffers, and with
-    reshard this rank's rows of parameters and gradients plus the largest ``prefetch + 1``
-    units gathered whole (in flight). Under FSDP2 (``fsdp``): no persistent buffers; every
-    unit's rows of parameters and gradients, a kept unit's whole parameters beside them, and the
-    largest unit's whole gradient (before its reduce-scatter)."""
-    largest_gathered = []
-    largest_unit = 0
-    for members in units.values():
-        sync = members[0][1]
-        whole = sum(v.num_bytes for v, _ in members)
-        for r in range(tally.world):
-            size, index = _shard_group(r, tally.world, sync.group)
-            mine = 0
-            padded_slice = 0
-            for var, _ in members:
-                row = var.num_bytes // var.shape[0]
-                cut = shard_rows(var.shape[0], size)
-                mine += (cut[index].stop - cut[index].start) * row
-                padded_slice += (cut[0].stop - cut[0].start) * row
-                if cut[index].stop > cut[index].start:  # an empty slice is no optimizer parameter
-                    tally.own(r, (cut[index].stop - cut[index].start) * (var.num_elements // var.shape[0]),
-                              var.num_bytes // var.num_elements)
-            # The unit's bucket (every member's padded rows) and this rank's output segment, in the
-            # variables' float32; a bf16 reduce adds the same two in bfloat16 (what travels), so
-            # 1.5 times the float32 pair.
-            pair = padded_slice * size + padded_slice
-            if not fsdp:
-                tally.buffers[r] += pair + (pair // 2 if sync.reduce_dtype == "bf16" else 0)
-            if sync.reshard or fsdp:
-                tally.params[r] += mine
-                tally.grads[r] += mine
-            if fsdp and not sync.reshard:
-                tally.params[r] += whole
-        if sync.reshard:
-            largest_gathered.append((whole, sync.prefetch))
-        largest_unit = max(largest_unit, whole)
-    if largest_gathered:
-        depth = max(p for _, p in largest_gathered) + 1
-        in_flight = sum(sorted((w for w, _ in largest_gathered), reverse=True)[:depth])
-        for r in range(tally.world):
-            tally.params[r] += in_flight
-    if fsdp:
-        for r in range(tally.world):
-            tally.grads[r] += largest_unit
 
 
 def _measured(record) -> list[dict[str, int | None]] | None:
@@ -413,8 +287,7 @@ def reference_activations(strategy: Strategy, measured: Sequence[Mapping[str, in
     """(rank's batch, strategy-independent bytes) of each rank of a measured breakdown, where the
     strategy is a reference for it (every shard all-reduced or all-gathered: a PS server, SFB's
     factors or a shard unit's gathers would add temporaries of their own); [] otherwise."""
-    if any(isinstance(s.synchronizer, (PSSynchronizer, ShardSynchronizer, SFBSynchronizer))
-           for _p, _i, s in strategy.iter_shards()):
+    if not all(MEMORY_KINDS.get(s.synchronizer.kind).reference for _p, _i, s in strategy.iter_shards()):
         return []
     out = []
     for r, m in enumerate(measured):
@@ -438,8 +311,7 @@ def over_limits(peaks: Sequence[int | None], limits: Sequence[int | None]) -> st
 def runs_on_fsdp(strategy: Strategy) -> bool:
     """Whether a search runs ``strategy`` on FSDP2 (a unit reshards after forward, which the
     engine does not execute) rather than the engine."""
-    return any(isinstance(s.synchronizer, ShardSynchronizer) and s.synchronizer.reshard
-               for _p, _i, s in strategy.iter_shards())
+    return any(s.synchronizer.frees_parameters for _p, _i, s in strategy.iter_shards())
 
 
 @dataclass

@@ -118,7 +118,7 @@ class _Learned(Simulator):
         from .replay import replay_features
 
         shard = self.config.get("synchronizers", _KINDS_V3) == list(SYNCHRONIZER_KINDS)
-        if not shard and (batch.kind == KIND_SHARD).any():
+        if not shard and (batch.pattern == KIND_SHARD).any():
             raise SpecError(f"this {self.kind} simulator was trained before the shard synchronizer existed (a version-3 "
                             f"file): it cannot score strategies with shard plans; retrain it (synctune sim train) "
                             f"or score them with the analytic or replay simulator")
@@ -353,7 +353,7 @@ class GATSimulator(_Learned):
         lengths = np.diff(batch.offsets)
         row = np.repeat(np.arange(n), lengths)
         pos = np.arange(len(batch.sid)) - np.repeat(batch.offsets[:-1], lengths)
-        node_key[row, pos] = np.where(batch.kind == KIND_PS, batch.node.astype(np.int64), -1 - 10**6)
+        node_key[row, pos] = np.where(batch.pattern == KIND_PS, batch.node.astype(np.int64), -1 - 10**6)
         group_key[row, pos] = np.where(batch.group_order >= 0, batch.group_order, -1 - 10**6)
         nk, gk = torch.as_tensor(node_key), torch.as_tensor(group_key)
         idx = torch.arange(longest)

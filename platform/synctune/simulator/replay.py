@@ -392,7 +392,7 @@ def _schedule(b: StrategyColumns, ctx: DomainContext, k: ReplayConstants, unit_o
     aggregation (version 3) the queues of :func:`_two_queues`."""
     roots = np.zeros(len(usid), dtype=bool)
     if k.replay_version >= 3:
-        roots[unit_of] = (b.kind == KIND_PS) & b.local.astype(bool) & ~ctx.var_sparse[b.var]
+        roots[unit_of] = (b.pattern == KIND_PS) & b.local.astype(bool) & ~ctx.var_sparse[b.var]
         roots = roots[order]
     if roots.any():
         start, finish = _two_queues(usid, first, launch, dur, in_node, roots)
@@ -413,9 +413,9 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     # the iteration waits for the slowest replica (TAG §2.1).
     scale = batch_scale(b, ctx, dom.device_slowdowns) * (ctx.model.batch_size / dom.profile_batch)
     plain = ctx.var_bytes[b.var] * b.frac
-    sparse_part = np.where(b.kind == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
+    sparse_part = np.where(b.pattern == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
     wire = plain * sparse_part * b.ratio
-    sfb = b.kind == KIND_SFB
+    sfb = b.pattern == KIND_SFB
     rebuild = None
     if sfb.any():
         nbytes, rebuild = message_sizes(b, ctx)
@@ -433,7 +433,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
         own[su["rows"]] = first_row[su["unit_of"]]
         # A unit reduces its gradients in its reduce dtype (bf16: half the bytes).
         wire[su["rows"]] = (su["reduce_bytes"] / su["bytes"])[su["unit_of"]] * wire[su["rows"]]
-    unit_key = np.where(b.kind == KIND_AR, b.sid * (width + num_shards) + group,
+    unit_key = np.where(b.pattern == KIND_AR, b.sid * (width + num_shards) + group,
                         b.sid * (width + num_shards) + width + own)
     keys, unit_of = np.unique(unit_key, return_inverse=True)
     u = len(keys)
@@ -454,7 +454,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     first = np.full(u, np.iinfo(np.int64).max)
     np.minimum.at(first, unit_of, b.var)
     ukind = np.zeros(u, dtype=np.int64)
-    ukind[unit_of] = b.kind
+    ukind[unit_of] = b.pattern
     ubytes = np.bincount(unit_of, weights=wire, minlength=u)
     dur, bcast, in_node, cpu = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain,
                                                sparse_part, alpha, su=su, sec=sec if su is not None else None,
@@ -495,7 +495,7 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     each unit's time spent inside the nodes first (local aggregation; else 0), and the part of
     each unit's time that is CPU work (its calibrated costs and launches: version 6's bound)."""
     u, n = len(usid), b.size
-    sfb = b.kind == KIND_SFB
+    sfb = b.pattern == KIND_SFB
     # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
     # subset it replicates on: TAG §4.2).
     unn, ring = t["N"][usid], t["ring_bw"][usid]
@@ -514,7 +514,7 @@ def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, 
     if k.replay_version >= 3:
         # The engine's sparse all-gather (SparseAllGatherUnit): the row counts all-gathered first,
         # then the rows' int64 indices and the rows, each a ring all-gather of N - 1 messages.
-        index_bytes = np.bincount(unit_of, weights=np.where(b.kind == KIND_AG, _index_bytes(
+        index_bytes = np.bincount(unit_of, weights=np.where(b.pattern == KIND_AG, _index_bytes(
             b, ctx, plain * sparse_part), 0.0), minlength=u)
         dur[ag] = (unn[ag] - 1) * (3 * alpha + (ubytes[ag] + index_bytes[ag]) / ring[ag])
     else:
@@ -679,7 +679,7 @@ def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray
     to the server), a sparse one's ``dist.gather`` of its rows straight to the server (its
     server's NIC and flows, AutoSync Eq. 2, one message per sender); the pull is a binomial-tree
     ``dist.broadcast`` (one message a round)."""
-    shard_ps = b.kind == KIND_PS
+    shard_ps = b.pattern == KIND_PS
     look = b.node * 2 + b.local.astype(np.int64)
     look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
     # A sparse shard (rows touched, density < 1) is gathered, not reduced.

@@ -85,9 +85,9 @@ def residual_features(sim: CalibratedReplay, b: StrategyColumns, ctx: DomainCont
     rows = np.bincount(b.sid, minlength=n).astype(float)
     bytes_of = ctx.var_bytes[b.var] * b.frac
     total = np.maximum(np.bincount(b.sid, weights=bytes_of, minlength=n), 1.0)
-    ps = np.bincount(b.sid, weights=np.where(b.kind == KIND_PS, bytes_of, 0.0), minlength=n) / total
-    shard = np.bincount(b.sid, weights=np.where(b.kind == KIND_SHARD, bytes_of, 0.0), minlength=n) / total
-    hier = np.bincount(b.sid, weights=np.where((b.kind == KIND_AR) & (b.hier > 0), bytes_of, 0.0), minlength=n) / total
+    ps = np.bincount(b.sid, weights=np.where(b.pattern == KIND_PS, bytes_of, 0.0), minlength=n) / total
+    shard = np.bincount(b.sid, weights=np.where(b.pattern == KIND_SHARD, bytes_of, 0.0), minlength=n) / total
+    hier = np.bincount(b.sid, weights=np.where((b.pattern == KIND_AR) & (b.hier > 0), bytes_of, 0.0), minlength=n) / total
     # TAG §4.2's batch splits and replica subsets: held out on release v0.3 the calibrated
     # replay under-predicted both by a median 3-5% (experiments/findings/replay_errors.py).
     split = b.splits().astype(float)

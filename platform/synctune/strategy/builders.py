@@ -302,7 +302,7 @@ def _allreduce(model: ModelSpec, cluster: ClusterSpec, opts: AllReduceOptions) -
     group_ids: dict[tuple[int, str], int] = {}
     for i, var in enumerate(model.variables):
         shard = _dense_or_gather(var, 0, opts)
-        if isinstance(shard.synchronizer, AllReduceSynchronizer):
+        if shard.synchronizer.merge_id is not None:  # an all-reduce: it joins its chunk's merge group
             gid = group_ids.setdefault((i // opts.chunk, shard.compressor.label), len(group_ids))
             shard = dataclasses.replace(shard, synchronizer=dataclasses.replace(shard.synchronizer, group=gid))
         plans.append(_unpartitioned(var, shard))

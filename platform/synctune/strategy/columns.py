@@ -27,7 +27,7 @@ import numpy as np
 from ..spec._util import LIMITS
 from .compressors import COMPRESSORS
 from .partition import shard_shapes
-from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS
+from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS, pattern_codes
 from .schema import MAX_PREFETCH, REDUCE_DTYPES, SYNCHRONIZER_KINDS, Compressor, ShardPlan, Strategy, VariablePlan
 
 __all__ = ["StrategyColumns", "KIND_CODES", "COLUMN_DTYPES", "COLUMN_BOUNDS"]
@@ -105,6 +105,21 @@ class StrategyColumns:
     @property
     def size(self) -> int:
         return len(self.offsets) - 1
+
+    @property
+    def pattern(self) -> np.ndarray:
+        """Per shard, the code of the kind whose cost terms price it (the simulators read this,
+        not ``kind``): its own code, but for a kind that communicates as another kind does
+        (:attr:`~synctune.strategy.kinds.Synchronizer.priced_as`). ``kind`` itself where every
+        kind prices itself."""
+        table = pattern_codes()
+        if table is None:
+            return self.kind
+        cached = self.__dict__.get("_pattern")
+        if cached is None or cached[0] is not self.kind:
+            cached = (self.kind, np.asarray(table, self.kind.dtype)[self.kind])
+            self.__dict__["_pattern"] = cached
+        return cached[1]
 
     # --------------------------------------------------------------------------- replicas
     def splits(self) -> np.ndarray:

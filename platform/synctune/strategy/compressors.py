@@ -151,7 +151,8 @@ class CompressorInfo:
     """One compressor.
 
     ``params``: the :class:`~synctune.strategy.Compressor` fields it takes (``rank``).
-    ``synchronizers``: the synchronizer kinds it can wrap. ``tolerance``: relative error
+    ``synchronizers``: the synchronizer kinds it can wrap (``wraps_any``: every kind, one
+    registered later too: the identity). ``tolerance``: relative error
     (max |error| / max |exact|) of one reduction the conformance suite holds it to (0:
     bit-exact). ``wire_ratio(shape, rank)``: bytes on the wire per byte of a shard of
     ``shape``. ``problem(shape, rank)``: why it cannot encode such a shard, or None.
@@ -176,6 +177,11 @@ class CompressorInfo:
     engine: Callable[..., Any] = lambda **_: _Identity()
     stages: int = 1
     low_rank: bool = False
+    wraps_any: bool = False
+
+    def wraps(self, kind: str) -> bool:
+        """Whether it can wrap a synchronizer of ``kind``."""
+        return self.wraps_any or kind in self.synchronizers
 
     @property
     def code(self) -> int:
@@ -201,7 +207,7 @@ COMPRESSORS: Registry[CompressorInfo] = Registry("compressor")
 _CODES: dict[str, int] = {}
 for _info in (
     CompressorInfo(name="none", lossless=True, description="send gradients as they are",
-                   synchronizers=("ps", "allreduce", "allgather", "sfb", "shard")),
+                   synchronizers=("ps", "allreduce", "allgather", "sfb", "shard"), wraps_any=True),
     CompressorInfo(name="fp16", lossless=False, tolerance=2e-3, wire_ratio=lambda shape, rank: 0.5,
                    description="cast to float16 for the wire, back to float32 after",
                    engine=lambda **_: _Cast("float16")),

@@ -7,8 +7,7 @@ the bytes a strategy keeps off the wire are where its time goes (AutoDist §2.2,
 from __future__ import annotations
 
 from ..spec.model import ModelSpec
-from .schema import (AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
-                     Strategy)
+from .schema import Strategy
 
 __all__ = ["differences_from_ddp"]
 
@@ -28,25 +27,21 @@ def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | No
     bytes first), or that it synchronizes as DDP does. ``devices``: the cluster's device count
     (to say when the strategy trains on fewer)."""
     variables = {v.name: v for v in model.variables}
-    gathered, densified, sfb, ps, compressed, hierarchical = [], [], [], [], [], []
+    found: dict[str, list] = {k: [] for k in ("gathered", "densified", "sfb", "ps", "hierarchical")}
+    gathered, densified, sfb, ps, hierarchical = (found[k] for k in ("gathered", "densified", "sfb", "ps",
+                                                                     "hierarchical"))
+    compressed: list = []
     for plan in strategy.plans:
         var = variables.get(plan.variable)
         if var is None:
             continue
         share = var.num_bytes / max(1, len(plan.shards))
         for shard in plan.shards:
-            sync = shard.synchronizer
-            if isinstance(sync, AllGatherSynchronizer) and var.sparse:
-                gathered.append((share, var.name))
-            elif isinstance(sync, SFBSynchronizer):
-                sfb.append((share, var.name))
-            elif isinstance(sync, PSSynchronizer):
-                ps.append((share, var.name, sync.placement))
-            elif isinstance(sync, AllReduceSynchronizer):
-                if var.sparse:
-                    densified.append((share, var.name, sync.group))
-                if sync.algorithm == "hierarchical":
-                    hierarchical.append((share, var.name))
+            for departure, detail in shard.synchronizer.ddp_departures(var):
+                if departure in ("gathered", "sfb", "hierarchical"):
+                    found[departure].append((share, var.name))
+                else:  # densified (its merge group), ps (its placement)
+                    found[departure].append((share, var.name, detail))
             if shard.compressor.kind != "none":
                 compressed.append((share, var.name, shard.compressor.label))
     parts: list[tuple[float, str]] = []

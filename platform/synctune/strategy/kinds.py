@@ -46,6 +46,7 @@ __all__ = [
     "ShardSynchronizer",
     "PlanUnit",
     "UnitMember",
+    "pattern_codes",
     "register_synchronizer",
     "synchronizer_from_dict",
     "units_of",
@@ -98,7 +99,11 @@ class Synchronizer:
     whose equal values put shards of this kind into one communication unit; None: every shard
     is a unit of its own), ``merge_groups`` (its units are all-reduce merge groups: numbered in
     strategy columns, counted as ``num_merge_groups``; else they count as ``num_shard_units``),
-    ``stats_column`` (the summary column counting its shards)."""
+    ``stats_column`` (the summary column counting its shards), ``priced_as`` (the kind whose
+    cost terms the simulators price its shards with, for a kind that communicates as another
+    one does, e.g. an all-reduce that also counts its calls; None: its own terms, which only
+    the built-in kinds have: a new communication pattern needs terms of its own in
+    :mod:`synctune.simulator.replay` and :mod:`synctune.simulator.features`)."""
 
     kind: str
     json_keys: ClassVar[tuple[str, ...]] = ()
@@ -106,6 +111,7 @@ class Synchronizer:
     merge_field: ClassVar[str | None] = None
     merge_groups: ClassVar[bool] = False
     stats_column: ClassVar[str | None] = None
+    priced_as: ClassVar[str | None] = None
 
     # ----------------------------------------------------------------------- plain data
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +119,12 @@ class Synchronizer:
         return {"kind": self.kind, **{k: getattr(self, k) for k in self.json_keys}}
 
     # --------------------------------------------------------------------------- units
+    @property
+    def frees_parameters(self) -> bool:
+        """Whether the parameter is freed after forward and gathered again for backward (ZeRO-3):
+        the engine keeps parameters whole, so such a strategy runs on FSDP2."""
+        return False
+
     @property
     def merge_id(self) -> int | None:
         """The id of the unit this shard joins (None for a kind whose shards are units of their own)."""
@@ -159,6 +171,13 @@ class Synchronizer:
     # --------------------------------------------------------------------------- stats
     def add_stats(self, stats: dict[str, Any]) -> None:
         """What this shard adds to :meth:`~synctune.strategy.schema.Strategy.stats` beyond its count."""
+
+    def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
+        """How this shard of ``variable`` departs from torch DDP's way (an all-reduce of the dense
+        gradient, a sparse one gathered as rows), as (departure, detail) pairs that
+        :func:`~synctune.strategy.explain.differences_from_ddp` words: ``densified`` (detail: the
+        merge group), ``gathered``, ``sfb``, ``ps`` (detail: the placement), ``hierarchical``."""
+        return []
 
 
 class _KindRegistry(Registry[type]):
@@ -221,6 +240,14 @@ SYNCHRONIZER_KINDS: Sequence[str] = _KindNames()
 KIND_CODES: Mapping[str, int] = _KindCodes()
 
 
+def pattern_codes() -> list[int] | None:
+    """Per kind code, the code of the kind that prices it (:attr:`Synchronizer.priced_as`);
+    None when every kind prices itself (the simulators then read kind codes as they are)."""
+    names = SYNCHRONIZERS.names()
+    table = [names.index(SYNCHRONIZERS.get(k).priced_as or k) for k in names]
+    return None if table == list(range(len(names))) else table
+
+
 def register_synchronizer(cls: type) -> type:
     """Add the synchronizer kind ``cls`` (a frozen dataclass subclassing :class:`Synchronizer`
     whose ``kind`` field defaults to its name) to the registry; usable as a class decorator.
@@ -233,6 +260,11 @@ def register_synchronizer(cls: type) -> type:
     for key in cls.json_keys:
         if key not in cls.__dataclass_fields__:
             raise TypeError(f"register_synchronizer: {cls.__name__}.json_keys names {key!r}, which is no field")
+    if cls.priced_as is not None and (cls.priced_as not in SYNCHRONIZERS
+                                      or SYNCHRONIZERS.get(cls.priced_as).priced_as is not None):
+        raise TypeError(f"register_synchronizer: {cls.__name__}.priced_as: expected a registered kind with terms of "
+                        f"its own ({', '.join(k for k in SYNCHRONIZERS if SYNCHRONIZERS.get(k).priced_as is None)}), "
+                        f"got {cls.priced_as!r}")
     SYNCHRONIZERS.register(field.default, cls)
     return cls
 
@@ -303,6 +335,9 @@ class PSSynchronizer(Synchronizer):
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "PSSynchronizer":
         return cls(placement=servers[int(row["node"])], local_aggregation=bool(row["local"]))
 
+    def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
+        return [("ps", self.placement)]
+
     def add_stats(self, stats: dict[str, Any]) -> None:
         stats["servers"].add(self.placement)
         stats["num_local_aggregation"] += self.local_aggregation
@@ -361,6 +396,10 @@ class AllReduceSynchronizer(Synchronizer):
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "AllReduceSynchronizer":
         return cls(group=int(row["group"]), algorithm="hierarchical" if row["hier"] else "flat")
 
+    def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
+        return (([("densified", self.group)] if variable.sparse else [])
+                + ([("hierarchical", None)] if self.algorithm == "hierarchical" else []))
+
 
 @register_synchronizer
 @dataclass(frozen=True, kw_only=True)
@@ -372,6 +411,9 @@ class AllGatherSynchronizer(Synchronizer):
 
     def __post_init__(self) -> None:
         req(self.kind == "allgather", "synchronizer kind", "'allgather'", self.kind)
+
+    def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
+        return [("gathered", None)] if variable.sparse else []
 
     def check(self, ctx: ShardContext) -> None:
         if not ctx.variable.sparse:
@@ -395,6 +437,9 @@ class SFBSynchronizer(Synchronizer):
 
     def __post_init__(self) -> None:
         req(self.kind == "sfb", "synchronizer kind", "'sfb'", self.kind)
+
+    def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
+        return [("sfb", None)]
 
     def check(self, ctx: ShardContext) -> None:
         model, var = ctx.model, ctx.variable
@@ -454,6 +499,10 @@ class ShardSynchronizer(Synchronizer):
         req(self.prefetch == 0 or self.reshard, "shard: prefetch",
             "0 when reshard is false (the parameters stay gathered: nothing to prefetch)", self.prefetch)
         req(self.reduce_dtype in REDUCE_DTYPES, "shard: reduce_dtype", f"one of {REDUCE_DTYPES}", self.reduce_dtype)
+
+    @property
+    def frees_parameters(self) -> bool:
+        return self.reshard
 
     @property
     def unit_key(self) -> tuple:

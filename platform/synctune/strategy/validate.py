@@ -136,7 +136,7 @@ def _check_shard(ctx: ShardContext, sync, units: dict) -> None:
     problem = info.problem(ctx.shape, comp.rank)
     if problem:
         raise StrategyError(f"{swhere}.compressor: {problem}")
-    if sync.kind not in info.synchronizers:
+    if not info.wraps(sync.kind):
         raise StrategyError(
             f"{swhere}.compressor: {comp.label} wraps {' or '.join(info.synchronizers)} only, not {sync.kind}"
         )
