@@ -225,3 +225,71 @@ def test_runtimes_are_registered_and_not_dispatched_by_name_elsewhere():
                 if ('["kind"]' in text or ".get('kind')" in text) and any(f"'{n}'" in text for n in RUNTIMES):
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {text}")
     assert found == []
+
+
+#: Where a synchronizer kind's meaning lives (DESIGN.md "plan kind"): its class in the strategy
+#: layer, and the registry of each layer's part of it.
+KIND_HOMES = {"strategy/kinds.py", "engine/kinds.py", "simulator/kinds.py"}
+#: Files that still decide by a kind themselves, and how often: the built-in kinds' vectorized
+#: cost terms (replay, features, the learned models' inputs), the samplers' and local searches'
+#: draws and moves, and the runtimes that translate kinds into another framework's (FSDP2,
+#: TensorFlow, torch DDP for apply). A count may fall, never rise, and no other file may start.
+KIND_DISPATCH_LEFT = {
+    "engine/fsdp.py": 3, "engine/tensorflow.py": 3, "run/apply.py": 1, "search/local_search.py": 8,
+    "search/moves.py": 2, "search/sampler.py": 6, "simulator/features.py": 15, "simulator/models.py": 2,
+    "simulator/replay.py": 14, "simulator/residual.py": 3, "strategy/schema.py": 1,
+}
+_SYNC_CLASSES = {"PSSynchronizer", "AllReduceSynchronizer", "AllGatherSynchronizer", "SFBSynchronizer",
+                 "ShardSynchronizer"}
+_KIND_NAMES = {"ps", "allreduce", "allgather", "sfb", "shard"}
+_KIND_CODE_NAMES = {"KIND_PS", "KIND_AR", "KIND_AG", "KIND_SFB", "KIND_SHARD"}
+
+
+def kind_dispatch(package: Path | None = None) -> dict[str, list[str]]:
+    """File -> each place it decides by a synchronizer kind: ``isinstance`` on a synchronizer
+    class, a comparison of a ``kind`` (attribute, key or variable) with a kind's name, or a
+    comparison with a kind code."""
+    package = package or PACKAGE
+    found: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            hit = False
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                    and len(node.args) == 2:
+                hit = bool({n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} & _SYNC_CLASSES)
+            elif isinstance(node, ast.Compare):
+                text = ast.unparse(node)
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                strings = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                hit = bool(names & _KIND_CODE_NAMES) or ("kind" in text and bool(strings & _KIND_NAMES))
+            if hit:
+                found.setdefault(rel, []).append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_kinds_are_decided_in_their_homes_only():
+    """Outside the kinds' homes no file asks which kind a synchronizer is; the files listed as
+    not moved yet do no more of it than they did."""
+    found = kind_dispatch()
+    for rel in KIND_HOMES:
+        found.pop(rel, None)
+    grown = {rel: hits for rel, hits in found.items() if len(hits) > KIND_DISPATCH_LEFT.get(rel, 0)}
+    assert grown == {}, "\n".join(h for hits in grown.values() for h in hits)
+
+
+def test_the_kind_check_sees_isinstance_names_and_codes(tmp_path):
+    import textwrap
+
+    fake = tmp_path / "synctune"
+    (fake / "search").mkdir(parents=True)
+    (fake / "search" / "bad.py").write_text(textwrap.dedent("""
+        def f(sync, shard, b):
+            if isinstance(sync, (AllReduceSynchronizer, int)):
+                pass
+            if shard.synchronizer.kind == "ps" or sync["kind"] in ("sfb",):
+                pass
+            return b.kind == KIND_AR, sync.kind == "other", shard.compressor.kind == "none"
+    """))
+    hits = kind_dispatch(fake)["search/bad.py"]
+    assert len(hits) == 4, hits

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,20 @@ def test_build_validate_show_parallax_lm1b_b7(tmp_path):
     result = run("strategy", "validate", str(broken), "--model", "lm1b", "--cluster", "B7")
     assert result.exit_code == 2
     assert "variable 'W_Q' is not a variable of model 'lm1b'" in result.output
+
+
+def test_show_names_each_synchronizer_kind_of_a_sharded_strategy(tmp_path):
+    """``strategy show`` describes a ``shard`` plan as sharding (it was shown as "allgather")."""
+    out = tmp_path / "shard.json"
+    result = run("strategy", "build", "shard", "--model", "cnn-small", "--cluster", "local-1x2", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    result = run("strategy", "show", str(out), "--model", "cnn-small")
+    from synctune.models import model_spec
+
+    rows = [line for line in result.output.splitlines() if line.split()[:1] in ([v.name] for v in
+                                                                                 model_spec("cnn-small").variables)]
+    assert result.exit_code == 0 and len(rows) == len(model_spec("cnn-small").variables)
+    assert all(re.search(r"shard unit \d+ over every replica", row) for row in rows), rows
 
 
 def test_build_to_stdout_is_json_with_options():

@@ -104,14 +104,7 @@ def show_cmd(file: str, model) -> None:
         if spec is not None and plan.variable in spec:
             shapes = shard_shapes(spec[plan.variable].shape, plan.partition)
         for i, shard in enumerate(plan.shards):
-            sync = shard.synchronizer
-            if sync.kind == "ps":
-                how = f"ps @{sync.placement}" + (" local-agg" if sync.local_aggregation else "") + (
-                    f" stale<={sync.staleness}" if sync.staleness else "")
-            elif sync.kind == "allreduce":
-                how = f"allreduce group {sync.group}" + (f" {sync.algorithm}" if sync.algorithm != "flat" else "")
-            else:
-                how = "sfb (sufficient factors)" if sync.kind == "sfb" else "allgather"
+            how = shard.synchronizer.label
             name = plan.variable if i == 0 else ""
             part = "x".join(map(str, plan.partition)) if plan.is_partitioned and i == 0 else ""
             shape = "x".join(map(str, shapes[i])) if shapes else ""

@@ -172,8 +172,8 @@ def variable_table(strategy: dict, model_spec: dict) -> list[dict[str, Any]]:
     for order, var in enumerate(spec.variables):
         plan = plans[var.name]
         kinds = sorted({sh.synchronizer.kind for sh in plan.shards})
-        places = sorted({sh.synchronizer.placement for sh in plan.shards if sh.synchronizer.kind == "ps"})
-        groups = sorted({sh.synchronizer.group for sh in plan.shards if sh.synchronizer.kind == "allreduce"})
+        places = sorted({sh.synchronizer.server for sh in plan.shards if sh.synchronizer.server is not None})
+        groups = sorted({sh.synchronizer.merge_id for sh in plan.shards if sh.synchronizer.merge_groups})
         comps = sorted({sh.compressor.kind + (f"(r{sh.compressor.rank})" if sh.compressor.rank else "")
                         for sh in plan.shards})
         out.append({"order": order, "variable": var.name, "shape": "x".join(map(str, var.shape)) or "scalar",

@@ -172,6 +172,16 @@ class Synchronizer:
     def add_stats(self, stats: dict[str, Any]) -> None:
         """What this shard adds to :meth:`~synctune.strategy.schema.Strategy.stats` beyond its count."""
 
+    @property
+    def label(self) -> str:
+        """This synchronizer in a few words (``synctune strategy show``'s column)."""
+        return self.kind
+
+    @property
+    def server(self) -> str | None:
+        """The device that receives and updates this shard (a parameter server), if one does."""
+        return None
+
     def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
         """How this shard of ``variable`` departs from torch DDP's way (an all-reduce of the dense
         gradient, a sparse one gathered as rows), as (departure, detail) pairs that
@@ -335,6 +345,15 @@ class PSSynchronizer(Synchronizer):
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "PSSynchronizer":
         return cls(placement=servers[int(row["node"])], local_aggregation=bool(row["local"]))
 
+    @property
+    def label(self) -> str:
+        return (f"ps @{self.placement}" + (" local-agg" if self.local_aggregation else "")
+                + (f" stale<={self.staleness}" if self.staleness else ""))
+
+    @property
+    def server(self) -> str | None:
+        return self.placement
+
     def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
         return [("ps", self.placement)]
 
@@ -396,6 +415,10 @@ class AllReduceSynchronizer(Synchronizer):
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "AllReduceSynchronizer":
         return cls(group=int(row["group"]), algorithm="hierarchical" if row["hier"] else "flat")
 
+    @property
+    def label(self) -> str:
+        return f"allreduce group {self.group}" + (f" {self.algorithm}" if self.algorithm != "flat" else "")
+
     def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
         return (([("densified", self.group)] if variable.sparse else [])
                 + ([("hierarchical", None)] if self.algorithm == "hierarchical" else []))
@@ -437,6 +460,10 @@ class SFBSynchronizer(Synchronizer):
 
     def __post_init__(self) -> None:
         req(self.kind == "sfb", "synchronizer kind", "'sfb'", self.kind)
+
+    @property
+    def label(self) -> str:
+        return "sfb (sufficient factors)"
 
     def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
         return [("sfb", None)]
@@ -503,6 +530,12 @@ class ShardSynchronizer(Synchronizer):
     @property
     def frees_parameters(self) -> bool:
         return self.reshard
+
+    @property
+    def label(self) -> str:
+        return (f"shard unit {self.unit} over " + (f"groups of {self.group}" if self.group else "every replica")
+                + (f" reshard prefetch {self.prefetch}" if self.reshard else "")
+                + (f" reduce {self.reduce_dtype}" if self.reduce_dtype != "fp32" else ""))
 
     @property
     def unit_key(self) -> tuple:
