@@ -244,6 +244,7 @@ class StrategyColumns:
         device_index = {d: j for j, d in enumerate(cluster.devices)}
         split = np.zeros((len(strategies), cluster.num_devices), np.int64)
         wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
+        row_of: dict[Any, tuple] = {}  # synchronizer -> its kind-specific columns
         for si, s in enumerate(strategies):
             groups: dict[tuple[str, int], int] = {}  # the strategy's merge groups, numbered as they first appear
             for plan in sorted(s.plans, key=lambda p: var_index[p.variable]):
@@ -258,26 +259,30 @@ class StrategyColumns:
                     if key not in wire_of:
                         wire_of[key] = (comp.info.code, comp.info.wire_ratio(tuple(shape), comp.rank))
                     code, ratio = wire_of[key]
-                    kind = sync.kind
-                    values = {**_OFF_COLUMNS, **sync.column_values(node_of)}
+                    row = row_of.get(sync)
+                    if row is None:  # a synchronizer's columns, worked out once (strategies share them)
+                        values = {**_OFF_COLUMNS, **sync.column_values(node_of)}
+                        row = row_of[sync] = (KIND_CODES[sync.kind], *(values[c] for c in _OFF_COLUMNS),
+                                              (sync.kind, sync.merge_id) if sync.merge_groups else None)
+                    kind_code, node, local, group, hier, sgroup, reshard, prefetch, rdtype, merge = row
                     a_sid(si)
                     a_var(vi)
                     a_axis(axis)
                     a_nshards(k)
-                    a_kind(KIND_CODES[kind])
-                    a_node(values["node"])
-                    a_local(values["local"])
-                    a_group(values["group"])
-                    a_hier(values["hier"])
+                    a_kind(kind_code)
+                    a_node(node)
+                    a_local(local)
+                    a_group(group)
+                    a_hier(hier)
                     a_comp(code)
                     a_rank(comp.rank or 0)
                     a_frac((math.prod(shape) if shape else 1) / total)
                     a_ratio(ratio)
-                    a_order(groups.setdefault((kind, sync.merge_id), len(groups)) if sync.merge_groups else -1)
-                    a_sgroup(values["shard_group"])
-                    a_reshard(values["reshard"])
-                    a_prefetch(values["prefetch"])
-                    a_rdtype(values["reduce_dtype"])
+                    a_order(-1 if merge is None else groups.setdefault(merge, len(groups)))
+                    a_sgroup(sgroup)
+                    a_reshard(reshard)
+                    a_prefetch(prefetch)
+                    a_rdtype(rdtype)
             offsets.append(len(cols["sid"]))
             ngroups.append(len(groups))
             for d, b in zip(s.replicas, s.batch_split):

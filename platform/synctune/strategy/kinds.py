@@ -71,7 +71,7 @@ _OFF_COLUMNS: dict[str, Any] = {"node": -1, "local": False, "group": -1, "hier":
                                 "reshard": False, "prefetch": 0, "reduce_dtype": 0}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ShardContext:
     """What validation knows of one shard while it checks the shard's synchronizer: ``where``
     (``variable 'x': shards[0]``, the start of every message), the variable's spec, the plan's
@@ -193,9 +193,18 @@ class Synchronizer:
 class _KindRegistry(Registry[type]):
     """Kind name -> synchronizer class; a kind's code is its registration index."""
 
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self._classes: set[type] = set()
+
+    def register(self, name: str, item: type) -> type:
+        super().register(name, item)
+        self._classes.add(item)
+        return item
+
     def holds(self, sync: Any) -> bool:
-        """Whether ``sync`` is an instance of the class registered under its ``kind``."""
-        return isinstance(sync, Synchronizer) and self._items.get(getattr(sync, "kind", None)) is type(sync)
+        """Whether ``sync`` is an instance of a registered class (each class checks its own ``kind``)."""
+        return type(sync) in self._classes
 
 
 #: The synchronizer registry: kind name -> its class, in registration order.
