@@ -26,7 +26,7 @@ from synctune.engine.kinds import EngineKind, register_engine_kind  # noqa: E402
 from synctune.engine.units import AllReduceUnit  # noqa: E402
 from synctune.simulator.kinds import MemoryKind, register_memory_kind  # noqa: E402
 from synctune.strategy.errors import StrategyError  # noqa: E402
-from synctune.strategy.kinds import SYNCHRONIZERS, Synchronizer, register_synchronizer  # noqa: E402
+from synctune.strategy.kinds import SYNCHRONIZERS, Synchronizer, column_row, register_synchronizer  # noqa: E402
 
 KIND = "counted-allreduce"
 
@@ -49,8 +49,8 @@ class CountedAllReduce(Synchronizer):
     def unit_terms(self, ctx) -> tuple:
         return (ctx.compressor.label,)
 
-    def column_values(self, node_of) -> dict:
-        return {"group": self.group}
+    def column_values(self, node_of) -> tuple:
+        return column_row(group=self.group)
 
     @classmethod
     def from_columns(cls, row, servers) -> "CountedAllReduce":

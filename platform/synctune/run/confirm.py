@@ -5,6 +5,7 @@ interleaved on the same processes until a 95% interval decides
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine.composed import ENGINE
@@ -16,8 +17,17 @@ from .baselines import BaselineLedger
 
 __all__ = ["Arm", "confirmation_arms", "baseline_arms", "confirmation_result", "is_builder_trial", "trial_mean_s"]
 
-#: One arm of a confirmation: a strategy, the runtime that runs it, and its name in summaries.
-Arm = tuple[Strategy, Runtime, str]
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a confirmation: a strategy, the runtime that runs it, and its name in summaries."""
+
+    strategy: Strategy
+    runtime: Runtime
+    label: str
+
+    def to_payload(self) -> tuple[dict, dict]:
+        """(strategy, runtime) as plain data, as the confirmation's Ray call carries them."""
+        return self.strategy.to_dict(), self.runtime.to_dict()
 
 
 def trial_mean_s(trial: dict) -> float | None:
@@ -47,7 +57,7 @@ def confirmation_arms(search_trials: list[dict], ledger: BaselineLedger, skeleto
         strategy = Strategy.from_dict(t["strategy"])
         if strategy.hash not in seen:
             seen.add(strategy.hash)
-            picks.append((strategy, runtime_of(strategy), f"{t['trial_id']} ({t['origin']})"))
+            picks.append(Arm(strategy=strategy, runtime=runtime_of(strategy), label=f"{t['trial_id']} ({t['origin']})"))
     bases = baseline_arms([t for t in finished if is_builder_trial(t)], ledger, skeleton, baselines, runtime_of)
     if not picks or not bases:
         return None
@@ -64,11 +74,12 @@ def baseline_arms(builder_trials: list[dict], ledger: BaselineLedger, skeleton: 
     found: list[tuple[float, str, str, Arm]] = []  # (time, kind, identity, arm)
     for t in builder_trials:
         strategy = Strategy.from_dict(t["strategy"])
-        found.append((trial_mean_s(t), "builder", strategy.hash, (strategy, runtime_of(strategy),
-                                                                  f"builder {t['origin']}")))
+        found.append((trial_mean_s(t), "builder", strategy.hash, Arm(strategy=strategy, runtime=runtime_of(strategy),
+                                                                     label=f"builder {t['origin']}")))
     for t in ledger.trials:
         if t.mean_s is not None:
-            found.append((t.mean_s, t.runtime.name, t.runtime.config_json(), (skeleton, t.runtime, t.label)))
+            found.append((t.mean_s, t.runtime.name, t.runtime.config_json(),
+                          Arm(strategy=skeleton, runtime=t.runtime, label=t.label)))
     found.sort(key=lambda f: f[0])
     kinds: set[str] = set()
     firsts = []  # the fastest of each kind first, then the rest, each in time order
@@ -83,10 +94,10 @@ def baseline_arms(builder_trials: list[dict], ledger: BaselineLedger, skeleton: 
     for _time, _kind, identity, arm in (found[i] for i in order):
         if len(arms) == count:
             break
-        if identity in seen or (once and arm[1].once_per_process):
+        if identity in seen or (once and arm.runtime.once_per_process):
             continue
         seen.add(identity)
-        once = once or arm[1].once_per_process
+        once = once or arm.runtime.once_per_process
         arms.append(arm)
     return arms
 

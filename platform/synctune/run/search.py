@@ -510,7 +510,7 @@ def confirm_best(session: SearchSession) -> dict | None:
         return {"error": "nothing to confirm: no searched strategy and baseline both finished"}
     candidates, baselines = arms
     every = [*candidates, *baselines]
-    names, base_names = [a[2] for a in candidates], [a[2] for a in baselines]
+    names, base_names = [a.label for a in candidates], [a.label for a in baselines]
     screen_rounds = confirm.screen_rounds if len(every) > 2 else 0
     rule = confirm.rule
     if screen_rounds:
@@ -522,25 +522,25 @@ def confirm_best(session: SearchSession) -> dict | None:
           f"interval excludes 1 or is narrower than {rule.width:.0%}")
     try:
         confirmation = ray.get(s.holders[0].confirm.remote(
-            [(a[0].to_dict(), a[1].to_dict()) for a in every], asdict(s.trial_config), rule.to_dict(),
+            [a.to_payload() for a in every], asdict(s.trial_config), rule.to_dict(),
             confirm.iters, screen_rounds, len(candidates)))
     except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
         confirmation = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     picked = int(confirmation.get("picked", 0))
     picked_base = int(confirmation.get("picked_baseline", len(candidates))) - len(candidates)
-    strategy, baseline = candidates[picked][0], baselines[picked_base]
+    strategy, baseline = candidates[picked].strategy, baselines[picked_base]
     if screen_rounds:
         confirmation.update({"screened": names, "screened_baselines": base_names})
         if "picked" in confirmation:
             s.say(f"screening picked {names[picked]} and, among the baselines, {base_names[picked_base]}")
-    confirmation.update({"candidate": names[picked], "baseline": baseline[2], "candidate_hash": strategy.hash,
-                         "candidate_strategy": strategy.to_dict(), "baseline_strategy": baseline[0].to_dict(),
-                         "baseline_runtime": baseline[1].to_dict()})
+    confirmation.update({"candidate": names[picked], "baseline": baseline.label, "candidate_hash": strategy.hash,
+                         "candidate_strategy": strategy.to_dict(), "baseline_strategy": baseline.strategy.to_dict(),
+                         "baseline_runtime": baseline.runtime.to_dict()})
     if "ratio" in confirmation:
         index = sum(r.trial_id.startswith("confirm-") for r in s.done)
         s.record(f"confirm-{index}", strategy, "confirmation",
                  confirmation_result(confirmation, strategy, s.cluster, warmup=s.exp.trial.warmup),
-                 runtime=candidates[picked][1])
+                 runtime=candidates[picked].runtime)
     return confirmation
 
 

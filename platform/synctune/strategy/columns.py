@@ -244,7 +244,7 @@ class StrategyColumns:
         device_index = {d: j for j, d in enumerate(cluster.devices)}
         split = np.zeros((len(strategies), cluster.num_devices), np.int64)
         wire_of: dict[tuple, tuple[int, float]] = {}  # (compressor, rank, shape) -> (code, wire ratio)
-        row_of: dict[Any, tuple] = {}  # synchronizer -> its kind-specific columns
+        code_of = dict(KIND_CODES)
         for si, s in enumerate(strategies):
             groups: dict[tuple[str, int], int] = {}  # the strategy's merge groups, numbered as they first appear
             for plan in sorted(s.plans, key=lambda p: var_index[p.variable]):
@@ -259,12 +259,8 @@ class StrategyColumns:
                     if key not in wire_of:
                         wire_of[key] = (comp.info.code, comp.info.wire_ratio(tuple(shape), comp.rank))
                     code, ratio = wire_of[key]
-                    row = row_of.get(sync)
-                    if row is None:  # a synchronizer's columns, worked out once (strategies share them)
-                        values = {**_OFF_COLUMNS, **sync.column_values(node_of)}
-                        row = row_of[sync] = (KIND_CODES[sync.kind], *(values[c] for c in _OFF_COLUMNS),
-                                              (sync.kind, sync.merge_id) if sync.merge_groups else None)
-                    kind_code, node, local, group, hier, sgroup, reshard, prefetch, rdtype, merge = row
+                    kind_code = code_of[sync.kind]
+                    node, local, group, hier, sgroup, reshard, prefetch, rdtype = sync.column_values(node_of)
                     a_sid(si)
                     a_var(vi)
                     a_axis(axis)
@@ -278,7 +274,7 @@ class StrategyColumns:
                     a_rank(comp.rank or 0)
                     a_frac((math.prod(shape) if shape else 1) / total)
                     a_ratio(ratio)
-                    a_order(-1 if merge is None else groups.setdefault(merge, len(groups)))
+                    a_order(groups.setdefault((kind_code, group), len(groups)) if sync.merge_groups else -1)
                     a_sgroup(sgroup)
                     a_reshard(reshard)
                     a_prefetch(prefetch)

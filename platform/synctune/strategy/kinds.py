@@ -48,6 +48,7 @@ __all__ = [
     "UnitMember",
     "pattern_codes",
     "register_synchronizer",
+    "column_row",
     "synchronizer_from_dict",
     "units_of",
     "renumber_units",
@@ -69,6 +70,13 @@ MAX_PREFETCH = 8
 #: What a strategy column holds off the kinds that use it (:meth:`Synchronizer.column_values`).
 _OFF_COLUMNS: dict[str, Any] = {"node": -1, "local": False, "group": -1, "hier": False, "shard_group": -1,
                                 "reshard": False, "prefetch": 0, "reduce_dtype": 0}
+_OFF_ROW = tuple(_OFF_COLUMNS.values())
+
+
+def column_row(**values: Any) -> tuple:
+    """A shard's kind-specific columns as :meth:`Synchronizer.column_values` gives them: ``values``
+    by column name, the rest as :data:`_OFF_COLUMNS` has them."""
+    return tuple(values.get(name, off) for name, off in _OFF_COLUMNS.items())
 
 
 @dataclass(slots=True)
@@ -76,7 +84,8 @@ class ShardContext:
     """What validation knows of one shard while it checks the shard's synchronizer: ``where``
     (``variable 'x': shards[0]``, the start of every message), the variable's spec, the plan's
     shard count, this shard's shape and compressor, the specs, the strategy, the replica devices
-    and, where nodes hold different numbers of replicas, how they spread (else empty)."""
+    and, where nodes hold different numbers of replicas, how they spread (else empty). One
+    context serves a whole validation, its shard fields set shard by shard."""
 
     where: str
     variable: Any
@@ -159,9 +168,10 @@ class Synchronizer:
                 f"variable {first_variable!r} and {terms} here; one unit's members agree")
 
     # ------------------------------------------------------------------------ columns
-    def column_values(self, node_of: Mapping[str, int]) -> dict[str, Any]:
-        """This shard's kind-specific strategy columns (the rest hold :data:`_OFF_COLUMNS`)."""
-        return {}
+    def column_values(self, node_of: Mapping[str, int]) -> tuple:
+        """This shard's kind-specific strategy columns, in the order of :data:`_OFF_COLUMNS`
+        (what a kind does not use holds the value there; :func:`column_row` makes one)."""
+        return _OFF_ROW
 
     @classmethod
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "Synchronizer":
@@ -347,8 +357,8 @@ class PSSynchronizer(Synchronizer):
                 f"a PS placement must be one of the replicas"
             )
 
-    def column_values(self, node_of: Mapping[str, int]) -> dict[str, Any]:
-        return {"node": node_of[self.placement], "local": self.local_aggregation}
+    def column_values(self, node_of: Mapping[str, int]) -> tuple:
+        return (node_of[self.placement], self.local_aggregation, -1, False, -1, False, 0, 0)
 
     @classmethod
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "PSSynchronizer":
@@ -417,8 +427,8 @@ class AllReduceSynchronizer(Synchronizer):
                 f"(algorithm {first[0]}, compressor {first[1]}, {first[2]}) of variable {first_variable!r}; "
                 f"a merge group is one collective")
 
-    def column_values(self, node_of: Mapping[str, int]) -> dict[str, Any]:
-        return {"group": self.group, "hier": self.algorithm == "hierarchical"}
+    def column_values(self, node_of: Mapping[str, int]) -> tuple:
+        return (-1, False, self.group, self.algorithm == "hierarchical", -1, False, 0, 0)
 
     @classmethod
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "AllReduceSynchronizer":
@@ -604,9 +614,9 @@ class ShardSynchronizer(Synchronizer):
                 f"here; a unit is one reduce-scatter and one all-gather, so its variables agree on group, reshard, "
                 f"prefetch and reduce_dtype")
 
-    def column_values(self, node_of: Mapping[str, int]) -> dict[str, Any]:
-        return {"group": self.unit, "shard_group": self.group, "reshard": self.reshard, "prefetch": self.prefetch,
-                "reduce_dtype": REDUCE_DTYPES.index(self.reduce_dtype)}
+    def column_values(self, node_of: Mapping[str, int]) -> tuple:
+        return (-1, False, self.unit, False, self.group, self.reshard, self.prefetch,
+                REDUCE_DTYPES.index(self.reduce_dtype))
 
     @classmethod
     def from_columns(cls, row: Mapping[str, Any], servers: Sequence[str]) -> "ShardSynchronizer":

@@ -49,7 +49,8 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
     uneven_nodes = _uneven_nodes(strategy, cluster)
     planned: set[str] = set()
     units: dict[tuple[str, int], tuple[tuple, str]] = {}
-    replicas = frozenset(seen)
+    ctx = ShardContext(where="", variable=None, num_shards=1, shape=(), compressor=None, model=model,
+                       cluster=cluster, strategy=strategy, replicas=frozenset(seen), uneven_nodes=uneven_nodes)
     for i, plan in enumerate(strategy.plans):
         where = f"variable {shown(plan.variable)}"
         if plan.variable not in model:
@@ -61,9 +62,8 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
         _check_plan_shape(var, plan.partition, where)
         shapes = shard_shapes(var.shape, plan.partition)
         for j, shard in enumerate(plan.shards):
-            ctx = ShardContext(where=f"{where}: shards[{j}]", variable=var, num_shards=len(plan.shards),
-                               shape=shapes[j], compressor=shard.compressor, model=model, cluster=cluster,
-                               strategy=strategy, replicas=replicas, uneven_nodes=uneven_nodes)
+            ctx.where, ctx.variable, ctx.num_shards = f"{where}: shards[{j}]", var, len(plan.shards)
+            ctx.shape, ctx.compressor = shapes[j], shard.compressor
             _check_shard(ctx, shard.synchronizer, units)
     missing = [v.name for v in model.variables if v.name not in planned]
     if missing:
