@@ -45,6 +45,7 @@ class Handle:
         self._work = work
 
     def wait(self) -> None:
+        """Complete the phase's collectives (a second call does nothing)."""
         if self._work is not None:
             self._work.wait()
         self._work = None
@@ -67,6 +68,7 @@ class Member:
 
     @property
     def numel(self) -> int:
+        """Number of scalars in the shard."""
         n = 1
         for d in self.shape:
             n *= d
@@ -84,6 +86,7 @@ class GradView:
 
     @property
     def coalesced(self) -> torch.Tensor:
+        """The gradient as a coalesced sparse tensor (a dense one's non-zero rows), made once."""
         if self._coalesced is None:
             # A sparse variable also used densely (tied to a dense layer) gets a dense gradient:
             # its non-zero rows are the rows to send.
@@ -93,6 +96,7 @@ class GradView:
 
     @property
     def dense(self) -> torch.Tensor:
+        """The gradient as a dense tensor, made once."""
         if self._dense is None:
             self._dense = self.coalesced.to_dense() if self.grad.is_sparse else self.grad
         return self._dense
@@ -152,6 +156,8 @@ class _Unit:
         raise NotImplementedError  # pragma: no cover
 
     def pipeline(self) -> Iterator[tuple[Any, Callable]]:
+        """The unit's collectives, one ``(group, launch)`` at a time: each launched when the one
+        before it completed (the scheduler orders them across units)."""
         raise NotImplementedError  # pragma: no cover
 
     def owned(self) -> list[Member]:
@@ -175,6 +181,7 @@ class _Unit:
         return self.synchronized_grads() if self.counts_in_norm(rank) else []
 
     def drop_grads(self) -> None:
+        """Drop the synchronized gradients of the members (``zero_grad``)."""
         for m in self.members:
             m.view.grad = None
 
@@ -183,10 +190,12 @@ class _Unit:
         return [m for m in self.members if self.source_of(m) == rank]
 
     def broadcast_phase(self, phase: int) -> list[Handle]:
+        """The collectives this unit starts in broadcast ``phase`` (0, then 1) after the
+        optimizer's step: the new values of the shards it updates, sent to every replica."""
         return []
 
     def after_broadcast(self) -> None:
-        pass
+        """Put what the broadcast phases received into the members' parameters."""
 
     def forget(self) -> None:
         """Drop what the unit kept of this step beyond the gradients (``zero_grad``)."""
@@ -198,6 +207,7 @@ class _Unit:
         raise NotImplementedError
 
     def finish(self) -> None:  # pragma: no cover - abstract
+        """Once the pipeline completed: set the members' synchronized gradients."""
         raise NotImplementedError
 
 
@@ -315,6 +325,7 @@ class PSUnit(_Unit):
 
     @property
     def member(self) -> Member:
+        """The unit's one shard."""
         return self.members[0]
 
     @property
@@ -820,6 +831,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
+        """Whether no unit has a collective in flight or waiting to launch."""
         return not self.active
 
     def _advance(self, block: bool) -> bool:

@@ -26,9 +26,13 @@ class SimulatorProtocol(Protocol):
     caller's business, not the search's (:data:`OPTIONAL_SIMULATOR_MEMBERS`).
     """
 
-    def score(self, strategies: list[Strategy]) -> np.ndarray: ...
+    def score(self, strategies: list[Strategy]) -> np.ndarray:
+        """One number per strategy, higher is better."""
+        ...
 
-    def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> Any: ...
+    def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> Any:
+        """Learn from the measured mean iteration times (a training-free simulator ignores them)."""
+        ...
 
 
 class MemoryCheck(Protocol):
@@ -40,9 +44,13 @@ class MemoryCheck(Protocol):
     fit is never proposed (the memory model lives with the simulators:
     :class:`synctune.simulator.memory.MemoryBudget`)."""
 
-    def fits(self, strategy: Strategy) -> bool: ...
+    def fits(self, strategy: Strategy) -> bool:
+        """Whether every rank's predicted peak is within its device's budget."""
+        ...
 
-    def fit(self, strategies: list[Strategy], breakdowns: list[Any]) -> Any: ...
+    def fit(self, strategies: list[Strategy], breakdowns: list[Any]) -> Any:
+        """Learn from the memory the trials measured (per trial, per rank, part by part)."""
+        ...
 
     # Optional: ``state()`` (plain JSON) and ``restore(state)``, kept in the search's state, so a
     # resumed search judges with what the interrupted one measured before its first trial.

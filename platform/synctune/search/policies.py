@@ -40,7 +40,9 @@ __all__ = ["ROUND_POLICIES", "RoundPolicy", "AutoDistPolicy", "RandomPolicy", "R
 class RoundPolicy(Protocol):
     """What a search algorithm is to the search shell: the proposals of one round."""
 
-    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]: ...
+    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
+        """The ``k`` proposals of round ``round_`` (fewer where the space has no more)."""
+        ...
 
 
 def round_seed(seed: int, round_: int) -> int:
@@ -79,6 +81,7 @@ class RandomPolicy:
     trialled as drawn, no simulator."""
 
     def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
+        """The sampler a round draws from, seeded ``seed``."""
         return RandomSampler(search.model, search.cluster, seed=seed)
 
     def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
@@ -109,6 +112,7 @@ class _LocalSearchPolicy:
 
     def run(self, space: ChoiceSpace, score, starts: list[Strategy], *, rng: random.Random, evaluations: int,
             keep: int) -> LocalSearchResult:
+        """The local search from ``starts`` with ``evaluations`` scores, its ``keep`` best."""
         raise NotImplementedError
 
     def local_search(self, search: StrategySearch, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:

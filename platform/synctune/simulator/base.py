@@ -32,17 +32,21 @@ class Domain:
 
     @property
     def key(self) -> str:
+        """``model@cluster``."""
         return f"{self.ctx.model.name}@{self.ctx.cluster.name}"
 
     def encoded(self) -> StrategyColumns:
+        """The domain's strategies as columns (encoded once)."""
         if self.batch is None:
             self.batch = encode(self.strategies, self.ctx)
         return self.batch
 
     def subset(self, idx: Sequence[int]) -> "Domain":
+        """The domain with the strategies (and times) at ``idx`` only."""
         return Domain(self.ctx, [self.strategies[i] for i in idx], self.times_s[list(idx)])
 
     def partitions(self) -> np.ndarray:
+        """Per strategy, its number of shards (AutoSync Eq. 3's partition penalty)."""
         return np.diff(self.encoded().offsets).astype(np.float64)
 
 
@@ -76,12 +80,14 @@ class Simulator:
     predicts_seconds = False
 
     def fit(self, domains: list[Domain], **kwargs: Any) -> "Simulator":
+        """Learn from measured domains; a training-free simulator returns itself unchanged."""
         return self
 
     def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
     def predict_domain(self, domain: Domain) -> np.ndarray:
+        """:meth:`predict` of a domain's strategies (its columns encoded once)."""
         return self._predict_batch(domain.encoded(), domain.ctx)
 
     def predict(self, strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
@@ -94,6 +100,7 @@ class Simulator:
         return -self.predict(strategies, model, cluster)
 
     def save(self, path: str | Path) -> None:
+        """Write the learned state to ``path`` (a training-free simulator has none: refused)."""
         raise SpecError(f"the {self.kind} simulator has no learned state to save")
 
 

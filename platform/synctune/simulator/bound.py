@@ -35,6 +35,7 @@ class BoundSimulator:
 
     @property
     def kind(self) -> str:
+        """The bound simulator's kind."""
         return self.simulator.kind
 
     @property
@@ -64,6 +65,9 @@ class BoundSimulator:
         return Domain(self.ctx, list(strategies), np.asarray(times_s, dtype=np.float64))
 
     def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        """Learn from the search's trials: a calibrated replay recalibrates its constants, a
+        learned simulator is trained afresh (fine-tuned where it was transferred), a
+        training-free one ignores them."""
         if getattr(self.simulator, "calibrates", False):  # a calibrated replay: its constants, not weights
             self.simulator.calibrate(self._domain(strategies, times_s))
             return
@@ -76,6 +80,7 @@ class BoundSimulator:
         self.simulator = fresh.fit([self._domain(strategies, times_s)])
 
     def fine_tune(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        """Go on training a learned simulator from where it is (AutoSync §3.3's transfer)."""
         if self.simulator.learned:
             self.simulator.fine_tune([self._domain(strategies, times_s)])
 
@@ -99,10 +104,12 @@ class RuntimeResidual:
 
     @property
     def kind(self) -> str:
+        """The inner simulator's kind."""
         return self.inner.kind
 
     @property
     def predicts_seconds(self) -> bool:
+        """Always: its scores are negated (scaled) iteration times."""
         return True
 
     def score(self, strategies: list[Strategy]) -> np.ndarray:
@@ -112,6 +119,7 @@ class RuntimeResidual:
         return scores * scale
 
     def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        """Fit the inner simulator, then each runtime's factor (measured / predicted, median)."""
         self.inner.fit(strategies, times_s)
         if not len(strategies):
             return
@@ -126,4 +134,5 @@ class RuntimeResidual:
         self.factors = factors
 
     def fine_tune(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        """Fine-tune the inner simulator."""
         self.inner.fine_tune(strategies, times_s)

@@ -39,6 +39,7 @@ class Tally:
             setattr(self, name, [0] * self.world)
 
     def own(self, r: int, elements: int, item: int) -> None:
+        """Book the optimizer state of ``elements`` updated elements of ``item`` bytes on rank ``r``."""
         self.state[r] += int(self.multiplier * elements) * item + self.step_bytes
 
 
@@ -57,9 +58,11 @@ class MemoryContext:
 
     @property
     def world(self) -> int:
+        """The number of ranks."""
         return len(self.split)
 
     def shard_shape(self, member) -> tuple[int, ...]:
+        """The shape of a unit member's shard."""
         var = self.model[member.variable]
         return shard_shapes(var.shape, member.plan.partition)[member.index]
 

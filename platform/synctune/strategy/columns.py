@@ -104,6 +104,7 @@ class StrategyColumns:
 
     @property
     def size(self) -> int:
+        """The number of strategies."""
         return len(self.offsets) - 1
 
     @property

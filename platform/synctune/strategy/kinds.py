@@ -636,10 +636,12 @@ class UnitMember:
 
     @property
     def variable(self) -> str:
+        """The member's variable name."""
         return self.plan.variable
 
     @property
     def synchronizer(self) -> Synchronizer:
+        """The member's synchronizer."""
         return self.shard.synchronizer
 
 
@@ -656,10 +658,12 @@ class PlanUnit:
 
     @property
     def synchronizer(self) -> Synchronizer:
+        """The first member's synchronizer (the unit's options)."""
         return self.members[0].shard.synchronizer
 
     @property
     def compressor(self) -> Any:
+        """The first member's compressor (the unit's encoding)."""
         return self.members[0].shard.compressor
 
 

@@ -100,10 +100,12 @@ class Compressor:
         return f"{self.kind}({self.rank})" if self.rank is not None else self.kind
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``kind``, and ``rank`` for a compressor that takes one."""
         return {"kind": self.kind, "rank": self.rank} if self.rank is not None else {"kind": self.kind}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "Compressor":
+        """Inverse of :meth:`to_dict`; errors name ``where`` and the key."""
         d = _check_keys(data, where, ("kind",), ("rank",))
         try:
             return cls(kind=d["kind"], rank=d.get("rank"))
@@ -123,10 +125,12 @@ class ShardPlan:
         _req(isinstance(self.compressor, Compressor), "shard: compressor", "a Compressor", self.compressor)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the synchronizer's and the compressor's."""
         return {"synchronizer": self.synchronizer.to_dict(), "compressor": self.compressor.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "ShardPlan":
+        """Inverse of :meth:`to_dict` (a missing compressor is ``none``); errors name ``where``."""
         d = _check_keys(data, where, ("synchronizer",), ("compressor",))
         comp = Compressor.from_dict(d["compressor"], f"{where}.compressor") if "compressor" in d else Compressor()
         return cls(synchronizer=synchronizer_from_dict(d["synchronizer"], f"{where}.synchronizer"), compressor=comp)
@@ -167,14 +171,17 @@ class VariablePlan:
 
     @property
     def is_partitioned(self) -> bool:
+        """Whether the variable is cut into more than one shard."""
         return self.num_shards > 1
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form: variable, partition and one shard plan per shard."""
         return {"variable": self.variable, "partition": list(self.partition),
                 "shards": [s.to_dict() for s in self.shards]}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "VariablePlan":
+        """Inverse of :meth:`to_dict`; errors name ``where``, the variable and the field."""
         d = _check_keys(data, where, ("variable", "partition", "shards"))
         name = d["variable"]
         where = f"{where} (variable {shown(name)})"
@@ -286,9 +293,11 @@ class Strategy:
 
     @property
     def global_batch_size(self) -> int:
+        """The batch of one step over every replica."""
         return sum(self.batch_split)
 
     def plan_for(self, variable: str) -> VariablePlan:
+        """The plan of ``variable``; a StrategyError naming it when the strategy has none."""
         for p in self.plans:
             if p.variable == variable:
                 return p
