@@ -117,18 +117,26 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
     assert proposed == [(r.trial_id, r.strategy_hash) for r in rows.itertuples()]
 
 
-def test_the_tune_searcher_pickles_and_finds_its_session_by_id():
-    """Tune checkpoints its searcher: it must pickle without the live session (actors, logger,
-    callbacks), and the copy must reach the same session through its search id."""
+def test_the_tune_searcher_pickles_without_its_session_and_a_copy_says_it_is_detached():
+    """Tune writes its searcher and callbacks into its experiment folder: they must pickle without
+    the live session (actors, logger, callbacks: here a lock, which pickle refuses), and a copy
+    read back refuses to serve, naming how a search resumes, where it once reached a process-wide
+    registry of sessions."""
     import pickle
+    import threading
+    from types import SimpleNamespace
 
-    from synctune.run.searcher import SESSIONS, RecordTunedTrials, StrategySearcher
+    from synctune.run.searcher import RecordTunedTrials, StrategySearcher
+    from synctune.spec.errors import InfraError
 
-    session = object()
-    SESSIONS["pickle-check"] = session
-    try:
-        copy = pickle.loads(pickle.dumps(StrategySearcher("pickle-check")))
-        assert copy.session is session and (copy.metric, copy.mode) == ("mean_s", "min")
-        assert pickle.loads(pickle.dumps(RecordTunedTrials("pickle-check", "ddp"))).runtime == "ddp"
-    finally:
-        SESSIONS.pop("pickle-check")
+    session = SimpleNamespace(search_id="pickle-check", slice_names=["s0", "s1"], lock=threading.Lock())
+    searcher, callback = StrategySearcher(session), RecordTunedTrials(session, "ddp")
+    assert searcher.session is session and callback.session is session and searcher.free_slices == ["s0", "s1"]
+    copy = pickle.loads(pickle.dumps(searcher))
+    assert (copy.metric, copy.mode, copy.search_id) == ("mean_s", "min", "pickle-check")
+    with pytest.raises(InfraError, match="detached from its search; resume the search with `synctune search --resume`"):
+        copy.suggest("trial-1")
+    again = pickle.loads(pickle.dumps(callback))
+    assert again.runtime == "ddp"
+    with pytest.raises(InfraError, match="RecordTunedTrials of search 'pickle-check'"):
+        again.session

@@ -260,8 +260,6 @@ class SearchSession:
                     m.get("peak_bytes") for m in breakdown]
         self.holders: list = []
         self.slice_names = [f"synctune-slice-{self.search_id}-{i}" for i in range(exp.run.slices)]
-        self.free_slices = list(self.slice_names)
-        self.proposals: dict[str, Any] = {}
         self.started = time.monotonic()
         self.logger = MlflowLogger(exp.name, tracking_uri)
         self.parent = self.logger.start_search(self.search_id, {
@@ -388,7 +386,7 @@ def tune_runtime(session: SearchSession, tuner: RuntimeTuner, budget: int, **con
         tune_config=tune.TuneConfig(search_alg=tuner.searcher(s.exp, s.model, s.cluster, known, **context),
                                     num_samples=remaining, max_concurrent_trials=1, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{s.search_id}-{tuner.runtime}", storage_path=_tune_storage(), verbose=0,
-                                  callbacks=[RecordTunedTrials(s.search_id, tuner.runtime)]),
+                                  callbacks=[RecordTunedTrials(s, tuner.runtime)]),
     ).fit()
 
 
@@ -482,7 +480,7 @@ def run_algorithm(session: SearchSession) -> None:
         tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),
         # Reusing the trainables' actors saves a process start per trial (most of a small
         # trial's overhead: benchmarks/trial_overhead.py).
-        tune_config=tune.TuneConfig(search_alg=StrategySearcher(s.search_id), num_samples=remaining,
+        tune_config=tune.TuneConfig(search_alg=StrategySearcher(s), num_samples=remaining,
                                     max_concurrent_trials=s.exp.run.slices, reuse_actors=True),
         run_config=tune.RunConfig(name=s.search_id, storage_path=_tune_storage(), verbose=0),
     ).fit()
@@ -617,7 +615,6 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     namespace. ``on_trial(result, summary so far)`` hears of each recorded trial;
     ``on_phase(message)`` announces each phase. ``memory``: the budget and shard share
     :func:`prepare_memory` made already (the CLI checks the budget before Ray starts)."""
-    from .searcher import SESSIONS
     from .slices import release_slices
 
     # Tune's console tables would interleave with the search's own progress (verbose=0 silences
@@ -626,7 +623,6 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
     session = SearchSession(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
                             node_net=node_net, on_trial=on_trial, say=on_phase or (lambda _message: None),
                             memory=memory)
-    SESSIONS[session.search_id] = session
     try:
         session.start_slices()
         tune_ddp(session)
@@ -635,7 +631,6 @@ def run_search(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, *, workl
         run_algorithm(session)
         confirmation = confirm_best(session)
     finally:
-        SESSIONS.pop(session.search_id, None)
         release_slices(session.holders)
     summary = summarize(session, confirmation)
     finish(session, summary)
