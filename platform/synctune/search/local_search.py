@@ -45,8 +45,8 @@ SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
 RANK_CHOICES = (1, 4)
 #: Lossy compressors offered on a PS server, the first ones in registry order: each adds a
 #: choice per server to every coordinate, and the training-free model scores casts of one wire
-#: size alike (bf16 beside fp16, tried: coordinate descent on bert-tiny@B7 against the tests'
-#: synthetic cluster found 3.42x over the baselines where 3.63x without, mean of 4 seeds).
+#: size alike, so a second one costs evaluations and finds nothing new (experiments/findings/
+#: README.md, "The replay's versions", the last paragraph).
 PS_LOSSY_CHOICES = 1
 #: The identity compressor's name: gradients sent as they are.
 NO_COMPRESSION = Compressor().kind

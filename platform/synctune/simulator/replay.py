@@ -9,11 +9,11 @@ replay does the same for a strategy it has never run, from three measured inputs
 - the **links** of the cluster spec (calibrated on the lab: per-flow and NIC bandwidth, beta,
   and per-node message latency ``latency_ms``, alpha; AutoDDL's alpha-beta model);
 - what the engine executes (:mod:`synctune.engine`): a unit per all-reduce merge group, per PS
-  shard and per all-gather shard; a unit launches when its last member's gradient is ready and
-  every earlier unit launched (the engine's scheduler issues units in one fixed order, as torch
-  DDP its buckets); units share one communication queue (the world process group, whose
-  collectives gloo runs one at a time), so a unit starts when it launched and the previous one
-  finished; a dense PS shard with local aggregation (version 3) reduces inside the nodes on their
+  shard, per all-gather shard and per ``shard`` unit; a unit launches when its last member's
+  gradient is ready and every earlier unit launched (the engine's scheduler issues units in one
+  fixed order, as torch DDP its buckets); units share one communication queue (the world process
+  group, whose collectives gloo runs one at a time), so a unit starts when it launched and the
+  previous one finished; a dense PS shard with local aggregation reduces inside the nodes on their
   own groups, then among the node roots on theirs, two more queues that gloo serves beside the
   world's; ``step`` waits for the queues and the end of backward, runs the optimizer, then each PS
   placement broadcasts its new values, one after the other.
@@ -23,33 +23,33 @@ all-gather ``(N-1)(alpha + bytes/beta)``; a dense PS shard as gloo runs the engi
 ``dist.reduce`` (a ring reduce-scatter in segments, then every rank's chunk to the server) and,
 after the step, ``dist.broadcast`` (a binomial tree), each link and NIC shared by the transfers
 running at once; a sparse one's rows gathered straight to the server (the busier of its NIC and
-its flows, AutoSync Eq. 2), alpha per message. alpha lies between the smallest and the largest
-calibrated node latency (``latency_share``, fitted by :func:`calibrate_replay`): a probe's round
-trip is lengthened by what else its host runs, and by a CPU quota. A sparse shard's unit also
-sends its rows' indices, after an all-gather of the row counts (version 3). A sparse variable on
-all-reduce is dense on the wire (the
-engine densifies it); on PS or all-gather it carries the rows a replica's batch touches (measured,
-``touched_rows``). Compressors shrink what they encode (their registry's wire ratio); a
-compressor of several stages (PowerSGD: the P factors, then the Q factors) runs that many chained
-collectives per unit. From version 5 three kinds of unit pay the launch and CPU costs of each
-collective they run, not of one: a compressor's stages, a hierarchical all-reduce's reduces,
-all-reduce and all-gather (each with its own peers), and a PS shard's broadcast rounds after the
-step (CPU cost per round). The other units of several collectives (a sparse all-gather or PS
-push, SFB, a locally aggregated PS push, an HSDP shard unit) still pay one launch; their CPU
-costs are fitted per unit of their kind. From version 6, on CPU workers, an iteration ends no
-sooner than backward, then every unit's CPU work (its launches, its steps with other replicas,
-its encoding), then the step: gloo's collectives run on the cores that compute (the lab runs
-more workers than cores), so what they cost the CPU does not hide behind backward as their
-links' time does (dPRO §4.3's replayer keeps a queue per device, a worker's and each link's:
-on CPU workers gloo's work is on the worker's device, not the link's).
+its flows, AutoSync Eq. 2), alpha per message, after an all-gather of the row counts, with the
+rows' indices. alpha lies between the smallest and the largest calibrated node latency
+(``latency_share``, fitted by :func:`calibrate_replay`). A sparse variable on all-reduce is dense
+on the wire (the engine densifies it); on PS or all-gather it carries the rows a replica's batch
+touches (measured, ``touched_rows``). Compressors shrink what they encode (their registry's wire
+ratio); a compressor of several stages (PowerSGD: the P factors, then the Q factors) runs that
+many chained collectives per unit. Units of several collectives pay the launch and CPU costs of
+each: a compressor's stages, a hierarchical all-reduce's reduces, all-reduce and all-gather (each
+with its own peers), and a PS shard's broadcast rounds after the step. The other units of several
+collectives (a sparse all-gather or PS push, SFB, a locally aggregated PS push, an HSDP shard
+unit) pay one launch; their CPU costs are fitted per unit of their kind. On CPU workers an
+iteration ends no sooner than backward, then every unit's CPU work (its launches, its steps with
+other replicas, its encoding), then the step: gloo's collectives run on the cores that compute,
+so what they cost the CPU does not hide behind backward as their links' time does (dPRO §4.3's
+replayer keeps a queue per device, a worker's and each link's: on CPU workers gloo's work is on
+the worker's device, not the link's). A row is priced by its kind's ``priced_as``
+(:attr:`synctune.strategy.columns.StrategyColumns.pattern`).
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
 Calibrated, not modelled from first principles: the communication's own CPU cost (per unit and
-per other replica of its collective, version 4), a
-fixed cost per iteration, and how much of the communication hidden behind backward still delays
-it on a shared CPU (:func:`calibrate_replay`). Not modelled: the bytes of process groups
-running at once sharing their links (their messages' latencies overlap).
+per other replica of its collective), a fixed cost per iteration, and how much of the
+communication hidden behind backward still delays it on a shared CPU (:func:`calibrate_replay`).
+Not modelled: the bytes of process groups running at once sharing their links (their messages'
+latencies overlap). A simulator saved with an earlier replay replays as that version
+(:attr:`ReplayConstants.replay_version` says what each one leaves out; the measurements behind
+each are in experiments/findings/README.md, "The replay's versions").
 """
 
 from __future__ import annotations
@@ -99,25 +99,21 @@ class ReplayConstants:
     unit_s: float = 5e-5
     iteration_s: float = 5e-4
     #: The communication's own CPU time, which the links do not show (zero: training-free;
-    #: :func:`calibrate_replay` fits them on measured trials): per unit of each kind, beyond
-    #: ``unit_s`` (from ``replay_version`` 4, per unit and per other replica of its collective:
-    #: a ring takes one step per peer, and gloo's CPU work is per step; from version 5 per step
-    #: of each stage of a compressor and of each collective of a hierarchical all-reduce, and a PS
-    #: shard's per broadcast round too), and per MB
-    #: compressed (encode and decode). Not per MB sent: every strategy of a domain sends about the model's
-    #: bytes, so such a cost could not be told apart from the compute scale below (a cost per
-    #: MB fitted beside the others on release v0.3 stayed at zero).
+    #: :func:`calibrate_replay` fits them on measured trials): per unit of each kind and per other
+    #: replica of its collective, beyond ``unit_s`` (a ring takes one step per peer, and gloo's CPU
+    #: work is per step; per step of each stage of a compressor and of each collective of a
+    #: hierarchical all-reduce, and a PS shard's per broadcast round too), and per MB compressed
+    #: (encode and decode). Not per MB sent: every strategy of a domain sends about the model's
+    #: bytes, so such a cost could not be told apart from the compute scale below.
     ps_unit_s: float = 0.0
     ar_unit_s: float = 0.0
     ag_unit_s: float = 0.0
     compress_s_per_mb: float = 0.0
-    #: Per MB a low-rank compressor encodes (PowerSGD's products and QR, version 5; before, every
-    #: compressor paid ``compress_s_per_mb``): its work is matrix products where a cast's is one
-    #: pass over the bytes, so one price for both overcharged the casts.
+    #: Per MB a low-rank compressor encodes (PowerSGD's products and QR): its work is matrix
+    #: products where a cast's is one pass over the bytes.
     lowrank_s_per_mb: float = 0.0
-    #: Per shard unit, the CPU time gloo's reduce-scatter takes beyond the links (on the lab's
-    #: CPUs a 4-16 MB ``reduce_scatter_single`` over 4 ranks took 3-6 times an all-reduce of the
-    #: same tensor, where the ring model says half).
+    #: Per shard unit, the CPU time gloo's reduce-scatter takes beyond the links (more than the
+    #: ring model says on the lab's CPUs).
     shard_unit_s: float = 0.0
     #: Measured compute over the profile's (1: the profile as measured). A profile is keyed by
     #: model, device kind and worker count, so a cluster whose CPUs run at other quotas replays
@@ -127,36 +123,21 @@ class ReplayConstants:
     #: the links run beside the compute; 1: not at all): gloo's work runs on the CPU that computes,
     #: and on a host with more workers than cores the two take turns. :func:`calibrate_replay` fits it.
     serial_share: float = 0.0
-    #: Which replay: 6 ends an iteration on CPU workers no sooner than backward plus the
-    #: communication's CPU work (its calibrated costs), then the step: gloo's collectives run on
-    #: the cores that compute, so what a unit costs them does not hide behind backward (carried to
-    #: an unseen model of release v0.3, the CPU costs fitted on the others put cnn-small, the
-    #: most compute of the five, 20% under its measured time and ncf-small, the least, 15% over;
-    #: with the bound 11.7% off, median, not 13.2%);
-    #: 5 prices each collective of three kinds of unit: PowerSGD's two chained
-    #: all-reduces (P factors, then Q factors), each with its latency, launch cost and CPU cost per
-    #: other replica (priced as one, PowerSGD strategies came out 12% under their measured time on
-    #: release v0.3, median); a hierarchical all-reduce's reduces, cross-node all-reduce and
-    #: all-gather, each with its own peers (-5.0%); a PS shard's broadcasts after the step at the
-    #: PS CPU cost per round (free before, so the fit put their cost on the all-reduce units of
-    #: mixed strategies: all-reduce-only strategies +6.7%); low-rank encoding at its own price;
-    #: 4 prices the CPU costs per unit per other replica (a unit of 2 replicas pays
-    #: a third of one of 4: on lab-b10c the 2-replica strategies were over-predicted 1.4-1.7
-    #: times with a cost per unit, and every strategy of 4 under-predicted to make up for them);
-    #: 3 runs a sparse PS shard as the engine's SparsePSUnit does (an all-gather of
-    #: the row counts, the rows' indices and the rows gathered, then a blocking broadcast of the
-    #: count, the indices and the rows); 2 prices it as one gather and one broadcast; from 2 a
-    #: dense PS shard is gloo's ring reduce and binomial broadcast with alpha at
-    #: ``latency_share`` between the node latencies; 1 runs every PS shard as AutoSync's star
-    #: through the server (Eq. 2) with the largest latency. A learned simulator replays with the
-    #: version it was saved with, so its replay features are those it was trained on
-    #: (:func:`constants_from_file`: a file from before the field existed is version 1).
+    #: Which replay, each version adding to the one before: 1 runs every PS shard as AutoSync's
+    #: star through the server (Eq. 2) with the largest node latency; 2 a dense PS shard as gloo's
+    #: ring reduce and binomial broadcast, with alpha at ``latency_share``, and a sparse one as one
+    #: gather and one broadcast; 3 a sparse PS shard as the engine's SparsePSUnit (an all-gather of
+    #: the row counts, the indices and the rows gathered, then a blocking broadcast of the count,
+    #: the indices and the rows), and local aggregation on queues of its own; 4 the CPU costs per
+    #: unit per other replica; 5 each collective of a compressor's stages, of a hierarchical
+    #: all-reduce and of a PS shard's broadcasts priced on its own, and low-rank encoding at its
+    #: own price; 6 the CPU bound on CPU workers (the module docstring). A learned simulator
+    #: replays with the version it was saved with, so its replay features are those it was
+    #: trained on (:func:`constants_from_file`: a file from before the field existed is version 1).
     replay_version: int = 6
     #: Where between the smallest and the largest calibrated node latency alpha lies (version 2;
-    #: version 1 takes the largest). A probe's round trip is lengthened by what else its host
-    #: runs, and by a CPU quota: on lab-4x1 (no quota, nodes alike) one node of four measured
-    #: 1.8 ms against 0.1 ms and the trials follow the smallest; on the quota presets of v0.2 the
-    #: throttled node's 0.7-1.5 ms is real. :func:`calibrate_replay` fits it.
+    #: version 1 takes the largest): a probe's round trip is lengthened by what else its host runs,
+    #: and by a CPU quota. :func:`calibrate_replay` fits it.
     latency_share: float = 0.0
 
 
