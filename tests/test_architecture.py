@@ -293,3 +293,49 @@ def test_the_kind_check_sees_isinstance_names_and_codes(tmp_path):
     """))
     hits = kind_dispatch(fake)["search/bad.py"]
     assert len(hits) == 4, hits
+
+
+def private_imports(package: Path | None = None) -> list[str]:
+    """Every import of a private name (or from a private module) of another layer."""
+    package = package or PACKAGE
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        layer = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                parts = list(rel.parts[:-1])[:len(rel.parts) - node.level] + (node.module.split(".") if node.module
+                                                                               else [])
+            elif node.module and node.module.split(".")[0] == "synctune":
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            if not parts or parts[0] == layer:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            if private or any(p.startswith("_") and p != "__init__" for p in parts[1:]):
+                found.append(f"{rel}:{node.lineno}: from {'.' * node.level}{node.module or ''} import "
+                             f"{', '.join(a.name for a in node.names)}")
+    return found
+
+
+def test_no_layer_imports_another_layers_private_names():
+    assert private_imports() == []
+
+
+def test_the_private_import_check_sees_names_and_modules(tmp_path):
+    import textwrap
+
+    fake = tmp_path / "synctune"
+    for layer in ("engine", "run", "spec"):
+        (fake / layer).mkdir(parents=True)
+    (fake / "run" / "bad.py").write_text(textwrap.dedent("""
+        from ..engine.fsdp import _check_plan, fsdp_plan
+        from synctune.spec._util import LIMITS
+        from .search import _private_here
+        from ..engine import units
+    """))
+    found = private_imports(fake)
+    assert len(found) == 2 and "_check_plan" in found[0] and "_util" in found[1], found

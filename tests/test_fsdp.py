@@ -227,7 +227,7 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from synctune.engine.fsdp import _meta_model, fsdp_plan
+    from synctune.engine.fsdp import meta_model, fsdp_plan
 
     spec = TRANSFORMER.spec()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -254,7 +254,7 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
                 assert any(f"is module {path!r}, a ModuleList with no forward" in msg for path, _e in torch_refuses), msg
                 assert ".shards[0].synchronizer.unit:" in msg
                 with pytest.raises(SpecError):
-                    fsdp_plan(_meta_model(TRANSFORMER), FSDPConfig(from_strategy=True), strategy, spec)
+                    fsdp_plan(meta_model(TRANSFORMER), FSDPConfig(from_strategy=True), strategy, spec)
             else:
                 runtime.check(strategy, spec, CLUSTER4, TRANSFORMER)
     finally:
@@ -272,12 +272,12 @@ def test_a_tied_weight_in_a_resharded_unit_is_refused_as_torch_fails_it(tmp_path
     import torch
     import torch.distributed as dist
 
-    from synctune.engine.fsdp import _meta_model, apply_fsdp, escaping_parameters, fsdp_plan
+    from synctune.engine.fsdp import meta_model, apply_fsdp, escaping_parameters, fsdp_plan
 
     bert = zoo_workload("bert-tiny")
     spec = bert.spec()
     one = cluster_preset("local-1x1")
-    assert escaping_parameters(_meta_model(bert), bert) == {"word_embeddings.weight"}
+    assert escaping_parameters(meta_model(bert), bert) == {"word_embeddings.weight"}
     outcomes = {}
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

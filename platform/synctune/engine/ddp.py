@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..spec._util import is_int, is_number
+from ..spec.checks import is_int, is_number
 from ..spec.errors import SpecError
 from .runtime import ArmContext, ConfiguredRuntime, Stepper
 

@@ -36,14 +36,14 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..spec._util import is_int
+from ..spec.checks import is_int
 from ..spec.errors import SpecError
 from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardPlan, ShardSynchronizer, VariablePlan
 from .runtime import ArmContext, ConfiguredRuntime, Stepper, per_world
 
 __all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "fsdp_plan",
            "plan_from_config", "plan_from_strategy", "strategy_of_config", "apply_fsdp", "loss_scales",
-           "has_shard_plans"]
+           "has_shard_plans", "plans_refusal", "meta_model"]
 
 #: What ``units`` names besides a list of module paths: every child of every ``nn.ModuleList``
 #: (FSDP's usual per-block wrapping; a list inside a chosen block is not descended into), or the
@@ -590,7 +590,21 @@ def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
     return model
 
 
-def _meta_model(workload: Any) -> Any:
+def plans_refusal(strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
+    """Why FSDP2 cannot run ``strategy``'s own shard plans on ``module`` (the workload's model,
+    e.g. on the meta device), or None when it can: every plan ``shard``, one shard group that
+    fits the cluster, units FSDP2 can wrap (module boundaries, no parameter escaping them)."""
+    config = FSDPConfig(from_strategy=True)
+    try:
+        _by_unit, _syncs, (group, _var) = _shard_units(strategy)
+        _check_group("strategy: shard: group", group, strategy, cluster)
+        _check_plan(fsdp_plan(module, config, strategy, spec), config, escaping_parameters(module, workload))
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+def meta_model(workload: Any) -> Any:
     """The workload's model on the meta device (no memory), or None when it cannot be built there
     (the workers then check the same plan on the real model, all ranks alike)."""
     import torch
@@ -634,7 +648,7 @@ class FSDPRuntime(ConfiguredRuntime):
             _check_group("strategy: shard: group", first.group, strategy, cluster)
         else:
             _check_group("fsdp config: group", config.group, strategy, cluster)
-        module = _meta_model(workload) if workload is not None else None
+        module = meta_model(workload) if workload is not None else None
         if module is not None:
             _check_plan(fsdp_plan(module, config, strategy, spec), config, escaping_parameters(module, workload))
         elif config.from_strategy:

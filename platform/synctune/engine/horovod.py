@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..spec._util import is_number
+from ..spec.checks import is_number
 from ..spec.errors import SpecError
 from .runtime import ArmContext, ConfiguredRuntime, Stepper
 

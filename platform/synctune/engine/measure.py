@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
-from ..spec._util import LIMITS, in_range, is_number
+from ..spec.checks import LIMITS, in_range, is_number
 from ..spec.errors import SpecError
 
 __all__ = ["TrialConfig", "TrialResult", "PeakMemory", "STATUSES", "OPTIMIZERS", "timed_iterations", "device_done", "gather_max", "loss_value"]

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from ..spec._util import LIMITS, in_range
+from ..spec.checks import LIMITS, in_range
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec

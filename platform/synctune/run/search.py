@@ -132,18 +132,9 @@ class SearchFilter:
         self.budget, self.module, self.model, self.workload = budget, module, model, workload
 
     def _fsdp_runs(self, strategy: Strategy) -> bool:
-        from ..engine.fsdp import _check_group, _check_plan, _shard_units, escaping_parameters, fsdp_plan
+        from ..engine.fsdp import plans_refusal
 
-        config = FSDPConfig(from_strategy=True)
-        try:
-            _by_unit, _syncs, (group, _var) = _shard_units(strategy)
-            _check_group("strategy: shard: group", group, strategy, self.budget.cluster)
-            module = self.module()
-            _check_plan(fsdp_plan(module, config, strategy, self.model), config,
-                        escaping_parameters(module, self.workload))
-        except SpecError:
-            return False
-        return True
+        return plans_refusal(strategy, self.budget.cluster, self.module(), self.model, self.workload) is None
 
     def fits(self, strategy: Strategy) -> bool:
         if runs_on_fsdp(strategy) and not self._fsdp_runs(strategy):
@@ -285,9 +276,9 @@ class SearchSession:
         kernel), built once: what FSDP2's units are worked out on, for the memory model and the
         proposal filter."""
         if self._module is None:
-            from ..engine.fsdp import _meta_model
+            from ..engine.fsdp import meta_model
 
-            self._module = _meta_model(self.workload)
+            self._module = meta_model(self.workload)
             if self._module is None:
                 self._module = self.workload.build_model()
         return self._module

@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
-from ..spec._util import LIMITS, check_keys, in_range, is_number
+from ..spec.checks import LIMITS, check_keys, in_range, is_number
 from ..spec.errors import SpecError
 from ..spec.files import check_name, read_yaml
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._util import LIMITS, check_keys, in_range, is_number, require, sha256_hex, shown
+from .checks import LIMITS, check_keys, in_range, is_number, require, sha256_hex, shown
 from .errors import SpecError
 from .files import MAX_NAME_LENGTH, read_yaml, write_text_atomic
 from .registry import Registry

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from ._util import shown
+from .checks import shown
 from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",

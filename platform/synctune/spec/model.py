@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ._util import LIMITS, check_keys, in_range, is_int, is_number, require, sha256_hex, shown
+from .checks import LIMITS, check_keys, in_range, is_int, is_number, require, sha256_hex, shown
 from .errors import SpecError
 from .files import MAX_NAME_LENGTH
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import SpecError
-from ._util import is_number, require
+from .checks import is_number, require
 from .files import MAX_NAME_LENGTH
 from .model import ModelSpec
 

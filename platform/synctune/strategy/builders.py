@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..spec._util import is_int
+from ..spec.checks import is_int
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
 from ..spec.registry import Registry

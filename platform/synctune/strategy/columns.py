@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..spec._util import LIMITS
+from ..spec.checks import LIMITS
 from .compressors import COMPRESSORS
 from .partition import shard_shapes
 from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS, pattern_codes

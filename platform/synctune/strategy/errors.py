@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec._util import require
+from ..spec.checks import require
 from ..spec.errors import SpecError
 
 __all__ = ["StrategyError", "req"]

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
-from ..spec._util import LIMITS, check_keys, in_range, shown
+from ..spec.checks import LIMITS, check_keys, in_range, shown
 from ..spec.registry import Registry
 from .errors import StrategyError, req
 

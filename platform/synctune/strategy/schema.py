@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..spec._util import LIMITS, canonical_json, check_keys, in_range, is_int, sha256_hex, shown
+from ..spec.checks import LIMITS, canonical_json, check_keys, in_range, is_int, sha256_hex, shown
 from ..spec.files import parse_json, read_text
 from .compressors import COMPRESSORS, CompressorInfo
 from .errors import StrategyError, req as _req

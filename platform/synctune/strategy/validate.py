@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
-from ..spec._util import shown
+from ..spec.checks import shown
 from .kinds import ShardContext
 from .partition import shard_shapes
 from .schema import Strategy, StrategyError

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..spec._util import LIMITS, in_range
+from ..spec.checks import LIMITS, in_range
 from ..spec.errors import SpecError
 from ..spec.files import MAX_NAME_LENGTH
 from ..spec.model import ModelSpec

@@ -1,4 +1,4 @@
-"""Small helpers shared by the spec and strategy layers (canonical JSON, hashing, checks)."""
+"""Checks and canonical forms every layer shares: input bounds, canonical JSON, hashes, field checks."""
 
 from __future__ import annotations
 
