@@ -9,13 +9,13 @@ from typing import Any
 from ..spec.errors import SpecError
 from .composed import ENGINE, EngineRuntime
 from .ddp import DDPRuntime
-from .fsdp import FSDPRuntime
+from .fsdp import FSDPConfig, FSDPRuntime
 from .horovod import HorovodRuntime
 from .runtime import Runtime
 from .tensorflow import TensorFlowRuntime
 
 __all__ = ["RUNTIMES", "register_runtime", "runtime_class", "as_runtime", "runtime_from_record",
-           "strategy_runtime_class"]
+           "strategy_runtime_class", "executor_for"]
 
 #: name -> runtime class.
 RUNTIMES: dict[str, type[Runtime]] = {}
@@ -71,3 +71,15 @@ def strategy_runtime_class(framework: str) -> type[Runtime]:
             return cls
     raise SpecError(f"workload framework {framework!r}: no runtime executes strategies for it; known: "
                     f"{', '.join(sorted({f for c in RUNTIMES.values() for f in c.frameworks}))}")
+
+
+def executor_for(strategy: Any, spec: Any = None, framework: str = "torch") -> Runtime:
+    """The runtime that executes ``strategy``'s own plans: torch FSDP2 where a unit frees its
+    parameters after forward (:attr:`~synctune.strategy.kinds.Synchronizer.frees_parameters`:
+    the engine keeps them whole), else the runtime that runs searched strategies for a
+    ``framework`` workload (:func:`strategy_runtime_class`: the engine for PyTorch, TensorFlow's
+    collectives for Keras). The one place that decides it for the search and its summary."""
+    if any(shard.synchronizer.frees_parameters for _plan, _i, shard in strategy.iter_shards()):
+        return FSDPRuntime(FSDPConfig(from_strategy=True))
+    return strategy_runtime_class(framework).from_options({}, strategy, spec)
+

@@ -42,8 +42,8 @@ from ..data.tracking import MlflowLogger
 from ..engine.composed import ENGINE
 from ..engine.measure import TrialConfig, TrialResult
 from ..engine.runtime import Runtime
-from ..engine.fsdp import FSDPConfig, FSDPRuntime
-from ..engine.runtimes import runtime_class, runtime_from_record, strategy_runtime_class
+from ..engine.fsdp import FSDPConfig
+from ..engine.runtimes import executor_for, runtime_class, runtime_from_record, strategy_runtime_class
 from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
 from ..simulator.bound import RuntimeResidual
@@ -116,8 +116,9 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
 
 
 def proposal_runtime_name(strategy: Strategy) -> str:
-    """The runtime a searched strategy runs on: ``fsdp`` where its units reshard, else ``engine``."""
-    return "fsdp" if runs_on_fsdp(strategy) else "engine"
+    """The name of the runtime a searched strategy runs on (:func:`executor_for`): ``fsdp``
+    where its units reshard, else ``engine``."""
+    return executor_for(strategy).name
 
 
 class SearchFilter:
@@ -284,11 +285,10 @@ class SearchSession:
         return self._module
 
     def proposal_runtime(self, strategy: Strategy) -> Runtime:
-        """The runtime that runs a searched strategy: the engine (TensorFlow for a Keras model);
-        FSDP2 for one whose shard units reshard after forward, which the engine does not execute."""
-        if runs_on_fsdp(strategy):
-            return FSDPRuntime(FSDPConfig(from_strategy=True))
-        return self.strategy_runtime.from_options({}, strategy, self.model)
+        """The runtime that runs a searched strategy (:func:`executor_for`): the engine
+        (TensorFlow for a Keras model); FSDP2 for one whose shard units reshard after forward,
+        which the engine does not execute."""
+        return executor_for(strategy, self.model, self.framework)
 
     def memory_limits(self, strategy: Strategy) -> list[int | None]:
         """Each rank's memory budget in bytes under ``strategy`` (what a trial's measured peak is
