@@ -17,7 +17,7 @@ import pytest
 
 from synctune.engine.kinds import ENGINE_KINDS
 from synctune.simulator.kinds import MEMORY_KINDS
-from synctune.strategy.kinds import KIND_CODES, SYNCHRONIZER_KINDS, SYNCHRONIZERS, Synchronizer
+from synctune.strategy.kinds import KIND_CODES, SYNCHRONIZER_KINDS, Synchronizer
 
 HERE = Path(__file__).resolve().parent
 
