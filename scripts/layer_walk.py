@@ -35,9 +35,9 @@ def layer_of(filename: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     from synctune.cli import main as cli_main
-    from synctune.search.interface import OPTIONAL_SIMULATOR_MEMBERS, SimulatorProtocol
+    from synctune.search.interface import SimulatorProtocol
 
-    protocol = {n for n in vars(SimulatorProtocol) if not n.startswith("_")} | set(OPTIONAL_SIMULATOR_MEMBERS)
+    protocol = {n for n in vars(SimulatorProtocol) if not n.startswith("_")}
 
     climbs: dict[tuple, int] = {}
     handed: dict[tuple, int] = {}

@@ -9,6 +9,7 @@ import torch
 
 from synctune.models import build_model, make_batch, model_spec
 from synctune.spec import ClusterSpec
+from synctune.workload.base import Workload
 from synctune.strategy import (
     AllGatherSynchronizer,
     AllReduceSynchronizer,
@@ -319,7 +320,7 @@ def failing_worker(rank: int, world: int) -> int:
     return rank
 
 
-class SlowStepWorkload:
+class SlowStepWorkload(Workload):
     """cnn-small whose optimizer step sleeps on one rank at given steps (warm-up steps count):
     a delay no other rank waits for inside that iteration (an all-reduce strategy has no
     collective after the update), so only "the slowest rank's time" reports it."""

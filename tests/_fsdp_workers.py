@@ -47,16 +47,16 @@ def full_state(module) -> dict:
 
 
 def fsdp_train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
-    """Train every case with the fsdp runtime on this rank (its ``prepare``, as a trial does),
+    """Train every case with its FSDP2 runtime (``fsdp`` or ``fsdp-plans``) on this rank (its ``prepare``, as a trial does),
     each rank on its own batch of the case's split, ``loss * stepper.loss_scale`` backward as the
     trial's iteration does; returns the whole parameters after the last step."""
-    from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
     from synctune.engine.runtime import ArmContext
+    from synctune.engine.runtimes import as_runtime
 
     out = []
     for case in cases:
         strategy, cluster, name, device, module = case_model(case, rank)
-        runtime = FSDPRuntime(FSDPConfig.from_dict(case["config"]))
+        runtime = as_runtime(case["runtime"])
         stepper = runtime.prepare(ArmContext(
             rank=rank, model=module, strategy=strategy, spec=model_spec(name), cluster=cluster,
             device=device, seed=0, collective_timeout_s=60.0,
@@ -97,7 +97,7 @@ def engine_vs_fsdp_cases(rank: int, world: int, cases: list[dict]) -> list[dict]
 
 
 def process_groups_per_pass(rank: int, world: int, cases: list[dict], passes: int) -> list[int]:
-    """Run ``cases`` ``passes`` times on this rank, the fsdp runtime for cases with a ``config``
+    """Run ``cases`` ``passes`` times on this rank, the FSDP2 runtime of cases with a ``runtime``
     and the engine for the others, as a worker runs trial after trial; the number of process
     groups the world holds after each pass."""
     import torch.distributed as dist
@@ -106,7 +106,7 @@ def process_groups_per_pass(rank: int, world: int, cases: list[dict], passes: in
 
     counts = []
     for _ in range(passes):
-        fsdp_train_cases(rank, world, [c for c in cases if "config" in c])
-        train_cases(rank, world, [c for c in cases if "config" not in c])
+        fsdp_train_cases(rank, world, [c for c in cases if "runtime" in c])
+        train_cases(rank, world, [c for c in cases if "runtime" not in c])
         counts.append(len(dist.distributed_c10d._world.pg_map))
     return counts

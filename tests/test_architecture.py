@@ -332,7 +332,7 @@ def test_the_private_import_check_sees_names_and_modules(tmp_path):
     for layer in ("engine", "run", "spec"):
         (fake / layer).mkdir(parents=True)
     (fake / "run" / "bad.py").write_text(textwrap.dedent("""
-        from ..engine.fsdp import _check_plan, fsdp_plan
+        from ..engine.fsdp import _check_plan, plan_from_config
         from synctune.spec._util import LIMITS
         from .search import _private_here
         from ..engine import units

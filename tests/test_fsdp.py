@@ -17,6 +17,8 @@ from _engine_workers import reference_training
 from _fsdp_workers import engine_vs_fsdp_cases, fsdp_train_cases, shard_strategy
 from synctune.cli import cli
 from synctune.engine.fsdp import FSDPConfig, FSDPRuntime, plan_from_config
+from synctune.engine.fsdp_plans import FSDP_PLANS
+from synctune.engine.runtimes import runtime_from_options
 from synctune.engine.local import run_local
 from synctune.models import build_model, model_spec
 from synctune.spec import cluster_preset
@@ -27,8 +29,10 @@ from synctune.workload import zoo_workload
 STEPS = 3
 
 
-def _case(label: str, strategy, cluster, config: FSDPConfig, optimizer: str = "sgd", lr: float = 0.1) -> dict:
-    return {"label": label, "strategy": strategy.to_dict(), "cluster": cluster.to_dict(), "config": config.to_dict(),
+def _case(label: str, strategy, cluster, config: FSDPConfig | None, optimizer: str = "sgd", lr: float = 0.1) -> dict:
+    """A training case of FSDP2 with ``config`` (None: the strategy's own shard plans)."""
+    runtime = FSDP_PLANS if config is None else FSDPRuntime(config)
+    return {"label": label, "strategy": strategy.to_dict(), "cluster": cluster.to_dict(), "runtime": runtime.to_dict(),
             "optimizer": optimizer, "lr": lr, "steps": STEPS}
 
 
@@ -55,7 +59,7 @@ def _cases(cluster_name: str) -> list[dict]:
                            split=uneven if reshard else None)
         validate(s, model_spec("transformer-small"), cluster)
         cases.append(_case(f"strategy/shard reshard {reshard}/split {s.batch_split}", s, cluster,
-                           FSDPConfig(from_strategy=True)))
+                           None))
     if n == 4:
         for reshard in (True, False):
             cases.append(_case(f"transformer-small/HSDP (2, 2)/reshard {reshard}", even, cluster,
@@ -64,7 +68,7 @@ def _cases(cluster_name: str) -> list[dict]:
                            "batch_split": uneven}), cluster, FSDPConfig(group=2, prefetch=3)))
         s = shard_strategy("transformer-small", cluster, group=2, reshard=True, prefetch=1, split=uneven)
         validate(s, model_spec("transformer-small"), cluster)
-        cases.append(_case("strategy/HSDP shard group 2", s, cluster, FSDPConfig(from_strategy=True)))
+        cases.append(_case("strategy/HSDP shard group 2", s, cluster, None))
     return cases
 
 
@@ -139,7 +143,7 @@ def test_engine_shard_and_fsdp2_give_the_same_parameters(cluster_name):
                   shard_strategy("transformer-small", cluster, split=tuple(range(1, n + 1)))]
     if n == 4:
         strategies.append(shard_strategy("transformer-small", cluster, group=2))
-    cases = [_case(f"engine vs fsdp {s.summary()}", s, cluster, FSDPConfig(from_strategy=True)) for s in strategies]
+    cases = [_case(f"engine vs fsdp {s.summary()}", s, cluster, None) for s in strategies]
     outputs = run_local(engine_vs_fsdp_cases, n, (cases,), timeout_s=900, threads=1)
     for case, out in zip(cases, outputs[0]):
         for k, v in out["engine"].items():
@@ -177,8 +181,8 @@ def test_refusals_name_the_variable_and_field():
 
     spec = TRANSFORMER.spec()
     good = shard_strategy("transformer-small", CLUSTER4)
-    runtime = FSDPRuntime.from_options({}, good, spec)
-    assert runtime.config.from_strategy
+    runtime = runtime_from_options("fsdp", {}, good, spec)
+    assert runtime is FSDP_PLANS  # FSDP2 without settings on shard plans runs those plans
     runtime.check(good, spec, CLUSTER4, TRANSFORMER)  # the good one passes
     var = "encoder.0.ffn.output.weight"
     msg = _check(runtime, _with_plan(good, var, sync=AllReduceSynchronizer()))
@@ -195,7 +199,7 @@ def test_refusals_name_the_variable_and_field():
     assert ".synchronizer.group: FSDP2 runs every unit on one mesh" in msg, msg
     # a block's attention in a unit of its own is a module boundary (fully_shard on it first)
     nested = {**units, **{n: 5 for n in units if n.startswith("encoder.0.attention.")}}
-    FSDPRuntime.from_options({}, shard_strategy("transformer-small", CLUSTER4, units=nested), spec).check(
+    runtime_from_options("fsdp", {}, shard_strategy("transformer-small", CLUSTER4, units=nested), spec).check(
         shard_strategy("transformer-small", CLUSTER4, units=nested), spec, CLUSTER4, TRANSFORMER)
     # two units whose smallest module is the same (query and key in one, value and output in another)
     halves = {**units, **{n: 5 if ".query." in n or ".key." in n else 6 for n in units
@@ -204,7 +208,7 @@ def test_refusals_name_the_variable_and_field():
     assert "units 6 and 5 both need 'encoder.0.attention'" in msg and ".synchronizer.unit:" in msg, msg
     # a configuration beside a strategy with shard plans would ignore them
     msg = _check(FSDPRuntime(FSDPConfig()), good)
-    assert msg.startswith("fsdp config: from_strategy:"), msg
+    assert msg.startswith("fsdp config: the strategy has shard plans, which this configuration would ignore"), msg
     # sparse gradients
     ncf = zoo_workload("ncf-small")
     msg = _check(FSDPRuntime(), build_strategy("allreduce", ncf.spec(), CLUSTER4), ncf)
@@ -227,7 +231,7 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from synctune.engine.fsdp import meta_model, fsdp_plan
+    from synctune.engine.fsdp import meta_model, plan_from_strategy
 
     spec = TRANSFORMER.spec()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -246,7 +250,7 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
                     fully_shard(model.get_submodule(path), mesh=mesh)
                 except ValueError as err:
                     torch_refuses.append((path, str(err)))
-            runtime = FSDPRuntime.from_options({}, strategy, spec)
+            runtime = runtime_from_options("fsdp", {}, strategy, spec)
             if torch_refuses:
                 refused.add(depth)
                 assert "forward" in torch_refuses[0][1]
@@ -254,7 +258,7 @@ def test_a_unit_torch_cannot_wrap_is_refused_before_any_worker(tmp_path):
                 assert any(f"is module {path!r}, a ModuleList with no forward" in msg for path, _e in torch_refuses), msg
                 assert ".shards[0].synchronizer.unit:" in msg
                 with pytest.raises(SpecError):
-                    fsdp_plan(meta_model(TRANSFORMER), FSDPConfig(from_strategy=True), strategy, spec)
+                    plan_from_strategy(meta_model(TRANSFORMER), strategy, spec)
             else:
                 runtime.check(strategy, spec, CLUSTER4, TRANSFORMER)
     finally:
@@ -272,7 +276,7 @@ def test_a_tied_weight_in_a_resharded_unit_is_refused_as_torch_fails_it(tmp_path
     import torch
     import torch.distributed as dist
 
-    from synctune.engine.fsdp import meta_model, apply_fsdp, escaping_parameters, fsdp_plan
+    from synctune.engine.fsdp import meta_model, apply_fsdp, escaping_parameters, plan_from_strategy
 
     bert = zoo_workload("bert-tiny")
     spec = bert.spec()
@@ -287,7 +291,7 @@ def test_a_tied_weight_in_a_resharded_unit_is_refused_as_torch_fails_it(tmp_path
                                   prefetch=1 if reshard else 0)
             torch.manual_seed(0)
             model = bert.build_model()
-            plan = fsdp_plan(model, FSDPConfig(from_strategy=True), strategy, spec)
+            plan = plan_from_strategy(model, strategy, spec)
             assert any(u.module == "word_embeddings" for u in plan.units)
             model = apply_fsdp(model, plan, "cpu")
             try:
@@ -297,7 +301,7 @@ def test_a_tied_weight_in_a_resharded_unit_is_refused_as_torch_fails_it(tmp_path
             except RuntimeError as err:
                 assert "DTensor" in str(err)
                 outcomes[reshard] = "fails"
-            runtime = FSDPRuntime.from_options({}, strategy, spec)
+            runtime = runtime_from_options("fsdp", {}, strategy, spec)
             if outcomes[reshard] == "fails":
                 with pytest.raises(SpecError, match=r"variable 'word_embeddings.weight': shard: reshard: unit "
                                                     r"'word_embeddings' holds 'word_embeddings.weight'.*tied"):
@@ -342,8 +346,9 @@ def test_config_and_options():
                               ({"units": " , "}, "fsdp config: units: expected one of blocks, root or a non-empty list")]:
         with pytest.raises(SpecError, match=fragment.replace("(", r"\(")):
             FSDPRuntime.from_options(options)
-    with pytest.raises(SpecError, match="fsdp config: group: the strategy's shard plans configure FSDP2"):
-        FSDPConfig(from_strategy=True, group=2)
+    with pytest.raises(SpecError, match="fsdp config: from_strategy: a strategy's own shard plans run on the "
+                                        "fsdp-plans runtime"):
+        FSDPConfig.from_dict({"from_strategy": True, "group": 2})
     good = shard_strategy("transformer-small", CLUSTER4)
     with pytest.raises(SpecError, match="--fsdp: the strategy's shard plans configure FSDP2"):
         FSDPRuntime.from_options({"group": "2"}, good, TRANSFORMER.spec())

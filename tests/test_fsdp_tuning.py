@@ -15,10 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synctune.engine.fsdp import (FSDP_DEFAULT, FSDPConfig, FSDPRuntime, plan_from_config, plan_from_strategy,
-                                  strategy_of_config)
+from synctune.engine.fsdp import (FSDP_DEFAULT, FSDPConfig, FSDPRuntime, fsdp_config_of, fsdp_layout, fsdp_layouts,
+                                  plan_from_config, plan_from_strategy, strategy_of_config)
+from synctune.engine.runtimes import tuned_runtimes
 from synctune.models import build_model, model_spec
-from synctune.run.baselines import (FSDP_SPACE, TUNERS, fsdp_config_of, fsdp_layout, fsdp_layouts, fsdp_searcher)
+from synctune.run.baselines import tuned_searcher
 from synctune.search.experiment import Experiment
 from synctune.spec import ClusterSpec, cluster_preset
 from synctune.spec.errors import SpecError
@@ -85,7 +86,7 @@ def test_a_tuned_hsdp_trial_holds_the_rows_its_strategy_says():
     workload = zoo_workload("bert-tiny")
     spec = workload.spec()
     base = build_strategy("allreduce", spec, CLUSTER4)
-    runtime = TUNERS["fsdp"].runtime_of({"layout": "blocks/g2/reshard", "prefetch": 2, "reduce_dtype": "fp32"})
+    runtime = FSDPRuntime.from_tuned({"layout": "blocks/g2/reshard", "prefetch": 2, "reduce_dtype": "fp32"})
     result = run_trial_local(base, CLUSTER4, TrialConfig(warmup=1, iters=1, optimizer="adam"), workload=workload,
                              runtime=runtime)
     assert result.ok, result.error
@@ -132,6 +133,14 @@ def _exp(lossy: bool = True) -> Experiment:
     return Experiment.from_keys(name="t", model="transformer-small", cluster=CLUSTER4.name, budget=4, lossy=lossy)
 
 
+def fsdp_searcher(exp: Experiment, spec, cluster, done, fits=None):
+    """The tuned-FSDP2 searcher a search makes (8 trials: ``fsdp_trials: auto`` where it shards),
+    ``fits`` judging FSDP2 configurations."""
+    space = FSDPRuntime.tuning_space(spec, cluster, lossy=exp.search.lossy,
+                                     fits=None if fits is None else (lambda runtime: fits(runtime.config)))
+    return tuned_searcher(space, seed=exp.seed, budget=8, done=done)
+
+
 def _suggest(searcher, n: int) -> list[dict]:
     points = []
     for i in range(n):
@@ -145,7 +154,7 @@ def test_first_point_is_fsdp2s_default_and_every_point_fits():
     spec = model_spec("transformer-small")
     first = _suggest(fsdp_searcher(_exp(), spec, CLUSTER4, []), 1)[0]
     assert fsdp_config_of(first) == FSDPConfig(prefetch=1)  # FSDP2's default (prefetch 1 is its implicit one)
-    assert sorted(first) == sorted(FSDP_SPACE)
+    assert sorted(first) == sorted(FSDPRuntime.tuning.params)
 
     # A budget that ZeRO-3 at prefetch 1 and fp32 only meets, on one HSDP mesh or the other:
     # no default, and no draw of prefetch 2, bf16 or a kept layout may come back.
@@ -193,8 +202,8 @@ def test_a_model_with_sparse_gradients_has_no_fsdp2():
 
 def test_every_tuner_searcher_takes_the_same_context():
     spec = model_spec("transformer-small")
-    for tuner in TUNERS.values():
-        searcher = tuner.searcher(_exp(), spec, CLUSTER4, [], fits=lambda c: True)
-        point = searcher.suggest("a")
-        assert sorted(point) == sorted(tuner.space)
-        assert tuner.runtime_of(point).name == tuner.runtime
+    for cls in tuned_runtimes():
+        space = cls.tuning_space(spec, CLUSTER4, lossy=True, fits=lambda runtime: True)
+        point = tuned_searcher(space, seed=0, budget=4, done=[]).suggest("a")
+        assert sorted(point) == sorted(cls.tuning.params)
+        assert cls.from_tuned(point).name == cls.name

@@ -193,7 +193,7 @@ def test_fsdp2_runtime(device):
     even = build_strategy("allreduce", model_spec("transformer-small"), cluster)
     uneven = type(even)(**{**even.__dict__, "batch_split": tuple(range(1, world + 1))})
     cases = [{"label": f"{device}/reshard {r}/split {s.batch_split}", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
-              "config": FSDPConfig(reshard_after_forward=r).to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3,
+              "runtime": FSDPRuntime(FSDPConfig(reshard_after_forward=r)).to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3,
               "device": device} for r, s in ((True, even), (False, uneven))]
     outputs = run_local(fsdp_train_cases, world, (cases,), backend=backend, timeout_s=900)
     for c, case in enumerate(cases):

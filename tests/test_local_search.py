@@ -193,15 +193,15 @@ def test_the_searches_run_in_the_search_shell_deterministically_and_resume_exact
     first = StrategySearch(model, CLUSTER, exp, sim())
     hashes = _drive(first)
     assert len(hashes) == exp.search.budget and len(set(hashes)) == len(hashes)  # nothing measured twice
-    assert {t["origin"] for t in first.trials[2:]} <= {algorithm, f"{algorithm}+split", f"{algorithm}+incumbent"}
+    assert {t.origin for t in first.trials[2:]} <= {algorithm, f"{algorithm}+split", f"{algorithm}+incumbent"}
     assert _drive(StrategySearch(model, CLUSTER, exp, sim())) == hashes
     # Interrupted after 7 trials (mid-round) and rebuilt from its finished trials: the same search.
     interrupted = StrategySearch(model, CLUSTER, exp, sim())
     _drive(interrupted, stop_after=7)
     resumed = StrategySearch.from_state(interrupted.state(), model, CLUSTER, exp, sim())
-    assert [t["hash"] for t in resumed.trials] + _drive(resumed) == hashes
+    assert [t.strategy.hash for t in resumed.trials] + _drive(resumed) == hashes
     summary = first.summary()
-    assert summary["speedup_over_best_baseline"] > 1.0
+    assert summary.speedup > 1.0
 
 
 def test_experiment_checks_generator_and_simulator_budget():

@@ -17,6 +17,7 @@ import pytest
 from synctune.engine.measure import OPTIMIZERS
 from synctune.models import model_spec
 from synctune.search.algorithm import StrategySearch
+from synctune.search.interface import MemoryCheck
 from synctune.search.experiment import TRIAL_OPTIMIZERS, Experiment
 from synctune.simulator.memory import GIB, ActivationFigures, MemoryBudget
 from synctune.spec import SpecError, cluster_preset
@@ -77,7 +78,7 @@ def test_replicated_adam_outgrows_a_budget_that_sharding_fits():
     assert name.startswith("shard") and peak < 3.2 * weights
 
 
-class _NoPS:
+class _NoPS(MemoryCheck):
     """A fit rule written here: a strategy fits when at most 45% of its shards go through a PS
     (the builders: all-reduce fits, PS-LB and partitioned PS do not)."""
 
@@ -117,7 +118,7 @@ def test_the_search_never_proposes_what_the_memory_check_says_does_not_fit(algor
     assert asked >= 8 and check.fitted  # the check learned where the simulator does
 
 
-class _Refuses:
+class _Refuses(MemoryCheck):
     """A fit rule written here: nothing fits once the baselines are done (``open`` False)."""
 
     def __init__(self) -> None:
@@ -172,12 +173,12 @@ def test_a_search_with_a_memory_check_resumes_exactly():
         p = part.ask()
         part.tell(p.trial_id, _time(p.strategy), memory=[{"peak_bytes": 1}])
     resumed = StrategySearch.from_state(json.loads(json.dumps(part.state())), model, cluster, exp, memory=_NoPS())
-    assert resumed.trials[-1]["memory"] == [{"peak_bytes": 1}]
+    assert list(resumed.trials[-1].memory) == [{"peak_bytes": 1}]
     rest = []
     while (p := resumed.ask()) is not None:
         resumed.tell(p.trial_id, _time(p.strategy))
         rest.append(p.strategy.hash)
-    assert [t["hash"] for t in part.trials] + rest == order
+    assert [t.strategy.hash for t in part.trials] + rest == order
 
 
 def test_a_resumed_search_judges_with_the_probe_the_interrupted_one_measured():
@@ -213,7 +214,7 @@ def test_a_resumed_search_judges_with_the_probe_the_interrupted_one_measured():
     while (p := resumed.ask()) is not None:
         resumed.tell(p.trial_id, _time(p.strategy))
         rest.append(p.strategy.hash)
-    assert [t["hash"] for t in part.trials] + rest == order
+    assert [t.strategy.hash for t in part.trials] + rest == order
     assert resumed.memory.fits(shard)
 
 
@@ -223,23 +224,26 @@ def test_per_runtime_residual_learns_what_fsdp2_costs_and_the_search_follows():
     runtime after a fit, the simulator ranks every pair of strategies as that rule does; and a
     search over sharded draws, told those times, proposes FSDP2-run strategies in its later
     rounds far less often than the same search with the bare simulator."""
-    from synctune.run.search import proposal_runtime_name as runtime_class
+    from synctune.engine.runtimes import executor_for, executor_names
     from synctune.simulator import AnalyticSimulator, BoundSimulator, RuntimeResidual
     from synctune.search.sampler import GuidedSampler
 
     model, cluster = model_spec("transformer-small"), cluster_preset("lab-2x2")
     bare = BoundSimulator(AnalyticSimulator(), model, cluster)
 
+    def runtime_class(strategy) -> str:
+        return executor_for(strategy).name
+
     def true_s(strategies) -> np.ndarray:
         base = -bare.score(strategies)
-        return base * np.array([3.0 if runtime_class(s) == "fsdp" else 1.0 for s in strategies])
+        return base * np.array([3.0 if runtime_class(s) == "fsdp-plans" else 1.0 for s in strategies])
 
     draws = GuidedSampler(model, cluster, seed=4, shard_prob=1.0).sample_many(60)
-    assert {runtime_class(s) for s in draws} == {"fsdp", "engine"}
-    sim = RuntimeResidual(BoundSimulator(AnalyticSimulator(), model, cluster), runtime_class)
+    assert {runtime_class(s) for s in draws} == {"fsdp-plans", "engine"}
+    sim = RuntimeResidual(BoundSimulator(AnalyticSimulator(), model, cluster), runtime_class, executor_names)
     assert np.allclose(sim.score(draws), bare.score(draws))  # nothing learned: the inner's scores
     sim.fit(draws[:20], true_s(draws[:20]))
-    assert sim.factors == pytest.approx({"fsdp": 3.0, "engine": 1.0})
+    assert sim.factors == pytest.approx({"fsdp-plans": 3.0, "engine": 1.0})
     rest = draws[20:]
     assert np.array_equal(np.argsort(sim.score(rest), kind="stable"), np.argsort(-true_s(rest), kind="stable"))
     assert not np.array_equal(np.argsort(bare.score(rest), kind="stable"), np.argsort(-true_s(rest), kind="stable"))
@@ -249,13 +253,13 @@ def test_per_runtime_residual_learns_what_fsdp2_costs_and_the_search_follows():
     late = {}
     for name, simulator in (("bare", BoundSimulator(AnalyticSimulator(), model, cluster)),
                             ("residual", RuntimeResidual(BoundSimulator(AnalyticSimulator(), model, cluster),
-                                                         runtime_class))):
+                                                         runtime_class, executor_names))):
         algo = StrategySearch(model, cluster, exp, simulator, shard_prob=1.0)
         kinds = []
         while (p := algo.ask()) is not None:
             kinds.append(runtime_class(p.strategy))
             algo.tell(p.trial_id, float(true_s([p.strategy])[0]))
-        late[name] = kinds[len(kinds) // 2:].count("fsdp")
+        late[name] = kinds[len(kinds) // 2:].count("fsdp-plans")
     assert late["residual"] < late["bare"], late
 
 
@@ -353,7 +357,7 @@ def test_a_shard_search_may_score_with_the_shipped_simulator_which_has_seen_shar
     refused: the shipped simulator was trained on release v0.3, whose rows hold shard plans, and
     scores them (the refusal said it was trained before the shard synchronizer, which stopped
     being true when it was retrained)."""
-    from synctune.run.search import prepare_memory
+    from synctune.run.prepare import prepare_memory
     from synctune.simulator import load_simulator, pretrained_info
     from synctune.workload.zoo import zoo_workload
 

@@ -371,7 +371,8 @@ def test_learned_models_take_the_replay_as_input_and_keep_its_profiles(tmp_path)
 
 
 def test_a_search_measures_the_profile_once_and_starts_from_the_replay(tmp_path, monkeypatch):
-    from synctune.run.search import ensure_profile, make_search_simulator
+    from synctune.run.profiles import ensure_profile
+    from synctune.run.simulators import make_search_simulator
     from synctune.search import Experiment
     from synctune.spec import cluster_preset
     from synctune.workload import zoo_workload

@@ -55,13 +55,13 @@ def test_the_loop_uses_its_simulator_on_a_synthetic_cost_model():
     the unscored ablations: a check that scores steer the selection, not a claim about real runs."""
     full, guided, plain = (run(a).summary() for a in ("autodist", "random-guided", "random"))
     for s in (full, guided, plain):
-        assert s["trials"] == 20 and s["best_baseline_s"] == pytest.approx(full["best_baseline_s"])
-    assert full["speedup_over_best_baseline"] >= 1.2
-    assert full["trials_to_1.2x"] is not None
-    reached = [s["trials_to_1.2x"] for s in (guided, plain) if s["trials_to_1.2x"] is not None]
-    assert all(full["trials_to_1.2x"] < r for r in reached)
-    assert full["hit_rate"] > guided["hit_rate"] >= plain["hit_rate"]
-    assert full["best_mean_s"] <= min(guided["best_mean_s"], plain["best_mean_s"])
+        assert s.trials == 20 and s.best_baseline_s == pytest.approx(full.best_baseline_s)
+    assert full.speedup >= 1.2
+    assert full.trials_to_1_2x is not None
+    reached = [s.trials_to_1_2x for s in (guided, plain) if s.trials_to_1_2x is not None]
+    assert all(full.trials_to_1_2x < r for r in reached)
+    assert full.hit_rate > guided.hit_rate >= plain.hit_rate
+    assert full.best_mean_s <= min(guided.best_mean_s, plain.best_mean_s)
 
 
 def test_baselines_come_first_and_failures_are_recorded():
@@ -75,7 +75,7 @@ def test_baselines_come_first_and_failures_are_recorded():
     while (p := algo.ask()) is not None:
         algo.tell(p.trial_id, measured_s(p.strategy))
     s = algo.summary()
-    assert s["trials"] == 8 and s["failed"] == 1 and s["best_baseline_s"] == 2.0
+    assert s.trials == 8 and s.failed == 1 and s.best_baseline_s == 2.0
 
 
 def _drive(algo: StrategySearch, until: int | None = None) -> list[tuple[str, str]]:
@@ -107,7 +107,7 @@ def test_a_restored_search_goes_on_exactly_as_the_uninterrupted_one(algorithm):
     again = back.ask()
     assert (again.trial_id, again.strategy.hash) == (unfinished.trial_id, unfinished.strategy.hash)
     back.tell(again.trial_id, measured_s(again.strategy))
-    resumed = [(t["trial_id"], t["hash"]) for t in back.trials] + _drive(back)
+    resumed = [(t.trial_id, t.strategy.hash) for t in back.trials] + _drive(back)
     assert resumed == expected
 
 
@@ -124,12 +124,12 @@ def test_a_state_written_before_times_were_called_mean_s_resumes_exactly():
                                     for t in json.loads(json.dumps(algo.state()))["trials"]]}
     assert all("runtime" in t and "mean_s" not in t for t in old["trials"])
     back = StrategySearch.from_state(old, MODEL, CLUSTER, exp, analytic())
-    assert [t["mean_s"] for t in back.trials] == [t["mean_s"] for t in algo.trials]
-    assert all("runtime" not in t for t in back.trials)
-    assert [(t["trial_id"], t["hash"]) for t in back.trials] + _drive(back) == expected
+    assert [t.mean_s for t in back.trials] == [t.mean_s for t in algo.trials]
+    assert all("runtime" not in t.to_dict() for t in back.trials)
+    assert [(t.trial_id, t.strategy.hash) for t in back.trials] + _drive(back) == expected
     summary = back.summary()
-    assert "best_runtime_s" not in summary and summary["best_mean_s"] == min(measured_s(Strategy.from_dict(
-        t["strategy"])) for t in back.trials)
+    assert not hasattr(summary, "best_runtime_s") and summary.best_mean_s == min(
+        measured_s(t.strategy) for t in back.trials)
     with pytest.raises(ValueError, match="trial 'baseline-allreduce': expected a mean_s entry"):
         StrategySearch.from_state({"trials": [{k: v for k, v in t.items() if k != "runtime"}
                                               for t in old["trials"]]}, MODEL, CLUSTER, exp, analytic())
@@ -172,7 +172,7 @@ def test_the_shell_trials_what_its_policy_proposes():
     assert [i for i, _h in told] == ["baseline-allreduce", "r1-0", "r1-1", "r2-0", "r2-1", "r3-0"]
     assert [h for _i, h in told[1:]] == draws[:5]
     assert calls == [(1, 2, 1), (2, 2, 3), (3, 1, 5)] and search.finished
-    assert [t["origin"] for t in search.trials] == ["allreduce"] + ["fixed"] * 5
+    assert [t.origin for t in search.trials] == ["allreduce"] + ["fixed"] * 5
 
 
 def test_no_strategy_is_measured_twice():
@@ -200,7 +200,7 @@ def test_no_strategy_is_measured_twice():
 
 def test_genetic_children_are_valid_strategies():
     algo = run("genetic", budget=14)
-    assert algo.summary()["trials"] == 14
+    assert algo.summary().trials == 14
 
 
 def test_guided_sampler_respects_its_constraints():
@@ -512,7 +512,7 @@ def test_each_autodist_round_tries_the_best_measured_strategy_one_move_away():
         asked.append(p)
         measured[p.strategy.hash] = (p.strategy, measured_s(p.strategy))
         algo.tell(p.trial_id, measured[p.strategy.hash][1])
-    origins = [t["origin"] for t in algo.trials]
+    origins = [t.origin for t in algo.trials]
     assert origins.count("autodist+incumbent") == 3, origins  # rounds of 4, 4 and 3 after 3 baselines
 
 

@@ -101,7 +101,7 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
     assert "search tiny-seed0: 8 trials" in out
     # The uninterrupted search of the same seed, fed the same measurements, proposes exactly
     # these strategies under these ids, in this order.
-    from synctune.run.search import make_search_simulator
+    from synctune.run.simulators import make_search_simulator
     from synctune.search import StrategySearch, load_experiment
     from synctune.spec import cluster_preset
     from synctune.workload import zoo_workload

@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 
-from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
+from synctune.engine.fsdp_plans import FSDP_PLANS
 from synctune.models.zoo import model_spec
 from synctune.search.local_search import ChoiceSpace, coordinate_descent, mcts
 from synctune.search.moves import crossover, global_moves
@@ -118,7 +118,7 @@ def _fsdp2_runs(runtime, strategy, spec, cluster, workload) -> bool:
 def test_sharded_draws_validate_and_fsdp_ones_are_what_fsdp2_runs(domain):
     name, cluster = DOMAINS[domain]
     spec, workload = model_spec(name), zoo_workload(name)
-    runtime = FSDPRuntime(FSDPConfig(from_strategy=True))
+    runtime = FSDP_PLANS
     sampler = GuidedSampler(spec, cluster, seed=11, shard_prob=1.0)
     seen = collections.Counter()
     for _ in range(40):
@@ -268,7 +268,7 @@ def test_global_moves_of_an_all_shard_strategy():
     base = build_strategy("shard", spec, LOCAL4)
     moves = global_moves(base, space)
     assert len(moves) == 3
-    runtime = FSDPRuntime(FSDPConfig(from_strategy=True))
+    runtime = FSDP_PLANS
     for m in moves:
         validate(m, spec, LOCAL4)
         runtime.check(m, spec, LOCAL4, workload)
@@ -299,8 +299,7 @@ def test_under_a_budget_sharded_draws_grow_until_they_fit():
 
     def peak(s) -> int:
         return max(r.peak_bytes for r in predict_memory(s, spec, LOCAL4, optimizer_state_multiplier="adam",
-                                                        runtime="fsdp" if any(x.reshard for x in _shards(s))
-                                                        else "engine"))
+                                                        fsdp=any(x.reshard for x in _shards(s))))
 
     zero2 = peak(build_strategy("shard", spec, LOCAL4, depth=2, reshard=False))
     replicated = peak(build_strategy("allreduce", spec, LOCAL4))

@@ -29,7 +29,7 @@ def apply_cmd(strategy_file: str, model, cluster: str | None, fmt: str, output: 
     (fully_shard per unit) for a strategy of shard plans FSDP2 expresses, plain torch DDP with
     the bucket size and comm hook that reproduce it when DDP can express it, else the synctune
     engine. Run the file with torchrun, one process per replica."""
-    from ..run.apply import run_command, write_training_file
+    from ..run.apply import FORMAT_NAMES, run_command, write_training_file
     from ..spec.files import check_writable
     from ..strategy import load_strategy
 
@@ -39,6 +39,5 @@ def apply_cmd(strategy_file: str, model, cluster: str | None, fmt: str, output: 
     workload = resolve_workload_arg(model)
     cluster_spec = resolve_cluster_arg(cluster or strategy.cluster["name"])
     used = write_training_file(strategy, workload, cluster_spec, target, fmt, seed)
-    names = {"ddp": "plain torch DDP", "fsdp": "torch FSDP2", "engine": "synctune engine"}
-    click.echo(f"wrote {target} ({names[used]})")
+    click.echo(f"wrote {target} ({FORMAT_NAMES[used]})")
     echo_err(f"run it: {run_command(strategy, target if target.is_absolute() else Path(os.curdir) / target)}")

@@ -14,51 +14,37 @@ from ._common import echo_err, node_network, resolve_cluster_arg, resolve_worklo
 
 def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: str | None):
     """The recommended strategy as a training file next to it, also attached to the search's
-    MLflow run; returns (path or None, format used)."""
+    MLflow run; returns (path or None, format used). The file runs what the recommendation's
+    runtime ran (:meth:`~synctune.engine.runtime.Runtime.plans_of`), in the format that runs it
+    (:meth:`~synctune.engine.runtime.Runtime.training_format`)."""
     from ..data import MlflowLogger
     from ..run.apply import apply_search_result
 
     chosen = summary.recommended
+    runtime = chosen.runtime
     settings = best_path.with_name(best_path.stem + "-result.json")
-    if getattr(workload, "framework", "torch") == "tensorflow":
-        from ..engine.tensorflow import bytes_per_pack_of
-        from ..strategy import Strategy
-
-        pack = bytes_per_pack_of(Strategy.from_dict(chosen.strategy), workload.spec())
-        echo_err(f"note: {workload.name} is a Keras model: train it with tf.distribute.MultiWorkerMirroredStrategy("
-                 f"communication_options=tf.distribute.experimental.CommunicationOptions(bytes_per_pack={pack}, "
-                 f"implementation=RING)); no training file is written")
-        return None, ""
-    if chosen.runtime.name not in ("engine", "ddp", "fsdp"):  # a training file runs the engine, DDP or FSDP2
-        echo_err(f"note: the recommendation is {chosen.name}; its settings are in {settings}, and no training file "
+    fmt = runtime.training_format(chosen.strategy)
+    if fmt is None:
+        note = runtime.training_note(chosen.strategy, workload.spec())
+        echo_err(f"note: {workload.name}: {note}" if note else
+                 f"note: the recommendation is {chosen.name}; its settings are in {settings}, and no training file "
                  f"is written")
         return None, ""
-    from ..engine.fsdp import has_shard_plans
-    from ..strategy import Strategy
-
-    strategy = chosen.strategy
-    if chosen.runtime.name == "fsdp" and not chosen.runtime.config.from_strategy:
-        # Tuned FSDP2's configuration as the all-shard strategy FSDP2 runs under it: the
-        # training file then sets up exactly those fully_shard units.
+    def module():
         import torch
 
-        from ..engine.fsdp import strategy_of_config
-
         with torch.device("meta"):
-            module = workload.build_model()
-        strategy = strategy_of_config(module, chosen.runtime.config, Strategy.from_dict(chosen.strategy),
-                                      workload.spec()).to_dict()
+            return workload.build_model()
+
+    # DDP takes replicas and batch split only; the others run a strategy's plans
+    strategy = chosen.strategy if fmt == "ddp" else runtime.plans_of(chosen.strategy, module, workload.spec())
     try:
-        return apply_search_result(strategy, workload, cluster, best_path, seed=exp.seed,
-                                   ddp=chosen.runtime.config_dict() if chosen.runtime.name == "ddp" else None,
-                                   # The file runs what the trials measured: the engine's ZeRO-2 units
-                                   # stay the engine's even where FSDP2 could express them.
-                                   fmt="fsdp" if chosen.runtime.name == "fsdp" else
-                                   "engine" if has_shard_plans(Strategy.from_dict(strategy)) else "auto",
+        return apply_search_result(strategy.to_dict(), workload, cluster, best_path, seed=exp.seed,
+                                   ddp=runtime.config_dict() if fmt == "ddp" else None, fmt=fmt,
                                    logger=MlflowLogger(exp.name, tracking_uri),
                                    parent_run_id=summary.mlflow_parent_run or "")
     except (SpecError, OSError) as exc:  # the search is done and recorded; the file is a bonus
-        retry = (f"the tuned DDP configuration is in {settings}" if chosen.runtime.name == "ddp"
+        retry = (f"the tuned DDP configuration is in {settings}" if fmt == "ddp"
                  else f"`synctune apply {best_path}` retries")
         echo_err(f"warning: the training file could not be written ({exc}); {retry}")
         return None, ""
@@ -77,27 +63,27 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     from tqdm import tqdm
 
     from ..data import data_home
-    from ..run import run_search, search_id_of
-    from ..run.search import horovod_baselines, make_search_simulator, prepare_memory
+    from ..run import prepare_search, run_prepared
     from ..search.experiment import load_experiment
     from ..spec.files import make_parent, path_under, write_text_atomic
 
     exp = load_experiment(experiment)
     workload = resolve_workload_arg(exp.trains, timeout_s=exp.trial.timeout_s)
-    model = workload.spec()
     cluster = resolve_cluster_arg(exp.domain.cluster)
     node_net = node_network(cluster)
     if cluster.device_kind != "cpu" and ray_address == "local":
         raise SpecError(f"{experiment}: cluster {cluster.name} has GPU nodes; run the search on a Ray cluster "
                         f"that has them (ray job submit ... -- synctune search {experiment} --ray-address auto)")
-    # Everything the search will need is checked before Ray starts: the simulator file, where
-    # the best strategy goes, the data folder.
-    make_search_simulator(exp, model, cluster)
-    horovod_baselines(exp, model, cluster, workload)
-    memory = prepare_memory(exp, model, cluster, workload)  # a budget nothing fits is refused here
-    search_id = search_id_of(exp)
+
+    def say(message: str) -> None:
+        echo_err(f"{exp.name}: {message}")
+
+    # Everything the search needs is checked and read before Ray starts (the simulator file, the
+    # memory budget, the profile, the dataset rows; where the best strategy goes).
+    context = prepare_search(exp, workload, cluster, resume=resume, tracking_uri=tracking_uri, node_net=node_net,
+                             say=say)
     output = exp.run.output
-    best_path = Path(output) if output else path_under(data_home(), "searches", f"{search_id}-best.json")
+    best_path = Path(output) if output else path_under(data_home(), "searches", f"{context.search_id}-best.json")
     make_parent(best_path)
     start_ray(ray_address, cluster.num_devices + 1)
     bar = tqdm(total=exp.num_trials, desc=exp.name, unit="trial", disable=None)
@@ -106,27 +92,26 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     def on_phase(message: str) -> None:
         if not bar.disable:
             bar.clear()
-        echo_err(f"{exp.name}: {message}")
+        say(message)
 
     try:
-        summary = run_search(exp, model, cluster, workload=workload, resume=resume, tracking_uri=tracking_uri,
-                             on_trial=on_trial, node_net=node_net, on_phase=on_phase, memory=memory)
+        summary = run_prepared(context, on_trial=on_trial, on_phase=on_phase)
     finally:
         bar.close()
     train_path, used = None, ""
     if summary.recommended:
-        write_text_atomic(best_path, json.dumps(summary.recommended.strategy, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(best_path, json.dumps(summary.recommended.strategy.to_dict(), indent=2, sort_keys=True)
+                          + "\n")
         # The whole answer beside it: what to run (a strategy, or a tuned runtime's settings) and why.
         write_text_atomic(best_path.with_name(best_path.stem + "-result.json"),
                           json.dumps(summary.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
         train_path, used = _apply_best(summary, workload, cluster, best_path, exp, tracking_uri)
     _print_summary(summary, exp, workload, best_path)
     if train_path is not None:
-        from ..run.apply import run_command
-        from ..strategy import Strategy
+        from ..run.apply import FORMAT_NAMES, run_command
 
-        click.echo(f"apply     {train_path} ({'plain torch DDP' if used == 'ddp' else 'synctune engine'}): "
-                   f"{run_command(Strategy.from_dict(summary.recommended.strategy), train_path)}")
+        click.echo(f"apply     {train_path} ({FORMAT_NAMES[used]}): "
+                   f"{run_command(summary.recommended.strategy, train_path)}")
     echo_err(f"MLflow parent run {summary.mlflow_parent_run or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary.search_id}")
     if summary.trials:
@@ -142,9 +127,9 @@ def _progress(bar, name: str):
         parts = []
         if summary.best_mean_s:
             parts.append(f"best {summary.best_mean_s * 1e3:.1f} ms")
-        ddp = summary.runtime_best("ddp")
-        if ddp:
-            parts.append(f"tuned DDP {ddp.mean_s * 1e3:.1f} ms")
+        baseline = summary.runtime_best()
+        if baseline:
+            parts.append(f"{baseline.runtime.label} {baseline.mean_s * 1e3:.1f} ms")
         if summary.speedup_over_best_baseline:
             parts.append(f"x{summary.speedup_over_best_baseline:.2f} vs baselines")
         if summary.hit_rate is not None:
@@ -159,18 +144,15 @@ def _progress(bar, name: str):
     return on_trial
 
 
-#: How the summary names each runtime's baselines: (label, what its trials are).
-_BASELINE_LINES = {"ddp": ("DDP", "tuned torch DDP trials"), "horovod": ("Horovod", "real Horovod baseline(s)"),
-                   "fsdp": ("FSDP2", "torch FSDP2 trials, its defaults first")}
-
-
 def _print_summary(summary, exp, workload, best_path: Path) -> None:
     """The search's figures, one line each."""
     speed = summary.speedup_over_best_baseline
     click.echo(f"search {summary.search_id}: {summary.trials} trials ({summary.failed} failed) "
                f"in {summary.wall_s:.0f} s")
     if summary.best_mean_s:
-        runner = "TensorFlow" if getattr(workload, "framework", "torch") == "tensorflow" else "the engine"
+        from ..engine.runtimes import strategy_runtime_class
+
+        runner = strategy_runtime_class(workload.framework).label
         click.echo(f"best      {summary.best_mean_s * 1e3:.1f} ms/iteration ({summary.best_origin}), "
                    f"fastest single trial of {runner}")
     if summary.best_builder_baseline_s:
@@ -178,12 +160,12 @@ def _print_summary(summary, exp, workload, best_path: Path) -> None:
     for name in dict.fromkeys(t.runtime.name for t in summary.baselines):
         best = summary.runtime_best(name)
         if best is not None:
-            label, what = _BASELINE_LINES.get(name, (name, f"{name} baseline trial(s)"))
-            click.echo(f"{label:<9} {best.mean_s * 1e3:.1f} ms/iteration (best of {summary.runtime_trials(name)} "
-                       f"{what}: {best.runtime.summary()})")
+            runtime = best.runtime
+            click.echo(f"{runtime.label or name:<9} {best.mean_s * 1e3:.1f} ms/iteration (best of "
+                       f"{summary.runtime_trials(name)} {runtime.trials_noun}: {runtime.summary()})")
     click.echo(f"single    {speed:.3f}x over the best baseline, trial against trial (not confirmed)" if speed
                else "single    n/a")
-    _print_confirmation(summary.confirmed or {})
+    _print_confirmation(summary.confirmed)
     _print_selection(summary, exp)
     hits = summary.hit_rate
     click.echo(f"hit rate  {hits:.0%} of searched strategies beat the best baseline" if hits is not None else
@@ -201,41 +183,42 @@ def _mib(values) -> str:
     return "/".join(shown) + " MiB" if shown else "n/a"
 
 
-def _print_memory(memory: dict) -> None:
+def _print_memory(memory) -> None:
     """The budget, and what the recommendation costs per rank, predicted and measured."""
-    if not memory:
+    if memory is None:
         return
-    limits = [x for x in memory.get("limit_bytes") or [] if x is not None]
-    click.echo(f"memory    budget {memory.get('budget')}" + (f" = {min(limits) / 2**20:.1f} MiB per rank" if limits else "")
-               + f"; recommended: predicted {_mib(memory.get('predicted_peak_bytes'))}, measured "
-               f"{_mib(memory.get('measured_peak_bytes'))} per rank; {memory.get('oom_trials', 0)} oom trial(s)")
-    if memory.get("over_budget_builders"):
-        click.echo(f"          builders over the budget, never trialled: {', '.join(memory['over_budget_builders'])}")
+    limits = [x for x in memory.limit_bytes if x is not None]
+    click.echo(f"memory    budget {memory.budget}" + (f" = {min(limits) / 2**20:.1f} MiB per rank" if limits else "")
+               + f"; recommended: predicted {_mib(memory.predicted_peak_bytes)}, measured "
+               f"{_mib(memory.measured_peak_bytes)} per rank; {memory.oom_trials} oom trial(s)")
+    if memory.over_budget_builders:
+        click.echo(f"          builders over the budget, never trialled: {', '.join(memory.over_budget_builders)}")
 
 
 _STOPPED = {"verdict": "the interval excluded 1", "narrow": "the interval was narrow enough", "cap": "the cap"}
 
 
-def _print_confirmation(confirmed: dict) -> None:
-    if "ratio" in confirmed:
-        rule = confirmed.get("rule") or {}
-        looks = "" if rule.get("min_rounds") == rule.get("max_rounds") else " sequential"
-        click.echo(f"confirmed {confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, {confirmed['high']:.3f}] (95%{looks}): "
-                   f"{confirmed['candidate']} against {confirmed['baseline']}, {confirmed['rounds']} interleaved rounds "
-                   f"of {confirmed['per_round']} iterations on the same processes: {confirmed['verdict']}")
-        if looks and confirmed.get("stopped"):
-            click.echo(f"          rounds {rule['min_rounds']} to {rule['max_rounds']}, stopped at "
-                       f"{confirmed['rounds']}: {_STOPPED.get(confirmed['stopped'], confirmed['stopped'])} (each look "
-                       f"at {100 * confirmed['confidence']:.2f}%, so the interval holds at 95% whenever it stops)")
-        if confirmed.get("screened"):
-            click.echo(f"          picked by a screening of the {len(confirmed['screened'])} fastest searched strategies "
-                       f"({', '.join(confirmed['screened'])}) and the {len(confirmed.get('screened_baselines') or [])} "
-                       f"fastest baselines ({', '.join(confirmed.get('screened_baselines') or [])}) on rounds of "
-                       f"their own")
-        for failure in confirmed.get("retried") or ():
-            click.echo(f"          run again from the start on fresh workers after: {failure[:160]}")
-    elif confirmed:
-        click.echo(f"confirmed n/a ({confirmed.get('error', 'no result')})")
+def _print_confirmation(confirmed) -> None:
+    if confirmed is None:
+        return
+    if not confirmed.measured:
+        click.echo(f"confirmed n/a ({confirmed.error or 'no result'})")
+        return
+    interval, rule = confirmed.interval, confirmed.rule
+    looks = " sequential" if confirmed.sequential else ""
+    click.echo(f"confirmed {interval.ratio:.3f}x [{interval.low:.3f}, {interval.high:.3f}] (95%{looks}): "
+               f"{confirmed.candidate} against {confirmed.baseline}, {confirmed.rounds} interleaved rounds "
+               f"of {confirmed.per_round} iterations on the same processes: {confirmed.verdict}")
+    if looks and confirmed.stopped:
+        click.echo(f"          rounds {rule.min_rounds} to {rule.max_rounds}, stopped at "
+                   f"{confirmed.rounds}: {_STOPPED.get(confirmed.stopped, confirmed.stopped)} (each look "
+                   f"at {100 * interval.confidence:.2f}%, so the interval holds at 95% whenever it stops)")
+    if confirmed.screened:
+        click.echo(f"          picked by a screening of the {len(confirmed.screened)} fastest searched strategies "
+                   f"({', '.join(confirmed.screened)}) and the {len(confirmed.screened_baselines)} "
+                   f"fastest baselines ({', '.join(confirmed.screened_baselines)}) on rounds of their own")
+    for failure in confirmed.retried:
+        click.echo(f"          run again from the start on fresh workers after: {failure[:160]}")
 
 
 def _print_selection(summary, exp) -> None:

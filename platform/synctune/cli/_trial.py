@@ -87,7 +87,7 @@ def trial_cmd(model, cluster: str, builder: str | None,
     Exit status 0 when the trial ran (status ok), 1 when it failed, timed out or ran out of
     memory (the result says why), 2 on bad input.
     """
-    from ..engine.runtimes import runtime_class
+    from ..engine.runtimes import runtime_class, runtime_from_options
     from ..engine.trial import TrialConfig, check_trial, run_trial_local
     from ..strategy import build_strategy, load_strategy, parse_builder_options
 
@@ -116,7 +116,7 @@ def trial_cmd(model, cluster: str, builder: str | None,
         strategy = load_strategy(strategy_file)
     else:
         strategy = build_strategy("allreduce", model_spec, cluster_spec)
-    run_config = runs.from_options(runtime_options, strategy, model_spec)
+    run_config = runtime_from_options(runtime, runtime_options, strategy, model_spec)
     check_trial(workload, strategy, cluster_spec, run_config)
     node_net = node_network(cluster_spec)
     if record:
@@ -137,7 +137,9 @@ def trial_cmd(model, cluster: str, builder: str | None,
     finally:
         bar.close()
     if record:
-        origin = runtime if runtime != "engine" and not (builder or strategy_file) else (builder or f"file:{strategy_file}")
+        # A runtime that takes a strategy is given one (a builder or a file); one that takes only
+        # replicas and batch split may run without, on the all-reduce skeleton, named by itself.
+        origin = builder or (f"file:{strategy_file}" if strategy_file else runtime)
         _record(result, strategy, model_spec, cluster_spec, origin, experiment, workload.source, run_config)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))

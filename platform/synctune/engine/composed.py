@@ -18,6 +18,7 @@ class EngineRuntime(Runtime):
     what the engine does not execute exactly (:func:`synctune.engine.core.check_supported`)."""
 
     name = "engine"
+    label = "the engine"
     runs_strategy = True
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
@@ -50,6 +51,13 @@ class EngineRuntime(Runtime):
 
     def summary(self) -> str:
         return "engine"
+
+    def training_format(self, strategy: Any) -> str:
+        """The engine's own file where the strategy has shard plans (its ZeRO-2 units stay the
+        engine's even where FSDP2 could express them), else the plainest that runs it exactly."""
+        from .fsdp import has_shard_plans
+
+        return "engine" if has_shard_plans(strategy) else "auto"
 
     def describe(self, strategy: Any) -> str:
         return strategy.summary()

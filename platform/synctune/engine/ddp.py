@@ -16,8 +16,10 @@ from typing import Any
 from ..spec.checks import is_int, is_number
 from ..spec.errors import SpecError
 from .runtime import ArmContext, ConfiguredRuntime, Stepper
+from .tuning import Categorical, LogUniform, NothingToTune, Tuning, TuningSpace
 
-__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "DDPRuntime", "wrap_ddp", "ddp_runtime"]
+__all__ = ["DDPConfig", "COMM_HOOKS", "DDP_DEFAULT", "DDPRuntime", "wrap_ddp", "ddp_runtime", "DDP_POWERSGD_RANK",
+           "ddp_config_of", "ddp_hooks"]
 
 #: Comm hooks a DDP trial can register (torch.distributed.algorithms.ddp_comm_hooks).
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -79,6 +81,31 @@ class DDPConfig:
 DDP_DEFAULT = DDPConfig(bucket_cap_mb=25.0, first_bucket_mb=1.0, gradient_as_bucket_view=False)
 
 
+#: PowerSGD's rank in tuned-DDP trials (the allreduce builder's default).
+DDP_POWERSGD_RANK = 4
+
+
+def ddp_config_of(params: dict) -> DDPConfig:
+    """The :class:`DDPConfig` of one tuned-DDP point (``comm_hook``, ``bucket_cap_mb``,
+    ``first_bucket_mb``)."""
+    hook = params["comm_hook"]
+    cap = float(params["bucket_cap_mb"])
+    first = min(float(params["first_bucket_mb"]), cap)
+    # torch's PowerSGD hook fails with a separate first-bucket cap (see DDPConfig): it gets none.
+    return DDPConfig(bucket_cap_mb=cap, first_bucket_mb=None if hook == "powersgd" or first >= cap else first,
+                     comm_hook=hook, powersgd_rank=DDP_POWERSGD_RANK if hook == "powersgd" else None,
+                     gradient_as_bucket_view=True)
+
+
+def ddp_hooks(model: Any, cluster: Any, lossy: bool = True) -> list[str]:
+    """The comm hooks a tuned-DDP search tries in a domain: bf16 only on GPUs (torch's hook
+    needs NCCL); none but ``none`` for a model with sparse gradients (hooks compress dense
+    buckets) or when the experiment says ``lossy: false``."""
+    if not lossy or any(v.sparse for v in model.variables):
+        return ["none"]
+    return ["none", "fp16", "powersgd"] + (["bf16"] if cluster.device_kind == "gpu" else [])
+
+
 def wrap_ddp(model: Any, config: DDPConfig | dict, device_ids: list[int] | None = None) -> Any:
     """``model`` in torch DDP as ``config`` says, its comm hook registered."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -109,6 +136,27 @@ class DDPRuntime(ConfiguredRuntime):
     config: DDPConfig = DDP_DEFAULT
     name = "ddp"
     config_type = DDPConfig
+    label = "DDP"
+    trials_noun = "tuned torch DDP trials"
+    tuning = Tuning(params=("comm_hook", "bucket_cap_mb", "first_bucket_mb"), origin="ddp-tuned",
+                    label="tuned DDP", title="torch DDP", knobs="bucket size, first bucket and comm hook")
+
+    @classmethod
+    def tuning_space(cls, model: Any, cluster: Any, *, lossy: bool, fits=None) -> TuningSpace:
+        """The comm hook (:func:`ddp_hooks`), the bucket size cap (1-256 MiB) and the first
+        bucket's cap, from DDP's default (25 MiB, a 1 MiB first bucket, no hook). DDP's settings
+        do not change what a rank holds beyond its buckets: replicated training either fits the
+        memory budget (``fits`` of DDP's default) or nothing here does."""
+        if fits is not None and not fits(cls()):
+            raise NothingToTune(cls.name, "replicated training does not fit the memory budget")
+        params = {"comm_hook": Categorical(tuple(ddp_hooks(model, cluster, lossy))),
+                  "bucket_cap_mb": LogUniform(1.0, 256.0), "first_bucket_mb": LogUniform(0.0625, 64.0)}
+        return TuningSpace(params=params, first={"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0})
+
+    @classmethod
+    def from_tuned(cls, point: dict[str, Any]) -> "DDPRuntime":
+        """DDP as a tuned point says (:func:`ddp_config_of`)."""
+        return cls(ddp_config_of(point))
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
         """Refuse, before any worker starts, a DDP trial DDP would run differently from what it
@@ -139,6 +187,9 @@ class DDPRuntime(ConfiguredRuntime):
 
     def describe(self, strategy: Any) -> str:
         return f"torch DDP: {self.summary()} (replicas and batch split of {strategy.summary()})"
+
+    def training_format(self, strategy: Any) -> str:
+        return "ddp"
 
     @classmethod
     def from_options(cls, options: dict[str, str], strategy: Any = None, spec: Any = None) -> "DDPRuntime":

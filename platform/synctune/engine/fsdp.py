@@ -8,14 +8,13 @@ wrapped last and takes every parameter left. The mesh is 1-D over every replica,
 ``(replicas // k, k)`` named ``("replicate", "shard")`` for HSDP: shard inside groups of ``k``
 consecutive replicas, all-reduce the slices across groups.
 
-Two ways to configure a trial, both recorded as the row's ``runtime_json``:
-
-- its own :class:`FSDPConfig` (shard-group size, ``reshard_after_forward``, reduce dtype,
-  prefetch depth, which modules are units): the default and tuned FSDP2 baselines; the strategy
-  then gives replicas and batch split only, as for DDP;
-- ``FSDPConfig(from_strategy=True)``: the strategy's ``shard`` plans say everything, each unit
-  id becoming the module whose parameters are exactly that unit's variables
-  (:func:`plan_from_strategy`); what FSDP2 cannot express is refused naming the field.
+This runtime is configured by its own :class:`FSDPConfig` (shard-group size,
+``reshard_after_forward``, reduce dtype, prefetch depth, which modules are units), recorded as
+the row's ``runtime_json``: the default and tuned FSDP2 baselines, the strategy then giving
+replicas and batch split only, as for DDP. A strategy whose ``shard`` plans say everything runs
+on the ``fsdp-plans`` runtime (:mod:`synctune.engine.fsdp_plans`), each unit id becoming the
+module whose parameters are exactly that unit's variables (:func:`plan_from_strategy`, here with
+the rest of FSDP2's machinery both runtimes share).
 
 Prefetch (torch 2.13's API): FSDP2 by default overlaps the next unit's all-gather implicitly in
 forward and prefetches one unit ahead in backward, and an empty explicit list falls back to that
@@ -40,10 +39,12 @@ from ..spec.checks import is_int
 from ..spec.errors import SpecError
 from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardPlan, ShardSynchronizer, VariablePlan
 from .runtime import ArmContext, ConfiguredRuntime, Stepper, per_world
+from .tuning import Categorical, NothingToTune, Tuning, TuningSpace
 
-__all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "fsdp_plan",
-           "plan_from_config", "plan_from_strategy", "strategy_of_config", "apply_fsdp", "loss_scales",
-           "has_shard_plans", "plans_refusal", "meta_model"]
+__all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "plan_from_config",
+           "plan_from_strategy", "strategy_of_config", "apply_fsdp", "loss_scales", "has_shard_plans",
+           "meta_model", "check_shard_group", "check_plan", "fsdp_stepper", "escaping_parameters",
+           "fsdp_layout", "fsdp_layouts", "fsdp_config_of", "FSDP_PREFETCH", "refuse_sparse", "shard_units"]
 
 #: What ``units`` names besides a list of module paths: every child of every ``nn.ModuleList``
 #: (FSDP's usual per-block wrapping; a list inside a chosen block is not descended into), or the
@@ -63,15 +64,13 @@ class FSDPConfig:
     which keeps its parameters (FSDP's own advice: backward needs them first). ``reduce_dtype``:
     what gradients travel and are summed in (parameters stay float32). ``prefetch``: all-gathers
     issued ahead (0 and 1: FSDP2's implicit default; N >= 2 explicit, see the module docstring).
-    ``units``: ``blocks``, ``root`` or module paths. ``from_strategy``: the strategy's shard plans
-    say all of it (every other field then stays at its default)."""
+    ``units``: ``blocks``, ``root`` or module paths."""
 
     group: int = 0
     reshard_after_forward: bool | int = True
     reduce_dtype: str = "fp32"
     prefetch: int = 0
     units: str | tuple[str, ...] = "blocks"
-    from_strategy: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.units, list):
@@ -100,24 +99,23 @@ class FSDPConfig:
         elif len(set(units)) != len(units):
             twice = next(u for u in units if units.count(u) > 1)
             raise SpecError(f"fsdp config: units: module {twice!r} is listed twice")
-        if not isinstance(self.from_strategy, bool):
-            raise SpecError(f"fsdp config: from_strategy: expected true or false, got {self.from_strategy!r}")
-        if self.from_strategy:
-            changed = [f.name for f in fields(self) if f.name != "from_strategy"
-                       and getattr(self, f.name) != f.default]
-            if changed:
-                raise SpecError(f"fsdp config: {changed[0]}: the strategy's shard plans configure FSDP2 when "
-                                f"from_strategy is true; leave {changed[0]} at its default "
-                                f"({next(f.default for f in fields(self) if f.name == changed[0])!r})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"group": self.group, "reshard_after_forward": self.reshard_after_forward,
                 "reduce_dtype": self.reduce_dtype, "prefetch": self.prefetch,
-                "units": self.units if isinstance(self.units, str) else list(self.units),
-                "from_strategy": self.from_strategy}
+                "units": self.units if isinstance(self.units, str) else list(self.units)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FSDPConfig":
+        """The configuration of :meth:`to_dict`'s form. Rows recorded before the ``fsdp-plans``
+        runtime held ``from_strategy: false`` here (read as nothing); ``true`` belongs to that
+        runtime (:func:`synctune.engine.runtimes.runtime_from_record` reads such rows)."""
+        data = dict(data)
+        if data.get("from_strategy") is False:
+            del data["from_strategy"]
+        elif "from_strategy" in data:
+            raise SpecError("fsdp config: from_strategy: a strategy's own shard plans run on the fsdp-plans runtime, "
+                            "not with FSDP2's settings; drop from_strategy")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -126,8 +124,6 @@ class FSDPConfig:
 
     def summary(self) -> str:
         """A short human-readable form, e.g. ``fsdp2 blocks, group 2, reshard, reduce bf16``."""
-        if self.from_strategy:
-            return "fsdp2 from the strategy's shard plans"
         units = self.units if isinstance(self.units, str) else f"{len(self.units)} module(s)"
         group = f", group {self.group}" if self.group else ""
         r = self.reshard_after_forward
@@ -169,9 +165,17 @@ class FSDPPlan:
         return ("replicate", "shard") if len(self.mesh_shape) == 2 else ("shard",)
 
 
+def _fsdp_kind(sync: Any) -> bool:
+    """Whether FSDP2's ``fully_shard`` runs units of ``sync``'s kind (``shard``:
+    :attr:`synctune.engine.kinds.EngineKind.fsdp`)."""
+    from .kinds import ENGINE_KINDS
+
+    return ENGINE_KINDS.get(sync.kind).fsdp
+
+
 def has_shard_plans(strategy: Any) -> bool:
-    """Whether any plan of ``strategy`` is a ``shard`` synchronizer."""
-    return any(isinstance(shard.synchronizer, ShardSynchronizer) for _p, _i, shard in strategy.iter_shards())
+    """Whether any plan of ``strategy`` is of a kind FSDP2 runs (``shard``)."""
+    return any(_fsdp_kind(shard.synchronizer) for _p, _i, shard in strategy.iter_shards())
 
 
 def loss_scales(batch_split) -> tuple[float, ...]:
@@ -189,7 +193,7 @@ def _mesh_shape(replicas: int, group: int) -> tuple[int, ...]:
     return (replicas,) if size == replicas else (replicas // size, size)
 
 
-def _check_group(where: str, group: int, strategy: Any, cluster: Any) -> None:
+def check_shard_group(where: str, group: int, strategy: Any, cluster: Any) -> None:
     """A shard group that divides the replicas and lies inside one node or spans whole nodes."""
     replicas = len(strategy.replicas)
     size = group or replicas
@@ -278,7 +282,7 @@ def plan_from_config(module: Any, config: FSDPConfig, strategy: Any) -> FSDPPlan
                     forward_order=tuple(p for p in order if p in set(chosen)))
 
 
-def _refuse_sparse(spec: Any) -> None:
+def refuse_sparse(spec: Any) -> None:
     """FSDP2 reduce-scatters dense gradients: a model with a sparse one is refused, naming it."""
     sparse = [v.name for v in spec.variables if v.sparse]
     if sparse:
@@ -303,7 +307,7 @@ def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any
     budget must err on. A shard group of the whole replica set is written 0 (the same 1-D mesh).
     Refuses a model with sparse gradients (FSDP2 cannot run it) and a shard group of 1 (nothing
     sharded: that is replicated training)."""
-    _refuse_sparse(spec)
+    refuse_sparse(spec)
     replicas = len(strategy.replicas)
     if config.group == 1:
         raise SpecError("fsdp config: group: a shard group of 1 shards nothing (every rank keeps whole parameters "
@@ -339,7 +343,7 @@ def _common_module(names: list[str], owner: dict[str, str]) -> str:
     return ".".join(common)
 
 
-def _shard_units(strategy: Any) -> tuple[dict[int, list[str]], dict[int, ShardSynchronizer], tuple[int, str]]:
+def shard_units(strategy: Any) -> tuple[dict[int, list[str]], dict[int, ShardSynchronizer], tuple[int, str]]:
     """The variables of each unit id, each unit's synchronizer and the shard group (with the
     variable it was first seen on), refusing another synchronizer or units on different groups."""
     by_unit: dict[int, list[str]] = {}
@@ -349,7 +353,7 @@ def _shard_units(strategy: Any) -> tuple[dict[int, list[str]], dict[int, ShardSy
         for j, shard in enumerate(plan.shards):
             sync = shard.synchronizer
             where = f"strategy: plans[{i}] (variable {plan.variable!r}).shards[{j}].synchronizer"
-            if not isinstance(sync, ShardSynchronizer):
+            if not _fsdp_kind(sync):
                 raise SpecError(f"{where}: the fsdp runtime runs strategies whose plans are all shard, and this one "
                                 f"is {sync.kind}; run it with the engine (--runtime engine)")
             if group is None:
@@ -373,7 +377,7 @@ def plan_from_strategy(module: Any, strategy: Any, spec: Any) -> FSDPPlan:
     and must then hold nothing else. Refuses, naming the variable and field, what FSDP2 cannot
     express: another synchronizer, units on different shard groups, a unit that is not a
     module boundary."""
-    by_unit, syncs, group = _shard_units(strategy)
+    by_unit, syncs, group = shard_units(strategy)
     owner, order = _owners(module)
     spec_names = {v.name for v in spec.variables}
     missing = sorted(spec_names - set(owner))
@@ -463,13 +467,6 @@ def _refuse_container(module: Any, path: str, unit: int, by_unit: dict, where_of
             f"cut the units one module deeper (its children), or leave its variables to the root's unit")
 
 
-def fsdp_plan(module: Any, config: FSDPConfig, strategy: Any, spec: Any) -> FSDPPlan:
-    """The plan of a trial: from ``config``'s own settings, or from the strategy's shard plans."""
-    if config.from_strategy:
-        return plan_from_strategy(module, strategy, spec)
-    return plan_from_config(module, config, strategy)
-
-
 def escaping_parameters(module: Any, workload: Any) -> frozenset[str]:
     """The trainable parameters ``workload``'s forward uses outside the forward of the module that
     registers them (a tied weight: bert-tiny's word embedding, multiplied in the root's forward
@@ -519,21 +516,22 @@ def escaping_parameters(module: Any, workload: Any) -> frozenset[str]:
     return result
 
 
-def _check_plan(plan: FSDPPlan, config: FSDPConfig, escaping: frozenset[str] = frozenset()) -> None:
+def check_plan(plan: FSDPPlan, escaping: frozenset[str] = frozenset(), *, from_plans: bool = False) -> None:
     """What FSDP2 refuses at its first iteration, refused before any worker starts (``escaping``:
-    :func:`escaping_parameters`)."""
+    :func:`escaping_parameters`); ``from_plans``: the plan is a strategy's own shard plans (the
+    messages then name the strategy's fields, else the configuration's)."""
     shard = plan.mesh_shape[-1]
     for unit in plan.units:
         held = sorted(set(unit.variables) & escaping)
         if unit.module and unit.reshard_after_forward is not False and held:
-            field = ("fsdp config: reshard_after_forward" if not config.from_strategy
-                     else f"strategy: variable {held[0]!r}: shard: reshard")
+            field = (f"strategy: variable {held[0]!r}: shard: reshard" if from_plans
+                     else "fsdp config: reshard_after_forward")
             raise SpecError(f"{field}: unit {unit.module!r} holds {held[0]!r}, which the model uses outside that "
                             f"module's forward (a tied weight), where a unit resharded after forward hands it over "
                             f"as a shard; do not reshard that unit, or leave {held[0]!r} to the root's unit")
         r = unit.reshard_after_forward
         if not isinstance(r, bool) and not (1 < r < shard and shard % r == 0):
-            field = "fsdp config: reshard_after_forward" if not config.from_strategy else "shard: reshard"
+            field = "shard: reshard" if from_plans else "fsdp config: reshard_after_forward"
             raise SpecError(f"{field}: resharding to groups of {r} needs a divisor of the shard group ({shard}) "
                             f"other than 1 and {shard}; use true, false or such a divisor")
 
@@ -590,20 +588,6 @@ def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
     return model
 
 
-def plans_refusal(strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
-    """Why FSDP2 cannot run ``strategy``'s own shard plans on ``module`` (the workload's model,
-    e.g. on the meta device), or None when it can: every plan ``shard``, one shard group that
-    fits the cluster, units FSDP2 can wrap (module boundaries, no parameter escaping them)."""
-    config = FSDPConfig(from_strategy=True)
-    try:
-        _by_unit, _syncs, (group, _var) = _shard_units(strategy)
-        _check_group("strategy: shard: group", group, strategy, cluster)
-        _check_plan(fsdp_plan(module, config, strategy, spec), config, escaping_parameters(module, workload))
-    except SpecError as exc:
-        return str(exc)
-    return None
-
-
 def meta_model(workload: Any) -> Any:
     """The workload's model on the meta device (no memory), or None when it cannot be built there
     (the workers then check the same plan on the real model, all ranks alike)."""
@@ -616,78 +600,177 @@ def meta_model(workload: Any) -> Any:
         return None
 
 
+def fsdp_stepper(ctx: ArmContext, plan: FSDPPlan) -> Stepper:
+    """One rank's FSDP2 under ``plan``: ``fully_shard`` applied (:func:`apply_fsdp`), the
+    optimizer over the sharded parameters, the loss scaled for an uneven batch split
+    (:func:`loss_scales`), and the process groups this trial made destroyed when it closes."""
+    _world_mesh(ctx.device.type, plan)  # kept for the next trial: made (or found) before the count
+    before = _process_groups()
+    model = apply_fsdp(ctx.model, plan, ctx.device.type)
+    made = _process_groups() - before
+    # After fully_shard: the optimizer holds the DTensor shards, so its state is sharded too.
+    optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
+
+    def step() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    # The memory probe sees the optimizer's (sharded) state; FSDP2's gather and reduce-scatter
+    # buffers live only inside an iteration, so they are in its peak, not a persistent part.
+    return Stepper(forward_model=model, step=step, loss_scale=loss_scales(ctx.strategy.batch_split)[ctx.rank],
+                   memory_parts=lambda: {"optimizer": optimizer, "units": []},
+                   close=lambda: _destroy_groups(made))
+
+
+# --------------------------------------------------------------------------- tuned FSDP2
+
+#: The prefetch depths tuned (0 and 1 are the same FSDP2 run: see the module docstring).
+FSDP_PREFETCH = (1, 2)
+
+
+def fsdp_layout(config: FSDPConfig) -> str:
+    """The layout string of ``config``'s units, shard group and resharding, e.g.
+    ``blocks/g0/reshard`` (per-block units over every replica, ZeRO-3), ``blocks/g2/keep`` (HSDP
+    with shard groups of 2, parameters kept after forward) or ``root/g0/keep`` (one unit; FSDP2
+    never reshards the root, so a root layout is always ``keep``)."""
+    if not isinstance(config.units, str) or not isinstance(config.reshard_after_forward, bool):
+        raise SpecError(f"fsdp layout: only units {' or '.join(UNIT_CHOICES)} with reshard_after_forward true or "
+                        f"false have a layout, got units {config.units!r:.60}, reshard_after_forward "
+                        f"{config.reshard_after_forward!r}")
+    keep = config.units == "root" or not config.reshard_after_forward
+    return f"{config.units}/g{config.group}/{'keep' if keep else 'reshard'}"
+
+
+def _layout_config(layout: str, prefetch: int = 1, reduce_dtype: str = "fp32") -> FSDPConfig:
+    parts = layout.split("/") if isinstance(layout, str) else []
+    ok = (len(parts) == 3 and parts[0] in UNIT_CHOICES and parts[1][:1] == "g" and parts[1][1:].isascii()
+          and parts[1][1:].isdigit() and len(parts[1]) <= 8 and parts[2] in ("reshard", "keep"))
+    if not ok:
+        raise SpecError(f"tuned fsdp: layout: expected UNITS/gGROUP/reshard|keep (units {', '.join(UNIT_CHOICES)}), "
+                        f"got {str(layout)[:60]!r}")
+    return FSDPConfig(units=parts[0], group=int(parts[1][1:]), reshard_after_forward=parts[2] == "reshard",
+                      prefetch=prefetch, reduce_dtype=reduce_dtype)
+
+
+def fsdp_config_of(params: dict) -> FSDPConfig:
+    """The :class:`FSDPConfig` of one tuned-FSDP2 point (``layout``, ``prefetch``, ``reduce_dtype``)."""
+    prefetch = params["prefetch"]
+    if prefetch not in FSDP_PREFETCH or isinstance(prefetch, bool):
+        raise SpecError(f"tuned fsdp: prefetch: expected one of {FSDP_PREFETCH}, got {prefetch!r}")
+    return _layout_config(params["layout"], int(prefetch), params["reduce_dtype"])
+
+
+def _fsdp_groups(cluster: Any) -> list[int]:
+    """The shard groups tuned: 0 (every replica), and HSDP over the nodes (shard inside a node,
+    all-reduce across) where there are several nodes of the same two or more devices."""
+    sizes = {n.num_devices for n in cluster.nodes}
+    per_node = next(iter(sizes))
+    return [0] + ([per_node] if len(cluster.nodes) > 1 and len(sizes) == 1 and per_node >= 2 else [])
+
+
+def fsdp_layouts(model: Any, cluster: Any, fits=None) -> list[str]:
+    """The layouts a tuned-FSDP2 search tries in a domain: units ``blocks`` (resharded or kept)
+    and ``root``, on each shard group of :func:`_fsdp_groups`, those whose configuration at
+    prefetch 1 and an fp32 reduce (the least memory of the layout's points) ``fits`` (an
+    :class:`FSDPConfig` predicate) accepts (all when None); none for a model with sparse
+    gradients (FSDP2 cannot run it)."""
+    if any(v.sparse for v in model.variables):
+        return []
+    configs = [FSDPConfig(units=units, group=group, reshard_after_forward=reshard, prefetch=1)
+               for units in UNIT_CHOICES for group in _fsdp_groups(cluster)
+               for reshard in ((True, False) if units != "root" else (False,))]
+    return [fsdp_layout(c) for c in configs if fits is None or fits(c)]
+
+
 @dataclass(frozen=True)
 class FSDPRuntime(ConfiguredRuntime):
-    """torch FSDP2 as :attr:`config` says (see the module docstring).
-
-    ``runs_strategy`` stays False even for ``from_strategy``: the class attribute says how rows
-    are read (a search's own trials vs the baselines it beats) and which runtime runs searched
-    strategies, and the rows of this runtime are FSDP2 as users run it, a baseline; a shard
-    strategy run through FSDP2 is the same strategy's trial on another runtime (the row keeps
-    its strategy, with ``runtime`` fsdp), as a DDP row keeps the strategy it took its replicas
-    from."""
+    """torch FSDP2 as :attr:`config` says (see the module docstring); the strategy gives replicas
+    and batch split only. A strategy with shard plans, which this configuration would ignore, is
+    refused: its plans run on :attr:`plans_runtime`."""
 
     config: FSDPConfig = FSDP_DEFAULT
     name = "fsdp"
     config_type = FSDPConfig
+    fsdp_layout = True
+    label = "FSDP2"
+    trials_noun = "torch FSDP2 trials, its defaults first"
+    tuning = Tuning(params=("layout", "prefetch", "reduce_dtype"), origin="fsdp-tuned", label="tuned FSDP2",
+                    title="torch FSDP2", knobs="mesh (HSDP group), units, reshard after forward, prefetch and reduce dtype")
+    #: The runtime that runs a strategy's own shard plans (``--runtime fsdp`` without settings on
+    #: such a strategy means it: :func:`synctune.engine.runtimes.runtime_from_options`).
+    plans_runtime = "fsdp-plans"
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
         """Refuse, before any worker starts, an FSDP2 trial that would not run as claimed."""
         config = self.config
-        _refuse_sparse(spec)
-        if not config.from_strategy and has_shard_plans(strategy):
-            raise SpecError("fsdp config: from_strategy: the strategy has shard plans, which this configuration would "
-                            "ignore; run it with from_strategy true (no --fsdp settings) or use a strategy without "
-                            "shard plans")
-        if config.from_strategy:
-            if not has_shard_plans(strategy):
-                raise SpecError("fsdp config: from_strategy: the strategy has no shard plans to configure FSDP2 with; "
-                                "give settings instead (--fsdp KEY=VALUE)")
-            first = next(s.synchronizer for _p, _i, s in strategy.iter_shards()
-                         if isinstance(s.synchronizer, ShardSynchronizer))
-            _check_group("strategy: shard: group", first.group, strategy, cluster)
-        else:
-            _check_group("fsdp config: group", config.group, strategy, cluster)
+        refuse_sparse(spec)
+        if has_shard_plans(strategy):
+            raise SpecError(f"fsdp config: the strategy has shard plans, which this configuration would ignore; run "
+                            f"them on the {self.plans_runtime} runtime (no --fsdp settings) or use a strategy without "
+                            f"shard plans")
+        check_shard_group("fsdp config: group", config.group, strategy, cluster)
         module = meta_model(workload) if workload is not None else None
         if module is not None:
-            _check_plan(fsdp_plan(module, config, strategy, spec), config, escaping_parameters(module, workload))
-        elif config.from_strategy:
-            _shard_units(strategy)
+            check_plan(plan_from_config(module, config, strategy), escaping_parameters(module, workload))
 
     def prepare(self, ctx: ArmContext) -> Stepper:
-        plan = fsdp_plan(ctx.model, self.config, ctx.strategy, ctx.spec)
-        _check_plan(plan, self.config)
-        _world_mesh(ctx.device.type, plan)  # kept for the next trial: made (or found) before the count
-        before = _process_groups()
-        model = apply_fsdp(ctx.model, plan, ctx.device.type)
-        made = _process_groups() - before
-        # After fully_shard: the optimizer holds the DTensor shards, so its state is sharded too.
-        optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
+        plan = plan_from_config(ctx.model, self.config, ctx.strategy)
+        check_plan(plan)
+        return fsdp_stepper(ctx, plan)
 
-        def step() -> None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        # The memory probe sees the optimizer's (sharded) state; FSDP2's gather and reduce-scatter
-        # buffers live only inside an iteration, so they are in its peak, not a persistent part.
-        return Stepper(forward_model=model, step=step, loss_scale=loss_scales(ctx.strategy.batch_split)[ctx.rank],
-                       memory_parts=lambda: {"optimizer": optimizer, "units": []},
-                       close=lambda: _destroy_groups(made))
+    def plans_of(self, strategy: Any, module, spec: Any) -> Any:
+        """The all-``shard`` strategy FSDP2 runs under this configuration (:func:`strategy_of_config`)."""
+        return strategy_of_config(module(), self.config, strategy, spec)
 
     def describe(self, strategy: Any) -> str:
-        if self.config.from_strategy:
-            return f"torch FSDP2 running {strategy.summary()}"
         return f"torch FSDP2: {self.summary()} (replicas and batch split of {strategy.summary()})"
+
+    def training_format(self, strategy: Any) -> str:
+        return "fsdp"
+
+    @classmethod
+    def tuning_space(cls, model: Any, cluster: Any, *, lossy: bool, fits=None) -> TuningSpace:
+        """``layout`` (units, shard group, reshard after forward: one categorical over
+        :func:`fsdp_layouts`, so that only layouts the memory budget admits are in it),
+        ``prefetch`` (1: FSDP2's implicit one unit ahead; 2: explicit lists) and ``reduce_dtype``
+        (bf16 only where ``lossy``). The first point is FSDP2's default where it fits, else the
+        first layout that fits; a drawn point whose prefetch or reduce dtype would not fit gives
+        way to the same layout at the nearest settings that do."""
+        def admits_config(config: FSDPConfig) -> bool:
+            return fits is None or fits(cls(config))
+
+        layouts = fsdp_layouts(model, cluster, admits_config)
+        if not layouts:
+            why = ("the model has sparse gradients, which FSDP2 cannot reduce-scatter"
+                   if any(v.sparse for v in model.variables) else "no FSDP2 layout fits the memory budget")
+            raise NothingToTune(cls.name, why)
+        dtypes = ("fp32", "bf16") if lossy else ("fp32",)
+        default = fsdp_layout(FSDP_DEFAULT)
+
+        def fallbacks(point) -> list[dict]:
+            return [{"layout": point["layout"], "prefetch": p, "reduce_dtype": d}
+                    for p in dict.fromkeys((point["prefetch"], 1)) for d in dict.fromkeys((point["reduce_dtype"], "fp32"))]
+
+        return TuningSpace(
+            params={"layout": Categorical(tuple(layouts)), "prefetch": Categorical(FSDP_PREFETCH),
+                    "reduce_dtype": Categorical(dtypes)},
+            first={"layout": default if default in layouts else layouts[0], "prefetch": 1, "reduce_dtype": "fp32"},
+            admits=None if fits is None else (lambda point: admits_config(fsdp_config_of(dict(point)))),
+            fallbacks=fallbacks)
+
+    @classmethod
+    def from_tuned(cls, point: dict[str, Any]) -> "FSDPRuntime":
+        """FSDP2 as a tuned point says (:func:`fsdp_config_of`)."""
+        return cls(fsdp_config_of(point))
 
     @classmethod
     def from_options(cls, options: dict[str, str], strategy: Any = None, spec: Any = None) -> "FSDPRuntime":
         """``--fsdp KEY=VALUE`` settings, typed as :class:`FSDPConfig`'s fields; unset ones are
-        :data:`FSDP_DEFAULT`'s. A strategy with shard plans configures FSDP2 itself (no settings)."""
-        if strategy is not None and has_shard_plans(strategy):
-            if options:
-                raise SpecError(f"--fsdp: the strategy's shard plans configure FSDP2; drop --fsdp "
-                                f"{sorted(options)[0]}=... or use a strategy without shard plans")
-            return cls(FSDPConfig(from_strategy=True))
+        :data:`FSDP_DEFAULT`'s. Settings beside a strategy with shard plans are refused (its plans
+        configure FSDP2 on :attr:`plans_runtime`)."""
+        if strategy is not None and has_shard_plans(strategy) and options:
+            raise SpecError(f"--fsdp: the strategy's shard plans configure FSDP2; drop --fsdp "
+                            f"{sorted(options)[0]}=... or use a strategy without shard plans")
         values = FSDP_DEFAULT.to_dict()
         for key, text in options.items():
             if key not in values:
@@ -709,10 +792,6 @@ def _typed_option(key: str, text: str) -> Any:
         if text.isascii() and text.isdigit() and len(text) <= 9:
             return int(text)
         raise SpecError(f"--fsdp: reshard_after_forward: expected true, false or a group size, got {text[:40]!r}")
-    if key == "from_strategy":
-        if lower not in ("true", "false"):
-            raise SpecError(f"--fsdp: from_strategy: expected true or false, got {text[:40]!r}")
-        return lower == "true"
     if key == "units":
         return text if text in UNIT_CHOICES else [p.strip() for p in text.split(",") if p.strip()]
     return text

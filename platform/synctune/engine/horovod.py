@@ -22,7 +22,7 @@ from typing import Any
 
 from ..spec.checks import is_number
 from ..spec.errors import SpecError
-from .runtime import ArmContext, ConfiguredRuntime, Stepper
+from .runtime import ArmContext, ConfiguredRuntime, Stepper, framework_of
 
 __all__ = ["HorovodConfig", "HOROVOD_DEFAULT", "COMPRESSIONS", "HorovodRuntime", "horovod_runtime",
            "horovod_available", "HorovodSession"]
@@ -171,6 +171,8 @@ class HorovodRuntime(ConfiguredRuntime):
     config_type = HorovodConfig
     frameworks = ("torch", "tensorflow")
     once_per_process = True
+    label = "Horovod"
+    trials_noun = "real Horovod baseline(s)"
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
         """Refuse, before any worker starts, a Horovod trial Horovod would run differently from
@@ -179,7 +181,7 @@ class HorovodRuntime(ConfiguredRuntime):
         if len(set(strategy.batch_split)) > 1:
             raise SpecError(f"horovod runtime: the batch split is uneven ({list(strategy.batch_split)}); Horovod "
                             f"averages replicas equally: use an even split")
-        binding = "tensorflow" if getattr(workload, "framework", "torch") == "tensorflow" else "torch"
+        binding = framework_of(workload)
         why = horovod_available(binding)
         if why is not None:
             raise SpecError(f"horovod runtime: {why}")

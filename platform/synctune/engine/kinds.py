@@ -70,11 +70,14 @@ class EngineKind:
     :class:`~synctune.strategy.kinds.PlanUnit`), whose shards' parameters ``members`` are (in
     the unit's order). ``subgroups(world, layout, sync)``: the rank tuples whose process groups
     the kind's units need (made before any unit, on every rank alike). ``refuse(unit, model)``:
-    a message when the engine cannot run ``unit`` exactly, else None."""
+    a message when the engine cannot run ``unit`` exactly, else None. ``fsdp``: its units are
+    what torch FSDP2's ``fully_shard`` runs too (a strategy of only such plans runs on FSDP2:
+    :mod:`synctune.engine.fsdp_plans`)."""
 
     build: Callable[[BuildContext, PlanUnit, list[Member]], Any]
     subgroups: Callable[[int, Any, Any], Iterable[tuple[int, ...]]] = lambda world, layout, sync: ()
     refuse: Callable[[PlanUnit, Any], str | None] = lambda unit, model: None
+    fsdp: bool = False
 
 
 #: Synchronizer kind name -> how the engine runs it.
@@ -227,7 +230,8 @@ register_engine_kind("allreduce", EngineKind(build=_allreduce_build, subgroups=_
                                              refuse=_allreduce_refuse))
 register_engine_kind("allgather", EngineKind(build=_allgather_build))
 register_engine_kind("sfb", EngineKind(build=_sfb_build))
-register_engine_kind("shard", EngineKind(build=_shard_build, subgroups=_shard_subgroups, refuse=_shard_refuse))
+register_engine_kind("shard", EngineKind(build=_shard_build, subgroups=_shard_subgroups, refuse=_shard_refuse,
+                                         fsdp=True))
 
 
 def check_refusals(units: list[PlanUnit], model: Any) -> None:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from ..spec.errors import SpecError
+from .tuning import NothingToTune, Tuning, TuningSpace
 
-__all__ = ["Runtime", "ConfiguredRuntime", "ArmContext", "Stepper", "per_world"]
+__all__ = ["Runtime", "ConfiguredRuntime", "ArmContext", "Stepper", "per_world", "framework_of"]
 
 #: Per world (the default process group, held weakly), what runtimes build once and share across
 #: the trials of a worker: process groups, device meshes. A worker runs many trials; the groups a
@@ -37,6 +38,14 @@ __all__ = ["Runtime", "ConfiguredRuntime", "ArmContext", "Stepper", "per_world"]
 #: the more a worker held (25% over three passes of the same strategies; the dataset card,
 #: "Toward v0.3"). Shared, every trial of a worker sees the same groups, as one training job does.
 _PER_WORLD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def framework_of(workload: Any) -> str:
+    """The framework a trial trains in: its workload's declared ``framework``
+    (:attr:`synctune.workload.base.Workload.framework`); a runtime checked without a workload
+    (None: a strategy and specs alone) is checked as for a PyTorch one, the framework every
+    runtime but TensorFlow's trains."""
+    return "torch" if workload is None else workload.framework
 
 
 def per_world(key: Any, make: Callable[[], Any]) -> Any:
@@ -103,6 +112,17 @@ class Runtime(ABC):
     #: It executes the strategy's synchronization (refusing what it cannot execute exactly); the
     #: others take only the strategy's replicas and batch split.
     runs_strategy: ClassVar[bool] = False
+    #: Its ranks hold parameters, gradients and buffers as torch FSDP2 does (the memory model's
+    #: ``fsdp`` layout: :func:`synctune.simulator.memory.predict_memory`), not as the engine does.
+    fsdp_layout: ClassVar[bool] = False
+    #: How summaries name it as a baseline, and what its baseline trials are, in words.
+    label: ClassVar[str] = ""
+    trials_noun: ClassVar[str] = "baseline trial(s)"
+    #: How its tuned trials are named, where a search tunes it (:meth:`tuning_space`); None: never tuned.
+    tuning: ClassVar[Tuning | None] = None
+    #: The runtime that runs a strategy's own plans where this one, asked for without settings,
+    #: would ignore them (FSDP2's settings beside shard plans); None: no such runtime.
+    plans_runtime: ClassVar[str | None] = None
 
     @abstractmethod
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
@@ -137,6 +157,46 @@ class Runtime(ABC):
         if options:
             raise SpecError(f"{cls.name} runtime: it takes no settings, got {', '.join(sorted(options))}")
         return cls.from_config({})
+
+    @classmethod
+    def tuning_space(cls, model: Any, cluster: Any, *, lossy: bool,
+                     fits: Callable[["Runtime"], bool] | None = None) -> TuningSpace:
+        """The settings a search tunes for this runtime in the domain (``model``, ``cluster``):
+        lossy options only where ``lossy``, and only settings whose runtime ``fits`` accepts (the
+        memory budget's judgement of it, :meth:`plans_of`). Refuses, with a
+        :class:`~synctune.engine.tuning.NothingToTune` that says why, a runtime with nothing to
+        tune here."""
+        raise NothingToTune(cls.name, f"the {cls.name} runtime has no tuning space")
+
+    @classmethod
+    def from_tuned(cls, point: dict[str, Any]) -> "Runtime":
+        """The runtime one tuned point configures (the names of :attr:`tuning`'s ``params``)."""
+        raise SpecError(f"{cls.name} runtime: it is not tuned")
+
+    def plans_refusal(self, strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
+        """Why this runtime cannot run ``strategy``'s own plans on the workload's ``module`` (e.g.
+        on the meta device), or None: a search never proposes what its runtime would refuse. The
+        engine runs every plan validation admits."""
+        return None
+
+    def plans_of(self, strategy: Any, module: Callable[[], Any], spec: Any) -> Any:
+        """What this runtime runs for a trial of ``strategy``, in the strategy language (what the
+        memory model predicts and a training file sets up; ``module()``: the workload's model, e.g.
+        on the meta device, built only where needed): ``strategy`` itself for a runtime that runs its plans or takes only
+        its replicas and batch split; FSDP2 under its own settings runs the all-``shard`` strategy
+        of its units."""
+        return strategy
+
+    def training_format(self, strategy: Any) -> str | None:
+        """How a training file runs what this runtime ran for ``strategy``
+        (:data:`synctune.run.apply.FORMATS`), or None where no training file does (the runtime's
+        own launcher is the way: Horovod's, TensorFlow's)."""
+        return None
+
+    def training_note(self, strategy: Any, spec: Any) -> str | None:
+        """How to train with this runtime where no training file is written, in one line (None:
+        its settings in the result file say it)."""
+        return None
 
     def describe(self, strategy: Any) -> str:
         """What a trial of ``strategy`` under this runtime runs, in one line."""

@@ -9,13 +9,14 @@ from typing import Any
 from ..spec.errors import SpecError
 from .composed import ENGINE, EngineRuntime
 from .ddp import DDPRuntime
-from .fsdp import FSDPConfig, FSDPRuntime
+from .fsdp import FSDPRuntime, has_shard_plans
+from .fsdp_plans import FSDP_PLANS, FSDPPlansRuntime
 from .horovod import HorovodRuntime
 from .runtime import Runtime
 from .tensorflow import TensorFlowRuntime
 
 __all__ = ["RUNTIMES", "register_runtime", "runtime_class", "as_runtime", "runtime_from_record",
-           "strategy_runtime_class", "executor_for"]
+           "runtime_from_options", "strategy_runtime_class", "executor_for", "executor_names", "tuned_runtimes"]
 
 #: name -> runtime class.
 RUNTIMES: dict[str, type[Runtime]] = {}
@@ -29,7 +30,7 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     return cls
 
 
-for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime, FSDPRuntime):
+for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime, FSDPRuntime, FSDPPlansRuntime):
     register_runtime(_cls)
 
 
@@ -57,10 +58,30 @@ def as_runtime(value: Runtime | dict | None) -> Runtime:
 
 
 def runtime_from_record(name: str, config_json: str) -> Runtime:
-    """The runtime of a dataset row (its ``runtime`` and ``runtime_json`` columns)."""
+    """The runtime of a dataset row (its ``runtime`` and ``runtime_json`` columns). Rows recorded
+    before the ``fsdp-plans`` runtime had its own name say ``fsdp`` with ``from_strategy: true``."""
     import json
 
-    return as_runtime({"kind": name, name: json.loads(config_json) if config_json else {}})
+    config = json.loads(config_json) if config_json else {}
+    if name == FSDPRuntime.name and isinstance(config, dict) and config.get("from_strategy") is True:
+        return FSDP_PLANS
+    return as_runtime({"kind": name, name: config})
+
+
+def runtime_from_options(name: str, options: dict[str, str], strategy: Any = None, spec: Any = None) -> Runtime:
+    """The runtime ``name`` with command-line ``KEY=VALUE`` settings for a trial of ``strategy``
+    (:meth:`Runtime.from_options`); FSDP2 asked for without settings on a strategy with shard
+    plans runs those plans (:attr:`FSDPRuntime.plans_runtime`)."""
+    cls = runtime_class(name)
+    plans = cls.plans_runtime
+    if plans and strategy is not None and not options and has_shard_plans(strategy):
+        cls = runtime_class(plans)
+    return cls.from_options(options, strategy, spec)
+
+
+def tuned_runtimes() -> list[type[Runtime]]:
+    """The runtimes a search tunes as baselines (:attr:`Runtime.tuning`), in registry order."""
+    return [cls for cls in RUNTIMES.values() if cls.tuning is not None]
 
 
 def strategy_runtime_class(framework: str) -> type[Runtime]:
@@ -73,13 +94,20 @@ def strategy_runtime_class(framework: str) -> type[Runtime]:
                     f"{', '.join(sorted({f for c in RUNTIMES.values() for f in c.frameworks}))}")
 
 
+def executor_names(columns: Any, framework: str = "torch") -> list[str]:
+    """The name of :func:`executor_for`'s runtime for each strategy of ``columns``
+    (:class:`~synctune.strategy.columns.StrategyColumns`), by the same rule."""
+    plain = strategy_runtime_class(framework).name
+    return [FSDP_PLANS.name if frees else plain for frees in columns.frees_parameters()]
+
+
 def executor_for(strategy: Any, spec: Any = None, framework: str = "torch") -> Runtime:
-    """The runtime that executes ``strategy``'s own plans: torch FSDP2 where a unit frees its
-    parameters after forward (:attr:`~synctune.strategy.kinds.Synchronizer.frees_parameters`:
+    """The runtime that executes ``strategy``'s own plans: torch FSDP2 (``fsdp-plans``) where a
+    unit frees its parameters after forward (:attr:`~synctune.strategy.schema.Strategy.frees_parameters`:
     the engine keeps them whole), else the runtime that runs searched strategies for a
     ``framework`` workload (:func:`strategy_runtime_class`: the engine for PyTorch, TensorFlow's
     collectives for Keras). The one place that decides it for the search and its summary."""
-    if any(shard.synchronizer.frees_parameters for _plan, _i, shard in strategy.iter_shards()):
-        return FSDPRuntime(FSDPConfig(from_strategy=True))
+    if strategy.frees_parameters:
+        return FSDP_PLANS
     return strategy_runtime_class(framework).from_options({}, strategy, spec)
 

@@ -36,7 +36,7 @@ from .. import import_tensorflow
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan
-from .runtime import Runtime
+from .runtime import Runtime, framework_of
 
 __all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of",
            "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs"]
@@ -143,6 +143,7 @@ class TensorFlowRuntime(Runtime):
     bytes_per_pack: int = 0
     implementation: str = "ring"
     name = "tensorflow"
+    label = "TensorFlow"
     frameworks = ("tensorflow",)
     once_per_process = True
     interleavable = False
@@ -150,7 +151,7 @@ class TensorFlowRuntime(Runtime):
 
     def check(self, strategy: Strategy, spec: ModelSpec, cluster: Any, workload: Any = None) -> None:
         """Refuse, before any worker starts, a TensorFlow trial that would not run what it claims."""
-        if getattr(workload, "framework", "torch") != "tensorflow":
+        if framework_of(workload) not in self.frameworks:
             raise SpecError(f"tensorflow runtime: workload {getattr(workload, 'name', workload)!r} is a PyTorch "
                             f"model; the tensorflow runtime trains Keras workloads (keras-cnn-small, "
                             f"keras-ncf-small, or a KerasWorkload)")
@@ -189,6 +190,12 @@ class TensorFlowRuntime(Runtime):
     def summary(self) -> str:
         pack = self.bytes_per_pack
         return f"tensorflow MWMS ring, {'one pack' if not pack else f'packs of {pack / 2**20:.3g} MiB'}"
+
+    def training_note(self, strategy: Strategy, spec: ModelSpec) -> str:
+        """The Keras model's own way: MultiWorkerMirroredStrategy with the strategy's packing."""
+        return (f"train it with tf.distribute.MultiWorkerMirroredStrategy(communication_options=tf.distribute."
+                f"experimental.CommunicationOptions(bytes_per_pack={bytes_per_pack_of(strategy, spec)}, "
+                f"implementation=RING)); no training file is written")
 
     def describe(self, strategy: Strategy) -> str:
         pack = self.bytes_per_pack

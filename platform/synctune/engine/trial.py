@@ -20,7 +20,7 @@ from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 from .measure import STATUSES, PeakMemory, TrialConfig, TrialResult, device_done, gather_max, timed_iterations
-from .runtime import ArmContext, Runtime
+from .runtime import ArmContext, Runtime, framework_of
 from .runtimes import as_runtime
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
@@ -49,7 +49,7 @@ def trial_worker(rank: int, world: int, payload: dict) -> dict:
     report({"event": "started", "rank": rank, "pid": os.getpid()})
     if "arms" in payload:
         return confirm_worker(rank, world, payload)
-    if getattr(payload["workload"], "framework", "torch") == "tensorflow":
+    if framework_of(payload["workload"]) != "torch":  # a Keras model: its runtime trains it its own way
         return as_runtime(payload.get("runtime")).run_keras(rank, world, payload)
     return _measure(rank, world, payload, Strategy.from_dict(payload["strategy"]), payload.get("gpu_per_rank", True))
 
@@ -355,11 +355,11 @@ def check_runtime(runtime: Runtime | dict | None, strategy: Strategy, spec: Mode
     """Refuse a trial ``runtime`` that would not run what it claims (or does not train the
     workload's framework); returns the runtime."""
     runtime = as_runtime(runtime)
-    framework = getattr(workload, "framework", "torch")
-    if framework == "tensorflow" and framework not in runtime.frameworks:
+    framework = framework_of(workload)
+    if framework == "tensorflow" and framework not in runtime.frameworks:  # a PyTorch one: the runtime's check
         raise SpecError(f"workload {workload.name!r} is a Keras model: it runs with the tensorflow runtime "
                         f"(--runtime tensorflow) or Horovod's TensorFlow binding (--runtime horovod), not "
-                        f"{'the engine' if runtime.name == 'engine' else runtime.name}")
+                        f"{runtime.label or runtime.name}")
     runtime.check(strategy, spec, cluster, workload)
     return runtime
 

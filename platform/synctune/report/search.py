@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+from ..data.confirmation import Confirmation
 from ..spec.errors import SpecError
 from .page import Section, render_page
 
@@ -39,11 +40,12 @@ class SearchData:
         return float(ok["mean_s"].min()) if len(ok) else None
 
     @property
-    def confirmation(self) -> dict | None:
-        """The latest interleaved confirmation (ratio, low, high, candidate, baseline, ...)."""
+    def confirmation(self) -> Confirmation | None:
+        """The latest interleaved confirmation (None where the search recorded none)."""
         if self.confirmations is None or not len(self.confirmations):
             return None
-        return json.loads(self.confirmations["extra_json"].iloc[-1] or "{}").get("confirmation")
+        data = json.loads(self.confirmations["extra_json"].iloc[-1] or "{}").get("confirmation")
+        return Confirmation.from_dict(data) if data else None
 
     @property
     def model(self) -> str:
@@ -294,13 +296,14 @@ def search_sections(data: SearchData) -> tuple[list[tuple[str, str]], list[Secti
         summary += [("best baseline", f"{base * 1e3:.1f} ms/iteration (builders and tuned torch DDP)"),
                     ("single-trial speed-up", f"{figures.speedup:.3f}x over the best baseline (not confirmed)")]
     confirmed = data.confirmation
-    if confirmed:
-        summary.append(("confirmed speed-up", f"{confirmed['ratio']:.3f}x [{confirmed['low']:.3f}, "
-                        f"{confirmed['high']:.3f}] (95%, {confirmed['rounds']} interleaved rounds): "
-                        f"{confirmed['candidate']} against {confirmed['baseline']}: {confirmed['verdict']}"))
-        if confirmed.get("screened"):
-            summary.append(("screening", f"{confirmed['candidate']} picked from the {len(confirmed['screened'])} fastest "
-                                         f"searched strategies ({', '.join(confirmed['screened'])}), interleaved with the "
+    if confirmed is not None and confirmed.measured:
+        interval = confirmed.interval
+        summary.append(("confirmed speed-up", f"{interval.ratio:.3f}x [{interval.low:.3f}, "
+                        f"{interval.high:.3f}] (95%, {confirmed.rounds} interleaved rounds): "
+                        f"{confirmed.candidate} against {confirmed.baseline}: {confirmed.verdict}"))
+        if confirmed.screened:
+            summary.append(("screening", f"{confirmed.candidate} picked from the {len(confirmed.screened)} fastest "
+                                         f"searched strategies ({', '.join(confirmed.screened)}), interleaved with the "
                                          f"baseline on rounds of their own"))
     if figures.hit_rate is not None:
         summary.append(("hit rate", f"{figures.hit_rate:.0%} of searched strategies beat the best baseline"))

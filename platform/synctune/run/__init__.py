@@ -10,10 +10,11 @@ from .lab import calibrate_lab, calibrated_cluster
 from .profiles import (ensure_profile, file_release_profiles, profile_path, profiles_for_release, profiles_in_folders,
                        save_profile)
 from .recording import record_result, record_trial
-from .search import run_search, search_id_of
+from .prepare import SearchContext, prepare_search, search_id_of
+from .search import run_prepared, run_search
 from .summary import Recommendation, SearchSummary
 
 __all__ = ["calibrate_lab", "calibrated_cluster", "collect_domain", "ensure_profile", "file_release_profiles",
            "profiles_for_release", "profiles_in_folders", "profile_path", "record_result", "record_trial", "run_search",
-           "save_profile",
-           "search_id_of", "SearchSummary", "Recommendation"]
+           "run_prepared", "prepare_search", "SearchContext", "save_profile", "search_id_of", "SearchSummary",
+           "Recommendation"]

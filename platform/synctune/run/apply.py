@@ -22,16 +22,19 @@ import math
 from typing import Any
 
 from ..engine.ddp import DDPConfig, wrap_ddp
-from ..engine.fsdp import FSDPConfig, FSDPPlan, fsdp_plan, has_shard_plans, loss_scales
+from ..engine.fsdp import FSDPPlan, has_shard_plans, loss_scales, plan_from_strategy
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
-from ..strategy.schema import AllReduceSynchronizer, Strategy
+from ..strategy.schema import Strategy
 
 __all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "fsdp_config", "fsdp_setup_code", "training_script",
-           "write_training_file", "apply_search_result", "run_command", "FORMATS"]
+           "write_training_file", "apply_search_result", "run_command", "FORMATS", "FORMAT_NAMES"]
 
+#: A training file's formats (``auto``: FSDP2 or plain DDP where one runs the strategy exactly).
 FORMATS = ("auto", "ddp", "fsdp", "engine")
+#: What a training file of each format trains with, in words.
+FORMAT_NAMES = {"ddp": "plain torch DDP", "fsdp": "torch FSDP2", "engine": "synctune engine"}
 
 
 def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, str]:
@@ -48,12 +51,13 @@ def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, s
             return None, f"variable {plan.variable!r} is partitioned into {plan.num_shards} shards"
         shard = plan.shards[0]
         sync = shard.synchronizer
-        if not isinstance(sync, AllReduceSynchronizer):
+        if not sync.merge_groups:  # DDP's buckets are all-reduce merge groups
             return None, f"variable {plan.variable!r} is synchronized by {sync.kind}"
-        if sync.algorithm != "flat":
-            return None, f"variable {plan.variable!r} is all-reduced {sync.algorithm}ly"
+        departs = [what for what, _detail in sync.ddp_departures(var)]
+        if departs:
+            return None, f"variable {plan.variable!r} is all-reduced {departs[0]}ly"
         compressors.add((shard.compressor.kind, shard.compressor.rank))
-        groups[sync.group] = groups.get(sync.group, 0) + var.num_bytes
+        groups[sync.merge_id] = groups.get(sync.merge_id, 0) + var.num_bytes
     if len(compressors) > 1:
         return None, f"it mixes compressors {sorted(c[0] for c in compressors)}; one DDP comm hook compresses all"
     (kind, rank), = compressors
@@ -80,7 +84,7 @@ def fsdp_config(strategy: Strategy, spec: ModelSpec, workload) -> tuple[FSDPPlan
     except Exception as exc:  # noqa: BLE001 - the user's model code; the engine file needs no module tree
         return None, f"its model could not be built on the meta device to find its modules ({type(exc).__name__})"
     try:
-        return fsdp_plan(module, FSDPConfig(from_strategy=True), strategy, spec), ""
+        return plan_from_strategy(module, strategy, spec), ""
     except SpecError as exc:
         return None, str(exc)
 

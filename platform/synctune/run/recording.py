@@ -1,23 +1,35 @@
-"""Recording a trial: the MLflow run first (so the row carries its id), then the dataset row,
-which lands whether or not MLflow was reachable ("record before tell": a search's dataset
-rows are its memory)."""
+"""Recording trials: the MLflow run first (so the row carries its id), then the dataset row,
+which lands whether or not MLflow was reachable ("record before tell": a search's dataset rows
+are its memory); and :class:`SearchRecorder`, which owns all a running search records."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from ..data.record import TrialRecord
 from ..data.store import TrialDataset
 from ..data.tracking import MlflowLogger
+from ..engine.composed import ENGINE
 from ..engine.measure import TrialResult
+from ..engine.memory import breakdown_from_row
 from ..engine.runtime import Runtime
-from ..engine.runtimes import as_runtime
+from ..engine.runtimes import as_runtime, runtime_from_record
+from ..search.interface import Proposal, SearchTrial, search_figures
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
+from .baselines import BaselineLedger, BaselineTrial
+from .summary import SearchSummary
 
-__all__ = ["record_trial", "record_result"]
+if TYPE_CHECKING:
+    from .prepare import SearchContext
+
+__all__ = ["record_trial", "record_result", "is_search_row", "SearchRecorder", "CONFIRM_PREFIX"]
+
+#: The trial ids of a search's confirmation rows start with this.
+CONFIRM_PREFIX = "confirm-"
 
 
 def record_trial(record: TrialRecord, dataset: TrialDataset, logger: MlflowLogger | None, *,
@@ -44,3 +56,112 @@ def record_result(result: TrialResult, strategy: Strategy, model: ModelSpec,
                                     runtime_json=runtime.config_json(), **fields)
     return record_trial(record, dataset, logger, parent_run_id=parent_run_id,
                         speedup_over_best_baseline=speedup_over_best_baseline)
+
+
+def is_search_row(record: Any) -> bool:
+    """Whether a row is one of the search algorithm's own trials (its strategy run by a runtime
+    that runs strategies: the engine, TensorFlow, FSDP2 from the shard plans), not a baseline
+    runtime's nor a confirmation."""
+    return (not record.trial_id.startswith(CONFIRM_PREFIX)
+            and runtime_from_record(record.runtime, record.runtime_json).runs_strategy)
+
+
+def _search_trial(record: Any) -> SearchTrial:
+    """The search trial of one of its dataset rows."""
+    breakdown = record.memory_breakdown
+    return SearchTrial(trial_id=record.trial_id, strategy=Strategy.from_json(record.strategy_json),
+                       origin=record.origin, predicted=record.predicted_time_s,
+                       mean_s=record.mean_s if record.status == "ok" else None,
+                       memory=tuple(breakdown) if breakdown else None)
+
+
+class SearchRecorder:
+    """Everything a running search records, in one place: each trial's MLflow run and dataset row
+    (before anyone hears of it), the search's own trials in the order recorded (what its figures
+    and its confirmation are made of, and what a resumed search continues from), the ledger of
+    the runtimes' baselines, and each strategy's last measured peak per rank. It starts from the
+    rows the search recorded already (the context's ``done``)."""
+
+    def __init__(self, context: "SearchContext") -> None:
+        self.context = context
+        done = context.done
+        self.trials: list[SearchTrial] = [_search_trial(r) for r in done if is_search_row(r)]
+        self.ledger = BaselineLedger([BaselineTrial.from_record(r) for r in done
+                                      if not is_search_row(r) and not r.trial_id.startswith(CONFIRM_PREFIX)])
+        self.confirmations = sum(r.trial_id.startswith(CONFIRM_PREFIX) for r in done)
+        #: Per (strategy hash, runtime settings), each rank's measured peak of the last trial that
+        #: measured one (the summary's memory per rank, measured beside predicted).
+        self.measured_peaks: dict[tuple[str, str], list[int | None]] = {}
+        for r in done:
+            if r.memory_breakdown:
+                self.measured_peaks[(Strategy.from_json(r.strategy_json).hash,
+                                     runtime_from_record(r.runtime, r.runtime_json).config_json())] = [
+                    m.get("peak_bytes") for m in r.memory_breakdown]
+        self.started = time.monotonic()
+
+    def search_state(self) -> dict[str, Any]:
+        """The search algorithm's state (:meth:`~synctune.search.algorithm.StrategySearch.state`'s
+        form) from the search's own trials recorded so far."""
+        return {"trials": [t.to_dict() for t in self.trials]}
+
+    def record(self, trial_id: str, strategy: Strategy, origin: str, result: TrialResult, *,
+               runtime: Runtime = ENGINE, predicted: float | None = None) -> None:
+        """Record one trial (MLflow, then its dataset row) before anyone is told of it."""
+        ctx = self.context
+        best_base = self.summary().best_baseline_s
+        mean = result.measured_s
+        peaks = ((result.extra or {}).get("memory") or {}).get("peak_bytes")
+        if peaks:
+            self.measured_peaks[(strategy.hash, runtime.config_json())] = list(peaks)
+        record_result(result, strategy, ctx.model, ctx.cluster, dataset=ctx.dataset, logger=ctx.logger,
+                      origin=origin, runtime=runtime, search_id=ctx.search_id, trial_id=trial_id,
+                      predicted_time_s=predicted, experiment=ctx.exp.name, parent_run_id=ctx.parent_run,
+                      workload_source=ctx.workload.source,
+                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
+
+    def record_proposal(self, proposal: Proposal, result: TrialResult, runtime: Runtime) -> SearchTrial:
+        """Record a trial of the search algorithm's ``proposal``; returns it as the search's trial
+        (what the algorithm is then told)."""
+        self.record(proposal.trial_id, proposal.strategy, proposal.origin, result, runtime=runtime,
+                    predicted=proposal.predicted)
+        memory = breakdown_from_row((result.extra or {}).get("memory"))
+        trial = SearchTrial(trial_id=proposal.trial_id, strategy=proposal.strategy, origin=proposal.origin,
+                            predicted=proposal.predicted, mean_s=result.measured_s,
+                            memory=tuple(memory) if memory else None)
+        self.trials.append(trial)
+        return trial
+
+    def record_baseline(self, runtime: Runtime, origin: str, result: TrialResult, params: dict | None = None,
+                        *, prefix: str | None = None) -> BaselineTrial:
+        """Record a trial of a runtime's baseline (tuned DDP or FSDP2, a Horovod entry) on the
+        context's skeleton, and keep it in the ledger; its id is ``prefix`` (the runtime's name by
+        default) and how many of the runtime's trials came before."""
+        trial_id = f"{prefix or runtime.name}-{len(self.ledger.of(runtime.name))}"
+        self.record(trial_id, self.context.skeleton, origin, result, runtime=runtime)
+        trial = BaselineTrial(trial_id=trial_id, runtime=runtime, origin=origin, mean_s=result.measured_s,
+                              params=params)
+        self.ledger.add(trial)
+        return trial
+
+    def record_confirmation(self, strategy: Strategy, result: TrialResult, runtime: Runtime) -> None:
+        """Record a confirmation as a row of its candidate (its per-round medians)."""
+        self.record(f"{CONFIRM_PREFIX}{self.confirmations}", strategy, "confirmation", result, runtime=runtime)
+        self.confirmations += 1
+
+    def summary(self, **final: Any) -> SearchSummary:
+        """The search's figures now; ``final``: what only the end knows (``confirmed``,
+        ``simulator_selection``, ``training_free_simulator``, ``recommended``, ``memory``)."""
+        figures = search_figures(self.trials, self.ledger.best_times_s())
+        builders = [t for t in self.trials if t.is_builder and t.ok]
+        builder = min(builders, key=lambda t: t.mean_s) if builders else None
+        best = figures.best
+        return SearchSummary(
+            search_id=self.context.search_id, trials=figures.trials, failed=figures.failed,
+            best_mean_s=figures.best_mean_s, best_origin=best.origin if best else None,
+            best_strategy=best.strategy if best else None, best_baseline_s=figures.best_baseline_s,
+            speedup_over_best_baseline=figures.speedup, hit_rate=figures.hit_rate,
+            trials_to_1_1x=figures.trials_to_1_1x, trials_to_1_2x=figures.trials_to_1_2x,
+            best_builder_baseline_s=builder.mean_s if builder else None,
+            best_baseline_strategy=builder.strategy if builder else None,
+            best_baseline_origin=builder.origin if builder else None, baselines=tuple(self.ledger.trials),
+            wall_s=time.monotonic() - self.started, mlflow_parent_run=self.context.parent_run, **final)

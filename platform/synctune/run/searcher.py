@@ -20,9 +20,9 @@ from typing import Any
 from ray import tune
 from ray.tune.search import Searcher
 
-from ..engine.memory import breakdown_from_row
+from ..engine.runtimes import runtime_class
 from ..spec.errors import InfraError
-from .baselines import TUNERS, BaselineTrial
+from .prepare import search_algorithm
 from .slices import outcome_of
 
 __all__ = ["StrategySearcher", "RecordTunedTrials"]
@@ -49,46 +49,55 @@ class _HoldsSession:
 
 
 class StrategySearcher(_HoldsSession, Searcher):
-    """Ask/tell by Tune trial id over a session's search algorithm; each proposal takes a free
+    """Ask/tell by Tune trial id over the search algorithm it owns (built from what the session
+    recorded so far: a resumed search continues where its rows end); each proposal takes a free
     slice (the searcher owns them), and its result is recorded before the algorithm is told
     ("record before tell")."""
 
-    _live = ("_session", "free_slices", "proposals")
+    _live = ("_session", "free_slices", "proposals", "_algorithm")
 
     def __init__(self, session: Any) -> None:
         super().__init__(metric="mean_s", mode="min")
         self._session = session
         self.search_id = session.search_id
+        self._algorithm = None
         #: The slices no trial holds, and each running Tune trial's (proposal, slice).
         self.free_slices: list[str] = list(session.slice_names)
         self.proposals: dict[str, tuple[Any, str]] = {}
 
+    @property
+    def algorithm(self):
+        """The search algorithm it owns (AutoDist's Algorithm 1 or the experiment's other choice),
+        built on first use from what the session recorded so far."""
+        if self._algorithm is None:
+            self._algorithm = search_algorithm(self.session.context, self.session.recorder.search_state())
+        return self._algorithm
+
     def save(self, checkpoint_path: str) -> None:
         """Write the search algorithm's state (plain JSON) to ``checkpoint_path``."""
-        Path(checkpoint_path).write_text(json.dumps(self.session.algo.state()))
+        Path(checkpoint_path).write_text(json.dumps(self.algorithm.state()))
 
     def restore(self, checkpoint_path: str) -> None:
         """Continue from a state :meth:`save` wrote."""
-        self.session.algo = self.session.new_algorithm(json.loads(Path(checkpoint_path).read_text()))
+        self._algorithm = search_algorithm(self.session.context, json.loads(Path(checkpoint_path).read_text()))
 
     def suggest(self, trial_id: str) -> dict | str | None:
         """The next proposal on a free slice, as the trial's config; None while every slice is busy."""
-        s = self.session
-        if s.algo.finished:
+        s, algorithm = self.session, self.algorithm
+        if algorithm.finished:
             return Searcher.FINISHED
-        proposal = s.algo.ask() if self.free_slices else None
+        proposal = algorithm.ask() if self.free_slices else None
         if proposal is None:
             # Nothing new to try (every proposal measured already) ends the search; otherwise
             # Tune asks again once a running trial completes.
-            return Searcher.FINISHED if s.algo.finished and not self.proposals else None
+            return Searcher.FINISHED if algorithm.finished and not self.proposals else None
         slice_name = self.free_slices.pop(0)
         self.proposals[trial_id] = (proposal, slice_name)
-        config = {"slice": slice_name, "strategy": proposal.strategy.to_dict(),
-                  "trial_config": asdict(s.trial_config), "memory_limits": s.memory_limits(proposal.strategy)}
-        runtime = s.proposal_runtime(proposal.strategy)
-        if runtime.name != "engine":
-            config["runtime"] = runtime.to_dict()
-        return config
+        ctx = s.context
+        return {"slice": slice_name, "strategy": proposal.strategy.to_dict(),
+                "trial_config": asdict(ctx.trial_config),
+                "memory_limits": s.memory_limits(proposal.strategy),
+                "runtime": ctx.executor(proposal.strategy).to_dict()}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Record the trial, free its slice, then tell the algorithm what it measured."""
@@ -96,9 +105,8 @@ class StrategySearcher(_HoldsSession, Searcher):
         proposal, slice_name = self.proposals.pop(trial_id)
         self.free_slices.append(slice_name)
         outcome = outcome_of(result)
-        s.record(proposal.trial_id, proposal.strategy, proposal.origin, outcome,
-                 runtime=s.proposal_runtime(proposal.strategy), predicted=proposal.predicted)
-        s.algo.tell(proposal.trial_id, outcome.measured_s, memory=breakdown_from_row(outcome.extra.get("memory")))
+        trial = s.recorder.record_proposal(proposal, outcome, s.context.executor(proposal.strategy))
+        self.algorithm.tell(trial.trial_id, trial.mean_s, memory=list(trial.memory) if trial.memory else None)
         s.notify(outcome)
 
 
@@ -116,12 +124,8 @@ class RecordTunedTrials(_HoldsSession, tune.Callback):
         self._record(trial)
 
     def _record(self, trial) -> None:
-        s, tuner = self.session, TUNERS[self.runtime]
+        s, cls = self.session, runtime_class(self.runtime)
         outcome = outcome_of(trial.last_result)
-        params = {k: trial.config[k] for k in tuner.space}
-        runtime = tuner.runtime_of(params)
-        trial_id = f"{tuner.runtime}-{len(s.ledger.of(tuner.runtime))}"
-        s.record(trial_id, s.skeleton, tuner.origin, outcome, runtime=runtime)
-        s.ledger.add(BaselineTrial(trial_id=trial_id, runtime=runtime, origin=tuner.origin,
-                                   mean_s=outcome.measured_s, params=params))
+        params = {k: trial.config[k] for k in cls.tuning.params}
+        s.recorder.record_baseline(cls.from_tuned(params), cls.tuning.origin, outcome, params)
         s.notify(outcome)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..search.experiment import Experiment
+from ..simulator.bound import DomainScorer
 from ..simulator.evaluate import pairwise_counts
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
@@ -51,7 +52,7 @@ def make_search_simulator(exp: Experiment, model: ModelSpec, cluster: ClusterSpe
     return SelectedSimulator(training_free, BoundSimulator(transferred, model, cluster, transfer=True), learned_ready=True)
 
 
-class SelectedSimulator:
+class SelectedSimulator(DomainScorer):
     """The physical model (analytic, or the replay calibrated as the search goes: called
     training-free here, it has no learned weights) until the learned one beats it on trials it
     had not seen (AutoDist §2.4: start analytic, switch once the learned model is better).
@@ -68,26 +69,41 @@ class SelectedSimulator:
 
     MIN_PAIRS = 6
 
-    def __init__(self, training_free, learned, *, learned_ready: bool) -> None:
-        self.training_free, self.learned = training_free, learned
+    def __init__(self, training_free: DomainScorer, learned: DomainScorer, *, learned_ready: bool) -> None:
+        self._training_free, self.learned = training_free, learned
         self.ready = learned_ready
         self.seen = 0
         self.right = {"learned": 0.0, "training_free": 0.0}
         self.pairs = 0
         self.use_learned = False
-        self.history: list[dict] = []
+        self._history: list[dict] = []
+
+    @property
+    def kind(self) -> str:
+        """The kind of the model scoring now."""
+        return (self.learned if self.use_learned else self._training_free).kind
+
+    @property
+    def training_free(self) -> DomainScorer:
+        """The physical model it scores with until the learned one ranks better."""
+        return self._training_free
+
+    @property
+    def history(self) -> tuple[dict, ...]:
+        """Each judgement of the learned model against the training-free one, in order."""
+        return tuple(self._history)
 
     @property
     def predicts_seconds(self) -> bool:
         """Whether the model scoring now predicts seconds (the training-free ones do; a learned
         ranker does not)."""
-        return bool(getattr(self.learned if self.use_learned else self.training_free, "predicts_seconds", False))
+        return (self.learned if self.use_learned else self._training_free).predicts_seconds
 
     def score(self, strategies):
-        return (self.learned if self.use_learned else self.training_free).score(strategies)
+        return (self.learned if self.use_learned else self._training_free).score(strategies)
 
     def score_columns(self, columns):
-        return (self.learned if self.use_learned else self.training_free).score_columns(columns)
+        return (self.learned if self.use_learned else self._training_free).score_columns(columns)
 
     def fit(self, strategies, times_s) -> None:
         times_s = np.asarray(times_s, dtype=float)
@@ -107,6 +123,6 @@ class SelectedSimulator:
         self.seen = len(strategies)
         acc = {k: (v / self.pairs if self.pairs else None) for k, v in self.right.items()}
         self.use_learned = self.pairs >= self.MIN_PAIRS and acc["learned"] > acc["training_free"]
-        self.history.append({"trials": self.seen, "held_out_pairs": self.pairs, "learned_accuracy": acc["learned"],
+        self._history.append({"trials": self.seen, "held_out_pairs": self.pairs, "learned_accuracy": acc["learned"],
                              "training_free_accuracy": acc["training_free"],
                              "scoring": "learned" if self.use_learned else "training-free"})

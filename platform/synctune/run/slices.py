@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 
 from ..engine.measure import TrialConfig, TrialResult
-from ..engine.runtimes import as_runtime
+from ..engine.runtimes import as_runtime, runtime_class
 from ..spec.cluster import ClusterSpec
 from ..strategy.schema import Strategy
-from .baselines import TUNERS
 
 __all__ = ["SliceActor", "trainable", "release_slices", "outcome_of", "judge_memory"]
 
@@ -71,15 +70,15 @@ def trainable(config: dict) -> None:
     from ray import tune
 
     holder = ray.get_actor(config["slice"])
-    runtime = config.get("runtime")  # a Keras model's trials: the tensorflow runtime
-    tuner = TUNERS.get(config.get("tuned", ""))
-    if tuner is not None:  # a tuned runtime's trial: Optuna's parameters arrive in the config
-        params = {k: config[k] for k in tuner.space}
-        runtime = tuner.runtime_of(params).to_dict()
+    runtime = config.get("runtime")  # the runtime that runs a proposal (the engine, FSDP2, TensorFlow)
+    tuned = runtime_class(config["tuned"]) if "tuned" in config else None
+    if tuned is not None:  # a tuned runtime's trial: Optuna's parameters arrive in the config
+        params = {k: config[k] for k in tuned.tuning.params}
+        runtime = tuned.from_tuned(params).to_dict()
     result = judge_memory(ray.get(holder.run.remote(config["strategy"], config["trial_config"], runtime)),
                           config.get("memory_limits"))
-    if tuner is not None:
-        result["extra"][f"{tuner.runtime}_params"] = params
+    if tuned is not None:
+        result["extra"][f"{tuned.name}_params"] = params
     tune.report({"mean_s": result["mean_s"] if result["status"] == "ok" else float("nan"),
                  "result_json": json.dumps(result)})
 

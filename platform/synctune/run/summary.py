@@ -4,16 +4,18 @@ and the recommendation. The CLI, the result file and MLflow read it by attribute
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ..data.confirmation import Confirmation
 from ..engine.composed import ENGINE
 from ..engine.runtime import Runtime
 from ..engine.runtimes import RUNTIMES, as_runtime
 from ..strategy.builders import BUILDERS
+from ..strategy.schema import Strategy
 from .baselines import BaselineLedger, BaselineTrial
 
-__all__ = ["SearchSummary", "Recommendation", "recommend"]
+__all__ = ["SearchSummary", "Recommendation", "MemorySummary", "recommend"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +26,7 @@ class Recommendation:
 
     kind: str
     name: str
-    strategy: dict
+    strategy: Strategy
     runtime: Runtime = ENGINE
     why: str = ""
     #: For a searched strategy, what it does that torch DDP does not, in one line
@@ -37,9 +39,36 @@ class Recommendation:
         recommended, else null (``"ddp": null`` for a searched strategy)."""
         baselines = {name: self.runtime.config_dict() if name == self.runtime.name else None
                      for name, cls in RUNTIMES.items() if not cls.runs_strategy}
-        return {"kind": self.kind, "name": self.name, "strategy": self.strategy, "runtime": self.runtime.name,
-                "runtime_config": self.runtime.config_dict(), "why": self.why, "differs_from_ddp": self.differs,
-                **baselines}
+        return {"kind": self.kind, "name": self.name, "strategy": self.strategy.to_dict(),
+                "runtime": self.runtime.name, "runtime_config": self.runtime.config_dict(), "why": self.why,
+                "differs_from_ddp": self.differs, **baselines}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemorySummary:
+    """The memory budget (``budget`` in words, ``limit_bytes`` per rank) and what the
+    recommendation costs per rank, predicted and measured (its last trial's probe; None where
+    none was measured); the trials the budget cost (``oom_trials``) or spared (builders never
+    trialled) and the share of sampled strategies that sharded."""
+
+    budget: str
+    limit_bytes: tuple[int | None, ...] = ()
+    oom_trials: int = 0
+    over_budget_builders: tuple[str, ...] = ()
+    shard_share: float = 0.0
+    predicted_peak_bytes: tuple[int, ...] | None = None
+    measured_peak_bytes: tuple[int | None, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (the result file's ``memory`` entry)."""
+        out: dict[str, Any] = {"budget": self.budget, "limit_bytes": list(self.limit_bytes),
+                               "oom_trials": self.oom_trials, "over_budget_builders": list(self.over_budget_builders),
+                               "shard_share": self.shard_share}
+        if self.predicted_peak_bytes is not None:
+            out["predicted_peak_bytes"] = list(self.predicted_peak_bytes)
+        if self.measured_peak_bytes is not None:
+            out["measured_peak_bytes"] = list(self.measured_peak_bytes)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +81,7 @@ class SearchSummary:
     failed: int
     best_mean_s: float | None
     best_origin: str | None
-    best_strategy: dict | None
+    best_strategy: Strategy | None
     #: The fastest baseline's single trial: builders and the runtimes' baselines.
     best_baseline_s: float | None
     speedup_over_best_baseline: float | None
@@ -60,21 +89,17 @@ class SearchSummary:
     trials_to_1_1x: int | None
     trials_to_1_2x: int | None
     best_builder_baseline_s: float | None
-    best_baseline_strategy: dict | None
+    best_baseline_strategy: Strategy | None
     best_baseline_origin: str | None
     #: Every trial of the runtimes' baselines (tuned DDP, Horovod), in the order measured.
     baselines: tuple[BaselineTrial, ...] = ()
     wall_s: float = 0.0
     mlflow_parent_run: str | None = None
-    confirmed: dict | None = None
+    confirmed: Confirmation | None = None
     recommended: Recommendation | None = None
     simulator_selection: tuple[dict, ...] = ()
     training_free_simulator: str | None = None
-    #: The memory budget and what the recommendation costs per rank, predicted and measured
-    #: (``budget``, ``limit_bytes``, ``predicted_peak_bytes``, ``measured_peak_bytes``,
-    #: ``oom_trials``, ``over_budget_builders``, ``shard_share``).
-    memory: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
+    memory: MemorySummary | None = None
 
     def runtime_trials(self, runtime: str) -> int:
         """How many baseline trials ``runtime`` ran."""
@@ -102,10 +127,10 @@ class SearchSummary:
     def to_dict(self) -> dict[str, Any]:
         """The result file's form (``<search>-best-result.json``): plain JSON."""
         return {"search_id": self.search_id, "recommended": self.recommended.to_dict() if self.recommended else None,
-                "confirmed": self.confirmed, "best_mean_s": self.best_mean_s,
+                "confirmed": self.confirmed.to_dict() if self.confirmed else None, "best_mean_s": self.best_mean_s,
                 "best_builder_baseline_s": self.best_builder_baseline_s,
                 "speedup_over_best_baseline": self.speedup_over_best_baseline, "hit_rate": self.hit_rate,
-                "trials": self.trials, "memory": self.memory, **self._per_runtime()}
+                "trials": self.trials, "memory": self.memory.to_dict() if self.memory else {}, **self._per_runtime()}
 
     def metrics(self) -> dict[str, float | None]:
         """The search run's MLflow metrics."""
@@ -114,44 +139,46 @@ class SearchSummary:
                "failed": self.failed, "trials_to_1_1x": self.trials_to_1_1x, "trials_to_1_2x": self.trials_to_1_2x,
                "best_builder_baseline_s": self.best_builder_baseline_s}
         out.update({k: v for k, v in self._per_runtime().items() if k.endswith("_best_s")})
-        peaks = [p for p in self.memory.get("measured_peak_bytes") or [] if p is not None]
-        if peaks:
-            out["recommended_measured_peak_bytes"] = max(peaks)
-        if self.memory.get("predicted_peak_bytes"):
-            out["recommended_predicted_peak_bytes"] = max(self.memory["predicted_peak_bytes"])
-        if "oom_trials" in self.memory:
-            out["oom_trials"] = self.memory["oom_trials"]
-        confirmed = self.confirmed or {}
-        if "ratio" in confirmed:
-            out.update({"confirmed_speedup": confirmed["ratio"], "confirmed_speedup_low": confirmed["low"],
-                        "confirmed_speedup_high": confirmed["high"]})
+        memory = self.memory
+        if memory is not None:
+            peaks = [p for p in memory.measured_peak_bytes or () if p is not None]
+            if peaks:
+                out["recommended_measured_peak_bytes"] = max(peaks)
+            if memory.predicted_peak_bytes:
+                out["recommended_predicted_peak_bytes"] = max(memory.predicted_peak_bytes)
+            out["oom_trials"] = memory.oom_trials
+        confirmed = self.confirmed
+        if confirmed is not None and confirmed.interval is not None:
+            out.update({"confirmed_speedup": confirmed.interval.ratio, "confirmed_speedup_low": confirmed.interval.low,
+                        "confirmed_speedup_high": confirmed.interval.high})
         return out
 
 
-def _baseline(best: BaselineTrial, skeleton: dict, why: str) -> Recommendation:
+def _baseline(best: BaselineTrial, skeleton: Strategy, why: str) -> Recommendation:
     return Recommendation(kind="baseline", name=best.label, strategy=skeleton, runtime=best.runtime, why=why)
 
 
-def recommend(summary: SearchSummary, skeleton: dict) -> Recommendation | None:
+def recommend(summary: SearchSummary, skeleton: Strategy) -> Recommendation | None:
     """What the search recommends: the best searched strategy when the confirmation found it
     faster than the best baseline; else that baseline; without a confirmation, the fastest
     single trial (engine, or a runtime's baseline, which runs on ``skeleton``'s replicas)."""
-    confirmed = summary.confirmed or {}
+    confirmed = summary.confirmed
     runtime_best = summary.runtime_best()
-    if "ratio" in confirmed:
-        if confirmed["verdict"] == "faster":
-            return Recommendation(kind="search", name=confirmed["candidate"], strategy=confirmed["candidate_strategy"],
+    if confirmed is not None and confirmed.measured:
+        if confirmed.verdict == "faster":
+            return Recommendation(kind="search", name=confirmed.candidate,
+                                  strategy=Strategy.from_dict(confirmed.candidate_strategy),
                                   why="confirmed faster than the best baseline")
-        runtime = confirmed.get("baseline_runtime")
-        return Recommendation(kind="baseline", name=confirmed["baseline"], strategy=confirmed["baseline_strategy"],
-                              runtime=as_runtime(runtime),
-                              why=f"the best searched strategy was not confirmed faster ({confirmed['verdict']})")
-    if confirmed:  # attempted and failed: nothing searched is confirmed, so the best baseline
+        return Recommendation(kind="baseline", name=confirmed.baseline,
+                              strategy=Strategy.from_dict(confirmed.baseline_strategy),
+                              runtime=as_runtime(confirmed.baseline_runtime),
+                              why=f"the best searched strategy was not confirmed faster ({confirmed.verdict})")
+    if confirmed is not None:  # attempted and failed: nothing searched is confirmed, so the best baseline
         base = summary.best_builder_baseline_s
-        why = f"the confirmation did not finish ({confirmed.get('error', '')[:120]})"
+        why = f"the confirmation did not finish ({(confirmed.error or '')[:120]})"
         if runtime_best is not None and (base is None or runtime_best.mean_s < base):
             return _baseline(runtime_best, skeleton, why)
-        if base is not None and summary.best_baseline_strategy:
+        if base is not None and summary.best_baseline_strategy is not None:
             return Recommendation(kind="baseline", name=summary.best_baseline_origin or "",
                                   strategy=summary.best_baseline_strategy, why=why)
     best = summary.best_mean_s

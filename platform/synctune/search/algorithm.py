@@ -29,15 +29,16 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.builders import TUNED_BASELINES, baseline_strategy
-from ..stats import search_outcome
 from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
 from .experiment import Experiment
-from .interface import MemoryCheck, Proposal, SimulatorProtocol
+from .interface import BUILDER_PREFIX, MemoryCheck, Proposal, SearchFigures, SearchTrial, SimulatorProtocol, \
+    search_figures
 from .policies import ROUND_POLICIES
 from .selection import _Index, fidelity_level, select_diverse
 
-__all__ = ["SimulatorProtocol", "Proposal", "StrategySearch", "fidelity_level", "select_diverse"]
+__all__ = ["SimulatorProtocol", "Proposal", "StrategySearch", "SearchTrial", "SearchFigures", "fidelity_level",
+           "select_diverse"]
 
 #: Rounds drawn in a row whose every pick the memory budget dropped before the search gives up
 #: (a budget that only a few strategies fit; a round that proposes nothing ends the search at once).
@@ -78,22 +79,8 @@ def _baseline_proposals(model: ModelSpec, cluster: ClusterSpec, experiment: Expe
             over.append(b)
             continue
         if all(p.strategy.hash != strategy.hash for p in queue):
-            queue.append(Proposal(trial_id=f"baseline-{b}", strategy=strategy, origin=b, predicted=None))
+            queue.append(Proposal(trial_id=f"{BUILDER_PREFIX}{b}", strategy=strategy, origin=b, predicted=None))
     return queue, over
-
-
-def _stored_trial(trial: dict[str, Any]) -> dict[str, Any]:
-    """A trial of a saved state as the search keeps it: its strategy in the current schema, its
-    hash recomputed, its time under ``mean_s`` (states of version 2 and before, and states
-    rebuilt from older dataset rows, call it ``runtime``)."""
-    strategy = Strategy.from_dict(trial["strategy"])  # migrates older schemas
-    out = dict(trial, strategy=strategy.to_dict(), hash=strategy.hash)
-    if "mean_s" not in out:
-        if "runtime" not in out:
-            raise ValueError(f"search state: trial {trial.get('trial_id')!r}: expected a mean_s entry (seconds, "
-                             f"or None for a failed trial), got keys {sorted(trial)}")
-        out["mean_s"] = out.pop("runtime")
-    return out
 
 
 class StrategySearch:
@@ -103,9 +90,7 @@ class StrategySearch:
     the space the trials' runtime executes (e.g. TensorFlow's all-reduce packs, for a Keras
     model) before it is scored; baselines outside that space are left out.
 
-    ``trials`` holds the finished trials in the order they were told, one dict each:
-    ``trial_id``, ``strategy`` (its JSON dict), ``hash``, ``origin``, ``predicted`` (seconds or
-    None) and ``mean_s`` (the measured mean iteration time, None for a failed trial)."""
+    ``trials`` holds the finished trials (:class:`SearchTrial`) in the order they were told."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
                  simulator: SimulatorProtocol | None = None,
@@ -121,7 +106,7 @@ class StrategySearch:
         self.settings = experiment.search  # what the round policies read: algorithm, proposals, ...
         self.index = _Index(model, cluster)
         self.simulator = simulator
-        self.trials: list[dict[str, Any]] = []
+        self.trials: list[SearchTrial] = []
         self.queue, self.over_budget_baselines = _baseline_proposals(model, cluster, experiment, project, memory)
         self.pending: dict[str, Proposal] = {}
         self.rounds = 0
@@ -183,10 +168,9 @@ class StrategySearch:
         """Report a trial's mean iteration time in seconds (None when it failed or broke the
         memory budget) and, where it measured one, its memory per rank part by part."""
         proposal = self.pending.pop(trial_id)
-        self.trials.append({"trial_id": trial_id, "strategy": proposal.strategy.to_dict(),
-                            "hash": proposal.strategy.hash, "origin": proposal.origin,
-                            "predicted": proposal.predicted, "mean_s": mean_s,
-                            **({"memory": memory} if memory else {})})
+        self.trials.append(SearchTrial(trial_id=trial_id, strategy=proposal.strategy, origin=proposal.origin,
+                                       predicted=proposal.predicted, mean_s=mean_s,
+                                       memory=tuple(memory) if memory else None))
         if not self.pending and not self.queue:
             self._fit(len(self.trials))
 
@@ -194,14 +178,14 @@ class StrategySearch:
 
     def seen(self) -> set[str]:
         """Hashes of the strategies measured, pending or queued (a new set on every call)."""
-        return {t["hash"] for t in self.trials} | {p.strategy.hash for p in self.pending.values()} | {
+        return {t.strategy.hash for t in self.trials} | {p.strategy.hash for p in self.pending.values()} | {
             p.strategy.hash for p in self.queue}
 
     def measured(self, upto: int | None = None) -> tuple[list[Strategy], np.ndarray]:
         """The successful trials among the first ``upto`` told (all by default): their strategies
         and mean iteration times in seconds."""
-        done = [t for t in self.trials[:upto] if t["mean_s"] is not None]
-        return [Strategy.from_dict(t["strategy"]) for t in done], np.array([t["mean_s"] for t in done], float)
+        done = [t for t in self.trials[:upto] if t.ok]
+        return [t.strategy for t in done], np.array([t.mean_s for t in done], float)
 
     def elite(self, scores: np.ndarray) -> np.ndarray:
         """Indices of the proposals scored at or above the simulator's fidelity level on what it
@@ -221,7 +205,7 @@ class StrategySearch:
         where it ranks (a learned ranker's scores are not times, and the dataset's
         ``predicted_time_s`` must not pretend they are)."""
         model = self.simulator if model is None else model
-        return float(-score) if getattr(model, "predicts_seconds", False) else None
+        return float(-score) if model is not None and model.predicts_seconds else None
 
     # ---------------------------------------------------------------------------- internals
 
@@ -233,7 +217,7 @@ class StrategySearch:
         self.fitted_on = upto
         if self.memory is not None:
             told = self.trials[:upto]
-            self.memory.fit([Strategy.from_dict(t["strategy"]) for t in told], [t.get("memory") for t in told])
+            self.memory.fit([t.strategy for t in told], [list(t.memory) if t.memory else None for t in told])
         if self.simulator is None:
             return
         strategies, times_s = self.measured(upto)
@@ -242,28 +226,19 @@ class StrategySearch:
 
     # ----------------------------------------------------------------------------------- results
 
-    def summary(self, other_baselines: tuple[float, ...] = ()) -> dict[str, Any]:
+    def summary(self, other_baselines: tuple[float, ...] = ()) -> SearchFigures:
         """Best strategy, speed-up over the best baseline, hit rate, trials to 1.1x and 1.2x
         (AutoDist §3.3). ``other_baselines``: baseline times in seconds measured outside the
         search (tuned torch DDP)."""
-        out = search_outcome(((t["trial_id"].startswith("baseline-"), t["mean_s"]) for t in self.trials),
-                             other_baselines=other_baselines)
-        best = self.trials[out.best_index] if out.best_index is not None else None
-        return {
-            "trials": out.num_trials, "failed": out.num_failed,
-            "best_mean_s": out.best_mean_s, "best_origin": best["origin"] if best else None,
-            "best_strategy": best["strategy"] if best else None, "best_baseline_s": out.best_baseline_s,
-            "speedup_over_best_baseline": out.speedup, "hit_rate": out.hit_rate,
-            "trials_to_1.1x": out.trials_to[1.1], "trials_to_1.2x": out.trials_to[1.2],
-        }
+        return search_figures(self.trials, other_baselines)
 
     # ------------------------------------------------------------------------------- persistence
 
     def state(self) -> dict[str, Any]:
         """Plain-JSON state: the finished trials, in the order they were told, and the memory
         check's own state where it has one (the rest is re-derived on restore)."""
-        state = {"version": STATE_VERSION, "trials": list(self.trials)}
-        if self.memory is not None and hasattr(self.memory, "state"):
+        state = {"version": STATE_VERSION, "trials": [t.to_dict() for t in self.trials]}
+        if self.memory is not None:
             state["memory"] = self.memory.state()
         return state
 
@@ -277,16 +252,16 @@ class StrategySearch:
         at the same points as it did, the last round is drawn again and its unfinished trials
         are proposed again, so the search goes on as if never interrupted. A memory check with
         ``restore`` gets back what its ``state`` gave (the budget's probe figures) first."""
-        if memory is not None and state.get("memory") is not None and hasattr(memory, "restore"):
+        if memory is not None and state.get("memory") is not None:
             memory.restore(state["memory"])
         search = cls(model, cluster, experiment, simulator, project, memory=memory, shard_prob=shard_prob)
-        trials = [_stored_trial(t) for t in state.get("trials", [])]
-        done = {t["trial_id"] for t in trials}
-        last = max((_round_of(t["trial_id"]) for t in trials), default=0)
+        trials = [SearchTrial.from_dict(t) for t in state.get("trials", [])]
+        done = {t.trial_id for t in trials}
+        last = max((_round_of(t.trial_id) for t in trials), default=0)
         # A round starts only once the previous batch is told: batches before the last one are
         # complete. Replay the simulator's updates at their ends.
         for r in range(last):
-            search.trials.extend(t for t in trials if _round_of(t["trial_id"]) == r)
+            search.trials.extend(t for t in trials if _round_of(t.trial_id) == r)
             search._fit(len(search.trials))
         if last == 0:
             search.trials = trials

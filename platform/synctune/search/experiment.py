@@ -301,6 +301,11 @@ class BaselinesSection(_Section):
     #: search: ``auto`` is 8 where the search proposes shard units (``search.shard``), else 0.
     fsdp_trials: int | Literal["auto"] = "auto"
 
+    def tuned_trials(self, runtime: str) -> int | str:
+        """The trials of tuned runtime ``runtime``: the field ``<runtime>_trials`` (0 where the
+        experiment has none for it)."""
+        return getattr(self, f"{runtime}_trials", 0)
+
     @classmethod
     def from_flat(cls, flat: str, value: Any) -> dict[str, Any]:
         """The flat ``baselines:`` list split into builders and Horovod runs (each run once)."""

@@ -5,59 +5,74 @@ scores proposals with. Both are shared by the search shell and its round policie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ..stats import search_outcome
 from ..strategy.schema import Strategy
 
-__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "OPTIONAL_SIMULATOR_MEMBERS"]
+__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "SearchTrial", "SearchFigures", "search_figures"]
 
 
 class SimulatorProtocol(Protocol):
-    """What the search needs of a simulator bound to its domain (AutoSync §3.2).
+    """What the search needs of a simulator bound to its domain (AutoSync §3.2). Every member is
+    required; the simulator layer's :class:`~synctune.simulator.bound.DomainScorer` gives each
+    one a default its simulators override.
 
-    ``score(strategies)``: one number per strategy, higher is better. ``fit(strategies,
-    times_s)``: learn from what was measured, mean iteration times in seconds (a training-free
-    simulator ignores it). An optional ``score_columns(columns)`` scores
-    :class:`~synctune.strategy.columns.StrategyColumns` (the round's proposals then stay columns
-    until picked); an optional ``predicts_seconds`` says its scores are negated seconds (so a
-    proposal records a predicted time); an optional ``fine_tune(strategies, times_s)`` is the
-    caller's business, not the search's (:data:`OPTIONAL_SIMULATOR_MEMBERS`).
+    ``score(strategies)``: one number per strategy, higher is better. ``score_columns(columns)``:
+    the same of :class:`~synctune.strategy.columns.StrategyColumns` (a round's proposals then stay
+    columns until picked). ``fit(strategies, times_s)``: learn from what was measured, mean
+    iteration times in seconds (a training-free simulator ignores it). ``predicts_seconds``:
+    whether its scores are negated seconds (a proposal then records a predicted time).
+    ``training_free``: the simulator without learned weights it scores with until a learned one
+    ranks better (itself when it is one): what the simulator-only local searches explore with.
     """
+
+    predicts_seconds: bool
 
     def score(self, strategies: list[Strategy]) -> np.ndarray:
         """One number per strategy, higher is better."""
+        ...
+
+    def score_columns(self, columns: Any) -> np.ndarray:
+        """One number per strategy of ``columns``, higher is better."""
         ...
 
     def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> Any:
         """Learn from the measured mean iteration times (a training-free simulator ignores them)."""
         ...
 
+    @property
+    def training_free(self) -> "SimulatorProtocol":
+        """The simulator without learned weights (itself for a training-free one)."""
+        ...
 
-class MemoryCheck(Protocol):
-    """What the search needs of a memory budget (DESIGN.md "memory budget"; issue 34 item 1):
-    ``fits(strategy)``, whether every rank's predicted peak is within its device's budget; and
-    ``fit(strategies, breakdowns)``, learning from the memory the trials measured (per trial,
-    per rank, part by part; None where a trial measured none), called where the simulator
-    learns, so a resumed search judges as the uninterrupted one did. A strategy that does not
-    fit is never proposed (the memory model lives with the simulators:
-    :class:`synctune.simulator.memory.MemoryBudget`)."""
+
+class MemoryCheck:
+    """What the search needs of a memory budget (DESIGN.md "memory budget"): ``fits(strategy)``,
+    whether every rank's predicted peak is within its device's budget; ``fit(strategies,
+    breakdowns)``, learning from the memory the trials measured (per trial, per rank, part by
+    part; None where a trial measured none), called where the simulator learns, so a resumed
+    search judges as the uninterrupted one did; and ``state()``/``restore(state)``, what a resumed
+    search must judge with (by default nothing). A strategy that does not fit is never proposed
+    (the memory model lives with the simulators: :class:`synctune.simulator.memory.MemoryBudget`;
+    the search's driver subclasses this with it)."""
 
     def fits(self, strategy: Strategy) -> bool:
         """Whether every rank's predicted peak is within its device's budget."""
-        ...
+        raise NotImplementedError
 
-    def fit(self, strategies: list[Strategy], breakdowns: list[Any]) -> Any:
+    def fit(self, strategies: list[Strategy], breakdowns: list[Any]) -> None:
         """Learn from the memory the trials measured (per trial, per rank, part by part)."""
-        ...
 
-    # Optional: ``state()`` (plain JSON) and ``restore(state)``, kept in the search's state, so a
-    # resumed search judges with what the interrupted one measured before its first trial.
+    def state(self) -> dict[str, Any]:
+        """Plain JSON kept in the search's state, so a resumed search judges with what the
+        interrupted one measured before its first trial (nothing by default)."""
+        return {}
 
-
-#: What a simulator may also offer the search beyond :class:`SimulatorProtocol`'s two methods.
-OPTIONAL_SIMULATOR_MEMBERS = ("score_columns", "predicts_seconds", "fine_tune")
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` gave (nothing by default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,3 +85,87 @@ class Proposal:
     strategy: Strategy
     origin: str
     predicted: float | None
+
+
+#: The trial ids of the builder baselines a search measures first start with this.
+BUILDER_PREFIX = "baseline-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchTrial:
+    """A finished trial of the search (AutoDist §2.4): the proposal's id, strategy, origin and
+    predicted seconds, what it measured (``mean_s``, None for a failed trial or one over the
+    memory budget) and, where measured, its memory per rank part by part (``memory``)."""
+
+    trial_id: str
+    strategy: Strategy
+    origin: str
+    predicted: float | None
+    mean_s: float | None
+    memory: tuple[Mapping[str, Any], ...] | None = None
+
+    @property
+    def is_builder(self) -> bool:
+        """Whether it is one of the builder baselines the search measures first."""
+        return self.trial_id.startswith(BUILDER_PREFIX)
+
+    @property
+    def ok(self) -> bool:
+        """Whether it finished with a time."""
+        return self.mean_s is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The search state's plain-JSON form of the trial (:meth:`StrategySearch.state`)."""
+        out = {"trial_id": self.trial_id, "strategy": self.strategy.to_dict(), "hash": self.strategy.hash,
+               "origin": self.origin, "predicted": self.predicted, "mean_s": self.mean_s}
+        if self.memory:
+            out["memory"] = [dict(m) for m in self.memory]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SearchTrial":
+        """A trial of a saved state: its strategy in the current schema (older schemas migrate),
+        its time under ``mean_s`` (states of version 2 and before, and states rebuilt from older
+        dataset rows, call it ``runtime``)."""
+        if "mean_s" in data:
+            mean_s = data["mean_s"]
+        elif "runtime" in data:
+            mean_s = data["runtime"]
+        else:
+            raise ValueError(f"search state: trial {data.get('trial_id')!r}: expected a mean_s entry (seconds, or "
+                             f"None for a failed trial), got keys {sorted(data)}")
+        memory = data.get("memory")
+        return cls(trial_id=data["trial_id"], strategy=Strategy.from_dict(data["strategy"]), origin=data["origin"],
+                   predicted=data.get("predicted"), mean_s=mean_s,
+                   memory=tuple(memory) if memory else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchFigures:
+    """What a search's trials say so far (AutoDist §3.3, AutoSync §5): how many ran and failed,
+    the fastest (``best``), the best baseline's time, the speed-up over it, the hit rate (share
+    of searched trials faster than it) and the trials it took to reach 1.1x and 1.2x."""
+
+    trials: int
+    failed: int
+    best: SearchTrial | None
+    best_baseline_s: float | None
+    speedup: float | None
+    hit_rate: float | None
+    trials_to_1_1x: int | None
+    trials_to_1_2x: int | None
+
+    @property
+    def best_mean_s(self) -> float | None:
+        """The fastest trial's time (None before any finished)."""
+        return self.best.mean_s if self.best else None
+
+
+def search_figures(trials: Sequence[SearchTrial], other_baselines: Iterable[float] = ()) -> SearchFigures:
+    """:class:`SearchFigures` of ``trials`` in the order they were told; ``other_baselines``:
+    baseline times in seconds measured outside the search (tuned torch DDP, FSDP2, Horovod)."""
+    out = search_outcome(((t.is_builder, t.mean_s) for t in trials), other_baselines=tuple(other_baselines))
+    return SearchFigures(trials=out.num_trials, failed=out.num_failed,
+                         best=trials[out.best_index] if out.best_index is not None else None,
+                         best_baseline_s=out.best_baseline_s, speedup=out.speedup, hit_rate=out.hit_rate,
+                         trials_to_1_1x=out.trials_to[1.1], trials_to_1_2x=out.trials_to[1.2])

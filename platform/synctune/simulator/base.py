@@ -78,6 +78,8 @@ class Simulator:
     learned = False
     #: Whether predictions are iteration times in seconds (else only their order means something).
     predicts_seconds = False
+    #: Whether it learns from a domain's trials by refitting constants (``calibrate``), not weights.
+    calibrates = False
 
     def fit(self, domains: list[Domain], **kwargs: Any) -> "Simulator":
         """Learn from measured domains; a training-free simulator returns itself unchanged."""

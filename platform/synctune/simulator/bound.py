@@ -1,9 +1,10 @@
 """A simulator bound to one (model, cluster) domain: the face the search sees
-(:class:`synctune.search.SimulatorProtocol`: ``score``, ``fit``, ``fine_tune``)."""
+(:class:`synctune.search.SimulatorProtocol`), every member of it given a default by
+:class:`DomainScorer`."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -13,10 +14,46 @@ from ..strategy.schema import Strategy
 from .features import DomainContext, encode
 from .models import Domain, Simulator
 
-__all__ = ["BoundSimulator", "RuntimeResidual"]
+__all__ = ["DomainScorer", "BoundSimulator", "RuntimeResidual"]
 
 
-class BoundSimulator:
+class DomainScorer:
+    """The search's simulator protocol (:class:`synctune.search.SimulatorProtocol`) with a
+    default for each member: ``predicts_seconds`` False (a ranker), ``training_free`` itself,
+    ``score_columns`` through strategy objects, ``fit`` learning nothing, no ``history`` of
+    judgements. Subclasses score (:meth:`score`) and override what they know better."""
+
+    #: Its scores are negated iteration times (else a ranker's scores).
+    predicts_seconds: bool = False
+
+    @property
+    def kind(self) -> str:
+        """What scores, in a word (a simulator registry name)."""
+        raise NotImplementedError
+
+    @property
+    def training_free(self) -> "DomainScorer":
+        """The simulator without learned weights it scores with (itself: no learned one)."""
+        return self
+
+    @property
+    def history(self) -> tuple[dict, ...]:
+        """Its judgements of learned against training-free scoring (none by default)."""
+        return ()
+
+    def score(self, strategies: list[Strategy]) -> np.ndarray:
+        """Higher is better."""
+        raise NotImplementedError
+
+    def score_columns(self, columns) -> np.ndarray:
+        """:meth:`score` of the strategies of :class:`~synctune.strategy.columns.StrategyColumns`."""
+        return self.score([columns.strategy(i) for i in range(columns.size)])
+
+    def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> None:
+        """Learn from the search's trials (nothing by default: a training-free simulator)."""
+
+
+class BoundSimulator(DomainScorer):
     """``simulator`` scoring strategies of (``model``, ``cluster``).
 
     ``fit(strategies, times_s)`` lets it learn from what the search measured: a training-free
@@ -41,7 +78,7 @@ class BoundSimulator:
     @property
     def predicts_seconds(self) -> bool:
         """Whether its scores are negated iteration times (else a ranker's scores)."""
-        return bool(getattr(self.simulator, "predicts_seconds", False))
+        return self.simulator.predicts_seconds
 
     def score(self, strategies: list[Strategy]) -> np.ndarray:
         """Higher is better: the negated prediction."""
@@ -68,7 +105,7 @@ class BoundSimulator:
         """Learn from the search's trials: a calibrated replay recalibrates its constants, a
         learned simulator is trained afresh (fine-tuned where it was transferred), a
         training-free one ignores them."""
-        if getattr(self.simulator, "calibrates", False):  # a calibrated replay: its constants, not weights
+        if self.simulator.calibrates:  # a calibrated replay: its constants, not weights
             self.simulator.calibrate(self._domain(strategies, times_s))
             return
         if not self.simulator.learned:
@@ -85,10 +122,11 @@ class BoundSimulator:
             self.simulator.fine_tune([self._domain(strategies, times_s)])
 
 
-class RuntimeResidual:
+class RuntimeResidual(DomainScorer):
     """A seconds-predicting simulator (``inner``, a :class:`BoundSimulator`) whose predictions are
     scaled per runtime by what the search measured: ``runtime_of`` names the runtime a strategy
-    runs on (the engine, or FSDP2 for one whose units reshard), and after every :meth:`fit` each
+    runs on (the engine, or FSDP2 for one whose units reshard), ``runtimes_of`` the same of each
+    strategy of :class:`~synctune.strategy.columns.StrategyColumns`, and after every :meth:`fit` each
     runtime's factor is the median of measured / predicted over its trials (two at least; 1
     before). The replay times the engine's collectives; FSDP2's per-unit all-gathers and
     reduce-scatters, issued by its own hooks, cost what the replay does not model (three times
@@ -96,9 +134,12 @@ class RuntimeResidual:
     proposing the slower one (dPRO §4.3: calibrate the replay on the job's own measurements, here
     one constant per runtime). Ranks within one runtime are the inner simulator's."""
 
-    def __init__(self, inner, runtime_of: Callable[[Strategy], str]) -> None:
+    predicts_seconds = True
+
+    def __init__(self, inner, runtime_of: Callable[[Strategy], str],
+                 runtimes_of: Callable[[Any], Sequence[str]]) -> None:
         self.inner = inner
-        self.runtime_of = runtime_of
+        self.runtime_of, self.runtimes_of = runtime_of, runtimes_of
         #: Per runtime, measured / predicted (the median over its trials).
         self.factors: dict[str, float] = {}
 
@@ -107,15 +148,18 @@ class RuntimeResidual:
         """The inner simulator's kind."""
         return self.inner.kind
 
-    @property
-    def predicts_seconds(self) -> bool:
-        """Always: its scores are negated (scaled) iteration times."""
-        return True
-
     def score(self, strategies: list[Strategy]) -> np.ndarray:
         """Higher is better: the negated prediction, scaled by its runtime's factor."""
         scores = np.asarray(self.inner.score(strategies), dtype=np.float64)
         scale = np.array([self.factors.get(self.runtime_of(s), 1.0) for s in strategies], dtype=np.float64)
+        return scores * scale
+
+    def score_columns(self, columns) -> np.ndarray:
+        """:meth:`score` of :class:`~synctune.strategy.columns.StrategyColumns`."""
+        scores = np.asarray(self.inner.score_columns(columns), dtype=np.float64)
+        if not self.factors:
+            return scores
+        scale = np.array([self.factors.get(r, 1.0) for r in self.runtimes_of(columns)], dtype=np.float64)
         return scores * scale
 
     def fit(self, strategies: list[Strategy], times_s: np.ndarray) -> None:

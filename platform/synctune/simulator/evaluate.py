@@ -70,7 +70,7 @@ def evaluate(sim: Simulator, domains: list[Domain], k: int = 5) -> list[dict[str
     out = []
     for d in domains:
         pred = sim.predict_domain(d)
-        errors = relative_errors(pred, d.times_s) if getattr(sim, "predicts_seconds", False) else None
+        errors = relative_errors(pred, d.times_s) if sim.predicts_seconds else None
         out.append({"domain": d.key, "n": len(d.strategies), "pairwise_accuracy": pairwise_accuracy(pred, d.times_s),
                     "kendall_tau": kendall_tau(pred, d.times_s), f"top{k}_recall": top_k_recall(pred, d.times_s, k),
                     "abs_err_median": float(np.median(errors)) if errors is not None else None,

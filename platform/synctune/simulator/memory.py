@@ -48,7 +48,7 @@ from ..strategy.schema import Strategy
 from .kinds import MEMORY_KINDS, MemoryContext, Tally
 
 __all__ = ["RankMemory", "OPTIMIZER_STATE", "optimizer_state", "predict_memory", "memory_errors",
-           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "runs_on_fsdp", "over_limits", "GIB"]
+           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "over_limits", "GIB"]
 
 #: Optimizer name -> (state elements per parameter element, bytes of per-tensor scalars): Adam's
 #: two moments and its ``step`` (a float32 scalar tensor per parameter, torch's default).
@@ -122,19 +122,17 @@ def _multiplier(optimizer_state_multiplier: float | str, optimizer_step_bytes: i
 def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
                    optimizer_state_multiplier: float | str = 0.0, optimizer_step_bytes: int | None = None,
                    activation_bytes: int | Sequence[int] | Callable[[int], int] = 0,
-                   sparse_rows_per_sample: float = 1.0, runtime: str = "engine") -> list[RankMemory]:
+                   sparse_rows_per_sample: float = 1.0, fsdp: bool = False) -> list[RankMemory]:
     """Each rank's predicted peak memory under ``strategy`` (see the module docstring), in the
     order of ``strategy.replicas``. ``optimizer_state_multiplier``: state elements per updated
     element, or an optimizer's name (``adam``: 2 and a 4-byte ``step`` per tensor; ``sgd``: 0);
     ``optimizer_step_bytes`` overrides the per-tensor scalars. ``activation_bytes``: the
     strategy-independent memory of a rank (one figure, one per rank, or a function of the
-    rank's batch size). ``runtime``: ``engine`` (its shard units' buckets persist, a ZeRO-2 unit
-    keeps whole gradients) or ``fsdp`` (torch FSDP2: every unit's gradients are its rows after
-    the reduce-scatter, one unit's whole gradient in flight; gather and reduce-scatter buffers
-    live only inside the iteration; a unit kept after forward holds its whole parameters beside
-    its rows)."""
-    if runtime not in ("engine", "fsdp"):
-        raise SpecError(f"predict_memory: runtime: expected engine or fsdp, got {runtime!r}")
+    rank's batch size). ``fsdp``: the strategy runs as torch FSDP2 holds memory (every unit's
+    gradients are its rows after the reduce-scatter, one unit's whole gradient in flight; gather
+    and reduce-scatter buffers live only inside the iteration; a unit kept after forward holds
+    its whole parameters beside its rows), else as the engine does (its shard units' buckets
+    persist, a ZeRO-2 unit keeps whole gradients)."""
     multiplier, step_bytes = _multiplier(optimizer_state_multiplier, optimizer_step_bytes)
     world = len(strategy.replicas)
     activations = _per_rank(activation_bytes, list(strategy.batch_split), "activation_bytes")
@@ -142,7 +140,7 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     ctx = MemoryContext(model=model_spec, split=list(strategy.batch_split),
                         rank_of={dev: r for r, dev in enumerate(strategy.replicas)},
                         nodes=[cluster_spec.node_of(d).name for d in strategy.replicas],
-                        sparse_rows_per_sample=sparse_rows_per_sample, fsdp=runtime == "fsdp")
+                        sparse_rows_per_sample=sparse_rows_per_sample, fsdp=bool(fsdp))
     _count_variables(tally, strategy, ctx)
     by_kind: dict[str, list] = {}
     for unit in units_of(strategy):
@@ -308,12 +306,6 @@ def over_limits(peaks: Sequence[int | None], limits: Sequence[int | None]) -> st
     return None
 
 
-def runs_on_fsdp(strategy: Strategy) -> bool:
-    """Whether a search runs ``strategy`` on FSDP2 (a unit reshards after forward, which the
-    engine does not execute) rather than the engine."""
-    return any(s.synchronizer.frees_parameters for _p, _i, s in strategy.iter_shards())
-
-
 @dataclass
 class MemoryBudget:
     """A search's memory budget (DESIGN.md "memory budget"; issue 34 item 1): each device may
@@ -343,21 +335,22 @@ class MemoryBudget:
         """Each rank's limit, in the order of ``strategy.replicas``."""
         return [self.limit_bytes(d) for d in strategy.replicas]
 
-    def predict(self, strategy: Strategy, runtime: str | None = None) -> list[RankMemory]:
-        """Each rank's predicted memory under ``strategy`` run by ``runtime`` (``engine`` or
-        ``fsdp``; None: where a search runs it, FSDP2 when a unit reshards (:func:`runs_on_fsdp`),
-        else the engine)."""
-        runtime = runtime or ("fsdp" if runs_on_fsdp(strategy) else "engine")
+    def predict(self, strategy: Strategy, fsdp: bool | None = None) -> list[RankMemory]:
+        """Each rank's predicted memory under ``strategy``, held as FSDP2 holds it (``fsdp``) or as
+        the engine does; None: as where a search runs it, FSDP2 when a unit frees its parameters
+        after forward (:attr:`~synctune.strategy.schema.Strategy.frees_parameters`, the rule of
+        :func:`synctune.engine.runtimes.executor_for`), else the engine."""
         return predict_memory(strategy, self.model, self.cluster, optimizer_state_multiplier=self.optimizer,
-                              activation_bytes=self.activations, runtime=runtime)
+                              activation_bytes=self.activations,
+                              fsdp=strategy.frees_parameters if fsdp is None else fsdp)
 
-    def peaks(self, strategy: Strategy, runtime: str | None = None) -> list[int]:
-        """Each rank's predicted peak bytes (``runtime`` as :meth:`predict`)."""
-        return [r.peak_bytes for r in self.predict(strategy, runtime)]
+    def peaks(self, strategy: Strategy, fsdp: bool | None = None) -> list[int]:
+        """Each rank's predicted peak bytes (``fsdp`` as :meth:`predict`)."""
+        return [r.peak_bytes for r in self.predict(strategy, fsdp)]
 
-    def fits(self, strategy: Strategy, runtime: str | None = None) -> bool:
-        """Whether every rank's predicted peak is within its limit (``runtime`` as :meth:`predict`)."""
-        return all(lim is None or p <= lim for p, lim in zip(self.peaks(strategy, runtime), self.limits(strategy)))
+    def fits(self, strategy: Strategy, fsdp: bool | None = None) -> bool:
+        """Whether every rank's predicted peak is within its limit (``fsdp`` as :meth:`predict`)."""
+        return all(lim is None or p <= lim for p, lim in zip(self.peaks(strategy, fsdp), self.limits(strategy)))
 
     def fits_many(self, strategies: Sequence[Strategy]) -> list[bool]:
         """:meth:`fits` of each strategy."""

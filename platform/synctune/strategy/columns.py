@@ -122,6 +122,13 @@ class StrategyColumns:
             self.__dict__["_pattern"] = cached
         return cached[1]
 
+    def frees_parameters(self) -> np.ndarray:
+        """(size,) bool: whether a unit of each strategy frees its parameters after forward (a
+        row's ``reshard``: :attr:`~synctune.strategy.schema.Strategy.frees_parameters`)."""
+        out = np.zeros(self.size, bool)
+        out[self.sid[np.asarray(self.reshard, bool)]] = True
+        return out
+
     # --------------------------------------------------------------------------- replicas
     def splits(self) -> np.ndarray:
         """(size, devices) int64: each device's batch in each strategy (0: no replica there)."""

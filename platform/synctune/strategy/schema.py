@@ -303,6 +303,13 @@ class Strategy:
                 return p
         raise StrategyError(f"strategy has no plan for variable {variable!r}")
 
+    @property
+    def frees_parameters(self) -> bool:
+        """Whether a unit of this strategy frees its parameters after forward and gathers them again
+        for backward (ZeRO-3: :attr:`~synctune.strategy.kinds.Synchronizer.frees_parameters`): what
+        the engine, which keeps parameters whole, does not execute and torch FSDP2 does."""
+        return any(shard.synchronizer.frees_parameters for plan in self.plans for shard in plan.shards)
+
     def iter_shards(self):
         """Yield ``(plan, shard_index, shard_plan)`` for every shard of every variable."""
         for plan in self.plans:

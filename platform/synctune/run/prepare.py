@@ -1,0 +1,267 @@
+"""Everything a search needs before its first trial, in one step: :func:`prepare_search` checks
+and reads what the experiment names and returns a frozen :class:`SearchContext`.
+
+The preparation refuses, before Ray starts or any trial runs, what would fail later: a search id
+that already has rows without ``--resume``, a lab search on several slices, the simulator file,
+the Horovod baselines, a memory budget nothing fits. It then does the search's I/O in order: the
+dataset rows of this search (what a resumed search continues from), the activation figures the
+memory budget starts with (measured in this process), the compute profile the replay simulator
+needs (measured once per model and worker count), and the search's MLflow parent run. The phases
+of the search (:mod:`synctune.run.search`) only read the context.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..data.paths import dataset_dir
+from ..data.store import TrialDataset
+from ..data.tracking import MlflowLogger
+from ..engine.measure import TrialConfig
+from ..engine.runtime import Runtime
+from ..engine.runtimes import executor_for, executor_names
+from ..search.algorithm import StrategySearch
+from ..search.experiment import Experiment
+from ..search.interface import MemoryCheck
+from ..simulator.bound import RuntimeResidual
+from ..simulator.memory import GIB, MemoryBudget
+from ..spec.cluster import ClusterSpec
+from ..spec.errors import SpecError
+from ..spec.files import check_name
+from ..spec.model import ModelSpec
+from ..strategy.builders import build_strategy
+from ..strategy.schema import Strategy
+from .baselines import horovod_baselines
+from .profiles import ensure_profile
+from .simulators import make_search_simulator
+
+__all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
+           "prepare_memory", "shard_rate", "SearchFilter", "tensorflow_projection"]
+
+
+def search_id_of(exp: Experiment) -> str:
+    """The stable id of an experiment's search (what ``--resume`` finds again); it names files."""
+    return check_name(f"{exp.name}-seed{exp.seed}", f"{exp.source or 'experiment'}: search id")
+
+
+def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
+    """What a search over a Keras model proposes: each sampled strategy projected into what
+    TensorFlow's MultiWorkerMirroredStrategy executes (:func:`synctune.engine.tensorflow.project_to_tensorflow`)."""
+    from ..engine.tensorflow import project_to_tensorflow
+
+    return lambda strategy: project_to_tensorflow(strategy, model)
+
+
+def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> MemoryBudget:
+    """The search's memory budget (DESIGN.md "memory budget"), its activation figures measured in
+    this process at the batch sizes a rank trains with (the model's, and half of it, for a line
+    through the uneven splits); a model that cannot be built here (a Keras one) starts with none."""
+    budget = MemoryBudget(model, cluster, gib=exp.search.memory_gib, headroom=exp.search.memory_headroom,
+                          optimizer=exp.trial.optimizer)
+    if workload.framework == "torch":
+        from ..engine.memory import single_process_activations
+
+        for batch, figure in single_process_activations(
+                workload, {model.batch_size, max(1, model.batch_size // 2)}, optimizer=exp.trial.optimizer,
+                seed=exp.seed).items():
+            budget.probe.add(batch, figure)
+    return budget
+
+
+def check_budget(budget: MemoryBudget, where: str) -> None:
+    """Refuse, before any trial, a budget that nothing fits: one line with the smallest predicted
+    peak (of the most frugal strategies the builders make) and the fix."""
+    peak, name, fits = budget.smallest()
+    limits = [x for x in budget.limits(build_strategy("allreduce", budget.model, budget.cluster)) if x is not None]
+    if limits and not fits:
+        raise SpecError(f"{where}: search.memory_gib: nothing fits {budget.describe()} ({min(limits) / GIB:.3f} GiB "
+                        f"per rank): the smallest predicted peak is {peak / GIB:.3f} GiB per rank ({name}); raise "
+                        f"search.memory_gib, lower search.memory_headroom, or train a smaller batch")
+
+
+def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> tuple[MemoryBudget, float]:
+    """The search's memory budget (:func:`memory_budget`) and its share of sharded proposals
+    (:func:`shard_rate`), refusing before any trial a budget nothing fits and a search that
+    would score shard units with a simulator that never saw any."""
+    where = exp.source or exp.name
+    budget = memory_budget(exp, model, cluster, workload)
+    check_budget(budget, where)
+    skeleton = build_strategy("allreduce", model, cluster)
+    rate = shard_rate(exp, budget, skeleton)
+    if exp.search.shard is False and not budget.fits(skeleton):
+        raise SpecError(f"{where}: search.shard: false, but replicated training does not fit the memory budget "
+                        f"(predicted {max(budget.peaks(skeleton)) / GIB:.3f} GiB per rank; {budget.describe()}); "
+                        f"set search.shard: auto, or raise search.memory_gib")
+    if rate and exp.search.uses_simulator and exp.search.simulator == "pretrained" and not _pretrained_scores_shard():
+        why = "; replicated training does not fit the budget" if not budget.fits(skeleton) else ""
+        raise SpecError(f"{where}: search.simulator: the shipped pretrained simulator was trained before the shard "
+                        f"synchronizer, and this search proposes shard units (search.shard: "
+                        f"{str(exp.search.shard).lower()}{why}); use simulator: replay (or analytic, or rnn)")
+    return budget, rate
+
+
+def _pretrained_scores_shard() -> bool:
+    """Whether the shipped simulator was trained with the shard synchronizer among its inputs (the
+    one trained on release v0.3 was; an installation's older file would refuse shard units only
+    when scoring them, mid-search)."""
+    from ..simulator import load_simulator
+
+    return "shard" in (load_simulator("pretrained").config.get("synchronizers") or [])
+
+
+def shard_rate(exp: Experiment, budget: MemoryBudget, skeleton: Strategy) -> float:
+    """The share of sampled strategies that shard units: every one where replicated training does
+    not fit (``search.shard: auto``; the others would not fit either), half with ``shard: true``,
+    none with ``false`` or where replicated training fits under ``auto``."""
+    if exp.search.shard is False:
+        return 0.0
+    if not budget.fits(skeleton):
+        return 1.0
+    return 0.5 if exp.search.shard is True else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchContext:
+    """What a search is and what it started from, fixed before its first trial
+    (:func:`prepare_search`): the experiment, its domain and workload, the search id, the memory
+    budget and the share of sharded proposals, the trials' settings, the lab network (if any),
+    the runtimes' baselines it measures (Horovod entries), the dataset rows this search recorded
+    already (``done``, in the order recorded), and where it records (the dataset, the MLflow
+    logger and the parent run)."""
+
+    exp: Experiment
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: Any
+    search_id: str
+    memory: MemoryBudget
+    shard_prob: float
+    trial_config: TrialConfig
+    node_net: dict | None
+    horovod_entries: tuple
+    done: tuple
+    dataset: TrialDataset
+    logger: MlflowLogger
+    parent_run: str
+
+    @property
+    def framework(self) -> str:
+        """The workload's framework (``torch`` or ``tensorflow``)."""
+        return self.workload.framework
+
+    @functools.cached_property
+    def skeleton(self) -> Strategy:
+        """Replicated all-reduce: the replicas and (even) batch split the runtimes' baselines run on."""
+        return build_strategy("allreduce", self.model, self.cluster)
+
+    @functools.cached_property
+    def project(self) -> Callable[[Strategy], Strategy] | None:
+        """What every proposal is projected into (TensorFlow's packs for a Keras model), or None."""
+        return tensorflow_projection(self.model) if self.framework == "tensorflow" else None
+
+    @functools.cached_property
+    def module(self) -> Any:
+        """The workload's model on the meta device (built for real where an op has no meta
+        kernel), built once: what FSDP2's units are worked out on, for the memory model and the
+        proposal filter."""
+        from ..engine.fsdp import meta_model
+
+        module = meta_model(self.workload)
+        return module if module is not None else self.workload.build_model()
+
+    def executor(self, strategy: Strategy) -> Runtime:
+        """The runtime that runs a searched strategy (:func:`executor_for`): the engine
+        (TensorFlow for a Keras model); FSDP2 for one whose shard units reshard."""
+        return executor_for(strategy, self.model, self.framework)
+
+    def runtime_fits(self, runtime: Runtime, strategy: Strategy | None = None) -> bool:
+        """Whether the memory model says ``runtime`` fits running ``strategy`` (the skeleton by
+        default): predicted on the strategy whose memory its ranks hold
+        (:meth:`~synctune.engine.runtime.Runtime.plans_of`), in its layout."""
+        held = runtime.plans_of(strategy or self.skeleton, lambda: self.module, self.model)
+        return self.memory.fits(held, fsdp=runtime.fsdp_layout)
+
+
+class SearchFilter(MemoryCheck):
+    """What the search algorithm may propose in a search (its
+    :class:`~synctune.search.interface.MemoryCheck`): strategies the memory budget fits that their
+    runtime can run. A strategy whose units reshard runs on FSDP2, which needs every plan
+    ``shard``, one shard group and units at module boundaries; the samplers' moves can make one
+    that validates and that no runtime runs (a resharded unit beside an all-reduce), and it is
+    never proposed. Checked on the context's module (:attr:`SearchContext.module`)."""
+
+    def __init__(self, context: SearchContext) -> None:
+        self.context = context
+
+    def fits(self, strategy: Strategy) -> bool:
+        ctx = self.context
+        runtime = ctx.executor(strategy)
+        if runtime.plans_refusal(strategy, ctx.cluster, ctx.module, ctx.model, ctx.workload) is not None:
+            return False
+        return ctx.memory.fits(strategy, fsdp=runtime.fsdp_layout)
+
+    def fit(self, strategies: list, breakdowns: list) -> None:
+        self.context.memory.fit(strategies, breakdowns)
+
+    def state(self) -> dict:
+        return self.context.memory.state()
+
+    def restore(self, state: dict) -> None:
+        self.context.memory.restore(state)
+
+
+def search_algorithm(context: SearchContext, state: dict) -> StrategySearch:
+    """The search algorithm of ``context`` rebuilt from ``state`` (plain JSON), with a fresh
+    simulator; proposals are filtered by what the memory budget fits and their runtime runs
+    (:class:`~synctune.run.prepare.SearchFilter`)."""
+    ctx = context
+    simulator = make_search_simulator(ctx.exp, ctx.model, ctx.cluster)
+    if ctx.shard_prob and simulator is not None and simulator.predicts_seconds and simulator.training_free is simulator:
+        # Proposals run on two runtimes (the engine, FSDP2 where units reshard): the replay's
+        # seconds are scaled per runtime by what the trials measured.
+        simulator = RuntimeResidual(simulator, lambda s: ctx.executor(s).name,
+                                    lambda columns: executor_names(columns, ctx.framework))
+    return StrategySearch.from_state(state, ctx.model, ctx.cluster, ctx.exp, simulator, ctx.project,
+                                     memory=SearchFilter(ctx), shard_prob=ctx.shard_prob)
+
+
+def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, model: ModelSpec | None = None,
+                   resume: bool = False, tracking_uri: str | None = None, node_net: dict | None = None,
+                   say: Callable[[str], None] = lambda _message: None) -> SearchContext:
+    """Check the experiment's search and do its I/O before any trial (see the module docstring);
+    ``model``: the workload's spec where the caller has it already; ``say`` hears of long steps
+    (a profile measured). The search's MLflow parent run is started last, once nothing is left to
+    refuse."""
+    model = model or workload.spec()
+    where = exp.source or exp.name
+    search_id = search_id_of(exp)
+    if node_net and exp.run.slices > 1:
+        slices = exp.run.key("slices")
+        raise SpecError(f"{where}: {slices}: a lab has one set of links, so its trials run one at a time "
+                        f"({slices}: 1), got {exp.run.slices}")
+    dataset = TrialDataset(dataset_dir())
+    done = dataset.records(model=model.name, cluster=cluster.name, search_id=search_id)
+    if done and not resume:
+        raise SpecError(f"search {search_id!r} already has {len(done)} recorded trial(s) in {dataset.root}; pass "
+                        f"--resume to continue it, or change the experiment's name or seed")
+    make_search_simulator(exp, model, cluster)  # the simulator file, read and checked now
+    horovod = tuple(horovod_baselines(exp, model, cluster, workload))
+    memory, rate = prepare_memory(exp, model, cluster, workload)
+    if exp.search.uses_simulator and exp.search.simulator != "analytic" and workload.framework == "torch":
+        ensure_profile(workload, model, cluster, say)
+    logger = MlflowLogger(exp.name, tracking_uri)
+    parent = logger.start_search(search_id, {
+        "experiment": where, "model": model.name, "cluster": cluster.name, "algorithm": exp.search.algorithm,
+        "simulator": exp.search.simulator, "budget": exp.search.budget, "seed": exp.seed,
+        "workload": workload.source, "ddp_trials": exp.baselines.ddp_trials, "confirm_rounds": exp.confirm.rounds})
+    trial_config = TrialConfig(warmup=exp.trial.warmup, iters=exp.trial.iters, seed=exp.seed,
+                               timeout_s=exp.trial.timeout_s, optimizer=exp.trial.optimizer,
+                               target_ci=exp.trial.target_ci, max_iters=exp.trial.max_iters,
+                               max_timed_s=exp.trial.max_timed_s)
+    return SearchContext(exp=exp, model=model, cluster=cluster, workload=workload, search_id=search_id,
+                         memory=memory, shard_prob=rate, trial_config=trial_config,
+                         node_net=dict(node_net) if node_net else None, horovod_entries=horovod,
+                         done=tuple(sorted(done, key=lambda r: (r.created_at, r.record_id))), dataset=dataset,
+                         logger=logger, parent_run=parent)
