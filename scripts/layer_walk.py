@@ -6,10 +6,12 @@ function of a layer it may not import (DESIGN.md's module table) is a climb back
 It runs the command in this process under ``sys.setprofile`` (the driver's process: trials on
 worker processes are not traced) and prints each distinct climb (caller -> callee, with the
 functions) and their count. Calls into what the caller was handed are reported apart: a
-callback (the CLI's ``on_trial``, ``on_phase``), a workload's factory, an iterator
-(``<genexpr>``), an object behind a protocol the lower layer declares (the search's
-``SimulatorProtocol``): a layer calling what it was given is not a dependency on the layer that
-wrote it (the import graph, held by tests/test_architecture.py, is the dependency).
+callable the caller holds (a callback such as the CLI's ``on_trial``, a predicate such as a
+memory budget's ``fits``), a method of an object it holds (a workload's factories, a simulator
+behind the search's ``SimulatorProtocol``, a memory check), directly in a local name or as an
+attribute of one (``self.simulator``), and an iterator (``<genexpr>``): a layer calling what it
+was given is not a dependency on the layer that wrote it (the import graph, held by
+tests/test_architecture.py, is the dependency).
 """
 
 from __future__ import annotations
@@ -33,11 +35,29 @@ def layer_of(filename: str) -> str | None:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
+def _holds(frame, code) -> bool:
+    """Whether ``frame`` holds, in a local name or as an attribute of one, the function whose code
+    is ``code`` or an object with a method of that code (what the caller was handed)."""
+
+    def runs(value) -> bool:
+        func = getattr(value, "__func__", value)
+        if getattr(func, "__code__", None) is code:
+            return True
+        for cls in type(value).__mro__:
+            member = vars(cls).get(code.co_name)
+            member = getattr(member, "fget", member)  # a property
+            if getattr(getattr(member, "__func__", member), "__code__", None) is code:
+                return True
+        return False
+
+    for value in frame.f_locals.values():
+        if runs(value) or any(runs(v) for v in getattr(value, "__dict__", {}).values()):
+            return True
+    return False
+
+
 def main(argv: list[str]) -> int:
     from synctune.cli import main as cli_main
-    from synctune.search.interface import SimulatorProtocol
-
-    protocol = {n for n in vars(SimulatorProtocol) if not n.startswith("_")}
 
     climbs: dict[tuple, int] = {}
     handed: dict[tuple, int] = {}
@@ -55,10 +75,8 @@ def main(argv: list[str]) -> int:
         if callee in ALLOWED.get(caller, set()):
             return
         key = (caller, caller_frame.f_code.co_name, callee, frame.f_code.co_name)
-        # A closure or a callable object handed down (the caller looked it up in a local name).
         name = frame.f_code.co_name
-        target = handed if name.startswith("<") or name in protocol or name in caller_frame.f_code.co_varnames \
-            or name in ("on_trial", "on_phase", "on_progress", "say", "run_step") else climbs
+        target = handed if name.startswith("<") or _holds(caller_frame, frame.f_code) else climbs
         target[key] = target.get(key, 0) + 1
 
     sys.setprofile(profile)

@@ -121,16 +121,16 @@ def _module_name(path: Path, package: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(package: Path | None = None) -> dict[str, set[str]]:
-    """File -> the files of ours it imports (deferred imports included, annotations-only ones
-    not): ``from .pkg import name`` points at the file ``name`` when it is a module, else at
-    ``pkg``'s ``__init__``."""
+def import_graph(package: Path | None = None, *, annotations: bool = True) -> dict[str, set[str]]:
+    """File -> the files of ours it imports (deferred imports included; annotations-only ones,
+    under ``if TYPE_CHECKING:``, unless ``annotations`` is False): ``from .pkg import name``
+    points at the file ``name`` when it is a module, else at ``pkg``'s ``__init__``."""
     package = package or PACKAGE
     files = {_module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        skip = _type_checking_lines(tree)
+        skip = set() if annotations else _type_checking_lines(tree)
         here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         edges: set[str] = set()
         for node in ast.walk(tree):
@@ -181,6 +181,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_circle_of_imports_between_files():
+    """No two files import each other, directly or around a circle, annotation-only imports
+    (``if TYPE_CHECKING:``) included: a circle a type checker needs is a circle of the design."""
     assert import_cycles(import_graph()) == []
 
 
@@ -197,7 +199,13 @@ def test_the_cycle_finder_sees_a_circle_through_a_deferred_import(tmp_path):
             from . import trial
     """))
     (fake / "engine" / "alone.py").write_text("from .measure import x\n")
-    assert import_cycles(import_graph(fake)) == [["synctune.engine.measure", "synctune.engine.trial"]]
+    (fake / "engine" / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from .alone import y\n")
+    (fake / "engine" / "alone.py").write_text("from .measure import x\nfrom .typed import z\n")
+    assert sorted(import_cycles(import_graph(fake))) == [["synctune.engine.alone", "synctune.engine.typed"],
+                                                         ["synctune.engine.measure", "synctune.engine.trial"]]
+    assert import_cycles(import_graph(fake, annotations=False)) == [["synctune.engine.measure",
+                                                                     "synctune.engine.trial"]]
 
 
 def test_runtimes_are_registered_and_not_dispatched_by_name_elsewhere():
@@ -225,6 +233,62 @@ def test_runtimes_are_registered_and_not_dispatched_by_name_elsewhere():
                 if ('["kind"]' in text or ".get('kind')" in text) and any(f"'{n}'" in text for n in RUNTIMES):
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {text}")
     assert found == []
+
+
+#: The runtimes' modules (DESIGN.md "runtime"): the interface, the registry, one module per runtime.
+RUNTIME_HOMES = {"engine/runtime.py", "engine/runtimes.py", "engine/tuning.py", "engine/composed.py", "engine/ddp.py",
+                 "engine/fsdp.py", "engine/fsdp_plans.py", "engine/horovod.py", "engine/tensorflow.py"}
+#: Below the engine, a dataset row names its runtime and nothing more: the simulators learn from,
+#: and the dataset dashboard ranks, the rows the engine ran (what the replay models), kept by
+#: that name, once each.
+RUNTIME_ROW_FILTERS = {"simulator/base.py": 1, "report/dataset.py": 1}
+
+
+def runtime_name_comparisons(package: Path | None = None, names: set[str] | None = None) -> dict[str, list[str]]:
+    """File -> each comparison of a runtime (an expression naming ``runtime``, or a ``.name``)
+    with a registered runtime's name."""
+    if names is None:
+        from synctune.engine.runtimes import RUNTIMES
+
+        names = set(RUNTIMES)
+    package = package or PACKAGE
+    found: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            strings = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            others = [ast.unparse(x) for x in (node.left, *node.comparators) if not isinstance(x, ast.Constant)]
+            if strings & names and any("runtime" in o.lower() or o.endswith(".name") for o in others):
+                found.setdefault(rel, []).append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_runtimes_are_decided_in_their_modules_only():
+    """Outside the runtimes' modules no file compares a runtime with a runtime's name: what differs
+    between runtimes is a class attribute or method of each (labels, tuning spaces, memory
+    layout, training-file format, what it runs); the rows' filters below the engine are counted."""
+    found = runtime_name_comparisons()
+    for rel in RUNTIME_HOMES:
+        found.pop(rel, None)
+    grown = {rel: hits for rel, hits in found.items() if len(hits) > RUNTIME_ROW_FILTERS.get(rel, 0)}
+    assert grown == {}, "\n".join(h for hits in grown.values() for h in hits)
+
+
+def test_the_runtime_name_check_sees_attributes_keys_and_variables(tmp_path):
+    import textwrap
+
+    fake = tmp_path / "synctune"
+    (fake / "cli").mkdir(parents=True)
+    (fake / "cli" / "bad.py").write_text(textwrap.dedent("""
+        def f(chosen, record, runtime, fmt):
+            if chosen.runtime.name == "ddp" or record["runtime"] != "engine":
+                pass
+            return runtime in ("fsdp", "horovod"), fmt == "ddp", chosen.kind == "ddp"
+    """))
+    hits = runtime_name_comparisons(fake, {"engine", "ddp", "fsdp", "horovod"})["cli/bad.py"]
+    assert len(hits) == 3, hits
 
 
 #: Where a synchronizer kind's meaning lives (DESIGN.md "plan kind"): its class in the strategy

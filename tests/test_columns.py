@@ -149,7 +149,7 @@ def test_a_columns_round_fills_its_picks_when_the_best_were_measured():
         if every[i].hash not in ranked:
             ranked.append(every[i].hash)
     seen = set(ranked[:12])
-    picks = _scored_columns(algo, guided, 4, "r1", seen)
+    picks = _scored_columns(algo.round_context(), guided, 4, "r1", seen)
     assert len(picks) == 4 and not {p.strategy.hash for p in picks} & seen
     assert len({p.strategy.hash for p in picks}) == 4
     assert picks[0].strategy.hash == ranked[12]

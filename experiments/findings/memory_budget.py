@@ -51,8 +51,7 @@ def budget_of(spec, cluster, mib: float):
 
 def sharding_sweep(spec, cluster, budget) -> list:
     """(strategy, runtime, origin) of the sharding space's grid points that fit ``budget``."""
-    from synctune.engine.composed import ENGINE
-    from synctune.engine.fsdp import FSDPConfig, FSDPRuntime
+    from synctune.engine.runtimes import executor_for
     from synctune.strategy import build_strategy
     from synctune.strategy.schema import StrategyError
     from synctune.strategy.validate import validate
@@ -73,7 +72,7 @@ def sharding_sweep(spec, cluster, budget) -> list:
                     except StrategyError:
                         continue
                     if budget.fits(s):
-                        runtime = FSDPRuntime(FSDPConfig(from_strategy=True)) if reshard else ENGINE
+                        runtime = executor_for(s)  # FSDP2 where units reshard, else the engine
                         out.append((s, runtime, f"shard depth {d}, group {group}, reshard {reshard}, {dtype}"))
     return out
 
@@ -172,13 +171,14 @@ def _found(run: dict) -> list:
 
 
 def table_row(run: dict, found: dict, workload, cluster, node_net, warmup: int, fits: bool) -> list[object]:
-    from synctune.strategy import Strategy, build_strategy
+    from synctune.strategy import build_strategy
 
     s = run["summary"]
-    c = s.confirmed or {}
-    confirmed = f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}] ({c['verdict']})" if "ratio" in c else "n/a"
+    c = s.confirmed
+    confirmed = (f"{c.interval.ratio:.3f} [{c.interval.low:.3f}, {c.interval.high:.3f}] ({c.verdict})"
+                 if c is not None and c.measured else "n/a")
     rec = s.recommended
-    handed = (Strategy.from_dict(rec.strategy), rec.runtime) if rec else None
+    handed = (rec.strategy, rec.runtime) if rec else None
     fsdp = s.runtime_best("fsdp")
     over_fsdp = gap = "n/a"
     if handed and fsdp is not None:
@@ -199,11 +199,11 @@ def table_row(run: dict, found: dict, workload, cluster, node_net, warmup: int, 
     oracle_s = found["median_s"]
     trials = [r for r in run["rows"] if not r.trial_id.startswith("confirm-")]
     within = next((n for n, r in enumerate(trials, 1) if r.status == "ok" and r.median_s <= 1.05 * oracle_s), None)
-    m = s.memory or {}
+    m = s.memory
     mib = lambda xs: "/".join(f"{x / 2**20:.1f}" for x in xs or [] if x is not None) or "n/a"  # noqa: E731
     return [run["seed"], "yes" if fits else "no", len(trials), rec.name if rec else "n/a", confirmed, over_fsdp, gap,
-            within or "-", f"{mib(m.get('predicted_peak_bytes'))} / {mib(m.get('measured_peak_bytes'))}",
-            m.get("oom_trials", "n/a"), f"{run['wall']:.0f}"]
+            within or "-", f"{mib(m.predicted_peak_bytes if m else None)} / {mib(m.measured_peak_bytes if m else None)}",
+            m.oom_trials if m else "n/a", f"{run['wall']:.0f}"]
 
 
 def main() -> None:
@@ -232,7 +232,7 @@ def main() -> None:
         with lab(preset) as (cluster, node_net):
             spec = workload.spec()
             budget = budget_of(spec, cluster, mib)
-            from synctune.run.search import memory_budget  # the probe the searches use
+            from synctune.run.prepare import memory_budget  # the probe the searches use
             from synctune.search import Experiment
 
             probe = memory_budget(Experiment.from_keys(name="probe", model=model, cluster=preset, budget=1,

@@ -165,7 +165,7 @@ def one_search(workload, cluster, node_net, algorithm: str, seed: int, budget: i
     out["found"] = [(Strategy.from_json(r.strategy_json), f"{algorithm} seed {seed}: {r.trial_id} ({r.origin})")
                     for r in searched[:3]]
     rec = summary.recommended
-    out.update(trials=trials, handed=(Strategy.from_dict(rec.strategy), rec.runtime) if rec else None)
+    out.update(trials=trials, handed=(rec.strategy, rec.runtime) if rec else None)
     return out
 
 
@@ -185,17 +185,18 @@ def table_row(run: dict, oracle_found: dict, workload, cluster, node_net, warmup
     dp_hash = build_strategy("allreduce", spec, cluster).hash
     dp = next((r.mean_s for r in run["trials"] if r.strategy_hash == dp_hash and r.status == "ok"), None)
     over_dp = f"{dp / summary.best_mean_s:.2f}x" if dp and summary.best_mean_s else "n/a"
-    c = summary.confirmed or {}
-    confirmed = (f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}] ({c['rounds']} rounds)" if "ratio" in c
-                 else "n/a")
+    c = summary.confirmed
+    measured = c is not None and c.measured
+    confirmed = (f"{c.interval.ratio:.3f} [{c.interval.low:.3f}, {c.interval.high:.3f}] ({c.rounds} rounds)"
+                 if measured else "n/a")
     hits = summary.hit_rate
     # What the user is handed: the searched strategy only when confirmed faster, else the best
     # baseline itself (so a searched strategy confirmed slower costs the user nothing).
     kind = summary.recommended.kind if summary.recommended else "n/a"
-    handed = f"search, {c['ratio']:.3f}" if kind == "search" and "ratio" in c else (
+    handed = f"search, {c.interval.ratio:.3f}" if kind == "search" and measured else (
         "baseline, 1.000" if kind == "baseline" else kind)
-    return [run["algorithm"], run["seed"], len(run["trials"]), confirmed, c.get("verdict", "n/a"), handed,
-            c.get("baseline", "n/a"), over_dp, gap, within or "-", f"{hits:.0%}" if hits is not None else "n/a",
+    return [run["algorithm"], run["seed"], len(run["trials"]), confirmed, c.verdict if measured else "n/a", handed,
+            c.baseline if measured else "n/a", over_dp, gap, within or "-", f"{hits:.0%}" if hits is not None else "n/a",
             f"{run['wall']:.0f}"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..data.record import TrialRecord
 from ..data.store import TrialDataset
@@ -21,10 +21,8 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 from .baselines import BaselineLedger, BaselineTrial
+from .prepare import SearchContext
 from .summary import SearchSummary
-
-if TYPE_CHECKING:
-    from .prepare import SearchContext
 
 __all__ = ["record_trial", "record_result", "is_search_row", "SearchRecorder", "CONFIRM_PREFIX"]
 
@@ -82,7 +80,7 @@ class SearchRecorder:
     the runtimes' baselines, and each strategy's last measured peak per rank. It starts from the
     rows the search recorded already (the context's ``done``)."""
 
-    def __init__(self, context: "SearchContext") -> None:
+    def __init__(self, context: SearchContext) -> None:
         self.context = context
         done = context.done
         self.trials: list[SearchTrial] = [_search_trial(r) for r in done if is_search_row(r)]

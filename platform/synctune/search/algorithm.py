@@ -32,8 +32,8 @@ from ..strategy.builders import TUNED_BASELINES, baseline_strategy
 from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
 from .experiment import Experiment
-from .interface import BUILDER_PREFIX, MemoryCheck, Proposal, SearchFigures, SearchTrial, SimulatorProtocol, \
-    search_figures
+from .interface import BUILDER_PREFIX, MemoryCheck, Proposal, RoundContext, SearchFigures, SearchTrial, \
+    SimulatorProtocol, search_figures
 from .policies import ROUND_POLICIES
 from .selection import _Index, fidelity_level, select_diverse
 
@@ -187,30 +187,19 @@ class StrategySearch:
         done = [t for t in self.trials[:upto] if t.ok]
         return [t.strategy for t in done], np.array([t.mean_s for t in done], float)
 
-    def elite(self, scores: np.ndarray) -> np.ndarray:
-        """Indices of the proposals scored at or above the simulator's fidelity level on what it
-        learned from (AutoDist §2.4 "Filtering"; every proposal while fewer than 4 trials were
-        measured, or when none reaches the level)."""
-        strategies, times_s = self.measured(self.fitted_on)
-        level = -np.inf
-        if len(strategies) >= 4:
-            level = fidelity_level(np.asarray(self.simulator.score(strategies), dtype=float), times_s,
-                                   self.settings.fidelity_accuracy)
-        elite = np.flatnonzero(scores >= level)
-        return elite if len(elite) else np.arange(len(scores))
-
-    def predicted_s(self, score: float, model: Any = None) -> float | None:
-        """A proposal's predicted iteration time: the negated score where the model that scored
-        it (``model``, else the simulator scoring now) predicts seconds (analytic, replay); None
-        where it ranks (a learned ranker's scores are not times, and the dataset's
-        ``predicted_time_s`` must not pretend they are)."""
-        model = self.simulator if model is None else model
-        return float(-score) if model is not None and model.predicts_seconds else None
+    def round_context(self) -> RoundContext:
+        """What the round policy reads of the search now (:class:`RoundContext`)."""
+        return RoundContext(model=self.model, cluster=self.cluster, settings=self.settings, seed=self.exp.seed,
+                            simulator=self.simulator, project=self.project, shard_prob=self.shard_prob,
+                            trials=tuple(self.trials), fitted_on=self.fitted_on, seen=frozenset(self.seen()),
+                            index=self.index, fits=self.fits,
+                            budget_fits=self.memory.fits if self.memory is not None else None)
 
     # ---------------------------------------------------------------------------- internals
 
     def _round(self, round_: int) -> list[Proposal]:
-        return self.policy.propose(self, round_, min(self.settings.candidates, self.settings.budget - self.asked))
+        return self.policy.propose(self.round_context(), round_,
+                                   min(self.settings.candidates, self.settings.budget - self.asked))
 
     def _fit(self, upto: int) -> None:
         """Let the simulator learn from the first ``upto`` trials (at a batch boundary)."""

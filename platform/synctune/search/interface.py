@@ -5,14 +5,15 @@ scores proposals with. Both are shared by the search shell and its round policie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from ..stats import search_outcome
 from ..strategy.schema import Strategy
 
-__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "SearchTrial", "SearchFigures", "search_figures"]
+__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "SearchTrial", "SearchFigures", "search_figures",
+           "RoundContext"]
 
 
 class SimulatorProtocol(Protocol):
@@ -169,3 +170,58 @@ def search_figures(trials: Sequence[SearchTrial], other_baselines: Iterable[floa
                          best=trials[out.best_index] if out.best_index is not None else None,
                          best_baseline_s=out.best_baseline_s, speedup=out.speedup, hit_rate=out.hit_rate,
                          trials_to_1_1x=out.trials_to[1.1], trials_to_1_2x=out.trials_to[1.2])
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundContext:
+    """What a round policy reads of the search when it draws a round (AutoDist §2.4): the domain
+    (``model``, ``cluster``), the experiment's ``settings`` (its ``search:`` section) and
+    ``seed``, the ``simulator`` (None for the unscored variants), the ``project``-ion of every
+    proposal into what the trials' runtime executes (None: none), the share of sampled
+    strategies that shard units, the trials told so far (``trials``; the simulator learned from
+    the first ``fitted_on``), the hashes measured, pending or queued (``seen``), the diversity
+    ``index``, and two predicates: ``fits`` (the search's, which counts what the budget refuses)
+    and ``budget_fits`` (the memory budget's own, for a sampler that grows a draw until it fits;
+    None without a budget). A policy keeps nothing between rounds: everything it reads is here."""
+
+    model: Any
+    cluster: Any
+    settings: Any
+    seed: int
+    simulator: SimulatorProtocol | None
+    project: Callable[[Strategy], Strategy] | None
+    shard_prob: float
+    trials: tuple[SearchTrial, ...]
+    fitted_on: int
+    seen: frozenset[str]
+    index: Any
+    fits: Callable[[Strategy], bool]
+    budget_fits: Callable[[Strategy], bool] | None
+
+    def measured(self, upto: int | None = None) -> tuple[list[Strategy], np.ndarray]:
+        """The successful trials among the first ``upto`` told (all by default): their strategies
+        and mean iteration times in seconds."""
+        done = [t for t in self.trials[:upto] if t.ok]
+        return [t.strategy for t in done], np.array([t.mean_s for t in done], float)
+
+    def elite(self, scores: np.ndarray) -> np.ndarray:
+        """Indices of the proposals scored at or above the simulator's fidelity level on what it
+        learned from (AutoDist §2.4 "Filtering"; every proposal while fewer than 4 trials were
+        measured, or when none reaches the level)."""
+        from .selection import fidelity_level
+
+        strategies, times_s = self.measured(self.fitted_on)
+        level = -np.inf
+        if len(strategies) >= 4:
+            level = fidelity_level(np.asarray(self.simulator.score(strategies), dtype=float), times_s,
+                                   self.settings.fidelity_accuracy)
+        elite = np.flatnonzero(scores >= level)
+        return elite if len(elite) else np.arange(len(scores))
+
+    def predicted_s(self, score: float, model: SimulatorProtocol | None = None) -> float | None:
+        """A proposal's predicted iteration time: the negated score where the model that scored
+        it (``model``, else the simulator scoring now) predicts seconds (analytic, replay); None
+        where it ranks (a learned ranker's scores are not times, and the dataset's
+        ``predicted_time_s`` must not pretend they are)."""
+        model = self.simulator if model is None else model
+        return float(-score) if model is not None and model.predicts_seconds else None

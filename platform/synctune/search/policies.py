@@ -4,12 +4,13 @@
 §4.4's coordinate descent and TAG §4.2.2's Monte-Carlo tree search, whose simulator-only search
 picks the round's trials itself (and, with ``generator:``, feeds ``autodist`` its proposals).
 
-A policy proposes one round: ``propose(search, round_, k)`` returns at most ``k``
+A policy proposes one round: ``propose(ctx, round_, k)`` returns at most ``k``
 :class:`~synctune.search.interface.Proposal`\\ s with ids ``r{round_}-{i}``, none of them
-measured, pending or queued already (``search.seen()``). It draws from the round's own random
-stream (:func:`round_seed`) and reads only what the search measured before the round
-(``search.measured()``) and its simulator; it keeps nothing between rounds, so a resumed search
-draws its last round again and gets the same proposals. Adding an algorithm is a class here and
+measured, pending or queued already (``ctx.seen``). It reads only the
+:class:`~synctune.search.interface.RoundContext` the search hands it (what the search measured
+before the round, its simulator, its predicates) and draws from the round's own random stream
+(:func:`round_seed`); it keeps nothing between rounds, so a resumed search draws its last round
+again and gets the same proposals. Adding an algorithm is a class here and
 its ``ROUND_POLICIES.register`` line (and its name in the experiment files' ``ALGORITHMS``).
 """
 
@@ -17,21 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from ..spec.registry import Registry
 from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
-from .interface import Proposal
+from .interface import Proposal, RoundContext
 from .local_search import ChoiceSpace, LocalSearchResult, coordinate_descent, mcts
 from .moves import crossover, global_moves
 from .sampler import GuidedSampler, RandomSampler
 from .selection import select_diverse
-
-if TYPE_CHECKING:
-    from .algorithm import StrategySearch
 
 __all__ = ["ROUND_POLICIES", "RoundPolicy", "AutoDistPolicy", "RandomPolicy", "RandomGuidedPolicy",
            "GeneticPolicy", "CoordinateDescentPolicy", "MCTSPolicy", "round_seed"]
@@ -40,7 +38,7 @@ __all__ = ["ROUND_POLICIES", "RoundPolicy", "AutoDistPolicy", "RandomPolicy", "R
 class RoundPolicy(Protocol):
     """What a search algorithm is to the search shell: the proposals of one round."""
 
-    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
+    def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
         """The ``k`` proposals of round ``round_`` (fewer where the space has no more)."""
         ...
 
@@ -51,7 +49,7 @@ def round_seed(seed: int, round_: int) -> int:
     return int.from_bytes(hashlib.sha256(f"synctune-round:{seed}:{round_}".encode()).digest()[:8], "big")
 
 
-def _fresh(search: StrategySearch, strategies: list[Strategy], seen: set[str]) -> list[Strategy]:
+def _fresh(search: RoundContext, strategies: list[Strategy], seen: set[str]) -> list[Strategy]:
     """``strategies`` projected into the trials' space, each once, none in ``seen``, none over
     the memory budget."""
     out, hashes = [], set(seen)
@@ -64,14 +62,14 @@ def _fresh(search: StrategySearch, strategies: list[Strategy], seen: set[str]) -
     return out
 
 
-def guided_sampler(search: StrategySearch, seed: int) -> GuidedSampler:
+def guided_sampler(search: RoundContext, seed: int) -> GuidedSampler:
     """The guided sampler of a round (AutoDist §2.4), drawing ``shard`` units at the search's rate,
     each sharded draw grown until the search's memory budget holds it."""
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
-                         shard_prob=search.shard_prob, fits=search.memory.fits if search.memory is not None else None)
+                         shard_prob=search.shard_prob, fits=search.budget_fits)
 
 
-def choice_space(search: StrategySearch) -> ChoiceSpace:
+def choice_space(search: RoundContext) -> ChoiceSpace:
     """The local searches' choices in the search's domain (``shard`` among them where the search shards)."""
     return ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy, shard=search.shard_prob > 0)
 
@@ -80,17 +78,17 @@ class RandomPolicy:
     """``random`` (AutoDist §3.3's ablation): strategies of the unconstrained random sampler,
     trialled as drawn, no simulator."""
 
-    def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
+    def sampler(self, search: RoundContext, seed: int) -> RandomSampler | GuidedSampler:
         """The sampler a round draws from, seeded ``seed``."""
         return RandomSampler(search.model, search.cluster, seed=seed)
 
-    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
-        sampler = self.sampler(search, round_seed(search.exp.seed, round_))
+    def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        sampler = self.sampler(search, round_seed(search.seed, round_))
         # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured;
         # under a memory budget, more batches while too few draws fit.
         picked: list[Strategy] = []
-        seen = search.seen()
-        for _ in range(1 if search.memory is None else 20):
+        seen = set(search.seen)
+        for _ in range(1 if search.budget_fits is None else 20):
             picked += _fresh(search, sampler.sample_many(3 * k), seen | {s.hash for s in picked})
             if len(picked) >= k:
                 break
@@ -103,7 +101,7 @@ class RandomGuidedPolicy(RandomPolicy):
     """``random-guided`` (AutoDist §3.3's "Random+G"): strategies of the guided sampler (the
     knowledge constraints, AutoDist §2.4), trialled as drawn, no simulator."""
 
-    def sampler(self, search: StrategySearch, seed: int) -> RandomSampler | GuidedSampler:
+    def sampler(self, search: RoundContext, seed: int) -> RandomSampler | GuidedSampler:
         return guided_sampler(search, seed)
 
 
@@ -115,35 +113,35 @@ class _LocalSearchPolicy:
         """The local search from ``starts`` with ``evaluations`` scores, its ``keep`` best."""
         raise NotImplementedError
 
-    def local_search(self, search: StrategySearch, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:
+    def local_search(self, search: RoundContext, rng: random.Random, keep: int) -> list[tuple[Strategy, float]]:
         """The best distinct strategies (with scores) of the search under the training-free model
         (AutoDDL §4.4: the analytic model; the learned one, where the search switched to it, only
         picks among them), not measured yet, at most ``keep``; started from the two fastest
         measured strategies."""
-        model = getattr(search.simulator, "training_free", search.simulator)
+        model = search.simulator.training_free
         space = choice_space(search)
 
         def score(strategies: list[Strategy]) -> np.ndarray:
             if search.project is not None:
                 strategies = [search.project(s) for s in strategies]
             values = np.asarray(model.score(strategies), dtype=float)
-            if search.memory is not None:
+            if search.budget_fits is not None:
                 # Over the budget is never kept (the local searches keep finite scores only).
                 values[[not search.fits(s) for s in strategies]] = -np.inf
             return values
 
-        seen = search.seen()
+        seen = set(search.seen)
         strategies, times_s = search.measured()
         starts = [strategies[i] for i in np.argsort(times_s, kind="stable")[:2]] if strategies else []
         result = self.run(space, score, starts, rng=rng, evaluations=search.settings.sim_evaluations,
                           keep=keep + len(seen))
         return result.top(keep, exclude=seen)
 
-    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
-        rng = random.Random(round_seed(search.exp.seed, round_))
-        free = getattr(search.simulator, "training_free", None)  # the model that scored them
+    def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        rng = random.Random(round_seed(search.seed, round_))
+        free = search.simulator.training_free  # the model that scored them
         picked: list[Proposal] = []
-        hashes = search.seen()
+        hashes = set(search.seen)
         for strategy, score in self.local_search(search, rng, 4 * k):
             strategy = search.project(strategy) if search.project is not None else strategy
             if strategy.hash not in hashes and len(picked) < k:
@@ -172,7 +170,7 @@ class MCTSPolicy(_LocalSearchPolicy):
         return mcts(space, score, rng=rng, evaluations=evaluations, keep=keep, root=starts[0] if starts else None)
 
 
-def _scored_columns(search: StrategySearch, guided: GuidedSampler, k: int, tag: str,
+def _scored_columns(search: RoundContext, guided: GuidedSampler, k: int, tag: str,
                     seen: set[str]) -> list[Proposal]:
     """The round's proposals drawn and scored as columns (:meth:`GuidedSampler.sample_columns`);
     only those picked become strategies. Equal draws count once; a pick equal to a measured
@@ -205,7 +203,7 @@ def _scored_columns(search: StrategySearch, guided: GuidedSampler, k: int, tag: 
                      predicted=search.predicted_s(scores[i])) for j, i in enumerate(picks)]
 
 
-def _scored_objects(search: StrategySearch, raw: list[Strategy], k: int, tag: str, seen: set[str]) -> list[Proposal]:
+def _scored_objects(search: RoundContext, raw: list[Strategy], k: int, tag: str, seen: set[str]) -> list[Proposal]:
     """``raw``'s fresh strategies scored by the simulator, filtered by its fidelity level, ``k``
     of them picked for score and diversity (AutoDist §2.4)."""
     proposals = _fresh(search, raw, seen)
@@ -218,7 +216,7 @@ def _scored_objects(search: StrategySearch, raw: list[Strategy], k: int, tag: st
                      predicted=search.predicted_s(scores[elite[c]])) for j, c in enumerate(chosen)]
 
 
-def _split_step(search: StrategySearch, guided: GuidedSampler, out: list[Proposal], tag: str,
+def _split_step(search: RoundContext, guided: GuidedSampler, out: list[Proposal], tag: str,
                 seen: set[str]) -> list[Proposal]:
     """``out`` with its last pick replaced, on replicas of different measured speeds, by the best
     measured strategy with its batch split moved towards speed-proportional (a quarter, half,
@@ -251,14 +249,14 @@ class AutoDistPolicy:
     with ``incumbent_moves``, the best measured strategy one move away in place of the last pick;
     on replicas of different speeds, a step on the batch split in place of the last pick."""
 
-    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
-        seed, settings = round_seed(search.exp.seed, round_), search.settings
+    def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        seed, settings = round_seed(search.seed, round_), search.settings
         rng = random.Random(seed)
         guided = guided_sampler(search, seed)
-        tag, seen = f"r{round_}", search.seen()
+        tag, seen = f"r{round_}", set(search.seen)
         # Columns cannot hold shard units: a search that shards draws strategy objects.
         if (settings.generator == "sampler" and search.project is None and guided.speeds is None
-                and hasattr(search.simulator, "score_columns") and not search.shard_prob):
+                and search.simulator is not None and not search.shard_prob):
             out = _scored_columns(search, guided, k, tag, seen)
         elif settings.generator != "sampler":
             generator = ROUND_POLICIES.get(settings.generator)
@@ -278,7 +276,7 @@ class AutoDistPolicy:
         return _split_step(search, guided, out, tag, seen)
 
     @staticmethod
-    def incumbent_step(search: StrategySearch, taken: set[str]) -> tuple[Strategy, float] | None:
+    def incumbent_step(search: RoundContext, taken: set[str]) -> tuple[Strategy, float] | None:
         """The best measured strategy one move away, the move the simulator scores best among
         those not measured or proposed yet (``taken``): a compressor on every all-reduce merge
         group that takes it, hierarchical all-reduce, its merge groups halved or doubled (re-cut
@@ -318,11 +316,11 @@ class GeneticPolicy:
     strategies (crossover, mutation from a guided sample; guided samples while fewer than two
     were measured), scored, filtered and picked as ``autodist``'s proposals are."""
 
-    def propose(self, search: StrategySearch, round_: int, k: int) -> list[Proposal]:
-        seed = round_seed(search.exp.seed, round_)
+    def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        seed = round_seed(search.seed, round_)
         rng = random.Random(seed)
         guided = guided_sampler(search, seed)
-        tag, seen = f"r{round_}", search.seen()
+        tag, seen = f"r{round_}", set(search.seen)
         strategies, times_s = search.measured(search.fitted_on)
         if len(strategies) < 2:
             children = guided.sample_many(search.settings.proposals)
