@@ -11,7 +11,7 @@ import numpy as np
 
 from ..strategy.schema import Strategy
 
-__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "OPTIONAL_SIMULATOR_MEMBERS"]
+__all__ = ["Proposal", "SimulatorProtocol", "MemoryCheck", "OPTIONAL_SIMULATOR_MEMBERS", "scores_columns"]
 
 
 class SimulatorProtocol(Protocol):
@@ -58,6 +58,13 @@ class MemoryCheck(Protocol):
 
 #: What a simulator may also offer the search beyond :class:`SimulatorProtocol`'s two methods.
 OPTIONAL_SIMULATOR_MEMBERS = ("score_columns", "predicts_seconds", "fine_tune")
+
+
+def scores_columns(simulator: Any) -> bool:
+    """Whether ``simulator`` offers the optional ``score_columns`` (:data:`OPTIONAL_SIMULATOR_MEMBERS`):
+    the one place the search asks, so a round's proposals stay columns until picked wherever
+    the simulator can score them so."""
+    return callable(getattr(simulator, "score_columns", None))
 
 
 @dataclass(frozen=True, kw_only=True)
