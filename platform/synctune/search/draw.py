@@ -53,14 +53,15 @@ def first_rows(cols: StrategyColumns) -> np.ndarray:
     return first
 
 
-def keep_rows(cols: StrategyColumns, keep: np.ndarray,
+def keep_rows(cols: StrategyColumns, keep: np.ndarray | None,
               changes: Mapping[str, np.ndarray] | None = None) -> StrategyColumns:
     """``cols`` with the per-row columns of ``changes`` replaced (full-length arrays), then only
-    the rows where ``keep`` holds; offsets recounted, merge-group numbering rebuilt."""
+    the rows where ``keep`` holds (None: every row); offsets recounted, merge-group numbering
+    rebuilt."""
     rows = {name: getattr(cols, name) for name in COLUMN_DTYPES if name != "group_order"}
     for name, values in (changes or {}).items():
         rows[name] = np.asarray(values, COLUMN_DTYPES[name])
-    if not keep.all():
+    if keep is not None and not keep.all():
         rows = {name: values[keep] for name, values in rows.items()}
     counts = np.bincount(rows["sid"], minlength=cols.size)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
@@ -91,7 +92,7 @@ def renumber_ids(cols: StrategyColumns) -> StrategyColumns:
         return cols
     out = cols.group.copy()
     out[rows] = new
-    return keep_rows(cols, np.ones(len(out), bool), {"group": out})
+    return keep_rows(cols, None, {"group": out})
 
 
 def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> StrategyColumns:
