@@ -1,11 +1,15 @@
-"""Today's object sampler, kept unchanged as an independent reference for the column sampler.
+"""Today's object sampler, kept as an independent reference for the column sampler.
 
-This is ``synctune.search.sampler.GuidedSampler`` as it drew strategies object by object with
-Python's ``random`` before the column sampler became the only one (its column path, which drew
-no replica subsets and no shard plans, left out). ``tests/test_sampler_distributions.py`` draws
-a few hundred strategies from both and compares the distributions of what they decide: the
-random streams differ (Python's and numpy's), the knowledge constraints must not.
-Nothing in the package imports it.
+``synctune.search.sampler.GuidedSampler`` drew strategies object by object with Python's
+``random`` before the column sampler became the only one. Its drawing methods are here
+unchanged (``sample``, ``sharded`` and what they call: partitions, PS placement by load, merge
+groups by load, a compressor or hierarchical all-reduce per strategy, SFB, replica subsets,
+batch splits, shard units and their growth under ``fits``). What is not a draw comes from the
+package's sampler, which this class extends: the domain's figures (servers, NIC bandwidths,
+node speeds, the weights cheaper by SFB, the shardable variables) and the deterministic helpers
+(a compressor fitted to a shard, the batch split towards speed, replicas on some nodes). So what
+``tests/test_sampler_distributions.py`` compares is how the two draw: the random streams differ
+(Python's and numpy's), the knowledge constraints must not. Nothing in the package imports it.
 """
 
 from __future__ import annotations
@@ -13,221 +17,42 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from synctune.spec.cluster import ClusterSpec
-from synctune.spec.model import ModelSpec
-from synctune.strategy.compressors import COMPRESSORS, lossy_compressors
-from synctune.strategy.kinds import renumber_units
-from synctune.strategy.partition import shard_shapes
+from synctune.search import sampler as package
+from synctune.search.sampler import SHARD_MODES, canonical_groups, hsdp_size, module_at
+from synctune.strategy.compressors import lossy_compressors
 from synctune.strategy.schema import (
     SPARSE_GROUP_BASE,
     AllGatherSynchronizer,
     AllReduceSynchronizer,
-    Compressor,
     PSSynchronizer,
     SFBSynchronizer,
     ShardPlan,
     ShardSynchronizer,
     Strategy,
-    StrategyError,
     VariablePlan,
 )
-from synctune.strategy.validate import validate
+from synctune.strategy.partition import shard_shapes
 
-__all__ = ["GuidedSampler", "SHARD_MODES", "canonical_groups", "hsdp_size", "module_at", "shardable"]
+__all__ = ["GuidedSampler"]
 
 _RANKS = (1, 2, 4)  # the PowerSGD ranks a strategy draws from (fitted to each shard)
-_UNCOMPRESSED = Compressor()  # frozen: one object serves every shard that sends its gradient as it is
-#: How a sharded draw shards (:meth:`GuidedSampler.sample` with ``shard_prob``): ``zero2``, some
-#: modules' variables sharded without reshard beside the other plans (the engine runs it);
-#: ``fsdp``, every variable sharded, units resharded at a drawn rate (FSDP2 runs it).
-SHARD_MODES = ("zero2", "fsdp")
 #: The prefetch depths a resharded unit draws: FSDP2's default (1) or one unit more.
 _PREFETCH = (1, 2)
 
 
-def shardable(var) -> bool:
-    """Whether ``var`` may take a ``shard`` synchronizer: dense, not a scalar, float32 (what
-    :func:`synctune.strategy.validate.validate` accepts on an unpartitioned variable)."""
-    return not var.sparse and bool(var.shape) and var.dtype == "float32"
-
-
-def module_at(name: str, depth: int) -> str:
-    """The module holding variable ``name`` cut at ``depth`` (``blocks.0`` of
-    ``blocks.0.attn.q.weight`` at depth 2; ``""``, the root, for a top-level variable), as the
-    ``shard`` builder cuts units: every module at one depth is an FSDP2 ``fully_shard`` boundary."""
-    return ".".join(name.split(".")[:-1][:depth])
-
-
-def hsdp_size(strategy: Strategy, cluster: ClusterSpec) -> int | None:
-    """The shard-group size of HSDP that matches the nodes (one node's devices per group, the
-    groups all-reduced across nodes), or None where there is none: the replicas must be whole
-    nodes, more than one, and every node of the cluster the same number of devices, two or more."""
-    sizes = {node.num_devices for node in cluster.nodes}
-    if len(sizes) != 1 or min(sizes) < 2:
-        return None
-    held = set(strategy.replicas)
-    nodes = [node for node in cluster.nodes if held & set(node.devices)]
-    if len(nodes) < 2 or any(not set(node.devices) <= held for node in nodes):
-        return None
-    # Consecutive replicas form a group: each node's devices must be listed together.
-    owner = [cluster.node_of(d).name for d in strategy.replicas]
-    size = sizes.pop()
-    if any(len(set(owner[i:i + size])) != 1 for i in range(0, len(owner), size)):
-        return None
-    return size
-
-
-def canonical_groups(strategy: Strategy) -> Strategy:
-    """``strategy`` with its dense merge groups numbered by first appearance in plan (backward)
-    order, its sparse ones from :data:`SPARSE_GROUP_BASE`, and its ``shard`` units from 0 by first
-    appearance (:func:`synctune.strategy.kinds.renumber_units`): two strategies that group the
-    same shards the same way get the same hash, so neither is measured twice."""
-    return renumber_units(strategy)
-
-
-@dataclass
-class GuidedSampler:
-    """Strategies sampled under the papers' knowledge constraints (AutoDist §2.4, AutoSync §3.2).
-
-    - partitioning: never below ``small_bytes``, always above ``large_bytes`` (a variable that
-      large is bandwidth-bound on one flow), otherwise with probability ``partition_prob``;
-    - load balancing (c_lb): each PS shard's server node is drawn from a multinomial whose
-      weights grow with the node's NIC bandwidth and shrink with the bytes already placed there;
-    - adjacent merging (c_am): all-reduce shards join groups in backward order, and a group
-      closes once it holds its share of the strategy's all-reduce bytes, so groups have similar
-      loads.
-    Each strategy first draws its own PS share, local-aggregation rate and number of groups, so
-    a batch spans mostly-PS, mixed and mostly-all-reduce strategies. It also draws, with
-    ``compress_prob`` and only when ``lossy``, one lossy compressor for its dense messages (fp16
-    or bf16 on all-reduce and PS shards, PowerSGD of rank 1, 2 or 4 on all-reduce shards where
-    it fits: AutoSync's "message encoding"), else, with ``hierarchical_prob`` where every node
-    holds as many replicas, hierarchical all-reduce (reduce within nodes, all-reduce across, then
-    broadcast: Horovod's hierarchical mode). A merge group holds shards of one algorithm and one
-    compressor. On nodes of different measured speeds it also draws, with ``subset_prob``, a
-    replica subset without one node (the slower, the likelier: TAG §4.2's choice of which devices
-    hold replicas), and, with ``split_prob``, an uneven batch split. Where sufficient-factor
-    broadcasting sends fewer bytes than a ring all-reduce for some linear weights (N·b·rows·
-    (H_in + H_out) < 2·H_in·H_out: TAG §4.2.3's per-variable choice), a strategy draws with
-    ``sfb_prob`` a rate at which those weights take it.
-
-    With ``shard_prob`` (> 0; at 0 nothing more is drawn, so every random stream stays as it
-    was), a draw is then turned into sharded data parallelism (DESIGN.md "shard"; ZeRO, FSDP2),
-    in one of :data:`SHARD_MODES`: units are the modules at a depth drawn from the model's
-    (:func:`module_at`, the ``shard`` builder's cut); ``zero2`` shards, at a drawn rate per
-    unit, the shardable variables of each unit (no reshard), the others keeping their plans;
-    ``fsdp`` (only where every variable is shardable) shards every variable and reshards each
-    unit at a drawn rate, prefetching 1 or 2 units. One shard group per strategy (every replica,
-    or HSDP over the nodes where :func:`hsdp_size` finds it) and one reduce dtype (bf16 only
-    when ``lossy``). The replica subset and batch split drawn before are kept.
-
-    With ``fits`` (a memory budget's predicate: :class:`synctune.simulator.memory.MemoryBudget`'s
-    ``fits``), a sharded draw the budget does not hold is grown until it does, with no further
-    draw from the stream: the modules left replicated join units, the largest first, and where
-    every module is a unit and it still does not fit, the shard group widens from one node
-    (HSDP) to every replica, and then the units reshard, the largest first
-    (only where every variable is shardable: FSDP2 runs a resharded unit). What then still does
-    not fit is returned as it is, for the search's filter to drop. This is ZeRO's order of
-    stages (ZeRO §5: shard optimizer state and gradients first, parameters only where that is
-    not enough), per module; without it, under a budget replicated training does not fit, a
-    zero2 draw shards a random share of modules and almost never fits.
-    """
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    seed: int = 0
-    small_bytes: int = 256 * 1024
-    large_bytes: int = 64 * 1024 * 1024
-    partition_prob: float = 0.3
-    max_shards: int = 8
-    lossy: bool = True
-    compress_prob: float = 0.3
-    hierarchical_prob: float = 0.3
-    split_prob: float = 0.6
-    subset_prob: float = 0.25
-    sfb_prob: float = 0.5
-    shard_prob: float = 0.0
-    fits: Callable[[Strategy], bool] | None = None
+class GuidedSampler(package.GuidedSampler):
+    """The guided sampler as it drew objects (the package sampler's class docstring says what
+    it draws); every draw from ``random.Random(seed)``."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
-            raise ValueError(f"GuidedSampler: shard_prob: expected a probability in [0, 1], got {self.shard_prob!r}")
+        super().__post_init__()
         self.rng = random.Random(self.seed)
-        self.servers = [node.devices[0] for node in self.cluster.nodes]
-        self.nic = [node.nic_gbps for node in self.cluster.nodes]
-        self.even_nodes = len({node.num_devices for node in self.cluster.nodes}) == 1
-        # Per replica, its node's measured compute speed (calibrated clusters): where they differ,
-        # proposals also split the batch unevenly (TAG §4.2's batch split).
-        speeds = [node.compute_gflops for node in self.cluster.nodes for _ in node.devices]
-        self.speeds = speeds if all(speeds) and len(set(speeds)) > 1 else None
-        self.device_speed = dict(zip(self.cluster.devices, speeds))
-        n = self.cluster.num_devices
-        self.sfb_cheaper = {v.name for v, r in zip(self.model.variables, self.model.factor_rows or ())
-                            if r and n * self.model.batch_size * r * (v.shape[0] + v.shape[1]) < 2 * v.num_elements}
-        self.shardable = {v.name for v in self.model.variables if shardable(v)}
         #: The deepest module of any variable (1 at least: depth 1 cuts at the root's children).
         self.max_depth = max(1, max((v.name.count(".") for v in self.model.variables), default=1))
 
-    def with_sfb(self, strategy: Strategy) -> Strategy:
-        """``strategy`` with sufficient-factor broadcasting for the linear weights whose factors are
-        fewer bytes than their gradient (:attr:`sfb_cheaper`), each whole."""
-        plans = tuple(VariablePlan(variable=p.variable, partition=(1,) * len(p.partition), shards=(ShardPlan(
-            synchronizer=SFBSynchronizer()),)) if p.variable in self.sfb_cheaper else p for p in strategy.plans)
-        return dataclasses.replace(strategy, plans=plans)
-
-    def split_towards_speed(self, strategy: Strategy, t: float) -> Strategy:
-        """``strategy`` with its global batch split a fraction ``t`` of the way from even
-        (``t`` = 0) to proportional to the replicas' measured speeds (``t`` = 1)."""
-        speeds = [self.device_speed[d] or 1.0 for d in strategy.replicas]
-        fastest = max(speeds)
-        weights = [(1 - t) + t * x / fastest for x in speeds]
-        total = strategy.global_batch_size
-        raw = [total * w / sum(weights) for w in weights]
-        split = [max(1, int(r)) for r in raw]
-        # Largest remainders first, until the split sums to the global batch again.
-        order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
-        i = 0
-        while sum(split) < total:
-            split[order[i % len(order)]] += 1
-            i += 1
-        while sum(split) > total:
-            j = max(range(len(split)), key=lambda k: split[k])
-            split[j] -= 1
-        return dataclasses.replace(strategy, batch_split=tuple(split))
-
-    def on_nodes(self, strategy: Strategy, nodes: list[int]) -> Strategy:
-        """``strategy`` replicated on every device of the cluster's ``nodes`` only (TAG §4.2:
-        which devices hold replicas), the global batch split evenly over them; PS shards placed
-        on a node left out move to the kept nodes' first devices in turn."""
-        keep = [d for j in sorted(nodes) for d in self.cluster.nodes[j].devices]
-        kept = set(keep)
-        servers = [self.servers[j] for j in sorted(nodes)]
-        total = strategy.global_batch_size
-        split = [total // len(keep) + (1 if i < total % len(keep) else 0) for i in range(len(keep))]
-        plans, moved = [], 0
-        for plan in strategy.plans:
-            shards = []
-            for shard in plan.shards:
-                sync = shard.synchronizer
-                if isinstance(sync, PSSynchronizer) and sync.placement not in kept:
-                    sync = dataclasses.replace(sync, placement=servers[moved % len(servers)])
-                    shard = dataclasses.replace(shard, synchronizer=sync)
-                    moved += 1
-                shards.append(shard)
-            plans.append(dataclasses.replace(plan, shards=tuple(shards)))
-        return dataclasses.replace(strategy, replicas=tuple(keep), batch_split=tuple(split), plans=tuple(plans))
-
-    def without_node(self, strategy: Strategy, out: int) -> Strategy | None:
-        """:meth:`on_nodes` every node but ``out``; None where that strategy is not valid (e.g. a
-        hierarchical all-reduce left on one node)."""
-        candidate = self.on_nodes(strategy, [j for j in range(len(self.cluster.nodes)) if j != out])
-        try:
-            validate(candidate, self.model, self.cluster)
-        except StrategyError:
-            return None
-        return candidate
+    def _compressor(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str):
+        return self.compressor_for(kind, rank, var, shard_shape, sync_kind)
 
     def _subset(self, strategy: Strategy) -> Strategy:
         """On nodes of different measured speeds and with ``subset_prob``: ``strategy`` without
@@ -247,18 +72,6 @@ class GuidedSampler:
         if self.speeds is None or self.rng.random() >= self.split_prob:
             return strategy
         return self.split_towards_speed(strategy, self.rng.random())
-
-    def _compressor(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str) -> Compressor:
-        """``kind`` where it applies to this shard (dense, its synchronizer, its shape), else none."""
-        info = COMPRESSORS.get(kind)
-        if kind == "none" or var.sparse or sync_kind not in info.synchronizers:
-            return _UNCOMPRESSED
-        if "rank" in info.params:
-            fitted = info.fit(shard_shape, rank)
-            if fitted is None or info.problem(shard_shape, fitted):
-                return _UNCOMPRESSED
-            return Compressor(kind=kind, rank=fitted)
-        return _UNCOMPRESSED if info.problem(shard_shape, None) else Compressor(kind=kind)
 
     def _partition(self, var) -> list[int]:
         partition = [1] * len(var.shape)
