@@ -22,12 +22,13 @@ from typing import ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from synctune.engine.compress import make_compressor  # noqa: E402
 from synctune.engine.kinds import EngineKind, register_engine_kind  # noqa: E402
 from synctune.engine.units import AllReduceUnit  # noqa: E402
-from synctune.search.draw import keep_rows, renumber_ids  # noqa: E402
+from synctune.search.draw import edited  # noqa: E402
 from synctune.search.kinds import Choice, SearchKind, register_search_kind  # noqa: E402
 from synctune.simulator.kinds import MemoryKind, register_memory_kind  # noqa: E402
 from synctune.strategy import ShardPlan, VariablePlan  # noqa: E402
@@ -102,9 +103,7 @@ def _draw(ctx, cols):
     chosen = ctx.rng.random(cols.size) < ctx.rate
     rows = (chosen[cols.sid] & (cols.kind == KIND_CODES["allreduce"]) & (cols.group < SPARSE_GROUP_BASE)
             & (cols.comp == 0) & ~cols.hier)
-    kind = cols.kind.copy()
-    kind[rows] = KIND_CODES[KIND]
-    return renumber_ids(keep_rows(cols, None, {"kind": kind}))
+    return edited(cols, at=np.flatnonzero(rows), values={"kind": KIND_CODES[KIND]}, renumber=chosen)
 
 
 def _choices(space, strategy, coordinate):

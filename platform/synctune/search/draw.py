@@ -20,7 +20,7 @@ import numpy as np
 from ..strategy.columns import COLUMN_DTYPES, StrategyColumns
 from ..strategy.kinds import SPARSE_GROUP_BASE
 
-__all__ = ["DrawContext", "first_rows", "keep_rows", "renumber_ids", "splice"]
+__all__ = ["DrawContext", "edited", "first_rows", "splice"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,46 +53,61 @@ def first_rows(cols: StrategyColumns) -> np.ndarray:
     return first
 
 
-def keep_rows(cols: StrategyColumns, keep: np.ndarray | None,
-              changes: Mapping[str, np.ndarray] | None = None) -> StrategyColumns:
-    """``cols`` with the per-row columns of ``changes`` replaced (full-length arrays), then only
-    the rows where ``keep`` holds (None: every row); offsets recounted, merge-group numbering
-    rebuilt."""
+def edited(cols: StrategyColumns, *, at: np.ndarray | None = None, values: Mapping[str, Any] | None = None,
+           keep: np.ndarray | None = None, renumber: np.ndarray | None = None) -> StrategyColumns:
+    """``cols`` with rows ``at`` (indices) given ``values`` (column name -> a value or one per
+    row of ``at``), then only the rows where ``keep`` holds (None: every row; the rows ``at``
+    must be kept), and the merge ids of the strategies ``renumber`` (a mask per strategy)
+    numbered by first appearance per strategy, kind and space (ids from
+    :data:`~synctune.strategy.kinds.SPARSE_GROUP_BASE` on, the sparse merge groups, in a space of
+    their own: the columns' twin of :func:`~synctune.strategy.kinds.renumber_units`, so equal
+    groupings hash equal once made objects); offsets recounted, merge-group numbering rebuilt.
+    ``cols`` is left as it is."""
+    if values and at is None:
+        raise ValueError("edited: at: expected the indices of the rows values are written to, got None")
     rows = {name: getattr(cols, name) for name in COLUMN_DTYPES if name != "group_order"}
-    for name, values in (changes or {}).items():
-        rows[name] = np.asarray(values, COLUMN_DTYPES[name])
+    fresh: set[str] = set()
     if keep is not None and not keep.all():
-        rows = {name: values[keep] for name, values in rows.items()}
+        if at is not None:
+            at = (np.cumsum(keep) - 1)[at]
+        index = np.flatnonzero(keep)
+        rows = {name: column.take(index) for name, column in rows.items()}
+        fresh = set(rows)
+    for name, value in (values or {}).items():
+        if name not in fresh:  # a column of ``cols``: copied before it is written
+            rows[name] = rows[name].copy()
+        rows[name][at] = value
+    if renumber is not None:
+        group = _renumbered(rows["sid"], rows["kind"], rows["group"], renumber)
+        if group is not None:
+            rows["group"] = group
     counts = np.bincount(rows["sid"], minlength=cols.size)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return StrategyColumns(model=cols.model, cluster=cols.cluster, offsets=offsets, batch_split=cols.batch_split,
                            **rows)
 
 
-def renumber_ids(cols: StrategyColumns) -> StrategyColumns:
-    """``cols`` with every merge id (``group`` >= 0: all-reduce merge groups, ``shard`` units, a
-    registered kind's units) numbered by first appearance per strategy, kind and space (ids from
-    :data:`~synctune.strategy.kinds.SPARSE_GROUP_BASE` on, the sparse merge groups, in a space of
-    their own): the columns' twin of :func:`~synctune.strategy.kinds.renumber_units`, so equal
-    groupings hash equal once made objects."""
-    rows = np.flatnonzero(cols.group >= 0)
+def _renumbered(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, strategies: np.ndarray) -> np.ndarray | None:
+    """``group`` with the merge ids of the ``strategies`` (a mask) renumbered (:func:`edited`);
+    None where they are numbered so already."""
+    rows = np.flatnonzero((group >= 0) & strategies[sid])
     if not len(rows):
-        return cols
-    group = cols.group[rows]
-    space = np.where(group >= SPARSE_GROUP_BASE, SPARSE_GROUP_BASE, 0)
-    owner = (cols.sid[rows] * 256 + cols.kind[rows].astype(np.int64)) * 2 + (space > 0)
-    _, first, inverse = np.unique(owner * (int(group.max()) + 1) + group, return_index=True, return_inverse=True)
+        return None
+    ids = group[rows]
+    space = np.where(ids >= SPARSE_GROUP_BASE, SPARSE_GROUP_BASE, 0)
+    owner = (sid[rows] * 256 + kind[rows].astype(np.int64)) * 2 + (space > 0)
+    _, first, inverse = np.unique(owner * (int(ids.max()) + 1) + ids, return_index=True, return_inverse=True)
     # Ids of one (strategy, kind, space) ranked by the row where each first appears.
     by_owner = np.lexsort((first, owner[first]))
     starts = np.r_[0, np.flatnonzero(np.diff(owner[first][by_owner])) + 1]
     rank = np.empty(len(first), np.int64)
     rank[by_owner] = np.arange(len(first)) - np.repeat(starts, np.diff(np.r_[starts, len(first)]))
     new = space + rank[inverse.ravel()]
-    if np.array_equal(new, group):
-        return cols
-    out = cols.group.copy()
+    if np.array_equal(new, ids):
+        return None
+    out = group.copy()
     out[rows] = new
-    return keep_rows(cols, None, {"group": out})
+    return out
 
 
 def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> StrategyColumns:

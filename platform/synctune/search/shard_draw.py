@@ -33,7 +33,7 @@ import numpy as np
 from ..strategy.columns import KIND_CODES, StrategyColumns
 from ..strategy.kinds import REDUCE_DTYPES, renumber_units
 from ..strategy.schema import Compressor, ShardPlan, ShardSynchronizer, Strategy, VariablePlan
-from .draw import DrawContext, first_rows, keep_rows, renumber_ids, splice
+from .draw import DrawContext, edited, first_rows, splice
 
 __all__ = ["SHARD_MODES", "ShardLayout", "draw_shard_units", "hsdp_size", "hsdp_sizes", "module_at", "shardable"]
 
@@ -153,83 +153,83 @@ def draw_shard_units(ctx: DrawContext, cols: StrategyColumns, mode: str | None =
     module docstring), in ``mode`` (one of :data:`SHARD_MODES`; None: ``fsdp`` or ``zero2``
     with even odds where every variable is shardable, else ``zero2``). Units a strategy holds
     already are kept where their variables' modules are not drawn; every unit id and merge
-    group is then numbered by first appearance."""
+    group is then numbered by first appearance. Only the strategies drawn for it draw more,
+    one slot per module at their depth (so the draw's memory follows the modules, not the
+    strategies times the variables)."""
     layout = shard_layout(ctx.model, ctx.memo)
     n = cols.size
     if not layout.names or not n:
         return cols
     rng = ctx.rng
-    drawn = rng.random(n) < ctx.rate
-    if mode is None:
-        fsdp = (rng.random(n) < 0.5) if layout.every else np.zeros(n, bool)
-    else:
-        fsdp = np.full(n, mode == SHARD_MODES[1])
-    depth = rng.integers(1, layout.max_depth + 1, n)
     held = cols.splits() > 0
-    hsdp = hsdp_sizes(held, ctx.cluster)
-    group = np.where((hsdp > 0) & (rng.random(n) < 0.5), hsdp, 0)
-    bf16 = (rng.random(n) < 0.5) if ctx.lossy else np.zeros(n, bool)
-    rate = rng.random(n)
-    width = int(layout.counts.max())
-    u = rng.random((2, n, width))
-    one = rng.random(n)
-    eligible = drawn & (held.sum(1) >= 2)
+    picked = np.flatnonzero((rng.random(n) < ctx.rate) & (held.sum(1) >= 2))
+    m = len(picked)
+    if not m:
+        return cols
+    if mode is None:
+        fsdp = (rng.random(m) < 0.5) if layout.every else np.zeros(m, bool)
+    else:
+        fsdp = np.full(m, mode == SHARD_MODES[1])
+    depth = rng.integers(1, layout.max_depth + 1, m)
+    hsdp = hsdp_sizes(held[picked], ctx.cluster)
+    group = np.where((hsdp > 0) & (rng.random(m) < 0.5), hsdp, 0)
+    bf16 = (rng.random(m) < 0.5) if ctx.lossy else np.zeros(m, bool)
+    rate = rng.random(m)
+    one = rng.random(m)
+    # One slot per module at each picked strategy's depth: slots[e]..slots[e + 1] - 1.
     count = layout.counts[depth]
-    valid = np.arange(width)[None, :] < count[:, None]
+    slots = np.r_[0, np.cumsum(count)].astype(np.int64)
+    owner = np.repeat(np.arange(m), count)
+    u = rng.random((2, int(slots[-1])))
     # Per module: zero2 shards it at the drawn rate (one at least: a sharded draw shards
     # something); fsdp shards every module and reshards it at the drawn rate.
-    hit = (u[0] < rate[:, None]) & valid
-    chosen = np.where(fsdp[:, None], valid, hit)
-    empty = np.flatnonzero(~chosen.any(1))
-    chosen[empty, np.minimum((one[empty] * count[empty]).astype(np.int64), count[empty] - 1)] = True
-    reshard = fsdp[:, None] & hit
+    hit = u[0] < rate[owner]
+    chosen = fsdp[owner] | hit
+    empty = np.flatnonzero(np.bincount(owner, weights=chosen, minlength=m) == 0)
+    chosen[slots[empty] + np.minimum((one[empty] * count[empty]).astype(np.int64), count[empty] - 1)] = True
+    reshard = fsdp[owner] & hit
     prefetch = np.where(reshard, np.asarray(_PREFETCH)[np.minimum((u[1] * len(_PREFETCH)).astype(np.int64),
                                                                   len(_PREFETCH) - 1)], 0)
-    # Per (strategy, variable): whether it joins a unit, which, and the unit's options.
-    vm = layout.var_module[depth]
-    at = np.maximum(vm, 0)
-    on = eligible[:, None] & (vm >= 0) & np.take_along_axis(chosen, at, 1)
-    if not on.any():
-        return cols
+    ranked = np.cumsum(chosen)
+    unit_of = ranked - 1 - np.r_[0, ranked][slots[:-1]][owner]  # a chosen module's unit, 0.. per strategy
     # New units are numbered after the units a strategy holds already (renumbered below).
-    shard_rows = cols.shard_group >= 0
     base = np.zeros(n, np.int64)
+    shard_rows = cols.shard_group >= 0
     np.maximum.at(base, cols.sid[shard_rows], cols.group[shard_rows] + 1)
-    unit = base[:, None] + np.take_along_axis(np.cumsum(chosen, 1) - 1, at, 1)
-    sid, var = cols.sid, cols.var
-    row_on = on[sid, var]
-    rows = np.flatnonzero(row_on)
-    sr, vr = sid[rows], var[rows]
-
-    def put(name: str, values) -> np.ndarray:
-        out = getattr(cols, name).copy()
-        out[rows] = values
-        return out
-
-    changes = {"axis": put("axis", 0), "nshards": put("nshards", 1), "kind": put("kind", KIND_CODES["shard"]),
-               "node": put("node", -1), "local": put("local", False), "group": put("group", unit[sr, vr]),
-               "hier": put("hier", False), "comp": put("comp", Compressor().info.code), "rank": put("rank", 0),
-               "frac": put("frac", layout.frac[vr]), "ratio": put("ratio", layout.ratio[vr]),
-               "shard_group": put("shard_group", group[sr]),
-               "reshard": put("reshard", np.take_along_axis(reshard, at, 1)[sr, vr]),
-               "prefetch": put("prefetch", np.take_along_axis(prefetch, at, 1)[sr, vr]),
-               "reduce_dtype": put("reduce_dtype", np.where(bf16[sr], REDUCE_DTYPES.index("bf16"),
-                                                            REDUCE_DTYPES.index("fp32")))}
-    out = renumber_ids(keep_rows(cols, ~row_on | first_rows(cols), changes))
+    # The rows of picked strategies whose variable's module is chosen.
+    which = np.full(n, -1, np.int64)
+    which[picked] = np.arange(m)
+    rows = np.flatnonzero(which[cols.sid] >= 0)
+    e = which[cols.sid[rows]]
+    module = layout.var_module[depth[e], cols.var[rows]]
+    slot = slots[e] + np.maximum(module, 0)
+    on = (module >= 0) & chosen[slot]
+    rows, e, slot = rows[on], e[on], slot[on]
+    row_on = np.zeros(len(cols.sid), bool)
+    row_on[rows] = True
+    vr = cols.var[rows]
+    values = {"axis": 0, "nshards": 1, "kind": KIND_CODES["shard"], "node": -1, "local": False,
+              "group": base[cols.sid[rows]] + unit_of[slot], "hier": False, "comp": Compressor().info.code, "rank": 0,
+              "frac": layout.frac[vr], "ratio": layout.ratio[vr], "shard_group": group[e], "reshard": reshard[slot],
+              "prefetch": prefetch[slot],
+              "reduce_dtype": np.where(bf16[e], REDUCE_DTYPES.index("bf16"), REDUCE_DTYPES.index("fp32"))}
+    touched = np.zeros(n, bool)
+    touched[picked] = True
+    out = edited(cols, at=rows, values=values, keep=~row_on | first_rows(cols), renumber=touched)
     if ctx.fits is None:
         return out
     grown = {}
-    for i in np.flatnonzero(on.any(1)):
-        drawn_i = out.strategy(int(i))
-        if ctx.fits(drawn_i):
+    for k, i in enumerate(picked.tolist()):
+        drawn = out.strategy(i)
+        if ctx.fits(drawn):
             continue
-        d = int(depth[i])
-        options = {layout.modules[d][m]: (bool(reshard[i, m]), int(prefetch[i, m]))
-                   for m in np.flatnonzero(chosen[i, :count[i]])}
-        units = Units(layout=layout, depth=d, group=int(group[i]), reduce_dtype="bf16" if bf16[i] else "fp32",
+        d, lo, hi = int(depth[k]), int(slots[k]), int(slots[k + 1])
+        options = {layout.modules[d][j]: (bool(reshard[lo + j]), int(prefetch[lo + j]))
+                   for j in np.flatnonzero(chosen[lo:hi]).tolist()}
+        units = Units(layout=layout, depth=d, group=int(group[k]), reduce_dtype="bf16" if bf16[k] else "fp32",
                       base=int(base[i]))
-        fitted = grow(cols.strategy(int(i)), drawn_i, units, options, ctx.fits)
-        grown[int(i)] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
+        fitted = grow(cols.strategy(i), drawn, units, options, ctx.fits)
+        grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
     return splice(out, grown)
 
 
