@@ -298,17 +298,9 @@ class GuidedSampler:
         shardable variable, or a single replica: a shard group of one shards nothing). The
         result is made of columns: a PS shard placed on its node's first device, no staleness
         bound, replicas in device order (as every sampler draws them)."""
-        if mode is not None and mode not in SHARD_MODES:
-            raise ValueError(f"GuidedSampler.sharded: mode: expected one of {SHARD_MODES}, got {mode!r}")
-        layout = shard_layout(self.model, self._memo)
-        if mode == SHARD_MODES[1] and not layout.every:
-            odd = next(v.name for v in self.model.variables if v.name not in layout.names)
-            raise ValueError(f"GuidedSampler.sharded: mode fsdp shards every variable, and {odd!r} cannot be "
-                             f"sharded (sparse, scalar or not float32); use mode zero2")
-        if not layout.names or len(strategy.replicas) < 2:
-            return strategy
         cols = StrategyColumns.from_strategies(self.model, self.cluster, [strategy])
-        return draw_shard_units(self._context(1.0), cols, mode=mode).strategy(0)
+        out = draw_shard_units(self._context(1.0), cols, mode=mode)
+        return strategy if out is cols else out.strategy(0)
 
     # ------------------------------------------------------------------ columns
     def _context(self, rate: float) -> DrawContext:

@@ -35,7 +35,8 @@ from ..strategy.kinds import REDUCE_DTYPES, renumber_units
 from ..strategy.schema import Compressor, ShardPlan, ShardSynchronizer, Strategy, VariablePlan
 from .draw import DrawContext, edited, first_rows, splice
 
-__all__ = ["SHARD_MODES", "ShardLayout", "draw_shard_units", "hsdp_size", "hsdp_sizes", "module_at", "shardable"]
+__all__ = ["SHARD_MODES", "ModuleDraw", "ShardLayout", "Units", "draw_shard_units", "grow", "hsdp_size", "hsdp_sizes",
+           "module_at", "shard_layout", "shardable"]
 
 #: How a sharded draw shards: ``zero2``, some modules' variables sharded without reshard beside
 #: the other plans (the engine runs it); ``fsdp``, every variable sharded, units resharded at a
@@ -148,88 +149,122 @@ def shard_layout(model: Any, memo: dict) -> ShardLayout:
     return layout
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModuleDraw:
+    """What the strategies picked for a shard draw drew: per strategy whether it is an ``fsdp``
+    draw, its module ``depth``, its shard ``group`` (0: every replica, else HSDP's size) and
+    whether it reduces in ``bf16``; per module at its depth one slot (strategy ``k``'s are
+    ``slots[k]`` to ``slots[k + 1] - 1``, modules in first-appearance order): whether the module
+    is ``chosen`` as a unit, that unit's rank among the strategy's chosen modules (``unit``),
+    and its ``reshard`` and ``prefetch``."""
+
+    fsdp: np.ndarray
+    depth: np.ndarray
+    group: np.ndarray
+    bf16: np.ndarray
+    slots: np.ndarray
+    chosen: np.ndarray
+    unit: np.ndarray
+    reshard: np.ndarray
+    prefetch: np.ndarray
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator, layout: ShardLayout, hsdp: np.ndarray, lossy: bool,
+             mode: str | None) -> "ModuleDraw":
+        """The draw of ``len(hsdp)`` strategies (``hsdp``: each one's HSDP group size, 0 where
+        there is none), from ``rng``: one uniform per module at a strategy's depth, so its
+        memory follows the modules, not the strategies times the variables."""
+        m = len(hsdp)
+        if mode is None:
+            fsdp = (rng.random(m) < 0.5) if layout.every else np.zeros(m, bool)
+        else:
+            fsdp = np.full(m, mode == SHARD_MODES[1])
+        depth = rng.integers(1, layout.max_depth + 1, m)
+        group = np.where((hsdp > 0) & (rng.random(m) < 0.5), hsdp, 0)
+        bf16 = (rng.random(m) < 0.5) if lossy else np.zeros(m, bool)
+        rate, one = rng.random(m), rng.random(m)
+        count = layout.counts[depth]
+        slots = np.r_[0, np.cumsum(count)].astype(np.int64)
+        owner = np.repeat(np.arange(m), count)
+        u = rng.random((2, int(slots[-1])))
+        # zero2 makes each module a unit at the drawn rate (one at least: a sharded draw shards
+        # something); fsdp makes every module a unit and reshards it at the drawn rate.
+        hit = u[0] < rate[owner]
+        chosen = fsdp[owner] | hit
+        empty = np.flatnonzero(np.bincount(owner, weights=chosen, minlength=m) == 0)
+        chosen[slots[empty] + np.minimum((one[empty] * count[empty]).astype(np.int64), count[empty] - 1)] = True
+        reshard = fsdp[owner] & hit
+        pick = np.minimum((u[1] * len(_PREFETCH)).astype(np.int64), len(_PREFETCH) - 1)
+        prefetch = np.where(reshard, np.asarray(_PREFETCH)[pick], 0)
+        ranked = np.cumsum(chosen)
+        unit = ranked - 1 - np.r_[0, ranked][slots[:-1]][owner]
+        return cls(fsdp=fsdp, depth=depth, group=group, bf16=bf16, slots=slots, chosen=chosen, unit=unit,
+                   reshard=reshard, prefetch=prefetch)
+
+    def options(self, k: int, layout: ShardLayout) -> dict[str, tuple[bool, int]]:
+        """Strategy ``k``'s chosen modules -> (reshard, prefetch)."""
+        lo, hi = int(self.slots[k]), int(self.slots[k + 1])
+        modules = layout.modules[int(self.depth[k])]
+        return {modules[j]: (bool(self.reshard[lo + j]), int(self.prefetch[lo + j]))
+                for j in np.flatnonzero(self.chosen[lo:hi]).tolist()}
+
+
 def draw_shard_units(ctx: DrawContext, cols: StrategyColumns, mode: str | None = None) -> StrategyColumns:
     """``cols`` with each strategy, at ``ctx.rate``, turned into sharded data parallelism (the
     module docstring), in ``mode`` (one of :data:`SHARD_MODES`; None: ``fsdp`` or ``zero2``
     with even odds where every variable is shardable, else ``zero2``). Units a strategy holds
     already are kept where their variables' modules are not drawn; every unit id and merge
-    group is then numbered by first appearance. Only the strategies drawn for it draw more,
-    one slot per module at their depth (so the draw's memory follows the modules, not the
-    strategies times the variables)."""
+    group of a drawn strategy is then numbered by first appearance."""
     layout = shard_layout(ctx.model, ctx.memo)
+    if mode is not None and mode not in SHARD_MODES:
+        raise ValueError(f"draw_shard_units: mode: expected one of {SHARD_MODES}, got {mode!r}")
+    if mode == SHARD_MODES[1] and not layout.every:
+        odd = next(v.name for v in ctx.model.variables if v.name not in layout.names)
+        raise ValueError(f"draw_shard_units: mode fsdp shards every variable, and {odd!r} cannot be sharded "
+                         f"(sparse, scalar or not float32); use mode zero2")
     n = cols.size
     if not layout.names or not n:
         return cols
-    rng = ctx.rng
     held = cols.splits() > 0
-    picked = np.flatnonzero((rng.random(n) < ctx.rate) & (held.sum(1) >= 2))
-    m = len(picked)
-    if not m:
+    picked = np.flatnonzero((ctx.rng.random(n) < ctx.rate) & (held.sum(1) >= 2))
+    if not len(picked):
         return cols
-    if mode is None:
-        fsdp = (rng.random(m) < 0.5) if layout.every else np.zeros(m, bool)
-    else:
-        fsdp = np.full(m, mode == SHARD_MODES[1])
-    depth = rng.integers(1, layout.max_depth + 1, m)
-    hsdp = hsdp_sizes(held[picked], ctx.cluster)
-    group = np.where((hsdp > 0) & (rng.random(m) < 0.5), hsdp, 0)
-    bf16 = (rng.random(m) < 0.5) if ctx.lossy else np.zeros(m, bool)
-    rate = rng.random(m)
-    one = rng.random(m)
-    # One slot per module at each picked strategy's depth: slots[e]..slots[e + 1] - 1.
-    count = layout.counts[depth]
-    slots = np.r_[0, np.cumsum(count)].astype(np.int64)
-    owner = np.repeat(np.arange(m), count)
-    u = rng.random((2, int(slots[-1])))
-    # Per module: zero2 shards it at the drawn rate (one at least: a sharded draw shards
-    # something); fsdp shards every module and reshards it at the drawn rate.
-    hit = u[0] < rate[owner]
-    chosen = fsdp[owner] | hit
-    empty = np.flatnonzero(np.bincount(owner, weights=chosen, minlength=m) == 0)
-    chosen[slots[empty] + np.minimum((one[empty] * count[empty]).astype(np.int64), count[empty] - 1)] = True
-    reshard = fsdp[owner] & hit
-    prefetch = np.where(reshard, np.asarray(_PREFETCH)[np.minimum((u[1] * len(_PREFETCH)).astype(np.int64),
-                                                                  len(_PREFETCH) - 1)], 0)
-    ranked = np.cumsum(chosen)
-    unit_of = ranked - 1 - np.r_[0, ranked][slots[:-1]][owner]  # a chosen module's unit, 0.. per strategy
+    drawn = ModuleDraw.draw(ctx.rng, layout, hsdp_sizes(held[picked], ctx.cluster), ctx.lossy, mode)
     # New units are numbered after the units a strategy holds already (renumbered below).
     base = np.zeros(n, np.int64)
     shard_rows = cols.shard_group >= 0
     np.maximum.at(base, cols.sid[shard_rows], cols.group[shard_rows] + 1)
-    # The rows of picked strategies whose variable's module is chosen.
+    # The rows of picked strategies whose variable's module is chosen: the first shard of each
+    # becomes the variable's shard row, the others go.
     which = np.full(n, -1, np.int64)
-    which[picked] = np.arange(m)
+    which[picked] = np.arange(len(picked))
     rows = np.flatnonzero(which[cols.sid] >= 0)
-    e = which[cols.sid[rows]]
-    module = layout.var_module[depth[e], cols.var[rows]]
-    slot = slots[e] + np.maximum(module, 0)
-    on = (module >= 0) & chosen[slot]
-    rows, e, slot = rows[on], e[on], slot[on]
+    k = which[cols.sid[rows]]
+    module = layout.var_module[drawn.depth[k], cols.var[rows]]
+    slot = drawn.slots[k] + np.maximum(module, 0)
+    on = (module >= 0) & drawn.chosen[slot]
+    rows, k, slot = rows[on], k[on], slot[on]
     row_on = np.zeros(len(cols.sid), bool)
     row_on[rows] = True
-    vr = cols.var[rows]
+    var = cols.var[rows]
     values = {"axis": 0, "nshards": 1, "kind": KIND_CODES["shard"], "node": -1, "local": False,
-              "group": base[cols.sid[rows]] + unit_of[slot], "hier": False, "comp": Compressor().info.code, "rank": 0,
-              "frac": layout.frac[vr], "ratio": layout.ratio[vr], "shard_group": group[e], "reshard": reshard[slot],
-              "prefetch": prefetch[slot],
-              "reduce_dtype": np.where(bf16[e], REDUCE_DTYPES.index("bf16"), REDUCE_DTYPES.index("fp32"))}
+              "group": base[cols.sid[rows]] + drawn.unit[slot], "hier": False, "comp": Compressor().info.code,
+              "rank": 0, "frac": layout.frac[var], "ratio": layout.ratio[var], "shard_group": drawn.group[k],
+              "reshard": drawn.reshard[slot], "prefetch": drawn.prefetch[slot],
+              "reduce_dtype": np.where(drawn.bf16[k], REDUCE_DTYPES.index("bf16"), REDUCE_DTYPES.index("fp32"))}
     touched = np.zeros(n, bool)
     touched[picked] = True
     out = edited(cols, at=rows, values=values, keep=~row_on | first_rows(cols), renumber=touched)
     if ctx.fits is None:
         return out
     grown = {}
-    for k, i in enumerate(picked.tolist()):
-        drawn = out.strategy(i)
-        if ctx.fits(drawn):
-            continue
-        d, lo, hi = int(depth[k]), int(slots[k]), int(slots[k + 1])
-        options = {layout.modules[d][j]: (bool(reshard[lo + j]), int(prefetch[lo + j]))
-                   for j in np.flatnonzero(chosen[lo:hi]).tolist()}
-        units = Units(layout=layout, depth=d, group=int(group[k]), reduce_dtype="bf16" if bf16[k] else "fp32",
-                      base=int(base[i]))
-        fitted = grow(cols.strategy(i), drawn, units, options, ctx.fits)
-        grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
+    for k, i in enumerate(picked.tolist()):  # fits takes objects: the draws it refuses grow as objects
+        made = out.strategy(i)
+        if not ctx.fits(made):
+            units = Units(layout=layout, depth=int(drawn.depth[k]), group=int(drawn.group[k]),
+                          reduce_dtype="bf16" if drawn.bf16[k] else "fp32", base=int(base[i]))
+            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits)
+            grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
     return splice(out, grown)
 
 
