@@ -23,21 +23,17 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.schema import SPARSE_GROUP_BASE, Compressor, Strategy
-from .kinds import (NO_COMPRESSION, PS_LOSSY_CHOICES, RANK_CHOICES, SEARCH_KINDS, SHARD_DTYPES, Choice, choice_owner,
-                    compressor_choices, data_parallel_plans)
+from ..strategy.schema import Compressor, Strategy
+from .kinds import NO_COMPRESSION, SEARCH_KINDS, Choice, choice_owner, compressor_choices, data_parallel_plans
 # canonical_groups lives with the sampler (which numbers its draws with it); it is re-exported
 # here, where the searches have always found it.
 from .sampler import GuidedSampler, canonical_groups, shardable
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
-           "canonical_groups", "compressor_choices", "NO_COMPRESSION", "PS_LOSSY_CHOICES", "RANK_CHOICES",
-           "SHARD_DTYPES"]
+           "canonical_groups", "compressor_choices"]
 
 Score = Callable[[list[Strategy]], np.ndarray]
 
-#: Sparse all-reduce shards live in groups of their own (ids from here on), as the sampler does.
-SPARSE_GROUPS = SPARSE_GROUP_BASE
 #: Batch splits tried on replicas of different measured speeds: the fraction of the way from an
 #: even split to one proportional to speed (TAG §4.2: the batch share is part of the strategy).
 SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -59,8 +55,8 @@ class ChoiceSpace:
     replicas; flat groups with every compressor of the registry that wraps all-reduce, the lossy
     ones only when ``lossy``), a PS on each node (uncompressed with and without local
     aggregation; without it, also with the lossless compressors that wrap a PS and, when
-    ``lossy``, the first :data:`PS_LOSSY_CHOICES` lossy ones), a PS partitioned over every node
-    for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
+    ``lossy``, the first :data:`~synctune.search.kinds.PS_LOSSY_CHOICES` lossy ones), a PS
+    partitioned over every node for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
     broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep their
     plans). With ``shard`` (issue 34 item 2), also ZeRO-2 sharding of a coordinate's shardable
     variables (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,

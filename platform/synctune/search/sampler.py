@@ -445,6 +445,8 @@ class GuidedSampler:
             leave = rng.random(n) < self.subset_prob
             slowness = np.cumsum([1.0 / (node.compute_gflops or 1.0) for node in nodes])
             out = np.minimum(np.searchsorted(slowness, rng.random(n) * slowness[-1], side="right"), len(nodes) - 1)
+            # Hierarchical all-reduce is drawn only where every node holds as many devices, so a
+            # subset of whole nodes keeps it valid; the check stands where that would not hold.
             hierarchical = np.bincount(rows["sid"], weights=rows["hier"], minlength=n) > 0
             uneven_without = np.array([len(set(np.delete(per_node, j).tolist())) > 1 for j in range(len(nodes))])
             leave &= ~(hierarchical & uneven_without[out])
