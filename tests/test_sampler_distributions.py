@@ -19,21 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _reference_sampler import GuidedSampler as ReferenceSampler
 from scipy.stats import chi2_contingency
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _reference_sampler import GuidedSampler as ReferenceSampler  # noqa: E402
-from synctune.models import model_spec  # noqa: E402
-from synctune.search import GuidedSampler  # noqa: E402
-from synctune.simulator.memory import predict_memory  # noqa: E402
-from synctune.spec import cluster_preset  # noqa: E402
-from synctune.strategy import build_strategy, validate  # noqa: E402
+from synctune.models import model_spec
+from synctune.search import GuidedSampler
+from synctune.simulator.memory import predict_memory
+from synctune.spec import cluster_preset
+from synctune.strategy import build_strategy, validate
 
 DRAWS = 300
 Z = 4.0  # standard errors of the difference allowed for every mean
