@@ -2,15 +2,18 @@
 
 Everything the layers need of it is here and registered from here (:func:`register`), through
 the registries each layer keeps: the strategy layer's synchronizer registry, the engine's units,
-the memory model's tally, and the simulators' pricing (as an all-reduce). ``python
-tests/_toy_kind.py`` runs it through validation, the columns, the engine (2 processes, against
-single-process training), the memory model and the replay, and prints what it found as JSON:
+the memory model's tally, the simulators' pricing (as an all-reduce), and the search's part (a
+column draw that turns a drawn strategy's uncompressed flat dense all-reduce groups into the toy
+kind's, and a local-search choice). ``python tests/_toy_kind.py`` runs it through validation,
+the columns, the engine (2 processes, against single-process training), the memory model, the
+replay and the guided sampler, and prints what it found as JSON:
 registering a kind changes the vocabulary saved simulators record, so it is never registered in
 the test runner's own process (tests/test_plan_kinds.py runs this file).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -19,14 +22,19 @@ from typing import ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from synctune.engine.compress import make_compressor  # noqa: E402
 from synctune.engine.kinds import EngineKind, register_engine_kind  # noqa: E402
 from synctune.engine.units import AllReduceUnit  # noqa: E402
+from synctune.search.draw import edited  # noqa: E402
+from synctune.search.kinds import Choice, SearchKind, register_search_kind  # noqa: E402
 from synctune.simulator.kinds import MemoryKind, register_memory_kind  # noqa: E402
+from synctune.strategy import ShardPlan, VariablePlan  # noqa: E402
 from synctune.strategy.errors import StrategyError  # noqa: E402
-from synctune.strategy.kinds import SYNCHRONIZERS, Synchronizer, column_row, register_synchronizer  # noqa: E402
+from synctune.strategy.kinds import (KIND_CODES, SPARSE_GROUP_BASE, SYNCHRONIZERS, Synchronizer,  # noqa: E402
+                                     column_row, register_synchronizer, renumber_units)
 
 KIND = "counted-allreduce"
 
@@ -88,6 +96,32 @@ def _count(tally, units, ctx) -> None:
             tally.buffers[r] += used
 
 
+def _draw(ctx, cols):
+    """The sampler's draw of the kind: in a share ``ctx.rate`` of the drawn strategies, every
+    dense all-reduce row that is flat and uncompressed (what the toy kind runs) becomes the toy
+    kind's, in the same merge group; ids then numbered by first appearance per kind."""
+    chosen = ctx.rng.random(cols.size) < ctx.rate
+    rows = (chosen[cols.sid] & (cols.kind == KIND_CODES["allreduce"]) & (cols.group < SPARSE_GROUP_BASE)
+            & (cols.comp == 0) & ~cols.hier)
+    return edited(cols, at=np.flatnonzero(rows), values={"kind": KIND_CODES[KIND]}, renumber=chosen)
+
+
+def _choices(space, strategy, coordinate):
+    """A new toy merge group for a coordinate of dense variables."""
+    return [Choice(KIND)] if all(not space.variables[i].sparse for i in coordinate) else []
+
+
+def _apply(space, strategy, coordinate, choice):
+    groups = [sh.synchronizer.group for p in strategy.plans for sh in p.shards if sh.synchronizer.kind == KIND]
+    sync = CountedAllReduce(group=1 + max(groups, default=-1))
+    plans = list(strategy.plans)
+    for i in coordinate:
+        var = space.variables[i]
+        plans[i] = VariablePlan(variable=var.name, partition=(1,) * len(var.shape),
+                                shards=(ShardPlan(synchronizer=sync),))
+    return renumber_units(dataclasses.replace(strategy, plans=tuple(plans)))
+
+
 def register() -> None:
     """Register the kind in every layer's registry (once per process)."""
     if KIND in SYNCHRONIZERS:
@@ -95,6 +129,7 @@ def register() -> None:
     register_synchronizer(CountedAllReduce)
     register_engine_kind(KIND, EngineKind(build=_build))
     register_memory_kind(KIND, MemoryKind(count=_count, reference=True))
+    register_search_kind(KIND, SearchKind(choices=_choices, choice_kinds=(KIND,), apply=_apply, draw=_draw))
 
 
 def counted_strategy(model: str, cluster, groups: int = 2):
@@ -203,7 +238,44 @@ def main() -> dict:
                                    backward_s=0.021, step_s=0.003, ready_s=(0.002, 0.020)))
     out["replay_s"] = float(sim.predict([one], small, two)[0])
     out["replay_fallbacks"] = len(sim.fallbacks)
+    out.update(sampled())
     return out
+
+
+def sampled() -> dict:
+    """The guided sampler draws the kind at the rate it is given (no file of the package names
+    it): how many of 80 drawn strategies hold it, whether they validate and come back the same
+    through objects and columns, and the local search's toy choice."""
+    from synctune.models import model_spec
+    from synctune.search import ChoiceSpace, GuidedSampler
+    from synctune.spec import cluster_preset
+    from synctune.strategy import StrategyColumns, validate
+
+    spec, cluster = model_spec("cnn-small"), cluster_preset("local-2x2")
+    cols = GuidedSampler(spec, cluster, seed=0, kind_rates={KIND: 0.5}).sample_columns(80)
+    made = [cols.strategy(i) for i in range(cols.size)]
+    holding = [s for s in made if any(sh.synchronizer.kind == KIND for p in s.plans for sh in p.shards)]
+    for s in made:
+        validate(s, spec, cluster)
+    back = StrategyColumns.from_strategies(spec, cluster, made)
+    plain = GuidedSampler(spec, cluster, seed=0).sample_columns(80)
+    space = ChoiceSpace(spec, cluster)
+    dp = space.data_parallel()
+    toy = [c for c in space.choices(dp, [0, 1]) if c.kind == KIND]
+    moved = space.apply(dp, [0, 1], toy[0])
+    validate(moved, spec, cluster)
+    import hashlib
+
+    same = [b.hash for b in (back.strategy(i) for i in range(back.size))] == [s.hash for s in made]
+    return {"sampled_holding": len(holding), "sampled_validated": len(made),
+            "sampled_rows": int((cols.kind == KIND_CODES[KIND]).sum()),
+            "sampled_round_trip": same and bool((back.digests() == cols.digests()).all()),
+            "sampled_canonical": all(renumber_units(s).hash == s.hash for s in made),
+            # Without a rate the kind is never drawn, and the stream is the built-in kinds' own.
+            "unsampled_rows": int((plain.kind == KIND_CODES[KIND]).sum()),
+            "unsampled_digest": hashlib.sha256(plain.digests().tobytes()).hexdigest(),
+            "choice_offered": len(toy),
+            "choice_kinds": sorted({sh.synchronizer.kind for p in moved.plans[:2] for sh in p.shards})}
 
 
 if __name__ == "__main__":

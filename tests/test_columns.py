@@ -69,9 +69,12 @@ def test_columns_are_valid_strategies_encoded_as_the_encoder_encodes_them(model,
 def test_columns_follow_the_object_samplers_distribution():
     """Same knowledge constraints, another random stream: shares of PS shards, partitioned
     variables, compressed and hierarchical strategies, local aggregation and merge groups agree
-    with the object sampler's over 1,500 strategies."""
+    with the object sampler's (kept as the reference, tests/_reference_sampler.py) over 1,500
+    strategies."""
+    from _reference_sampler import GuidedSampler as ReferenceSampler
+
     spec, cluster = model_spec("bert-tiny"), cluster_preset("B7")
-    objects = GuidedSampler(spec, cluster, seed=0).sample_many(1500)
+    objects = ReferenceSampler(spec, cluster, seed=0).sample_many(1500)
     cols = GuidedSampler(spec, cluster, seed=0).sample_columns(1500)
     ctx = DomainContext(spec, cluster)
     a, b = encode(objects, ctx), cols

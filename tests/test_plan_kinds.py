@@ -1,9 +1,10 @@
 """A plan kind added from outside the package (tests/_toy_kind.py: an all-reduce that also
 counts its calls) runs through every layer that has a registry for it: validation and the JSON
 form, strategy columns, the engine (2 gloo processes, against single-process training on the
-concatenated batch), the memory model (against the bytes worked by hand) and the replay (priced
-as an all-reduce, against the iteration worked by hand in tests/test_replay.py). No file of the
-package names it. It runs in a process of its own: a registered kind is in the vocabulary
+concatenated batch), the memory model (against the bytes worked by hand), the replay (priced
+as an all-reduce, against the iteration worked by hand in tests/test_replay.py) and the search
+(the guided sampler draws it at the rate it is given; the local searches offer its choice). No
+file of the package names it. It runs in a process of its own: a registered kind is in the vocabulary
 saved simulators check, so the test runner's process never registers it."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from synctune.engine.kinds import ENGINE_KINDS
+from synctune.search.kinds import SEARCH_KINDS
 from synctune.simulator.kinds import MEMORY_KINDS
 from synctune.strategy.kinds import KIND_CODES, SYNCHRONIZER_KINDS, Synchronizer
 
@@ -62,10 +64,32 @@ def test_the_replay_prices_the_toy_kind_as_an_all_reduce_worked_by_hand(toy):
     assert toy["replay_s"] == pytest.approx(max(0.031, 0.030 + d_both) + 0.003 + 5e-4, rel=1e-9)
 
 
+def test_the_sampler_draws_the_toy_kind_from_its_registration_alone(toy):
+    """The toy kind's search part (registered from tests/_toy_kind.py) is drawn by the guided
+    sampler's columns at the rate given it: some of 80 draws hold it, every draw validates, is
+    in canonical form, and comes back the same through objects and columns; registered without
+    a rate it is never drawn and the built-in kinds' stream is this process's (the reference:
+    the same sampler here, where the kind does not exist). Its local-search choice is offered
+    and applied."""
+    import hashlib
+
+    from synctune.models import model_spec
+    from synctune.search import GuidedSampler
+    from synctune.spec import cluster_preset
+
+    assert 10 <= toy["sampled_holding"] < 80 and toy["sampled_rows"] >= toy["sampled_holding"]
+    assert toy["sampled_validated"] == 80 and toy["sampled_round_trip"] and toy["sampled_canonical"]
+    plain = GuidedSampler(model_spec("cnn-small"), cluster_preset("local-2x2"), seed=0).sample_columns(80)
+    assert toy["unsampled_rows"] == 0
+    assert toy["unsampled_digest"] == hashlib.sha256(plain.digests().tobytes()).hexdigest()
+    assert toy["choice_offered"] == 1 and toy["choice_kinds"] == ["counted-allreduce"]
+
+
 def test_this_process_has_only_the_built_in_kinds():
     builtin = ("ps", "allreduce", "allgather", "sfb", "shard")
     assert tuple(SYNCHRONIZER_KINDS) == builtin and [KIND_CODES[k] for k in builtin] == [0, 1, 2, 3, 4]
     assert ENGINE_KINDS.names() == list(builtin) and MEMORY_KINDS.names() == list(builtin)
+    assert sorted(SEARCH_KINDS.names()) == sorted(builtin)
 
 
 def test_a_kind_registers_once_and_a_miss_lists_the_kinds():
@@ -78,3 +102,20 @@ def test_a_kind_registers_once_and_a_miss_lists_the_kinds():
         ENGINE_KINDS.get("counted-allreduce")
     with pytest.raises(TypeError, match="dataclass subclassing Synchronizer"):
         register_synchronizer(Synchronizer)
+
+
+def test_a_search_kind_registers_once_for_a_known_kind_and_owns_its_choices():
+    from synctune.search.kinds import Choice, SearchKind, choice_owner, register_search_kind
+    from synctune.spec import SpecError
+
+    with pytest.raises(ValueError, match="'allreduce' is already registered"):
+        register_search_kind("allreduce", SearchKind())
+    with pytest.raises(SpecError, match="valid: ps, allreduce, allgather, sfb, shard"):
+        register_search_kind("counted-allreduce", SearchKind())
+    with pytest.raises(SpecError, match="unknown choice kind 'nope'; valid: ar, ps, pps, sfb, shard"):
+        choice_owner("nope")
+    with pytest.raises(ValueError, match=r"choice_kinds \['pps'\] are ps's already"):
+        register_search_kind("allreduce", SearchKind(choice_kinds=("pps",), apply=lambda *args: None))
+    with pytest.raises(ValueError, match="apply"):
+        SearchKind(choice_kinds=("x",))
+    assert choice_owner(Choice("pps").kind) is SEARCH_KINDS.get("ps")

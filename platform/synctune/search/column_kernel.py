@@ -5,9 +5,9 @@ strategy's variables with numpy (partitions, SFB, one compressor or hierarchical
 per strategy) and the uniforms every shard needs; what is sequential inside a strategy runs
 here, one strategy after another, shard by shard in backward order:
 
-- PS placement balanced by load (AutoDist §3.1's load-balanced placement as the object
-  sampler draws it: a node is drawn with probability proportional to its NIC bandwidth over
-  ``1 + load / shard bytes``, so a loaded server is drawn less);
+- PS placement balanced by load (AutoDist §3.1's load-balanced placement: a node is drawn with
+  probability proportional to its NIC bandwidth over ``1 + load / shard bytes``, so a loaded
+  server is drawn less);
 - adjacent merging of dense all-reduce shards into groups (c_am), a group closing once it holds
   its share of the strategy's all-reduce bytes or the compressor changes.
 
@@ -60,8 +60,8 @@ def fill_rows(lo, hi, u, u_groups, offsets, pieces, axes, base, sfb,
     within the side of the PS threshold it fell on, is again uniform and independent of that
     decision: it draws sparse all-gather for a non-PS sparse shard or local aggregation for a
     dense PS one. ``codes`` are the kind codes of ps, allreduce, allgather and sfb
-    (``strategy.columns.KIND_CODES``: arguments, not globals, so a cached compilation never
-    keeps stale ones). ``t_*`` are the sampler's tables, indexed by (variable, axis, pieces,
+    (:func:`synctune.search.kinds.kernel_codes`: arguments, not globals, so a cached
+    compilation never keeps stale ones). ``t_*`` are the sampler's tables, indexed by (variable, axis, pieces,
     shard) entry, compressor code, ``kind_axis[kind code]`` (-1: no compressor wraps that kind)
     and rank choice: whether the strategy's compressor applies to the shard, the rank it takes
     there and its wire ratio (kept small: a search round reads them from cache). Besides the strategy's

@@ -12,7 +12,6 @@ wall-clock deadline, so the search time they get is explicit (AutoDDL Fig. 7).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import time
@@ -24,80 +23,23 @@ import numpy as np
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.partition import shard_shapes
-from ..strategy.schema import (SPARSE_GROUP_BASE, AllGatherSynchronizer, AllReduceSynchronizer, Compressor,
-                               PSSynchronizer, SFBSynchronizer, ShardPlan, ShardSynchronizer, Strategy, VariablePlan)
-# canonical_groups lives with the sampler (which numbers its sharded draws with it); it is
-# re-exported here, where the searches have always found it.
-from .sampler import GuidedSampler, canonical_groups, hsdp_size, shardable
+from ..strategy.schema import Compressor, Strategy
+from .kinds import NO_COMPRESSION, SEARCH_KINDS, Choice, choice_owner, compressor_choices, data_parallel_plans
+# canonical_groups lives with the sampler (which numbers its draws with it); it is re-exported
+# here, where the searches have always found it.
+from .sampler import GuidedSampler, canonical_groups, shardable
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
            "canonical_groups", "compressor_choices"]
 
 Score = Callable[[list[Strategy]], np.ndarray]
 
-#: Sparse all-reduce shards live in groups of their own (ids from here on), as the sampler does.
-SPARSE_GROUPS = SPARSE_GROUP_BASE
 #: Batch splits tried on replicas of different measured speeds: the fraction of the way from an
 #: even split to one proportional to speed (TAG §4.2: the batch share is part of the strategy).
 SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
-#: Ranks tried for a compressor that takes one (PowerSGD): a low and a higher one.
-RANK_CHOICES = (1, 4)
-#: Lossy compressors offered on a PS server, the first ones in registry order: each adds a
-#: choice per server to every coordinate, and the training-free model scores casts of one wire
-#: size alike, so a second one costs evaluations and finds nothing new (experiments/findings/
-#: README.md, "The replay's versions", the last paragraph).
-PS_LOSSY_CHOICES = 1
-#: The identity compressor's name: gradients sent as they are.
-NO_COMPRESSION = Compressor().kind
-#: The reduce dtypes a ``shard`` choice offers: fp32, and bf16 (lossy) when the space is lossy.
-SHARD_DTYPES = ("fp32", "bf16")
 #: With a space that offers ``shard``: how often the restarts of coordinate descent and the
 #: random-sampling reference draw a sharded strategy (:class:`GuidedSampler`'s ``shard_prob``).
 SHARD_RESTART_PROB = 0.5
-
-
-def compressor_choices(sync_kind: str, lossy: bool, max_lossy: int | None = None) -> list[tuple[str, int]]:
-    """``(name, rank)`` of the compressors in the registry that wrap ``sync_kind``, in registry
-    order: every lossless one, and where ``lossy`` the lossy ones (the first ``max_lossy`` of
-    them; None: all); a compressor that takes a rank once per :data:`RANK_CHOICES` (rank 0: it
-    takes none)."""
-    out: list[tuple[str, int]] = []
-    num_lossy = 0
-    for name, info in COMPRESSORS.items():
-        if sync_kind not in info.synchronizers or not (info.lossless or lossy):
-            continue
-        if not info.lossless:
-            if max_lossy is not None and num_lossy >= max_lossy:
-                continue
-            num_lossy += 1
-        out += [(name, r) for r in RANK_CHOICES] if "rank" in info.params else [(name, 0)]
-    return out
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One synchronization choice for the variables of a coordinate.
-
-    ``kind``: ``ar`` (dense all-reduce; ``group`` an existing merge group to join, or None for
-    a new one), ``ps`` (whole variable on ``server``, ``local`` aggregation within nodes),
-    ``pps`` (cut along axis 0 into one shard per server, AutoDist's partitioned PS), ``sfb``
-    (sufficient-factor broadcasting of the coordinate's linear weights), ``shard`` (ZeRO-2: the
-    coordinate's shardable variables sharded as one new unit, or joining the neighbours' unit
-    ``unit``, over shard groups of ``group`` replicas, 0 every one, reducing in
-    ``reduce_dtype``; its other variables keep their plans).
-    ``algorithm``, ``compressor`` and ``rank`` as in the strategy language. Sparse variables
-    given an ``ar`` choice are all-gathered (their rows, not a dense tensor)."""
-
-    kind: str
-    server: int = 0
-    local: bool = False
-    group: int | None = None
-    algorithm: str = "flat"
-    compressor: str = NO_COMPRESSION
-    rank: int = 0
-    reduce_dtype: str = "fp32"
-    unit: int | None = None
 
 
 class ChoiceSpace:
@@ -106,24 +48,25 @@ class ChoiceSpace:
     Coordinates are groups of adjacent variables in backward order (``coordinates(n)``: at
     most ``n`` of them, of similar bytes; one per variable for coordinate descent), plus, where
     nodes differ in measured speed, the replication: which nodes hold replicas and how the
-    batch is split among them. Choices: all-reduce joining a merge group already used by the
+    batch is split among them. The choices on a coordinate are every registered kind's
+    (:data:`~synctune.search.kinds.SEARCH_KINDS`, in its order), each applied by the kind that
+    offers it. The built-in kinds offer: all-reduce joining a merge group already used by the
     neighbouring variables or a new group (flat, or hierarchical where every node holds as many
     replicas; flat groups with every compressor of the registry that wraps all-reduce, the lossy
     ones only when ``lossy``), a PS on each node (uncompressed with and without local
     aggregation; without it, also with the lossless compressors that wrap a PS and, when
-    ``lossy``, the first :data:`PS_LOSSY_CHOICES` lossy ones), a PS partitioned over every node
-    for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
+    ``lossy``, the first :data:`~synctune.search.kinds.PS_LOSSY_CHOICES` lossy ones), a PS
+    partitioned over every node for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
     broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep their
     plans). With ``shard`` (issue 34 item 2), also ZeRO-2 sharding of a coordinate's shardable
     variables (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,
-    HSDP over each node (:func:`~synctune.search.sampler.hsdp_size`), reducing in fp32 or, when
+    HSDP over each node (:func:`~synctune.search.shard_draw.hsdp_size`), reducing in fp32 or, when
     ``lossy``, bf16; or joining a neighbouring variable's unit, so units can grow to modules."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
                  small_bytes: int = 256 * 1024, shard: bool = False) -> None:
         self.model, self.cluster, self.lossy, self.small_bytes = model, cluster, lossy, small_bytes
         self.shard = shard
-        self.shard_dtypes = SHARD_DTYPES if lossy else SHARD_DTYPES[:1]
         self.shardable = {v.name for v in model.variables if shardable(v)}
         self.helper = GuidedSampler(model, cluster, seed=0, lossy=lossy)  # servers, speeds, compressor fitting
         self.servers = self.helper.servers
@@ -132,11 +75,6 @@ class ChoiceSpace:
         self.linear = {v.name for v, r in zip(self.variables, model.factor_rows or ()) if r}
         #: All-reduce algorithms a new merge group may use.
         self.algorithms = ("flat",) + (("hierarchical",) if self.helper.even_nodes and len(cluster.nodes) > 1 else ())
-        self._new_groups = [(a, c, r) for a in self.algorithms for c, r in compressor_choices("allreduce", lossy)
-                            if a == "flat" or c == NO_COMPRESSION]
-        self._ps = [(j, local, c, r) for j in range(len(self.servers)) for local in (False, True)
-                    for c, r in compressor_choices("ps", lossy, PS_LOSSY_CHOICES)
-                    if not (local and c != NO_COMPRESSION)]
 
     # ------------------------------------------------------------------------------- coordinates
 
@@ -159,6 +97,7 @@ class ChoiceSpace:
 
     @property
     def has_split(self) -> bool:
+        """Whether the replication is a coordinate (replicas of different measured speeds)."""
         return self.helper.speeds is not None
 
     def splits(self, strategy: Strategy) -> list[Strategy]:
@@ -176,143 +115,37 @@ class ChoiceSpace:
     # ----------------------------------------------------------------------------------- choices
 
     def choices(self, strategy: Strategy, coordinate: Sequence[int]) -> list[Choice]:
-        """The choices for the variables of ``coordinate`` in ``strategy``: joining the dense
-        groups its neighbours use (merging with them, AutoSync's c_am) or a new group, the PS
-        placements, and the partitioned PS where a variable is large enough."""
-        variables = [self.variables[i] for i in coordinate]
-        dense = [v for v in variables if not v.sparse]
-        out: list[Choice] = []
-        for algorithm, comp, rank in self._new_groups:
-            if comp == NO_COMPRESSION or all(self.fits(v, comp, rank, "allreduce") for v in dense) and dense:
-                out.append(Choice("ar", algorithm=algorithm, compressor=comp, rank=rank))
-        for gid, (algorithm, comp, rank) in self._neighbour_groups(strategy, coordinate).items():
-            if dense and all(comp == NO_COMPRESSION or self.fits(v, comp, rank, "allreduce") for v in dense):
-                out.append(Choice("ar", group=gid, algorithm=algorithm, compressor=comp, rank=rank))
-        held = set(strategy.replicas)
-        for j, local, comp, rank in self._ps:
-            if comp != NO_COMPRESSION and not (dense and all(self.fits(v, comp, rank, "ps") for v in dense)):
-                continue
-            if self.servers[j] in held:  # a PS lives on a replica
-                out.append(Choice("ps", server=j, local=local, compressor=comp, rank=rank))
-        if len(self._servers_of(strategy)) > 1 and any(v.num_bytes >= self.small_bytes and v.shape and v.shape[0] >= 2
-                                         for v in variables):
-            out.append(Choice("pps"))
-        if any(v.name in self.linear for v in variables):
-            out.append(Choice("sfb"))
-        if self.shard and len(strategy.replicas) > 1 and any(v.name in self.shardable for v in variables):
-            hsdp = hsdp_size(strategy, self.cluster)
-            for group in (0, hsdp) if hsdp else (0,):
-                for dtype in self.shard_dtypes:
-                    out.append(Choice("shard", group=group, reduce_dtype=dtype))
-            for uid, sync in self._neighbour_units(strategy, coordinate).items():
-                out.append(Choice("shard", group=sync.group, reduce_dtype=sync.reduce_dtype, unit=uid))
-        return out
-
-    def _neighbour_units(self, strategy: Strategy, coordinate: Sequence[int]) -> dict[int, ShardSynchronizer]:
-        """The ``shard`` units of the variables just before and after ``coordinate`` (joining one
-        grows a unit towards a module: one reduce-scatter for more variables)."""
-        units: dict[int, ShardSynchronizer] = {}
-        inside = set(coordinate)
-        for i in (min(coordinate) - 1, max(coordinate) + 1):
-            if 0 <= i < len(strategy.plans) and i not in inside:
-                for shard in strategy.plans[i].shards:
-                    if isinstance(shard.synchronizer, ShardSynchronizer):
-                        units.setdefault(shard.synchronizer.unit, shard.synchronizer)
-        return units
+        """The choices for the variables of ``coordinate`` in ``strategy``: every registered
+        kind's, in the registry's order (the built-in kinds': joining the dense groups the
+        neighbours use, AutoSync's c_am, or a new group; the PS placements and the partitioned
+        PS where a variable is large enough; SFB; shard units)."""
+        return [c for _name, kind in SEARCH_KINDS.items() for c in kind.choices(self, strategy, coordinate)]
 
     def fits(self, var, comp: str, rank: int, sync_kind: str) -> bool:
         """Whether compressor ``comp`` (at ``rank``) encodes the whole of ``var`` under a
         ``sync_kind`` synchronizer (never a sparse variable)."""
         if var.sparse:
             return False
-        return self.helper._compressor(comp, rank, var, tuple(var.shape), sync_kind).kind == comp
+        return self.helper.compressor_for(comp, rank, var, tuple(var.shape), sync_kind).kind == comp
 
-    def _neighbour_groups(self, strategy: Strategy, coordinate: Sequence[int]) -> dict[int, tuple[str, str, int]]:
-        """The dense merge groups of the variables just before and after ``coordinate``."""
-        groups: dict[int, tuple[str, str, int]] = {}
-        for i in (min(coordinate) - 1, max(coordinate) + 1):
-            if 0 <= i < len(strategy.plans):
-                for shard in strategy.plans[i].shards:
-                    sync = shard.synchronizer
-                    if isinstance(sync, AllReduceSynchronizer) and sync.group < SPARSE_GROUPS:
-                        groups[sync.group] = (sync.algorithm, shard.compressor.kind, shard.compressor.rank or 0)
-        return groups
-
-    def _servers_of(self, strategy: Strategy) -> list[str]:
+    def servers_of(self, strategy: Strategy) -> list[str]:
         """The PS servers (each node's first device) that hold a replica of ``strategy``."""
         held = set(strategy.replicas)
         return [d for d in self.servers if d in held]
 
-    def _plan(self, var, choice: Choice, group: int, servers: list[str]) -> VariablePlan:
-        shape = tuple(var.shape)
-        whole = tuple(1 for _ in shape)
-        if (choice.kind == "pps" and len(servers) > 1 and var.shape and var.shape[0] >= 2
-                and var.num_bytes >= self.small_bytes):
-            pieces = min(len(servers), var.shape[0])
-            partition = (pieces,) + tuple(1 for _ in shape[1:])
-            shards = tuple(ShardPlan(synchronizer=PSSynchronizer(placement=servers[k]))
-                           for k in range(len(shard_shapes(shape, partition))))
-            return VariablePlan(variable=var.name, partition=partition, shards=shards)
-        if choice.kind in ("ps", "pps"):
-            server = self.servers[choice.server] if choice.kind == "ps" else servers[self.index[var.name] % len(servers)]
-            sync = PSSynchronizer(placement=server, local_aggregation=choice.local and not var.sparse)
-            return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(
-                synchronizer=sync, compressor=self._compressor(var, choice, "ps")),))
-        if var.sparse:  # ``ar`` on a sparse variable: its rows, all-gathered
-            return VariablePlan(variable=var.name, partition=whole,
-                                shards=(ShardPlan(synchronizer=AllGatherSynchronizer()),))
-        sync = AllReduceSynchronizer(group=group, algorithm=choice.algorithm)
-        return VariablePlan(variable=var.name, partition=whole, shards=(ShardPlan(
-            synchronizer=sync, compressor=self._compressor(var, choice, "allreduce")),))
-
-    def _compressor(self, var, choice: Choice, sync_kind: str) -> Compressor:
-        """``choice``'s compressor for ``var``: none on a sparse variable, a rank fitted to the
-        variable's shape for a compressor that takes one."""
+    def compressor(self, var, choice: Choice, sync_kind: str) -> Compressor:
+        """``choice``'s compressor for ``var`` under a ``sync_kind`` synchronizer: none on a
+        sparse variable, a rank fitted to the variable's shape for a compressor that takes one."""
         if choice.compressor == NO_COMPRESSION or var.sparse:
             return Compressor()
         if "rank" in COMPRESSORS.get(choice.compressor).params:
-            return self.helper._compressor(choice.compressor, choice.rank, var, tuple(var.shape), sync_kind)
+            return self.helper.compressor_for(choice.compressor, choice.rank, var, tuple(var.shape), sync_kind)
         return Compressor(kind=choice.compressor)
 
     def apply(self, strategy: Strategy, coordinate: Sequence[int], choice: Choice) -> Strategy:
-        """``strategy`` with the variables of ``coordinate`` synchronized by ``choice`` (its groups renumbered)."""
-        if choice.kind == "ar" and choice.group is not None:
-            group = choice.group
-        else:
-            group = 1 + max((s.synchronizer.group for p in strategy.plans for s in p.shards
-                             if isinstance(s.synchronizer, AllReduceSynchronizer)
-                             and s.synchronizer.group < SPARSE_GROUPS), default=-1)
-        plans = list(strategy.plans)
-        if choice.kind == "shard":
-            return canonical_groups(dataclasses.replace(strategy, plans=tuple(self._sharded(strategy, coordinate,
-                                                                                            choice))))
-        servers = self._servers_of(strategy)
-        for i in coordinate:
-            if choice.kind == "sfb":
-                var = self.variables[i]
-                if var.name in self.linear:
-                    plans[i] = VariablePlan(variable=var.name, partition=tuple(1 for _ in var.shape),
-                                            shards=(ShardPlan(synchronizer=SFBSynchronizer()),))
-                continue
-            plans[i] = self._plan(self.variables[i], choice, group, servers)
-        return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
-
-    def _sharded(self, strategy: Strategy, coordinate: Sequence[int], choice: Choice) -> list[VariablePlan]:
-        """The plans of ``strategy`` with the shardable variables of ``coordinate`` in ``choice``'s
-        unit: the neighbour's (its synchronizer as it is) or a new one (ZeRO-2: no reshard)."""
-        units = [s.synchronizer for p in strategy.plans for s in p.shards
-                 if isinstance(s.synchronizer, ShardSynchronizer)]
-        sync = next((u for u in units if u.unit == choice.unit), None) if choice.unit is not None else None
-        if sync is None:
-            sync = ShardSynchronizer(unit=1 + max((u.unit for u in units), default=-1), group=choice.group or 0,
-                                     reduce_dtype=choice.reduce_dtype)
-        plans = list(strategy.plans)
-        for i in coordinate:
-            var = self.variables[i]
-            if var.name in self.shardable:
-                plans[i] = VariablePlan(variable=var.name, partition=tuple(1 for _ in var.shape),
-                                        shards=(ShardPlan(synchronizer=sync),))
-        return plans
+        """``strategy`` with the variables of ``coordinate`` synchronized by ``choice`` (by the
+        kind that offers it; its groups renumbered)."""
+        return choice_owner(choice.kind).apply(self, strategy, coordinate, choice)
 
     def neighbours(self, strategy: Strategy, coordinate: Sequence[int]) -> list[Strategy]:
         """Every strategy one choice away along ``coordinate`` (distinct, ``strategy`` excluded)."""
@@ -335,8 +168,7 @@ class ChoiceSpace:
     def data_parallel(self) -> Strategy:
         """TAG's baseline and the tree's root: every variable on one flat all-reduce group
         (sparse ones all-gathered), the batch split evenly."""
-        plans = [self._plan(v, Choice("ar"), 0, self.servers) for v in self.variables]
-        return canonical_groups(Strategy.over(self.model, self.cluster, plans))
+        return canonical_groups(Strategy.over(self.model, self.cluster, data_parallel_plans(self)))
 
 
 @dataclass

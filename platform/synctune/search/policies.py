@@ -172,13 +172,18 @@ class MCTSPolicy(_LocalSearchPolicy):
 
 def _scored_columns(search: RoundContext, guided: GuidedSampler, k: int, tag: str,
                     seen: set[str]) -> list[Proposal]:
-    """The round's proposals drawn and scored as columns (:meth:`GuidedSampler.sample_columns`);
-    only those picked become strategies. Equal draws count once; a pick equal to a measured
-    strategy is passed over for the next most diverse. Picks come from the elite first; if it
-    holds fewer than ``k`` strategies not measured yet (the elite is what scores at least as
-    well as the measured strategies the simulator ranks right, so it can be the measured ones
-    and little else), the rest of the round fills the places."""
+    """The round's proposals drawn as columns (:meth:`GuidedSampler.sample_columns`, the one
+    sampler) and, where the simulator scores columns, scored as columns: only those picked
+    become strategies. Equal draws count once; a pick equal to a measured strategy is passed
+    over for the next most diverse. Picks come from the elite first; if it holds fewer than
+    ``k`` strategies not measured yet (the elite is what scores at least as well as the
+    measured strategies the simulator ranks right, so it can be the measured ones and little
+    else), the rest of the round fills the places. Where the trials' space is a projection
+    (``search.project``, which maps objects), the draws are made objects and scored as
+    :func:`_scored_objects` scores them."""
     cols = guided.sample_columns(search.settings.proposals)
+    if search.project is not None:
+        return _scored_objects(search, [cols.strategy(i) for i in range(cols.size)], k, tag, seen)
     _, first = np.unique(cols.digests(), return_index=True)
     distinct = np.sort(first)
     scores = np.asarray(search.simulator.score_columns(cols), dtype=float)[distinct]
@@ -254,16 +259,12 @@ class AutoDistPolicy:
         rng = random.Random(seed)
         guided = guided_sampler(search, seed)
         tag, seen = f"r{round_}", set(search.seen)
-        # Columns cannot hold shard units: a search that shards draws strategy objects.
-        if (settings.generator == "sampler" and search.project is None and guided.speeds is None
-                and search.simulator is not None and not search.shard_prob):
+        if settings.generator == "sampler":
             out = _scored_columns(search, guided, k, tag, seen)
-        elif settings.generator != "sampler":
+        else:
             generator = ROUND_POLICIES.get(settings.generator)
             out = _scored_objects(search, [s for s, _ in generator.local_search(search, rng, settings.proposals)],
                                   k, tag, seen)
-        else:
-            out = _scored_objects(search, guided.sample_many(settings.proposals), k, tag, seen)
         if not out:
             return []
         if settings.incumbent_moves and len(out) >= 2:

@@ -6,10 +6,11 @@ all-reduce; all-gather too for sparse gradients), PS local aggregation at random
 groups over adjacent variables. It is the "plain random" ablation of the papers and the source
 of varied training data for the simulator.
 
-:class:`GuidedSampler` draws under the papers' knowledge constraints and, with ``shard_prob``,
-turns a draw into sharded data parallelism (ZeRO / FSDP2, DESIGN.md "shard"; issue 34 item 2):
-units cut at module boundaries, ZeRO-2 units beside the other plans (the engine runs them) or
-every variable sharded as FSDP2 expresses it (the ``fsdp`` runtime runs them).
+:class:`GuidedSampler` draws under the papers' knowledge constraints, always as strategy columns
+(:meth:`GuidedSampler.sample_columns`; its objects are made of columns): the built-in kinds in a
+compiled kernel, then replica subsets and batch splits on nodes of different speeds, then each
+registered kind's own draw (:data:`synctune.search.kinds.SEARCH_KINDS`), sharded data
+parallelism among them (ZeRO / FSDP2, DESIGN.md "shard": :mod:`synctune.search.shard_draw`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
-from ..strategy.columns import COLUMN_DTYPES, KIND_CODES, StrategyColumns
+from ..strategy.columns import COLUMN_DTYPES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS, lossy_compressors
 from ..strategy.kinds import renumber_units
 from ..strategy.partition import shard_shapes
@@ -37,12 +38,14 @@ from ..strategy.schema import (
     PSSynchronizer,
     SFBSynchronizer,
     ShardPlan,
-    ShardSynchronizer,
     Strategy,
     StrategyError,
     VariablePlan,
 )
 from ..strategy.validate import validate
+from .draw import DrawContext
+from .kinds import SEARCH_KINDS, kernel_codes
+from .shard_draw import SHARD_MODES, draw_shard_units, hsdp_size, module_at, shard_layout, shardable
 
 __all__ = ["RandomSampler", "GuidedSampler", "SHARD_MODES", "canonical_groups", "hsdp_size", "module_at",
            "shardable"]
@@ -51,44 +54,8 @@ _RANKS = (1, 2, 4)  # the PowerSGD ranks a strategy draws from (fitted to each s
 _UNCOMPRESSED = Compressor()  # frozen: one object serves every shard that sends its gradient as it is
 #: The synchronizer kinds some lossy compressor can wrap: the kind axis of the column tables.
 _COMPRESSIBLE = tuple(kind for kind in SYNCHRONIZER_KINDS if lossy_compressors(kind))
-#: How a sharded draw shards (:meth:`GuidedSampler.sample` with ``shard_prob``): ``zero2``, some
-#: modules' variables sharded without reshard beside the other plans (the engine runs it);
-#: ``fsdp``, every variable sharded, units resharded at a drawn rate (FSDP2 runs it).
-SHARD_MODES = ("zero2", "fsdp")
-#: The prefetch depths a resharded unit draws: FSDP2's default (1) or one unit more.
-_PREFETCH = (1, 2)
-
-
-def shardable(var) -> bool:
-    """Whether ``var`` may take a ``shard`` synchronizer: dense, not a scalar, float32 (what
-    :func:`synctune.strategy.validate.validate` accepts on an unpartitioned variable)."""
-    return not var.sparse and bool(var.shape) and var.dtype == "float32"
-
-
-def module_at(name: str, depth: int) -> str:
-    """The module holding variable ``name`` cut at ``depth`` (``blocks.0`` of
-    ``blocks.0.attn.q.weight`` at depth 2; ``""``, the root, for a top-level variable), as the
-    ``shard`` builder cuts units: every module at one depth is an FSDP2 ``fully_shard`` boundary."""
-    return ".".join(name.split(".")[:-1][:depth])
-
-
-def hsdp_size(strategy: Strategy, cluster: ClusterSpec) -> int | None:
-    """The shard-group size of HSDP that matches the nodes (one node's devices per group, the
-    groups all-reduced across nodes), or None where there is none: the replicas must be whole
-    nodes, more than one, and every node of the cluster the same number of devices, two or more."""
-    sizes = {node.num_devices for node in cluster.nodes}
-    if len(sizes) != 1 or min(sizes) < 2:
-        return None
-    held = set(strategy.replicas)
-    nodes = [node for node in cluster.nodes if held & set(node.devices)]
-    if len(nodes) < 2 or any(not set(node.devices) <= held for node in nodes):
-        return None
-    # Consecutive replicas form a group: each node's devices must be listed together.
-    owner = [cluster.node_of(d).name for d in strategy.replicas]
-    size = sizes.pop()
-    if any(len(set(owner[i:i + size])) != 1 for i in range(0, len(owner), size)):
-        return None
-    return size
+#: The kind :attr:`GuidedSampler.shard_prob` is the draw rate of.
+_SHARD = "shard"
 
 
 def canonical_groups(strategy: Strategy) -> Strategy:
@@ -150,6 +117,7 @@ class RandomSampler:
         return [self.sample() for _ in range(n)]
 
 
+
 @dataclass
 class GuidedSampler:
     """Strategies sampled under the papers' knowledge constraints (AutoDist §2.4, AutoSync §3.2).
@@ -170,31 +138,23 @@ class GuidedSampler:
     broadcast: Horovod's hierarchical mode). A merge group holds shards of one algorithm and one
     compressor. On nodes of different measured speeds it also draws, with ``subset_prob``, a
     replica subset without one node (the slower, the likelier: TAG §4.2's choice of which devices
-    hold replicas), and, with ``split_prob``, an uneven batch split. Where sufficient-factor
-    broadcasting sends fewer bytes than a ring all-reduce for some linear weights (N·b·rows·
-    (H_in + H_out) < 2·H_in·H_out: TAG §4.2.3's per-variable choice), a strategy draws with
-    ``sfb_prob`` a rate at which those weights take it.
+    hold replicas; its PS shards move to the kept nodes' servers in turn), and, with
+    ``split_prob``, an uneven batch split (else the batch split evenly over the replicas). Where
+    sufficient-factor broadcasting sends fewer bytes than a ring all-reduce for some linear
+    weights (N·b·rows·(H_in + H_out) < 2·H_in·H_out: TAG §4.2.3's per-variable choice), a
+    strategy draws with ``sfb_prob`` a rate at which those weights take it.
 
-    With ``shard_prob`` (> 0; at 0 nothing more is drawn, so every random stream stays as it
-    was), a draw is then turned into sharded data parallelism (DESIGN.md "shard"; ZeRO, FSDP2),
-    in one of :data:`SHARD_MODES`: units are the modules at a depth drawn from the model's
-    (:func:`module_at`, the ``shard`` builder's cut); ``zero2`` shards, at a drawn rate per
-    unit, the shardable variables of each unit (no reshard), the others keeping their plans;
-    ``fsdp`` (only where every variable is shardable) shards every variable and reshards each
-    unit at a drawn rate, prefetching 1 or 2 units. One shard group per strategy (every replica,
-    or HSDP over the nodes where :func:`hsdp_size` finds it) and one reduce dtype (bf16 only
-    when ``lossy``). The replica subset and batch split drawn before are kept.
+    Then each registered kind with a draw of its own (:data:`synctune.search.kinds.SEARCH_KINDS`,
+    in its order) turns, at its rate, some drawn strategies into its own: ``shard`` at
+    ``shard_prob`` (> 0; at 0 nothing more is drawn, so the stream stays as it was), sharded
+    data parallelism as :mod:`synctune.search.shard_draw` draws it, grown until ``fits`` (a
+    memory budget's predicate: :class:`synctune.simulator.memory.MemoryBudget`'s ``fits``) holds
+    it; any other kind at ``kind_rates[name]`` (kind name -> probability per strategy; 0 where
+    not named).
 
-    With ``fits`` (a memory budget's predicate: :class:`synctune.simulator.memory.MemoryBudget`'s
-    ``fits``), a sharded draw the budget does not hold is grown until it does, with no further
-    draw from the stream: the modules left replicated join units, the largest first, and where
-    every module is a unit and it still does not fit, the shard group widens from one node
-    (HSDP) to every replica, and then the units reshard, the largest first
-    (only where every variable is shardable: FSDP2 runs a resharded unit). What then still does
-    not fit is returned as it is, for the search's filter to drop. This is ZeRO's order of
-    stages (ZeRO §5: shard optimizer state and gradients first, parameters only where that is
-    not enough), per module; without it, under a budget replicated training does not fit, a
-    zero2 draw shards a random share of modules and almost never fits.
+    Every draw is written as strategy columns (:meth:`sample_columns`), from the sampler's numpy
+    stream seeded ``seed``; :meth:`sample`, :meth:`sample_many` and :meth:`sharded` are objects
+    made of columns.
     """
 
     model: ModelSpec
@@ -212,11 +172,19 @@ class GuidedSampler:
     sfb_prob: float = 0.5
     shard_prob: float = 0.0
     fits: Callable[[Strategy], bool] | None = None
+    kind_rates: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
             raise ValueError(f"GuidedSampler: shard_prob: expected a probability in [0, 1], got {self.shard_prob!r}")
-        self.rng = random.Random(self.seed)
+        drawn = [name for name, kind in SEARCH_KINDS.items() if kind.draw is not None and name != _SHARD]
+        for name, rate in dict(self.kind_rates).items():
+            if name not in drawn:
+                raise ValueError(f"GuidedSampler: kind_rates: {name!r} is no kind with a draw of its own; valid: "
+                                 f"{', '.join(drawn) or 'none'} (shard's rate is shard_prob)")
+            if not (isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0):
+                raise ValueError(f"GuidedSampler: kind_rates[{name!r}]: expected a probability in [0, 1], got {rate!r}")
+        self.np_rng = np.random.default_rng(self.seed)
         self.servers = [node.devices[0] for node in self.cluster.nodes]
         self.nic = [node.nic_gbps for node in self.cluster.nodes]
         self.even_nodes = len({node.num_devices for node in self.cluster.nodes}) == 1
@@ -228,9 +196,13 @@ class GuidedSampler:
         n = self.cluster.num_devices
         self.sfb_cheaper = {v.name for v, r in zip(self.model.variables, self.model.factor_rows or ())
                             if r and n * self.model.batch_size * r * (v.shape[0] + v.shape[1]) < 2 * v.num_elements}
-        self.shardable = {v.name for v in self.model.variables if shardable(v)}
-        #: The deepest module of any variable (1 at least: depth 1 cuts at the root's children).
-        self.max_depth = max(1, max((v.name.count(".") for v in self.model.variables), default=1))
+        self._tables: dict | None = None
+        self._memo: dict = {}  # what the kinds' draws work out once per domain
+
+    @property
+    def shardable(self) -> frozenset[str]:
+        """The variables a ``shard`` draw may shard (:func:`~synctune.search.shard_draw.shardable`)."""
+        return shard_layout(self.model, self._memo).names
 
     def with_sfb(self, strategy: Strategy) -> Strategy:
         """``strategy`` with sufficient-factor broadcasting for the linear weights whose factors are
@@ -261,8 +233,9 @@ class GuidedSampler:
 
     def on_nodes(self, strategy: Strategy, nodes: list[int]) -> Strategy:
         """``strategy`` replicated on every device of the cluster's ``nodes`` only (TAG §4.2:
-        which devices hold replicas), the global batch split evenly over them; PS shards placed
-        on a node left out move to the kept nodes' first devices in turn."""
+        which devices hold replicas), the global batch split evenly over them; shards served by
+        a node left out (PS shards) move to the kept nodes' first devices in turn (their kind's
+        :attr:`~synctune.search.kinds.SearchKind.relocate`)."""
         keep = [d for j in sorted(nodes) for d in self.cluster.nodes[j].devices]
         kept = set(keep)
         servers = [self.servers[j] for j in sorted(nodes)]
@@ -273,9 +246,12 @@ class GuidedSampler:
             shards = []
             for shard in plan.shards:
                 sync = shard.synchronizer
-                if isinstance(sync, PSSynchronizer) and sync.placement not in kept:
-                    sync = dataclasses.replace(sync, placement=servers[moved % len(servers)])
-                    shard = dataclasses.replace(shard, synchronizer=sync)
+                if sync.server is not None and sync.server not in kept:
+                    relocate = SEARCH_KINDS.get(sync.kind).relocate
+                    if relocate is None:
+                        raise ValueError(f"GuidedSampler.on_nodes: {sync.kind}: a shard served by {sync.server} "
+                                         f"cannot move (its search kind has no relocate)")
+                    shard = dataclasses.replace(shard, synchronizer=relocate(sync, servers[moved % len(servers)]))
                     moved += 1
                 shards.append(shard)
             plans.append(dataclasses.replace(plan, shards=tuple(shards)))
@@ -283,7 +259,7 @@ class GuidedSampler:
 
     def without_node(self, strategy: Strategy, out: int) -> Strategy | None:
         """:meth:`on_nodes` every node but ``out``; None where that strategy is not valid (e.g. a
-        hierarchical all-reduce left on one node)."""
+        hierarchical all-reduce left on nodes of different device counts)."""
         candidate = self.on_nodes(strategy, [j for j in range(len(self.cluster.nodes)) if j != out])
         try:
             validate(candidate, self.model, self.cluster)
@@ -291,27 +267,9 @@ class GuidedSampler:
             return None
         return candidate
 
-    def _subset(self, strategy: Strategy) -> Strategy:
-        """On nodes of different measured speeds and with ``subset_prob``: ``strategy`` without
-        one node's replicas, the slower a node the likelier it is left out (draws nothing on
-        homogeneous clusters or on one node)."""
-        if self.speeds is None or len(self.cluster.nodes) < 2 or self.rng.random() >= self.subset_prob:
-            return strategy
-        slowness = [1.0 / (node.compute_gflops or 1.0) for node in self.cluster.nodes]
-        out = self.rng.choices(range(len(self.cluster.nodes)), weights=slowness)[0]
-        return self.without_node(strategy, out) or strategy
-
-    def _batch_split(self, strategy: Strategy) -> Strategy:
-        """``strategy`` with, on nodes of different speeds and with ``split_prob``, the global
-        batch split between even and proportional to speed (a random point between the two), so
-        the slow replicas stop holding every step back. Draws nothing on homogeneous clusters (the
-        random streams of existing searches stay as they were)."""
-        if self.speeds is None or self.rng.random() >= self.split_prob:
-            return strategy
-        return self.split_towards_speed(strategy, self.rng.random())
-
-    def _compressor(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str) -> Compressor:
-        """``kind`` where it applies to this shard (dense, its synchronizer, its shape), else none."""
+    def compressor_for(self, kind: str, rank: int, var, shard_shape: tuple[int, ...], sync_kind: str) -> Compressor:
+        """Compressor ``kind`` (at ``rank``, fitted to the shard) where it applies to this shard of
+        ``var`` under a ``sync_kind`` synchronizer (dense, a kind it wraps, its shape), else none."""
         info = COMPRESSORS.get(kind)
         if kind == "none" or var.sparse or sync_kind not in info.synchronizers:
             return _UNCOMPRESSED
@@ -322,175 +280,37 @@ class GuidedSampler:
             return Compressor(kind=kind, rank=fitted)
         return _UNCOMPRESSED if info.problem(shard_shape, None) else Compressor(kind=kind)
 
-    def _partition(self, var) -> list[int]:
-        partition = [1] * len(var.shape)
-        if not var.shape or var.shape[0] < 2 or var.num_bytes < self.small_bytes:
-            return partition
-        if var.num_bytes >= self.large_bytes or self.rng.random() < self.partition_prob:
-            axes = [a for a, d in enumerate(var.shape) if d > 1 and (a == 0 or not var.sparse)]
-            axis = self.rng.choice(axes)
-            upper = min(self.max_shards, var.shape[axis], max(2, 2 * len(self.servers)))
-            partition[axis] = self.rng.randint(2, max(2, upper))
-        return partition
-
+    # ------------------------------------------------------------------ objects, made of columns
     def sample(self) -> Strategy:
-        rng = self.rng
-        ps_share = rng.random()
-        local_rate = rng.random()
-        comp_kind, comp_rank, algorithm = "none", 0, "flat"
-        if self.lossy and rng.random() < self.compress_prob:
-            comp_kind = rng.choice(lossy_compressors())
-            comp_rank = rng.choice(_RANKS)
-        elif self.even_nodes and rng.random() < self.hierarchical_prob:
-            algorithm = "hierarchical"
-        loads = [0.0] * len(self.servers)
-        decisions = []
-        # Draws nothing where no linear weight is cheaper by SFB (existing streams stay as they were).
-        sfb_rate = rng.random() if self.sfb_cheaper and rng.random() < self.sfb_prob else 0.0
-        for var in self.model.variables:
-            if sfb_rate and var.name in self.sfb_cheaper and rng.random() < sfb_rate:
-                decisions.append((var, [1] * len(var.shape), [("sfb", None)], var.num_bytes))
-                continue
-            partition = self._partition(var)
-            k = math.prod(partition)
-            shard_bytes = var.num_bytes / k
-            kinds = []
-            for _ in range(k):
-                if rng.random() < ps_share:
-                    weights = [nic / (1.0 + load / max(1.0, shard_bytes)) for nic, load in zip(self.nic, loads)]
-                    j = rng.choices(range(len(self.servers)), weights=weights)[0]
-                    loads[j] += shard_bytes
-                    kinds.append(("ps", j))
-                else:
-                    kinds.append(("allgather", None) if var.sparse and rng.random() < 0.5 else ("allreduce", None))
-            decisions.append((var, partition, kinds, shard_bytes))
-        ar_bytes = sum(b for _v, _p, ks, b in decisions for kind, _ in ks if kind == "allreduce")
-        num_groups = rng.randint(1, max(1, min(16, sum(1 for _v, _p, ks, _b in decisions for kd, _ in ks
-                                                      if kd == "allreduce"))))
-        target = ar_bytes / num_groups if ar_bytes else 1.0
-        group, filled, sparse_group = 0, 0.0, SPARSE_GROUP_BASE
-        group_comp = None  # the compressor label of the open dense group
-        plans = []
-        for var, partition, kinds, shard_bytes in decisions:
-            shards = []
-            for (kind, j), shard_shape in zip(kinds, shard_shapes(tuple(var.shape), tuple(partition))):
-                comp = self._compressor(comp_kind, comp_rank, var, shard_shape, kind)
-                if kind == "ps":
-                    local = rng.random() < local_rate
-                    sync = PSSynchronizer(placement=self.servers[j], local_aggregation=local and not var.sparse)
-                elif kind == "allgather":
-                    sync = AllGatherSynchronizer()
-                elif kind == "sfb":
-                    sync = SFBSynchronizer()
-                elif var.sparse:
-                    sync = AllReduceSynchronizer(group=sparse_group, algorithm=algorithm)
-                else:
-                    if filled and (filled + shard_bytes > target * 1.0001 or comp.label != group_comp):
-                        group, filled = group + 1, 0.0
-                    filled += shard_bytes
-                    group_comp = comp.label
-                    sync = AllReduceSynchronizer(group=group, algorithm=algorithm)
-                shards.append(ShardPlan(synchronizer=sync, compressor=comp))
-            plans.append(VariablePlan(variable=var.name, partition=tuple(partition), shards=tuple(shards)))
-        strategy = self._batch_split(self._subset(Strategy.over(self.model, self.cluster, plans)))
-        if self.shard_prob > 0 and rng.random() < self.shard_prob:
-            strategy = self.sharded(strategy)
-        return strategy
-
-    def sharded(self, strategy: Strategy, mode: str | None = None) -> Strategy:
-        """``strategy`` turned into sharded data parallelism (see the class docstring), drawn from
-        this sampler's stream; ``mode`` one of :data:`SHARD_MODES` (None: drawn, ``fsdp`` only
-        where every variable is shardable). ``strategy`` as it is where nothing can be sharded
-        (no shardable variable, or a single replica: a shard group of one shards nothing)."""
-        if mode is not None and mode not in SHARD_MODES:
-            raise ValueError(f"GuidedSampler.sharded: mode: expected one of {SHARD_MODES}, got {mode!r}")
-        every = len(self.shardable) == len(self.model.variables)
-        if mode == "fsdp" and not every:
-            odd = next(v.name for v in self.model.variables if v.name not in self.shardable)
-            raise ValueError(f"GuidedSampler.sharded: mode fsdp shards every variable, and {odd!r} cannot be "
-                             f"sharded (sparse, scalar or not float32); use mode zero2")
-        if not self.shardable or len(strategy.replicas) < 2:
-            return strategy
-        rng = self.rng
-        if mode is None:
-            mode = SHARD_MODES[1] if every and rng.random() < 0.5 else SHARD_MODES[0]
-        depth = rng.randint(1, self.max_depth)
-        hsdp = hsdp_size(strategy, self.cluster)
-        group = rng.choice((0, hsdp)) if hsdp else 0
-        reduce_dtype = "bf16" if self.lossy and rng.random() < 0.5 else "fp32"
-        modules = list(dict.fromkeys(module_at(p.variable, depth) for p in strategy.plans
-                                     if p.variable in self.shardable))
-        rate = rng.random()
-        if mode == "zero2":
-            chosen = {m for m in modules if rng.random() < rate}
-            if not chosen:  # a sharded draw shards something
-                chosen = {modules[rng.randrange(len(modules))]}
-            options = {m: (False, 0) for m in chosen}
-        else:
-            options = {}
-            for m in modules:
-                reshard = rng.random() < rate
-                options[m] = (reshard, rng.choice(_PREFETCH) if reshard else 0)
-        out = self._with_units(strategy, depth, options, group, reduce_dtype)
-        if self.fits is None or self.fits(out):
-            return out
-        # Grow the draw until the budget holds it (the class docstring): more modules, then reshard.
-        size: dict[str, int] = {}
-        for var in self.model.variables:
-            if var.name in self.shardable:
-                module = module_at(var.name, depth)
-                size[module] = size.get(module, 0) + var.num_bytes
-        order = {m: i for i, m in enumerate(modules)}
-        for m in sorted((m for m in modules if m not in options), key=lambda m: (-size[m], order[m])):
-            options[m] = (False, 0)
-            out = self._with_units(strategy, depth, options, group, reduce_dtype)
-            if self.fits(out):
-                return out
-        if group:  # HSDP keeps a copy per node: shard over every replica before resharding
-            group = 0
-            out = self._with_units(strategy, depth, options, group, reduce_dtype)
-            if self.fits(out):
-                return out
-        if not every:
-            return out
-        for m in sorted((m for m in modules if not options[m][0]), key=lambda m: (-size[m], order[m])):
-            options[m] = (True, 1)
-            out = self._with_units(strategy, depth, options, group, reduce_dtype)
-            if self.fits(out):
-                return out
-        return out
-
-    def _with_units(self, strategy: Strategy, depth: int, options: dict[str, tuple[bool, int]], group: int,
-                    reduce_dtype: str) -> Strategy:
-        """``strategy`` with the shardable variables of each module of ``options`` (module to
-        (reshard, prefetch)) in one ``shard`` unit per module."""
-        # New units are numbered after the units ``strategy`` may already have (kept where their
-        # module is not chosen), then every unit renumbered by first appearance.
-        base = 1 + max((sh.synchronizer.unit for p in strategy.plans for sh in p.shards
-                        if isinstance(sh.synchronizer, ShardSynchronizer)), default=-1)
-        units: dict[str, int] = {}
-        plans = []
-        for plan in strategy.plans:
-            module = module_at(plan.variable, depth)
-            if plan.variable not in self.shardable or module not in options:
-                plans.append(plan)
-                continue
-            reshard, prefetch = options[module]
-            sync = ShardSynchronizer(unit=units.setdefault(module, base + len(units)), group=group, reshard=reshard,
-                                     prefetch=prefetch, reduce_dtype=reduce_dtype)
-            plans.append(VariablePlan(variable=plan.variable, partition=(1,) * len(plan.partition),
-                                      shards=(ShardPlan(synchronizer=sync),)))
-        # Merge groups that lost members to the units are renumbered, so equal strategies hash equal.
-        return canonical_groups(dataclasses.replace(strategy, plans=tuple(plans)))
+        """One strategy (the next one drawn as columns, made an object)."""
+        return self.sample_many(1)[0]
 
     def sample_many(self, n: int) -> list[Strategy]:
-        return [self.sample() for _ in range(n)]
+        """``n`` strategies drawn as :meth:`sample_columns` draws them, made objects."""
+        cols = self.sample_columns(n)
+        return [cols.strategy(i) for i in range(cols.size)]
+
+    def sharded(self, strategy: Strategy, mode: str | None = None) -> Strategy:
+        """``strategy`` turned into sharded data parallelism as a ``shard_prob`` draw turns one
+        (:mod:`~synctune.search.shard_draw`; grown until :attr:`fits` holds it), drawn from this
+        sampler's stream; ``mode`` one of :data:`SHARD_MODES` (None: drawn, ``fsdp`` only where
+        every variable is shardable). ``strategy`` as it is where nothing can be sharded (no
+        shardable variable, or a single replica: a shard group of one shards nothing). The
+        result is made of columns: a PS shard placed on its node's first device, no staleness
+        bound, replicas in device order (as every sampler draws them)."""
+        cols = StrategyColumns.from_strategies(self.model, self.cluster, [strategy])
+        out = draw_shard_units(self._context(1.0), cols, mode=mode)
+        return strategy if out is cols else out.strategy(0)
 
     # ------------------------------------------------------------------ columns
+    def _context(self, rate: float) -> DrawContext:
+        return DrawContext(model=self.model, cluster=self.cluster, rng=self.np_rng, lossy=self.lossy, rate=rate,
+                           fits=self.fits, memo=self._memo)
+
     def _column_tables(self) -> dict:
         """Per variable, what :meth:`sample_columns` draws from, and per (variable, axis,
         pieces, shard) its share of the variable and what each compressor makes of it."""
-        if getattr(self, "_tables", None) is not None:
+        if self._tables is not None:
             return self._tables
         upper_cap = max(2, 2 * len(self.servers))
         frac, cells = [], []
@@ -524,7 +344,7 @@ class GuidedSampler:
 
     def _compressor_cells(self, var, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For a shard of ``var`` of ``shape``, per compressor code, synchronizer kind of
-        :data:`_COMPRESSIBLE` and rank choice of :data:`_RANKS`: whether :meth:`_compressor`
+        :data:`_COMPRESSIBLE` and rank choice of :data:`_RANKS`: whether :meth:`compressor_for`
         keeps that compressor there, the rank it takes and its wire bytes per gradient byte."""
         size = (len(COMPRESSORS), len(_COMPRESSIBLE), len(_RANKS))
         ok, rank, ratio = np.zeros(size, bool), np.zeros(size, np.int8), np.ones(size)
@@ -532,7 +352,7 @@ class GuidedSampler:
             ranks = _RANKS if "rank" in info.params else _RANKS[:1]  # the others take no rank
             for si, sync in enumerate(_COMPRESSIBLE):
                 for ri, r in enumerate(ranks):
-                    comp = self._compressor(kind, r, var, shape, sync)
+                    comp = self.compressor_for(kind, r, var, shape, sync)
                     if comp.kind == kind:
                         cell = (ci, si, slice(ri, ri + 1) if len(ranks) > 1 else slice(None))
                         ok[cell] = True
@@ -541,26 +361,30 @@ class GuidedSampler:
         return ok, rank, ratio
 
     def sample_columns(self, n: int, chunk: int = 4096) -> StrategyColumns:
-        """``n`` strategies drawn as :meth:`sample` draws them (the same knowledge constraints:
-        partitioning thresholds, load-balanced PS placement, adjacent merging by load, one
-        compressor or hierarchical all-reduce per strategy, SFB where cheaper, uneven batch
-        splits), written straight into columns, with a random stream of their own (numpy's,
-        from ``seed``): a search round's tens of thousands of proposals cost microseconds each
-        (:mod:`synctune.strategy.columns`). Replica subsets are not drawn here (each would
-        change the cluster the strategy's columns describe); :meth:`sample` draws them.
+        """``n`` strategies drawn under the knowledge constraints (the class docstring), written
+        straight into columns from the sampler's numpy stream: a search round's tens of
+        thousands of proposals cost microseconds each (:mod:`synctune.strategy.columns`).
 
         What is independent across variables is drawn with numpy for all ``n`` strategies at
         once; what is sequential inside a strategy (placement by load, merging) runs compiled,
         ``chunk`` strategies per call (:mod:`synctune.search.column_kernel`): the output is
-        allocated once and filled chunk by chunk."""
+        allocated once and filled chunk by chunk. Replica subsets and batch splits are then
+        drawn for all strategies at once, and each registered kind's draw edits the columns
+        (vectorized; a ``shard`` draw that ``fits`` refuses is grown as an object)."""
+        rows, offsets = self._kernel_rows(n, chunk)
+        batch_split = self._replicas(n, rows) if self.speeds is not None else None
+        cols = StrategyColumns(model=self.model, cluster=self.cluster, offsets=offsets, batch_split=batch_split,
+                               **rows)
+        for name, kind in SEARCH_KINDS.items():
+            rate = self.shard_prob if name == _SHARD else float(self.kind_rates.get(name, 0.0))
+            if kind.draw is not None and rate > 0:
+                cols = kind.draw(self._context(rate), cols)
+        return cols
+
+    def _kernel_rows(self, n: int, chunk: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The built-in kinds' rows of ``n`` strategies (the compiled kernel's), and their offsets."""
         from .column_kernel import draw_partitions, fill_rows
 
-        if self.shard_prob > 0:
-            raise ValueError(f"GuidedSampler.sample_columns: shard_prob is {self.shard_prob}, and strategy columns "
-                             f"cannot express shard plans (units, shard groups); draw sharded strategies with "
-                             f"sample(), or set shard_prob 0 for columns")
-        if not hasattr(self, "np_rng"):
-            self.np_rng = np.random.default_rng(self.seed)
         rng = self.np_rng
         t = self._column_tables()
         v = t["per_var"]
@@ -585,13 +409,13 @@ class GuidedSampler:
             draw_partitions(rng.random((3, n, len(v["cuttable"])), dtype=np.float32), v["cuttable"], v["always"],
                             v["naxes"], v["upper"], v["axes"], v["combo"], self.partition_prob, sfb, pieces, axes, base)
         offsets = np.r_[0, np.cumsum(pieces.sum(1))].astype(np.int64)
-        rows = int(offsets[-1])
-        out = {k: np.empty(rows, COLUMN_DTYPES[k]) for k in ("sid", "var", "axis", "nshards", "kind", "node", "group",
-                                                              "comp", "rank", "local", "hier", "frac", "ratio",
-                                                              "group_order")}
+        total = int(offsets[-1])
+        out = {k: np.empty(total, COLUMN_DTYPES[k]) for k in ("sid", "var", "axis", "nshards", "kind", "node", "group",
+                                                               "comp", "rank", "local", "hier", "frac", "ratio",
+                                                               "group_order")}
         out.update(ngroups=np.zeros(n))
         nic = np.asarray(self.nic, dtype=np.float64)
-        codes = np.array([KIND_CODES[k] for k in ("ps", "allreduce", "allgather", "sfb")])
+        codes = kernel_codes()
         kind_axis = np.array([_COMPRESSIBLE.index(k) if k in _COMPRESSIBLE else -1 for k in SYNCHRONIZER_KINDS])
         for lo in range(0, n, max(1, chunk)):
             hi = min(n, lo + max(1, chunk))
@@ -602,32 +426,64 @@ class GuidedSampler:
                       out["sid"], out["var"], out["axis"], out["nshards"], out["kind"], out["node"], out["local"],
                       out["group"], out["hier"], out["comp"], out["rank"], out["frac"], out["ratio"],
                       out["group_order"], out["ngroups"])
-        return StrategyColumns(model=self.model, cluster=self.cluster, offsets=offsets,
-                               batch_split=self._split_columns(n) if self.speeds is not None else None, **out)
+        return out, offsets
 
-    def _split_columns(self, n: int) -> np.ndarray:
-        """(n, replicas) batch splits: with ``split_prob`` a point between even and proportional
-        to speed (as :meth:`split_towards_speed`), else the model's batch on every replica."""
+    def _replicas(self, n: int, rows: dict[str, np.ndarray]) -> np.ndarray:
+        """(n, devices) batch splits on nodes of different speeds (0: no replica there): with
+        ``subset_prob`` (two nodes or more) every node but one holds replicas, the node left out
+        drawn with weights 1 / its speed, unless a hierarchical all-reduce would be left on
+        nodes of different device counts (what :meth:`without_node` refuses); the PS shards of
+        the node left out move to the kept nodes' servers in turn (``rows['node']`` is
+        rewritten). Then with ``split_prob`` the global batch split a random point between even
+        and proportional to speed (as :meth:`split_towards_speed`), else evenly."""
         rng = self.np_rng
-        r = self.cluster.num_devices
-        total = self.model.batch_size * r
+        nodes = self.cluster.nodes
+        per_node = np.array([node.num_devices for node in nodes])
+        owner = np.repeat(np.arange(len(nodes)), per_node)  # devices are listed node by node
+        held = np.ones((n, self.cluster.num_devices), bool)
+        if len(nodes) >= 2:
+            leave = rng.random(n) < self.subset_prob
+            slowness = np.cumsum([1.0 / (node.compute_gflops or 1.0) for node in nodes])
+            out = np.minimum(np.searchsorted(slowness, rng.random(n) * slowness[-1], side="right"), len(nodes) - 1)
+            # Hierarchical all-reduce is drawn only where every node holds as many devices, so a
+            # subset of whole nodes keeps it valid; the check stands where that would not hold.
+            hierarchical = np.bincount(rows["sid"], weights=rows["hier"], minlength=n) > 0
+            uneven_without = np.array([len(set(np.delete(per_node, j).tolist())) > 1 for j in range(len(nodes))])
+            leave &= ~(hierarchical & uneven_without[out])
+            held[leave] = owner[None, :] != out[leave][:, None]
+            sid, node = rows["sid"], rows["node"]
+            moving = np.flatnonzero(leave[sid] & (node == out[sid]))
+            if len(moving):
+                owners = sid[moving]
+                starts = np.r_[0, np.flatnonzero(np.diff(owners)) + 1]
+                turn = np.arange(len(moving)) - np.repeat(starts, np.diff(np.r_[starts, len(moving)]))
+                k = turn % (len(nodes) - 1)
+                node[moving] = k + (k >= out[owners])
+        return self._split_columns(n, held)
+
+    def _split_columns(self, n: int, held: np.ndarray) -> np.ndarray:
+        """(n, devices) batch splits of the global batch over the ``held`` devices: with
+        ``split_prob`` a point between even and proportional to speed (as
+        :meth:`split_towards_speed`), else even (the first ``total % replicas`` one row more)."""
+        rng = self.np_rng
+        total = self.model.batch_size * self.cluster.num_devices
         draw = rng.random(n) < self.split_prob
         tt = np.where(draw, rng.random(n), 0.0)
-        speeds = np.array([x or 1.0 for x in self.speeds])
-        weights = (1 - tt)[:, None] + tt[:, None] * speeds[None, :] / speeds.max()
+        speeds = np.array([x or 1.0 for x in self.speeds])[None, :]
+        fastest = np.where(held, speeds, 0.0).max(1, keepdims=True)
+        weights = np.where(held, (1 - tt)[:, None] + tt[:, None] * speeds / fastest, 0.0)
         raw = total * weights / weights.sum(1, keepdims=True)
-        split = np.maximum(1, raw.astype(np.int64))
-        # Largest remainders first, until the split sums to the global batch again.
+        split = np.where(held, np.maximum(1, raw.astype(np.int64)), 0)
+        # Largest remainders first (among the replicas), until the split sums to the global batch again.
         short = total - split.sum(1)
-        order = np.argsort(-(raw - raw.astype(np.int64)), axis=1, kind="stable")
+        order = np.argsort(np.where(held, -(raw - raw.astype(np.int64)), np.inf), axis=1, kind="stable")
         place = np.empty_like(order)
-        np.put_along_axis(place, order, np.arange(r)[None, :].repeat(n, 0), axis=1)
-        split += (place < short[:, None]) & (short[:, None] > 0)
-        over = split.sum(1) > total
-        for i in np.flatnonzero(over):  # rare: a share rounded up to one row
+        np.put_along_axis(place, order, np.arange(held.shape[1])[None, :].repeat(n, 0), axis=1)
+        split += (place < short[:, None]) & held
+        for i in np.flatnonzero(split.sum(1) > total):  # rare: a share rounded up to one row
             while split[i].sum() > total:
                 split[i, int(np.argmax(split[i]))] -= 1
-        return np.where(draw[:, None], split, self.model.batch_size)
+        return split
 
 
 def _padded(per_var: list[dict]) -> dict[str, np.ndarray]:

@@ -1,0 +1,132 @@
+"""What a plan kind's column draw works with: its :class:`DrawContext`, and the edits it makes to
+drawn strategy columns (rows rewritten or dropped, unit ids renumbered, strategies spliced in).
+
+The guided sampler draws a round's proposals as columns (AutoDist §2.4's sampler, written into
+:class:`~synctune.strategy.columns.StrategyColumns`); a registered kind may then turn some drawn
+rows or strategies into its own (:attr:`synctune.search.kinds.SearchKind.draw`). These edits
+keep columns what :meth:`~synctune.strategy.columns.StrategyColumns.from_strategies` would make
+of the same strategies: rows grouped by strategy and variable in the model's order, merge ids
+numbered by first appearance, ``group_order`` and ``ngroups`` rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..strategy.columns import COLUMN_DTYPES, StrategyColumns
+from ..strategy.kinds import SPARSE_GROUP_BASE
+
+__all__ = ["DrawContext", "edited", "first_rows", "splice"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrawContext:
+    """What a kind's column draw gets from the sampler: the domain (``model``, ``cluster``), the
+    sampler's numpy stream (``rng``, shared: a draw takes what it needs from it in a fixed
+    order), whether lossy encodings may be drawn (``lossy``), the kind's draw ``rate`` (a
+    probability per strategy), the memory budget's predicate (``fits``: a strategy object ->
+    whether it fits; None without a budget) and ``memo``, the sampler's cache of what depends
+    on the domain only (a draw keys it by its own name)."""
+
+    model: Any
+    cluster: Any
+    rng: np.random.Generator
+    lossy: bool
+    rate: float
+    fits: Callable[[Any], bool] | None = None
+    memo: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rate, (int, float)) and 0.0 <= self.rate <= 1.0):
+            raise ValueError(f"DrawContext: rate: expected a probability in [0, 1], got {self.rate!r}")
+
+
+def first_rows(cols: StrategyColumns) -> np.ndarray:
+    """Per row, whether it is its variable's first shard in its strategy."""
+    first = np.ones(len(cols.sid), bool)
+    if len(first) > 1:
+        first[1:] = (np.diff(cols.sid) != 0) | (np.diff(cols.var) != 0)
+    return first
+
+
+def edited(cols: StrategyColumns, *, at: np.ndarray | None = None, values: Mapping[str, Any] | None = None,
+           keep: np.ndarray | None = None, renumber: np.ndarray | None = None) -> StrategyColumns:
+    """``cols`` with rows ``at`` (indices) given ``values`` (column name -> a value or one per
+    row of ``at``), then only the rows where ``keep`` holds (None: every row; the rows ``at``
+    must be kept), and the merge ids of the strategies ``renumber`` (a mask per strategy)
+    numbered by first appearance per strategy, kind and space (ids from
+    :data:`~synctune.strategy.kinds.SPARSE_GROUP_BASE` on, the sparse merge groups, in a space of
+    their own: the columns' twin of :func:`~synctune.strategy.kinds.renumber_units`, so equal
+    groupings hash equal once made objects); offsets recounted, merge-group numbering rebuilt.
+    ``cols`` is left as it is."""
+    if values and at is None:
+        raise ValueError("edited: at: expected the indices of the rows values are written to, got None")
+    rows = {name: getattr(cols, name) for name in COLUMN_DTYPES if name != "group_order"}
+    fresh: set[str] = set()
+    if keep is not None and not keep.all():
+        if at is not None:
+            at = (np.cumsum(keep) - 1)[at]
+        index = np.flatnonzero(keep)
+        rows = {name: column.take(index) for name, column in rows.items()}
+        fresh = set(rows)
+    for name, value in (values or {}).items():
+        if name not in fresh:  # a column of ``cols``: copied before it is written
+            rows[name] = rows[name].copy()
+        rows[name][at] = value
+    if renumber is not None:
+        group = _renumbered(rows["sid"], rows["kind"], rows["group"], renumber)
+        if group is not None:
+            rows["group"] = group
+    counts = np.bincount(rows["sid"], minlength=cols.size)
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return StrategyColumns(model=cols.model, cluster=cols.cluster, offsets=offsets, batch_split=cols.batch_split,
+                           **rows)
+
+
+def _renumbered(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, strategies: np.ndarray) -> np.ndarray | None:
+    """``group`` with the merge ids of the ``strategies`` (a mask) renumbered (:func:`edited`);
+    None where they are numbered so already."""
+    rows = np.flatnonzero((group >= 0) & strategies[sid])
+    if not len(rows):
+        return None
+    ids = group[rows]
+    space = np.where(ids >= SPARSE_GROUP_BASE, SPARSE_GROUP_BASE, 0)
+    owner = (sid[rows] * 256 + kind[rows].astype(np.int64)) * 2 + (space > 0)
+    _, first, inverse = np.unique(owner * (int(ids.max()) + 1) + ids, return_index=True, return_inverse=True)
+    # Ids of one (strategy, kind, space) ranked by the row where each first appears.
+    by_owner = np.lexsort((first, owner[first]))
+    starts = np.r_[0, np.flatnonzero(np.diff(owner[first][by_owner])) + 1]
+    rank = np.empty(len(first), np.int64)
+    rank[by_owner] = np.arange(len(first)) - np.repeat(starts, np.diff(np.r_[starts, len(first)]))
+    new = space + rank[inverse.ravel()]
+    if np.array_equal(new, ids):
+        return None
+    out = group.copy()
+    out[rows] = new
+    return out
+
+
+def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> StrategyColumns:
+    """``cols`` with strategy ``i`` replaced by the single strategy of ``replaced[i]`` (columns
+    of the same domain and replicas: the batch split is ``cols``')."""
+    if not replaced:
+        return cols
+    names = [name for name in COLUMN_DTYPES if name != "group_order"]
+    pieces: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    at = 0
+    for i in sorted(replaced):
+        lo, hi = int(cols.offsets[i]), int(cols.offsets[i + 1])
+        new = replaced[i]
+        for name in names:
+            pieces[name].append(getattr(cols, name)[at:lo])
+            pieces[name].append(np.full(len(new.sid), i, np.int64) if name == "sid" else getattr(new, name))
+        at = hi
+    rows = {name: np.concatenate(pieces[name] + [getattr(cols, name)[at:]]).astype(COLUMN_DTYPES[name])
+            for name in names}
+    counts = np.bincount(rows["sid"], minlength=cols.size)
+    return dataclasses.replace(cols, offsets=np.r_[0, np.cumsum(counts)].astype(np.int64), group_order=None,
+                               ngroups=None, **rows)
