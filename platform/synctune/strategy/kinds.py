@@ -50,6 +50,7 @@ __all__ = [
     "register_synchronizer",
     "column_row",
     "synchronizer_from_dict",
+    "synchronizer_from_schema_1",
     "units_of",
     "renumber_units",
 ]
@@ -66,6 +67,10 @@ ALLREDUCE_ALGORITHMS = ("flat", "hierarchical")
 REDUCE_DTYPES = ("fp32", "bf16")
 #: The most all-gathers a resharded unit may issue ahead (FSDP2 prefetches one by default).
 MAX_PREFETCH = 8
+
+#: Schema 1 named all-reduce algorithms the backend never let synctune choose (``auto``, ``ring``,
+#: ``tree``); every one of them ran as one flat collective, which schema 2 calls ``flat``.
+_SCHEMA_1_ALGORITHMS = ("auto", "ring", "tree")
 
 #: What a strategy column holds off the kinds that use it (:meth:`Synchronizer.column_values`).
 _OFF_COLUMNS: dict[str, Any] = {"node": -1, "local": False, "group": -1, "hier": False, "shard_group": -1,
@@ -126,6 +131,12 @@ class Synchronizer:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``kind`` and every field of :attr:`json_keys`."""
         return {"kind": self.kind, **{k: getattr(self, k) for k in self.json_keys}}
+
+    @classmethod
+    def from_schema_1(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """This kind's JSON form as a schema-1 strategy wrote it, in schema 2 (``data`` is raw JSON,
+        checked later): ``data`` itself where the kind means in schema 2 what it meant in schema 1."""
+        return data
 
     # --------------------------------------------------------------------------- units
     @property
@@ -298,6 +309,18 @@ def register_synchronizer(cls: type) -> type:
     return cls
 
 
+def synchronizer_from_schema_1(data: Any) -> Any:
+    """A synchronizer's raw JSON form in a schema-1 strategy, in schema 2 (its kind's
+    :meth:`~Synchronizer.from_schema_1`); ``data`` itself where it names no registered kind (the
+    validation that follows names the fault)."""
+    if not isinstance(data, Mapping):
+        return data
+    kind = data.get("kind")
+    if not isinstance(kind, str) or kind not in SYNCHRONIZERS:
+        return data
+    return SYNCHRONIZERS.get(kind).from_schema_1(data)
+
+
 def synchronizer_from_dict(data: Any, where: str) -> Synchronizer:
     """The synchronizer of its JSON form; errors name ``where``, the key and the valid kinds."""
     if not isinstance(data, Mapping):
@@ -400,6 +423,14 @@ class AllReduceSynchronizer(Synchronizer):
         req(in_range(self.group, 0, LIMITS["seed"]), "allreduce: group", "a non-negative integer", self.group)
         req(self.algorithm in ALLREDUCE_ALGORITHMS, "allreduce: algorithm", f"one of {ALLREDUCE_ALGORITHMS}",
             self.algorithm)
+
+    @classmethod
+    def from_schema_1(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Schema 1's all-reduce algorithms (:data:`_SCHEMA_1_ALGORITHMS`) were never executed: every
+        group ran flat, so they become ``flat``; another value is left for validation to refuse."""
+        if data.get("algorithm", "auto") in _SCHEMA_1_ALGORITHMS:
+            return dict(data, algorithm="flat")
+        return data
 
     def merge_space(self) -> int:
         return SPARSE_GROUP_BASE if self.group >= SPARSE_GROUP_BASE else 0
