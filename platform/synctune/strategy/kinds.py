@@ -8,9 +8,11 @@ checks against a model and a cluster (:meth:`Synchronizer.check`,
 :meth:`Synchronizer.check_in_strategy`, and what a unit's members must agree on), how it is
 written into strategy columns and read back, and what it adds to a strategy's summary numbers.
 The layers above register their part of a kind under its name in a registry of their own (the
-engine's units: :data:`synctune.engine.kinds.ENGINE_KINDS`; the memory model's tally:
-:data:`synctune.simulator.kinds.MEMORY_KINDS`), so that no layer asks which class a
-synchronizer is.
+engine's units: :data:`synctune.engine.kinds.ENGINE_KINDS`; what TensorFlow's runtime makes of it:
+:data:`synctune.engine.tensorflow.TENSORFLOW_KINDS`; the memory model's tally, the features' and
+the replay's cost terms: :data:`synctune.simulator.kinds.MEMORY_KINDS`,
+:data:`~synctune.simulator.kinds.FEATURE_KINDS`, :data:`~synctune.simulator.kinds.REPLAY_KINDS`),
+so that no layer asks which class a synchronizer is.
 
 :func:`register_synchronizer` adds a kind; its code in strategy columns and simulator features
 is its position in the registry (:data:`SYNCHRONIZER_KINDS`, :data:`KIND_CODES`): the built-in
@@ -115,9 +117,9 @@ class Synchronizer:
     strategy columns, counted as ``num_merge_groups``; else they count as ``num_shard_units``),
     ``stats_column`` (the summary column counting its shards), ``priced_as`` (the kind whose
     cost terms the simulators price its shards with, for a kind that communicates as another
-    one does, e.g. an all-reduce that also counts its calls; None: its own terms, which only
-    the built-in kinds have: a new communication pattern needs terms of its own in
-    :mod:`synctune.simulator.replay` and :mod:`synctune.simulator.features`)."""
+    one does, e.g. an all-reduce that also counts its calls; None: its own terms, which a kind
+    registers in :data:`synctune.simulator.kinds.FEATURE_KINDS` and
+    :data:`synctune.simulator.kinds.REPLAY_KINDS`, as each built-in kind does)."""
 
     kind: str
     json_keys: ClassVar[tuple[str, ...]] = ()
@@ -280,12 +282,19 @@ SYNCHRONIZER_KINDS: Sequence[str] = _KindNames()
 KIND_CODES: Mapping[str, int] = _KindCodes()
 
 
+#: :func:`pattern_codes` for the registry as it was at its length (kinds are only ever added).
+_PATTERN_CODES: list = [-1, None]
+
+
 def pattern_codes() -> list[int] | None:
     """Per kind code, the code of the kind that prices it (:attr:`Synchronizer.priced_as`);
-    None when every kind prices itself (the simulators then read kind codes as they are)."""
-    names = SYNCHRONIZERS.names()
-    table = [names.index(SYNCHRONIZERS.get(k).priced_as or k) for k in names]
-    return None if table == list(range(len(names))) else table
+    None when every kind prices itself (the simulators then read kind codes as they are). Worked
+    out once per registration: the simulators ask for it in every term."""
+    if _PATTERN_CODES[0] != len(SYNCHRONIZERS):
+        names = SYNCHRONIZERS.names()
+        table = [names.index(SYNCHRONIZERS.get(k).priced_as or k) for k in names]
+        _PATTERN_CODES[:] = [len(names), None if table == list(range(len(names))) else table]
+    return _PATTERN_CODES[1]
 
 
 def register_synchronizer(cls: type) -> type:
