@@ -417,8 +417,8 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
                      own=np.arange(num_shards), scale=scale, backward_end=dom.backward_end * scale)
     state = {code: kind.prepare(rb, rows) if kind.prepare else None for code, _name, kind, rows in present}
     for code, _name, kind, rows in present:
-        if kind.rows:
-            kind.rows(rb, rows, state[code])
+        if kind.form_units:
+            kind.form_units(rb, rows, state[code])
     # Units: one per merge group where a kind's units are merge groups (all-reduce), else one per
     # row or per the row a kind keys its units by (a shard unit's first row).
     group = b.group_order

@@ -312,7 +312,7 @@ class ReplayKind:
     - ``counted_as``: the family its units count in among the residual correction's features
       (``ps``, ``ar``, ``ag``, ``shard``; None: in none);
     - ``prepare(batch, rows)``: what its other terms share for one batch (e.g. its units);
-    - ``rows(batch, rows, state)``: before units are formed: the row keying each row's unit
+    - ``form_units(batch, rows, state)``: before units are formed: the row keying each row's unit
       (``own``) and the bytes on the wire;
     - ``compute(batch, rows, state)``: how its units delay compute (``ready``, ``backward_end``)
       and what they run after the step (``after_step[name]``);
@@ -324,14 +324,14 @@ class ReplayKind:
 
     Units are formed for every kind alike: one per all-reduce merge group where the kind's units
     are merge groups (:attr:`~synctune.strategy.kinds.Synchronizer.merge_groups`), else one per
-    row, or per the row ``rows`` names."""
+    row, or per the row ``form_units`` names."""
 
     densifies: bool = False
     step_cost: str | None = None
     unit_cost: str | None = None
     counted_as: str | None = None
     prepare: Callable[[ReplayBatch, np.ndarray], Any] | None = None
-    rows: Callable[[ReplayBatch, np.ndarray, Any], None] | None = None
+    form_units: Callable[[ReplayBatch, np.ndarray, Any], None] | None = None
     compute: Callable[[ReplayBatch, np.ndarray, Any], None] | None = None
     durations: Callable[[ReplayBatch, np.ndarray, np.ndarray, Any], None] | None = None
     step_saved: Callable[[ReplayBatch, np.ndarray, Any], np.ndarray] | None = None

@@ -330,5 +330,5 @@ register_memory_kind(NAME, MemoryKind(count=_count, holds_rows=lambda sync, fsdp
 register_feature_kind(NAME, FeatureKind(totals=_totals, hidden=("t_shard", "t_gather_hidden"),
                                         exposed=("t_gather_exposed",),
                                         block=FeatureBlock(SHARD_RAW_NAMES, SHARD_GLOBAL_NAMES, shard_inputs)))
-register_replay_kind(NAME, ReplayKind(unit_cost="shard_unit_s", counted_as="shard", prepare=_prepare, rows=_unit_rows,
+register_replay_kind(NAME, ReplayKind(unit_cost="shard_unit_s", counted_as="shard", prepare=_prepare, form_units=_unit_rows,
                                       compute=_compute, durations=_durations, step_saved=_step_saved))
