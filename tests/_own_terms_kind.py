@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from synctune.simulator.kinds import (FeatureKind, MemoryKind, ReplayKind, register_feature_kind, register_memory_kind,
-                                      register_replay_kind)
-from synctune.strategy.errors import StrategyError
-from synctune.strategy.kinds import Synchronizer, column_row, register_synchronizer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from synctune.simulator.kinds import (FeatureKind, MemoryKind, ReplayKind, register_feature_kind,  # noqa: E402
+                                      register_memory_kind, register_replay_kind)
+from synctune.strategy.errors import StrategyError  # noqa: E402
+from synctune.strategy.kinds import Synchronizer, column_row, register_synchronizer  # noqa: E402
 
 KIND = "tree-allreduce"
 
@@ -89,9 +93,10 @@ class Unpriced(Synchronizer):
 
 
 def main() -> dict:
-    from synctune.simulator import ReplayConstants, ReplaySimulator
+    from test_replay import _cluster, _model, _replay  # the replay's case worked by hand
+
     from synctune.simulator.features import DomainContext, analytic_time, encode, per_shard_inputs, shard_features
-    from synctune.spec import ClusterSpec, ComputeProfile, ModelSpec, SpecError, VariableSpec
+    from synctune.spec import SpecError
     from synctune.strategy import ShardPlan, Strategy, VariablePlan, validate
 
     register_synchronizer(TreeAllReduce)
@@ -102,18 +107,12 @@ def main() -> dict:
                                           durations=_durations))
     out: dict = {}
     # Two nodes of one device each, 8 Gbit/s links (1e9 bytes/s); one merge group of two variables.
-    node = {"instance_type": "local-cpu", "device_kind": "cpu", "device_model": "cpu", "num_devices": 1,
-            "nic_gbps": 8.0, "single_flow_gbps": 8.0, "intra_node_gbps": 8.0}
-    two = ClusterSpec.from_dict({"name": "two-nodes", "nodes": [{"name": "n0", **node}, {"name": "n1", **node}]})
-    small = ModelSpec(name="two", batch_size=8, variables=(VariableSpec(name="b", shape=(1000,), dtype="float32"),
-                                                           VariableSpec(name="a", shape=(250_000,), dtype="float32")))
+    small, two = _model(), _cluster()
     one = Strategy.over(small, two, [VariablePlan(variable=v.name, partition=(1,), shards=(ShardPlan(
         synchronizer=TreeAllReduce(group=0)),)) for v in small.variables])
     validate(one, small, two)
-    sim = ReplaySimulator({}, ReplayConstants(alpha_s=1e-4, unit_s=5e-5, iteration_s=5e-4, replay_version=5))
-    sim.add_profile(ComputeProfile(model="two", device="cpu", workers=2, batch_size=8, forward_s=0.010,
-                                   backward_s=0.021, step_s=0.003, ready_s=(0.002, 0.020)))
-    out["replay_s"] = float(sim.predict([one], small, two)[0])
+    (replayed,), sim = _replay(small, two, [one])
+    out["replay_s"] = float(replayed)
     ctx = DomainContext(small, two)
     batch = encode([one], ctx)
     out["analytic_s"] = float(analytic_time(batch, ctx)[0])
