@@ -378,10 +378,9 @@ def _schedule(rb: ReplayBatch, order: np.ndarray, usid: np.ndarray, first: np.nd
     return start, finish, comm_end
 
 
-def _present(b: StrategyColumns) -> list[tuple[int, str, ReplayKind, np.ndarray]]:
-    """(code, name, entry, rows) of each kind with rows in ``b``, in registry order."""
-    return [(code, SYNCHRONIZER_KINDS[code], kind, b.pattern_rows(code)) for code, kind in priced(REPLAY_KINDS, b)
-            if b.pattern_mask(code).any()]
+def _present(b: StrategyColumns) -> list[tuple[int, ReplayKind, np.ndarray]]:
+    """(code, entry, rows) of each kind with rows in ``b``, in registry order."""
+    return [(code, kind, b.pattern_rows(code)) for code, kind in priced(REPLAY_KINDS, b) if b.pattern_mask(code).any()]
 
 
 def _added(total: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
@@ -415,8 +414,8 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     rb = ReplayBatch(b=b, ctx=ctx, dom=dom, k=k, t=comm_terms(b, ctx), alpha=dom.alpha, plain=plain,
                      sparse_part=sparse_part, wire=wire, rebuild=rebuild, ready=dom.ready[b.var] * scale[b.sid],
                      own=np.arange(num_shards), scale=scale, backward_end=dom.backward_end * scale)
-    state = {code: kind.prepare(rb, rows) if kind.prepare else None for code, _name, kind, rows in present}
-    for code, _name, kind, rows in present:
+    state = {code: kind.prepare(rb, rows) if kind.prepare else None for code, kind, rows in present}
+    for code, kind, rows in present:
         if kind.form_units:
             kind.form_units(rb, rows, state[code])
     # Units: one per merge group where a kind's units are merge groups (all-reduce), else one per
@@ -431,7 +430,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     keys, unit_of = np.unique(unit_key, return_inverse=True)
     u = len(keys)
     usid = (keys // (width + num_shards)).astype(np.int64)
-    for code, _name, kind, rows in present:
+    for code, kind, rows in present:
         if kind.compute:
             kind.compute(rb, rows, state[code])
     launch = np.full(u, -np.inf)
@@ -451,7 +450,7 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     position[order] = np.arange(u)
     usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
     start, finish, comm_end = _schedule(rb, order, usid, first, launch, dur, in_node[order])
-    saved = [kind.step_saved(rb, rows, state[code]) for code, _name, kind, rows in present if kind.step_saved]
+    saved = [kind.step_saved(rb, rows, state[code]) for code, kind, rows in present if kind.step_saved]
     step = dom.step_s * (1.0 - _added(saved[0], saved[1:]) / max(ctx.model_bytes, 1.0) if saved else 1.0)
     # What runs after the step (PS broadcasts, ZeRO-2's gathers), kind after kind.
     after = [rb.after_step[name] for name in SYNCHRONIZER_KINDS if name in rb.after_step]
@@ -486,7 +485,7 @@ def _unit_durations(rb: ReplayBatch, entries: list, present: list, state: dict
     rb.unn, rb.ring = t["N"][usid], t["ring_bw"][usid]
     rb.stages, rb.launches, rb.steps = _collectives(b, k, t, rb.unit_of, usid)
     rb.dur, rb.in_node, rb.roots = np.zeros(u), np.zeros(u), np.zeros(u, dtype=bool)
-    for code, _name, kind, rows in present:
+    for code, kind, rows in present:
         if kind.durations:
             kind.durations(rb, rows, np.flatnonzero(rb.ukind == code), state[code])
     # The calibrated CPU costs: per step with another replica, and once, of each kind's units.
