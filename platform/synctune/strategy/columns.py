@@ -107,21 +107,6 @@ class StrategyColumns:
         """The number of strategies."""
         return len(self.offsets) - 1
 
-    @property
-    def pattern(self) -> np.ndarray:
-        """Per shard, the code of the kind whose cost terms price it (the simulators read this,
-        not ``kind``): its own code, but for a kind that communicates as another kind does
-        (:attr:`~synctune.strategy.kinds.Synchronizer.priced_as`). ``kind`` itself where every
-        kind prices itself."""
-        table = pattern_codes()
-        if table is None:
-            return self.kind
-        cached = self.__dict__.get("_pattern")
-        if cached is None or cached[0] is not self.kind:
-            cached = (self.kind, np.asarray(table, self.kind.dtype)[self.kind])
-            self.__dict__["_pattern"] = cached
-        return cached[1]
-
     def pattern_mask(self, code: int) -> np.ndarray:
         """Per shard, whether its :attr:`pattern` is ``code`` (the rows one kind's cost terms
         price), worked out once per columns and kept: the simulators ask for each kind's rows in
@@ -144,6 +129,21 @@ class StrategyColumns:
         if found is None:
             found = cache[1][key] = make()
         return found
+
+    @property
+    def pattern(self) -> np.ndarray:
+        """Per shard, the code of the kind whose cost terms price it (the simulators read this,
+        not ``kind``): its own code, but for a kind that communicates as another kind does
+        (:attr:`~synctune.strategy.kinds.Synchronizer.priced_as`). ``kind`` itself where every
+        kind prices itself."""
+        table = pattern_codes()
+        if table is None:
+            return self.kind
+        cached = self.__dict__.get("_pattern")
+        if cached is None or cached[0] is not self.kind:
+            cached = (self.kind, np.asarray(table, self.kind.dtype)[self.kind])
+            self.__dict__["_pattern"] = cached
+        return cached[1]
 
     # --------------------------------------------------------------------------- replicas
     def splits(self) -> np.ndarray:
