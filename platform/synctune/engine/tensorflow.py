@@ -12,6 +12,9 @@ when TensorFlow can execute it exactly, and refuses it otherwise, naming the var
   groups become one ``CommunicationOptions(bytes_per_pack=...)`` when such a threshold exists;
 - sparse variables (``IndexedSlices``) on ``allgather``, which is what MWMS does with them.
 
+What MWMS makes of each synchronizer kind is its entry in :data:`TENSORFLOW_KINDS` (this module
+fills it for the two kinds MWMS runs), so the checks below never ask which kind a plan is.
+
 Replicas weigh their loss by their share of the global batch before Keras's optimizer sums the
 gradients across workers, so uneven batch splits train like one process on the whole batch, as
 in the engine. The runtime works on the trial's own processes: each rank opens a gRPC port on its
@@ -30,19 +33,60 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .. import import_tensorflow
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
+from ..spec.registry import Registry
 from ..strategy.schema import AllGatherSynchronizer, AllReduceSynchronizer, ShardPlan, Strategy, VariablePlan
 from .runtime import Runtime, framework_of
 
-__all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of",
-           "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs"]
+__all__ = ["TensorFlowRuntime", "tensorflow_runtime", "bytes_per_pack_of", "TensorFlowKind", "TENSORFLOW_KINDS",
+           "register_tensorflow_kind", "keras_trial_worker", "project_to_tensorflow", "tensorflow_packs"]
 
 FIX = ("use the allreduce builder (one pack) or a strategy whose merge groups TensorFlow's packing forms "
        "(synctune.engine.tensorflow.project_to_tensorflow)")
+
+
+@dataclass(frozen=True)
+class TensorFlowKind:
+    """What TensorFlow's MultiWorkerMirroredStrategy makes of one synchronizer kind.
+
+    ``sparse``: the kind synchronizes sparse (``IndexedSlices``) gradients, which MWMS all-gathers;
+    otherwise dense ones, which MWMS packs into all-reduces, a pack being one of the kind's units
+    (:attr:`~synctune.strategy.kinds.Synchronizer.merge_id`: an all-reduce's merge group).
+    ``refuse(sync)``: what of ``sync``'s options MWMS does not run, as ``field: message`` (the
+    error names the variable before it), else None."""
+
+    sparse: bool
+    refuse: Callable[[Any], str | None] = lambda sync: None
+
+
+#: Synchronizer kind name -> what MWMS makes of it; a kind not registered here is refused by the
+#: ``tensorflow`` runtime (TensorFlow's ParameterServerStrategy is not run).
+TENSORFLOW_KINDS: Registry[TensorFlowKind] = Registry("tensorflow synchronizer kind")
+
+
+def register_tensorflow_kind(name: str, kind: TensorFlowKind) -> TensorFlowKind:
+    """Let the ``tensorflow`` runtime run synchronizer kind ``name`` (a second registration is an error)."""
+    return TENSORFLOW_KINDS.register(name, kind)
+
+
+def _flat_ring_only(sync: AllReduceSynchronizer) -> str | None:
+    """MWMS's collectives run one flat ring: a hierarchical all-reduce is not what it runs."""
+    if sync.algorithm != "flat":
+        return f"allreduce: algorithm: TensorFlow's collectives run a flat ring, got {sync.algorithm}; use flat"
+    return None
+
+
+register_tensorflow_kind("allreduce", TensorFlowKind(sparse=False, refuse=_flat_ring_only))
+register_tensorflow_kind("allgather", TensorFlowKind(sparse=True))
+
+
+def _tensorflow_kind(sync: Any) -> TensorFlowKind | None:
+    """What MWMS makes of ``sync``'s kind (None: MWMS does not run it)."""
+    return TENSORFLOW_KINDS.get(sync.kind) if sync.kind in TENSORFLOW_KINDS else None
 
 
 def bytes_per_pack_of(strategy: Strategy, spec: ModelSpec) -> int:
@@ -61,25 +105,28 @@ def bytes_per_pack_of(strategy: Strategy, spec: ModelSpec) -> int:
             raise SpecError(f"{where}: compressor: TensorFlow's collectives send gradients uncompressed, got "
                             f"{shard.compressor.kind}; use compressor none")
         sync = shard.synchronizer
+        tf = _tensorflow_kind(sync)
         if var.sparse:
-            if not isinstance(sync, AllGatherSynchronizer):
+            if tf is None or not tf.sparse:
+                gathers = " or ".join(k for k in TENSORFLOW_KINDS if TENSORFLOW_KINDS.get(k).sparse)
                 raise SpecError(f"{where}: synchronizer: TensorFlow all-gathers a sparse (IndexedSlices) gradient, got "
-                                f"{sync.kind}; use allgather for it")
+                                f"{sync.kind}; use {gathers} for it")
             continue
-        if not isinstance(sync, AllReduceSynchronizer):
+        if tf is None or tf.sparse:
             raise SpecError(f"{where}: synchronizer: this runtime runs all-reduce only (TensorFlow's "
                             f"ParameterServerStrategy is not run here), got {sync.kind}; {FIX}")
-        if sync.algorithm != "flat":
-            raise SpecError(f"{where}: allreduce: algorithm: TensorFlow's collectives run a flat ring, got "
-                            f"{sync.algorithm}; use flat")
-        if groups and groups[-1][0] == sync.group:
+        refused = tf.refuse(sync)
+        if refused:
+            raise SpecError(f"{where}: {refused}")
+        pack = sync.merge_id
+        if groups and groups[-1][0] == pack:
             groups[-1][1].append(var.num_bytes)
-        elif sync.group in seen:
-            raise SpecError(f"{where}: allreduce: group: TensorFlow packs consecutive gradients, and group "
-                            f"{sync.group} is split by another group; {FIX}")
+        elif pack in seen:
+            raise SpecError(f"{where}: {sync.kind}: {sync.merge_field}: TensorFlow packs consecutive gradients, and "
+                            f"group {pack} is split by another group; {FIX}")
         else:
-            groups.append((sync.group, [var.num_bytes]))
-            seen.add(sync.group)
+            groups.append((pack, [var.num_bytes]))
+            seen.add(pack)
     if len(groups) <= 1:
         return 0  # one pack of every dense gradient
     # group_by_size closes a pack after the gradient that takes it past the threshold t: every
@@ -119,8 +166,9 @@ def project_to_tensorflow(strategy: Strategy, spec: ModelSpec, bytes_per_pack: i
             if var.sparse:
                 continue
             for i, shard in enumerate(plan.shards):
-                sync = shard.synchronizer
-                key = ("ar", sync.group) if isinstance(sync, AllReduceSynchronizer) else ("own", plan.variable, i)
+                sync, tf = shard.synchronizer, _tensorflow_kind(shard.synchronizer)
+                # A dense gradient MWMS runs joins its unit's pack; any other is a pack of its own.
+                key = ("pack", sync.merge_id) if tf is not None and not tf.sparse else ("own", plan.variable, i)
                 sizes[key] = sizes.get(key, 0) + var.num_bytes // len(plan.shards)
         bytes_per_pack = 0 if len(sizes) <= 1 else int(sum(sizes.values()) / len(sizes))
     groups = dict(zip((v.name for v in dense), tensorflow_packs([v.num_bytes for v in dense], bytes_per_pack)))

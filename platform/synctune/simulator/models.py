@@ -30,18 +30,7 @@ from ..strategy.compressors import compressor_vocabulary
 from ..strategy.columns import StrategyColumns
 from ..strategy.schema import SYNCHRONIZER_KINDS
 from .base import AnalyticSimulator, Domain, Simulator, domains_from_records
-from .features import (
-    GLOBAL_NAMES,
-    KIND_PS,
-    KIND_SHARD,
-    PRE_NAMES,
-    RAW_NAMES,
-    SHARD_GLOBAL_NAMES,
-    SHARD_RAW_NAMES,
-    DomainContext,
-    per_shard_inputs,
-    shard_inputs,
-)
+from .features import GLOBAL_NAMES, PRE_NAMES, RAW_NAMES, DomainContext, kind_blocks, kind_inputs, per_shard_inputs
 
 __all__ = ["Domain", "domains_from_records", "Simulator", "AnalyticSimulator", "LinearSimulator",
            "RNNSimulator", "GATSimulator", "SIMULATORS", "make_simulator", "load_simulator", "FORMAT"]
@@ -59,13 +48,16 @@ _READS = (3, 4)
 _KINDS_V3 = ["ps", "allreduce", "allgather", "sfb"]
 
 
-def _widths(shard: bool) -> tuple[int, int]:
-    """(per-shard, per-strategy) input widths of a learned simulator with or without shard features."""
+def _widths(kinds: list[str]) -> tuple[int, int]:
+    """(per-shard, per-strategy) input widths of a learned simulator trained with the synchronizer
+    kinds ``kinds``: the features every simulator reads, then those of the kinds among them with
+    features of their own (:func:`~synctune.simulator.features.kind_blocks`)."""
     from .replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
 
     raw = len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES)
     glob = len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES)
-    return (raw + len(SHARD_RAW_NAMES), glob + len(SHARD_GLOBAL_NAMES)) if shard else (raw, glob)
+    blocks = [block for _name, block in kind_blocks(kinds)]
+    return raw + sum(len(b.raw_names) for b in blocks), glob + sum(len(b.global_names) for b in blocks)
 
 
 # ------------------------------------------------------------------------------- learned rankers
@@ -97,7 +89,7 @@ class _Learned(Simulator):
                  seed: int = 0, hidden: int | None = None) -> None:
         from .replay import ReplaySimulator
 
-        raw, glob = _widths(True)
+        raw, glob = _widths(list(SYNCHRONIZER_KINDS))
         self.config = {"epochs": epochs, "lr": lr, "batch": batch, "partition_penalty": partition_penalty,
                        "seed": seed, "hidden": hidden or self.hidden, "raw": raw, "global": glob,
                        "compressors": compressor_vocabulary(), "synchronizers": list(SYNCHRONIZER_KINDS)}
@@ -117,17 +109,18 @@ class _Learned(Simulator):
         """AutoSync's inputs with the replay's prediction and per-unit timeline beside them."""
         from .replay import replay_features
 
-        shard = self.config.get("synchronizers", _KINDS_V3) == list(SYNCHRONIZER_KINDS)
-        if not shard and (batch.pattern == KIND_SHARD).any():
-            raise SpecError(f"this {self.kind} simulator was trained before the shard synchronizer existed (a version-3 "
-                            f"file): it cannot score strategies with shard plans; retrain it (synctune sim train) "
-                            f"or score them with the analytic or replay simulator")
+        kinds = self.config.get("synchronizers", _KINDS_V3)
+        for code, name in enumerate(SYNCHRONIZER_KINDS):
+            if name not in kinds and batch.pattern_mask(code).any():
+                raise SpecError(f"this {self.kind} simulator was trained before the {name} synchronizer existed (it "
+                                f"knows {', '.join(kinds)}): it cannot score strategies with {name} plans; retrain it "
+                                f"(synctune sim train) or score them with the analytic or replay simulator")
         x, g = per_shard_inputs(batch, ctx)
         rx, rg = replay_features(self.replay.timeline(batch, ctx), batch)
-        if not shard:
-            return np.concatenate([x, rx], axis=1), np.concatenate([g, rg], axis=1)
-        sx, sg = shard_inputs(batch, ctx)
-        return np.concatenate([x, rx, sx], axis=1), np.concatenate([g, rg, sg], axis=1)
+        # The features of kinds with features of their own come last: a simulator trained before
+        # such a kind existed reads the inputs it was trained on.
+        kx, kg = kind_inputs(batch, ctx, kinds)
+        return np.concatenate([x, rx, *kx], axis=1), np.concatenate([g, rg, *kg], axis=1)
 
     # subclasses: _build() -> nn.Module; _forward(net, x, g, offsets, batch) -> (n,)
     def _inputs(self, batch: StrategyColumns, ctx: DomainContext):
@@ -353,7 +346,8 @@ class GATSimulator(_Learned):
         lengths = np.diff(batch.offsets)
         row = np.repeat(np.arange(n), lengths)
         pos = np.arange(len(batch.sid)) - np.repeat(batch.offsets[:-1], lengths)
-        node_key[row, pos] = np.where(batch.pattern == KIND_PS, batch.node.astype(np.int64), -1 - 10**6)
+        # Shards sent to one server node (the column ``node`` holds it, -1 off the kinds with a server).
+        node_key[row, pos] = np.where(batch.node >= 0, batch.node.astype(np.int64), -1 - 10**6)
         group_key[row, pos] = np.where(batch.group_order >= 0, batch.group_order, -1 - 10**6)
         nk, gk = torch.as_tensor(node_key), torch.as_tensor(group_key)
         idx = torch.arange(longest)
@@ -449,7 +443,7 @@ def load_simulator(path: str | Path) -> Simulator:
             value = norm.get(key) if isinstance(norm, dict) else None
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != (width,):
                 raise ValueError(f"normalisation {key!r} missing or not {width} numbers")
-        if (config["raw"], config["global"]) != _widths(payload["version"] >= 4):
+        if (config["raw"], config["global"]) != _widths(kinds):
             raise ValueError("its feature widths differ from this synctune's")
         sim._restore(payload["state"], norm)
     except SpecError:

@@ -38,8 +38,10 @@ iteration ends no sooner than backward, then every unit's CPU work (its launches
 other replicas, its encoding), then the step: gloo's collectives run on the cores that compute,
 so what they cost the CPU does not hide behind backward as their links' time does (dPRO §4.3's
 replayer keeps a queue per device, a worker's and each link's: on CPU workers gloo's work is on
-the worker's device, not the link's). A row is priced by its kind's ``priced_as``
-(:attr:`synctune.strategy.columns.StrategyColumns.pattern`).
+the worker's device, not the link's). Each kind's terms (how its rows form units, what its units
+cost on the link and the CPU, how they delay compute and what they run after the step) are its
+own, in :data:`synctune.simulator.kinds.REPLAY_KINDS`; a row is priced by its kind, or the kind it
+is ``priced_as`` (:attr:`synctune.strategy.columns.StrategyColumns.pattern`).
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
@@ -67,10 +69,11 @@ from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.schema import SYNCHRONIZER_KINDS
-from .features import (_GLOO_KEYS, KIND_AG, KIND_AR, KIND_PS, KIND_SFB, KIND_SHARD, DomainContext, batch_scale,
-                       comm_terms, encode, hier_rows, message_sizes, per_kind, shard_unit_seconds, shard_units)
+from ..strategy.kinds import SYNCHRONIZER_KINDS, SYNCHRONIZERS
 from .base import Simulator
+from .domain import DomainContext, batch_scale, comm_terms
+from .features import encode, message_rows, message_sizes
+from .kinds import REPLAY_KINDS, ReplayBatch, ReplayKind, by_code, priced
 
 __all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay",
            "calibrate_per_cluster", "ALL_FIELDS", "UNIT_COSTS", "replay_units",
@@ -327,13 +330,6 @@ def _segmented_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(shifted) - seg * span
 
 
-def _index_bytes(b: StrategyColumns, ctx: DomainContext, rows_bytes: np.ndarray) -> np.ndarray:
-    """The int64 indices of ``rows_bytes`` of each shard's rows (a sparse unit sends them beside
-    the rows)."""
-    row_bytes = ctx.var_bytes[b.var] / np.maximum(ctx.var_rows[b.var], 1.0)
-    return rows_bytes / np.maximum(row_bytes, 1.0) * 8.0
-
-
 def _serial(launch: np.ndarray, dur: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """Finish times of units run one after the other on their queue (``seg``: contiguous, sorted
     segments, one queue each), each launched in order and no earlier than ``launch``."""
@@ -365,81 +361,87 @@ def _two_queues(usid: np.ndarray, first: np.ndarray, launch: np.ndarray, dur: np
     return start, finish
 
 
-def _schedule(b: StrategyColumns, ctx: DomainContext, k: ReplayConstants, unit_of: np.ndarray, order: np.ndarray,
-              usid: np.ndarray, first: np.ndarray, launch: np.ndarray, dur: np.ndarray, in_node: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _schedule(rb: ReplayBatch, order: np.ndarray, usid: np.ndarray, first: np.ndarray, launch: np.ndarray,
+              dur: np.ndarray, in_node: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, finish) of every unit in launch order (``order``: from unit index to it), and each
-    strategy's end of communication: one queue per strategy, or with dense PS shards on local
-    aggregation (version 3) the queues of :func:`_two_queues`."""
-    roots = np.zeros(len(usid), dtype=bool)
-    if k.replay_version >= 3:
-        roots[unit_of] = (b.pattern == KIND_PS) & b.local.astype(bool) & ~ctx.var_sparse[b.var]
-        roots = roots[order]
+    strategy's end of communication: one queue per strategy, or with units on process groups of
+    their own (a dense PS shard's local aggregation, version 3) the queues of :func:`_two_queues`."""
+    roots = rb.roots[order]
     if roots.any():
         start, finish = _two_queues(usid, first, launch, dur, in_node, roots)
     else:
         finish = _serial(launch, dur, usid)
         start = finish - dur
-    comm_end = np.zeros(b.size)
+    comm_end = np.zeros(rb.b.size)
     if len(usid):
         np.maximum.at(comm_end, usid, finish)
     return start, finish, comm_end
 
 
+def _present(b: StrategyColumns) -> list[tuple[int, ReplayKind, np.ndarray]]:
+    """(code, entry, rows) of each kind with rows in ``b``, in registry order."""
+    return [(code, kind, b.pattern_rows(code)) for code, kind in priced(REPLAY_KINDS, b) if b.pattern_mask(code).any()]
+
+
+def _added(total: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
+    """``total`` plus each of ``parts``, one after the other."""
+    for part in parts:
+        total = total + part
+    return total
+
+
 def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
-    """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit."""
+    """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit. The
+    kinds' terms are theirs (:data:`~synctune.simulator.kinds.REPLAY_KINDS`): each is handed its
+    rows and units, here in one :class:`~synctune.simulator.kinds.ReplayBatch`."""
     n = b.size
-    alpha = dom.alpha
     # A replica's compute scales with its batch and its node's slowdown (calibrated speeds);
     # the iteration waits for the slowest replica (TAG §2.1).
     scale = batch_scale(b, ctx, dom.device_slowdowns) * (ctx.model.batch_size / dom.profile_batch)
+    entries = priced(REPLAY_KINDS, b)
+    present = _present(b)
     plain = ctx.var_bytes[b.var] * b.frac
-    sparse_part = np.where(b.pattern == KIND_AR, 1.0, dom.density[b.var])  # all-reduce sends sparse dense
+    densifies = by_code(entries, lambda kind: kind.densifies, False)
+    sparse_part = np.where(densifies[b.pattern], 1.0, dom.density[b.var])  # e.g. all-reduce sends sparse dense
     wire = plain * sparse_part * b.ratio
-    sfb = b.pattern == KIND_SFB
     rebuild = None
-    if sfb.any():
+    sends = message_rows(b)
+    if sends:
         nbytes, rebuild = message_sizes(b, ctx)
-        wire = np.where(sfb, nbytes * b.ratio, wire)  # the factors, padded to the largest replica batch
-    # Units: one per merge group (all-reduce), one per shard unit (a shard unit's members are one
-    # reduce-scatter, keyed by its first row), one per shard otherwise.
-    num_shards, group = len(b.sid), b.group_order
+        for rows in sends:  # what such a kind sends (SFB: the factors, padded to the largest replica batch)
+            wire[rows] = nbytes[rows] * b.ratio[rows]
+    num_shards = len(b.sid)
+    rb = ReplayBatch(b=b, ctx=ctx, dom=dom, k=k, t=comm_terms(b, ctx), alpha=dom.alpha, plain=plain,
+                     sparse_part=sparse_part, wire=wire, rebuild=rebuild, ready=dom.ready[b.var] * scale[b.sid],
+                     own=np.arange(num_shards), scale=scale, backward_end=dom.backward_end * scale)
+    state = {code: kind.prepare(rb, rows) if kind.prepare else None for code, kind, rows in present}
+    for code, kind, rows in present:
+        if kind.form_units:
+            kind.form_units(rb, rows, state[code])
+    # Units: one per merge group where a kind's units are merge groups (all-reduce), else one per
+    # row or per the row a kind keys its units by (a shard unit's first row).
+    group = b.group_order
     width = int(group.max()) + 1 if num_shards else 1
-    own = np.arange(num_shards)
-    t = comm_terms(b, ctx)
-    su = shard_units(b, ctx, t)
-    if su is not None:
-        first_row = np.full(len(su["usid"]), num_shards, np.int64)
-        np.minimum.at(first_row, su["unit_of"], su["rows"])
-        own[su["rows"]] = first_row[su["unit_of"]]
-        # A unit reduces its gradients in its reduce dtype (bf16: half the bytes).
-        wire[su["rows"]] = (su["reduce_bytes"] / su["bytes"])[su["unit_of"]] * wire[su["rows"]]
-    unit_key = np.where(b.pattern == KIND_AR, b.sid * (width + num_shards) + group,
-                        b.sid * (width + num_shards) + width + own)
+    merged = np.zeros(len(SYNCHRONIZER_KINDS), dtype=bool)
+    for code, _kind in entries:
+        merged[code] = SYNCHRONIZERS.get(SYNCHRONIZER_KINDS[code]).merge_groups
+    unit_key = np.where(merged[b.pattern], b.sid * (width + num_shards) + group,
+                        b.sid * (width + num_shards) + width + rb.own)
     keys, unit_of = np.unique(unit_key, return_inverse=True)
     u = len(keys)
     usid = (keys // (width + num_shards)).astype(np.int64)
-    ready_shard = dom.ready[b.var] * scale[b.sid]
-    backward_end = dom.backward_end * scale
-    gathers_after_step = np.zeros(n)
-    if su is not None:
-        sec = shard_unit_seconds(su, alpha)
-        # ZeRO-2 (the engine's shard): the updated slices are all-gathered after the step, one unit
-        # after the other on the queue.
-        gathers_after_step = np.bincount(su["usid"], np.where(su["reshard"], 0.0, sec["gather"] + k.unit_s), n)
-        if su["reshard"].any():  # ZeRO-3: gathers in forward and in backward delay the compute
-            ready_shard, backward_end = _resharded_compute(b, ctx, dom, scale, su, sec["gather"] + k.unit_s,
-                                                           ready_shard, backward_end)
+    for code, kind, rows in present:
+        if kind.compute:
+            kind.compute(rb, rows, state[code])
     launch = np.full(u, -np.inf)
-    np.maximum.at(launch, unit_of, ready_shard)
+    np.maximum.at(launch, unit_of, rb.ready)
     first = np.full(u, np.iinfo(np.int64).max)
     np.minimum.at(first, unit_of, b.var)
     ukind = np.zeros(u, dtype=np.int64)
     ukind[unit_of] = b.pattern
-    ubytes = np.bincount(unit_of, weights=wire, minlength=u)
-    dur, bcast, in_node, cpu = _unit_durations(b, ctx, dom, k, t, unit_of, usid, ukind, ubytes, wire, plain,
-                                               sparse_part, alpha, su=su, sec=sec if su is not None else None,
-                                               rebuild=rebuild)
+    rb.unit_of, rb.usid, rb.ukind = unit_of, usid, ukind
+    rb.ubytes = np.bincount(unit_of, weights=rb.wire, minlength=u)
+    dur, in_node, cpu = _unit_durations(rb, entries, present, state)
     # Each strategy's communication CPU work, for the bound below (units still in their first order).
     cpu_s = np.bincount(usid, weights=cpu, minlength=n) if _host_bound(ctx, k) and u else None
     # The fixed launch order: by strategy, then by the first member's position in backward.
@@ -447,12 +449,16 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     position = np.empty(u, dtype=np.int64)
     position[order] = np.arange(u)
     usid, launch, dur, ukind, first = usid[order], launch[order], dur[order], ukind[order], first[order]
-    start, finish, comm_end = _schedule(b, ctx, k, unit_of, order, usid, first, launch, dur, in_node[order])
-    step = dom.step_s * _step_share(b, ctx, su)
-    iteration = np.maximum(backward_end, comm_end) + step + bcast + gathers_after_step + k.iteration_s
+    start, finish, comm_end = _schedule(rb, order, usid, first, launch, dur, in_node[order])
+    saved = [kind.step_saved(rb, rows, state[code]) for code, kind, rows in present if kind.step_saved]
+    step = dom.step_s * (1.0 - _added(saved[0], saved[1:]) / max(ctx.model_bytes, 1.0) if saved else 1.0)
+    # What runs after the step (PS broadcasts, ZeRO-2's gathers), kind after kind.
+    after = [rb.after_step[name] for name in SYNCHRONIZER_KINDS if name in rb.after_step]
+    backward_end = rb.backward_end
+    iteration = _added(np.maximum(backward_end, comm_end) + step, after) + k.iteration_s
     if cpu_s is not None:
         # On CPU workers the communication's CPU work cannot hide behind backward: the cores compute.
-        iteration = np.maximum(iteration, backward_end + cpu_s + step + bcast + gathers_after_step + k.iteration_s)
+        iteration = np.maximum(iteration, _added(backward_end + cpu_s + step, after) + k.iteration_s)
     if k.serial_share and u:
         hidden = np.clip(np.minimum(finish, backward_end[usid]) - start, 0.0, None)
         iteration = iteration + k.serial_share * np.bincount(usid, weights=hidden, minlength=n)
@@ -462,70 +468,37 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
         # framework's CPU work is a node of the replayed graph, here a lower bound).
         iteration = np.maximum(iteration, dom.host_s + k.iteration_s)
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
-            "broadcast_s": bcast + gathers_after_step,
+            "broadcast_s": _added(np.zeros(n), after),
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
-            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": ubytes[order]}
+            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": rb.ubytes[order]}
 
 
-def _unit_durations(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants, t: dict,
-                    unit_of: np.ndarray, usid: np.ndarray, ukind: np.ndarray, ubytes: np.ndarray, wire: np.ndarray,
-                    plain: np.ndarray, sparse_part: np.ndarray, alpha: float, *, su: dict | None, sec: dict | None,
-                    rebuild: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each unit's time on the link queue (alpha-beta per kind, PS pushes, the fixed per-unit
-    and CPU costs, compression), each strategy's PS broadcast after the step, the part of
-    each unit's time spent inside the nodes first (local aggregation; else 0), and the part of
-    each unit's time that is CPU work (its calibrated costs and launches: version 6's bound)."""
-    u, n = len(usid), b.size
-    sfb = b.pattern == KIND_SFB
-    # Per-unit transfer time (alpha-beta), over the strategy's replicas (all devices, or the
-    # subset it replicates on: TAG §4.2).
-    unn, ring = t["N"][usid], t["ring_bw"][usid]
-    dur = np.zeros(u)
-    ar, ag, ps = (ukind == KIND_AR) & (unn > 1), (ukind == KIND_AG) & (unn > 1), ukind == KIND_PS
-    hier = hier_rows(b)
-    hr = None
-    if hier is not None:  # the hierarchical all-reduce units
-        hr = np.zeros(u, dtype=bool)
-        hr[unit_of] = hier
-        hr &= ukind == KIND_AR
-    stages, launches, steps = _collectives(b, k, t, unit_of, usid, hr)
-    dur[ar] = 2 * (unn[ar] - 1) * (alpha * stages[ar] + ubytes[ar] / (unn[ar] * ring[ar]))
-    if hr is not None:
-        dur[hr] = t["hier_msgs"][usid[hr]] * alpha + ubytes[hr] * t["hier_per_byte"][usid[hr]]
-    if k.replay_version >= 3:
-        # The engine's sparse all-gather (SparseAllGatherUnit): the row counts all-gathered first,
-        # then the rows' int64 indices and the rows, each a ring all-gather of N - 1 messages.
-        index_bytes = np.bincount(unit_of, weights=np.where(b.pattern == KIND_AG, _index_bytes(
-            b, ctx, plain * sparse_part), 0.0), minlength=u)
-        dur[ag] = (unn[ag] - 1) * (3 * alpha + (ubytes[ag] + index_bytes[ag]) / ring[ag])
-    else:
-        dur[ag] = (unn[ag] - 1) * (alpha + ubytes[ag] / ring[ag])
-    if su is not None:
-        # A shard unit: the reduce-scatter over its shard group, then (HSDP) the all-reduce of its
-        # slice across the groups, chained on the queue.
-        ushard = np.flatnonzero(ukind == KIND_SHARD)
-        which = np.empty(u, np.int64)
-        which[unit_of[su["rows"]]] = su["unit_of"]
-        dur[ushard] = (sec["reduce_scatter"] + sec["cross"])[which[ushard]]
-    if sfb.any():
-        # Two chained gathers (row counts, then factors), then every replica rebuilds the gradient.
-        fb = (ukind == KIND_SFB) & (unn > 1)
-        dur[fb] = (unn[fb] - 1) * (2 * alpha + ubytes[fb] / ring[fb])
-        dur += np.bincount(unit_of, weights=np.where(sfb, rebuild * dom.rebuild_scale, 0.0), minlength=u)
-    bcast = np.zeros(n)
-    in_node = np.zeros(u)
-    if ps.any():
-        push, pull, stage = _ps_shards(b, ctx, t, wire, plain * sparse_part, alpha, k)
-        dur += np.bincount(unit_of, weights=push, minlength=u)
-        bcast = np.bincount(b.sid, weights=pull, minlength=n)
-        in_node = np.bincount(unit_of, weights=stage, minlength=u)
-    cpu = k.unit_s * launches + _cpu_terms(k, ukind) * steps + np.where(ukind == KIND_SHARD, k.shard_unit_s, 0.0)
+def _unit_durations(rb: ReplayBatch, entries: list, present: list, state: dict
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each unit's time on the link queue (its kind's alpha-beta terms, the fixed per-unit and CPU
+    costs, compression), the part of it spent inside the nodes first (local aggregation; else 0),
+    and the part of it that is CPU work (its calibrated costs and launches: version 6's bound).
+    Per-unit transfer times are over the strategy's replicas (all devices, or the subset it
+    replicates on: TAG §4.2)."""
+    b, k, t, usid = rb.b, rb.k, rb.t, rb.usid
+    u = len(usid)
+    rb.unn, rb.ring = t["N"][usid], t["ring_bw"][usid]
+    rb.stages, rb.launches, rb.steps = _collectives(b, k, t, rb.unit_of, usid)
+    rb.dur, rb.in_node, rb.roots = np.zeros(u), np.zeros(u), np.zeros(u, dtype=bool)
+    for code, kind, rows in present:
+        if kind.durations:
+            kind.durations(rb, rows, np.flatnonzero(rb.ukind == code), state[code])
+    # The calibrated CPU costs: per step with another replica, and once, of each kind's units.
+    per_step = by_code(entries, lambda kind: getattr(k, kind.step_cost) if kind.step_cost else 0.0, 0.0)
+    per_unit = by_code(entries, lambda kind: getattr(k, kind.unit_cost) if kind.unit_cost else 0.0, 0.0)
+    steps_cost = per_step[rb.ukind] if per_step.any() else np.zeros(u)
+    cpu = k.unit_s * rb.launches + steps_cost * rb.steps + per_unit[rb.ukind]
     if b.comp.any():
         # Per MB encoded: a low-rank compressor at its own price (version 5), a cast at the other.
         lowrank = _per_compressor("low_rank")[b.comp] if k.replay_version >= 5 else np.zeros(len(b.comp), bool)
         price = np.where(lowrank, k.lowrank_s_per_mb, k.compress_s_per_mb)
-        cpu += np.bincount(unit_of, weights=np.where(b.comp > 0, plain * price, 0.0), minlength=u) / 1e6
-    return dur + cpu, bcast, in_node, cpu
+        cpu += np.bincount(rb.unit_of, weights=np.where(b.comp > 0, rb.plain * price, 0.0), minlength=u) / 1e6
+    return rb.dur + cpu, rb.in_node, cpu
 
 
 def _host_bound(ctx: DomainContext, k: ReplayConstants) -> bool:
@@ -534,178 +507,19 @@ def _host_bound(ctx: DomainContext, k: ReplayConstants) -> bool:
     return k.replay_version >= 6 and ctx.cluster.device_kind == "cpu"
 
 
-def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.ndarray, usid: np.ndarray,
-                 hier: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.ndarray, usid: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per unit: the chained collectives its compressor runs (``stages``), the collectives it
     launches (each pays ``unit_s``) and the steps a rank takes in them with another replica (each
-    pays the unit kind's CPU cost, :func:`_cpu_terms`); ``hier``: which units are hierarchical
-    all-reduces (None: none is)."""
+    pays the unit kind's CPU cost); a kind whose units run otherwise changes the last two
+    (a hierarchical all-reduce)."""
     u = len(usid)
     stages = np.ones(u)
     if k.replay_version >= 5 and b.comp.any():  # PowerSGD: the P factors, then the Q factors
         np.maximum.at(stages, unit_of, _per_compressor("stages")[b.comp])
     # From version 4 a unit's CPU cost is per other replica of its collective (none alone).
     peers = np.maximum(t["N"][usid] - 1, 0) if k.replay_version >= 4 else np.ones(u)
-    launches, steps = stages.copy(), peers * stages
-    if k.replay_version >= 5 and hier is not None:
-        # The engine's HierarchicalAllReduceUnit, r replicas on each of W nodes: a reduce per piece
-        # inside the node (r reduces, r - 1 peers each), the rank's piece all-reduced across the
-        # nodes (W - 1), then an all-gather inside the node (r - 1); not one ring over N - 1 peers.
-        r, w = t["r"][usid].max(1), t["W"][usid]
-        inside = np.maximum(r - 1, 0)
-        launches[hier] = (np.where(r > 1, r + 1, 0) + (w > 1))[hier]
-        steps[hier] = (r * inside + np.maximum(w - 1, 0) + inside)[hier]
-    return stages, launches, steps
-
-
-def _step_share(b: StrategyColumns, ctx: DomainContext, su: dict | None) -> np.ndarray | float:
-    """The optimizer step's share each strategy runs: a member of a shard group of k updates 1/k
-    of a sharded variable's rows (its optimizer state is that slice); 1 without shard plans."""
-    if su is None:
-        return 1.0
-    saved = np.bincount(su["usid"], su["bytes"] * (1 - 1 / su["k"]), b.size)
-    return 1.0 - saved / max(ctx.model_bytes, 1.0)
-
-
-def _pass(comp: np.ndarray, gather: np.ndarray, prefetch: np.ndarray) -> np.ndarray:
-    """End of each step's compute, (n, steps), in a pass (forward or backward) whose step j first
-    waits for an all-gather of ``gather[:, j]`` seconds (0: none): gathers run one at a time on
-    their queue; with ``prefetch`` p >= 1 the gather of a unit is issued when the compute of the
-    unit p gathers earlier starts (at the start of the pass for the first p), so it overlaps that
-    compute (FSDP2's explicit prefetch); with p = 0 it is issued when the previous step's compute
-    ends, serialized with compute."""
-    n, steps = comp.shape
-    end = np.zeros((n, steps))
-    t_comp, t_queue = np.zeros(n), np.zeros(n)
-    starts = np.zeros((n, steps + 1))  # compute start of each gather point, by gather count
-    count = np.zeros(n, np.int64)
-    rows = np.arange(n)
-    for j in range(steps):
-        g = gather[:, j]
-        has = g > 0
-        if has.any():
-            p = prefetch[:, j].astype(np.int64)
-            back = count - p
-            issue = np.where(p == 0, t_comp, np.where(back >= 0, starts[rows, np.maximum(back, 0)], 0.0))
-            done = np.maximum(issue, t_queue) + g
-            t_queue = np.where(has, done, t_queue)
-            start = np.where(has, np.maximum(t_comp, done), t_comp)
-            starts[rows, count] = np.where(has, start, starts[rows, count])
-            count = count + has
-        else:
-            start = t_comp
-        t_comp = start + comp[:, j]
-        end[:, j] = t_comp
-    return end
-
-
-def _resharded_compute(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, scale: np.ndarray, su: dict,
-                       gather: np.ndarray, ready: np.ndarray, backward_end: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """Gradient-ready times and backward end of strategies with resharded units (ZeRO-3, FSDP2's
-    ``reshard_after_forward``): a resharded unit's parameters are all-gathered before its first
-    member's forward compute and again before its first member's backward compute (:func:`_pass`),
-    so compute waits for what the gathers do not hide. Per-variable backward compute comes from the
-    profile's ready times; forward compute is spread over the variables in the same proportion.
-    The gathers have their own queue (FSDP2 runs all-gathers and reduce-scatters on separate
-    streams): their contention with the reduce-scatters for the link is not modelled."""
-    v = ctx.num_vars
-    sids = np.unique(su["usid"][su["reshard"]])
-    local = np.full(b.size, -1, np.int64)
-    local[sids] = np.arange(len(sids))
-    per_var = np.diff(np.r_[dom.forward_s, dom.ready])  # backward compute, variables in backward order
-    total = per_var.sum()
-    fwd = dom.forward_s * (per_var / total if total > 0 else np.full(v, 1.0 / max(v, 1)))
-    sc = scale[sids][:, None]
-    m = len(sids)
-    g_fwd, g_bwd, pre = np.zeros((m, v)), np.zeros((m, v)), np.zeros((m, v))
-    res = np.flatnonzero(su["reshard"])
-    at = local[su["usid"][res]]
-    # Forward runs variables in reverse backward order: a unit is first used at its last member.
-    g_fwd[at, v - 1 - su["last_var"][res]] = gather[res]
-    g_bwd[at, su["first_var"][res]] = gather[res]
-    pre[at, v - 1 - su["last_var"][res]] = su["prefetch"][res]
-    pre_b = np.zeros((m, v))
-    pre_b[at, su["first_var"][res]] = su["prefetch"][res]
-    forward_end = _pass(fwd[::-1][None, :] * sc, g_fwd, pre)[:, -1]
-    bwd_end = _pass(per_var[None, :] * sc, g_bwd, pre_b)
-    ready = ready.copy()
-    mine = np.flatnonzero(local[b.sid] >= 0)
-    ready[mine] = forward_end[local[b.sid[mine]]] + bwd_end[local[b.sid[mine]], b.var[mine]]
-    backward_end = backward_end.copy()
-    # What backward computes after the last gradient is ready (the profile's tail) still follows.
-    tail = (dom.backward_end - dom.ready[-1]) if v else dom.backward_end - dom.forward_s
-    backward_end[sids] = forward_end + bwd_end[:, -1] + max(0.0, tail) * scale[sids]
-    return ready, backward_end
-
-
-def _gloo_segments(nbytes: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """How many segments gloo's ring reduce cuts ``nbytes`` into over ``group`` ranks
-    (gloo/reduce.cc: at least two per rank, at most 1 MiB each, a multiple of the ranks)."""
-    group = np.maximum(group, 1.0)
-    return np.maximum(2 * group, group * np.ceil(np.ceil(nbytes / _GLOO_SEGMENT) / group))
-
-
-#: gloo's largest segment of a ring reduce (ReduceOptions::kMaxSegmentSize).
-_GLOO_SEGMENT = float(1 << 20)
-
-
-def _ps_shards(b: StrategyColumns, ctx: DomainContext, t: dict, wire: np.ndarray, sent: np.ndarray, alpha: float,
-               k: ReplayConstants) -> tuple[np.ndarray, np.ndarray]:
-    """Per shard, the seconds a PS shard's push and its pull (the ``sent`` parameter bytes back to
-    every replica) take (0 off PS), and the part of the push inside the nodes (a dense shard with
-    local aggregation, version 3; else 0), as the engine runs them on gloo
-    (:meth:`~synctune.simulator.features.DomainContext._gloo_ps_tables`): a dense shard's push is
-    ``dist.reduce`` (a ring reduce-scatter in segments, one message each, then every rank's chunk
-    to the server), a sparse one's ``dist.gather`` of its rows straight to the server (its
-    server's NIC and flows, AutoSync Eq. 2, one message per sender); the pull is a binomial-tree
-    ``dist.broadcast`` (one message a round)."""
-    shard_ps = b.pattern == KIND_PS
-    look = b.node * 2 + b.local.astype(np.int64)
-    look = np.where(shard_ps, look, 0) + b.sid * (2 * ctx.W)
-    # A sparse shard (rows touched, density < 1) is gathered, not reduced.
-    w = np.maximum(1.0, t["W"] - 1)[b.sid]
-    per_byte = np.maximum(t["ps_flow_flat"][look] / w, t["ps_nic_flat"][look]) + t["ps_intra_flat"][look]
-    r_server = np.asarray(t["r"])[b.sid, np.maximum(b.node, 0)]
-    msgs = t["ps_phi_flat"][look] + np.where(b.local, r_server - 1, 0)
-    gathered = wire * per_byte + msgs * alpha
-    if k.replay_version < 2:  # every shard through the server's NIC and flows, both ways
-        return (np.where(shard_ps, gathered, 0.0),
-                np.where(shard_ps, sent * per_byte + (t["N"][b.sid] - 1) * alpha + k.unit_s, 0.0),
-                np.zeros(len(wire)))
-    # The (strategies, nodes, 2) tables read in place: a round's domain tables are broadcast views.
-    server, local = np.where(shard_ps, b.node, 0), b.local.astype(np.int64)
-    g = {key: t[key][b.sid, server, local] for key in _GLOO_KEYS}
-    dense = np.zeros(len(wire))
-    phases = []
-    for ring, group in ((g["gloo_ring_a"], g["gloo_n_a"]), (g["gloo_ring_b"], g["gloo_n_b"])):
-        segments = _gloo_segments(wire, group)
-        steps = np.where(group > 1, segments - 2, 0.0)
-        phases.append(wire * steps / segments * ring + steps * alpha)
-        dense += phases[-1]
-    dense += wire * g["gloo_gather"] + np.where(g["gloo_gather"] > 0, alpha, 0.0)
-    sparse = ctx.var_sparse[b.var] & shard_ps
-    pull_bytes, pull_msgs, in_node = sent, 1.0, np.zeros(len(wire))
-    if k.replay_version >= 3:
-        # SparsePSUnit: the row counts all-gathered first (gloo's ring: N - 1 messages, a few
-        # bytes), then the rows' int64 indices gathered beside the rows, and after the step the
-        # count broadcast (blocking), then the indices and the rows.
-        index_bytes = np.where(sparse, _index_bytes(b, ctx, sent), 0.0)
-        gathered = gathered + index_bytes * per_byte + msgs * alpha + (t["N"][b.sid] - 1) * alpha
-        pull_bytes = np.where(sparse, sent + index_bytes, sent)
-        pull_msgs = np.where(sparse, 3.0, 1.0)
-        # With local aggregation the reduce inside the nodes is a stage of its own, on the nodes'
-        # process groups (the rest, on the node roots' group, follows it).
-        in_node = np.where(shard_ps & ~sparse & b.local.astype(bool), phases[0], 0.0)
-    push = np.where(shard_ps, np.where(sparse, gathered, dense), 0.0)
-    pull = np.where(shard_ps, pull_bytes * g["gloo_bcast"] + pull_msgs * g["gloo_bcast_rounds"] * alpha + k.unit_s,
-                    0.0)
-    if k.replay_version >= 5:
-        # Each broadcast's rounds cost a rank the PS CPU cost, as the push's steps do (before version
-        # 5 they were free: the fit charged them to the all-reduce units of the mixed strategies,
-        # which put all-reduce-only strategies 6.7% too slow on release v0.3, median).
-        pull = pull + np.where(shard_ps, k.ps_unit_s * pull_msgs * g["gloo_bcast_rounds"], 0.0)
-    return push, pull, in_node
+    return stages, stages.copy(), peers * stages
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
@@ -723,12 +537,6 @@ UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard
 #: 0.3 s and 0.35 s), and without a bound two nearly collinear columns can cancel at absurd sizes
 #: (cnn-small@lab-4x1's fit once put 5e9 s on a PS unit against a compute scale of 6,000).
 _CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05, 1.0])
-
-
-def _cpu_terms(k: ReplayConstants, ukind: np.ndarray) -> np.ndarray:
-    """Per unit, the CPU seconds of :class:`ReplayConstants`' calibrated per-unit costs."""
-    per_unit = per_kind({"ps": k.ps_unit_s, "allreduce": k.ar_unit_s, "allgather": k.ag_unit_s})
-    return per_unit[ukind] if per_unit.any() else np.zeros(len(ukind))
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,

@@ -53,7 +53,8 @@ from ..spec.errors import SpecError
 from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
 from ..strategy.columns import StrategyColumns
-from .features import KIND_AG, KIND_AR, KIND_PS, KIND_SHARD, DomainContext
+from .features import DomainContext
+from .kinds import REPLAY_KINDS, priced
 from .replay import CalibratedReplay, ReplayConstants, constants_from_file
 
 __all__ = ["ResidualReplay", "RESIDUAL_FEATURES"]
@@ -72,22 +73,35 @@ MARGIN = 0.05
 MAX_CORRECTION = 0.7
 
 
+#: The families of units the features count (``ps_units_per_s`` ...), in the features' order.
+_FAMILIES = ("ps", "ar", "ag", "shard")
+
+
+def _priced_as(b: StrategyColumns, codes: list[int]) -> np.ndarray:
+    """Per shard, whether it is priced as one of the kinds ``codes``."""
+    return b.pattern_mask(codes[0]) if len(codes) == 1 else np.isin(b.pattern, codes)
+
+
 def residual_features(sim: CalibratedReplay, b: StrategyColumns, ctx: DomainContext) -> tuple[np.ndarray, np.ndarray]:
     """(replayed seconds (n,), features (n, len(RESIDUAL_FEATURES))) of ``b`` under ``sim``."""
     ev = sim.timeline(b, ctx)
     n = b.size
     it = np.maximum(ev["iteration_s"], 1e-9)
     usid, ukind = ev["unit_sid"], ev["unit_kind"]
-    units = {k: np.bincount(usid, weights=(ukind == k).astype(float), minlength=n)
-             for k in (KIND_PS, KIND_AR, KIND_AG, KIND_SHARD)}
+    # The kinds whose units count in each family of the features (:attr:`ReplayKind.counted_as`).
+    codes = {family: [code for code, kind in priced(REPLAY_KINDS, b) if kind.counted_as == family]
+             for family in _FAMILIES}
+    units = {family: np.bincount(usid, weights=np.isin(ukind, codes[family]).astype(float), minlength=n)
+             for family in _FAMILIES}
     exposed = np.maximum(ev["comm_end"] - ev["backward_end"], 0.0)
     mb = np.bincount(b.sid, weights=np.where(b.comp > 0, ctx.var_bytes[b.var] * b.frac, 0.0), minlength=n) / 1e6
     rows = np.bincount(b.sid, minlength=n).astype(float)
     bytes_of = ctx.var_bytes[b.var] * b.frac
     total = np.maximum(np.bincount(b.sid, weights=bytes_of, minlength=n), 1.0)
-    ps = np.bincount(b.sid, weights=np.where(b.pattern == KIND_PS, bytes_of, 0.0), minlength=n) / total
-    shard = np.bincount(b.sid, weights=np.where(b.pattern == KIND_SHARD, bytes_of, 0.0), minlength=n) / total
-    hier = np.bincount(b.sid, weights=np.where((b.pattern == KIND_AR) & (b.hier > 0), bytes_of, 0.0), minlength=n) / total
+    ps = np.bincount(b.sid, weights=np.where(_priced_as(b, codes["ps"]), bytes_of, 0.0), minlength=n) / total
+    shard = np.bincount(b.sid, weights=np.where(_priced_as(b, codes["shard"]), bytes_of, 0.0), minlength=n) / total
+    hier = np.bincount(b.sid, weights=np.where(_priced_as(b, codes["ar"]) & (b.hier > 0), bytes_of, 0.0),
+                       minlength=n) / total
     # TAG §4.2's batch splits and replica subsets: held out on release v0.3 the calibrated
     # replay under-predicted both by a median 3-5% (experiments/findings/replay_errors.py).
     split = b.splits().astype(float)
@@ -95,8 +109,8 @@ def residual_features(sim: CalibratedReplay, b: StrategyColumns, ctx: DomainCont
     mean = split.sum(1) / np.maximum(held.sum(1), 1)
     uneven = split.max(1) / np.maximum(mean, 1e-9) - 1.0
     idle = 1.0 - held.sum(1) / max(1, split.shape[1])
-    x = np.stack([exposed / it, ev["backward_end"] / it, ev["broadcast_s"] / it, units[KIND_PS] / it / 1e3, units[KIND_AR] / it / 1e3, units[KIND_AG] / it / 1e3,
-                  units[KIND_SHARD] / it / 1e3, mb / it / 1e3, np.log1p(sum(units.values())),
+    x = np.stack([exposed / it, ev["backward_end"] / it, ev["broadcast_s"] / it, units["ps"] / it / 1e3, units["ar"] / it / 1e3, units["ag"] / it / 1e3,
+                  units["shard"] / it / 1e3, mb / it / 1e3, np.log1p(sum(units.values())),
                   np.log(rows / max(1, len(ctx.model.variables))), ps, shard, hier, uneven, idle,
                   np.full(n, float(ctx.var_bytes[ctx.var_sparse].sum()) / max(ctx.model_bytes, 1.0)),
                   np.full(n, np.log(len(ctx.model.variables))), np.ones(n)], axis=1)

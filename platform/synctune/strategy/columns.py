@@ -107,6 +107,29 @@ class StrategyColumns:
         """The number of strategies."""
         return len(self.offsets) - 1
 
+    def pattern_mask(self, code: int) -> np.ndarray:
+        """Per shard, whether its :attr:`pattern` is ``code`` (the rows one kind's cost terms
+        price), worked out once per columns and kept: the simulators ask for each kind's rows in
+        several of their terms, once per batch they score."""
+        return self._pattern_cached(("mask", code), lambda: self.pattern == code)
+
+    def pattern_rows(self, code: int) -> np.ndarray:
+        """The shards whose :attr:`pattern` is ``code``, ascending (:meth:`pattern_mask`'s rows),
+        kept likewise."""
+        return self._pattern_cached(("rows", code), lambda: np.flatnonzero(self.pattern_mask(code)))
+
+    def _pattern_cached(self, key: tuple, make) -> np.ndarray:
+        """``make()``, kept under ``key`` for as long as :attr:`pattern` is the same array."""
+        pattern = self.pattern
+        cache = self.__dict__.get("_pattern_cache")
+        if cache is None or cache[0] is not pattern:
+            cache = (pattern, {})
+            self.__dict__["_pattern_cache"] = cache
+        found = cache[1].get(key)
+        if found is None:
+            found = cache[1][key] = make()
+        return found
+
     @property
     def pattern(self) -> np.ndarray:
         """Per shard, the code of the kind whose cost terms price it (the simulators read this,

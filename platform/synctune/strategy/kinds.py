@@ -8,9 +8,11 @@ checks against a model and a cluster (:meth:`Synchronizer.check`,
 :meth:`Synchronizer.check_in_strategy`, and what a unit's members must agree on), how it is
 written into strategy columns and read back, and what it adds to a strategy's summary numbers.
 The layers above register their part of a kind under its name in a registry of their own (the
-engine's units: :data:`synctune.engine.kinds.ENGINE_KINDS`; the memory model's tally:
-:data:`synctune.simulator.kinds.MEMORY_KINDS`), so that no layer asks which class a
-synchronizer is.
+engine's units: :data:`synctune.engine.kinds.ENGINE_KINDS`; what TensorFlow's runtime makes of it:
+:data:`synctune.engine.tensorflow.TENSORFLOW_KINDS`; the memory model's tally, the features' and
+the replay's cost terms: :data:`synctune.simulator.kinds.MEMORY_KINDS`,
+:data:`~synctune.simulator.kinds.FEATURE_KINDS`, :data:`~synctune.simulator.kinds.REPLAY_KINDS`),
+so that no layer asks which class a synchronizer is.
 
 :func:`register_synchronizer` adds a kind; its code in strategy columns and simulator features
 is its position in the registry (:data:`SYNCHRONIZER_KINDS`, :data:`KIND_CODES`): the built-in
@@ -50,6 +52,7 @@ __all__ = [
     "register_synchronizer",
     "column_row",
     "synchronizer_from_dict",
+    "synchronizer_from_schema_1",
     "units_of",
     "renumber_units",
 ]
@@ -66,6 +69,10 @@ ALLREDUCE_ALGORITHMS = ("flat", "hierarchical")
 REDUCE_DTYPES = ("fp32", "bf16")
 #: The most all-gathers a resharded unit may issue ahead (FSDP2 prefetches one by default).
 MAX_PREFETCH = 8
+
+#: Schema 1 named all-reduce algorithms the backend never let synctune choose (``auto``, ``ring``,
+#: ``tree``); every one of them ran as one flat collective, which schema 2 calls ``flat``.
+_SCHEMA_1_ALGORITHMS = ("auto", "ring", "tree")
 
 #: What a strategy column holds off the kinds that use it (:meth:`Synchronizer.column_values`).
 _OFF_COLUMNS: dict[str, Any] = {"node": -1, "local": False, "group": -1, "hier": False, "shard_group": -1,
@@ -110,9 +117,9 @@ class Synchronizer:
     strategy columns, counted as ``num_merge_groups``; else they count as ``num_shard_units``),
     ``stats_column`` (the summary column counting its shards), ``priced_as`` (the kind whose
     cost terms the simulators price its shards with, for a kind that communicates as another
-    one does, e.g. an all-reduce that also counts its calls; None: its own terms, which only
-    the built-in kinds have: a new communication pattern needs terms of its own in
-    :mod:`synctune.simulator.replay` and :mod:`synctune.simulator.features`)."""
+    one does, e.g. an all-reduce that also counts its calls; None: its own terms, which a kind
+    registers in :data:`synctune.simulator.kinds.FEATURE_KINDS` and
+    :data:`synctune.simulator.kinds.REPLAY_KINDS`, as each built-in kind does)."""
 
     kind: str
     json_keys: ClassVar[tuple[str, ...]] = ()
@@ -126,6 +133,12 @@ class Synchronizer:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``kind`` and every field of :attr:`json_keys`."""
         return {"kind": self.kind, **{k: getattr(self, k) for k in self.json_keys}}
+
+    @classmethod
+    def from_schema_1(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """This kind's JSON form as a schema-1 strategy wrote it, in schema 2 (``data`` is raw JSON,
+        checked later): ``data`` itself where the kind means in schema 2 what it meant in schema 1."""
+        return data
 
     # --------------------------------------------------------------------------- units
     @property
@@ -269,12 +282,19 @@ SYNCHRONIZER_KINDS: Sequence[str] = _KindNames()
 KIND_CODES: Mapping[str, int] = _KindCodes()
 
 
+#: :func:`pattern_codes` for the registry as it was at its length (kinds are only ever added).
+_PATTERN_CODES: list = [-1, None]
+
+
 def pattern_codes() -> list[int] | None:
     """Per kind code, the code of the kind that prices it (:attr:`Synchronizer.priced_as`);
-    None when every kind prices itself (the simulators then read kind codes as they are)."""
-    names = SYNCHRONIZERS.names()
-    table = [names.index(SYNCHRONIZERS.get(k).priced_as or k) for k in names]
-    return None if table == list(range(len(names))) else table
+    None when every kind prices itself (the simulators then read kind codes as they are). Worked
+    out once per registration: the simulators ask for it in every term."""
+    if _PATTERN_CODES[0] != len(SYNCHRONIZERS):
+        names = SYNCHRONIZERS.names()
+        table = [names.index(SYNCHRONIZERS.get(k).priced_as or k) for k in names]
+        _PATTERN_CODES[:] = [len(names), None if table == list(range(len(names))) else table]
+    return _PATTERN_CODES[1]
 
 
 def register_synchronizer(cls: type) -> type:
@@ -296,6 +316,18 @@ def register_synchronizer(cls: type) -> type:
                         f"got {cls.priced_as!r}")
     SYNCHRONIZERS.register(field.default, cls)
     return cls
+
+
+def synchronizer_from_schema_1(data: Any) -> Any:
+    """A synchronizer's raw JSON form in a schema-1 strategy, in schema 2 (its kind's
+    :meth:`~Synchronizer.from_schema_1`); ``data`` itself where it names no registered kind (the
+    validation that follows names the fault)."""
+    if not isinstance(data, Mapping):
+        return data
+    kind = data.get("kind")
+    if not isinstance(kind, str) or kind not in SYNCHRONIZERS:
+        return data
+    return SYNCHRONIZERS.get(kind).from_schema_1(data)
 
 
 def synchronizer_from_dict(data: Any, where: str) -> Synchronizer:
@@ -400,6 +432,14 @@ class AllReduceSynchronizer(Synchronizer):
         req(in_range(self.group, 0, LIMITS["seed"]), "allreduce: group", "a non-negative integer", self.group)
         req(self.algorithm in ALLREDUCE_ALGORITHMS, "allreduce: algorithm", f"one of {ALLREDUCE_ALGORITHMS}",
             self.algorithm)
+
+    @classmethod
+    def from_schema_1(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Schema 1's all-reduce algorithms (:data:`_SCHEMA_1_ALGORITHMS`) were never executed: every
+        group ran flat, so they become ``flat``; another value is left for validation to refuse."""
+        if data.get("algorithm", "auto") in _SCHEMA_1_ALGORITHMS:
+            return dict(data, algorithm="flat")
+        return data
 
     def merge_space(self) -> int:
         return SPARSE_GROUP_BASE if self.group >= SPARSE_GROUP_BASE else 0

@@ -25,7 +25,7 @@ from .compressors import COMPRESSORS, CompressorInfo
 from .errors import StrategyError, req as _req
 from .kinds import (ALLREDUCE_ALGORITHMS, MAX_PREFETCH, REDUCE_DTYPES, SPARSE_GROUP_BASE, SYNCHRONIZER_KINDS,
                     SYNCHRONIZERS, AllGatherSynchronizer, AllReduceSynchronizer, PSSynchronizer, SFBSynchronizer,
-                    ShardSynchronizer, Synchronizer, synchronizer_from_dict)
+                    ShardSynchronizer, Synchronizer, synchronizer_from_dict, synchronizer_from_schema_1)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -58,9 +58,6 @@ __all__ = [
 SCHEMA_VERSION = 3
 #: The schema of strategies without ``shard`` plans.
 _SCHEMA_UNSHARDED = 2
-#: Schema 1 named all-reduce algorithms the backend never let synctune choose (``auto``, ``ring``,
-#: ``tree``); every one of them ran as one flat collective, which schema 2 calls ``flat``.
-_SCHEMA_1_ALGORITHMS = ("auto", "ring", "tree")
 
 
 def _check_keys(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
@@ -368,8 +365,8 @@ class Strategy:
 
 
 def _migrate_schema_1(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A schema-1 strategy in schema 2: its all-reduce algorithms were never executed (every group
-    ran flat), so they become ``flat``; nothing else changed."""
+    """A schema-1 strategy in schema 2: each synchronizer as its kind migrates it
+    (:func:`~synctune.strategy.kinds.synchronizer_from_schema_1`); nothing else changed."""
     out = dict(data, schema=2)
     plans = []
     for plan in data["plans"] if isinstance(data["plans"], list) else []:
@@ -377,9 +374,9 @@ def _migrate_schema_1(data: Mapping[str, Any]) -> dict[str, Any]:
             shards = []
             for shard in plan["shards"]:
                 sync = shard.get("synchronizer") if isinstance(shard, Mapping) else None
-                if isinstance(sync, Mapping) and sync.get("kind") == "allreduce" and sync.get(
-                        "algorithm", "auto") in _SCHEMA_1_ALGORITHMS:
-                    shard = dict(shard, synchronizer=dict(sync, algorithm="flat"))
+                migrated = synchronizer_from_schema_1(sync)
+                if migrated is not sync:
+                    shard = dict(shard, synchronizer=migrated)
                 shards.append(shard)
             plan = dict(plan, shards=shards)
         plans.append(plan)
