@@ -60,10 +60,13 @@ class DDPConfig:
                             f"got {self.gradient_as_bucket_view!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (what a dataset row and a runtime record hold)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DDPConfig":
+        """The configuration of :meth:`to_dict`'s form, validated; an unknown key is an error that
+        lists the valid ones."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

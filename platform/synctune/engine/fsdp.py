@@ -101,6 +101,8 @@ class FSDPConfig:
             raise SpecError(f"fsdp config: units: module {twice!r} is listed twice")
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (``units`` a list when it names modules), what a
+        dataset row and a runtime record hold."""
         return {"group": self.group, "reshard_after_forward": self.reshard_after_forward,
                 "reduce_dtype": self.reduce_dtype, "prefetch": self.prefetch,
                 "units": self.units if isinstance(self.units, str) else list(self.units)}
@@ -162,6 +164,8 @@ class FSDPPlan:
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
+        """The device mesh's dimension names: ``("replicate", "shard")`` for HSDP's 2-D mesh, else
+        ``("shard",)``."""
         return ("replicate", "shard") if len(self.mesh_shape) == 2 else ("shard",)
 
 
