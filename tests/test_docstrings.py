@@ -13,7 +13,7 @@ import pkgutil
 import synctune
 
 #: Public names without a docstring today; lower it as names get one (never raise it).
-UNDOCUMENTED_LEFT = 62
+UNDOCUMENTED_LEFT = 2
 
 
 def undocumented() -> list[str]:

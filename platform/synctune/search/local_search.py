@@ -183,6 +183,8 @@ class LocalSearchResult:
     trace: list[tuple[int, float, float]]  # (evaluations, seconds, best score so far)
 
     def top(self, k: int, exclude: Iterable[str] = ()) -> list[tuple[Strategy, float]]:
+        """The ``k`` best strategies with their scores, best first, leaving out those whose hash is
+        in ``exclude`` (e.g. the ones measured already)."""
         skip = set(exclude)
         return [(s, sc) for s, sc in zip(self.strategies, self.scores) if s.hash not in skip][:k]
 

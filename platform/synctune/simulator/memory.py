@@ -85,6 +85,7 @@ class RankMemory:
                 + self.activations_bytes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The parts as plain data, with their sum as ``peak_bytes`` (what reports and rows hold)."""
         return {**asdict(self), "peak_bytes": self.peak_bytes}
 
 
