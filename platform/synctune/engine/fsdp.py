@@ -298,7 +298,7 @@ def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any
     """The all-``shard`` strategy FSDP2 runs under ``config`` on ``module`` (an ``nn.Module``,
     meta included), on ``strategy``'s replicas and batch split: what the memory model
     (:func:`synctune.simulator.memory.predict_memory`) predicts an FSDP2 baseline from
-    (papers/sharding-notes.md "FSDP2"; issue 34 item 3).
+    (papers/sharding-notes.md "FSDP2").
 
     Unit i of :func:`plan_from_config` (bottom-up, the root last) becomes ``shard`` unit i over
     ``config.group``, in ``config.reduce_dtype``; the root unit keeps its parameters as FSDP2
