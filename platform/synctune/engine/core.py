@@ -87,8 +87,8 @@ class StrategyEngine:
     rank r runs replica ``strategy.replicas[r]`` with batch ``batch_split[r]``.
     ``broadcast_buffers``: rank 0's buffers (BatchNorm statistics) go to every replica after each
     step, as torch DDP's option of that name. ``overlap=False`` launches only the first stage of
-    each unit during backward and the rest inside ``step``, one unit at a time (how the engine
-    ran before its stages were chained; kept for the overhead benchmark).
+    each unit during backward and the rest inside ``step``, one unit at a time (the unchained
+    schedule ``benchmarks/engine_overhead.py`` compares chained stages with).
     """
 
     def __init__(self, module: nn.Module, strategy: Strategy, model_spec: ModelSpec, cluster: ClusterSpec,

@@ -1,5 +1,5 @@
 """The ``fsdp`` runtime: torch FSDP2 (``torch.distributed.fsdp.fully_shard``), as users run it
-in 2026 (DESIGN.md "runtime"; papers/sharding-notes.md "FSDP2").
+(DESIGN.md "runtime"; papers/sharding-notes.md "FSDP2").
 
 Each **unit** is one ``fully_shard`` call on a module: its parameters (those not already in a
 unit below it) become DTensors sharded on dim 0 over a ``DeviceMesh``, all-gathered as one
@@ -109,9 +109,9 @@ class FSDPConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FSDPConfig":
-        """The configuration of :meth:`to_dict`'s form. Rows recorded before the ``fsdp-plans``
-        runtime held ``from_strategy: false`` here (read as nothing); ``true`` belongs to that
-        runtime (:func:`synctune.engine.runtimes.runtime_from_record` reads such rows)."""
+        """The configuration of :meth:`to_dict`'s form. ``from_strategy: false``, which dataset rows
+        of this runtime may hold, is read as nothing; ``from_strategy: true`` marks a row of the
+        ``fsdp-plans`` runtime (:func:`synctune.engine.runtimes.runtime_from_record` reads those)."""
         data = dict(data)
         if data.get("from_strategy") is False:
             del data["from_strategy"]

@@ -308,7 +308,7 @@ class HorovodSession:
     thread does not disturb later trials on the same warm process. Horovod 0.28.1 cannot start
     twice in one process: once its settings are fixed from the environment, a second
     ``hvd.init()`` writes past a vector in ``ParameterManager::BayesianParameter::SetValue`` and
-    the process dies (measured here: SIGSEGV on the second trial of a warm Ray worker). A process
+    the process dies (a SIGSEGV on a warm Ray worker's second Horovod trial). A process
     runs Horovod once; worker groups restart their processes before another Horovod trial."""
 
     def __init__(self, config: HorovodConfig, rank: int, hosts: list[str], master: str,
