@@ -51,8 +51,8 @@ class DDPConfig:
             raise SpecError(f"ddp config: powersgd_rank: the powersgd hook needs a positive integer rank, "
                             f"got {self.powersgd_rank!r}")
         if self.comm_hook == "powersgd" and self.first_bucket_mb is not None:
-            # Measured with torch 2.13 on gloo: PowerSGD under per-bucket caps sends tensors of
-            # different sizes on different ranks and the job aborts.
+            # torch's PowerSGD hook under per-bucket caps sends tensors of different sizes on
+            # different ranks and the job aborts (torch 2.13, gloo).
             raise SpecError("ddp config: first_bucket_mb: torch's PowerSGD hook fails with a separate first-bucket "
                             "cap (ranks disagree on tensor sizes); leave first_bucket_mb null with comm_hook powersgd")
         if not isinstance(self.gradient_as_bucket_view, bool):
