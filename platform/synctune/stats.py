@@ -94,11 +94,14 @@ class PairedRatio:
         return (self.high - self.low) / self.ratio
 
     def to_dict(self) -> dict:
+        """The ratio as plain data (a confirmation's record), with its verdict; ``rounds`` as
+        ``rounds_used``."""
         return {"ratio": self.ratio, "low": self.low, "high": self.high, "rounds_used": self.rounds,
                 "per_round_ratios": list(self.per_round_ratios), "verdict": self.verdict,
                 "confidence": self.confidence}
 
     def describe(self) -> str:
+        """One line for reports, e.g. ``1.120x [1.050, 1.190] (95%, 20 rounds)``."""
         return (f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] ({100 * self.confidence:.3g}%, "
                 f"{self.rounds} rounds)")
 
@@ -217,5 +220,6 @@ class SequentialRule:
         return "narrow" if found.width <= self.width else None
 
     def to_dict(self) -> dict:
+        """The rule as plain data, the keyword arguments that build it again (``SequentialRule(**d)``)."""
         return {"min_rounds": self.min_rounds, "max_rounds": self.max_rounds, "step": self.step,
                 "width": self.width, "alpha": self.alpha}

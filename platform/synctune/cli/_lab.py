@@ -127,7 +127,7 @@ def preset_calibration(recorded: dict, models: list[str]):
     ``recorded`` maps a model to the cluster its recorded rows were measured on. A domain begun
     later (or after a restart) takes the first recorded model's calibration rather than a fresh
     probe: one preset is one cluster in the dataset, and a re-probe can differ by a spurious
-    latency reading (one read a link's latency 4x its earlier value)."""
+    latency reading, several times the link's recorded latency."""
     return next((recorded[name] for name in models if name in recorded), None)
 
 

@@ -343,7 +343,7 @@ def score_cmd(sim_file, strategies, model, cluster) -> None:
 def memory_cmd(data, activations, as_json) -> None:
     """The memory model's error on recorded trials: per cluster, the median and 90th percentile of
     |predicted - measured| / measured over every rank of every trial that measured its memory part by
-    part (trials recorded before the breakdown existed are skipped)."""
+    part (rows without a breakdown are skipped)."""
     import statistics
 
     from ..data import TrialDataset, dataset_dir

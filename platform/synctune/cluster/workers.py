@@ -216,6 +216,7 @@ class RayWorkerGroup:
 
     @property
     def alive(self) -> bool:
+        """Whether the group holds started actors: true after :meth:`start`, false after :meth:`shutdown`."""
         return bool(self.actors)
 
     def _bundles(self, available: dict[str, float]) -> list[dict[str, float]]:

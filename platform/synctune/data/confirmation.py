@@ -111,7 +111,9 @@ class Confirmation:
         return cls(**out, extra=data)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON: the keys a confirmation has always been recorded with."""
+        """Plain JSON, flat: the interval's keys (:meth:`~synctune.stats.PairedRatio.to_dict`)
+        beside the rounds', the arms' and the screening's, the form dataset rows and result files
+        hold."""
         if self.interval is None:
             return {"error": self.error or "no result"}
         out: dict[str, Any] = dict(self.extra)

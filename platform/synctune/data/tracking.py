@@ -118,6 +118,7 @@ class MlflowLogger:
 
     @property
     def experiment_id(self) -> str | None:
+        """The MLflow experiment's id, found or created on first use; None while MLflow is unreachable."""
         return self._experiment_id if self._call("opening the experiment", lambda: True, False) else None
 
     def start_search(self, search_id: str, params: dict[str, Any], *, run_name: str | None = None) -> str:

@@ -37,9 +37,13 @@ class WireCompressor:
         self.stages: int = impl.stages
 
     def all_reduce(self, buf, group=None) -> Iterator[Callable]:
+        """The stages that all-reduce ``buf`` over ``group``, each a ``launch`` function that starts
+        one collective; once the last completed, ``buf`` holds the decoded sum on every rank."""
         return self.impl.all_reduce(buf, group, self.counter)
 
     def reduce(self, buf, dst: int, group=None) -> Iterator[Callable]:
+        """The stages that reduce ``buf`` over ``group`` to rank ``dst`` (as :meth:`all_reduce`;
+        only ``dst``'s ``buf`` then holds the decoded sum)."""
         return self.impl.reduce(buf, dst, group, self.counter)
 
 

@@ -31,9 +31,8 @@ the process group go on to the next step (or the next engine) cleanly. What a ho
 depends only on the gradients this rank's backward passes produced, never on when its
 collectives launched, so ranks that run the same loop refuse the same step with the same
 message without exchanging anything. Agreeing on it every step would cost a small all-reduce on
-the critical path of every step (measured: 7-11% of an iteration of ncf-small and cnn-small on
-lab-2x2, where it acts as a barrier after the last collective), which torch DDP does not pay
-either; a loop in which ranks run different numbers of backward passes (data-dependent control
+the critical path of every step, a barrier after the last collective that torch DDP does not
+pay either; a loop in which ranks run different numbers of backward passes (data-dependent control
 flow around ``backward``) is outside what a refusal can catch on every rank. Checkpoints
 (``state_dict``/``load_state_dict`` between a backward and ``step``), rare calls, are agreed
 collectively: there a rank with no gradient in flight cannot see the misuse by itself.
@@ -87,8 +86,8 @@ class StrategyEngine:
     rank r runs replica ``strategy.replicas[r]`` with batch ``batch_split[r]``.
     ``broadcast_buffers``: rank 0's buffers (BatchNorm statistics) go to every replica after each
     step, as torch DDP's option of that name. ``overlap=False`` launches only the first stage of
-    each unit during backward and the rest inside ``step``, one unit at a time (how the engine
-    ran before its stages were chained; kept for the overhead benchmark).
+    each unit during backward and the rest inside ``step``, one unit at a time (the unchained
+    schedule ``benchmarks/engine_overhead.py`` compares chained stages with).
     """
 
     def __init__(self, module: nn.Module, strategy: Strategy, model_spec: ModelSpec, cluster: ClusterSpec,

@@ -51,8 +51,8 @@ class DDPConfig:
             raise SpecError(f"ddp config: powersgd_rank: the powersgd hook needs a positive integer rank, "
                             f"got {self.powersgd_rank!r}")
         if self.comm_hook == "powersgd" and self.first_bucket_mb is not None:
-            # Measured with torch 2.13 on gloo: PowerSGD under per-bucket caps sends tensors of
-            # different sizes on different ranks and the job aborts.
+            # torch's PowerSGD hook under per-bucket caps sends tensors of different sizes on
+            # different ranks and the job aborts (torch 2.13, gloo).
             raise SpecError("ddp config: first_bucket_mb: torch's PowerSGD hook fails with a separate first-bucket "
                             "cap (ranks disagree on tensor sizes); leave first_bucket_mb null with comm_hook powersgd")
         if not isinstance(self.gradient_as_bucket_view, bool):
@@ -60,10 +60,13 @@ class DDPConfig:
                             f"got {self.gradient_as_bucket_view!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (what a dataset row and a runtime record hold)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DDPConfig":
+        """The configuration of :meth:`to_dict`'s form, validated; an unknown key is an error that
+        lists the valid ones."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

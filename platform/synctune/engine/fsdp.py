@@ -1,5 +1,5 @@
 """The ``fsdp`` runtime: torch FSDP2 (``torch.distributed.fsdp.fully_shard``), as users run it
-in 2026 (DESIGN.md "runtime"; papers/sharding-notes.md "FSDP2").
+(DESIGN.md "runtime"; papers/sharding-notes.md "FSDP2").
 
 Each **unit** is one ``fully_shard`` call on a module: its parameters (those not already in a
 unit below it) become DTensors sharded on dim 0 over a ``DeviceMesh``, all-gathered as one
@@ -101,15 +101,17 @@ class FSDPConfig:
             raise SpecError(f"fsdp config: units: module {twice!r} is listed twice")
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (``units`` a list when it names modules), what a
+        dataset row and a runtime record hold."""
         return {"group": self.group, "reshard_after_forward": self.reshard_after_forward,
                 "reduce_dtype": self.reduce_dtype, "prefetch": self.prefetch,
                 "units": self.units if isinstance(self.units, str) else list(self.units)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FSDPConfig":
-        """The configuration of :meth:`to_dict`'s form. Rows recorded before the ``fsdp-plans``
-        runtime held ``from_strategy: false`` here (read as nothing); ``true`` belongs to that
-        runtime (:func:`synctune.engine.runtimes.runtime_from_record` reads such rows)."""
+        """The configuration of :meth:`to_dict`'s form. ``from_strategy: false``, which dataset rows
+        of this runtime may hold, is read as nothing; ``from_strategy: true`` marks a row of the
+        ``fsdp-plans`` runtime (:func:`synctune.engine.runtimes.runtime_from_record` reads those)."""
         data = dict(data)
         if data.get("from_strategy") is False:
             del data["from_strategy"]
@@ -162,6 +164,8 @@ class FSDPPlan:
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
+        """The device mesh's dimension names: ``("replicate", "shard")`` for HSDP's 2-D mesh, else
+        ``("shard",)``."""
         return ("replicate", "shard") if len(self.mesh_shape) == 2 else ("shard",)
 
 
@@ -294,7 +298,7 @@ def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any
     """The all-``shard`` strategy FSDP2 runs under ``config`` on ``module`` (an ``nn.Module``,
     meta included), on ``strategy``'s replicas and batch split: what the memory model
     (:func:`synctune.simulator.memory.predict_memory`) predicts an FSDP2 baseline from
-    (papers/sharding-notes.md "FSDP2"; issue 34 item 3).
+    (papers/sharding-notes.md "FSDP2").
 
     Unit i of :func:`plan_from_config` (bottom-up, the root last) becomes ``shard`` unit i over
     ``config.group``, in ``config.reduce_dtype``; the root unit keeps its parameters as FSDP2

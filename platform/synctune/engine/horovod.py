@@ -64,10 +64,13 @@ class HorovodConfig:
                 raise SpecError(f"horovod config: {key}: expected true or false, got {getattr(self, key)!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (what a dataset row and a runtime record hold)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HorovodConfig":
+        """The configuration of :meth:`to_dict`'s form, validated; an unknown key is an error that
+        lists the valid ones."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -305,7 +308,7 @@ class HorovodSession:
     thread does not disturb later trials on the same warm process. Horovod 0.28.1 cannot start
     twice in one process: once its settings are fixed from the environment, a second
     ``hvd.init()`` writes past a vector in ``ParameterManager::BayesianParameter::SetValue`` and
-    the process dies (measured here: SIGSEGV on the second trial of a warm Ray worker). A process
+    the process dies (a SIGSEGV on a warm Ray worker's second Horovod trial). A process
     runs Horovod once; worker groups restart their processes before another Horovod trial."""
 
     def __init__(self, config: HorovodConfig, rank: int, hosts: list[str], master: str,
@@ -357,4 +360,5 @@ class HorovodSession:
                                         op=hvd.Average)
 
     def close(self) -> None:
+        """Shut Horovod down on this rank, so its background thread leaves later trials alone."""
         self.hvd.shutdown()

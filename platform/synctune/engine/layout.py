@@ -24,17 +24,21 @@ class RankLayout:
 
     @classmethod
     def of(cls, strategy: Strategy, cluster: ClusterSpec) -> "RankLayout":
+        """The layout of ``strategy``'s replicas on ``cluster``: rank ``r`` runs ``strategy.replicas[r]``."""
         return cls(replicas=tuple(strategy.replicas),
                    node_of_rank=tuple(cluster.node_of(d).name for d in strategy.replicas))
 
     @property
     def world_size(self) -> int:
+        """The number of ranks (one per replica)."""
         return len(self.replicas)
 
     def rank_of(self, device: str) -> int:
+        """The rank that runs replica ``device`` (a ``ValueError`` when none does)."""
         return self.replicas.index(device)
 
     def ranks_on_node(self, node: str) -> list[int]:
+        """The ranks on node ``node``, in rank order (empty when none runs there)."""
         return [r for r, n in enumerate(self.node_of_rank) if n == node]
 
     def nodes(self) -> list[str]:

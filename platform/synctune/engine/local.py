@@ -319,18 +319,17 @@ def _start_method(backend: str, nets, env: dict[str, str] | None, pin_cpus: bool
 
     On a CPU-only machine, outside a lab node, workers are forked from multiprocessing's fork
     server (Python's ``multiprocessing`` documentation, "Contexts and start methods") with torch
-    already imported: a fresh interpreter spends about 2 s of CPU importing torch, so on a
-    2-core machine a 4-worker group waited about 4 s for it, every run. They
-    start a fresh interpreter (``spawn``), as every worker did before, where that would not be
-    the same: a lab node's worker sets an import-time variable before it imports torch; a
-    launcher whose import-time variables changed since the server started would get workers
-    loaded with the old ones; workers bound to CPUs other than the server's (``pin_cpus``; a
-    launcher whose own CPUs changed since would get workers on the server's): torch's OpenMP
-    runtime counts the CPUs it may use when torch loads and spins its threads by that count
-    (the GNU libgomp manual, ``GOMP_SPINCOUNT``), so a forked worker pinned to one CPU with two
-    threads ran cnn-small's iteration 30 times slower than a fresh one; and on a machine with
-    an NVIDIA device (``/dev/nvidiactl``) CUDA workers stay as they were measured (the forked
-    path has not run there).
+    already imported: a fresh interpreter spends seconds of CPU importing torch, which a group
+    of workers on a few cores would wait for on every run. They start a fresh interpreter
+    (``spawn``) where a forked one would not be the same: a lab node's worker sets an
+    import-time variable before it imports torch; a launcher whose import-time variables changed
+    since the server started would get workers loaded with the old ones; workers bound to CPUs
+    other than the server's (``pin_cpus``; a launcher whose own CPUs changed since would get
+    workers on the server's): torch's OpenMP runtime counts the CPUs it may use when torch loads
+    and spins its threads by that count (the GNU libgomp manual, ``GOMP_SPINCOUNT``), so a forked
+    worker pinned to one CPU with two threads runs an iteration many times slower than a fresh
+    one; and on a machine with an NVIDIA device (``/dev/nvidiactl``) CUDA workers start fresh
+    (the forked path is not tried with CUDA).
     ``SYNCTUNE_WORKER_START=spawn`` asks for fresh interpreters everywhere
     (``benchmarks/launcher_start.py`` compares the two).
     """

@@ -111,6 +111,7 @@ class TrialResult:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as plain data (what crosses Ray and Tune; :meth:`from_dict` reads it back)."""
         out = asdict(self)
         out["iteration_times_s"] = list(self.iteration_times_s)
         return out
@@ -136,6 +137,9 @@ class TrialResult:
 
     @classmethod
     def from_times(cls, times: list[float], **kw: Any) -> "TrialResult":
+        """A finished trial's result from its timed iterations ``times`` (seconds): their mean,
+        median and population deviation, and samples per second from ``kw``'s
+        ``global_batch_size``; ``kw`` gives the other fields."""
         mean = statistics.fmean(times)
         return cls(status="ok", iteration_times_s=tuple(times), mean_s=mean, median_s=statistics.median(times),
                    std_s=statistics.pstdev(times) if len(times) > 1 else 0.0,
@@ -153,6 +157,7 @@ class PeakMemory:
         self.cuda = getattr(device, "type", "cpu") == "cuda"
 
     def reset(self) -> None:
+        """Start a new peak here (at a trial's start), so an earlier trial's peak is not reported."""
         if self.cuda:
             import torch
 
@@ -165,6 +170,8 @@ class PeakMemory:
             pass
 
     def peak_bytes(self) -> int:
+        """The peak in bytes since :meth:`reset`: CUDA's allocated peak, or the CPU's VmHWM (the
+        process's lifetime ``ru_maxrss`` where ``/proc`` is not there)."""
         if self.cuda:
             import torch
 

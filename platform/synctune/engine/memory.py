@@ -1,5 +1,5 @@
-"""A rank's memory, part by part (DESIGN.md "memory budget"; issue 33 item 4): what one training
-iteration holds, measured on one instrumented iteration after a trial's timed ones.
+"""A rank's memory, part by part (DESIGN.md "memory budget"): what one training iteration
+holds, measured on one instrumented iteration after a trial's timed ones.
 
 Every figure is bytes of distinct tensor storages on this rank (a storage shared by several
 tensors, a bucket and the views into it, counts once), each counted in the first part that

@@ -169,9 +169,8 @@ def _more_iterations(dist, torch, device, warmup: int, iters: int, window_s: flo
 def _launch_time(workload, model, batch, optimizer, *, iters: int, warmup: int = 2) -> float:
     """Median host seconds until an iteration's last call returns on a GPU (the kernels may still
     run), from plain iterations with no hook: in the profiled ones every gradient's hook records a
-    CUDA event, some 20 us of host time each, which ``hook_s`` would then count a second time (on
-    an H200 the profiled iterations' launch read 8.8 ms above the plain loop's for bert-large's
-    398 variables, 0.9 ms for vgg16's 32)."""
+    CUDA event, whose host time ``hook_s`` would then count a second time, so a model of many
+    variables would have its host path overstated."""
     import torch
     import torch.distributed as dist
 

@@ -33,10 +33,10 @@ from .tuning import NothingToTune, Tuning, TuningSpace
 __all__ = ["Runtime", "ConfiguredRuntime", "ArmContext", "Stepper", "per_world", "framework_of"]
 
 #: Per world (the default process group, held weakly), what runtimes build once and share across
-#: the trials of a worker: process groups, device meshes. A worker runs many trials; the groups a
-#: trial made were never destroyed, they piled up (threads, connections), and PS steps ran faster
-#: the more a worker held (25% over three passes of the same strategies; the dataset card,
-#: "Toward v0.3"). Shared, every trial of a worker sees the same groups, as one training job does.
+#: the trials of a worker: process groups, device meshes. A worker runs many trials; groups made
+#: per trial and never destroyed would pile up (threads, connections) and change how fast later
+#: trials run the same strategy. Shared, every trial of a worker sees the same groups, as one
+#: training job does.
 _PER_WORLD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 

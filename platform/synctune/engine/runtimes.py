@@ -58,8 +58,9 @@ def as_runtime(value: Runtime | dict | None) -> Runtime:
 
 
 def runtime_from_record(name: str, config_json: str) -> Runtime:
-    """The runtime of a dataset row (its ``runtime`` and ``runtime_json`` columns). Rows recorded
-    before the ``fsdp-plans`` runtime had its own name say ``fsdp`` with ``from_strategy: true``."""
+    """The runtime of a dataset row (its ``runtime`` and ``runtime_json`` columns). A row whose
+    runtime is ``fsdp`` with ``from_strategy: true`` in its settings ran a strategy's own shard
+    plans: it is read as the ``fsdp-plans`` runtime."""
     import json
 
     config = json.loads(config_json) if config_json else {}

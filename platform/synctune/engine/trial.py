@@ -238,6 +238,8 @@ class Interleaved:
     screen: list[list[float]] | None = None
 
     def to_dict(self) -> dict:
+        """What rank 0 reports: the two arms' per-round times in seconds (``a_s`` the candidate's,
+        ``b_s`` the baseline's) and why they stopped; with a screening, its picks and per-arm times."""
         out = {"a_s": self.medians[0], "b_s": self.medians[1], "stopped": self.stopped}
         if self.screen is not None:
             out.update({"picked": self.picked, "picked_baseline": self.picked_baseline, "screen_s": self.screen})
@@ -326,6 +328,10 @@ def failed_result(status: str, error: str, strategy: Strategy, cluster: ClusterS
 
 
 def check_network(cluster: ClusterSpec, node_net) -> None:
+    """Refuse, before any worker starts, a node network that cannot place ``cluster``'s workers:
+    a lab cluster without one (its links exist only in the lab's namespaces), or one missing a
+    node (``node_net``: node name -> its network, as :func:`synctune.engine.local.rank_networks`
+    reads it)."""
     from ..spec.cluster import is_lab_cluster
 
     if is_lab_cluster(cluster) and not node_net:

@@ -790,7 +790,7 @@ class Scheduler:
     buckets': per process group, the stages of the units in unit order (``chain``: each unit's
     stages together, a stage starting as soon as the previous one completed) or stage by stage
     (not ``chain``: every unit's first stage during backward, then, inside ``step``, every later
-    stage one at a time, each waited for: how the engine ran before its stages were chained). A stage
+    stage one at a time, each waited for: the engine's ``overlap=False``). A stage
     launches once it is next in its group's order, its unit is ready and its previous stage
     completed. With ``one_order`` every group shares one order (NCCL: communicators that run
     concurrently in different orders on different ranks can deadlock).

@@ -19,9 +19,11 @@ class _Classifier(nn.Module):
     """Base: ``forward(images, labels) -> loss`` around ``logits(images)``."""
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """The class scores, ``(batch, num_classes)``, of the images ``x`` (``(batch, 3, H, W)``)."""
         raise NotImplementedError
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy loss of :meth:`logits` against ``labels`` (class indices)."""
         return F.cross_entropy(self.logits(images), labels)
 
 

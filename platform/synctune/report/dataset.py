@@ -45,6 +45,9 @@ def best_per_domain(rows) -> list[dict]:
 
 
 def dataset_sections(rows) -> tuple[list[tuple[str, str]], list[Section]]:
+    """The dataset dashboard's summary (label, value pairs) and its sections: coverage per model x
+    cluster, the spread of mean iteration times per domain, and the best strategy per domain
+    (:func:`best_per_domain`); ``rows`` is the dataset's frame with a ``domain`` column."""
     import plotly.graph_objects as go
 
     ok = rows[rows["status"] == "ok"]

@@ -49,18 +49,22 @@ class SearchData:
 
     @property
     def model(self) -> str:
+        """The searched model's name (a search has one)."""
         return str(self.rows["model_name"].iloc[0])
 
     @property
     def cluster(self) -> str:
+        """The name of the cluster the search ran on (a search has one)."""
         return str(self.rows["cluster_name"].iloc[0])
 
     @property
     def experiment(self) -> str:
+        """The experiment's name, or the search id where the rows name none."""
         return str(self.rows["experiment"].iloc[0] or self.search_id)
 
     @property
     def ok(self):
+        """The rows of the trials that finished (``status`` ok): the ones with times to show."""
         return self.rows[self.rows["status"] == "ok"]
 
     @property
@@ -76,6 +80,8 @@ class SearchData:
 
     @property
     def best_baseline_s(self) -> float | None:
+        """The fastest baseline's mean iteration time in seconds (builders and tuned DDP), or None
+        without one."""
         return float(self.baselines["mean_s"].min()) if len(self.baselines) else None
 
     @property

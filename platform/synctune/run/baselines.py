@@ -163,6 +163,7 @@ class BaselineLedger:
         self.trials: list[BaselineTrial] = list(trials)
 
     def add(self, trial: BaselineTrial) -> None:
+        """Record one more measured (or failed) baseline trial, after those measured before it."""
         self.trials.append(trial)
 
     def of(self, runtime: str) -> list[BaselineTrial]:

@@ -103,9 +103,9 @@ def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, work
 
 
 def _pretrained_scores_shard() -> bool:
-    """Whether the shipped simulator was trained with the shard synchronizer among its inputs (the
-    one trained on release v0.3 was; an installation's older file would refuse shard units only
-    when scoring them, mid-search)."""
+    """Whether the shipped simulator was trained with the shard synchronizer among its inputs: a
+    simulator file without it refuses shard units only when it scores them, mid-search, so the
+    search asks before its first trial."""
     from ..simulator import load_simulator
 
     return "shard" in (load_simulator("pretrained").config.get("synchronizers") or [])

@@ -61,6 +61,7 @@ class SliceActor:
         return ray.get_runtime_context().get_node_id()
 
     def shutdown(self) -> None:
+        """Release the slice: kill its worker actors and free their placement group."""
         self.group.shutdown()
 
 

@@ -34,9 +34,10 @@ class Recommendation:
     differs: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The result file's form: the runtime by name with its settings, and (as the file has
-        always said it) one key per baseline runtime, holding its settings where it is the one
-        recommended, else null (``"ddp": null`` for a searched strategy)."""
+        """The result file's form: the runtime by name with its settings, and one key per baseline
+        runtime whatever was recommended (the file's keys do not depend on the outcome), holding
+        its settings where it is the one recommended, else null (``"ddp": null`` for a searched
+        strategy)."""
         baselines = {name: self.runtime.config_dict() if name == self.runtime.name else None
                      for name, cls in RUNTIMES.items() if not cls.runs_strategy}
         return {"kind": self.kind, "name": self.name, "strategy": self.strategy.to_dict(),

@@ -118,6 +118,7 @@ class StrategySearch:
 
     @property
     def asked(self) -> int:
+        """Trials asked for so far: the finished ones and those still pending (what the budget counts)."""
         return len(self.trials) + len(self.pending)
 
     @property

@@ -11,9 +11,9 @@ here, one strategy after another, shard by shard in backward order:
 - adjacent merging of dense all-reduce shards into groups (c_am), a group closing once it holds
   its share of the strategy's all-reduce bytes or the compressor changes.
 
-In numpy these loops ran over the model's shards with an operation per shard (a few thousand
-per chunk on BERT-large), most of a round's time; compiled, a strategy costs a pass over its
-rows. Importing this module imports numba (seconds), so the sampler imports it lazily.
+In numpy these loops would take an operation per shard (a few thousand per chunk on
+BERT-large), most of a round's time; compiled, a strategy costs a pass over its rows. Importing
+this module imports numba (seconds), so the sampler imports it lazily.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def fill_rows(lo, hi, u, u_groups, offsets, pieces, axes, base, sfb,
     The uniforms come from the sampler's numpy stream: ``u[r - offsets[lo]]`` holds row r's
     two (PS or not; which node), ``u_groups[i - lo]`` the one that draws strategy i's number of
     merge groups.
-    (numba's own generator cost more than the rest of the loop.) The first uniform, rescaled
+    (numba's own generator would cost more than the rest of the loop.) The first uniform, rescaled
     within the side of the PS threshold it fell on, is again uniform and independent of that
     decision: it draws sparse all-gather for a non-PS sparse shard or local aggregation for a
     dense PS one. ``codes`` are the kind codes of ps, allreduce, allgather and sfb

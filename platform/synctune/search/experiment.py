@@ -6,8 +6,8 @@ A file has a ``name``, a ``seed`` and six sections: ``domain`` (what trains, on 
 ``search`` (the algorithm and its budget), ``trial`` (how one trial is measured), ``baselines``
 (what the search is compared with), ``confirm`` (the interleaved re-measurement of the winner)
 and ``run`` (slices and output). Each section is written as a mapping (``search: {budget: 30}``)
-or, as before sections, with its keys at the top level of the file (``budget: 30``):
-:data:`FLAT_KEYS` says which section each top-level key belongs to. A setting given both ways is
+or flat, its keys at the top level of the file (``budget: 30``): :data:`FLAT_KEYS` says which
+section each top-level key belongs to. A setting given both ways is
 refused.
 """
 

@@ -58,8 +58,8 @@ class ChoiceSpace:
     ``lossy``, the first :data:`~synctune.search.kinds.PS_LOSSY_CHOICES` lossy ones), a PS
     partitioned over every node for variables of at least ``small_bytes``, all-gather for sparse variables, sufficient-factor
     broadcasting for linear weights (TAG §4.2.3; the other variables of a coordinate keep their
-    plans). With ``shard`` (issue 34 item 2), also ZeRO-2 sharding of a coordinate's shardable
-    variables (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,
+    plans). With ``shard``, also ZeRO-2 sharding of a coordinate's shardable variables
+    (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,
     HSDP over each node (:func:`~synctune.search.shard_draw.hsdp_size`), reducing in fp32 or, when
     ``lossy``, bf16; or joining a neighbouring variable's unit, so units can grow to modules."""
 
@@ -183,6 +183,8 @@ class LocalSearchResult:
     trace: list[tuple[int, float, float]]  # (evaluations, seconds, best score so far)
 
     def top(self, k: int, exclude: Iterable[str] = ()) -> list[tuple[Strategy, float]]:
+        """The ``k`` best strategies with their scores, best first, leaving out those whose hash is
+        in ``exclude`` (e.g. the ones measured already)."""
         skip = set(exclude)
         return [(s, sc) for s, sc in zip(self.strategies, self.scores) if s.hash not in skip][:k]
 

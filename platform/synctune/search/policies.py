@@ -83,6 +83,8 @@ class RandomPolicy:
         return RandomSampler(search.model, search.cluster, seed=seed)
 
     def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        """Round ``round_``'s ``k`` proposals: the first fresh draws of :meth:`sampler` (none
+        measured or pending, each within the memory budget), unscored (``predicted`` None)."""
         sampler = self.sampler(search, round_seed(search.seed, round_))
         # Oversample a little: a draw equal to a measured strategy is skipped, not re-measured;
         # under a memory budget, more batches while too few draws fit.
@@ -255,6 +257,9 @@ class AutoDistPolicy:
     on replicas of different speeds, a step on the batch split in place of the last pick."""
 
     def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        """Round ``round_``'s ``k`` proposals (Algorithm 1's loop body): the generator's draws,
+        scored and picked for score and diversity, then the incumbent move and the split step
+        in place of the last pick where they apply; none when every draw was measured already."""
         seed, settings = round_seed(search.seed, round_), search.settings
         rng = random.Random(seed)
         guided = guided_sampler(search, seed)
@@ -318,6 +323,8 @@ class GeneticPolicy:
     were measured), scored, filtered and picked as ``autodist``'s proposals are."""
 
     def propose(self, search: RoundContext, round_: int, k: int) -> list[Proposal]:
+        """Round ``round_``'s ``k`` proposals: ``proposals`` children of the measured strategies the
+        simulator last learned from, scored and picked as ``autodist``'s, then the split step."""
         seed = round_seed(search.seed, round_)
         rng = random.Random(seed)
         guided = guided_sampler(search, seed)

@@ -114,6 +114,7 @@ class RandomSampler:
         return Strategy.over(self.model, self.cluster, plans)
 
     def sample_many(self, n: int) -> list[Strategy]:
+        """``n`` strategies of :meth:`sample`, in draw order (equal draws are kept: callers skip them)."""
         return [self.sample() for _ in range(n)]
 
 

@@ -129,8 +129,8 @@ class RuntimeResidual(DomainScorer):
     strategy of :class:`~synctune.strategy.columns.StrategyColumns`, and after every :meth:`fit` each
     runtime's factor is the median of measured / predicted over its trials (two at least; 1
     before). The replay times the engine's collectives; FSDP2's per-unit all-gathers and
-    reduce-scatters, issued by its own hooks, cost what the replay does not model (three times
-    its prediction over gloo here), and a search that proposes both would otherwise keep
+    reduce-scatters, issued by its own hooks, cost what the replay does not model (several
+    times its prediction over gloo), and a search that proposes both would otherwise keep
     proposing the slower one (dPRO §4.3: calibrate the replay on the job's own measurements, here
     one constant per runtime). Ranks within one runtime are the inner simulator's."""
 

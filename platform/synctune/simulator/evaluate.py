@@ -43,6 +43,8 @@ def pairwise_accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
 
 
 def kendall_tau(pred: np.ndarray, truth: np.ndarray) -> float:
+    """Kendall's tau-b (scipy's, ties adjusted) between the predicted and the true times, from -1
+    (reversed order) to 1 (the same order); nan below two strategies."""
     from scipy.stats import kendalltau
 
     if len(pred) < 2:

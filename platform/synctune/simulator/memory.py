@@ -1,6 +1,6 @@
 """The memory model: each rank's peak bytes under a strategy, part by part, without running it
-(DESIGN.md "memory budget"; issue 33 item 4; ZeRO, Rajbhandari et al. SC'20 §5 for the
-replicated vs sharded accounting).
+(DESIGN.md "memory budget"; ZeRO, Rajbhandari et al. SC'20 §5 for the replicated vs sharded
+accounting).
 
 It counts what the engine (:mod:`synctune.engine.units`) actually holds on a rank, in the parts
 a trial measures (:mod:`synctune.engine.memory`):
@@ -85,6 +85,7 @@ class RankMemory:
                 + self.activations_bytes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The parts as plain data, with their sum as ``peak_bytes`` (what reports and rows hold)."""
         return {**asdict(self), "peak_bytes": self.peak_bytes}
 
 
@@ -308,8 +309,8 @@ def over_limits(peaks: Sequence[int | None], limits: Sequence[int | None]) -> st
 
 @dataclass
 class MemoryBudget:
-    """A search's memory budget (DESIGN.md "memory budget"; issue 34 item 1): each device may
-    use ``gib`` GiB at its peak (0: the cluster spec's device memory, see
+    """A search's memory budget (DESIGN.md "memory budget"): each device may use ``gib`` GiB at
+    its peak (0: the cluster spec's device memory, see
     :meth:`~synctune.spec.cluster.ClusterSpec.device_memory_budget_bytes`), less ``headroom``
     of it; a strategy fits when every rank's predicted peak (:func:`predict_memory`, the
     trials' ``optimizer``, the ``activations``) is within its device's limit. ``probe``: the

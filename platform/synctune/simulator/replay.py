@@ -203,6 +203,8 @@ class ReplaySimulator(Simulator):
         self._cache = None
 
     def add_profile(self, profile: ComputeProfile) -> None:
+        """Use ``profile`` for its (model, device, worker count), replacing one filed before
+        (dPRO §4.1: the replay's compute input)."""
         self.profiles[profile_key(profile.model, profile.device, profile.workers)] = profile
         self._cache = None
 

@@ -303,6 +303,7 @@ class ResidualReplay(CalibratedReplay):
 
     @classmethod
     def load(cls, path: str | Path) -> "ResidualReplay":
+        """The simulator :meth:`save` wrote to ``path``; a file of another format is refused."""
         data = read_json(Path(path), "replay-residual simulator")
         if data.get("format") != "synctune-replay-residual":
             raise SpecError(f"{path}: not a replay-residual simulator file (format synctune-replay-residual)")

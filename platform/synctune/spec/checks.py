@@ -48,6 +48,7 @@ def require(cond: bool, where: str, expected: str, actual: Any) -> None:
 
 
 def is_int(value: Any) -> bool:
+    """An int, never a bool (``True`` is an int to Python, never a count or a size to a spec)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

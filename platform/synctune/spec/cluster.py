@@ -92,8 +92,8 @@ for _gbe in (10, 25, 50):
 
 #: Relative compute speed of a g3 (M60) lab node to a g4dn (T4) one: 1:2. Peak fp32 throughput
 #: is 4.8 vs 8.1 TFLOPS per GPU (1.7x; M60 is half of a two-GPU board), and T4's tensor cores,
-#: which M60 lacks, widen the gap for mixed precision: about 2x, the figure TAG and the
-#: heterogeneous-cluster issue take. A lab g4dn worker may use half a core, a g3 worker a quarter.
+#: which M60 lacks, widen the gap for mixed precision: about 2x, the figure TAG takes. A lab g4dn
+#: worker may use half a core, a g3 worker a quarter.
 LAB_G4DN_SHARE, LAB_G3_SHARE = 0.5, 0.25
 for _kind, _model, _share, _gbe in (("g3", "M60", LAB_G3_SHARE, 25), ("g4dn", "T4", LAB_G4DN_SHARE, 50)):
     INSTANCE_TYPES.register(f"lab-{_kind}-{_gbe}gbe", InstanceType(

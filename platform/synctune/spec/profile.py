@@ -97,6 +97,8 @@ class ComputeProfile:
         return self.launch_s + len(self.ready_s) * self.hook_s
 
     def to_dict(self) -> dict[str, Any]:
+        """The profile as plain data under its schema version (:data:`PROFILE_SCHEMA`), what a
+        profile file holds; the host figures only where measured."""
         host = {k: getattr(self, k) for k in ("launch_s", "hook_s") if getattr(self, k) is not None}
         return {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device, "workers": self.workers,
                 "batch_size": self.batch_size, "forward_s": self.forward_s, "backward_s": self.backward_s,
@@ -104,6 +106,8 @@ class ComputeProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "compute profile") -> "ComputeProfile":
+        """The profile of :meth:`to_dict`'s form, validated; errors start with ``where`` (e.g. the
+        file it came from), since profiles arrive from files and pulled releases."""
         require(isinstance(data, Mapping), where, "a mapping", type(data).__name__)
         require(data.get("schema") == PROFILE_SCHEMA, f"{where}: schema", PROFILE_SCHEMA, data.get("schema"))
         keys = ("model", "device", "workers", "batch_size", "forward_s", "backward_s", "step_s", "ready_s")

@@ -178,6 +178,9 @@ class ImportedWorkload(Workload):
 
     @property
     def definition(self) -> WorkloadDefinition:
+        """The user's definition, imported into this process on first use and cached per path and
+        folder (:func:`load_definition`); :meth:`check` gets the model spec without importing the
+        user's code here."""
         return load_definition(self.path, self.root)
 
     @property

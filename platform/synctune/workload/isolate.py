@@ -8,8 +8,8 @@ and a thread or process the import starts would keep it alive or outlive it. In 
 way out (an exception, ``SystemExit``, ``KeyboardInterrupt``, the process dying, the time running
 out, a thread or process left running) is one :class:`SpecError` naming the workload and the
 step: import, factory, spec extraction or loss. The command keeps the spec and the workload's
-name and batch size, and never imports the user's code itself; trial workers import it, as
-before, in processes the trial launcher owns.
+name and batch size, and never imports the user's code itself; trial workers import it in
+processes the trial launcher owns.
 """
 
 from __future__ import annotations
