@@ -231,27 +231,26 @@ class StrategyColumns:
 
     # ------------------------------------------------------------------- objects and back
     def strategy(self, i: int) -> Strategy:
-        """Strategy ``i`` as an object."""
+        """Strategy ``i`` as an object. Equal shard decisions make one (frozen) shard plan, built
+        once per set of columns: a strategy of many shards is mostly a few distinct ones."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        servers = [node.devices[0] for node in self.cluster.nodes]
         variables = self.model.variables
-        names = COMPRESSORS.names()
+        var, nshards, axis = (getattr(self, n)[lo:hi].tolist() for n in ("var", "nshards", "axis"))
+        codes = list(zip(*(getattr(self, n)[lo:hi].tolist() for n in ("kind", "comp", "rank", *_OFF_COLUMNS))))
+        made = self.__dict__.setdefault("_shard_plans", {})
         plans = []
-        at = lo
-        while at < hi:
-            v = int(self.var[at])
-            k = int(self.nshards[at])
+        at, end = 0, hi - lo
+        while at < end:
+            v, k = var[at], nshards[at]
             partition = [1] * len(variables[v].shape)
             if k > 1:
-                partition[int(self.axis[at])] = k
+                partition[axis[at]] = k
             shards = []
             for r in range(at, at + k):
-                row = {name: getattr(self, name)[r] for name in _OFF_COLUMNS}
-                sync = SYNCHRONIZERS.get(SYNCHRONIZER_KINDS[int(self.kind[r])]).from_columns(row, servers)
-                comp = names[int(self.comp[r])]
-                compressor = Compressor(kind=comp, rank=int(self.rank[r])) if "rank" in COMPRESSORS.get(
-                    comp).params else Compressor(kind=comp)
-                shards.append(ShardPlan(synchronizer=sync, compressor=compressor))
+                shard = made.get(codes[r])
+                if shard is None:
+                    shard = made[codes[r]] = self._shard_plan(codes[r])
+                shards.append(shard)
             plans.append(VariablePlan(variable=variables[v].name, partition=tuple(partition), shards=tuple(shards)))
             at += k
         if self.batch_split is None:
@@ -261,6 +260,15 @@ class StrategyColumns:
         devices = self.cluster.devices
         return Strategy.over(self.model, self.cluster, plans, replicas=[devices[j] for j in held],
                              batch_split=[int(row[j]) for j in held])
+
+    def _shard_plan(self, code: tuple) -> ShardPlan:
+        """The shard plan of one row's (kind, comp, rank, kind-specific columns) codes."""
+        kind, comp, rank, *off = code
+        servers = [node.devices[0] for node in self.cluster.nodes]
+        sync = SYNCHRONIZERS.get(SYNCHRONIZER_KINDS[kind]).from_columns(dict(zip(_OFF_COLUMNS, off)), servers)
+        name = COMPRESSORS.names()[comp]
+        compressor = Compressor(kind=name, rank=rank) if "rank" in COMPRESSORS.get(name).params else Compressor(kind=name)
+        return ShardPlan(synchronizer=sync, compressor=compressor)
 
     @classmethod
     def from_strategies(cls, model: Any, cluster: Any, strategies: Sequence[Strategy]) -> "StrategyColumns":

@@ -76,10 +76,9 @@ class Compressor:
             raise StrategyError(f"unknown compressor {str(self.kind)[:40]!r}; valid: {', '.join(COMPRESSORS)}")
         if "rank" in self.info.params:
             _req(in_range(self.rank, 1, 1 << 20), f"compressor {self.kind}: rank", "a positive integer", self.rank)
-        else:
+        elif self.rank is not None:
             takes = [n for n, i in COMPRESSORS.items() if "rank" in i.params]
-            _req(self.rank is None, f"compressor {self.kind}: rank", f"no rank (only {', '.join(takes)} takes one)",
-                 self.rank)
+            _req(False, f"compressor {self.kind}: rank", f"no rank (only {', '.join(takes)} takes one)", self.rank)
 
     @property
     def info(self) -> CompressorInfo:
