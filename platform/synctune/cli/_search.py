@@ -63,9 +63,9 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     from tqdm import tqdm
 
     from ..data import data_home
-    from ..run import prepare_search, run_prepared
+    from ..run import prepare_search, run_prepared, search_id_of
     from ..search.experiment import load_experiment
-    from ..spec.files import make_parent, path_under, write_text_atomic
+    from ..spec.files import check_parent, make_parent, path_under, write_text_atomic
 
     exp = load_experiment(experiment)
     workload = resolve_workload_arg(exp.trains, timeout_s=exp.trial.timeout_s)
@@ -78,12 +78,14 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     def say(message: str) -> None:
         echo_err(f"{exp.name}: {message}")
 
-    # Everything the search needs is checked and read before Ray starts (the simulator file, the
-    # memory budget, the profile, the dataset rows; where the best strategy goes).
+    # Where the best strategy goes is checked first (nothing is written where the output is
+    # refused), then everything the search needs is checked and read before Ray starts (the
+    # simulator file, the memory budget, the profile, the dataset rows, the MLflow run).
+    output = exp.run.output
+    best_path = Path(output) if output else path_under(data_home(), "searches", f"{search_id_of(exp)}-best.json")
+    check_parent(best_path)
     context = prepare_search(exp, workload, cluster, resume=resume, tracking_uri=tracking_uri, node_net=node_net,
                              say=say)
-    output = exp.run.output
-    best_path = Path(output) if output else path_under(data_home(), "searches", f"{context.search_id}-best.json")
     make_parent(best_path)
     start_ray(ray_address, cluster.num_devices + 1)
     bar = tqdm(total=exp.num_trials, desc=exp.name, unit="trial", disable=None)

@@ -6,20 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec.errors import SpecError
-from .runtime import ArmContext, Runtime, Stepper
+from .runtime import ArmContext, PlansRuntime, Stepper
 
 __all__ = ["EngineRuntime", "ENGINE"]
 
 
 @dataclass(frozen=True)
-class EngineRuntime(Runtime):
+class EngineRuntime(PlansRuntime):
     """Runs the whole strategy: every plan's partition, synchronizer and compressor; refuses
     what the engine does not execute exactly (:func:`synctune.engine.core.check_supported`)."""
 
     name = "engine"
     label = "the engine"
-    runs_strategy = True
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
         from .core import check_supported
@@ -38,16 +36,6 @@ class EngineRuntime(Runtime):
         return Stepper(forward_model=ctx.model, step=step, take_comm_bytes=engine.take_comm_bytes,
                        close=engine.close,
                        memory_parts=lambda: {"optimizer": engine.optimizer, "units": list(engine.units)})
-
-    def config_dict(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "EngineRuntime":
-        if config:
-            raise SpecError(f"engine runtime: it takes no settings (the strategy is its configuration), got "
-                            f"{sorted(config)}")
-        return ENGINE
 
     def summary(self) -> str:
         return "engine"

@@ -19,7 +19,7 @@ from typing import Any
 from ..spec.errors import SpecError
 from .fsdp import (check_plan, check_shard_group, escaping_parameters, fsdp_stepper, has_shard_plans, meta_model,
                    plan_from_strategy, refuse_sparse, shard_units)
-from .runtime import ArmContext, Runtime, Stepper
+from .runtime import ArmContext, PlansRuntime, Stepper
 
 __all__ = ["FSDPPlansRuntime", "FSDP_PLANS", "plans_refusal"]
 
@@ -38,12 +38,12 @@ def plans_refusal(strategy: Any, cluster: Any, module: Any, spec: Any, workload:
 
 
 @dataclass(frozen=True)
-class FSDPPlansRuntime(Runtime):
+class FSDPPlansRuntime(PlansRuntime):
     """torch FSDP2 as the strategy's ``shard`` plans say (see the module docstring). It has no
     settings of its own: the strategy is its configuration."""
 
     name = "fsdp-plans"
-    runs_strategy = True
+    label = "FSDP2"
     fsdp_layout = True
 
     def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
@@ -67,16 +67,6 @@ class FSDPPlansRuntime(Runtime):
         plan = plan_from_strategy(ctx.model, ctx.strategy, ctx.spec)
         check_plan(plan, from_plans=True)
         return fsdp_stepper(ctx, plan)
-
-    def config_dict(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FSDPPlansRuntime":
-        if config:
-            raise SpecError(f"{cls.name} runtime: it takes no settings (the strategy's shard plans are its "
-                            f"configuration), got {sorted(config)}")
-        return FSDP_PLANS
 
     def summary(self) -> str:
         return "fsdp2 from the strategy's shard plans"

@@ -30,7 +30,7 @@ from typing import Any, Callable, ClassVar
 from ..spec.errors import SpecError
 from .tuning import NothingToTune, Tuning, TuningSpace
 
-__all__ = ["Runtime", "ConfiguredRuntime", "ArmContext", "Stepper", "per_world", "framework_of"]
+__all__ = ["Runtime", "ConfiguredRuntime", "PlansRuntime", "ArmContext", "Stepper", "per_world", "framework_of"]
 
 #: Per world (the default process group, held weakly), what runtimes build once and share across
 #: the trials of a worker: process groups, device meshes. A worker runs many trials; groups made
@@ -212,6 +212,27 @@ class Runtime(ABC):
 
         config = self.config_dict()
         return json.dumps(config, sort_keys=True) if config else ""
+
+
+class PlansRuntime(Runtime):
+    """A runtime whose configuration is the strategy it runs (the engine; FSDP2 from shard
+    plans): it runs the strategy's plans and has no settings of its own, so one value serves
+    every trial."""
+
+    runs_strategy = True
+
+    def config_dict(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Runtime":
+        if config:
+            raise SpecError(f"{cls.name} runtime: it takes no settings (the strategy is its configuration), got "
+                            f"{sorted(config)}")
+        return cls()
+
+    def describe(self, strategy: Any) -> str:
+        return f"{self.summary()} running {strategy.summary()}"
 
 
 class ConfiguredRuntime(Runtime):

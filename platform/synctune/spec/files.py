@@ -33,7 +33,7 @@ from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
            "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable",
-           "make_parent", "check_name", "path_under", "write_via"]
+           "check_parent", "make_parent", "check_name", "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -319,10 +319,10 @@ def check_writable(path: str | Path) -> Path:
     return path
 
 
-def make_parent(path: str | Path) -> Path:
-    """Create the missing folders above ``path`` only once :func:`atomic_write` could then write
-    it: the nearest existing folder takes new entries, no name is too long for the file system
-    and the target is absent or a regular file, so a refused output leaves no folders behind."""
+def check_parent(path: str | Path) -> Path:
+    """Refuse, creating nothing, an output ``path`` that :func:`make_parent` would refuse: the
+    target is absent or a regular file, the nearest existing folder is one that takes new
+    entries, and no name is too long for the file system."""
     path = Path(path)
     _check_target(path)
     missing = []
@@ -342,6 +342,13 @@ def make_parent(path: str | Path) -> Path:
                             f"({name_max} bytes)")
     if missing and not os.access(ancestor, os.W_OK | os.X_OK):
         raise SpecError(f"{path}: cannot create folders in {ancestor}: permission denied")
+    return path
+
+
+def make_parent(path: str | Path) -> Path:
+    """Create the missing folders above ``path`` only once :func:`atomic_write` could then write
+    it (:func:`check_parent`), so a refused output leaves no folders behind."""
+    path = check_parent(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
