@@ -420,18 +420,8 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     for code, kind, rows in present:
         if kind.form_units:
             kind.form_units(rb, rows, state[code])
-    # Units: one per merge group where a kind's units are merge groups (all-reduce), else one per
-    # row or per the row a kind keys its units by (a shard unit's first row).
-    group = b.group_order
-    width = int(group.max()) + 1 if num_shards else 1
-    merged = np.zeros(len(SYNCHRONIZER_KINDS), dtype=bool)
-    for code, _kind in entries:
-        merged[code] = SYNCHRONIZERS.get(SYNCHRONIZER_KINDS[code]).merge_groups
-    unit_key = np.where(merged[b.pattern], b.sid * (width + num_shards) + group,
-                        b.sid * (width + num_shards) + width + rb.own)
-    keys, unit_of = np.unique(unit_key, return_inverse=True)
-    u = len(keys)
-    usid = (keys // (width + num_shards)).astype(np.int64)
+    unit_of, usid = _units(b, entries, rb.own)
+    u = len(usid)
     for code, kind, rows in present:
         if kind.compute:
             kind.compute(rb, rows, state[code])
@@ -473,6 +463,22 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
             "broadcast_s": _added(np.zeros(n), after),
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
             "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": rb.ubytes[order]}
+
+
+def _units(b: StrategyColumns, entries: list, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's unit and each unit's strategy: one unit per merge group where a kind's units
+    are merge groups (all-reduce), else one per row or per the row a kind keys its units by
+    (``own``: a shard unit's first row)."""
+    num_shards = len(b.sid)
+    group = b.group_order
+    width = int(group.max()) + 1 if num_shards else 1
+    merged = np.zeros(len(SYNCHRONIZER_KINDS), dtype=bool)
+    for code, _kind in entries:
+        merged[code] = SYNCHRONIZERS.get(SYNCHRONIZER_KINDS[code]).merge_groups
+    unit_key = np.where(merged[b.pattern], b.sid * (width + num_shards) + group,
+                        b.sid * (width + num_shards) + width + own)
+    keys, unit_of = np.unique(unit_key, return_inverse=True)
+    return unit_of, (keys // (width + num_shards)).astype(np.int64)
 
 
 def _unit_durations(rb: ReplayBatch, entries: list, present: list, state: dict
