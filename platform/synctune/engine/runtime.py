@@ -231,9 +231,6 @@ class PlansRuntime(Runtime):
                             f"{sorted(config)}")
         return cls()
 
-    def describe(self, strategy: Any) -> str:
-        return f"{self.summary()} running {strategy.summary()}"
-
 
 class ConfiguredRuntime(Runtime):
     """A runtime whose settings are one frozen config value (``config``, of :attr:`config_type`,

@@ -24,7 +24,7 @@ from .baselines import BaselineLedger, BaselineTrial
 from .prepare import SearchContext
 from .summary import SearchSummary
 
-__all__ = ["record_trial", "record_result", "is_search_row", "SearchRecorder", "CONFIRM_PREFIX"]
+__all__ = ["record_trial", "record_result", "SearchRecorder", "CONFIRM_PREFIX"]
 
 #: The trial ids of a search's confirmation rows start with this.
 CONFIRM_PREFIX = "confirm-"
@@ -56,14 +56,6 @@ def record_result(result: TrialResult, strategy: Strategy, model: ModelSpec,
                         speedup_over_best_baseline=speedup_over_best_baseline)
 
 
-def is_search_row(record: Any) -> bool:
-    """Whether a row is one of the search algorithm's own trials (its strategy run by a runtime
-    that runs strategies: the engine, TensorFlow, FSDP2 from the shard plans), not a baseline
-    runtime's nor a confirmation."""
-    return (not record.trial_id.startswith(CONFIRM_PREFIX)
-            and runtime_from_record(record.runtime, record.runtime_json).runs_strategy)
-
-
 def _search_trial(record: Any) -> SearchTrial:
     """The search trial of one of its dataset rows."""
     breakdown = record.memory_breakdown
@@ -78,22 +70,28 @@ class SearchRecorder:
     (before anyone hears of it), the search's own trials in the order recorded (what its figures
     and its confirmation are made of, and what a resumed search continues from), the ledger of
     the runtimes' baselines, and each strategy's last measured peak per rank. It starts from the
-    rows the search recorded already (the context's ``done``)."""
+    rows the search recorded already (the context's ``done``): a confirmation's, a trial of a
+    runtime that runs strategies (the search's own: the engine, TensorFlow, FSDP2 from the shard
+    plans), or a baseline runtime's."""
 
     def __init__(self, context: SearchContext) -> None:
         self.context = context
-        done = context.done
-        self.trials: list[SearchTrial] = [_search_trial(r) for r in done if is_search_row(r)]
-        self.ledger = BaselineLedger([BaselineTrial.from_record(r) for r in done
-                                      if not is_search_row(r) and not r.trial_id.startswith(CONFIRM_PREFIX)])
-        self.confirmations = sum(r.trial_id.startswith(CONFIRM_PREFIX) for r in done)
+        self.trials: list[SearchTrial] = []
+        self.ledger = BaselineLedger()
+        self.confirmations = 0
         #: Per (strategy hash, runtime settings), each rank's measured peak of the last trial that
         #: measured one (the summary's memory per rank, measured beside predicted).
         self.measured_peaks: dict[tuple[str, str], list[int | None]] = {}
-        for r in done:
+        for r in context.done:
+            runtime = runtime_from_record(r.runtime, r.runtime_json)
+            if r.trial_id.startswith(CONFIRM_PREFIX):
+                self.confirmations += 1
+            elif runtime.runs_strategy:
+                self.trials.append(_search_trial(r))
+            else:
+                self.ledger.add(BaselineTrial.from_record(r))
             if r.memory_breakdown:
-                self.measured_peaks[(Strategy.from_json(r.strategy_json).hash,
-                                     runtime_from_record(r.runtime, r.runtime_json).config_json())] = [
+                self.measured_peaks[(Strategy.from_json(r.strategy_json).hash, runtime.config_json())] = [
                     m.get("peak_bytes") for m in r.memory_breakdown]
         self.started = time.monotonic()
 
