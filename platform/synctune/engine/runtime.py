@@ -187,6 +187,13 @@ class Runtime(ABC):
         of its units."""
         return strategy
 
+    def checkpoint_of(self, strategy: Any, spec: Any) -> tuple[tuple[str, str], ...]:
+        """The modules a trial of ``strategy`` checkpoints, as ``(module, mode)`` pairs: the
+        strategy's own (:attr:`~synctune.strategy.schema.Strategy.checkpoint`), which every
+        PyTorch runtime executes; a runtime with a checkpointing setting of its own (FSDP2's)
+        gives that."""
+        return strategy.checkpoint
+
     def training_format(self, strategy: Any) -> str | None:
         """How a training file runs what this runtime ran for ``strategy``
         (:data:`synctune.run.apply.FORMATS`), or None where no training file does (the runtime's

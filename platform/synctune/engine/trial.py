@@ -19,6 +19,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
+from .checkpoint import apply_checkpointing
 from .measure import STATUSES, PeakMemory, TrialConfig, TrialResult, device_done, gather_max, timed_iterations
 from .runtime import ArmContext, Runtime, framework_of
 from .runtimes import as_runtime
@@ -83,7 +84,10 @@ class _Arm:
         torch.manual_seed(config.seed)
         with torch.device(device):
             model = workload.build_model()
-        self.stepper = as_runtime(runtime).prepare(ArmContext(
+        runtime = as_runtime(runtime)
+        # Checkpointing first: the runtime then wraps the checkpointed modules (FSDP2's order).
+        apply_checkpointing(model, runtime.checkpoint_of(strategy, ModelSpec.from_dict(payload["model_spec"])))
+        self.stepper = runtime.prepare(ArmContext(
             rank=rank, model=model, strategy=strategy, spec=ModelSpec.from_dict(payload["model_spec"]),
             cluster=ClusterSpec.from_dict(payload["cluster"]), device=device, seed=config.seed,
             make_optimizer=lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr),

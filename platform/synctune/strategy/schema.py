@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from ..spec.checks import LIMITS, canonical_json, check_keys, in_range, is_int, sha256_hex, shown
 from ..spec.files import parse_json, read_text
+from .checkpoint import checkpoint_from_data, checkpoint_label
 from .compressors import COMPRESSORS, CompressorInfo
 from .errors import StrategyError, req as _req
 from .kinds import (ALLREDUCE_ALGORITHMS, MAX_PREFETCH, REDUCE_DTYPES, SPARSE_GROUP_BASE, SYNCHRONIZER_KINDS,
@@ -51,11 +52,14 @@ __all__ = [
 ]
 
 #: Version of the strategy JSON schema; bump on any incompatible change. Schema 3 added the
-#: ``shard`` synchronizer; schema 1 and 2 files are read and migrated. A strategy is written in
-#: the oldest schema that holds it (:attr:`Strategy.schema`): one without ``shard`` plans stays
-#: schema 2, so its canonical form, and the hash of every dataset row measured before, are
-#: unchanged, and only a sharded strategy needs a synctune that reads schema 3.
-SCHEMA_VERSION = 3
+#: ``shard`` synchronizer, schema 4 activation checkpointing (``checkpoint``); schema 1 and 2
+#: files are read and migrated. A strategy is written in the oldest schema that holds it
+#: (:attr:`Strategy.schema`): one without ``shard`` plans or checkpointing stays schema 2, so its
+#: canonical form, and the hash of every dataset row measured before, are unchanged, and only a
+#: sharded strategy needs a synctune that reads schema 3, a checkpointed one schema 4.
+SCHEMA_VERSION = 4
+#: The schema that added ``checkpoint``.
+_SCHEMA_CHECKPOINT = 4
 #: The schema of strategies without ``shard`` plans.
 _SCHEMA_UNSHARDED = 2
 
@@ -196,7 +200,10 @@ class Strategy:
 
     ``model`` and ``cluster`` are references ``{"name", "hash"}`` to the specs it was built
     for; ``replicas`` are device ids; ``batch_split[i]`` is the batch of ``replicas[i]``;
-    ``plans`` hold one :class:`VariablePlan` per model variable, in backward order.
+    ``plans`` hold one :class:`VariablePlan` per model variable, in backward order;
+    ``checkpoint``: the modules that recompute their forward in backward, as sorted
+    ``(module, mode)`` pairs (:mod:`synctune.strategy.checkpoint`; a module not named saves its
+    activations).
     """
 
     model: Mapping[str, str]
@@ -206,15 +213,20 @@ class Strategy:
     plans: tuple[VariablePlan, ...]
     #: Given only by readers of older files; the written schema is always :attr:`schema`.
     schema: int | None = None
+    checkpoint: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("replicas", "batch_split", "plans"):
             if isinstance(getattr(self, key), list):
                 object.__setattr__(self, key, tuple(getattr(self, key)))
+        if self.checkpoint:
+            object.__setattr__(self, "checkpoint", checkpoint_from_data(self.checkpoint))
         _req(self.schema is None or (is_int(self.schema) and 1 <= self.schema <= SCHEMA_VERSION), "strategy: schema",
              f"1..{SCHEMA_VERSION}", self.schema)
         object.__setattr__(self, "schema", max((s.synchronizer.min_schema for p in self.plans if isinstance(
             p, VariablePlan) for s in p.shards), default=_SCHEMA_UNSHARDED))
+        if self.checkpoint:
+            object.__setattr__(self, "schema", _SCHEMA_CHECKPOINT)
         for key in ("model", "cluster"):
             ref = getattr(self, key)
             _req(isinstance(ref, Mapping) and set(ref) == {"name", "hash"} and all(isinstance(v, str) for v in ref.values()),
@@ -233,6 +245,7 @@ class Strategy:
             "replicas": list(self.replicas),
             "batch_split": list(self.batch_split),
             "plans": [p.to_dict() for p in self.plans],
+            **({"checkpoint": dict(self.checkpoint)} if self.checkpoint else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -244,12 +257,15 @@ class Strategy:
     @classmethod
     def from_dict(cls, data: Any, where: str = "strategy") -> "Strategy":
         """Parse plain data; errors name the plan, variable and field."""
-        d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"))
+        d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"), ("checkpoint",))
         if d["schema"] == 1 and not isinstance(d["schema"], bool):
             d = _migrate_schema_1(d)
-        _req(d["schema"] in (_SCHEMA_UNSHARDED, SCHEMA_VERSION) and not isinstance(d["schema"], bool),
-             f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 and 2 are read and migrated)",
+        _req(d["schema"] in (_SCHEMA_UNSHARDED, 3, SCHEMA_VERSION) and not isinstance(d["schema"], bool),
+             f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 to 3 are read and migrated)",
              d["schema"])
+        checkpoint = checkpoint_from_data(d.get("checkpoint") or {}, where)
+        _req(not checkpoint or d["schema"] >= _SCHEMA_CHECKPOINT, f"{where}: schema",
+             f"{_SCHEMA_CHECKPOINT} (the strategy checkpoints modules, new in schema {_SCHEMA_CHECKPOINT})", d["schema"])
         for key in ("replicas", "batch_split", "plans"):
             _req(isinstance(d[key], list), f"{where}: {key}", "a list", type(d[key]).__name__)
         plans = tuple(VariablePlan.from_dict(p, f"{where}: plans[{i}]") for i, p in enumerate(d["plans"]))
@@ -261,7 +277,7 @@ class Strategy:
                  f"in schema {sync.min_schema})", d["schema"])
         try:
             return cls(model=d["model"], cluster=d["cluster"], replicas=tuple(d["replicas"]),
-                       batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"])
+                       batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"], checkpoint=checkpoint)
         except StrategyError as exc:
             raise StrategyError(f"{where}: {exc}") from None
 
@@ -360,6 +376,8 @@ class Strategy:
         ]
         if s["max_staleness"]:
             parts.append(f"staleness<={s['max_staleness']}")
+        if self.checkpoint:
+            parts.append(checkpoint_label(self.checkpoint))
         return " | ".join(parts)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec, VariableSpec
 from ..spec.checks import shown
+from .checkpoint import check_checkpoint
 from .kinds import ShardContext
 from .partition import shard_shapes
 from .schema import Strategy, StrategyError
@@ -46,6 +47,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
     if check_refs:
         _check_refs(strategy, model, cluster)
     seen = _check_replicas(strategy, cluster)
+    check_checkpoint(strategy.checkpoint, (v.name for v in model.variables), model.name)
     uneven_nodes = _uneven_nodes(strategy, cluster)
     planned: set[str] = set()
     units: dict[tuple[str, int], tuple[tuple, str]] = {}

@@ -1,0 +1,83 @@
+"""Executing a strategy's activation checkpointing (:mod:`synctune.strategy.checkpoint`) with
+torch's own ``torch.utils.checkpoint``.
+
+Each checkpointed module's ``forward`` is replaced, on the instance, by one that runs the
+original under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, with torch's
+selective-checkpoint context (``create_selective_checkpoint_contexts``) for ``selective``. The
+module keeps its class, its name and its parameters' names, so every runtime finds the
+variables it synchronizes where the model spec says; it is done on the freshly built model,
+before any runtime wraps it (torch's documented order for FSDP2: checkpoint, then
+``fully_shard``, as torchtitan applies ``checkpoint_wrapper`` per block before sharding).
+
+Recomputation replays the forward with the random state it had (``preserve_rng_state``, torch's
+default) and puts the state back after it: with dropout on, a checkpointed block draws in its
+recompute the masks it drew in forward, and every later draw is the one a run without
+checkpointing makes, so the numbers are those of training without checkpointing (the
+equivalence suite checks it with dropout off and on).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterable
+
+from ..spec.errors import SpecError
+
+__all__ = ["apply_checkpointing", "selective_policy"]
+
+
+def selective_policy():
+    """The policy of ``selective`` checkpointing: save the outputs of
+    :data:`~synctune.strategy.checkpoint.SAVED_OPS` (matrix products, fused attention), recompute
+    every other op (``torch.utils.checkpoint.CheckpointPolicy``)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from ..strategy.checkpoint import SAVED_OPS
+
+    saved = {getattr(torch.ops.aten, name) for name in SAVED_OPS if hasattr(torch.ops.aten, name)}
+
+    def policy(_ctx, op, *_args, **_kwargs):
+        packet = getattr(op, "overloadpacket", op)
+        return CheckpointPolicy.MUST_SAVE if packet in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _checkpointed(forward, mode: str):
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    if mode == "selective":
+        policy = selective_policy()
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+    else:
+        context_fn = None
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        if context_fn is None:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    return run
+
+
+def apply_checkpointing(model: Any, checkpoint: Iterable[tuple[str, str]]) -> list[str]:
+    """Checkpoint ``model``'s modules as ``checkpoint`` (``(module name, mode)`` pairs) says, in
+    place, before any runtime wraps the model; returns the modules checkpointed. A name that is
+    not a module of ``model`` is refused (:class:`SpecError` naming it)."""
+    pairs = list(checkpoint)
+    if not pairs:
+        return []
+    modules = dict(model.named_modules())
+    done = []
+    for name, mode in pairs:
+        module = modules.get(name)
+        if module is None:
+            raise SpecError(f"strategy: checkpoint: the workload's model has no module {name!r} to checkpoint")
+        if getattr(module, "_synctune_checkpoint", None) is not None:
+            continue
+        module.forward = _checkpointed(module.forward, mode)
+        module._synctune_checkpoint = mode
+        done.append(name)
+    return done
