@@ -118,6 +118,9 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
              f"dataset rows under search id {summary.search_id}")
     if summary.trials:
         _publish_report(summary.search_id, tracking_uri)
+    if summary.recommended is None and summary.memory is not None and summary.memory.stopped:
+        # Every trial is recorded; the budget, not the machinery, ended the search.
+        raise SpecError(f"{experiment}: {summary.memory.stopped}")
 
 
 def _progress(bar, name: str):

@@ -154,7 +154,10 @@ class DDPRuntime(ConfiguredRuntime):
             raise NothingToTune(cls.name, "replicated training does not fit the memory budget")
         params = {"comm_hook": Categorical(tuple(ddp_hooks(model, cluster, lossy))),
                   "bucket_cap_mb": LogUniform(1.0, 256.0), "first_bucket_mb": LogUniform(0.0625, 64.0)}
-        return TuningSpace(params=params, first={"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0})
+        # Judged again at every draw: the memory model learns from each trial, an oom one first,
+        # and a draw it then refuses ends the tuning (nothing else here holds less).
+        return TuningSpace(params=params, first={"comm_hook": "none", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0},
+                           admits=None if fits is None else (lambda _point: fits(cls())))
 
     @classmethod
     def from_tuned(cls, point: dict[str, Any]) -> "DDPRuntime":
@@ -186,7 +189,14 @@ class DDPRuntime(ConfiguredRuntime):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        return Stepper(forward_model=model, step=step)
+        def memory_parts() -> dict[str, Any]:
+            # DDP's reducer holds its gradient buckets from construction on; torch reports their
+            # sizes (bytes) in its logging data, the only place it exposes them.
+            sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
+            return {"optimizer": optimizer, "units": [],
+                    "comm_buffers_bytes": sum(int(x) for x in sizes.replace(" ", "").split(",") if x.isdigit())}
+
+        return Stepper(forward_model=model, step=step, memory_parts=memory_parts)
 
     def describe(self, strategy: Any) -> str:
         return f"torch DDP: {self.summary()} (replicas and batch split of {strategy.summary()})"

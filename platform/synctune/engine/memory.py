@@ -40,7 +40,7 @@ import contextlib
 from typing import Any, Callable, Iterable
 
 __all__ = ["MEMORY_PARTS", "tensor_storages", "unit_tensors", "probe_iteration", "breakdown_to_row",
-           "breakdown_from_row"]
+           "breakdown_from_row", "single_process_activations", "single_process_memory"]
 
 #: The per-rank figures a trial records, in this order (``extra["memory"]`` of its result and row).
 MEMORY_PARTS = ("params_bytes", "buffers_bytes", "inputs_bytes", "optimizer_state_bytes", "comm_buffers_bytes",
@@ -166,11 +166,14 @@ class _CpuAllocations:
 
 
 def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any], step: Callable[[], None],
-                    device: Any, optimizer: Any = None, units: Iterable[Any] | None = None) -> dict[str, int | None]:
+                    device: Any, optimizer: Any = None, units: Iterable[Any] | None = None,
+                    comm_buffers_bytes: int = 0) -> dict[str, int | None]:
     """Run one training iteration (``loss_fn(model, batch)``, backward, ``step()``) and return the
     rank's memory part by part (see the module docstring; ``MEMORY_PARTS`` keys). ``optimizer``
     and ``units`` are what the runtime exposes (None: those parts are None, and so, on the CPU,
-    is ``peak_bytes``). Every rank of the group must call it (``step`` runs collectives)."""
+    is ``peak_bytes``); ``comm_buffers_bytes``: buffers a runtime holds without exposing the
+    tensors, by its own count (torch DDP's buckets). Every rank of the group must call it
+    (``step`` runs collectives)."""
     import torch
 
     cuda = getattr(device, "type", "cpu") == "cuda"
@@ -182,7 +185,7 @@ def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any
     if optimizer is not None:
         out["optimizer_state_bytes"] = _claim(tensor_storages(_tensors_in(dict(optimizer.state))), seen)
     if units is not None:
-        out["comm_buffers_bytes"] = _claim(tensor_storages(unit_tensors(units)), seen)
+        out["comm_buffers_bytes"] = _claim(tensor_storages(unit_tensors(units)), seen) + int(comm_buffers_bytes)
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -251,30 +254,125 @@ def single_process_activations(workload: Any, batch_sizes: Iterable[int], *, opt
     module buffers, the iteration's temporaries: its peak less parameters, optimizer state and
     gradients, as :func:`synctune.simulator.memory.reference_activations` takes it from a
     trial), measured on one instrumented iteration in this process, on the CPU: what a memory
-    budget is judged with before any trial has run."""
+    budget is judged with before any trial has run (:func:`single_process_memory`, without
+    checkpointing)."""
+    return single_process_memory(workload, batch_sizes, optimizer=optimizer, lr=lr, seed=seed)["activations"]["none"]
+
+
+def _optimizer_state_shape(opt: Any) -> tuple[float, int] | None:
+    """``(state elements per updated parameter element, bytes of per-tensor scalars)`` of an
+    optimizer after a step, read from its ``state``: a state tensor of a parameter's size counts
+    in the multiplier (weighted by its element size against the parameter's), any other (Adam's
+    ``step``) as per-tensor bytes. None when it holds no state for any parameter."""
+    elementwise = params = scalars = count = 0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if not state:
+                continue
+            count += 1
+            params += p.numel() * p.element_size()
+            for t in _tensors_in(dict(state)):
+                if t.numel() == p.numel() and t.numel() > 1:
+                    elementwise += t.numel() * t.element_size()
+                else:
+                    scalars += t.numel() * t.element_size()
+    if not count:
+        return None
+    return (elementwise / params if params else 0.0), int(round(scalars / count))
+
+
+def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd", lr: float = 0.01,
+                          seed: int = 0, blocks: Iterable[str] = ()) -> dict[str, Any]:
+    """What a memory budget is judged with before any trial, measured on instrumented iterations
+    in this process, on the CPU, with the workload's own optimizer (its ``optimizer`` function
+    where it has one, else the trial's ``optimizer`` by name):
+
+    - ``activations``: per checkpointing mode (``none``, and ``full`` and ``selective`` with every
+      module of ``blocks`` checkpointed), per batch size, the strategy-independent memory of one
+      rank: its peak less parameters, optimizer state and gradients (activations, the batch,
+      module buffers, the iteration's temporaries and, checkpointed, a block's recompute);
+    - ``shares``: each block's share of the bytes autograd saves inside ``blocks`` without
+      checkpointing (what checkpointing one block of them saves, as a part of all of them);
+    - ``optimizer_state``: ``(multiplier, per-tensor bytes)`` of the optimizer as measured after
+      a step (:func:`_optimizer_state_shape`; None when it keeps no state).
+
+    A mode torch cannot run on the model (a block that mutates state outside itself) is left
+    out of ``activations``."""
     import torch
 
-    out: dict[int, int] = {}
+    from .checkpoint import apply_checkpointing
+
+    blocks = list(blocks)
     cpu = torch.device("cpu")
-    for b in sorted(set(int(x) for x in batch_sizes)):
-        torch.manual_seed(seed)
-        model = workload.build_model()
-        opt = workload.make_optimizer([p for p in model.parameters() if p.requires_grad], name=optimizer, lr=lr)
-        batch = workload.make_batch(b, rank=0, generator=torch.Generator(device=cpu).manual_seed(seed), device=cpu)
+    out: dict[str, Any] = {"activations": {"none": {}}, "shares": {}, "optimizer_state": None}
+    modes = ["none"] + (["full", "selective"] if blocks else [])
+    for mode in modes:
+        figures: dict[int, int] = {}
+        for b in sorted(set(int(x) for x in batch_sizes)):
+            torch.manual_seed(seed)
+            model = workload.build_model()
+            if mode != "none":
+                apply_checkpointing(model, [(name, mode) for name in blocks])
+            opt = workload.make_optimizer([p for p in model.parameters() if p.requires_grad], name=optimizer, lr=lr)
+            batch = workload.make_batch(b, rank=0, generator=torch.Generator(device=cpu).manual_seed(seed), device=cpu)
 
-        def step() -> None:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            def step() -> None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
-        # One plain iteration first, as a trial's warm-up: the optimizer's state then exists
-        # before the probe, as it does in every timed iteration (a first step creates it inside
-        # the iteration's peak).
-        workload.loss(model, batch).backward()
-        step()
-        parts = probe_iteration(model=model, batch=batch, loss_fn=workload.loss, step=step, device=cpu,
-                                optimizer=opt, units=[])
-        if parts["peak_bytes"] is None:
-            continue
-        out[b] = max(0, parts["peak_bytes"] - parts["params_bytes"] - (parts["optimizer_state_bytes"] or 0)
-                     - parts["grads_bytes"])
+            try:
+                # One plain iteration first, as a trial's warm-up: the optimizer's state then
+                # exists before the probe, as it does in every timed iteration.
+                workload.loss(model, batch).backward()
+                step()
+                if mode == "none" and out["optimizer_state"] is None:
+                    out["optimizer_state"] = _optimizer_state_shape(opt)
+                if mode == "none" and blocks and not out["shares"]:
+                    out["shares"] = _block_shares(model, batch, workload.loss, blocks)
+                parts = probe_iteration(model=model, batch=batch, loss_fn=workload.loss, step=step, device=cpu,
+                                        optimizer=opt, units=[])
+            except RuntimeError:
+                if mode == "none":
+                    raise
+                break  # torch refused to recompute this model's blocks in this mode
+            if parts["peak_bytes"] is None:
+                continue
+            figures[b] = max(0, parts["peak_bytes"] - parts["params_bytes"] - (parts["optimizer_state_bytes"] or 0)
+                             - parts["grads_bytes"])
+        else:
+            out["activations"][mode] = figures
     return out
+
+
+def _block_shares(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any], blocks: list[str]) -> dict[str, float]:
+    """Each of ``blocks``' share of the bytes autograd saves inside them in one forward (a saved
+    tensor belongs to the innermost block running when it is saved)."""
+    import torch
+
+    modules = dict(model.named_modules())
+    running: list[str] = []
+    saved = {name: {} for name in blocks}
+    handles = []
+    for name in blocks:
+        module = modules.get(name)
+        if module is None:
+            continue
+        handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: running.append(name) and None))
+        handles.append(module.register_forward_hook(lambda _m, _a, _o: running.pop() and None))
+
+    def pack(t):
+        if running:
+            saved[running[-1]].update(tensor_storages([t]))
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = loss_fn(model, batch)
+        del loss
+    finally:
+        for h in handles:
+            h.remove()
+    totals = {name: sum(s.values()) for name, s in saved.items()}
+    whole = sum(totals.values())
+    return {name: (v / whole if whole else 1.0 / len(blocks)) for name, v in totals.items()}

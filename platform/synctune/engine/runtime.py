@@ -85,7 +85,8 @@ class Stepper:
     (our engine does; DDP's and Horovod's are their own business: None). ``memory_parts``, where
     the runtime exposes them, returns ``{"optimizer": ..., "units": [...]}``: the optimizer this
     rank steps and the objects holding its communication buffers, for the per-rank memory
-    breakdown (:mod:`synctune.engine.memory`). ``loss_scale``: what this rank's loss is
+    breakdown (:mod:`synctune.engine.memory`), and ``comm_buffers_bytes`` where the runtime
+    holds buffers it reports only by size (torch DDP's buckets). ``loss_scale``: what this rank's loss is
     multiplied by before backward (FSDP2 averages gradients over ranks equally; an uneven batch
     split is weighted by scaling each rank's loss)."""
 

@@ -124,7 +124,8 @@ class _Arm:
         # The probe trains one more step: weighted as every step (FSDP2's uneven splits scale the loss).
         return probe_iteration(model=self.stepper.forward_model, batch=self.batch, loss_fn=loss_fn,
                                step=self.stepper.step, device=self.device,
-                               optimizer=optimizer if parts else None, units=parts.get("units"))
+                               optimizer=optimizer if parts else None, units=parts.get("units"),
+                               comm_buffers_bytes=parts.get("comm_buffers_bytes", 0))
 
     def take_comm_bytes(self) -> int | None:
         """Bytes handed to collectives since the last call, where the runtime counts them."""

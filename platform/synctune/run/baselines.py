@@ -8,6 +8,7 @@ the experiment's real Horovod entries; and the ledger that keeps the best of eac
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,7 @@ def _admitting_search_class():
     if _ADMITTING_SEARCH is not None:
         return _ADMITTING_SEARCH
     from optuna.trial import TrialState
+    from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
     class AdmittingOptunaSearch(OptunaSearch):
@@ -75,11 +77,22 @@ def _admitting_search_class():
             if point is None or self._admits is None or self._admits(point):
                 return point
             # The draw is recorded as failed, so TPE learns no time for it; the nearest admitted
-            # point takes its place (the space admits its first fallback's least-memory point).
+            # point takes its place. Once the memory model has learned from trials over the
+            # budget, none may be admitted: tuning stops rather than trial what it refuses.
             self._ot_study.tell(self._ot_trials.pop(trial_id), None, state=TrialState.FAIL)
-            options = self._fallbacks(point)
-            self._ot_study.enqueue_trial(next((p for p in options if self._admits(p)), options[-1]))
+            admitted = next((p for p in self._fallbacks(point) if self._admits(p)), None)
+            if admitted is None:
+                return Searcher.FINISHED
+            self._ot_study.enqueue_trial(admitted)
             return super().suggest(trial_id)
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            # A trial without a time (failed, or over the memory budget) reports NaN to Tune;
+            # Optuna takes it as a failed trial, not as a value it would warn about.
+            value = (result or {}).get(self.metric)
+            if isinstance(value, float) and math.isnan(value):
+                result, error = None, True
+            super().on_trial_complete(trial_id, result, error)
 
         def __getstate__(self) -> dict:
             # Tune pickles its searcher when the Tuner is made (tuner.pkl); the predicates hold

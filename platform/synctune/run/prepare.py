@@ -26,7 +26,7 @@ from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
 from ..search.interface import MemoryCheck
 from ..simulator.bound import RuntimeResidual
-from ..simulator.memory import GIB, MemoryBudget
+from ..simulator.memory import GIB, ActivationFigures, MemoryBudget
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.files import check_name
@@ -55,18 +55,30 @@ def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
 
 
 def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> MemoryBudget:
-    """The search's memory budget (DESIGN.md "memory budget"), its activation figures measured in
-    this process at the batch sizes a rank trains with (the model's, and half of it, for a line
-    through the uneven splits); a model that cannot be built here (a Keras one) starts with none."""
+    """The search's memory budget (DESIGN.md "memory budget"), its figures measured in this
+    process (:func:`~synctune.engine.memory.single_process_memory`) at the batch sizes a rank
+    trains with (the model's, and half of it, for a line through the uneven splits): the
+    activations without checkpointing and with every block checkpointed in each mode, the blocks'
+    shares, and the optimizer's state as the workload's own optimizer keeps it (a workload that
+    brings its own AdamW holds two moments whatever ``trial.optimizer`` says). A model that
+    cannot be built here (a Keras one) starts with none, and the optimizer by its name."""
     budget = MemoryBudget(model, cluster, gib=exp.search.memory_gib, headroom=exp.search.memory_headroom,
                           optimizer=exp.trial.optimizer)
     if workload.framework == "torch":
-        from ..engine.memory import single_process_activations
+        from ..engine.memory import single_process_memory
+        from ..strategy.checkpoint import checkpoint_blocks
 
-        for batch, figure in single_process_activations(
-                workload, {model.batch_size, max(1, model.batch_size // 2)}, optimizer=exp.trial.optimizer,
-                seed=exp.seed).items():
+        probed = single_process_memory(workload, {model.batch_size, max(1, model.batch_size // 2)},
+                                       optimizer=exp.trial.optimizer, seed=exp.seed,
+                                       blocks=checkpoint_blocks(v.name for v in model.variables))
+        for batch, figure in probed["activations"]["none"].items():
             budget.probe.add(batch, figure)
+        for mode, figures in probed["activations"].items():
+            if mode != "none" and figures:
+                budget.checkpointed[mode] = ActivationFigures({b: [f] for b, f in figures.items()})
+        budget.shares = dict(probed["shares"])
+        if probed["optimizer_state"] is not None:
+            budget.optimizer = probed["optimizer_state"]
     return budget
 
 
@@ -210,6 +222,9 @@ class SearchFilter(MemoryCheck):
 
     def restore(self, state: dict) -> None:
         self.context.memory.restore(state)
+
+    def nothing_fits(self) -> str | None:
+        return self.context.memory.nothing_fits()
 
 
 def search_algorithm(context: SearchContext, state: dict) -> StrategySearch:

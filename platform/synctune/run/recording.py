@@ -91,9 +91,22 @@ class SearchRecorder:
             else:
                 self.ledger.add(BaselineTrial.from_record(r))
             if r.memory_breakdown:
-                self.measured_peaks[(Strategy.from_json(r.strategy_json).hash, runtime.config_json())] = [
+                strategy = Strategy.from_json(r.strategy_json)
+                self.measured_peaks[(strategy.hash, runtime.config_json())] = [
                     m.get("peak_bytes") for m in r.memory_breakdown]
+                if not r.trial_id.startswith(CONFIRM_PREFIX):
+                    self.teach(strategy, runtime, r.memory_breakdown, r.status)
         self.started = time.monotonic()
+
+    def teach(self, strategy: Strategy, runtime: Runtime, breakdown: list | None, status: str) -> None:
+        """Show the memory model a measured trial (:meth:`~synctune.simulator.memory.MemoryBudget.observe`):
+        the strategy whose memory its runtime's ranks held, its breakdown, and whether it broke the
+        budget; every trial teaches it before the next proposal is judged."""
+        ctx = self.context
+        if not breakdown:
+            return
+        held = runtime.plans_of(strategy, lambda: ctx.module, ctx.model)
+        ctx.memory.observe(held, runtime.fsdp_layout, breakdown, oom=status == "oom")
 
     def search_state(self) -> dict[str, Any]:
         """The search algorithm's state (:meth:`~synctune.search.algorithm.StrategySearch.state`'s
@@ -109,6 +122,8 @@ class SearchRecorder:
         peaks = ((result.extra or {}).get("memory") or {}).get("peak_bytes")
         if peaks:
             self.measured_peaks[(strategy.hash, runtime.config_json())] = list(peaks)
+            if not trial_id.startswith(CONFIRM_PREFIX):
+                self.teach(strategy, runtime, breakdown_from_row(result.extra["memory"]), result.status)
         record_result(result, strategy, ctx.model, ctx.cluster, dataset=ctx.dataset, logger=ctx.logger,
                       origin=origin, runtime=runtime, search_id=ctx.search_id, trial_id=trial_id,
                       predicted_time_s=predicted, experiment=ctx.exp.name, parent_run_id=ctx.parent_run,

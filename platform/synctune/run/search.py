@@ -133,6 +133,9 @@ def tune_runtime(session: SearchSession, cls: type[Runtime]) -> None:
     remaining = budget - len(s.recorder.ledger.of(cls.name))
     if remaining <= 0:
         return
+    if ctx.memory.nothing_fits():
+        s.say(f"tuned {tuning.title} skipped: {ctx.memory.nothing_fits()}")
+        return
     if ctx.framework not in cls.frameworks:
         s.say(f"tuned {tuning.title} skipped: {ctx.workload.name} is a Keras model ({cls.name}_trials: {budget} "
               f"ignored)")
@@ -191,6 +194,11 @@ def run_algorithm(session: SearchSession) -> StrategySearch:
     remaining = ctx.exp.search.budget - len(algorithm.trials)
     if remaining <= 0 or algorithm.finished:
         return algorithm
+    stopped = ctx.memory.nothing_fits()
+    if stopped:
+        algorithm.stopped, algorithm.exhausted = stopped, True
+        s.say(f"search stopped before its first trial: {stopped}")
+        return algorithm
     if algorithm.over_budget_baselines:
         s.say(f"builder baselines over the memory budget, not trialled: {', '.join(algorithm.over_budget_baselines)}")
     shard = f", shard units in {ctx.shard_prob:.0%} of the sampled strategies" if ctx.shard_prob else ""
@@ -203,6 +211,8 @@ def run_algorithm(session: SearchSession) -> StrategySearch:
                                     max_concurrent_trials=ctx.exp.run.slices, reuse_actors=True),
         run_config=tune.RunConfig(name=s.search_id, storage_path=_tune_storage(), verbose=0),
     ).fit()
+    if searcher.algorithm.stopped:
+        s.say(f"search stopped: {searcher.algorithm.stopped}")
     return searcher.algorithm
 
 
@@ -279,8 +289,8 @@ def summarize(session: SearchSession, confirmation: Confirmation | None, algorit
     if recommended is not None and recommended.kind == "search":
         recommended = replace(recommended, differs=differences_from_ddp(recommended.strategy, ctx.model,
                                                                         ctx.cluster.num_devices))
-    return replace(summary, recommended=recommended,
-                   memory=memory_summary(session, recommended, algorithm.over_budget_baselines))
+    memory = memory_summary(session, recommended, algorithm.over_budget_baselines)
+    return replace(summary, recommended=recommended, memory=replace(memory, stopped=algorithm.stopped))
 
 
 def memory_summary(session: SearchSession, recommended: Any, over_budget_builders: list[str]) -> MemorySummary:

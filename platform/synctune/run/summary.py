@@ -50,7 +50,8 @@ class MemorySummary:
     """The memory budget (``budget`` in words, ``limit_bytes`` per rank) and what the
     recommendation costs per rank, predicted and measured (its last trial's probe; None where
     none was measured); the trials the budget cost (``oom_trials``) or spared (builders never
-    trialled) and the share of sampled strategies that sharded."""
+    trialled) and the share of sampled strategies that sharded; ``stopped``: why the search
+    stopped early because nothing in its space fits (one line, levers included), or None."""
 
     budget: str
     limit_bytes: tuple[int | None, ...] = ()
@@ -59,6 +60,7 @@ class MemorySummary:
     shard_share: float = 0.0
     predicted_peak_bytes: tuple[int, ...] | None = None
     measured_peak_bytes: tuple[int | None, ...] | None = None
+    stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (the result file's ``memory`` entry)."""
@@ -69,6 +71,8 @@ class MemorySummary:
             out["predicted_peak_bytes"] = list(self.predicted_peak_bytes)
         if self.measured_peak_bytes is not None:
             out["measured_peak_bytes"] = list(self.measured_peak_bytes)
+        if self.stopped:
+            out["stopped"] = self.stopped
         return out
 
 

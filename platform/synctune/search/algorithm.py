@@ -112,6 +112,9 @@ class StrategySearch:
         self.rounds = 0
         self.fitted_on = 0  # trials the simulator last learned from
         self.exhausted = False  # a round found nothing that was not measured already
+        #: Why the search stopped before its budget because nothing in its space fits the memory
+        #: budget (what its trials measured says so: :meth:`MemoryCheck.nothing_fits`), or None.
+        self.stopped: str | None = None
         self.over_budget = 0  # strategies :meth:`fits` refused: a round they emptied draws afresh
 
     # ------------------------------------------------------------------------------ ask / tell
@@ -137,6 +140,14 @@ class StrategySearch:
         """The next strategy to trial, or None once the budget is spent (or while :attr:`waiting`)."""
         if self.finished or self.waiting:
             return None
+        if self.memory is not None:
+            self.stopped = self.memory.nothing_fits()
+            if self.stopped is not None:
+                self.exhausted = True
+                return None
+            # The memory model may have learned since the queue was drawn (an oom trial): what
+            # it would refuse now is never trialled.
+            self.queue = [p for p in self.queue if self.fits(p.strategy)]
         if not self.queue:
             for _ in range(MAX_EMPTY_ROUNDS):
                 self.rounds += 1

@@ -84,7 +84,7 @@ def edited(cols: StrategyColumns, *, at: np.ndarray | None = None, values: Mappi
     counts = np.bincount(rows["sid"], minlength=cols.size)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return StrategyColumns(model=cols.model, cluster=cols.cluster, offsets=offsets, batch_split=cols.batch_split,
-                           **rows)
+                           checkpoint=cols.checkpoint, **rows)
 
 
 def _renumbered(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, strategies: np.ndarray) -> np.ndarray | None:
@@ -128,5 +128,15 @@ def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> St
     rows = {name: np.concatenate(pieces[name] + [getattr(cols, name)[at:]]).astype(COLUMN_DTYPES[name])
             for name in names}
     counts = np.bincount(rows["sid"], minlength=cols.size)
+    checkpoint = cols.checkpoint
+    if any(new.checkpoint is not None for new in replaced.values()):
+        blocks = len(cols.blocks())
+        checkpoint = np.zeros((cols.size, blocks), np.int8) if checkpoint is None else checkpoint.copy()
+        for i, new in replaced.items():
+            checkpoint[i] = new.checkpoint[0] if new.checkpoint is not None else 0
+    elif checkpoint is not None:
+        checkpoint = checkpoint.copy()
+        for i in replaced:
+            checkpoint[i] = 0
     return dataclasses.replace(cols, offsets=np.r_[0, np.cumsum(counts)].astype(np.int64), group_order=None,
-                               ngroups=None, **rows)
+                               ngroups=None, checkpoint=checkpoint, **rows)

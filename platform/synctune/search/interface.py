@@ -75,6 +75,11 @@ class MemoryCheck:
     def restore(self, state: dict[str, Any]) -> None:
         """Take back what :meth:`state` gave (nothing by default)."""
 
+    def nothing_fits(self) -> str | None:
+        """Why nothing in the search's space fits, in one line, once what the trials measured says
+        so (the search then stops at once); None while something may (the default)."""
+        return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class Proposal:

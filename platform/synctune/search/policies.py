@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from ..spec.registry import Registry
+from ..strategy.builders import build_strategy
 from ..strategy.schema import Strategy, StrategyError
 from ..strategy.validate import validate
 from .interface import Proposal, RoundContext
@@ -62,11 +63,22 @@ def _fresh(search: RoundContext, strategies: list[Strategy], seen: set[str]) -> 
     return out
 
 
+#: The share of a round's draws that checkpoint blocks where replicated training does not fit.
+CHECKPOINT_PROB = 0.5
+
+
 def guided_sampler(search: RoundContext, seed: int) -> GuidedSampler:
     """The guided sampler of a round (AutoDist §2.4), drawing ``shard`` units at the search's rate,
-    each sharded draw grown until the search's memory budget holds it."""
+    each sharded draw grown until the search's memory budget holds it. Where the budget, as the
+    memory model judges it now (after what the trials taught it), does not hold replicated
+    training, half the draws also checkpoint blocks (:data:`CHECKPOINT_PROB`), so a budget that
+    the first trials showed to be tighter than predicted is searched as one known tight."""
+    checkpoint_prob = 0.0
+    if search.budget_fits is not None and not search.budget_fits(
+            build_strategy("allreduce", search.model, search.cluster)):
+        checkpoint_prob = CHECKPOINT_PROB
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
-                         shard_prob=search.shard_prob, fits=search.budget_fits)
+                         shard_prob=search.shard_prob, fits=search.budget_fits, checkpoint_prob=checkpoint_prob)
 
 
 def choice_space(search: RoundContext) -> ChoiceSpace:

@@ -43,6 +43,7 @@ from ..strategy.schema import (
     VariablePlan,
 )
 from ..strategy.validate import validate
+from .checkpoint_draw import draw_checkpointing
 from .draw import DrawContext
 from .kinds import SEARCH_KINDS, kernel_codes
 from .shard_draw import SHARD_MODES, draw_shard_units, hsdp_size, module_at, shard_layout, shardable
@@ -174,6 +175,9 @@ class GuidedSampler:
     shard_prob: float = 0.0
     fits: Callable[[Strategy], bool] | None = None
     kind_rates: Mapping[str, float] = field(default_factory=dict)
+    #: The share of drawn strategies that checkpoint some blocks
+    #: (:mod:`synctune.search.checkpoint_draw`; 0: none, and the stream stays as it was).
+    checkpoint_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
@@ -380,6 +384,8 @@ class GuidedSampler:
             rate = self.shard_prob if name == _SHARD else float(self.kind_rates.get(name, 0.0))
             if kind.draw is not None and rate > 0:
                 cols = kind.draw(self._context(rate), cols)
+        if self.checkpoint_prob > 0:
+            cols = draw_checkpointing(self._context(self.checkpoint_prob), cols)
         return cols
 
     def _kernel_rows(self, n: int, chunk: int) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -19,7 +19,8 @@ fit is returned as it is, for the search's filter to drop. This is ZeRO's order 
 (ZeRO §5: shard optimizer state and gradients first, parameters only where that is not
 enough), per module. ``fits`` takes strategy objects, so growth works on the objects of the
 draws that do not fit, spliced back into the columns; everything else is drawn for all
-strategies at once.
+strategies at once. Where sharding all of it is not enough, the growth goes on with activation
+checkpointing (:func:`~synctune.search.checkpoint_draw.grow_checkpointing`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import numpy as np
 from ..strategy.columns import KIND_CODES, StrategyColumns
 from ..strategy.kinds import REDUCE_DTYPES, renumber_units
 from ..strategy.schema import Compressor, ShardPlan, ShardSynchronizer, Strategy, VariablePlan
+from ..strategy.checkpoint import checkpoint_blocks
+from .checkpoint_draw import grow_checkpointing
 from .draw import DrawContext, edited, first_rows, splice
 
 __all__ = ["SHARD_MODES", "ModuleDraw", "ShardLayout", "Units", "draw_shard_units", "grow", "hsdp_size", "hsdp_sizes",
@@ -317,11 +320,11 @@ def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, t
         out = units.applied(strategy, options)
         if fits(out):
             return out
-    if not layout.every:
-        return out
-    for m in sorted((m for m in modules if not options[m][0]), key=lambda m: (-size[m], order[m])):
-        options[m] = (True, 1)
-        out = units.applied(strategy, options)
-        if fits(out):
-            return out
-    return out
+    if layout.every:
+        for m in sorted((m for m in modules if not options[m][0]), key=lambda m: (-size[m], order[m])):
+            options[m] = (True, 1)
+            out = units.applied(strategy, options)
+            if fits(out):
+                return out
+    # Sharding is not enough: checkpoint the blocks, one more at a time.
+    return grow_checkpointing(out, fits, checkpoint_blocks(p.variable for p in strategy.plans))

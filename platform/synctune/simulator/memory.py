@@ -286,7 +286,8 @@ def reference_activations(strategy: Strategy, measured: Sequence[Mapping[str, in
     """(rank's batch, strategy-independent bytes) of each rank of a measured breakdown, where the
     strategy is a reference for it (every shard all-reduced or all-gathered: a PS server, SFB's
     factors or a shard unit's gathers would add temporaries of their own); [] otherwise."""
-    if not all(MEMORY_KINDS.get(s.synchronizer.kind).reference for _p, _i, s in strategy.iter_shards()):
+    if strategy.checkpoint or not all(MEMORY_KINDS.get(s.synchronizer.kind).reference
+                                       for _p, _i, s in strategy.iter_shards()):
         return []
     out = []
     for r, m in enumerate(measured):
@@ -313,19 +314,94 @@ class MemoryBudget:
     its peak (0: the cluster spec's device memory, see
     :meth:`~synctune.spec.cluster.ClusterSpec.device_memory_budget_bytes`), less ``headroom``
     of it; a strategy fits when every rank's predicted peak (:func:`predict_memory`, the
-    trials' ``optimizer``, the ``activations``) is within its device's limit. ``probe``: the
-    activation figures measured before any trial (one process); :meth:`fit` replaces them with
-    what the search's own trials measured once any did."""
+    trials' ``optimizer``, the ``activations``) is within its device's limit.
+
+    ``optimizer``: an optimizer's name (:data:`OPTIMIZER_STATE`) or its measured shape
+    ``(state elements per parameter element, per-tensor bytes)``. ``probe``: the activation
+    figures measured before any trial (one process); :meth:`fit` replaces them with what the
+    search's own trials measured once any did. ``checkpointed``: the probe's figures with every
+    block checkpointed, per mode (``full``, ``selective``), and ``shares``: each block's part of
+    what checkpointing them all saves; a strategy that checkpoints some blocks is predicted to
+    save those blocks' parts.
+
+    **Every measured trial teaches it** (:meth:`observe`), an ``oom`` one first: per layout
+    (the engine's, FSDP2's), the correction added to every prediction is the larger of the
+    median under-prediction of the trials measured and the largest under-prediction of an
+    ``oom`` trial (never below 0). A strategy that ran out of memory is therefore predicted, from
+    then on, at least at the peak it measured: the search never trials it, or anything the
+    corrected model says is as large, again."""
 
     model: ModelSpec
     cluster: ClusterSpec
     gib: float = 0.0
     headroom: float = 0.1
-    optimizer: str = "sgd"
+    optimizer: str | tuple[float, int] = "sgd"
     probe: ActivationFigures = field(default_factory=ActivationFigures)
+    checkpointed: dict[str, ActivationFigures] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.activations = self.probe
+        #: Per layout (True: FSDP2's), the bytes added to every rank's prediction (:meth:`observe`).
+        self.corrections: dict[bool, int] = {False: 0, True: 0}
+        #: What :meth:`observe` was shown: (strategy, layout, per-rank breakdown, oom).
+        self.observations: list[tuple[Strategy, bool, list[Mapping[str, int | None]], bool]] = []
+
+    def checkpoint_modes(self) -> tuple[str, ...]:
+        """The checkpointing modes the probe measured (the ones a search may propose)."""
+        return tuple(m for m, figures in self.checkpointed.items() if figures)
+
+    def activation_bytes(self, batch: int, checkpoint: Sequence[tuple[str, str]] = ()) -> int:
+        """The strategy-independent memory of a rank with ``batch`` samples whose blocks are
+        checkpointed as ``checkpoint`` says: the activation figures less, per checkpointed block,
+        its share of what the probe measured checkpointing every block saves in that mode."""
+        base = self.activations(batch)
+        saved = 0.0
+        for block, mode in checkpoint:
+            figures = self.checkpointed.get(mode)
+            if figures:
+                saved += max(0, self.probe(batch) - figures(batch)) * self.shares.get(block, 0.0)
+        return max(0, int(base - saved))
+
+    def _raw_predict(self, strategy: Strategy, fsdp: bool) -> list[RankMemory]:
+        return predict_memory(strategy, self.model, self.cluster, **self._optimizer_args(),
+                              activation_bytes=lambda b: self.activation_bytes(b, strategy.checkpoint), fsdp=fsdp)
+
+    def _optimizer_args(self) -> dict[str, Any]:
+        if isinstance(self.optimizer, str):
+            return {"optimizer_state_multiplier": self.optimizer}
+        multiplier, step_bytes = self.optimizer
+        return {"optimizer_state_multiplier": float(multiplier), "optimizer_step_bytes": int(step_bytes)}
+
+    def observe(self, strategy: Strategy, fsdp: bool, breakdown: Sequence[Mapping[str, int | None]] | None,
+                oom: bool) -> None:
+        """Learn from one measured trial: ``strategy`` as its ranks held it (``fsdp``: FSDP2's
+        layout), its per-rank ``breakdown`` (nothing to learn without one), and whether it broke
+        the budget (``oom``); the corrections are recomputed (see the class docstring)."""
+        if not breakdown or all(m.get("peak_bytes") is None for m in breakdown):
+            return
+        self.observations.append((strategy, bool(fsdp), [dict(m) for m in breakdown], bool(oom)))
+        self._correct()
+
+    def _correct(self) -> None:
+        import statistics
+
+        residuals: dict[bool, list[int]] = {False: [], True: []}
+        ooms: dict[bool, list[int]] = {False: [], True: []}
+        for strategy, fsdp, breakdown, oom in self.observations:
+            try:
+                predicted = self._raw_predict(strategy, fsdp)
+            except SpecError:
+                continue
+            under = [m["peak_bytes"] - p.peak_bytes for p, m in zip(predicted, breakdown) if m.get("peak_bytes") is not None]
+            if not under:
+                continue
+            residuals[fsdp].append(max(under))
+            if oom:
+                ooms[fsdp].append(max(under))
+        self.corrections = {layout: int(max(0, statistics.median(residuals[layout]) if residuals[layout] else 0,
+                                            max(ooms[layout], default=0)))
+                            for layout in (False, True)}
 
     def limit_bytes(self, device: str) -> int | None:
         """What a rank on ``device`` may hold at its peak (None: no limit is known)."""
@@ -340,10 +416,13 @@ class MemoryBudget:
         """Each rank's predicted memory under ``strategy``, held as FSDP2 holds it (``fsdp``) or as
         the engine does; None: as where a search runs it, FSDP2 when a unit frees its parameters
         after forward (:attr:`~synctune.strategy.schema.Strategy.frees_parameters`, the rule of
-        :func:`synctune.engine.runtimes.executor_for`), else the engine."""
-        return predict_memory(strategy, self.model, self.cluster, optimizer_state_multiplier=self.optimizer,
-                              activation_bytes=self.activations,
-                              fsdp=strategy.frees_parameters if fsdp is None else fsdp)
+        :func:`synctune.engine.runtimes.executor_for`), else the engine. The layout's correction
+        (:meth:`observe`) is in the activations part."""
+        layout = strategy.frees_parameters if fsdp is None else bool(fsdp)
+        correction = self.corrections.get(layout, 0)
+        return predict_memory(strategy, self.model, self.cluster, **self._optimizer_args(),
+                              activation_bytes=lambda b: self.activation_bytes(b, strategy.checkpoint) + correction,
+                              fsdp=layout)
 
     def peaks(self, strategy: Strategy, fsdp: bool | None = None) -> list[int]:
         """Each rank's predicted peak bytes (``fsdp`` as :meth:`predict`)."""
@@ -366,17 +445,27 @@ class MemoryBudget:
             for batch, figure in reference_activations(strategy, breakdown or []):
                 learned.add(batch, figure)
         self.activations = learned if learned else self.probe
+        if self.observations:
+            self._correct()
 
     def state(self) -> dict[str, Any]:
         """Plain JSON of what a resumed search must judge with as the uninterrupted one did: the
-        probe's figures (measured once, before any trial; a second probe would differ a little)."""
-        return {"probe": {str(b): list(v) for b, v in self.probe.points.items()}}
+        probe's figures (measured once, before any trial; a second probe would differ a little),
+        checkpointed ones included, and the blocks' shares (the trials' lessons come back from
+        their rows)."""
+        points = lambda figures: {str(b): list(v) for b, v in figures.points.items()}  # noqa: E731
+        return {"probe": points(self.probe), "checkpointed": {m: points(f) for m, f in self.checkpointed.items()},
+                "shares": dict(self.shares)}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take the probe's figures from :meth:`state` (before the search learns any)."""
-        probe = ActivationFigures({int(b): v for b, v in (state.get("probe") or {}).items()})
+        figures = lambda points: ActivationFigures({int(b): v for b, v in (points or {}).items()})  # noqa: E731
+        probe = figures(state.get("probe"))
         if probe:
             self.probe = self.activations = probe
+        if state.get("checkpointed"):
+            self.checkpointed = {m: figures(p) for m, p in state["checkpointed"].items()}
+            self.shares = {str(k): float(v) for k, v in (state.get("shares") or {}).items()}
 
     def over(self, peaks: Sequence[int | None], strategy: Strategy) -> str | None:
         """Why measured ``peaks`` (per rank) break the budget, or None when within it."""
@@ -390,9 +479,13 @@ class MemoryBudget:
     def smallest(self) -> tuple[int, str, bool]:
         """The smallest predicted peak (the largest rank's) of the most frugal strategies the
         builders make, FSDP2's way at every module depth resharded or not, and the replicated
-        all-reduce (what a budget that nothing fits is refused with), that strategy's name, and
-        whether any of them fits rank by rank (devices of different memory)."""
+        all-reduce, each also with every block checkpointed in each mode the probe measured
+        (what a budget that nothing fits is refused with), that strategy's name, and whether any
+        of them fits rank by rank (devices of different memory)."""
+        import dataclasses
+
         from ..strategy.builders import build_strategy
+        from ..strategy.checkpoint import checkpoint_blocks
 
         depth = max((len(v.name.split(".")) - 1 for v in self.model.variables), default=1)
         named = [("allreduce", build_strategy("allreduce", self.model, self.cluster))]
@@ -400,5 +493,42 @@ class MemoryBudget:
             for reshard in (True, False):
                 named.append((f"shard:depth={d},reshard={str(reshard).lower()}",
                               build_strategy("shard", self.model, self.cluster, depth=d, reshard=reshard)))
+        blocks = checkpoint_blocks(v.name for v in self.model.variables)
+        for mode in self.checkpoint_modes():
+            pairs = tuple((b, mode) for b in blocks)
+            named += [(f"{name}+checkpoint={mode}", dataclasses.replace(s, checkpoint=pairs)) for name, s in named
+                      if not s.checkpoint]
         peak, name = min((max(self.peaks(s)), name) for name, s in named)
         return peak, name, any(self.fits(s) for _n, s in named)
+
+    def nothing_fits(self) -> str | None:
+        """Once a trial broke the budget: why nothing in a search's space fits, in one line (the
+        smallest peak a trial measured, the budget, the corrected model's smallest prediction and
+        the levers), when the corrected model says so (:meth:`smallest`); None otherwise, and
+        before any ``oom`` trial (a budget nothing fits is refused before the first trial)."""
+        ooms = [o for o in self.observations if o[3]]
+        if not ooms:
+            return None
+        key = len(self.observations)
+        if getattr(self, "_nothing_fits_key", None) != key:
+            self._nothing_fits_key = key
+            peak, name, fits = self.smallest()
+            if fits:
+                self._nothing_fits = None
+            else:
+                measured = min(max(m.get("peak_bytes") or 0 for m in breakdown) for _s, _f, breakdown, _o in
+                               self.observations)
+                limits = [x for x in self.limits(ooms[0][0]) if x is not None]
+                self._nothing_fits = (
+                    f"search.memory_gib: nothing in the search's space fits {self.describe()} "
+                    f"({min(limits) / GIB:.4f} GiB per rank): the smallest peak a trial measured was "
+                    f"{measured / GIB:.4f} GiB, and after {len(ooms)} trial(s) over it the memory model's smallest "
+                    f"prediction is {peak / GIB:.4f} GiB ({name}); levers: {self.levers()}")
+        return self._nothing_fits
+
+    def levers(self) -> str:
+        """What may make a model fit, in words (the end of every "nothing fits" line)."""
+        modes = self.checkpoint_modes()
+        ckpt = (f"checkpointing ({' or '.join(modes)}, already in the space)" if modes
+                else "activation checkpointing (not measurable on this model)")
+        return f"{ckpt}, sharding (search.shard: auto), a smaller batch, or a larger search.memory_gib"

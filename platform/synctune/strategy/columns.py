@@ -18,6 +18,7 @@ index in :data:`~synctune.strategy.compressors.COMPRESSORS` (``CompressorInfo.co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..spec.checks import LIMITS
+from .checkpoint import CHECKPOINT_MODES, checkpoint_blocks
 from .compressors import COMPRESSORS
 from .partition import shard_shapes
 from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS, pattern_codes
@@ -93,6 +95,9 @@ class StrategyColumns:
     reshard: np.ndarray | None = None
     prefetch: np.ndarray | None = None
     reduce_dtype: np.ndarray | None = None
+    #: Per strategy, per block of the model (:func:`~synctune.strategy.checkpoint.checkpoint_blocks`,
+    #: forward order): 0 none, 1 ``full``, 2 ``selective`` (None: no strategy checkpoints).
+    checkpoint: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         rows = len(self.sid)
@@ -216,6 +221,9 @@ class StrategyColumns:
             if self.batch_split is not None:  # the split, and with it which devices hold replicas
                 for col in self.batch_split.T.astype(m):
                     out = (out ^ col) * m(0xBF58476D1CE4E5B9)
+            if self.checkpoint is not None and self.checkpoint.any():  # checkpointed blocks
+                for col in self.checkpoint.T.astype(m):
+                    out = (out ^ (col + m(0x51))) * m(0x94D049BB133111EB)
         return out
 
     def take(self, lo: int, hi: int) -> "StrategyColumns":
@@ -227,6 +235,7 @@ class StrategyColumns:
         rows["sid"] = rows["sid"] - lo
         return StrategyColumns(model=self.model, cluster=self.cluster, offsets=self.offsets[lo:hi + 1] - a,
                                batch_split=None if self.batch_split is None else self.batch_split[lo:hi],
+                               checkpoint=None if self.checkpoint is None else self.checkpoint[lo:hi],
                                ngroups=self.ngroups[lo:hi], **rows)
 
     # ------------------------------------------------------------------- objects and back
@@ -254,12 +263,25 @@ class StrategyColumns:
             plans.append(VariablePlan(variable=variables[v].name, partition=tuple(partition), shards=tuple(shards)))
             at += k
         if self.batch_split is None:
-            return Strategy.over(self.model, self.cluster, plans)
-        row = self.batch_split[i]
-        held = [j for j in range(len(row)) if row[j] > 0]
-        devices = self.cluster.devices
-        return Strategy.over(self.model, self.cluster, plans, replicas=[devices[j] for j in held],
-                             batch_split=[int(row[j]) for j in held])
+            strategy = Strategy.over(self.model, self.cluster, plans)
+        else:
+            row = self.batch_split[i]
+            held = [j for j in range(len(row)) if row[j] > 0]
+            devices = self.cluster.devices
+            strategy = Strategy.over(self.model, self.cluster, plans, replicas=[devices[j] for j in held],
+                                     batch_split=[int(row[j]) for j in held])
+        if self.checkpoint is not None and self.checkpoint[i].any():
+            blocks = self.blocks()
+            strategy = dataclasses.replace(strategy, checkpoint=tuple(sorted(
+                (blocks[b], CHECKPOINT_MODES[int(m) - 1]) for b, m in enumerate(self.checkpoint[i]) if m)))
+        return strategy
+
+    def blocks(self) -> list[str]:
+        """The model's blocks, in the order of :attr:`checkpoint`'s columns (computed once)."""
+        found = self.__dict__.get("_blocks")
+        if found is None:
+            found = self.__dict__["_blocks"] = checkpoint_blocks(v.name for v in self.model.variables)
+        return found
 
     def _shard_plan(self, code: tuple) -> ShardPlan:
         """The shard plan of one row's (kind, comp, rank, kind-specific columns) codes."""
@@ -324,8 +346,16 @@ class StrategyColumns:
                 split[si, device_index[d]] = b
         arrays = {k: np.asarray(v, dtype=_ROW_FIELDS[k]) for k, v in cols.items()}
         even = (split == model.batch_size).all()
+        checkpoint = None
+        if any(s.checkpoint for s in strategies):
+            blocks = {b: j for j, b in enumerate(checkpoint_blocks(v.name for v in model.variables))}
+            checkpoint = np.zeros((len(strategies), len(blocks)), np.int8)
+            for si, s in enumerate(strategies):
+                for block, mode in s.checkpoint:
+                    checkpoint[si, blocks[block]] = CHECKPOINT_MODES.index(mode) + 1
         return cls(model=model, cluster=cluster, offsets=np.asarray(offsets, np.int64),
-                   batch_split=None if even else split, ngroups=np.asarray(ngroups, np.float64), **arrays)
+                   batch_split=None if even else split, ngroups=np.asarray(ngroups, np.float64),
+                   checkpoint=checkpoint, **arrays)
 
 
 #: The per-shard columns and their dtypes. A round of 30,000 BERT-large proposals holds about
