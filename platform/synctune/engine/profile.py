@@ -97,7 +97,60 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
         out["launch_s"] = _launch_time(workload, model, batch, optimizer, iters=payload["iters"],
                                        warmup=min(payload["warmup"], 2))
         out["hook_s"] = hook_cost(device, warmup=payload["warmup"])
+    if payload.get("blocks"):
+        out["recompute_s"] = _recompute_times(workload, payload, device, batch, payload["blocks"], out["backward_s"],
+                                              med)
     return out
+
+
+def _recompute_times(workload, payload: dict, device, batch, blocks: list[str], backward_s: float, med) -> dict:
+    """Per checkpointing mode, how much longer backward takes with every block checkpointed in
+    that mode (a model built afresh, as the trial's is; the same iterations and statistic as the
+    plain profile's): the recomputed forwards the replay adds to a checkpointed block's backward.
+    A mode torch cannot recompute on this model is left out."""
+    import torch
+    import torch.distributed as dist
+
+    from .checkpoint import apply_checkpointing
+
+    out = {}
+    for mode in ("full", "selective"):
+        torch.manual_seed(payload["seed"])
+        with torch.device(device):
+            model = workload.build_model()
+        apply_checkpointing(model, [(b, mode) for b in blocks])
+        optimizer = workload.make_optimizer(list(model.parameters()), name=payload["optimizer"], lr=payload["lr"])
+        times, failed = [], torch.zeros(1)
+        more_mode = _more_iterations(dist, torch, device, payload["warmup"], payload["iters"],
+                                     payload["quota_window_s"] if device.type == "cpu" and under_cpu_quota() else 0.0)
+        it = 0
+        while more_mode(it):
+            it += 1
+            try:
+                loss = workload.loss(model, batch)
+                _sync(device)
+                t0 = time.perf_counter()
+                loss.backward()
+                _sync(device)
+                elapsed = time.perf_counter() - t0
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            except RuntimeError:
+                failed[0] = 1
+                elapsed = 0.0
+            if it > payload["warmup"]:
+                times.append(elapsed)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if not failed.item() and times:
+            out[mode] = max(0.0, med(times) - backward_s)
+    return out
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 #: How long a CPU worker under a CFS quota is timed at least (ten of the kernel's default
@@ -309,7 +362,8 @@ def profile_compute(workload, *, workers: int, batch_size: int | None = None, de
                     iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                     timeout_s: float = 600.0, nets: list[dict[str, str]] | None = None,
                     device_type: str | None = None, pin_cpus: bool = False,
-                    quota_window_s: float = QUOTA_WINDOW_S, min_timed_s: float = 0.0) -> ComputeProfile:
+                    quota_window_s: float = QUOTA_WINDOW_S, min_timed_s: float = 0.0,
+                    recompute: bool = False) -> ComputeProfile:
     """Profile ``workload`` with ``workers`` concurrent worker processes (local launcher): CPU
     workers (``device="cpu"``), or one GPU of this machine each (``device="cuda"``).
 
@@ -319,25 +373,28 @@ def profile_compute(workload, *, workers: int, batch_size: int | None = None, de
     quota is timed at least, keeping the mean (0: ``iters`` iterations and the median, as for
     any other worker; the module's docstring says why not). ``min_timed_s``: how long any other
     CPU worker is timed at least, keeping the median (0: ``iters`` iterations). Either window
-    stops at ``100 * iters`` timed iterations. Raises
+    stops at ``100 * iters`` timed iterations. ``recompute``: also time backward with every
+    block checkpointed in each mode (``recompute_s``). Raises
     :class:`~synctune.engine.local.WorkerFailure` when a worker fails.
     """
     spec = workload.spec()
     outs = _profile_workers(workload, spec, workers=workers, batch_size=batch_size, device=device, warmup=warmup,
                             iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s, nets=nets,
-                            pin_cpus=pin_cpus, quota_window_s=quota_window_s, min_timed_s=min_timed_s)
+                            pin_cpus=pin_cpus, quota_window_s=quota_window_s, min_timed_s=min_timed_s,
+                            recompute=recompute)
     return _slowest(spec, device_type or _device_type(device), workers, batch_size or spec.batch_size, outs)
 
 
 def profile_per_device_type(workload, cluster, *, nets: list[dict[str, str]] | None = None, warmup: int = 3,
                             iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                             timeout_s: float = 600.0, pin_cpus: bool = False,
-                            quota_window_s: float = QUOTA_WINDOW_S, min_timed_s: float = 0.0) -> list[ComputeProfile]:
+                            quota_window_s: float = QUOTA_WINDOW_S, min_timed_s: float = 0.0,
+                            recompute: bool = False) -> list[ComputeProfile]:
     """One profile per device type of ``cluster`` (a node's ``device_model``), all its devices
     computing at once: the contention of a trial on every device, each worker where its node
     runs (``nets`` from :func:`~synctune.engine.local.rank_networks`: a lab node's namespace and
     CPU quota; ``pin_cpus`` as the trials run; ``quota_window_s`` and ``min_timed_s`` as
-    :func:`profile_compute`'s).
+    :func:`profile_compute`'s; ``recompute`` as there).
     Each type's figures are its slowest worker's.
     CPU clusters only (the workers run on this machine)."""
     spec = workload.spec()
@@ -346,7 +403,8 @@ def profile_per_device_type(workload, cluster, *, nets: list[dict[str, str]] | N
                          f"on a machine with it (profile_compute with device='cuda')")
     outs = _profile_workers(workload, spec, workers=cluster.num_devices, batch_size=None, device="cpu",
                             warmup=warmup, iters=iters, seed=seed, optimizer=optimizer, lr=lr, timeout_s=timeout_s,
-                            nets=nets, pin_cpus=pin_cpus, quota_window_s=quota_window_s, min_timed_s=min_timed_s)
+                            nets=nets, pin_cpus=pin_cpus, quota_window_s=quota_window_s, min_timed_s=min_timed_s,
+                            recompute=recompute)
     types = [cluster.node_of(d).device_model for d in cluster.devices]
     return [_slowest(spec, t, cluster.num_devices, spec.batch_size, [o for o, ot in zip(outs, types) if ot == t])
             for t in sorted(set(types))]
@@ -362,14 +420,17 @@ def _device_type(device: str) -> str:
 
 def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, device: str, warmup: int, iters: int,
                      seed: int, optimizer: str, lr: float, timeout_s: float, nets, pin_cpus: bool = False,
-                     quota_window_s: float = 0.0, min_timed_s: float = 0.0) -> list[dict]:
+                     quota_window_s: float = 0.0, min_timed_s: float = 0.0, recompute: bool = False) -> list[dict]:
     from .local import run_local
     from .trial import GPU_BACKEND
 
     if workers < 1 or iters < 1 or warmup < 0 or not quota_window_s >= 0 or not min_timed_s >= 0:
         raise ValueError(f"profile_compute: workers >= 1, iters >= 1, warmup >= 0, quota_window_s >= 0, "
                          f"min_timed_s >= 0 expected, got {workers}, {iters}, {warmup}, {quota_window_s}, {min_timed_s}")
+    from ..strategy.checkpoint import checkpoint_blocks
+
     payload: dict[str, Any] = {"workload": workload, "model_spec": spec.to_dict(),
+                               "blocks": checkpoint_blocks(v.name for v in spec.variables) if recompute else [],
                                "batch_size": batch_size or spec.batch_size, "device": device,
                                "warmup": warmup, "iters": iters, "seed": seed, "optimizer": optimizer, "lr": lr,
                                "quota_window_s": quota_window_s, "min_timed_s": min_timed_s}
@@ -382,6 +443,9 @@ def _profile_workers(workload, spec, *, workers: int, batch_size: int | None, de
 def _slowest(spec, device_type: str, workers: int, batch: int, outs: list[dict]) -> ComputeProfile:
     # The slowest worker sets the pace of a synchronous iteration: take its figures.
     host = {k: max(o[k] for o in outs) for k in ("launch_s", "hook_s") if all(o.get(k) is not None for o in outs)}
+    modes = set.intersection(*(set(o.get("recompute_s") or {}) for o in outs)) if outs else set()
+    if any(o.get("recompute_s") is not None for o in outs):
+        host["recompute_s"] = {m: max(o["recompute_s"][m] for o in outs) for m in sorted(modes)}
     return ComputeProfile(model=spec.name, device=device_type, workers=workers, batch_size=batch,
                           forward_s=max(o["forward_s"] for o in outs), backward_s=max(o["backward_s"] for o in outs),
                           step_s=max(o["step_s"] for o in outs),

@@ -265,7 +265,10 @@ def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, mode
     horovod = tuple(horovod_baselines(exp, model, cluster, workload))
     memory, rate = prepare_memory(exp, model, cluster, workload)
     if exp.search.uses_simulator and exp.search.simulator != "analytic" and workload.framework == "torch":
-        ensure_profile(workload, model, cluster, say)
+        # Where the search may checkpoint blocks (a budget set, a model torch can recompute),
+        # the profile also measures what recomputation costs.
+        ensure_profile(workload, model, cluster, say,
+                       recompute=bool(exp.search.memory_gib and memory.checkpoint_modes()))
     logger = MlflowLogger(exp.name, tracking_uri)
     parent = logger.start_search(search_id, {
         "experiment": where, "model": model.name, "cluster": cluster.name, "algorithm": exp.search.algorithm,

@@ -36,7 +36,7 @@ def save_profile(profile: ComputeProfile) -> Path:
 
 
 def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callable[[str], None], *,
-                   node_net: dict | None = None, pin_cpus: bool = False) -> Path | None:
+                   node_net: dict | None = None, pin_cpus: bool = False, recompute: bool = False) -> Path | None:
     """The compute profile the replay simulator needs for this domain (dPRO §4.1), measured once
     and filed in the data folder when missing: one short profiling pass with as many concurrent
     workers as the cluster has devices. Where the cluster's nodes are of several device types
@@ -44,7 +44,8 @@ def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callab
     CPU group (``node_net``), so each type is measured at its own speed under the trial's
     contention. CPU clusters only (their workers run on this machine); for GPU clusters the
     replay falls back on counted FLOPs unless a profile of the GPU type is filed. Returns the
-    (first) profile's path, or None."""
+    (first) profile's path, or None. ``recompute``: the profile must also say what checkpointed
+    blocks' recomputation costs (``recompute_s``); one filed without it is measured again."""
     from ..engine.local import WorkerFailure, rank_networks
     from ..engine.profile import profile_compute, profile_per_device_type
 
@@ -52,7 +53,7 @@ def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callab
         return None
     types = sorted({n.device_model for n in cluster.nodes})
     paths = [profile_path(model.name, t, cluster.num_devices) for t in types]
-    if all(p.is_file() for p in paths):
+    if all(p.is_file() for p in paths) and (not recompute or all(_has_recompute(p) for p in paths)):
         return paths[0]
     say(f"profiling {model.name}'s compute with {cluster.num_devices} concurrent workers"
         + (f", one profile per device type ({', '.join(types)})" if len(types) > 1 else "")
@@ -60,14 +61,22 @@ def ensure_profile(workload, model: ModelSpec, cluster: ClusterSpec, say: Callab
     try:
         if len(types) > 1:
             nets = rank_networks(cluster, list(cluster.devices), node_net) if node_net else None
-            profiles = profile_per_device_type(workload, cluster, nets=nets, pin_cpus=pin_cpus)
+            profiles = profile_per_device_type(workload, cluster, nets=nets, pin_cpus=pin_cpus, recompute=recompute)
         else:
             profiles = [profile_compute(workload, workers=cluster.num_devices, device_type=types[0],
-                                        pin_cpus=pin_cpus)]
+                                        pin_cpus=pin_cpus, recompute=recompute)]
     except WorkerFailure as exc:  # the trials will say what is wrong with the workload; score analytically
         say(f"profiling failed ({str(exc)[:200]}); the replay falls back on counted FLOPs")
         return None
     return [save_profile(p) for p in profiles][0]
+
+
+def _has_recompute(path: Path) -> bool:
+    """Whether the profile filed at ``path`` measured recomputation (``recompute_s``)."""
+    try:
+        return json.loads(path.read_text()).get("recompute_s") is not None
+    except (OSError, ValueError):
+        return False
 
 
 def _release_name(data: dict) -> str:

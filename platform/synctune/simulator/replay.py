@@ -67,6 +67,7 @@ import numpy as np
 from ..spec.errors import SpecError
 from ..spec.files import read_json
 from ..spec.profile import ComputeProfile
+from ..strategy.checkpoint import CHECKPOINT_MODES, block_of, checkpoint_blocks
 from ..strategy.columns import StrategyColumns
 from ..strategy.compressors import COMPRESSORS
 from ..strategy.kinds import SYNCHRONIZER_KINDS, SYNCHRONIZERS
@@ -175,6 +176,11 @@ class _ReplayDomain:
     #: the host's own time per iteration where the profile measured it (a GPU's launches and the
     #: engine's hooks, :meth:`ComputeProfile.host_s`), else 0: the iteration ends no sooner
     host_s: float = 0.0
+    #: per checkpointing mode, the seconds backward takes longer with every block checkpointed
+    #: (the profile's ``recompute_s``; empty: not measured, nothing added)
+    recompute: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: (blocks,) when backward reaches each block of the model (its first gradient's ready time)
+    block_start: np.ndarray | None = None
 
 
 class ReplaySimulator(Simulator):
@@ -284,10 +290,12 @@ class ReplaySimulator(Simulator):
             rebuild_scale = ctx.device_flops * float(ctx.node_slowdown.max()) / (
                 model.flops_per_sample * batch / float(backward_end))
         forward_s = (profile.forward_s if measured else forward) * c
+        recompute = {m: float(v) * c for m, v in ((profile.recompute_s or {}) if measured else {}).items()}
         dom = _ReplayDomain(ready, float(backward_end), float(step_s), int(batch), density, measured, alpha,
                             rebuild_scale, float(forward_s),
                             ctx.device_slowdowns if slowdowns is None else slowdowns,
-                            float((profile.host_s() if measured else None) or 0.0))
+                            float((profile.host_s() if measured else None) or 0.0), recompute,
+                            _block_starts(model, ready))
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
@@ -392,6 +400,36 @@ def _added(total: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     return total
 
 
+def _block_starts(model, ready: np.ndarray) -> np.ndarray:
+    """When backward reaches each block of ``model`` (:func:`~synctune.strategy.checkpoint.checkpoint_blocks`):
+    the earliest ready time of its variables."""
+    blocks = checkpoint_blocks(v.name for v in model.variables)
+    index = {name: j for j, name in enumerate(blocks)}
+    out = np.full(len(blocks), np.inf)
+    for i, v in enumerate(model.variables):
+        j = index.get(block_of(v.name))
+        if j is not None:
+            out[j] = min(out[j], ready[i])
+    return out
+
+
+def recompute_delays(b: StrategyColumns, dom: _ReplayDomain) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """What checkpointed blocks add to each strategy's backward: per shard row, how much later its
+    variable's gradient is ready (every block whose recompute runs before it: backward reaches
+    the block at its first gradient's ready time, recomputes its forward, then goes on), and per
+    strategy, how much later backward ends. A mode's measured cost (every block checkpointed) is
+    shared evenly among the blocks. (None, None) where nothing is checkpointed or nothing measured."""
+    if b.checkpoint is None or not dom.recompute or dom.block_start is None or not b.checkpoint.any():
+        return None, None
+    per_block = np.zeros(b.checkpoint.shape, np.float64)
+    nblocks = max(1, b.checkpoint.shape[1])
+    for code, mode in enumerate(CHECKPOINT_MODES, start=1):
+        per_block += (b.checkpoint == code) * (dom.recompute.get(mode, 0.0) / nblocks)
+    after = (dom.ready[None, :] >= dom.block_start[:, None]).astype(np.float64)  # (blocks, variables)
+    delay = per_block @ after
+    return delay[b.sid, b.var], per_block.sum(1)
+
+
 def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: ReplayConstants) -> dict[str, Any]:
     """Replay every strategy of ``b`` (see the module docstring); per strategy and per unit. The
     kinds' terms are theirs (:data:`~synctune.simulator.kinds.REPLAY_KINDS`): each is handed its
@@ -413,9 +451,13 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
         for rows in sends:  # what such a kind sends (SFB: the factors, padded to the largest replica batch)
             wire[rows] = nbytes[rows] * b.ratio[rows]
     num_shards = len(b.sid)
+    ready, backward_end = dom.ready[b.var], np.full(n, dom.backward_end)
+    delay, longer = recompute_delays(b, dom)
+    if delay is not None:  # checkpointed blocks recompute their forward inside backward
+        ready, backward_end = ready + delay, backward_end + longer
     rb = ReplayBatch(b=b, ctx=ctx, dom=dom, k=k, t=comm_terms(b, ctx), alpha=dom.alpha, plain=plain,
-                     sparse_part=sparse_part, wire=wire, rebuild=rebuild, ready=dom.ready[b.var] * scale[b.sid],
-                     own=np.arange(num_shards), scale=scale, backward_end=dom.backward_end * scale)
+                     sparse_part=sparse_part, wire=wire, rebuild=rebuild, ready=ready * scale[b.sid],
+                     own=np.arange(num_shards), scale=scale, backward_end=backward_end * scale)
     state = {code: kind.prepare(rb, rows) if kind.prepare else None for code, kind, rows in present}
     for code, kind, rows in present:
         if kind.form_units:

@@ -47,6 +47,11 @@ class ComputeProfile:
     seconds the engine's gradient path adds per variable on that host (a probe of its own, on a
     synthetic model, not this one: :func:`synctune.engine.profile.hook_cost`). The replay's host
     path is ``launch_s + variables x hook_s`` (:meth:`host_s`).
+
+    ``recompute_s``: per activation-checkpointing mode (``full``, ``selective``), the seconds
+    backward took longer with every block of the model checkpointed in that mode (the
+    recomputed forwards; :mod:`synctune.strategy.checkpoint`), where the profile measured it
+    (None: not measured, and the replay adds nothing for checkpointed blocks).
     """
 
     model: str
@@ -59,6 +64,7 @@ class ComputeProfile:
     ready_s: tuple[float, ...]
     launch_s: float | None = None
     hook_s: float | None = None
+    recompute_s: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         where = f"compute profile of {self.model!r}"
@@ -82,6 +88,9 @@ class ComputeProfile:
                     "seconds (a non-negative number) or null", value)
         require(isinstance(self.ready_s, tuple) and all(is_number(x) and 0 <= x < 1e6 for x in self.ready_s),
                 f"{where}: ready_s", "a list of non-negative seconds", self.ready_s)
+        require(self.recompute_s is None or (isinstance(self.recompute_s, Mapping) and all(
+            k in ("full", "selective") and is_number(v) and 0 <= v < 1e6 for k, v in self.recompute_s.items())),
+            f"{where}: recompute_s", "seconds per checkpointing mode (full, selective) or null", self.recompute_s)
 
     def check(self, model: ModelSpec) -> None:
         """Refuse a profile of another model (one ready time per variable of ``model``)."""
@@ -100,6 +109,8 @@ class ComputeProfile:
         """The profile as plain data under its schema version (:data:`PROFILE_SCHEMA`), what a
         profile file holds; the host figures only where measured."""
         host = {k: getattr(self, k) for k in ("launch_s", "hook_s") if getattr(self, k) is not None}
+        if self.recompute_s is not None:
+            host["recompute_s"] = dict(self.recompute_s)
         return {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device, "workers": self.workers,
                 "batch_size": self.batch_size, "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "step_s": self.step_s, "ready_s": list(self.ready_s), **host}
@@ -116,7 +127,7 @@ class ComputeProfile:
         ready = data["ready_s"]
         require(isinstance(ready, list), f"{where}: ready_s", "a list of numbers", type(ready).__name__)
         try:
-            host = {k: data[k] for k in ("launch_s", "hook_s") if data.get(k) is not None}  # optional
+            host = {k: data[k] for k in ("launch_s", "hook_s", "recompute_s") if data.get(k) is not None}  # optional
             return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready), **host)
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
