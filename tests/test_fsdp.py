@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from _engine_workers import reference_training
 from _fsdp_workers import engine_vs_fsdp_cases, fsdp_train_cases, shard_strategy
 from synctune.cli import cli
-from synctune.engine.fsdp import FSDPConfig, FSDPRuntime, plan_from_config
+from synctune.engine.fsdp import FSDP_DEFAULT, FSDPConfig, FSDPRuntime, plan_from_config
 from synctune.engine.fsdp_plans import FSDP_PLANS
 from synctune.engine.runtimes import runtime_from_options
 from synctune.engine.local import run_local
@@ -338,12 +338,18 @@ def test_config_and_options():
     assert rt.config == FSDPConfig(group=2, reshard_after_forward=False, reduce_dtype="bf16", prefetch=2,
                                    units=("encoder.0", "encoder.1"))
     assert FSDPRuntime.from_options({"reshard_after_forward": "2"}).config.reshard_after_forward == 2
+    # activation checkpointing of every block: recorded only when on, so older rows (no key) read as none
+    full = FSDPRuntime.from_options({"checkpoint": "full"})
+    assert full.config == FSDPConfig(checkpoint="full") and full.config_dict()["checkpoint"] == "full"
+    assert FSDPRuntime.from_config(full.config_dict()) == full and full.summary().endswith(", checkpoint full")
+    assert "checkpoint" not in FSDP_DEFAULT.to_dict() and FSDPConfig.from_dict(FSDP_DEFAULT.to_dict()).checkpoint == "none"
     for options, fragment in [({"bucket": "1"}, "--fsdp: unknown key 'bucket'"),
                               ({"group": "-1"}, "--fsdp: group: expected a non-negative integer"),
                               ({"reshard_after_forward": "maybe"}, "--fsdp: reshard_after_forward"),
                               ({"reduce_dtype": "fp16"}, "fsdp config: reduce_dtype: expected one of fp32, bf16"),
                               ({"prefetch": "9"}, "fsdp config: prefetch: expected an integer from 0 to 8"),
-                              ({"units": " , "}, "fsdp config: units: expected one of blocks, root or a non-empty list")]:
+                              ({"units": " , "}, "fsdp config: units: expected one of blocks, root or a non-empty list"),
+                              ({"checkpoint": "all"}, "fsdp config: checkpoint: expected one of none, selective, full")]:
         with pytest.raises(SpecError, match=fragment.replace("(", r"\(")):
             FSDPRuntime.from_options(options)
     with pytest.raises(SpecError, match="fsdp config: from_strategy: a strategy's own shard plans run on the "
