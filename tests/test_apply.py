@@ -232,6 +232,75 @@ def test_applied_files_of_both_formats_run_for_zoo_models(tmp_path):
     assert result.exit_code == 2 and "cannot run as plain DDP: the batch split is uneven" in result.stderr
 
 
+@pytest.mark.parametrize("split, fmt", [((4, 4), "ddp"), ((3, 5), "engine")])
+def test_an_applied_file_checkpoints_the_strategys_blocks_and_trains_as_one_process(tmp_path, split, fmt):
+    """A strategy that checkpoints blocks (transformer-small: full and selective) becomes a plain
+    DDP file (even split) or an engine file (uneven) that runs those blocks under
+    torch.utils.checkpoint before DDP or the engine wraps the model; run under torchrun on 2
+    processes, its saved state equals single-process training WITHOUT checkpointing on the
+    concatenated batches (the workload's SGD, lr 0.01), within the equivalence suite's bounds."""
+    import dataclasses
+
+    from _engine_workers import reference_training
+    from synctune.run.apply import write_training_file
+    from synctune.workload import zoo_workload
+
+    workload, cluster = zoo_workload("transformer-small"), cluster_preset("local-1x2")
+    checkpoint = (("decoder.0", "selective"), ("decoder.1", "full"), ("encoder.0", "full"),
+                  ("encoder.1", "selective"))
+    strategy = dataclasses.replace(build_strategy("allreduce", workload.spec(), cluster), batch_split=split,
+                                   checkpoint=checkpoint)
+    out = tmp_path / "train.py"
+    assert write_training_file(strategy, workload, cluster, out) == fmt
+    text = out.read_text()
+    wrap = "wrap_ddp(model" if fmt == "ddp" else "StrategyEngine(model"
+    assert text.index("checkpoint_blocks(model, CHECKPOINT)") < text.index(wrap)
+    assert "from synctune.engine.checkpoint" not in text  # torch's own API, written out
+    # The file's own checkpoint_blocks really recomputes: backward runs more ops after it.
+    assert _backward_ops(out, workload, checkpoint) > _backward_ops(out, workload, ())
+    steps = 3
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(out), "--steps", str(steps), "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    saved = torch.load(tmp_path / "ck.pt", weights_only=False)
+    got = saved["model"]
+    ref = reference_training("transformer-small", split, "sgd", 0.01, steps)
+    exact = reference_training("transformer-small", split, "sgd", 0.01, steps, dtype=torch.float64)
+    assert set(got) == set(ref)
+    for k, v in got.items():
+        rounding = 2 * (ref[k].double() - exact[k]).abs().max().item()
+        torch.testing.assert_close(v.double(), exact[k], rtol=1e-5, atol=2e-6 + rounding, msg=lambda m: f"{k}: {m}")
+
+
+def _backward_ops(path: Path, workload, blocks) -> int:
+    """The aten ops one backward of ``workload`` runs after the training file at ``path`` (imported,
+    not run) has checkpointed ``blocks`` with its own ``checkpoint_blocks``."""
+    import importlib.util
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    spec = importlib.util.spec_from_file_location("applied_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    model = workload.build_model()
+    module.checkpoint_blocks(model, [list(b) for b in blocks])
+    batch = workload.make_batch(4, rank=0, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+    loss = workload.loss(model, batch)
+    with Count():
+        loss.backward()
+    return Count.ops
+
+
 def test_a_tuned_ddp_winner_is_applied_with_its_own_configuration(tmp_path):
     """When tuned DDP wins a search, the training file runs DDP with the tuned bucket sizes and
     hook (not the configuration derived from a strategy), and it runs."""

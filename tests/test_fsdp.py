@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from _engine_workers import reference_training
 from _fsdp_workers import engine_vs_fsdp_cases, fsdp_train_cases, shard_strategy
 from synctune.cli import cli
-from synctune.engine.fsdp import FSDPConfig, FSDPRuntime, plan_from_config
+from synctune.engine.fsdp import FSDP_DEFAULT, FSDPConfig, FSDPRuntime, plan_from_config
 from synctune.engine.fsdp_plans import FSDP_PLANS
 from synctune.engine.runtimes import runtime_from_options
 from synctune.engine.local import run_local
@@ -338,12 +338,18 @@ def test_config_and_options():
     assert rt.config == FSDPConfig(group=2, reshard_after_forward=False, reduce_dtype="bf16", prefetch=2,
                                    units=("encoder.0", "encoder.1"))
     assert FSDPRuntime.from_options({"reshard_after_forward": "2"}).config.reshard_after_forward == 2
+    # activation checkpointing of every block: recorded only when on, so older rows (no key) read as none
+    full = FSDPRuntime.from_options({"checkpoint": "full"})
+    assert full.config == FSDPConfig(checkpoint="full") and full.config_dict()["checkpoint"] == "full"
+    assert FSDPRuntime.from_config(full.config_dict()) == full and full.summary().endswith(", checkpoint full")
+    assert "checkpoint" not in FSDP_DEFAULT.to_dict() and FSDPConfig.from_dict(FSDP_DEFAULT.to_dict()).checkpoint == "none"
     for options, fragment in [({"bucket": "1"}, "--fsdp: unknown key 'bucket'"),
                               ({"group": "-1"}, "--fsdp: group: expected a non-negative integer"),
                               ({"reshard_after_forward": "maybe"}, "--fsdp: reshard_after_forward"),
                               ({"reduce_dtype": "fp16"}, "fsdp config: reduce_dtype: expected one of fp32, bf16"),
                               ({"prefetch": "9"}, "fsdp config: prefetch: expected an integer from 0 to 8"),
-                              ({"units": " , "}, "fsdp config: units: expected one of blocks, root or a non-empty list")]:
+                              ({"units": " , "}, "fsdp config: units: expected one of blocks, root or a non-empty list"),
+                              ({"checkpoint": "all"}, "fsdp config: checkpoint: expected one of none, selective, full")]:
         with pytest.raises(SpecError, match=fragment.replace("(", r"\(")):
             FSDPRuntime.from_options(options)
     with pytest.raises(SpecError, match="fsdp config: from_strategy: a strategy's own shard plans run on the "
@@ -383,14 +389,18 @@ def test_cli_trial_records_an_fsdp_row(tmp_path):
 
 # --- synctune apply: a strategy FSDP2 expresses becomes a plain FSDP2 training file ------------
 
-@pytest.mark.parametrize("cluster_name, sync, split", [
-    ("local-1x2", {"reshard": True, "prefetch": 2}, (1, 3)),
-    ("local-2x2", {"group": 2, "reshard": False}, (2, 1, 3, 2)),
+@pytest.mark.parametrize("cluster_name, sync, split, checkpoint", [
+    ("local-1x2", {"reshard": True, "prefetch": 2}, (1, 3), {}),
+    ("local-2x2", {"group": 2, "reshard": False}, (2, 1, 3, 2), {}),
+    ("local-1x2", {"reshard": True, "prefetch": 1}, (3, 1),
+     {"encoder.0": "full", "encoder.1": "selective", "decoder.1": "full"}),
 ])
-def test_applied_fsdp2_file_trains_like_single_process(tmp_path, cluster_name, sync, split):
-    """The emitted file (fully_shard per unit on the strategy's mesh, 1-D or HSDP) run under
-    torch.distributed.run on 2 and 4 processes: its checkpoint equals single-process training
-    on the concatenated batches (the workload's own SGD, lr 0.01) within 1e-6."""
+def test_applied_fsdp2_file_trains_like_single_process(tmp_path, cluster_name, sync, split, checkpoint):
+    """The emitted file (fully_shard per unit on the strategy's mesh, 1-D or HSDP; with the
+    strategy's activation checkpointing, torch.utils.checkpoint on those blocks before
+    fully_shard) run under torch.distributed.run on 2 and 4 processes: its saved state equals
+    single-process training without checkpointing on the concatenated batches (the workload's own
+    SGD, lr 0.01) within 1e-6."""
     import re
     import subprocess
     import sys
@@ -400,10 +410,16 @@ def test_applied_fsdp2_file_trains_like_single_process(tmp_path, cluster_name, s
 
     cluster = cluster_preset(cluster_name)
     strategy = shard_strategy("transformer-small", cluster, split=split, **sync)
+    strategy = type(strategy)(**{**strategy.__dict__, "checkpoint": tuple(checkpoint.items())})
     out = tmp_path / "train.py"
     assert write_training_file(strategy, TRANSFORMER, cluster, out) == "fsdp"
     text = out.read_text()
     assert "fully_shard(model.get_submodule('encoder.0'), mesh=mesh" in text and "StrategyEngine" not in text
+    # checkpointed first, then sharded (torch's order); module paths unchanged for fully_shard
+    assert ("checkpoint_blocks(model, CHECKPOINT)" in text) == bool(checkpoint)
+    if checkpoint:
+        assert text.index("checkpoint_blocks(model, CHECKPOINT)") < text.index("fully_shard(model")
+        assert f"CHECKPOINT = {sorted([k, v] for k, v in checkpoint.items())!r}" in text
     assert ("mesh_dim_names=('replicate', 'shard')" in text) == ("group" in sync)
     steps = 3
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

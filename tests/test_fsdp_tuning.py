@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -24,11 +26,13 @@ from synctune.search.experiment import Experiment
 from synctune.spec import ClusterSpec, cluster_preset
 from synctune.spec.errors import SpecError
 from synctune.strategy import ShardSynchronizer, build_strategy, validate
+from synctune.strategy.checkpoint import checkpoint_blocks
 
 CLUSTER4 = cluster_preset("local-2x2")
 CONFIGS = [FSDP_DEFAULT, FSDPConfig(reshard_after_forward=False), FSDPConfig(units="root"),
            FSDPConfig(group=2, reshard_after_forward=False), FSDPConfig(group=2, prefetch=2, reduce_dtype="bf16"),
-           FSDPConfig(group=4, prefetch=0)]
+           FSDPConfig(group=4, prefetch=0), FSDPConfig(checkpoint="selective"),
+           FSDPConfig(units="root", checkpoint="full")]
 
 
 def _meta(name: str):
@@ -59,6 +63,23 @@ def test_strategy_of_config_is_fsdp2s_own_plan(model, config):
         assert isinstance(sync, ShardSynchronizer) and sync.reduce_dtype == config.reduce_dtype
         assert sync.group == (0 if config.group in (0, 4) else config.group)
         assert sync.prefetch == (max(1, config.prefetch) if sync.reshard else 0)
+    # what the trial checkpoints, which the memory model reads: every block in the setting's mode
+    blocks = checkpoint_blocks(v.name for v in spec.variables)
+    assert strategy.checkpoint == (() if config.checkpoint == "none" else
+                                   tuple(sorted((b, config.checkpoint) for b in blocks)))
+
+
+def test_a_strategys_own_checkpoint_is_kept_without_the_setting():
+    spec, module = model_spec("transformer-small"), _meta("transformer-small")
+    base = build_strategy("allreduce", spec, CLUSTER4)
+    own = dataclasses.replace(base, checkpoint=(("decoder.1", "selective"), ("encoder.0", "full")))
+    runtime = FSDPRuntime()
+    assert runtime.plans_of(own, lambda: module, spec).checkpoint == own.checkpoint
+    assert runtime.checkpoint_of(own, spec) == own.checkpoint
+    full = FSDPRuntime(FSDPConfig(checkpoint="full"))
+    assert full.checkpoint_of(base, spec) == tuple(sorted((b, "full") for b in ("encoder.0", "encoder.1", "decoder.0",
+                                                                               "decoder.1")))
+    assert full.plans_of(base, lambda: module, spec).checkpoint == full.checkpoint_of(base, spec)
 
 
 def test_an_int_reshard_counts_as_kept_parameters():
@@ -121,7 +142,8 @@ def test_layouts_keep_what_fits():
         return config.reshard_after_forward is True and config.units != "root"
 
     assert fsdp_layouts(spec, CLUSTER4, resharded_only) == ["blocks/g0/reshard", "blocks/g2/reshard"]
-    assert all(c.prefetch == 1 and c.reduce_dtype == "fp32" for c in seen)  # each layout at its least memory
+    # each layout at its least memory
+    assert all(c.prefetch == 1 and c.reduce_dtype == "fp32" and c.checkpoint == "full" for c in seen)
     assert fsdp_layouts(spec, CLUSTER4, lambda c: False) == []
     for layout in every:  # a layout's config names it back
         assert fsdp_layout(fsdp_config_of({"layout": layout, "prefetch": 1, "reduce_dtype": "fp32"})) == layout
@@ -163,13 +185,24 @@ def test_first_point_is_fsdp2s_default_and_every_point_fits():
                 and config.reduce_dtype == "fp32" and config.group == 2)
 
     points = _suggest(fsdp_searcher(_exp(), spec, CLUSTER4, [], fits=tight), 10)
-    assert points[0] == {"layout": "blocks/g2/reshard", "prefetch": 1, "reduce_dtype": "fp32"}
+    assert points[0] == {"layout": "blocks/g2/reshard", "prefetch": 1, "reduce_dtype": "fp32", "checkpoint": "none"}
     assert all(tight(fsdp_config_of(p)) for p in points), points
+    # Tighter: only with every block fully checkpointed. The first point checkpoints (the least
+    # that fits), and so does every draw.
+    tighter = lambda c: tight(c) and c.checkpoint == "full"  # noqa: E731
+    points = _suggest(fsdp_searcher(_exp(), spec, CLUSTER4, [], fits=tighter), 10)
+    assert points[0] == {"layout": "blocks/g2/reshard", "prefetch": 1, "reduce_dtype": "fp32", "checkpoint": "full"}
+    assert all(tighter(fsdp_config_of(p)) for p in points), points
+    # Selective or full: a drawn none gives way to selective, the nearest that fits.
+    saving = lambda c: c.checkpoint != "none"  # noqa: E731
+    points = _suggest(fsdp_searcher(_exp(), spec, CLUSTER4, [], fits=saving), 10)
+    assert points[0]["checkpoint"] == "selective" and all(saving(fsdp_config_of(p)) for p in points), points
     # Looser: resharded layouts only, any settings: the draws vary and all fit.
     loose = lambda c: c.reshard_after_forward is True and c.units == "blocks"  # noqa: E731
     points = _suggest(fsdp_searcher(_exp(), spec, CLUSTER4, [], fits=loose), 10)
     assert all(loose(fsdp_config_of(p)) for p in points), points
     assert len({tuple(sorted(p.items())) for p in points}) > 2
+    assert {p["checkpoint"] for p in points} > {"none"}, points  # checkpointing is drawn too
     # Not lossy: never a bf16 reduce.
     points = _suggest(fsdp_searcher(_exp(lossy=False), spec, CLUSTER4, []), 10)
     assert {p["reduce_dtype"] for p in points} == {"fp32"}
@@ -182,6 +215,8 @@ def test_a_resumed_search_is_told_what_it_measured():
     searcher = fsdp_searcher(_exp(), spec, CLUSTER4, done, fits=lambda c: c.units == "blocks")
     told = [t for t in searcher._ot_study.trials if t.state.name == "COMPLETE"]
     assert [t.params["layout"] for t in told] == ["blocks/g0/keep"]  # root no longer fits: dropped
+    # recorded before checkpointing was tuned: told as what ran, no checkpointing
+    assert [t.params["checkpoint"] for t in told] == ["none"]
 
 
 def test_a_model_with_sparse_gradients_has_no_fsdp2():

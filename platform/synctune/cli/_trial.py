@@ -70,7 +70,8 @@ def _progress_bar(total_hint: int, label: str):
               help="With --runtime fsdp: group (shard-group size, 0 = every replica; k = HSDP mesh "
                    "(replicas/k, k)), reshard_after_forward (true, false or a group size), reduce_dtype (fp32, bf16), "
                    "prefetch (0-1 FSDP2's default, N>=2 explicit), units (blocks, root or module paths, "
-                   "comma-separated). A --strategy with shard plans configures FSDP2 itself.")
+                   "comma-separated), checkpoint (none, selective, full: activation checkpointing of every "
+                   "block). A --strategy with shard plans configures FSDP2 itself.")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Log the trial to MLflow and append it to the dataset.")
 @click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")

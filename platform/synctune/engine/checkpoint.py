@@ -18,12 +18,29 @@ equivalence suite checks it with dropout off and on).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..spec.errors import SpecError
 
-__all__ = ["apply_checkpointing", "selective_policy"]
+__all__ = ["apply_checkpointing", "selective_policy", "observe_selective_saves"]
+
+#: Who is told what selective checkpointing saves in forward (:func:`observe_selective_saves`).
+_OBSERVERS: list[Callable[[Any], None]] = []
+
+
+@contextlib.contextmanager
+def observe_selective_saves(observer: Callable[[Any], None]) -> Iterator[None]:
+    """While inside, ``observer(output)`` is called with each op output a ``selective`` block
+    saves for backward. torch keeps those outputs in its selective-checkpoint storage, not
+    through ``saved_tensors_hooks``, so a count of saved activations (the memory probe:
+    :func:`synctune.engine.memory.probe_iteration`) learns of them here."""
+    _OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(observer)
 
 
 def selective_policy():
@@ -37,9 +54,13 @@ def selective_policy():
 
     saved = {getattr(torch.ops.aten, name) for name in SAVED_OPS if hasattr(torch.ops.aten, name)}
 
-    def policy(_ctx, op, *_args, **_kwargs):
+    def policy(ctx, op, *_args, **_kwargs):
         packet = getattr(op, "overloadpacket", op)
-        return CheckpointPolicy.MUST_SAVE if packet in saved else CheckpointPolicy.PREFER_RECOMPUTE
+        if packet not in saved:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        for observe in _OBSERVERS:
+            observe(ctx.op_output)
+        return CheckpointPolicy.MUST_SAVE
 
     return policy
 

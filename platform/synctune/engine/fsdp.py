@@ -16,6 +16,13 @@ on the ``fsdp-plans`` runtime (:mod:`synctune.engine.fsdp_plans`), each unit id 
 module whose parameters are exactly that unit's variables (:func:`plan_from_strategy`, here with
 the rest of FSDP2's machinery both runtimes share).
 
+Activation checkpointing (``checkpoint``: ``none``, ``selective``, ``full``, as torchtitan's
+``activation_checkpoint.mode``) checkpoints every block of the model
+(:func:`~synctune.strategy.checkpoint.checkpoint_blocks` of its spec) in that mode before
+``fully_shard`` wraps it (:meth:`FSDPRuntime.checkpoint_of`; the trial applies it, as for every
+PyTorch runtime: :func:`synctune.engine.checkpoint.apply_checkpointing`). A strategy that
+checkpoints modules of its own is run with them under ``none``, and refused beside another mode.
+
 Prefetch (torch 2.13's API): FSDP2 by default overlaps the next unit's all-gather implicitly in
 forward and prefetches one unit ahead in backward, and an empty explicit list falls back to that
 default (it cannot be switched off). So prefetch 0 and 1 both mean FSDP2's default; N >= 2 sets
@@ -37,6 +44,7 @@ from typing import Any
 
 from ..spec.checks import is_int
 from ..spec.errors import SpecError
+from ..strategy.checkpoint import CHECKPOINT_MODES, checkpoint_blocks
 from ..strategy.schema import MAX_PREFETCH, REDUCE_DTYPES, ShardPlan, ShardSynchronizer, VariablePlan
 from .runtime import ArmContext, ConfiguredRuntime, Stepper, per_world
 from .tuning import Categorical, NothingToTune, Tuning, TuningSpace
@@ -44,12 +52,17 @@ from .tuning import Categorical, NothingToTune, Tuning, TuningSpace
 __all__ = ["FSDPConfig", "FSDP_DEFAULT", "FSDPUnit", "FSDPPlan", "FSDPRuntime", "UNIT_CHOICES", "plan_from_config",
            "plan_from_strategy", "strategy_of_config", "apply_fsdp", "loss_scales", "has_shard_plans",
            "meta_model", "check_shard_group", "check_plan", "fsdp_stepper", "escaping_parameters",
-           "fsdp_layout", "fsdp_layouts", "fsdp_config_of", "FSDP_PREFETCH", "refuse_sparse", "shard_units"]
+           "fsdp_layout", "fsdp_layouts", "fsdp_config_of", "FSDP_PREFETCH", "refuse_sparse", "shard_units",
+           "FSDP_CHECKPOINT", "checkpoint_pairs"]
 
 #: What ``units`` names besides a list of module paths: every child of every ``nn.ModuleList``
 #: (FSDP's usual per-block wrapping; a list inside a chosen block is not descended into), or the
 #: root module alone (one unit for the whole model).
 UNIT_CHOICES = ("blocks", "root")
+
+#: The ``checkpoint`` settings, from the most memory held to the least: ``none`` (every block saves
+#: its activations), ``selective``, ``full`` (:mod:`synctune.strategy.checkpoint`).
+FSDP_CHECKPOINT = ("none",) + tuple(reversed(CHECKPOINT_MODES))
 
 #: The torch dtype name of each reduce dtype.
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -64,13 +77,15 @@ class FSDPConfig:
     which keeps its parameters (FSDP's own advice: backward needs them first). ``reduce_dtype``:
     what gradients travel and are summed in (parameters stay float32). ``prefetch``: all-gathers
     issued ahead (0 and 1: FSDP2's implicit default; N >= 2 explicit, see the module docstring).
-    ``units``: ``blocks``, ``root`` or module paths."""
+    ``units``: ``blocks``, ``root`` or module paths. ``checkpoint``: activation checkpointing of
+    every block of the model (:data:`FSDP_CHECKPOINT`; ``none``: the strategy's own, if any)."""
 
     group: int = 0
     reshard_after_forward: bool | int = True
     reduce_dtype: str = "fp32"
     prefetch: int = 0
     units: str | tuple[str, ...] = "blocks"
+    checkpoint: str = "none"
 
     def __post_init__(self) -> None:
         if isinstance(self.units, list):
@@ -87,6 +102,9 @@ class FSDPConfig:
         if not (is_int(self.prefetch) and 0 <= self.prefetch <= MAX_PREFETCH):
             raise SpecError(f"fsdp config: prefetch: expected an integer from 0 to {MAX_PREFETCH}, "
                             f"got {self.prefetch!r}")
+        if self.checkpoint not in FSDP_CHECKPOINT:
+            raise SpecError(f"fsdp config: checkpoint: expected one of {', '.join(FSDP_CHECKPOINT)}, "
+                            f"got {self.checkpoint!r:.60}")
         units = self.units
         if isinstance(units, str):
             if units not in UNIT_CHOICES:
@@ -102,10 +120,13 @@ class FSDPConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data (``units`` a list when it names modules), what a
-        dataset row and a runtime record hold."""
+        dataset row and a runtime record hold; ``checkpoint`` only when it is not ``none``, so a
+        configuration without checkpointing is recorded as before the setting existed (and rows
+        without the key read back as ``none``)."""
         return {"group": self.group, "reshard_after_forward": self.reshard_after_forward,
                 "reduce_dtype": self.reduce_dtype, "prefetch": self.prefetch,
-                "units": self.units if isinstance(self.units, str) else list(self.units)}
+                "units": self.units if isinstance(self.units, str) else list(self.units),
+                **({"checkpoint": self.checkpoint} if self.checkpoint != "none" else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FSDPConfig":
@@ -125,13 +146,15 @@ class FSDPConfig:
         return cls(**data)
 
     def summary(self) -> str:
-        """A short human-readable form, e.g. ``fsdp2 blocks, group 2, reshard, reduce bf16``."""
+        """A short human-readable form, e.g. ``fsdp2 blocks, group 2, reshard, reduce bf16,
+        checkpoint full``."""
         units = self.units if isinstance(self.units, str) else f"{len(self.units)} module(s)"
         group = f", group {self.group}" if self.group else ""
         r = self.reshard_after_forward
         reshard = "reshard" if r is True else "no reshard" if r is False else f"reshard to {r}"
         prefetch = f", prefetch {self.prefetch}" if self.prefetch >= 2 else ""
-        return f"fsdp2 {units}{group}, {reshard}, reduce {self.reduce_dtype}{prefetch}"
+        checkpoint = f", checkpoint {self.checkpoint}" if self.checkpoint != "none" else ""
+        return f"fsdp2 {units}{group}, {reshard}, reduce {self.reduce_dtype}{prefetch}{checkpoint}"
 
 
 #: FSDP2 as users start with it: per-block units, every replica one shard group, resharded after
@@ -294,6 +317,29 @@ def refuse_sparse(spec: Any) -> None:
                         f"dense ones; use the engine or ddp for this model")
 
 
+def checkpoint_pairs(config: FSDPConfig, strategy: Any, spec: Any) -> tuple[tuple[str, str], ...]:
+    """The ``(module, mode)`` pairs FSDP2 under ``config`` checkpoints for a trial of ``strategy``:
+    every block of the model (:func:`~synctune.strategy.checkpoint.checkpoint_blocks` of
+    ``spec``'s variables) in ``config.checkpoint``'s mode, or the strategy's own under ``none``."""
+    if config.checkpoint == "none":
+        return tuple(strategy.checkpoint)
+    return tuple(sorted((block, config.checkpoint) for block in checkpoint_blocks(v.name for v in spec.variables)))
+
+
+def _check_checkpoint_setting(config: FSDPConfig, strategy: Any, spec: Any) -> None:
+    """Refuse a ``checkpoint`` setting beside a strategy that checkpoints modules of its own (one
+    of the two would be ignored), or on a model without blocks (it would checkpoint nothing)."""
+    if config.checkpoint == "none":
+        return
+    if strategy.checkpoint:
+        raise SpecError(f"fsdp config: checkpoint: {config.checkpoint!r} beside the strategy's own checkpoint "
+                        f"({len(strategy.checkpoint)} module(s)); set checkpoint=none to run the strategy's, or "
+                        f"drop the strategy's checkpoint field")
+    if not checkpoint_blocks(v.name for v in spec.variables):
+        raise SpecError(f"fsdp config: checkpoint: model {spec.name!r} has no blocks to checkpoint (its variables "
+                        f"all belong to the root module); use checkpoint=none")
+
+
 def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any) -> Any:
     """The all-``shard`` strategy FSDP2 runs under ``config`` on ``module`` (an ``nn.Module``,
     meta included), on ``strategy``'s replicas and batch split: what the memory model
@@ -309,8 +355,10 @@ def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any
     parameters sharded over that smaller group, which the language cannot say, and whole
     parameters are an upper bound of it (1/r + 1/shard <= 1 for r, shard >= 2), the side a memory
     budget must err on. A shard group of the whole replica set is written 0 (the same 1-D mesh).
-    Refuses a model with sparse gradients (FSDP2 cannot run it) and a shard group of 1 (nothing
-    sharded: that is replicated training)."""
+    Its ``checkpoint`` is what the trial checkpoints (:func:`checkpoint_pairs`: every block in
+    ``config.checkpoint``'s mode, or the strategy's own under ``none``). Refuses a model with
+    sparse gradients (FSDP2 cannot run it) and a shard group of 1 (nothing sharded: that is
+    replicated training)."""
     refuse_sparse(spec)
     replicas = len(strategy.replicas)
     if config.group == 1:
@@ -333,7 +381,8 @@ def strategy_of_config(module: Any, config: FSDPConfig, strategy: Any, spec: Any
         sync = ShardSynchronizer(unit=i, group=group, reshard=reshard,
                                  prefetch=max(1, config.prefetch) if reshard else 0, reduce_dtype=config.reduce_dtype)
         plans.append(VariablePlan(variable=v.name, partition=(1,) * len(v.shape), shards=(ShardPlan(synchronizer=sync),)))
-    return dataclasses.replace(strategy, plans=tuple(plans), schema=None)
+    return dataclasses.replace(strategy, plans=tuple(plans), schema=None,
+                               checkpoint=checkpoint_pairs(config, strategy, spec))
 
 
 def _common_module(names: list[str], owner: dict[str, str]) -> str:
@@ -645,7 +694,7 @@ def fsdp_layout(config: FSDPConfig) -> str:
     return f"{config.units}/g{config.group}/{'keep' if keep else 'reshard'}"
 
 
-def _layout_config(layout: str, prefetch: int = 1, reduce_dtype: str = "fp32") -> FSDPConfig:
+def _layout_config(layout: str, prefetch: int = 1, reduce_dtype: str = "fp32", checkpoint: str = "none") -> FSDPConfig:
     parts = layout.split("/") if isinstance(layout, str) else []
     ok = (len(parts) == 3 and parts[0] in UNIT_CHOICES and parts[1][:1] == "g" and parts[1][1:].isascii()
           and parts[1][1:].isdigit() and len(parts[1]) <= 8 and parts[2] in ("reshard", "keep"))
@@ -653,15 +702,16 @@ def _layout_config(layout: str, prefetch: int = 1, reduce_dtype: str = "fp32") -
         raise SpecError(f"tuned fsdp: layout: expected UNITS/gGROUP/reshard|keep (units {', '.join(UNIT_CHOICES)}), "
                         f"got {str(layout)[:60]!r}")
     return FSDPConfig(units=parts[0], group=int(parts[1][1:]), reshard_after_forward=parts[2] == "reshard",
-                      prefetch=prefetch, reduce_dtype=reduce_dtype)
+                      prefetch=prefetch, reduce_dtype=reduce_dtype, checkpoint=checkpoint)
 
 
 def fsdp_config_of(params: dict) -> FSDPConfig:
-    """The :class:`FSDPConfig` of one tuned-FSDP2 point (``layout``, ``prefetch``, ``reduce_dtype``)."""
+    """The :class:`FSDPConfig` of one tuned-FSDP2 point (``layout``, ``prefetch``, ``reduce_dtype``,
+    ``checkpoint``; a point recorded before ``checkpoint`` was tuned has none: ``none``)."""
     prefetch = params["prefetch"]
     if prefetch not in FSDP_PREFETCH or isinstance(prefetch, bool):
         raise SpecError(f"tuned fsdp: prefetch: expected one of {FSDP_PREFETCH}, got {prefetch!r}")
-    return _layout_config(params["layout"], int(prefetch), params["reduce_dtype"])
+    return _layout_config(params["layout"], int(prefetch), params["reduce_dtype"], params.get("checkpoint", "none"))
 
 
 def _fsdp_groups(cluster: Any) -> list[int]:
@@ -675,12 +725,13 @@ def _fsdp_groups(cluster: Any) -> list[int]:
 def fsdp_layouts(model: Any, cluster: Any, fits=None) -> list[str]:
     """The layouts a tuned-FSDP2 search tries in a domain: units ``blocks`` (resharded or kept)
     and ``root``, on each shard group of :func:`_fsdp_groups`, those whose configuration at
-    prefetch 1 and an fp32 reduce (the least memory of the layout's points) ``fits`` (an
-    :class:`FSDPConfig` predicate) accepts (all when None); none for a model with sparse
-    gradients (FSDP2 cannot run it)."""
+    prefetch 1, an fp32 reduce and full checkpointing (the least memory of the layout's points)
+    ``fits`` (an :class:`FSDPConfig` predicate) accepts (all when None); none for a model with
+    sparse gradients (FSDP2 cannot run it)."""
     if any(v.sparse for v in model.variables):
         return []
-    configs = [FSDPConfig(units=units, group=group, reshard_after_forward=reshard, prefetch=1)
+    configs = [FSDPConfig(units=units, group=group, reshard_after_forward=reshard, prefetch=1,
+                          checkpoint=FSDP_CHECKPOINT[-1])
                for units in UNIT_CHOICES for group in _fsdp_groups(cluster)
                for reshard in ((True, False) if units != "root" else (False,))]
     return [fsdp_layout(c) for c in configs if fits is None or fits(c)]
@@ -698,8 +749,10 @@ class FSDPRuntime(ConfiguredRuntime):
     fsdp_layout = True
     label = "FSDP2"
     trials_noun = "torch FSDP2 trials, its defaults first"
-    tuning = Tuning(params=("layout", "prefetch", "reduce_dtype"), origin="fsdp-tuned", label="tuned FSDP2",
-                    title="torch FSDP2", knobs="mesh (HSDP group), units, reshard after forward, prefetch and reduce dtype")
+    tuning = Tuning(params=("layout", "prefetch", "reduce_dtype", "checkpoint"), origin="fsdp-tuned",
+                    label="tuned FSDP2", title="torch FSDP2",
+                    knobs="mesh (HSDP group), units, reshard after forward, prefetch, reduce dtype and activation "
+                          "checkpointing")
     #: The runtime that runs a strategy's own shard plans (``--runtime fsdp`` without settings on
     #: such a strategy means it: :func:`synctune.engine.runtimes.runtime_from_options`).
     plans_runtime = "fsdp-plans"
@@ -713,6 +766,7 @@ class FSDPRuntime(ConfiguredRuntime):
                             f"them on the {self.plans_runtime} runtime (no --fsdp settings) or use a strategy without "
                             f"shard plans")
         check_shard_group("fsdp config: group", config.group, strategy, cluster)
+        _check_checkpoint_setting(config, strategy, spec)
         module = meta_model(workload) if workload is not None else None
         if module is not None:
             check_plan(plan_from_config(module, config, strategy), escaping_parameters(module, workload))
@@ -723,8 +777,14 @@ class FSDPRuntime(ConfiguredRuntime):
         return fsdp_stepper(ctx, plan)
 
     def plans_of(self, strategy: Any, module, spec: Any) -> Any:
-        """The all-``shard`` strategy FSDP2 runs under this configuration (:func:`strategy_of_config`)."""
+        """The all-``shard`` strategy FSDP2 runs under this configuration, with the modules it
+        checkpoints (:func:`strategy_of_config`)."""
         return strategy_of_config(module(), self.config, strategy, spec)
+
+    def checkpoint_of(self, strategy: Any, spec: Any) -> tuple[tuple[str, str], ...]:
+        """Every block of the model in the ``checkpoint`` setting's mode, or the strategy's own
+        under ``none`` (:func:`checkpoint_pairs`)."""
+        return checkpoint_pairs(self.config, strategy, spec)
 
     def describe(self, strategy: Any) -> str:
         return f"torch FSDP2: {self.summary()} (replicas and batch split of {strategy.summary()})"
@@ -736,10 +796,14 @@ class FSDPRuntime(ConfiguredRuntime):
     def tuning_space(cls, model: Any, cluster: Any, *, lossy: bool, fits=None) -> TuningSpace:
         """``layout`` (units, shard group, reshard after forward: one categorical over
         :func:`fsdp_layouts`, so that only layouts the memory budget admits are in it),
-        ``prefetch`` (1: FSDP2's implicit one unit ahead; 2: explicit lists) and ``reduce_dtype``
-        (bf16 only where ``lossy``). The first point is FSDP2's default where it fits, else the
-        first layout that fits; a drawn point whose prefetch or reduce dtype would not fit gives
-        way to the same layout at the nearest settings that do."""
+        ``prefetch`` (1: FSDP2's implicit one unit ahead; 2: explicit lists), ``reduce_dtype``
+        (bf16 only where ``lossy``) and ``checkpoint`` (:data:`FSDP_CHECKPOINT`: every block
+        checkpointed in that mode, or none). The first point is FSDP2's default where it fits,
+        else the first layout that fits, without checkpointing where that fits (else the least
+        checkpointing that does); a drawn point whose prefetch, reduce dtype or checkpointing
+        would not fit gives way to the same layout at the nearest settings that do: its own
+        checkpointing first, then more of it. A point recorded before ``checkpoint`` was tuned
+        reads as ``none`` (the space's ``defaults``)."""
         def admits_config(config: FSDPConfig) -> bool:
             return fits is None or fits(cls(config))
 
@@ -751,16 +815,22 @@ class FSDPRuntime(ConfiguredRuntime):
         dtypes = ("fp32", "bf16") if lossy else ("fp32",)
         default = fsdp_layout(FSDP_DEFAULT)
 
+        def admits(point) -> bool:
+            return fits is None or admits_config(fsdp_config_of(dict(point)))
+
         def fallbacks(point) -> list[dict]:
-            return [{"layout": point["layout"], "prefetch": p, "reduce_dtype": d}
+            less = FSDP_CHECKPOINT[FSDP_CHECKPOINT.index(point.get("checkpoint", "none")):]
+            return [{"layout": point["layout"], "prefetch": p, "reduce_dtype": d, "checkpoint": c} for c in less
                     for p in dict.fromkeys((point["prefetch"], 1)) for d in dict.fromkeys((point["reduce_dtype"], "fp32"))]
 
+        first = {"layout": default if default in layouts else layouts[0], "prefetch": 1, "reduce_dtype": "fp32"}
+        first["checkpoint"] = next((c for c in FSDP_CHECKPOINT if admits({**first, "checkpoint": c})),
+                                   FSDP_CHECKPOINT[-1])
         return TuningSpace(
             params={"layout": Categorical(tuple(layouts)), "prefetch": Categorical(FSDP_PREFETCH),
-                    "reduce_dtype": Categorical(dtypes)},
-            first={"layout": default if default in layouts else layouts[0], "prefetch": 1, "reduce_dtype": "fp32"},
-            admits=None if fits is None else (lambda point: admits_config(fsdp_config_of(dict(point)))),
-            fallbacks=fallbacks)
+                    "reduce_dtype": Categorical(dtypes), "checkpoint": Categorical(FSDP_CHECKPOINT)},
+            first=first, admits=None if fits is None else admits, fallbacks=fallbacks,
+            defaults={"checkpoint": "none"})
 
     @classmethod
     def from_tuned(cls, point: dict[str, Any]) -> "FSDPRuntime":
@@ -775,7 +845,7 @@ class FSDPRuntime(ConfiguredRuntime):
         if strategy is not None and has_shard_plans(strategy) and options:
             raise SpecError(f"--fsdp: the strategy's shard plans configure FSDP2; drop --fsdp "
                             f"{sorted(options)[0]}=... or use a strategy without shard plans")
-        values = FSDP_DEFAULT.to_dict()
+        values = {**FSDP_DEFAULT.to_dict(), "checkpoint": FSDP_DEFAULT.checkpoint}
         for key, text in options.items():
             if key not in values:
                 raise SpecError(f"--fsdp: unknown key {key!r}; valid: {', '.join(values)}")

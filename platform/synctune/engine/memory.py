@@ -14,8 +14,11 @@ claims it, in this order:
   all-reduce unit's bucket, a PS unit's buffer, a hierarchical unit's padded bucket and piece,
   a shard unit's bucket and slice), enumerated from the units' attributes;
 - ``activations_bytes``: tensors autograd saved for backward during the forward pass and the
-  loss (``torch.autograd.graph.saved_tensors_hooks``), summed at the end of forward, when all
-  of them are alive; storages of the parts above (a saved weight, a saved input) excluded;
+  loss (``torch.autograd.graph.saved_tensors_hooks``; a checkpointed block's inputs, and the op
+  outputs a selectively checkpointed block keeps, which torch holds outside those hooks:
+  :func:`synctune.engine.checkpoint.observe_selective_saves`), summed at the end of forward,
+  when all of them are alive; storages of the parts above (a saved weight, a saved input)
+  excluded;
 - ``grads_bytes``: the module parameters' ``.grad`` at the end of backward (dense: the full
   gradient; sparse: indices and values), storages of the parts above excluded (a gradient that
   is a slot of a unit's bucket counts there);
@@ -176,6 +179,8 @@ def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any
     (``step`` runs collectives)."""
     import torch
 
+    from .checkpoint import observe_selective_saves
+
     cuda = getattr(device, "type", "cpu") == "cuda"
     seen: set[int] = set()
     out: dict[str, int | None] = dict.fromkeys(MEMORY_PARTS)
@@ -200,7 +205,8 @@ def probe_iteration(*, model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any
     else:
         allocations = _CpuAllocations().__enter__()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), observe_selective_saves(
+                lambda output: saved.update(tensor_storages(_tensors_in(output)))):
             loss = loss_fn(model, batch)
         persistent = set(seen)
         activations = _claim(saved, seen)

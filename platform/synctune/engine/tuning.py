@@ -72,13 +72,20 @@ class TuningSpace:
     first: the runtime as users start with it, where the memory budget admits it), ``admits``
     (whether the memory budget admits a point; None: every point) and ``fallbacks`` (for a drawn
     point it does not admit, the points to try in its place, nearest first: TPE's draw is recorded
-    as failed, never as a time it did not measure). The runtime a point configures is the
-    runtime class's :meth:`~synctune.engine.runtime.Runtime.from_tuned`."""
+    as failed, never as a time it did not measure), ``defaults`` (what a setting added to the
+    space after a point was recorded reads as in that point: the runtime's behaviour before the
+    setting existed, so a resumed search is still told it). The runtime a point configures is
+    the runtime class's :meth:`~synctune.engine.runtime.Runtime.from_tuned`."""
 
     params: Mapping[str, Categorical | LogUniform]
     first: Mapping[str, Any]
     admits: Callable[[Mapping[str, Any]], bool] | None = None
     fallbacks: Callable[[Mapping[str, Any]], list[dict]] = field(default=lambda point: [])
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def completed(self, point: Mapping[str, Any]) -> dict:
+        """``point`` with :attr:`defaults` for the settings it lacks (a point recorded before them)."""
+        return {**self.defaults, **point}
 
     def holds(self, point: Mapping[str, Any]) -> bool:
         """Whether ``point`` lies in this space (a resumed search's earlier point may not, once the

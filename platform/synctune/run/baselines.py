@@ -37,7 +37,8 @@ def _distribution(param: Categorical | LogUniform):
 def tuned_searcher(space: TuningSpace, *, seed: int, budget: int, done: list[tuple[dict, float]]):
     """Ray Tune's Optuna searcher (TPE, seeded by ``seed`` and the points told) over ``space``,
     told the points this search measured already (``done``: (point, seconds); those outside the
-    space, after an edited experiment or a changed budget, are not told); the first point of a
+    space, after an edited experiment or a changed budget, are not told; one recorded before a
+    setting was tuned is told with the space's ``defaults`` for it); the first point of a
     fresh search is ``space.first``. TPE models the space after 3 trials (Optuna's default waits
     10, more than a search's tuned trials); a resumed search draws from a stream of its own, so it
     does not redraw the points it was told about. A drawn point the space does not admit (the
@@ -46,7 +47,7 @@ def tuned_searcher(space: TuningSpace, *, seed: int, budget: int, done: list[tup
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress is ours to show, one line per trial
-    done = [(p, t) for p, t in done if space.holds(p)]
+    done = [(space.completed(p), t) for p, t in done if space.holds(space.completed(p))]
     points = [dict(p) for p, _t in done] or [dict(space.first)]
     rewards = [t for _p, t in done] or None
     sampler = optuna.samplers.TPESampler(seed=(seed * 1_000_003 + len(done)) % 2**32,
