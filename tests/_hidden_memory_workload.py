@@ -16,7 +16,9 @@ def _model():
 
     config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=WIDTH, n_layer=2, n_head=2, bos_token_id=0,
                         eos_token_id=0, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the loss it computes; unset, transformers warns once per process
+    return model
 
 
 def _batch(batch_size, rank, generator):
@@ -26,7 +28,7 @@ def _batch(batch_size, rank, generator):
 
 def _loss_hiding(mib: float):
     def loss(model, batch):
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if mib and torch.distributed.is_available() and torch.distributed.is_initialized():
             # Alive until the next iteration's loss replaces it: inside this iteration's peak.
             model.__dict__["_scratch"] = torch.ones(int(mib * 2**20) // 4)
         return model(input_ids=batch[0], labels=batch[0]).loss
@@ -47,3 +49,8 @@ def hides_some():
 def hides_much():
     """64 MiB hidden: nothing in the search's space fits once a trial shows it."""
     return _define("hf-gpt2-hides-64mib", 64.0)
+
+
+def plain():
+    """Nothing hidden: what the probe sees is what the trials hold."""
+    return _define("hf-gpt2-tiny", 0.0)

@@ -16,7 +16,9 @@ def _model():
     config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
                         bos_token_id=0, eos_token_id=0, use_cache=False,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the loss it computes; unset, transformers warns once per process
+    return model
 
 
 def _batch(batch_size, rank, generator):
