@@ -105,3 +105,30 @@ def test_the_profile_measures_recomputation_per_mode(domain):
     assert set(with_.recompute_s) == {"full", "selective"} and all(v >= 0 for v in with_.recompute_s.values())
     assert profile_compute(workload, workers=1, warmup=1, iters=2).recompute_s is None
     assert ComputeProfile.from_dict(with_.to_dict()) == with_
+
+
+@pytest.mark.parametrize("search", ["coordinate_descent", "mcts"])
+def test_the_local_searches_choose_checkpointing_as_a_coordinate(search):
+    """With checkpointing in the space, coordinate descent and MCTS find the strategy a score
+    written here prefers: every block checkpointed ``selective`` (bert-tiny's two), the rest of the
+    strategy whatever it was; without it in the space, neither proposes any."""
+    import random
+
+    from synctune.models import model_spec
+    from synctune.search import local_search
+
+    model, cluster = model_spec("bert-tiny"), cluster_preset("local-1x2")
+    want = (("layers.0", "selective"), ("layers.1", "selective"))
+
+    def score(strategies):
+        return np.array([1.0 if s.checkpoint == want else 0.5 if s.checkpoint else 0.0 for s in strategies])
+
+    for offered in (True, False):
+        space = local_search.ChoiceSpace(model, cluster, checkpoint=offered)
+        run = getattr(local_search, search)
+        kwargs = {"starts": [space.data_parallel()]} if search == "coordinate_descent" else {}
+        found = run(space, score, rng=random.Random(0), evaluations=300, **kwargs)
+        if offered:
+            assert found.strategies[0].checkpoint == want
+        else:
+            assert all(not s.checkpoint for s in found.strategies)

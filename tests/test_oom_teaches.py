@@ -76,3 +76,38 @@ def test_a_budget_the_trials_show_nothing_fits_stops_with_one_line(tmp_path):
     assert "Traceback" not in out.stderr
     ooms = [r for r in rows if r.status == "oom"]
     assert 1 <= len(ooms) <= 2 and len(ooms) == len(rows), [(r.trial_id, r.status) for r in rows]
+
+
+def test_the_rule_an_oom_trial_is_predicted_at_least_at_its_measured_peak():
+    """The rule on the memory model alone: after an ``oom`` trial, that strategy is predicted at
+    least at the peak it measured (refused from then on), in its layout only; the median
+    under-prediction of ok trials is added too; and once even the most frugal strategies are
+    predicted over the budget, ``nothing_fits`` says so in one line, unless a trial held
+    within it."""
+    from synctune.models import model_spec
+    from synctune.simulator.memory import GIB, ActivationFigures, MemoryBudget
+    from synctune.spec import cluster_preset
+    from synctune.strategy import build_strategy
+
+    model, cluster = model_spec("bert-tiny"), cluster_preset("local-1x2")
+    s = build_strategy("allreduce", model, cluster)
+    probe = ActivationFigures({model.batch_size: [8 << 20]})
+    plain = MemoryBudget(model, cluster, gib=1.0, headroom=0.0, optimizer="adam", probe=probe)
+    peak = max(plain.peaks(s))
+    budget = MemoryBudget(model, cluster, gib=1.25 * peak / GIB, headroom=0.0, optimizer="adam", probe=probe)
+    assert budget.fits(s) and budget.nothing_fits() is None
+    measured = int(1.3 * peak)
+    budget.observe(s, False, [{"peak_bytes": measured}, {"peak_bytes": measured - 1000}], oom=True)
+    assert max(budget.peaks(s)) >= measured and not budget.fits(s)
+    assert budget.corrections[True] == 0  # FSDP2's layout learns from its own trials
+    sharded = build_strategy("shard", model, cluster, depth=1, reshard=True)
+    assert max(budget.peaks(sharded, fsdp=True)) == max(plain.peaks(sharded, fsdp=True))
+    # Larger ooms in both layouts: now nothing the model knows fits, sharded or checkpointed.
+    assert budget.nothing_fits() is None
+    budget.observe(s, False, [{"peak_bytes": 3 * peak}] * 2, oom=True)
+    budget.observe(sharded, True, [{"peak_bytes": 3 * peak}] * 2, oom=True)
+    line = budget.nothing_fits()
+    assert line is not None and "\n" not in line and "smallest peak a trial measured" in line, line
+    # A trial that held within the budget says something fits, whatever the corrections say.
+    budget.observe(sharded, True, [{"peak_bytes": int(0.5 * peak)}] * 2, oom=False)
+    assert budget.nothing_fits() is None

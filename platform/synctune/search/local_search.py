@@ -12,6 +12,7 @@ wall-clock deadline, so the search time they get is explicit (AutoDDL Fig. 7).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..strategy.checkpoint import checkpoint_blocks
 from ..strategy.compressors import COMPRESSORS
 from ..strategy.schema import Compressor, Strategy
 from .kinds import NO_COMPRESSION, SEARCH_KINDS, Choice, choice_owner, compressor_choices, data_parallel_plans
@@ -61,12 +63,15 @@ class ChoiceSpace:
     plans). With ``shard``, also ZeRO-2 sharding of a coordinate's shardable variables
     (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,
     HSDP over each node (:func:`~synctune.search.shard_draw.hsdp_size`), reducing in fp32 or, when
-    ``lossy``, bf16; or joining a neighbouring variable's unit, so units can grow to modules."""
+    ``lossy``, bf16; or joining a neighbouring variable's unit, so units can grow to modules.
+    With ``checkpoint``, activation checkpointing is a coordinate too (:meth:`checkpointing`)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
-                 small_bytes: int = 256 * 1024, shard: bool = False) -> None:
+                 small_bytes: int = 256 * 1024, shard: bool = False, checkpoint: bool = False) -> None:
         self.model, self.cluster, self.lossy, self.small_bytes = model, cluster, lossy, small_bytes
         self.shard = shard
+        #: The model's blocks a strategy may checkpoint, in forward order (none without ``checkpoint``).
+        self.blocks = checkpoint_blocks(v.name for v in model.variables) if checkpoint else []
         self.shardable = {v.name for v in model.variables if shardable(v)}
         self.helper = GuidedSampler(model, cluster, seed=0, lossy=lossy)  # servers, speeds, compressor fitting
         self.servers = self.helper.servers
@@ -158,6 +163,18 @@ class ChoiceSpace:
                 seen.add(h)
                 out.append(candidate)
         return out
+
+    def checkpointing(self, strategy: Strategy) -> list[Strategy]:
+        """The checkpointing coordinate (where the space offers it): ``strategy`` with no block
+        checkpointed, every block ``full``, every block ``selective``, and its first k blocks
+        ``full`` (k from 1 to all but one, forward order: the first blocks' activations live
+        longest); its other coordinates kept."""
+        if not self.blocks:
+            return []
+        options: list[tuple[tuple[str, str], ...]] = [(), tuple((b, "full") for b in self.blocks),
+                                                      tuple((b, "selective") for b in self.blocks)]
+        options += [tuple((b, "full") for b in self.blocks[:k]) for k in range(1, len(self.blocks))]
+        return [dataclasses.replace(strategy, checkpoint=tuple(sorted(o))) for o in options]
 
     def sampler(self, seed: int) -> GuidedSampler:
         """A guided sampler of this space's domain (restarts, the random reference): sharded
@@ -254,6 +271,8 @@ def coordinate_descent(space: ChoiceSpace, score: Score, starts: Sequence[Strate
             steps: list[Callable[[Strategy], list[Strategy]]] = []
             if space.has_split:
                 steps.append(space.splits)
+            if space.blocks:
+                steps.append(space.checkpointing)
             steps += [lambda s, c=coords[i]: space.neighbours(s, c) for i in order]
             for step in steps:
                 if budget.spent:
@@ -313,6 +332,8 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
     depth_steps: list[Callable[[Strategy], list[Strategy]]] = []
     if space.has_split:
         depth_steps.append(space.splits)
+    if space.blocks:
+        depth_steps.append(lambda s: [s] + space.checkpointing(s))
     depth_steps += [lambda s, c=run: [s] + space.neighbours(s, c) for run in runs]
 
     def reward(value: float) -> float:

@@ -22,8 +22,11 @@ def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
     order: the built-in all-reduce's (each compressor that takes no rank on the dense merge
     groups whose members all take it, hierarchical all-reduce where every node holds as many
     replicas, the groups re-cut into half or twice as many by bytes) and, for a strategy whose
-    plans are all ``shard`` (FSDP2's whole-model sharding), the shard units' (:func:`shard_moves`)."""
-    return [m for _name, kind in SEARCH_KINDS.items() for m in kind.global_moves(strategy, space)]
+    plans are all ``shard`` (FSDP2's whole-model sharding), the shard units' (:func:`shard_moves`);
+    then, where the space offers it, the checkpointing coordinate's
+    (:meth:`~synctune.search.local_search.ChoiceSpace.checkpointing`)."""
+    return [m for _name, kind in SEARCH_KINDS.items() for m in kind.global_moves(strategy, space)] + \
+        space.checkpointing(strategy)
 
 
 def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: GuidedSampler) -> list[Strategy]:

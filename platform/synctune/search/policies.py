@@ -73,17 +73,23 @@ def guided_sampler(search: RoundContext, seed: int) -> GuidedSampler:
     memory model judges it now (after what the trials taught it), does not hold replicated
     training, half the draws also checkpoint blocks (:data:`CHECKPOINT_PROB`), so a budget that
     the first trials showed to be tighter than predicted is searched as one known tight."""
-    checkpoint_prob = 0.0
-    if search.budget_fits is not None and not search.budget_fits(
-            build_strategy("allreduce", search.model, search.cluster)):
-        checkpoint_prob = CHECKPOINT_PROB
+    checkpoint_prob = CHECKPOINT_PROB if _tight(search) else 0.0
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
                          shard_prob=search.shard_prob, fits=search.budget_fits, checkpoint_prob=checkpoint_prob)
 
 
 def choice_space(search: RoundContext) -> ChoiceSpace:
-    """The local searches' choices in the search's domain (``shard`` among them where the search shards)."""
-    return ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy, shard=search.shard_prob > 0)
+    """The local searches' choices in the search's domain (``shard`` among them where the search
+    shards, checkpointing where the memory model says replicated training does not fit)."""
+    return ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy, shard=search.shard_prob > 0,
+                       checkpoint=_tight(search))
+
+
+def _tight(search: RoundContext) -> bool:
+    """Whether the search's memory budget, as the memory model judges it now, refuses replicated
+    training (the all-reduce builder's strategy)."""
+    return search.budget_fits is not None and not search.budget_fits(
+        build_strategy("allreduce", search.model, search.cluster))
 
 
 class RandomPolicy:

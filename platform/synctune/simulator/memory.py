@@ -346,6 +346,7 @@ class MemoryBudget:
         self.corrections: dict[bool, int] = {False: 0, True: 0}
         #: What :meth:`observe` was shown: (strategy, layout, per-rank breakdown, oom).
         self.observations: list[tuple[Strategy, bool, list[Mapping[str, int | None]], bool]] = []
+        self._residuals: list[int | None] = []  # each observation's under-prediction, uncorrected
 
     def checkpoint_modes(self) -> tuple[str, ...]:
         """The checkpointing modes the probe measured (the ones a search may propose)."""
@@ -381,24 +382,31 @@ class MemoryBudget:
         if not breakdown or all(m.get("peak_bytes") is None for m in breakdown):
             return
         self.observations.append((strategy, bool(fsdp), [dict(m) for m in breakdown], bool(oom)))
+        self._residuals.append(self._residual(*self.observations[-1][:3]))
         self._correct()
 
-    def _correct(self) -> None:
+    def _residual(self, strategy: Strategy, fsdp: bool, breakdown: Sequence[Mapping[str, int | None]]) -> int | None:
+        """How far the uncorrected model under-predicts a trial (its largest rank's), or None."""
+        try:
+            predicted = self._raw_predict(strategy, fsdp)
+        except SpecError:
+            return None
+        under = [m["peak_bytes"] - p.peak_bytes for p, m in zip(predicted, breakdown) if m.get("peak_bytes") is not None]
+        return max(under) if under else None
+
+    def _correct(self, recompute: bool = False) -> None:
         import statistics
 
+        if recompute or len(self._residuals) != len(self.observations):
+            self._residuals = [self._residual(s, f, b) for s, f, b, _o in self.observations]
         residuals: dict[bool, list[int]] = {False: [], True: []}
         ooms: dict[bool, list[int]] = {False: [], True: []}
-        for strategy, fsdp, breakdown, oom in self.observations:
-            try:
-                predicted = self._raw_predict(strategy, fsdp)
-            except SpecError:
+        for (_s, fsdp, _b, oom), under in zip(self.observations, self._residuals):
+            if under is None:
                 continue
-            under = [m["peak_bytes"] - p.peak_bytes for p, m in zip(predicted, breakdown) if m.get("peak_bytes") is not None]
-            if not under:
-                continue
-            residuals[fsdp].append(max(under))
+            residuals[fsdp].append(under)
             if oom:
-                ooms[fsdp].append(max(under))
+                ooms[fsdp].append(under)
         self.corrections = {layout: int(max(0, statistics.median(residuals[layout]) if residuals[layout] else 0,
                                             max(ooms[layout], default=0)))
                             for layout in (False, True)}
@@ -446,7 +454,7 @@ class MemoryBudget:
                 learned.add(batch, figure)
         self.activations = learned if learned else self.probe
         if self.observations:
-            self._correct()
+            self._correct(recompute=True)  # the activation figures moved: every residual with them
 
     def state(self) -> dict[str, Any]:
         """Plain JSON of what a resumed search must judge with as the uninterrupted one did: the
@@ -466,6 +474,8 @@ class MemoryBudget:
         if state.get("checkpointed"):
             self.checkpointed = {m: figures(p) for m, p in state["checkpointed"].items()}
             self.shares = {str(k): float(v) for k, v in (state.get("shares") or {}).items()}
+        if self.observations:
+            self._correct(recompute=True)
 
     def over(self, peaks: Sequence[int | None], strategy: Strategy) -> str | None:
         """Why measured ``peaks`` (per rank) break the budget, or None when within it."""
@@ -509,6 +519,9 @@ class MemoryBudget:
         ooms = [o for o in self.observations if o[3]]
         if not ooms:
             return None
+        if any(not oom and self.over([m.get("peak_bytes") for m in breakdown], strategy) is None
+               for strategy, _f, breakdown, oom in self.observations):
+            return None  # a trial held within the budget: something fits
         key = len(self.observations)
         if getattr(self, "_nothing_fits_key", None) != key:
             self._nothing_fits_key = key

@@ -27,7 +27,7 @@ def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | No
     bytes first), or that it synchronizes as DDP does. ``devices``: the cluster's device count
     (to say when the strategy trains on fewer)."""
     variables = {v.name: v for v in model.variables}
-    found: dict[str, list] = {k: [] for k in ("gathered", "densified", "sfb", "ps", "hierarchical")}
+    found: dict[str, list] = {k: [] for k in ("gathered", "densified", "sfb", "ps", "hierarchical", "sharded")}
     gathered, densified, sfb, ps, hierarchical = (found[k] for k in ("gathered", "densified", "sfb", "ps",
                                                                      "hierarchical"))
     compressed: list = []
@@ -40,7 +40,7 @@ def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | No
             for departure, detail in shard.synchronizer.ddp_departures(var):
                 if departure in ("gathered", "sfb", "hierarchical"):
                     found[departure].append((share, var.name))
-                else:  # densified (its merge group), ps (its placement)
+                else:  # densified (its merge group), ps (its placement), sharded (its unit)
                     found[departure].append((share, var.name, detail))
             if shard.compressor.kind != "none":
                 compressed.append((share, var.name, shard.compressor.label))
@@ -71,6 +71,20 @@ def differences_from_ddp(strategy: Strategy, model: ModelSpec, devices: int | No
     if hierarchical:
         size = sum(b for b, _n in hierarchical)
         parts.append((size * 0.5, f"all-reduces {_mib(size)} within each node first (hierarchical)"))
+    if found["sharded"]:
+        size = sum(b for b, _n, _u in found["sharded"])
+        units = {u for _b, _n, u in found["sharded"]}
+        resharded = len({u for u in units if u[1]})
+        hsdp = {u[2] for u in units if u[2]}
+        how = ("resharded after forward (FSDP2, ZeRO-3)" if resharded == len(units) else
+               "kept whole after forward (ZeRO-2)" if not resharded else f"{resharded} of them resharded after forward")
+        parts.append((size * 1.5, f"shards {_mib(size)} of parameters, gradients and optimizer state in {len(units)} "
+                                  f"unit(s), {how}" + (f", shard groups of {'/'.join(map(str, sorted(hsdp)))} (HSDP)"
+                                                       if hsdp else "")))
+    if strategy.checkpoint:
+        modes = sorted({m for _b, m in strategy.checkpoint})
+        parts.append((float("inf"), f"checkpoints {len(strategy.checkpoint)} block(s) ({', '.join(modes)}), "
+                                    f"recomputing their forward in backward to hold fewer activations"))
     parts.sort(key=lambda p: -p[0])
     lines = [text for _size, text in parts]
     if devices is not None and len(strategy.replicas) < devices:

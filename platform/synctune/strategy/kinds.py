@@ -209,7 +209,8 @@ class Synchronizer:
         """How this shard of ``variable`` departs from torch DDP's way (an all-reduce of the dense
         gradient, a sparse one gathered as rows), as (departure, detail) pairs that
         :func:`~synctune.strategy.explain.differences_from_ddp` words: ``densified`` (detail: the
-        merge group), ``gathered``, ``sfb``, ``ps`` (detail: the placement), ``hierarchical``."""
+        merge group), ``gathered``, ``sfb``, ``ps`` (detail: the placement), ``hierarchical``,
+        ``sharded`` (detail: the unit, whether it reshards, its shard group)."""
         return []
 
 
@@ -585,6 +586,9 @@ class ShardSynchronizer(Synchronizer):
         req(self.prefetch == 0 or self.reshard, "shard: prefetch",
             "0 when reshard is false (the parameters stay gathered: nothing to prefetch)", self.prefetch)
         req(self.reduce_dtype in REDUCE_DTYPES, "shard: reduce_dtype", f"one of {REDUCE_DTYPES}", self.reduce_dtype)
+
+    def ddp_departures(self, variable: Any) -> list[tuple[str, Any]]:
+        return [("sharded", (self.unit, self.reshard, self.group))]
 
     @property
     def frees_parameters(self) -> bool:
