@@ -473,3 +473,44 @@ def test_trial_after_trial_a_worker_holds_no_more_process_groups():
     counts = run_local(process_groups_per_pass, 4, (cases, 3), timeout_s=600, threads=1)
     for rank, per_pass in enumerate(counts):
         assert per_pass[1:] == per_pass[:1] * (len(per_pass) - 1), f"rank {rank}: groups after each pass {per_pass}"
+
+
+def test_a_tied_parameter_split_across_units_is_refused_as_torch_fails_it(tmp_path):
+    """A Hugging Face BERT (built from a config) ties its word embedding to its output layer's
+    weight: one tensor registered in two modules. The reference is torch: ``fully_shard`` on the
+    output head, then on the root, fails at the first iteration ("shared with a parameter already managed by another
+    FSDP group"), in one process over gloo; every encoder layer a unit and both modules left to
+    the root runs an iteration. The check refuses the shard builder's cuts that split the two
+    modules (depth 1: the head a unit of its own; depth 4: the embedding a unit of its own),
+    naming the variable and field, before any worker, and admits FSDP2's block units."""
+    pytest.importorskip("transformers")
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from _checkpoint_workers import lm_loss, tiny_bert, token_batch, workload_of
+    from synctune.engine.fsdp import apply_fsdp
+    from synctune.engine.fsdp_plans import plans_refusal
+
+    workload = workload_of("hf-bert")
+    spec = workload.spec()
+    one = cluster_preset("local-1x1")
+    refusals = {d: plans_refusal(build_strategy("shard", spec, one, depth=d, reshard=False), one, tiny_bert(), spec)
+                for d in (1, 4)}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        split = tiny_bert()
+        fully_shard(split.cls.predictions)
+        fully_shard(split)
+        with pytest.raises(ValueError, match="shared with a parameter already managed by another FSDP group"):
+            lm_loss(split, token_batch(2, 0, torch.Generator().manual_seed(0))).backward()
+        torch.manual_seed(0)
+        blocks = FSDPConfig(units="blocks")
+        assert FSDPRuntime(blocks).plans_refusal(build_strategy("allreduce", spec, one), one, tiny_bert(), spec) is None
+        model = tiny_bert()
+        model = apply_fsdp(model, plan_from_config(model, blocks, build_strategy("allreduce", spec, one)), "cpu")
+        lm_loss(model, token_batch(2, 0, torch.Generator().manual_seed(0))).backward()
+    finally:
+        dist.destroy_process_group()
+    for depth, refusal in refusals.items():
+        assert refusal is not None and "tied to 'cls.predictions.decoder.weight'" in refusal, (depth, refusal)
+        assert "(variable 'bert.embeddings.word_embeddings.weight').shards[0].synchronizer.unit" in refusal

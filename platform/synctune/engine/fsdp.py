@@ -477,6 +477,7 @@ def plan_from_strategy(module: Any, strategy: Any, spec: Any) -> FSDPPlan:
     root_unit = seen.get("")
     if root_unit is not None and rest != set(by_unit[root_unit]):
         _refuse_boundary(root_unit, "", rest, set(by_unit[root_unit]), by_unit, where_of)
+    _refuse_split_ties(module, units, where_of)
     root_sync = syncs[root_unit] if root_unit is not None else None
     units.append(FSDPUnit(module="", reshard_after_forward=root_sync.reshard if root_sync else False,
                           reduce_dtype=root_sync.reduce_dtype if root_sync else "fp32",
@@ -484,6 +485,34 @@ def plan_from_strategy(module: Any, strategy: Any, spec: Any) -> FSDPPlan:
                           variables=tuple(n for n in owner if n in rest)))
     return FSDPPlan(mesh_shape=_mesh_shape(len(strategy.replicas), group[0]), units=tuple(units),
                     forward_order=tuple(p for p in order if p in set(placed)))
+
+
+def _refuse_split_ties(module: Any, units: list, where_of: dict) -> None:
+    """Refuse a unit (below the root) holding a tied parameter (one tensor registered in two
+    modules, as a Hugging Face BERT's word embedding is its output layer's weight) whose other
+    module lies outside the unit: ``fully_shard`` on a unit enclosing that other module would find
+    the tensor already managed by another FSDP group, and torch refuses it at the first
+    iteration."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    placed = sorted((u.module for u in units if u.module), key=len, reverse=True)
+
+    def unit_of(name: str) -> str:  # the innermost unit holding the module registering ``name``
+        return next((u for u in placed if _inside(name.rpartition(".")[0], u)), "")
+
+    for group in names.values():
+        if len(group) < 2:
+            continue
+        var, held = group[0], unit_of(group[0])
+        other = next((o for o in group[1:] if unit_of(o) != held), None)
+        if other is not None:
+            name = lambda u: f"unit {u!r}" if u else "the root's unit"  # noqa: E731
+            raise SpecError(
+                f"strategy: plans[{where_of.get(var, 0)}] (variable {var!r}).shards[0].synchronizer.unit: {var!r} is "
+                f"tied to {other!r} (one tensor in two modules), which {name(unit_of(other))} would wrap while "
+                f"{name(held)} holds it; FSDP2 keeps a tied parameter in one unit enclosing both modules: leave both "
+                f"modules to the root's unit, or cut the units at a module holding both")
 
 
 def _refuse_boundary(unit: int, path: str, held: set, want: set, by_unit: dict, where_of: dict) -> None:

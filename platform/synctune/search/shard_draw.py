@@ -266,7 +266,7 @@ def draw_shard_units(ctx: DrawContext, cols: StrategyColumns, mode: str | None =
         if not ctx.fits(made):
             units = Units(layout=layout, depth=int(drawn.depth[k]), group=int(drawn.group[k]),
                           reduce_dtype="bf16" if drawn.bf16[k] else "fp32", base=int(base[i]))
-            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits)
+            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits, checkpoint_first=k % 2 == 1)
             grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
     return splice(out, grown)
 
@@ -302,19 +302,27 @@ class Units:
 
 
 def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, tuple[bool, int]],
-         fits: Callable[[Strategy], bool]) -> Strategy:
+         fits: Callable[[Strategy], bool], checkpoint_first: bool = False) -> Strategy:
     """The sharded draw ``drawn`` of ``strategy`` (its modules ``options``, cut as ``units``)
     grown until ``fits`` holds it, in ZeRO's order (the module docstring); the last growth
-    where nothing fits."""
+    where nothing fits. ``checkpoint_first``: once every module is a unit, checkpointing the
+    blocks is tried before the shard group widens across nodes and before any unit reshards
+    (both add collectives on every iteration, where checkpointing adds a recomputed forward):
+    the sampler grows half its draws each way, and the trials tell which costs less."""
     layout, out = units.layout, drawn
     modules = layout.modules[units.depth]
     size = layout.module_bytes[units.depth]
     order = {m: i for i, m in enumerate(modules)}
+    blocks = checkpoint_blocks(p.variable for p in strategy.plans)
     for m in sorted((m for m in modules if m not in options), key=lambda m: (-size[m], order[m])):
         options[m] = (False, 0)
         out = units.applied(strategy, options)
         if fits(out):
             return out
+    if checkpoint_first and blocks:
+        checkpointed = grow_checkpointing(out, fits, blocks)
+        if fits(checkpointed):
+            return checkpointed
     if units.group:  # HSDP keeps a copy per node: shard over every replica before resharding
         units = dataclasses.replace(units, group=0)
         out = units.applied(strategy, options)
@@ -327,4 +335,4 @@ def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, t
             if fits(out):
                 return out
     # Sharding is not enough: checkpoint the blocks, one more at a time.
-    return grow_checkpointing(out, fits, checkpoint_blocks(p.variable for p in strategy.plans))
+    return grow_checkpointing(out, fits, blocks)
