@@ -116,3 +116,4 @@ def trial_arm_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         arm.close()
         out.append({"params": params, "checkpointed": checkpointed})
     return out
+

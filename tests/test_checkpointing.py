@@ -239,3 +239,33 @@ def test_checkpointing_holds_fewer_activations():
     assert backward_matmuls["selective"] == backward_matmuls["none"], backward_matmuls
     assert backward_matmuls["full"] >= backward_matmuls["none"] + 4, backward_matmuls
 
+
+
+def test_selective_checkpointing_around_inner_fsdp2_units_is_refused_as_torch_failed_it():
+    """A GPT-2 block checkpointed ``selective`` with FSDP2 units inside it (units cut below the
+    block). The reference is a real trial, recorded in release synctune-v0.4-library-memory
+    before the check existed: on lab-2x2 (4 processes), under the memory probe's profiler, torch
+    failed it in backward ("not found in storage": the inner units' hooks record functions in
+    forward that the selective recompute does not replay alike). The check now refuses that very
+    strategy, naming the field and the block, before any worker, and admits it with the block
+    checkpointed ``full`` (which the same searches ran)."""
+    from synctune.data import TrialDataset
+    from synctune.engine.fsdp_plans import plans_refusal
+    from synctune.strategy import Strategy
+    from synctune.workload import resolve_workload
+
+    from _searches import ROOT
+
+    rows = TrialDataset(ROOT / "dataset" / "synctune-v0.4-library-memory" / "data").records()
+    failed = next(r for r in rows if r.status == "failed" and r.runtime == "fsdp-plans")
+    assert "not found in storage" in failed.error
+    strategy = Strategy.from_json(failed.strategy_json)
+    assert dict(strategy.checkpoint)["transformer.h.1"] == "selective"
+    workload = resolve_workload(str(ROOT / "experiments" / "workloads" / "hf_gpt2.py") + ":workload")
+    spec = workload.check()
+    cluster = cluster_preset("lab-2x2")
+    refusal = plans_refusal(strategy, cluster, workload.build_model(), spec, workload)
+    assert refusal is not None and refusal.startswith(
+        "strategy: checkpoint: block 'transformer.h.1' is checkpointed selective and holds FSDP2 unit"), refusal
+    full = dataclasses.replace(strategy, checkpoint=tuple((b, "full") for b, _m in strategy.checkpoint))
+    assert plans_refusal(full, cluster, workload.build_model(), spec, workload) is None

@@ -598,10 +598,22 @@ def escaping_parameters(module: Any, workload: Any) -> frozenset[str]:
     return result
 
 
-def check_plan(plan: FSDPPlan, escaping: frozenset[str] = frozenset(), *, from_plans: bool = False) -> None:
+def check_plan(plan: FSDPPlan, escaping: frozenset[str] = frozenset(), *, from_plans: bool = False,
+               checkpoint: Any = ()) -> None:
     """What FSDP2 refuses at its first iteration, refused before any worker starts (``escaping``:
     :func:`escaping_parameters`); ``from_plans``: the plan is a strategy's own shard plans (the
-    messages then name the strategy's fields, else the configuration's)."""
+    messages then name the strategy's fields, else the configuration's). ``checkpoint``: the
+    blocks the trial checkpoints; a ``selective`` one with a unit strictly inside it is refused:
+    torch's selective checkpointing replays the block's ops by their order, and under a profiler
+    (every trial's memory probe, a user's ``torch.profiler``) the inner unit's FSDP2 hooks record
+    functions in forward that the recompute does not replay alike (torch fails it in backward)."""
+    for block, mode in checkpoint:
+        inner = next((u.module for u in plan.units if mode == "selective" and u.module.startswith(block + ".")), None)
+        if inner is not None:
+            field = "strategy: checkpoint" if from_plans else "fsdp config: checkpoint"
+            raise SpecError(f"{field}: block {block!r} is checkpointed selective and holds FSDP2 unit {inner!r} "
+                            f"inside it, whose hooks torch's selective checkpointing cannot replay under a profiler; "
+                            f"checkpoint it full, or cut the units at the block")
     shard = plan.mesh_shape[-1]
     for unit in plan.units:
         held = sorted(set(unit.variables) & escaping)
@@ -798,7 +810,8 @@ class FSDPRuntime(ConfiguredRuntime):
         _check_checkpoint_setting(config, strategy, spec)
         module = meta_model(workload) if workload is not None else None
         if module is not None:
-            check_plan(plan_from_config(module, config, strategy), escaping_parameters(module, workload))
+            check_plan(plan_from_config(module, config, strategy), escaping_parameters(module, workload),
+                       checkpoint=self.checkpoint_of(strategy, spec))
 
     def prepare(self, ctx: ArmContext) -> Stepper:
         plan = plan_from_config(ctx.model, self.config, ctx.strategy)

@@ -31,7 +31,8 @@ def plans_refusal(strategy: Any, cluster: Any, module: Any, spec: Any, workload:
     try:
         _by_unit, _syncs, (group, _var) = shard_units(strategy)
         check_shard_group("strategy: shard: group", group, strategy, cluster)
-        check_plan(plan_from_strategy(module, strategy, spec), escaping_parameters(module, workload), from_plans=True)
+        check_plan(plan_from_strategy(module, strategy, spec), escaping_parameters(module, workload), from_plans=True,
+                   checkpoint=strategy.checkpoint)
     except SpecError as exc:
         return str(exc)
     return None
@@ -57,7 +58,7 @@ class FSDPPlansRuntime(PlansRuntime):
         module = meta_model(workload) if workload is not None else None
         if module is not None:
             check_plan(plan_from_strategy(module, strategy, spec), escaping_parameters(module, workload),
-                       from_plans=True)
+                       from_plans=True, checkpoint=strategy.checkpoint)
 
     def plans_refusal(self, strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
         """:func:`plans_refusal`: every plan shard, one shard group, units FSDP2 can wrap."""
@@ -65,7 +66,7 @@ class FSDPPlansRuntime(PlansRuntime):
 
     def prepare(self, ctx: ArmContext) -> Stepper:
         plan = plan_from_strategy(ctx.model, ctx.strategy, ctx.spec)
-        check_plan(plan, from_plans=True)
+        check_plan(plan, from_plans=True, checkpoint=ctx.strategy.checkpoint)
         return fsdp_stepper(ctx, plan)
 
     def summary(self) -> str:
