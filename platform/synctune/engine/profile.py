@@ -99,11 +99,12 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
         out["hook_s"] = hook_cost(device, warmup=payload["warmup"])
     if payload.get("blocks"):
         out["recompute_s"] = _recompute_times(workload, payload, device, batch, payload["blocks"], out["backward_s"],
-                                              med)
+                                              med, window_s)
     return out
 
 
-def _recompute_times(workload, payload: dict, device, batch, blocks: list[str], backward_s: float, med) -> dict:
+def _recompute_times(workload, payload: dict, device, batch, blocks: list[str], backward_s: float, med,
+                     window_s: float) -> dict:
     """Per checkpointing mode, how much longer backward takes with every block checkpointed in
     that mode (a model built afresh, as the trial's is; the same iterations and statistic as the
     plain profile's): the recomputed forwards the replay adds to a checkpointed block's backward.
@@ -112,6 +113,7 @@ def _recompute_times(workload, payload: dict, device, batch, blocks: list[str], 
     import torch.distributed as dist
 
     from .checkpoint import apply_checkpointing
+    from .measure import device_done
 
     out = {}
     for mode in ("full", "selective"):
@@ -121,17 +123,16 @@ def _recompute_times(workload, payload: dict, device, batch, blocks: list[str], 
         apply_checkpointing(model, [(b, mode) for b in blocks])
         optimizer = workload.make_optimizer(list(model.parameters()), name=payload["optimizer"], lr=payload["lr"])
         times, failed = [], torch.zeros(1)
-        more_mode = _more_iterations(dist, torch, device, payload["warmup"], payload["iters"],
-                                     payload["quota_window_s"] if device.type == "cpu" and under_cpu_quota() else 0.0)
+        more_mode = _more_iterations(dist, torch, device, payload["warmup"], payload["iters"], window_s)
         it = 0
         while more_mode(it):
             it += 1
             try:
                 loss = workload.loss(model, batch)
-                _sync(device)
+                device_done(device)
                 t0 = time.perf_counter()
                 loss.backward()
-                _sync(device)
+                device_done(device)
                 elapsed = time.perf_counter() - t0
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -144,13 +145,6 @@ def _recompute_times(workload, payload: dict, device, batch, blocks: list[str], 
         if not failed.item() and times:
             out[mode] = max(0.0, med(times) - backward_s)
     return out
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 #: How long a CPU worker under a CFS quota is timed at least (ten of the kernel's default
