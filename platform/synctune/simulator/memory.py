@@ -130,10 +130,11 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     ``optimizer_step_bytes`` overrides the per-tensor scalars. ``activation_bytes``: the
     strategy-independent memory of a rank (one figure, one per rank, or a function of the
     rank's batch size). ``fsdp``: the strategy runs as torch FSDP2 holds memory (every unit's
-    gradients are its rows after the reduce-scatter, one unit's whole gradient in flight; gather
-    and reduce-scatter buffers live only inside the iteration; a unit kept after forward holds
-    its whole parameters beside its rows), else as the engine does (its shard units' buckets
-    persist, a ZeRO-2 unit keeps whole gradients)."""
+    gradients are its rows after the reduce-scatter, two units' whole gradients in flight: the
+    one in backward and the reduce-scatter input of the one before; gather and reduce-scatter
+    buffers live only inside the iteration; a unit kept after forward holds its whole
+    parameters beside its rows), else as the engine does (its shard units' buckets persist, a
+    ZeRO-2 unit keeps whole gradients)."""
     multiplier, step_bytes = _multiplier(optimizer_state_multiplier, optimizer_step_bytes)
     world = len(strategy.replicas)
     activations = _per_rank(activation_bytes, list(strategy.batch_split), "activation_bytes")

@@ -38,10 +38,12 @@ def _count(tally: Tally, units: list, ctx: MemoryContext) -> None:
     reshard this rank's rows of parameters and gradients plus the largest ``prefetch + 1``
     units gathered whole (in flight). Under FSDP2 (``fsdp``): no persistent buffers; every
     unit's rows of parameters and gradients, a kept unit's whole parameters beside them, and the
-    largest unit's whole gradient (before its reduce-scatter)."""
+    two largest units' whole gradients: the unit in backward before its reduce-scatter, and the
+    reduce-scatter input of the unit before it, which FSDP2 keeps referenced until the next
+    unit's reduce-scatter is issued (``reduce_scatter_max_input_buffers``, 1 by default)."""
     fsdp = ctx.fsdp
     largest_gathered = []
-    largest_unit = 0
+    wholes = []
     for unit in units:
         sync = unit.synchronizer
         variables = [ctx.model[m.variable] for m in unit.members]
@@ -72,15 +74,16 @@ def _count(tally: Tally, units: list, ctx: MemoryContext) -> None:
                 tally.params[r] += whole
         if sync.reshard:
             largest_gathered.append((whole, sync.prefetch))
-        largest_unit = max(largest_unit, whole)
+        wholes.append(whole)
     if largest_gathered:
         depth = max(p for _, p in largest_gathered) + 1
         in_flight = sum(sorted((w for w, _ in largest_gathered), reverse=True)[:depth])
         for r in range(tally.world):
             tally.params[r] += in_flight
     if fsdp and units:
+        pending = sum(sorted(wholes, reverse=True)[:2])
         for r in range(tally.world):
-            tally.grads[r] += largest_unit
+            tally.grads[r] += pending
 
 
 # ------------------------------------------------------------------------------- units
