@@ -11,15 +11,26 @@ from synctune.spec import CLUSTER_PRESETS, SpecError, cluster_preset
 from synctune.strategy import BUILDERS, StrategyError, build_strategy, parse_builder_options, validate
 
 
+#: Builders that apply to some domains only: the others are refused naming the builder's option.
+PARTIAL = {"megatron"}
+
+
 @pytest.mark.parametrize("builder", list(BUILDERS))
 def test_every_builder_validates_on_every_model_and_preset(builder, zoo_specs):
+    built = 0
     for model in zoo_specs.values():
         for preset in CLUSTER_PRESETS:
             cluster = cluster_preset(preset)
-            strategy = build_strategy(builder, model, cluster)
+            try:
+                strategy = build_strategy(builder, model, cluster)
+            except StrategyError as exc:
+                assert builder in PARTIAL and str(exc).startswith(f"builder {builder}: "), exc
+                continue
             validate(strategy, model, cluster)
+            built += 1
             assert len(strategy.replicas) == cluster.num_devices
             assert set(strategy.batch_split) == {model.batch_size}
+    assert built
 
 
 def _syncs(strategy):

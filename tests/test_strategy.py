@@ -105,8 +105,8 @@ def test_schema_1_strategies_still_load_migrated():
     assert back.schema == 2 and back == s
     assert {sh.synchronizer.algorithm for _p, _i, sh in back.iter_shards() if sh.synchronizer.kind == "allreduce"} == {
         "flat"}
-    old["schema"] = 5
-    with pytest.raises(StrategyError, match="schema: expected 4"):
+    old["schema"] = 6
+    with pytest.raises(StrategyError, match="schema: expected 5"):
         Strategy.from_dict(old)
 
 
@@ -160,7 +160,7 @@ BROKEN = [
     (lambda d: d.update(replicas=["node0:0", "node0:1", "node1:1"], batch_split=[1, 1, 1]),
      "device 'node1:0' holds no replica"),
     (lambda d: d["model"].update(hash="0" * 64), "strategy: model: built for 'toy'"),
-    (lambda d: d.update(schema=5), "schema: expected 4"),
+    (lambda d: d.update(schema=6), "schema: expected 5"),
     (lambda d: d.update(checkpoint={"x": "full"}), "checkpoint: expected a mode|schema: expected 4"),
     (lambda d: d.update(checkpoint={"x": "all"}), "module .x.: expected a mode of full, selective"),
     (lambda d: d["plans"][1]["shards"][0].update(

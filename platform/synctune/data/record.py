@@ -22,8 +22,9 @@ from ..strategy.schema import Strategy
 __all__ = ["RECORD_SCHEMA_VERSION", "TrialRecord", "arrow_schema", "environment", "dedup_key"]
 
 #: Version of the record schema written now. 2 added ``workload_source``; 3 added ``runtime``
-#: and ``runtime_json`` (null in older rows, which are all ``engine`` trials).
-RECORD_SCHEMA_VERSION = 3
+#: and ``runtime_json`` (null in older rows, which are all ``engine`` trials); 4 added
+#: ``tp_degree`` (null in older rows, none of which split modules: read as 1).
+RECORD_SCHEMA_VERSION = 4
 
 
 def environment(backend: str = "", device_kind: str = "") -> dict[str, str]:
@@ -112,6 +113,9 @@ class TrialRecord:
     #: The runtime's configuration as JSON (a DDP trial's :class:`~synctune.engine.ddp.DDPConfig`, a
     #: Horovod trial's :class:`~synctune.engine.horovod.HorovodConfig`).
     runtime_json: str = ""
+    #: The devices of a tensor-parallel group (the strategy's ``tensor_parallel`` degree; 1: none):
+    #: the mesh is ``(num_replicas // tp_degree, tp_degree)``, the plan is in ``strategy_json``.
+    tp_degree: int = 1
 
     @classmethod
     def from_trial(cls, result: Mapping[str, Any], strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *,
@@ -169,6 +173,7 @@ class TrialRecord:
             workload_source=workload_source,
             runtime=runtime,
             runtime_json=runtime_json,
+            tp_degree=stats["tp_degree"],
             **env,
         )
 
@@ -184,13 +189,16 @@ class TrialRecord:
         """Inverse of :meth:`to_row`; columns unknown to this version are ignored."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in row.items() if k in names}
-        missing = names - set(values) - {"schema_version", "extra_json", "workload_source", "runtime", "runtime_json"}
+        missing = names - set(values) - {"schema_version", "extra_json", "workload_source", "runtime", "runtime_json",
+                                         "tp_degree"}
         if missing:
             raise SpecError(f"dataset row lacks column(s) {sorted(missing)}")
         values["compressors"] = tuple(values["compressors"] or ())
         values["workload_source"] = values.get("workload_source") or ""
         values["runtime"] = values.get("runtime") or "engine"
         values["runtime_json"] = values.get("runtime_json") or ""
+        tp = values.get("tp_degree")
+        values["tp_degree"] = 1 if tp is None or tp != tp else int(tp)
         values["iteration_times_s"] = tuple(values["iteration_times_s"] or ())
         for key in ("mean_s", "median_s", "std_s", "samples_per_s", "predicted_time_s", "comm_bytes_per_iter",
                     "peak_memory_bytes"):
@@ -246,7 +254,7 @@ def arrow_schema():
     }
     ints = {"num_replicas", "global_batch_size", "num_variables", "num_partitioned", "num_shards", "num_ps_shards",
             "num_allreduce_shards", "num_allgather_shards", "num_merge_groups", "num_ps_servers",
-            "num_local_aggregation", "max_staleness", "warmup", "iters"}
+            "num_local_aggregation", "max_staleness", "warmup", "iters", "tp_degree"}
     cols = []
     for f in fields(TrialRecord):
         if f.name in types:

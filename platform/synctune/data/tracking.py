@@ -199,6 +199,9 @@ class MlflowLogger:
                 "compressors": ",".join(record.compressors), "warmup": record.warmup, "iters": record.iters,
                 "launcher": record.launcher, "backend": record.backend, "trial_id": record.trial_id,
                 "workload": record.workload_source,
+                **({"tp_degree": record.tp_degree,
+                    "tp_mesh": f"dp {record.num_replicas // record.tp_degree} x tp {record.tp_degree}"}
+                   if record.tp_degree > 1 else {}),
             })
             stamp = int(record.created_at.timestamp() * 1000)
             metrics = {

@@ -657,14 +657,15 @@ def _destroy_groups(groups: set) -> None:
         dist.destroy_process_group(group)
 
 
-def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str) -> Any:
+def apply_fsdp(model: Any, plan: FSDPPlan, device_type: str, mesh: Any = None) -> Any:
     """``fully_shard`` every unit of ``plan`` on ``model`` (bottom-up, the root last) on a mesh
-    of ``device_type`` over the default process group, then the explicit prefetch lists; returns
-    the model (the same object, now an ``FSDPModule``)."""
+    of ``device_type`` over the default process group (or on ``mesh``: tensor parallelism's
+    data-parallel sub-mesh), then the explicit prefetch lists; returns the model (the same
+    object, now an ``FSDPModule``)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = _world_mesh(device_type, plan)
+    mesh = _world_mesh(device_type, plan) if mesh is None else mesh
     for unit in plan.units:
         reduce = None if unit.reduce_dtype == "fp32" else getattr(torch, _TORCH_DTYPES[unit.reduce_dtype])
         fully_shard(model.get_submodule(unit.module), mesh=mesh, reshard_after_forward=unit.reshard_after_forward,

@@ -75,6 +75,10 @@ class ArmContext:
     make_optimizer: Callable[[Any], Any]
     seed: int
     collective_timeout_s: float
+    #: The workload's loss of a model on this rank's batch (``loss_of(model)``), for a runtime that
+    #: checks its wrapping changes nothing the model computes (tensor parallelism); None where
+    #: the caller has no batch.
+    loss_of: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +117,8 @@ class Runtime(ABC):
     #: It executes the strategy's synchronization (refusing what it cannot execute exactly); the
     #: others take only the strategy's replicas and batch split.
     runs_strategy: ClassVar[bool] = False
+    #: It executes a strategy's ``tensor_parallel`` (every other runtime refuses such a strategy).
+    runs_tensor_parallel: ClassVar[bool] = False
     #: Its ranks hold parameters, gradients and buffers as torch FSDP2 does (the memory model's
     #: ``fsdp`` layout: :func:`synctune.simulator.memory.predict_memory`), not as the engine does.
     fsdp_layout: ClassVar[bool] = False
@@ -179,6 +185,11 @@ class Runtime(ABC):
         on the meta device), or None: a search never proposes what its runtime would refuse. The
         engine runs every plan validation admits."""
         return None
+
+    def batch_rank(self, strategy: Any, rank: int) -> int:
+        """Whose batch rank ``rank`` trains (the rank whose seed makes it): its own, except where
+        ranks share one batch (a tensor-parallel group's)."""
+        return rank
 
     def plans_of(self, strategy: Any, module: Callable[[], Any], spec: Any) -> Any:
         """What this runtime runs for a trial of ``strategy``, in the strategy language (what the

@@ -13,6 +13,7 @@ from .fsdp import FSDPRuntime, has_shard_plans
 from .fsdp_plans import FSDP_PLANS, FSDPPlansRuntime
 from .horovod import HorovodRuntime
 from .runtime import Runtime
+from .tensor_parallel import TP_RUNTIME, TensorParallelRuntime
 from .tensorflow import TensorFlowRuntime
 
 __all__ = ["RUNTIMES", "register_runtime", "runtime_class", "as_runtime", "runtime_from_record",
@@ -30,7 +31,8 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     return cls
 
 
-for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime, FSDPRuntime, FSDPPlansRuntime):
+for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime, FSDPRuntime, FSDPPlansRuntime,
+             TensorParallelRuntime):
     register_runtime(_cls)
 
 
@@ -72,8 +74,11 @@ def runtime_from_record(name: str, config_json: str) -> Runtime:
 def runtime_from_options(name: str, options: dict[str, str], strategy: Any = None, spec: Any = None) -> Runtime:
     """The runtime ``name`` with command-line ``KEY=VALUE`` settings for a trial of ``strategy``
     (:meth:`Runtime.from_options`); FSDP2 asked for without settings on a strategy with shard
-    plans runs those plans (:attr:`FSDPRuntime.plans_runtime`)."""
+    plans runs those plans (:attr:`FSDPRuntime.plans_runtime`), and a runtime that runs
+    strategies (the engine, the default) asked for on one with ``tensor_parallel`` is ``tp``."""
     cls = runtime_class(name)
+    if strategy is not None and strategy.tensor_parallel is not None and cls.runs_strategy and not options:
+        return TP_RUNTIME  # the one runtime that executes a strategy's tensor_parallel
     plans = cls.plans_runtime
     if plans and strategy is not None and not options and has_shard_plans(strategy):
         cls = runtime_class(plans)
@@ -107,7 +112,10 @@ def executor_for(strategy: Any, spec: Any = None, framework: str = "torch") -> R
     unit frees its parameters after forward (:attr:`~synctune.strategy.schema.Strategy.frees_parameters`:
     the engine keeps them whole), else the runtime that runs searched strategies for a
     ``framework`` workload (:func:`strategy_runtime_class`: the engine for PyTorch, TensorFlow's
-    collectives for Keras). The one place that decides it for the search and its summary."""
+    collectives for Keras); torch's DTensor (``tp``) where the strategy splits modules with
+    ``tensor_parallel``. The one place that decides it for the search and its summary."""
+    if strategy.tensor_parallel is not None:
+        return TP_RUNTIME
     if strategy.frees_parameters:
         return FSDP_PLANS
     return strategy_runtime_class(framework).from_options({}, strategy, spec)

@@ -87,13 +87,17 @@ class _Arm:
         runtime = as_runtime(runtime)
         # Checkpointing first: the runtime then wraps the checkpointed modules (FSDP2's order).
         apply_checkpointing(model, runtime.checkpoint_of(strategy, ModelSpec.from_dict(payload["model_spec"])))
+        # The batch before the runtime: ranks that share one (a TP group) make it alike, and a
+        # runtime may check its wrapping on it.
+        data_rank = runtime.batch_rank(strategy, rank)
+        gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + data_rank)
+        self.batch = workload.make_batch(strategy.batch_split[rank], rank=data_rank, generator=gen, device=device)
         self.stepper = runtime.prepare(ArmContext(
             rank=rank, model=model, strategy=strategy, spec=ModelSpec.from_dict(payload["model_spec"]),
             cluster=ClusterSpec.from_dict(payload["cluster"]), device=device, seed=config.seed,
             make_optimizer=lambda params: workload.make_optimizer(params, name=config.optimizer, lr=config.lr),
-            collective_timeout_s=config.collective_timeout_s))
-        gen = torch.Generator(device=device).manual_seed(config.seed * 100_003 + rank)
-        self.batch = workload.make_batch(strategy.batch_split[rank], rank=rank, generator=gen, device=device)
+            collective_timeout_s=config.collective_timeout_s,
+            loss_of=lambda m: workload.loss(m, self.batch)))
 
     def iteration(self):
         """One training iteration; returns the loss (the step is done on return)."""
@@ -371,6 +375,9 @@ def check_runtime(runtime: Runtime | dict | None, strategy: Strategy, spec: Mode
         raise SpecError(f"workload {workload.name!r} is a Keras model: it runs with the tensorflow runtime "
                         f"(--runtime tensorflow) or Horovod's TensorFlow binding (--runtime horovod), not "
                         f"{runtime.label or runtime.name}")
+    if strategy.tensor_parallel is not None and not runtime.runs_tensor_parallel:
+        raise SpecError(f"strategy: tensor_parallel: the strategy splits modules across TP groups, which the "
+                        f"{runtime.name} runtime would not do; run it with --runtime tp")
     runtime.check(strategy, spec, cluster, workload)
     return runtime
 

@@ -34,6 +34,9 @@ class _Attention(nn.Module):
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
         self.heads = heads
+        # Heads are reshaped by their size, not their count: a tensor-parallel split of the
+        # projections then holds whole heads per device (as Hugging Face's attention does).
+        self.head_dim = hidden // heads
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
@@ -44,11 +47,11 @@ class _Attention(nn.Module):
         src = x if memory is None else memory
 
         def split(z: torch.Tensor) -> torch.Tensor:
-            return z.view(b, -1, self.heads, h // self.heads).transpose(1, 2)
+            return z.view(b, z.shape[1], -1, self.head_dim).transpose(1, 2)
 
         out = F.scaled_dot_product_attention(split(self.query(x)), split(self.key(src)), split(self.value(src)),
                                              is_causal=causal)
-        return self.output(out.transpose(1, 2).reshape(b, t, h))
+        return self.output(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class _FeedForward(nn.Module):

@@ -54,6 +54,8 @@ __all__ = [
     "RandomAxisOptions",
     "ParallaxOptions",
     "ShardOptions",
+    "MegatronOptions",
+    "megatron_styles",
 ]
 
 MIB = 1024**2
@@ -472,6 +474,115 @@ def _shard(model: ModelSpec, cluster: ClusterSpec, opts: ShardOptions) -> Strate
             unit=unit, group=opts.group, reshard=opts.reshard, prefetch=opts.prefetch,
             reduce_dtype=opts.reduce_dtype))))
     return _strategy(model, cluster, plans)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronOptions:
+    """Megatron-LM's plan (Shoeybi et al. 2019) on TP groups of ``degree`` devices of a node (0:
+    the devices of the smallest node), the data-parallel axis ``dp``: ``shard`` (FSDP2 over the
+    TP groups as torchtitan wraps a transformer: one unit per block, ``reshard`` after forward,
+    and the rest of the model in the root's unit, kept) or ``allreduce``."""
+
+    degree: int = 0
+    dp: str = "shard"
+    reshard: bool = True
+
+    def __post_init__(self) -> None:
+        if not (is_int(self.degree) and (self.degree == 0 or self.degree >= 2)):
+            raise StrategyError(f"builder megatron: option degree: expected 0 (a node's devices) or a TP degree of 2 "
+                                f"or more, got {self.degree!r}")
+        if self.dp not in ("shard", "allreduce"):
+            raise StrategyError(f"builder megatron: option dp: expected shard or allreduce, got {self.dp!r}")
+        if not isinstance(self.reshard, bool):
+            raise StrategyError(f"builder megatron: option reshard: expected true or false, got {self.reshard!r}")
+
+
+#: Module names (their last parts) Megatron's plan splits column-wise in attention and in the MLP,
+#: and row-wise after them, as common PyTorch and Hugging Face models name them.
+_ATTENTION_IN = ("query", "key", "value", "q_proj", "k_proj", "v_proj", "qkv", "qkv_proj", "wq", "wk", "wv")
+_ATTENTION_OUT = ("output", "output.dense", "o_proj", "out_proj", "wo", "dense")
+_MLP_IN = ("intermediate", "intermediate.dense", "fc1", "up_proj", "gate_proj", "w1", "w3", "lin1", "wi")
+_MLP_OUT = ("output", "output.dense", "fc2", "down_proj", "w2", "lin2", "wo")
+
+
+def _ends(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.endswith("." + n) for n in names)
+
+
+def megatron_styles(model: ModelSpec, degree: int) -> dict[str, str]:
+    """Per block of ``model`` (a numbered layer), Megatron's split of its linear layers: attention's
+    query, key and value column-wise with its output row-wise, the MLP's first linear(s)
+    column-wise with its last row-wise; a pair is split only where both sides are found and
+    ``degree`` divides their split dimensions. Modules are recognised by name (``_ATTENTION_*``,
+    ``_MLP_*``): an attention is the module of the block whose name holds ``attention`` or
+    ``attn`` (a decoder's self- and cross-attention are two)."""
+    from .checkpoint import block_of
+
+    linears: dict[str, VariableSpec] = {}
+    for var in model.variables:
+        module, _, leaf = var.name.rpartition(".")
+        if leaf == "weight" and len(var.shape) == 2 and not var.sparse and block_of(var.name).split(".")[-1].isdigit():
+            linears[module] = var
+    groups: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for module in linears:
+        block = block_of(module + ".weight")
+        inner = module[len(block) + 1:]
+        parts = inner.split(".")
+        at = next((i for i, p in enumerate(parts) if "attention" in p or "attn" in p), None)
+        attention = block + "." + ".".join(parts[:at + 1]) if at is not None else None
+        if attention and _ends(inner, _ATTENTION_IN):
+            groups.setdefault((attention, "attention"), {}).setdefault("colwise", []).append(module)
+        elif attention and _ends(inner, _ATTENTION_OUT):
+            groups.setdefault((attention, "attention"), {}).setdefault("rowwise", []).append(module)
+        elif _ends(inner, _MLP_IN):
+            groups.setdefault((block, "mlp"), {}).setdefault("colwise", []).append(module)
+        elif _ends(inner, _MLP_OUT):
+            groups.setdefault((block, "mlp"), {}).setdefault("rowwise", []).append(module)
+    styles: dict[str, str] = {}
+    for (_block, _part), sides in groups.items():
+        cols, rows = sides.get("colwise", []), sides.get("rowwise", [])
+        if len(rows) != 1 or not cols:
+            continue
+        if all(linears[m].shape[0] % degree == 0 for m in cols) and linears[rows[0]].shape[1] % degree == 0:
+            styles.update({m: "colwise" for m in cols})
+            styles[rows[0]] = "rowwise"
+    return styles
+
+
+@_register("megatron", MegatronOptions,
+           "Megatron-LM TP inside nodes (attention qkv/MLP-in column-wise, their outputs row-wise) + FSDP2 across")
+def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> Strategy:
+    degree = opts.degree or min(n.num_devices for n in cluster.nodes)
+    if degree < 2:
+        raise StrategyError(f"builder megatron: option degree: cluster {cluster.name!r} has a node of one device, so "
+                            f"a TP group of a node's devices splits nothing; give degree (2 or more) where nodes hold "
+                            f"that many devices")
+    styles = megatron_styles(model, degree)
+    if not styles:
+        raise StrategyError(f"builder megatron: model {model.name!r} has no attention or MLP pair of linear layers "
+                            f"(named as {', '.join(_ATTENTION_IN[:3])} ... and {', '.join(_MLP_IN[:3])} ...) whose "
+                            f"features a degree of {degree} divides")
+    if opts.dp == "shard":
+        scalar = next((v.name for v in model.variables if not _shardable(v)), None)
+        if scalar is not None:
+            raise StrategyError(f"builder megatron: option dp: variable {scalar!r} cannot be sharded by FSDP2 (sparse, "
+                                f"a scalar or not float32); use dp=allreduce")
+        from .checkpoint import block_of
+
+        units: dict[str, int] = {"": 0}
+        plans = []
+        for var in model.variables:
+            block = block_of(var.name)
+            block = block if block.split(".")[-1].isdigit() else ""
+            unit = units.setdefault(block, len(units))
+            reshard = opts.reshard and bool(block)
+            plans.append(_unpartitioned(var, ShardPlan(synchronizer=ShardSynchronizer(
+                unit=unit, reshard=reshard, prefetch=1 if reshard else 0))))
+        base = _strategy(model, cluster, plans)
+    else:
+        base = _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=AllReduceSynchronizer(group=0)))
+                                          for v in model.variables])
+    return dataclasses.replace(base, tensor_parallel={"degree": degree, "modules": styles})
 
 
 # ------------------------------------------------------------------------------------------ entry

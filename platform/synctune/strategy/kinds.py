@@ -164,6 +164,11 @@ class Synchronizer:
         return dataclasses.replace(self, **{self.merge_field: new})
 
     # ---------------------------------------------------------------------- validation
+    def tp_refusal(self) -> str | None:
+        """Why this synchronizer cannot be the data-parallel axis of a strategy with
+        ``tensor_parallel`` (its field and the fix), or None where the ``tp`` runtime runs it."""
+        return f"{self.kind} does not compose with tensor_parallel; use allreduce or shard"
+
     def check(self, ctx: ShardContext) -> None:
         """Checks of this shard against its variable and the cluster, made before its compressor's."""
 
@@ -428,6 +433,12 @@ class AllReduceSynchronizer(Synchronizer):
     merge_groups: ClassVar[bool] = True
     stats_column: ClassVar[str] = "num_allreduce_shards"
 
+    def tp_refusal(self) -> str | None:
+        if self.algorithm != "flat":
+            return (f"allreduce: algorithm: {self.algorithm} does not compose with tensor_parallel (the data-parallel "
+                    f"axis is one ring per TP rank); use flat")
+        return None
+
     def __post_init__(self) -> None:
         req(self.kind == "allreduce", "synchronizer kind", "'allreduce'", self.kind)
         req(in_range(self.group, 0, LIMITS["seed"]), "allreduce: group", "a non-negative integer", self.group)
@@ -573,6 +584,12 @@ class ShardSynchronizer(Synchronizer):
     min_schema: ClassVar[int] = 3
     merge_field: ClassVar[str] = "unit"
     stats_column: ClassVar[str] = "num_sharded"
+
+    def tp_refusal(self) -> str | None:
+        if self.group != 0:
+            return (f"shard: group: {self.group} (HSDP) does not compose with tensor_parallel: the shard group is "
+                    f"every TP group (0)")
+        return None
 
     def __post_init__(self) -> None:
         req(self.kind == "shard", "synchronizer kind", "'shard'", self.kind)

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from ..spec.checks import LIMITS, canonical_json, check_keys, in_range, is_int, sha256_hex, shown
 from ..spec.files import parse_json, read_text
 from .checkpoint import checkpoint_from_data, checkpoint_label
+from .tensor_parallel import TensorParallel, tensor_parallel_from_data, tp_label
 from .compressors import COMPRESSORS, CompressorInfo
 from .errors import StrategyError, req as _req
 from .kinds import (ALLREDUCE_ALGORITHMS, MAX_PREFETCH, REDUCE_DTYPES, SPARSE_GROUP_BASE, SYNCHRONIZER_KINDS,
@@ -52,14 +53,17 @@ __all__ = [
 ]
 
 #: Version of the strategy JSON schema; bump on any incompatible change. Schema 3 added the
-#: ``shard`` synchronizer, schema 4 activation checkpointing (``checkpoint``); schema 1 and 2
-#: files are read and migrated. A strategy is written in the oldest schema that holds it
-#: (:attr:`Strategy.schema`): one without ``shard`` plans or checkpointing stays schema 2, so its
-#: canonical form, and the hash of every dataset row measured before, are unchanged, and only a
-#: sharded strategy needs a synctune that reads schema 3, a checkpointed one schema 4.
-SCHEMA_VERSION = 4
+#: ``shard`` synchronizer, schema 4 activation checkpointing (``checkpoint``), schema 5 tensor
+#: parallelism (``tensor_parallel``); schema 1 and 2 files are read and migrated. A strategy is
+#: written in the oldest schema that holds it (:attr:`Strategy.schema`): one without ``shard``
+#: plans, checkpointing or tensor parallelism stays schema 2, so its canonical form, and the hash
+#: of every dataset row measured before, are unchanged, and only a sharded strategy needs a
+#: synctune that reads schema 3, a checkpointed one schema 4, a tensor-parallel one schema 5.
+SCHEMA_VERSION = 5
 #: The schema that added ``checkpoint``.
 _SCHEMA_CHECKPOINT = 4
+#: The schema that added ``tensor_parallel``.
+_SCHEMA_TP = 5
 #: The schema of strategies without ``shard`` plans.
 _SCHEMA_UNSHARDED = 2
 
@@ -203,7 +207,8 @@ class Strategy:
     ``plans`` hold one :class:`VariablePlan` per model variable, in backward order;
     ``checkpoint``: the modules that recompute their forward in backward, as sorted
     ``(module, mode)`` pairs (:mod:`synctune.strategy.checkpoint`; a module not named saves its
-    activations).
+    activations); ``tensor_parallel``: the linear layers split across TP groups and how
+    (:mod:`synctune.strategy.tensor_parallel`; None: every replica computes every layer whole).
     """
 
     model: Mapping[str, str]
@@ -214,6 +219,7 @@ class Strategy:
     #: Given only by readers of older files; the written schema is always :attr:`schema`.
     schema: int | None = None
     checkpoint: tuple[tuple[str, str], ...] = ()
+    tensor_parallel: TensorParallel | None = None
 
     def __post_init__(self) -> None:
         for key in ("replicas", "batch_split", "plans"):
@@ -225,8 +231,12 @@ class Strategy:
              f"1..{SCHEMA_VERSION}", self.schema)
         object.__setattr__(self, "schema", max((s.synchronizer.min_schema for p in self.plans if isinstance(
             p, VariablePlan) for s in p.shards), default=_SCHEMA_UNSHARDED))
+        if self.tensor_parallel is not None:
+            object.__setattr__(self, "tensor_parallel", tensor_parallel_from_data(self.tensor_parallel))
         if self.checkpoint:
             object.__setattr__(self, "schema", _SCHEMA_CHECKPOINT)
+        if self.tensor_parallel is not None:
+            object.__setattr__(self, "schema", _SCHEMA_TP)
         for key in ("model", "cluster"):
             ref = getattr(self, key)
             _req(isinstance(ref, Mapping) and set(ref) == {"name", "hash"} and all(isinstance(v, str) for v in ref.values()),
@@ -246,6 +256,7 @@ class Strategy:
             "batch_split": list(self.batch_split),
             "plans": [p.to_dict() for p in self.plans],
             **({"checkpoint": dict(self.checkpoint)} if self.checkpoint else {}),
+            **({"tensor_parallel": self.tensor_parallel.to_dict()} if self.tensor_parallel is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -257,15 +268,21 @@ class Strategy:
     @classmethod
     def from_dict(cls, data: Any, where: str = "strategy") -> "Strategy":
         """Parse plain data; errors name the plan, variable and field."""
-        d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"), ("checkpoint",))
+        d = _check_keys(data, where, ("schema", "model", "cluster", "replicas", "batch_split", "plans"),
+                        ("checkpoint", "tensor_parallel"))
         if d["schema"] == 1 and not isinstance(d["schema"], bool):
             d = _migrate_schema_1(d)
-        _req(d["schema"] in (_SCHEMA_UNSHARDED, 3, SCHEMA_VERSION) and not isinstance(d["schema"], bool),
-             f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 to 3 are read and migrated)",
+        _req(d["schema"] in (_SCHEMA_UNSHARDED, 3, _SCHEMA_CHECKPOINT, SCHEMA_VERSION)
+             and not isinstance(d["schema"], bool),
+             f"{where}: schema", f"{SCHEMA_VERSION} (this synctune's strategy schema; 1 to 4 are read and migrated)",
              d["schema"])
         checkpoint = checkpoint_from_data(d.get("checkpoint") or {}, where)
         _req(not checkpoint or d["schema"] >= _SCHEMA_CHECKPOINT, f"{where}: schema",
              f"{_SCHEMA_CHECKPOINT} (the strategy checkpoints modules, new in schema {_SCHEMA_CHECKPOINT})", d["schema"])
+        tp = d.get("tensor_parallel")
+        tp = None if tp is None else tensor_parallel_from_data(tp, where)
+        _req(tp is None or d["schema"] >= _SCHEMA_TP, f"{where}: schema",
+             f"{_SCHEMA_TP} (the strategy splits modules with tensor_parallel, new in schema {_SCHEMA_TP})", d["schema"])
         for key in ("replicas", "batch_split", "plans"):
             _req(isinstance(d[key], list), f"{where}: {key}", "a list", type(d[key]).__name__)
         plans = tuple(VariablePlan.from_dict(p, f"{where}: plans[{i}]") for i, p in enumerate(d["plans"]))
@@ -277,7 +294,8 @@ class Strategy:
                  f"in schema {sync.min_schema})", d["schema"])
         try:
             return cls(model=d["model"], cluster=d["cluster"], replicas=tuple(d["replicas"]),
-                       batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"], checkpoint=checkpoint)
+                       batch_split=tuple(d["batch_split"]), plans=plans, schema=d["schema"], checkpoint=checkpoint,
+                       tensor_parallel=tp)
         except StrategyError as exc:
             raise StrategyError(f"{where}: {exc}") from None
 
@@ -305,7 +323,10 @@ class Strategy:
 
     @property
     def global_batch_size(self) -> int:
-        """The batch of one step over every replica."""
+        """The batch of one step over every replica (with tensor parallelism, over the TP groups:
+        the replicas of one group train the same batch)."""
+        if self.tensor_parallel is not None:
+            return sum(self.batch_split[::self.tensor_parallel.degree])
         return sum(self.batch_split)
 
     def plan_for(self, variable: str) -> VariablePlan:
@@ -356,6 +377,7 @@ class Strategy:
             "num_local_aggregation": extra["num_local_aggregation"],
             "max_staleness": extra["max_staleness"],
             "compressors": sorted(compressors),
+            "tp_degree": self.tensor_parallel.degree if self.tensor_parallel is not None else 1,
         }
 
     def summary(self) -> str:
@@ -378,6 +400,8 @@ class Strategy:
             parts.append(f"staleness<={s['max_staleness']}")
         if self.checkpoint:
             parts.append(checkpoint_label(self.checkpoint))
+        if self.tensor_parallel is not None:
+            parts.append(tp_label(self.tensor_parallel))
         return " | ".join(parts)
 
 

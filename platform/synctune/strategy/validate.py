@@ -13,6 +13,7 @@ from .checkpoint import check_checkpoint
 from .kinds import ShardContext
 from .partition import shard_shapes
 from .schema import Strategy, StrategyError
+from .tensor_parallel import check_tensor_parallel
 
 __all__ = ["validate"]
 
@@ -42,7 +43,8 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
     partition (one entry per axis, at most the axis length, sparse on axis 0 only), the
     shard synchronizers (PS placement is a replica device; all-gather only for sparse
     gradients; all-reduce groups agree on algorithm and compressor) and compressors
-    (lossy ones not on sparse gradients; PowerSGD on matrices with a rank that fits).
+    (lossy ones not on sparse gradients; PowerSGD on matrices with a rank that fits), and
+    tensor parallelism (:func:`~synctune.strategy.tensor_parallel.check_tensor_parallel`).
     """
     if check_refs:
         _check_refs(strategy, model, cluster)
@@ -74,6 +76,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec, *, chec
             f"strategy: plans: no plan for variable(s) {', '.join(repr(m) for m in missing[:3])}{more} "
             f"of model {model.name!r}"
         )
+    check_tensor_parallel(strategy, model, cluster)
 
 
 def _check_refs(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> None:

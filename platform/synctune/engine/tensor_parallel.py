@@ -1,0 +1,277 @@
+"""The ``tp`` runtime: tensor parallelism by torch's DTensor on a ``("dp", "tp")`` mesh, composed
+with data parallelism on the other axis (DESIGN.md "tensor parallelism"; torchtitan's
+``parallelize`` functions; :mod:`synctune.strategy.tensor_parallel` for the language).
+
+On each rank: the device mesh ``(replicas // t, t)`` named ``("dp", "tp")``; the model's
+checkpointing already applied by the trial; ``parallelize_module`` on the ``tp`` sub-mesh with
+``ColwiseParallel``/``RowwiseParallel`` per split module (parameters become DTensors, outputs
+local tensors); then the data-parallel axis as the strategy's plans say:
+
+- all ``shard``: FSDP2's ``fully_shard`` of the strategy's units on the ``dp`` sub-mesh
+  (:func:`~synctune.engine.fsdp.plan_from_strategy`: the same units, reshard, prefetch and reduce
+  dtype as the ``fsdp-plans`` runtime), FSDP2 averaging gradients over the TP groups;
+- all ``allreduce``: after backward, each merge group's local gradients (a DTensor's local
+  shard, a replicated parameter's whole gradient) flattened and all-reduced over the ``dp``
+  process group, one collective per group, then divided by the number of TP groups.
+
+The replicas of one TP group train the same batch (:meth:`TensorParallelRuntime.batch_rank`); an
+uneven split across the groups is weighted as FSDP2's is, by scaling each group's loss.
+
+Before the first iteration every rank compares the model's loss on its batch unsplit (before
+``parallelize_module``) and split, in eval mode without gradients: a plan whose split changes
+what the model computes (a module between a column-wise and a row-wise one that mixes the split
+features: a reshape by the head count, a norm over the features) is refused on every rank
+together, naming the field and the fix, as is a split forward that fails, naming the module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..spec.errors import SpecError
+from ..strategy.tensor_parallel import check_tensor_parallel
+from .fsdp import check_plan, escaping_parameters, loss_scales, meta_model, plan_from_strategy, refuse_sparse
+from .runtime import ArmContext, PlansRuntime, Stepper, per_world
+
+__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "tp_plan", "apply_tensor_parallel", "apply_data_parallel",
+           "loss_tolerance"]
+
+#: How far the split model's loss may be from the unsplit one's, relative (float32 sums in
+#: another order: a row-wise layer adds its partial sums across the group).
+loss_tolerance = 1e-4
+
+
+def tp_plan(strategy: Any) -> dict[str, Any]:
+    """``parallelize_module``'s plan for ``strategy``: each split module's torch style."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    return {module: styles[style]() for module, style in strategy.tensor_parallel.styles}
+
+
+def _dp_sharded(strategy: Any) -> bool:
+    """Whether the data-parallel axis is FSDP2's (``shard`` plans; else an all-reduce: validation
+    makes every plan one kind)."""
+    from .fsdp import has_shard_plans
+
+    return has_shard_plans(strategy)
+
+
+def _mesh(device_type: str, dp: int, t: int) -> Any:
+    """The ``("dp", "tp")`` mesh, made once per world (:func:`per_world`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return per_world(("tp-mesh", device_type, dp, t),
+                     lambda: init_device_mesh(device_type, (dp, t), mesh_dim_names=("dp", "tp")))
+
+
+def _check_modules(module: Any, strategy: Any) -> None:
+    """Every split module is an ``nn.Linear`` of ``module``."""
+    import torch
+
+    for name, style in strategy.tensor_parallel.styles:
+        try:
+            sub = module.get_submodule(name)
+        except AttributeError:
+            raise SpecError(f"strategy: tensor_parallel: modules: the model has no module {name!r}") from None
+        if type(sub) is not torch.nn.Linear:
+            raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is a {type(sub).__name__}, "
+                            f"not an nn.Linear, which torch's {style.capitalize()}Parallel splits; leave it whole")
+
+
+def apply_tensor_parallel(model: Any, strategy: Any, device_type: str) -> tuple[Any, Any]:
+    """``parallelize_module`` on the ``tp`` sub-mesh; returns ``(model, mesh)``."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    t = strategy.tensor_parallel.degree
+    mesh = _mesh(device_type, len(strategy.replicas) // t, t)
+    parallelize_module(model, mesh["tp"], tp_plan(strategy))
+    return model, mesh
+
+
+def apply_data_parallel(model: Any, strategy: Any, spec: Any, mesh: Any, device_type: str) -> Any:
+    """FSDP2 on the ``dp`` sub-mesh where the plans shard (after :func:`apply_tensor_parallel`)."""
+    from .fsdp import apply_fsdp
+
+    if _dp_sharded(strategy):
+        plan = plan_from_strategy(model, strategy, spec)
+        check_plan(plan, from_plans=True, checkpoint=strategy.checkpoint)
+        apply_fsdp(model, plan, device_type, mesh=mesh["dp"])
+    return model
+
+
+class _Running:
+    """The innermost module whose forward is running, for the message of a split forward that
+    fails (forward pre- and post-hooks on every module)."""
+
+    def __init__(self, model: Any) -> None:
+        self.stack: list[str] = []
+        self.handles = []
+        for name, sub in model.named_modules():
+            self.handles.append(sub.register_forward_pre_hook(self._enter(name)))
+            self.handles.append(sub.register_forward_hook(self._leave))
+
+    def _enter(self, name: str):
+        def hook(_module, _args) -> None:
+            self.stack.append(name)
+        return hook
+
+    def _leave(self, _module, _args, _out) -> None:
+        self.stack.pop()
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _forward_loss(model: Any, loss_of: Any) -> float:
+    """The loss of ``model`` in eval mode without gradients (dropout off), as a float."""
+    import torch
+
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            loss = loss_of(model)
+            return float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
+    finally:
+        model.train(was)
+
+
+def _agree(problem: str | None, device: Any) -> None:
+    """Raise on every rank when any rank found a ``problem`` (the lowest such rank's message)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if problem is None else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if int(flag.item()):
+        messages: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, problem)
+        raise SpecError(next(m for m in messages if m))
+
+
+def _checked_split(ctx: ArmContext, model: Any) -> Any:
+    """Split ``model`` (:func:`apply_tensor_parallel`) and compare its loss with the unsplit
+    model's on this rank's batch (before FSDP2 wraps it: a forward outside autograd would leave
+    its units gathered without their backward hooks); every rank refuses together when any
+    rank's differs or fails."""
+    before = _forward_loss(model, ctx.loss_of) if ctx.loss_of is not None else None
+    model, mesh = apply_tensor_parallel(model, ctx.strategy, ctx.device.type)
+    problem = None
+    if before is not None:
+        running = _Running(model)
+        try:
+            after = _forward_loss(model, ctx.loss_of)
+            if abs(after - before) > loss_tolerance * max(1.0, abs(before)):
+                problem = (f"strategy: tensor_parallel: modules: under this plan the model's loss is {after:.6g} where "
+                           f"unsplit it is {before:.6g}: a module between a column-wise and a row-wise one mixes the "
+                           f"split features (a reshape by the head count instead of the head size, a norm or "
+                           f"softmax over the features), or a column-wise module's output reaches something other "
+                           f"than a row-wise one; split attention (query, key, value column-wise, output row-wise) "
+                           f"and MLP pairs only, and reshape heads by their size (view(..., -1, head_dim))")
+        except Exception as exc:  # noqa: BLE001 - reported on every rank together, naming the module
+            where = running.stack[-1] if running.stack else ""
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            problem = (f"strategy: tensor_parallel: modules: the split model fails in module {where or 'root'!r}: "
+                       f"{first[:300]}; a column-wise module's output must reach a row-wise one through per-feature "
+                       f"operations only: split attention and MLP pairs, and reshape heads by their size")
+        finally:
+            running.close()
+    _agree(problem, ctx.device)
+    return model, mesh
+
+
+@dataclass(frozen=True)
+class TensorParallelRuntime(PlansRuntime):
+    """Tensor parallelism by DTensor with data parallelism on the other mesh axis (see the module
+    docstring). It has no settings: the strategy is its configuration."""
+
+    name = "tp"
+    label = "TP"
+    runs_tensor_parallel = True
+
+    def check(self, strategy: Any, spec: Any, cluster: Any, workload: Any = None) -> None:
+        """Refuse, before any worker starts, a plan the workers would not run as it says."""
+        if strategy.tensor_parallel is None:
+            raise SpecError(f"{self.name} runtime: the strategy has no tensor_parallel plan; run it with the engine")
+        refuse_sparse(spec)
+        try:
+            check_tensor_parallel(strategy, spec, cluster)
+        except Exception as exc:
+            raise SpecError(str(exc)) from None
+        module = meta_model(workload) if workload is not None else None
+        if module is not None:
+            _check_modules(module, strategy)
+            if _dp_sharded(strategy):
+                check_plan(plan_from_strategy(module, strategy, spec), escaping_parameters(module, workload),
+                           from_plans=True, checkpoint=strategy.checkpoint)
+
+    def plans_refusal(self, strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
+        """Why the plan cannot run on ``module`` (the workload's model on the meta device), or None."""
+        try:
+            self.check(strategy, spec, cluster)
+            if module is not None:
+                _check_modules(module, strategy)
+        except SpecError as exc:
+            return str(exc)
+        return None
+
+    def batch_rank(self, strategy: Any, rank: int) -> int:
+        """The replicas of a TP group train one batch: the group's first rank's."""
+        t = strategy.tensor_parallel.degree
+        return rank - rank % t
+
+    def prepare(self, ctx: ArmContext) -> Stepper:
+        import torch
+        import torch.distributed as dist
+
+        _check_modules(ctx.model, ctx.strategy)
+        t = ctx.strategy.tensor_parallel.degree
+        model, mesh = _checked_split(ctx, ctx.model)
+        model = apply_data_parallel(model, ctx.strategy, ctx.spec, mesh, ctx.device.type)
+        dp_index = ctx.rank // t
+        scale = loss_scales(ctx.strategy.batch_split[::t])[dp_index]
+        optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
+        groups: list[list[Any]] = []
+        if not _dp_sharded(ctx.strategy) and mesh["dp"].size() > 1:
+            merge = {p.variable: p.shards[0].synchronizer.group for p in ctx.strategy.plans}
+            by_group: dict[int, list[Any]] = {}
+            for name, param in model.named_parameters():
+                if param.requires_grad:
+                    by_group.setdefault(merge.get(name, 0), []).append(param)
+            groups = [by_group[g] for g in sorted(by_group)]
+        dp_group = mesh["dp"].get_group()
+        dp_size = mesh["dp"].size()
+
+        def local(grad: Any) -> Any:
+            return grad.to_local() if hasattr(grad, "to_local") else grad
+
+        def step() -> None:
+            for params in groups:
+                grads = [local(p.grad) for p in params if p.grad is not None]
+                if not grads:
+                    continue
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=dp_group)
+                flat.div_(dp_size)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return Stepper(forward_model=model, step=step, loss_scale=scale,
+                       memory_parts=lambda: {"optimizer": optimizer, "units": []})
+
+    def summary(self) -> str:
+        return "tensor parallelism (DTensor) from the strategy's plan"
+
+    def describe(self, strategy: Any) -> str:
+        return f"torch DTensor tensor parallelism running {strategy.summary()}"
+
+
+#: The ``tp`` runtime (no settings of its own: one value serves every trial).
+TP_RUNTIME = TensorParallelRuntime()

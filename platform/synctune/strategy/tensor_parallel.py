@@ -1,0 +1,179 @@
+"""Tensor parallelism as part of a strategy: which linear layers are split across a group of
+devices, and how (Megatron-LM, Shoeybi et al. 2019; AutoDDL's Split and Partial-sum signatures,
+papers/autoddl.txt §4; torch's DTensor ``ColwiseParallel``/``RowwiseParallel``).
+
+A strategy's ``tensor_parallel`` holds a **degree** t and a **style** per module (its dotted
+name in the model, e.g. ``layers.0.attention.query``); the modules are ``nn.Linear`` layers:
+
+- ``colwise``: the weight's output rows are split t ways (DTensor ``Shard(0)`` of the weight, the
+  bias too): the module takes the whole input and gives each device its slice of the output
+  features (torch's ``ColwiseParallel``);
+- ``rowwise``: the weight's input columns are split (``Shard(1)``): the module takes each device's
+  slice of the input features and all-reduces the partial sums into the whole output (torch's
+  ``RowwiseParallel``; the bias is kept whole).
+
+A column-wise module's output may reach a row-wise one only through operations that keep the
+split features apart: attention per head (a model that reshapes by the head size, not the head
+count), an element-wise activation, a gated product. Megatron's plan for a transformer block is
+exactly that: attention's query, key and value column-wise and its output row-wise, the MLP's
+first linear column-wise and its second row-wise.
+
+The devices are laid out as a ``("dp", "tp")`` mesh of ``(replicas // t, t)``: each run of t
+consecutive replicas is a **TP group** (inside one node: its link is the fast one), which takes
+one batch; the groups are the data-parallel axis, on which every variable's plan (``allreduce``,
+or ``shard``: FSDP2 over the groups) synchronizes the TP shards' gradients. Every replica of a
+TP group has the same batch size, and a step's global batch is the sum over the groups.
+
+The modules and their shapes come from the model spec alone (a module's ``weight`` variable),
+so validation needs no model; the runtime checks the built model once more (every module an
+``nn.Linear``; the model's loss under the plan equal to its loss unsplit) before training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from ..spec.checks import is_int, shown
+from .errors import StrategyError
+
+__all__ = ["TP_STYLES", "TensorParallel", "tensor_parallel_from_data", "check_tensor_parallel", "tp_groups",
+           "tp_label", "tp_shares"]
+
+#: The styles a tensor-parallel module may have.
+TP_STYLES = ("colwise", "rowwise")
+
+#: The most devices one TP group may hold.
+MAX_TP_DEGREE = 64
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """``degree``: the devices of a TP group; ``styles``: sorted ``(module, style)`` pairs, a
+    style of :data:`TP_STYLES` per split module (see the module docstring)."""
+
+    degree: int
+    styles: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``{"degree": t, "modules": {module: style}}``."""
+        return {"degree": self.degree, "modules": dict(self.styles)}
+
+    def style_of(self, module: str) -> str | None:
+        """The style of ``module``, or None where it is not split."""
+        return dict(self.styles).get(module)
+
+
+def tensor_parallel_from_data(data: Any, where: str = "strategy") -> TensorParallel:
+    """A :class:`TensorParallel` from its plain data (or itself); structure only (the modules
+    are checked against a model by :func:`check_tensor_parallel`)."""
+    if isinstance(data, TensorParallel):
+        data = data.to_dict()
+    field = f"{where}: tensor_parallel"
+    if not isinstance(data, Mapping):
+        raise StrategyError(f"{field}: expected a mapping with degree and modules, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"degree", "modules"}, key=str)
+    if unknown:
+        raise StrategyError(f"{field}: unknown key {shown(unknown[0])}; valid: degree, modules")
+    degree = data.get("degree")
+    if not (is_int(degree) and 2 <= degree <= MAX_TP_DEGREE):
+        raise StrategyError(f"{field}: degree: expected an integer from 2 to {MAX_TP_DEGREE} (the devices of a TP "
+                            f"group; leave tensor_parallel out for none), got {shown(degree)}")
+    modules = data.get("modules")
+    if not isinstance(modules, Mapping) or not modules:
+        raise StrategyError(f"{field}: modules: expected a non-empty mapping of module name to style "
+                            f"({' or '.join(TP_STYLES)}), got {shown(modules)}")
+    for module, style in modules.items():
+        if not (isinstance(module, str) and module and len(module) <= 1000):
+            raise StrategyError(f"{field}: modules: expected module names, got {shown(module)}")
+        if style not in TP_STYLES:
+            raise StrategyError(f"{field}: modules: module {shown(module)}: expected a style of "
+                                f"{', '.join(TP_STYLES)}, got {shown(style)}")
+    return TensorParallel(degree=int(degree), styles=tuple(sorted(modules.items())))
+
+
+def tp_groups(replicas: int, degree: int) -> list[range]:
+    """The TP groups of ``replicas`` replicas: runs of ``degree`` consecutive ranks."""
+    return [range(start, start + degree) for start in range(0, replicas, degree)]
+
+
+def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
+    """Refuse, naming the module or replica and the field, a ``tensor_parallel`` that cannot run
+    as it says: a degree that does not divide the replicas, a TP group across nodes or with
+    unequal batches, a module without a 2-D ``weight`` in the model, a split dimension the degree
+    does not divide, and data-parallel plans other than one kind of ``allreduce`` or ``shard``
+    of whole variables without compression."""
+    tp = strategy.tensor_parallel
+    if tp is None:
+        return
+    field = "strategy: tensor_parallel"
+    t, replicas = tp.degree, len(strategy.replicas)
+    if replicas % t:
+        raise StrategyError(f"{field}: degree: {t} does not divide the {replicas} replicas; use a divisor of "
+                            f"{replicas}")
+    for group in tp_groups(replicas, t):
+        devices = [strategy.replicas[r] for r in group]
+        nodes = sorted({cluster.node_of(d).name for d in devices}) if cluster is not None else []
+        if len(nodes) > 1:
+            raise StrategyError(f"{field}: degree: TP group of replicas {group.start}..{group.stop - 1} spans nodes "
+                                f"{nodes[0]!r} and {nodes[1]!r}; a TP group lies inside one node (its fast link): "
+                                f"use a degree that divides each node's replicas")
+        batches = {strategy.batch_split[r] for r in group}
+        if len(batches) > 1:
+            raise StrategyError(f"strategy: batch_split: the replicas {group.start}..{group.stop - 1} of one TP "
+                                f"group have batches {sorted(batches)}; a TP group trains one batch, so give its "
+                                f"replicas the same batch size")
+    variables = {v.name: v for v in model.variables}
+    for module, style in tp.styles:
+        weight = variables.get(f"{module}.weight")
+        if weight is None or len(weight.shape) != 2:
+            raise StrategyError(f"{field}: modules: {module!r} is not a linear layer of model {model.name!r} (no 2-D "
+                                f"variable {module + '.weight'!r}); name nn.Linear modules")
+        if weight.sparse:
+            raise StrategyError(f"{field}: modules: {module!r} has a sparse gradient (an embedding); only linear "
+                                f"layers are split")
+        axis = 0 if style == "colwise" else 1
+        if weight.shape[axis] % t:
+            what = "output features" if style == "colwise" else "input features"
+            raise StrategyError(f"{field}: modules: {module!r} ({style}) has {weight.shape[axis]} {what}, which a "
+                                f"degree of {t} does not divide; use a degree that divides {weight.shape[axis]}")
+    kinds = set()
+    for plan in strategy.plans:
+        if plan.num_shards != 1:
+            raise StrategyError(f"strategy: variable {plan.variable!r}: partition: a strategy with tensor_parallel "
+                                f"synchronizes whole variables over its data-parallel axis; do not partition it")
+        shard = plan.shards[0]
+        refusal = shard.synchronizer.tp_refusal()
+        if refusal:
+            raise StrategyError(f"strategy: variable {plan.variable!r}: synchronizer: {refusal}")
+        if shard.compressor.kind != "none":
+            raise StrategyError(f"strategy: variable {plan.variable!r}: compressor: {shard.compressor.label} does not "
+                                f"compose with tensor_parallel; use none")
+        kinds.add(type(shard.synchronizer))
+    if len(kinds) > 1:
+        raise StrategyError("strategy: plans: a strategy with tensor_parallel synchronizes every variable the same "
+                            "way over its data-parallel axis (allreduce, or shard: FSDP2); it mixes "
+                            + " and ".join(sorted(k.__name__ for k in kinds)))
+
+
+def tp_shares(tp: TensorParallel | None, variables: Iterable[Any]) -> dict[str, int]:
+    """Per variable split by ``tp``, how many ways (the degree): a column-wise module's weight and
+    bias, a row-wise module's weight (its bias is kept whole). Variables not named are whole."""
+    if tp is None:
+        return {}
+    styles = dict(tp.styles)
+    out = {}
+    for var in variables:
+        module, _, leaf = var.name.rpartition(".")
+        style = styles.get(module)
+        if style == "colwise" or (style == "rowwise" and leaf == "weight"):
+            out[var.name] = tp.degree
+    return out
+
+
+def tp_label(tp: TensorParallel | None) -> str:
+    """A short description, e.g. ``tp 2 (colwise 4, rowwise 2)`` ('' without tensor parallelism)."""
+    if tp is None:
+        return ""
+    counts = {s: sum(1 for _m, style in tp.styles if style == s) for s in TP_STYLES}
+    return f"tp {tp.degree} (" + ", ".join(f"{s} {counts[s]}" for s in TP_STYLES if counts[s]) + ")"

@@ -1,0 +1,119 @@
+"""Workers for the tensor-parallelism tests (run inside spawned gloo processes), the library models
+they split (Hugging Face BERT and Llama built from configs: nothing is downloaded), and the
+single-process reference training they are compared with."""
+
+from __future__ import annotations
+
+import torch
+
+from _checkpoint_workers import CONTEXT, VOCAB, lm_loss, tiny_bert
+from _engine_workers import batches, make_optimizer
+from _fsdp_workers import full_state
+from synctune.models import build_model
+from synctune.spec import ClusterSpec
+from synctune.strategy import Strategy
+
+
+def tiny_llama():
+    """A two-layer Llama (``LlamaForCausalLM``: RMSNorm, rotary positions, a gated MLP, grouped
+    key-value heads) from a config; no KV cache."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                                        use_cache=False, pad_token_id=0, bos_token_id=0, eos_token_id=0))
+
+
+#: The library models by name: factory of the model.
+LIBRARY = {"hf-bert": tiny_bert, "hf-llama": tiny_llama}
+
+
+def tokens(batch_size: int, generator) -> tuple:
+    return (torch.randint(0, VOCAB, (batch_size, CONTEXT), generator=generator),)
+
+
+def model_and_batches(name: str, split, step: int):
+    """A fresh model of ``name`` (a zoo model or :data:`LIBRARY`'s, seeded 0), its loss
+    ``loss(model, batch)`` and the per-group batches of step ``step`` (one per entry of ``split``)."""
+    torch.manual_seed(0)
+    if name in LIBRARY:
+        model = LIBRARY[name]()
+        parts = []
+        for r, n in enumerate(split):
+            gen = torch.Generator().manual_seed(step * 1009 + r)
+            parts.append(tokens(n, gen))
+        return model, lm_loss, parts
+    return build_model(name), (lambda m, b: m(*b)), batches(name, split, step)
+
+
+def reference(name: str, split, optimizer: str, lr: float, steps: int, dtype=torch.float32) -> dict:
+    """Single-process training on the concatenation of the TP groups' batches."""
+    module, loss, _ = model_and_batches(name, split, 0)
+    module = module.to(dtype)
+    opt = make_optimizer(optimizer, module.parameters(), lr)
+    for step in range(steps):
+        _, _, parts = model_and_batches(name, split, step)
+        joined = tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
+        joined = tuple(t.to(dtype) if t.is_floating_point() else t for t in joined)
+        opt.zero_grad()
+        loss(module, joined).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def tp_train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Train every case with the ``tp`` runtime on this rank as a trial does (its ``prepare``, the
+    batch of the rank's TP group, ``loss * loss_scale`` backward); returns the whole parameters
+    after the last step and which are DTensors, or the refusal's message."""
+    from synctune.engine.runtime import ArmContext
+    from synctune.engine.tensor_parallel import TP_RUNTIME
+    from synctune.spec.errors import SpecError
+
+    out = []
+    for case in cases:
+        strategy = Strategy.from_dict(case["strategy"])
+        cluster = ClusterSpec.from_dict(case["cluster"])
+        t = strategy.tensor_parallel.degree
+        group_split = strategy.batch_split[::t]
+        module, loss, parts = model_and_batches(case["model"], group_split, 0)
+        from synctune.spec.model import ModelSpec
+
+        spec = ModelSpec.from_dict(case["spec"])
+        try:
+            stepper = TP_RUNTIME.prepare(ArmContext(
+                rank=rank, model=module, strategy=strategy, spec=spec, cluster=cluster, device=torch.device("cpu"),
+                seed=0, collective_timeout_s=60.0,
+                make_optimizer=lambda ps: make_optimizer(case["optimizer"], ps, case["lr"]),
+                loss_of=lambda m: loss(m, parts[rank // t])))
+        except SpecError as exc:
+            out.append({"refused": str(exc)})
+            continue
+        for step in range(case["steps"]):
+            _, _, parts = model_and_batches(case["model"], group_split, step)
+            value = loss(stepper.forward_model, parts[rank // t])
+            (value * stepper.loss_scale).backward()
+            stepper.step()
+        stepper.close()
+        out.append({"params": full_state(module),
+                    "split": sorted(k for k, p in module.named_parameters() if hasattr(p, "full_tensor"))})
+    return out
+
+
+def hf_llama():
+    """The tiny Llama as a workload (the trial's SGD)."""
+    import synctune.workload as sw
+
+    return sw.define(name="tiny-hf-llama", model=tiny_llama, batch=lambda n, rank, generator: tokens(n, generator),
+                     batch_size=4, family="transformer", loss=lm_loss)
+
+
+def workload_of(name: str):
+    """A zoo model by name, or ``hf-bert`` / ``hf-llama`` (the factories here, by import path)."""
+    from _checkpoint_workers import HERE
+    from synctune.workload import ImportedWorkload, zoo_workload
+
+    if name == "hf-bert":
+        return ImportedWorkload("_checkpoint_workers:hf_bert", HERE)
+    if name == "hf-llama":
+        return ImportedWorkload("_tp_workers:hf_llama", HERE)
+    return zoo_workload(name)
