@@ -91,3 +91,131 @@ def test_tp_with_fsdp2_on_a_2x2_mesh_trains_like_single_process():
     ]
     outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
     _check_against_reference(cases, outputs, 4)
+
+
+def _megatron(model: str, cluster_name: str, **changes):
+    cluster = cluster_preset(cluster_name)
+    spec = workload_of(model).spec()
+    strategy = build_strategy("megatron", spec, cluster, dp=changes.pop("dp", "allreduce"))
+    return dataclasses.replace(strategy, **changes), spec, cluster
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tensor_parallel": {"degree": 3, "modules": {"layers.0.ffn.intermediate": "colwise"}}},
+     "tensor_parallel: degree: 3 does not divide the 4 replicas"),
+    ({"tensor_parallel": {"degree": 4, "modules": {"layers.0.ffn.intermediate": "colwise"}}},
+     "TP group of replicas 0..3 spans nodes 'node0' and 'node1'"),
+    ({"tensor_parallel": {"degree": 2, "modules": {"layers.0.attention": "colwise"}}},
+     "modules: 'layers.0.attention' is not a linear layer of model 'bert-tiny'"),
+    ({"tensor_parallel": {"degree": 2, "modules": {"layers.0.ffn.intermediate": "diagonal"}}},
+     "module 'layers.0.ffn.intermediate': expected a style of colwise, rowwise"),
+    ({"batch_split": (4, 8, 8, 8)}, "batch_split: the replicas 0..1 of one TP group have batches \\[4, 8\\]"),
+])
+def test_plans_that_cannot_run_as_they_say_are_refused_naming_the_field(change, message):
+    strategy, spec, cluster = _megatron("bert-tiny", "local-2x2")
+    with pytest.raises(StrategyError, match=message):
+        validate(Strategy.from_dict({**strategy.to_dict(), **{k: (list(v) if isinstance(v, tuple) else v)
+                                                              for k, v in change.items()}}), spec, cluster)
+
+
+def test_data_parallel_plans_that_do_not_compose_are_refused():
+    """Another kind than allreduce or shard, a compressor, a hierarchical all-reduce, HSDP, and
+    a mix of kinds: each named by its variable and field."""
+    strategy, spec, cluster = _megatron("bert-tiny", "local-2x2")
+    data = strategy.to_dict()
+    first = data["plans"][0]["variable"]
+
+    def with_first(**shard) -> Strategy:
+        plans = [dict(p) for p in data["plans"]]
+        plans[0] = {**plans[0], "shards": [{**plans[0]["shards"][0], **shard}]}
+        return Strategy.from_dict({**data, "plans": plans})
+
+    for shard, message in [
+        ({"synchronizer": {"kind": "ps", "placement": "node0:0"}}, f"variable '{first}': synchronizer: ps does not "
+                                                                   f"compose with tensor_parallel"),
+        ({"synchronizer": {"kind": "allreduce", "group": 99}, "compressor": {"kind": "fp16"}},
+         f"variable '{first}': compressor: fp16 does not compose"),
+        ({"synchronizer": {"kind": "allreduce", "group": 99, "algorithm": "hierarchical"}},
+         "allreduce: algorithm: hierarchical does not compose with tensor_parallel"),
+        ({"synchronizer": {"kind": "shard", "unit": 0, "group": 2}}, "shard: group: 2 \\(HSDP\\) does not compose"),
+        ({"synchronizer": {"kind": "shard", "unit": 0}}, "it mixes AllReduceSynchronizer and ShardSynchronizer"),
+    ]:
+        with pytest.raises(StrategyError, match=message):
+            validate(with_first(**shard), spec, cluster)
+
+
+def test_a_strategy_without_tensor_parallel_keeps_its_schema_and_hash():
+    strategy, _spec, _cluster = _megatron("bert-tiny", "local-2x2")
+    plain = dataclasses.replace(strategy, tensor_parallel=None)
+    assert plain == build_strategy("allreduce", workload_of("bert-tiny").spec(), cluster_preset("local-2x2"), chunk=10**6)
+    assert plain.schema == 2 and "tensor_parallel" not in plain.to_dict()
+    assert strategy.schema == 5 and Strategy.from_json(strategy.to_json()) == strategy
+    assert strategy.global_batch_size == plain.global_batch_size // 2
+    old = {**strategy.to_dict(), "schema": 4}
+    with pytest.raises(StrategyError, match="schema: expected 5 \\(the strategy splits modules"):
+        Strategy.from_dict(old)
+
+
+def test_what_torch_would_not_split_is_refused_before_any_worker():
+    """A transformers Conv1D (GPT-2's projections) is not an nn.Linear, which ColwiseParallel
+    needs; another runtime than tp would ignore the split: both refused by the trial's check."""
+    from _checkpoint_workers import workload_of as checkpoint_workload
+
+    gpt2 = checkpoint_workload("hf-gpt2")
+    spec, cluster = gpt2.spec(), cluster_preset("local-1x2")
+    base = build_strategy("allreduce", spec, cluster, chunk=10**6)
+    strategy = dataclasses.replace(base, tensor_parallel={"degree": 2, "modules": {
+        "transformer.h.0.mlp.c_fc": "colwise", "transformer.h.0.mlp.c_proj": "rowwise"}})
+    with pytest.raises(SpecError, match="'transformer.h.0.mlp.c_fc' \\(colwise\\) is a Conv1D, not an nn.Linear"):
+        check_trial(gpt2, strategy, cluster, executor_for(strategy, spec))
+    bert, _spec, _cluster = _megatron("bert-tiny", "local-1x2")
+    assert runtime_from_options("engine", {}, bert).name == "tp"
+    with pytest.raises(SpecError, match="tensor_parallel: the strategy splits modules across TP groups, which the "
+                                        "ddp runtime would not do"):
+        check_trial(workload_of("bert-tiny"), bert, cluster, runtime_from_options("ddp", {}, bert))
+
+
+def test_a_split_that_changes_the_model_is_refused_on_every_rank_together():
+    """Splitting an MLP's first linear without its second: the split features reach an unsplit
+    layer, so the split forward fails; every rank raises the same refusal, naming the module."""
+    strategy, spec, cluster = _megatron("bert-tiny", "local-2x2")
+    broken = dataclasses.replace(strategy, tensor_parallel={"degree": 2, "modules": {
+        "layers.0.ffn.intermediate": "colwise"}})
+    validate(broken, spec, cluster)
+    case = {"label": "broken", "model": "bert-tiny", "strategy": broken.to_dict(), "cluster": cluster.to_dict(),
+            "spec": spec.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 1}
+    outputs = run_local(tp_train_cases, 4, ([case],), timeout_s=300, threads=1)
+    messages = {out[0].get("refused") for out in outputs}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert message and message.startswith("strategy: tensor_parallel: modules: the split model fails in module "
+                                          "'layers.0.ffn.output'"), message
+
+
+def test_cli_trial_runs_the_megatron_builder_and_records_tp(tmp_path):
+    """``synctune trial --builder megatron`` (TP inside each node of local-2x2, FSDP2 across) runs
+    on the tp runtime and records the row: runtime tp, tp_degree 2, the plan in the strategy, the
+    memory measured per rank; the MLflow run has the TP degree and mesh."""
+    import json
+
+    from click.testing import CliRunner
+
+    from _searches import search_env
+    from synctune.cli import cli
+    from synctune.data import TrialDataset
+
+    env = search_env(tmp_path / "home")
+    result = CliRunner(env=env).invoke(cli, ["trial", "-m", "bert-tiny", "-c", "local-2x2", "--builder", "megatron",
+                                             "--option", "dp=shard", "--warmup", "1", "--iters", "2"])
+    assert result.exit_code == 0, result.output
+    rows = TrialDataset(tmp_path / "home" / "dataset").read()
+    row = rows.iloc[0]
+    assert (row["runtime"], row["status"], int(row["tp_degree"])) == ("tp", "ok", 2)
+    strategy = Strategy.from_json(row["strategy_json"])
+    assert strategy.tensor_parallel.degree == 2 and len(strategy.tensor_parallel.styles) == 12
+    memory = json.loads(row["extra_json"])["memory"]
+    assert len(memory["peak_bytes"]) == 4 and all(memory["peak_bytes"])
+    import mlflow
+
+    run = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}").get_run(row["mlflow_run_id"])
+    assert run.data.params["tp_degree"] == "2" and run.data.params["tp_mesh"] == "dp 2 x tp 2"

@@ -29,6 +29,7 @@ from ..spec.checks import LIMITS
 from .checkpoint import CHECKPOINT_MODES, checkpoint_blocks
 from .compressors import COMPRESSORS
 from .partition import shard_shapes
+from .errors import StrategyError
 from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS, pattern_codes
 from .schema import MAX_PREFETCH, REDUCE_DTYPES, SYNCHRONIZER_KINDS, Compressor, ShardPlan, Strategy, VariablePlan
 
@@ -294,7 +295,13 @@ class StrategyColumns:
 
     @classmethod
     def from_strategies(cls, model: Any, cluster: Any, strategies: Sequence[Strategy]) -> "StrategyColumns":
-        """``strategies`` of (``model``, ``cluster``) as columns (they must validate against it)."""
+        """``strategies`` of (``model``, ``cluster``) as columns (they must validate against it).
+        Columns have no tensor parallelism: a strategy with ``tensor_parallel`` is refused rather
+        than read as the data-parallel strategy it composes with."""
+        split_one = next((s for s in strategies if s.tensor_parallel is not None), None)
+        if split_one is not None:
+            raise StrategyError(f"strategy {split_one.hash[:12]}: tensor_parallel: strategies that split modules are "
+                                f"not scored or searched as columns; run them as trials (synctune trial)")
         cols: dict[str, list] = {k: [] for k in _ROW_FIELDS}
         # One bound append per column, taken once: objects become columns shard by shard.
         (a_sid, a_var, a_axis, a_nshards, a_kind, a_node, a_local, a_group, a_hier, a_comp, a_rank, a_frac, a_ratio,
