@@ -67,13 +67,13 @@ def _check_against_reference(cases: list[dict], outputs: list[list[dict]], world
 
 
 def test_tp_on_a_1x2_mesh_trains_like_single_process():
-    """t = 2 on 2 processes: mesh (1, 2), the data-parallel axis of one group (all-reduce, and
-    FSDP2 over one rank), the zoo's transformers and both library models, SGD and AdamW-free Adam."""
+    """t = 2 on 2 processes: mesh (1, 2), one TP group (nothing travels on the data-parallel
+    axis), the zoo's transformers and both library models, SGD and Adam."""
     cases = [
         _case("transformer-small/allreduce", "transformer-small", "local-1x2"),
-        _case("bert-tiny/shard", "bert-tiny", "local-1x2", dp="shard"),
+        _case("bert-tiny/allreduce", "bert-tiny", "local-1x2"),
         _case("hf-bert/allreduce", "hf-bert", "local-1x2"),
-        _case("hf-llama/shard", "hf-llama", "local-1x2", dp="shard"),
+        _case("hf-llama/allreduce", "hf-llama", "local-1x2"),
         _case("hf-llama/adam", "hf-llama", "local-1x2", optimizer="adam", lr=0.01),
     ]
     outputs = run_local(tp_train_cases, 2, (cases,), timeout_s=900, threads=1)
@@ -219,3 +219,40 @@ def test_cli_trial_runs_the_megatron_builder_and_records_tp(tmp_path):
 
     run = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}").get_run(row["mlflow_run_id"])
     assert run.data.params["tp_degree"] == "2" and run.data.params["tp_mesh"] == "dp 2 x tp 2"
+
+
+def test_one_tp_group_is_not_sharded():
+    """FSDP2 over the data-parallel axis of one TP group would shard over one device: refused,
+    and the builder's default all-reduces there (nothing travels)."""
+    strategy, spec, cluster = _megatron("bert-tiny", "local-1x2", dp="shard")
+    with pytest.raises(StrategyError, match="shard: the data-parallel axis is one TP group"):
+        validate(strategy, spec, cluster)
+    auto = build_strategy("megatron", spec, cluster)
+    assert {sh.synchronizer.kind for _p, _i, sh in auto.iter_shards()} == {"allreduce"}
+
+
+@pytest.mark.parametrize("model", ["hf-llama", "bert-tiny"])
+def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
+    """The memory model of a TP strategy (each device's local shapes, FSDP2's layout over the TP
+    groups where the plans shard, the split model's activations probed in one process) against
+    what the trials measure per rank: within 10% on every rank, all-reduce and FSDP2 on the
+    data-parallel axis of local-2x2."""
+    from synctune.engine.measure import TrialConfig
+    from synctune.engine.trial import run_trial_local
+    from synctune.run.prepare import memory_budget
+    from synctune.search.experiment import Experiment
+
+    workload = workload_of(model)
+    spec, cluster = workload.spec(), cluster_preset("local-2x2")
+    strategies = [build_strategy("megatron", spec, cluster, dp=dp) for dp in ("allreduce", "shard")]
+    exp = Experiment.from_keys(name="t", model="bert-tiny", cluster=cluster.name, budget=4, memory_gib=1.0,
+                               memory_headroom=0.0)
+    budget = memory_budget(exp, spec, cluster, workload, split=[strategies[0].tensor_parallel])
+    for strategy in strategies:
+        result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=1), workload=workload,
+                                 runtime=executor_for(strategy, spec))
+        assert result.status == "ok", result.error
+        measured = result.extra["memory"]["peak_bytes"]
+        predicted = budget.peaks(strategy)
+        for r, (p, m) in enumerate(zip(predicted, measured)):
+            assert abs(p - m) / m <= 0.10, (strategy.summary(), r, p, m)

@@ -39,11 +39,12 @@ Parts a runtime does not expose (torch DDP's reducer buckets, its optimizer) are
 from __future__ import annotations
 
 import contextlib
-
 from typing import Any, Callable, Iterable
 
+from ..strategy.tensor_parallel import local_shape
+
 __all__ = ["MEMORY_PARTS", "tensor_storages", "unit_tensors", "probe_iteration", "breakdown_to_row",
-           "breakdown_from_row", "single_process_activations", "single_process_memory"]
+           "breakdown_from_row", "single_process_activations", "single_process_memory", "split_locally"]
 
 #: The per-rank figures a trial records, in this order (``extra["memory"]`` of its result and row).
 MEMORY_PARTS = ("params_bytes", "buffers_bytes", "inputs_bytes", "optimizer_state_bytes", "comm_buffers_bytes",
@@ -288,8 +289,25 @@ def _optimizer_state_shape(opt: Any) -> tuple[float, int] | None:
     return (elementwise / params if params else 0.0), int(round(scalars / count))
 
 
+def split_locally(model: Any, tp: Any) -> Any:
+    """``model`` with each linear a tensor-parallel plan ``tp`` splits replaced by one of the shape a
+    device of its TP group holds (:func:`~synctune.strategy.tensor_parallel.local_shape`): what a
+    device computes and keeps, without the collectives, for the memory probe."""
+    import torch
+
+    for name, _style in tp.styles:
+        old = model.get_submodule(name)
+        weight = tuple(old.weight.shape)
+        out, inp = local_shape(tp, name + ".weight", weight)
+        bias = old.bias is not None
+        new = torch.nn.Linear(inp, out, bias=bias, device=old.weight.device, dtype=old.weight.dtype)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, new)
+    return model
+
+
 def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd", lr: float = 0.01,
-                          seed: int = 0, blocks: Iterable[str] = ()) -> dict[str, Any]:
+                          seed: int = 0, blocks: Iterable[str] = (), tp: Any = None) -> dict[str, Any]:
     """What a memory budget is judged with before any trial, measured on instrumented iterations
     in this process, on the CPU, with the workload's own optimizer (its ``optimizer`` function
     where it has one, else the trial's ``optimizer`` by name):
@@ -304,7 +322,8 @@ def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimize
       a step (:func:`_optimizer_state_shape`; None when it keeps no state).
 
     A mode torch cannot run on the model (a block that mutates state outside itself) is left
-    out of ``activations``."""
+    out of ``activations``. ``tp``: a tensor-parallel plan; the figures are then a device's of
+    the split model (:func:`split_locally`)."""
     import torch
 
     from .checkpoint import apply_checkpointing
@@ -318,6 +337,8 @@ def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimize
         for b in sorted(set(int(x) for x in batch_sizes)):
             torch.manual_seed(seed)
             model = workload.build_model()
+            if tp is not None:
+                split_locally(model, tp)
             if mode != "none":
                 apply_checkpointing(model, [(name, mode) for name in blocks])
             opt = workload.make_optimizer([p for p in model.parameters() if p.requires_grad], name=optimizer, lr=lr)

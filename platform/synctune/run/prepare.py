@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..data.paths import dataset_dir
 from ..data.store import TrialDataset
@@ -33,6 +33,7 @@ from ..spec.files import check_name
 from ..spec.model import ModelSpec
 from ..strategy.builders import build_strategy
 from ..strategy.schema import Strategy
+from ..strategy.tensor_parallel import tp_key
 from .baselines import horovod_baselines
 from .profiles import ensure_profile
 from .simulators import make_search_simulator
@@ -54,14 +55,17 @@ def tensorflow_projection(model: ModelSpec) -> Callable[[Strategy], Strategy]:
     return lambda strategy: project_to_tensorflow(strategy, model)
 
 
-def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> MemoryBudget:
+def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any,
+                  split: Sequence[Any] = ()) -> MemoryBudget:
     """The search's memory budget (DESIGN.md "memory budget"), its figures measured in this
     process (:func:`~synctune.engine.memory.single_process_memory`) at the batch sizes a rank
     trains with (the model's, and half of it, for a line through the uneven splits): the
     activations without checkpointing and with every block checkpointed in each mode, the blocks'
     shares, and the optimizer's state as the workload's own optimizer keeps it (a workload that
     brings its own AdamW holds two moments whatever ``trial.optimizer`` says). A model that
-    cannot be built here (a Keras one) starts with none, and the optimizer by its name."""
+    cannot be built here (a Keras one) starts with none, and the optimizer by its name. ``split``:
+    tensor-parallel plans whose devices' figures are measured too, on the split model's local
+    shapes (:attr:`MemoryBudget.split`)."""
     budget = MemoryBudget(model, cluster, gib=exp.search.memory_gib, headroom=exp.search.memory_headroom,
                           optimizer=exp.trial.optimizer)
     if workload.framework == "torch":
@@ -79,6 +83,10 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
         budget.shares = dict(probed["shares"])
         if probed["optimizer_state"] is not None:
             budget.optimizer = probed["optimizer_state"]
+        for tp in split:
+            local = single_process_memory(workload, {model.batch_size, max(1, model.batch_size // 2)},
+                                          optimizer=exp.trial.optimizer, seed=exp.seed, tp=tp)
+            budget.split[tp_key(tp)] = ActivationFigures({b: [f] for b, f in local["activations"]["none"].items()})
     return budget
 
 

@@ -44,6 +44,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.kinds import units_of
+from ..strategy.tensor_parallel import local_shape, tp_key
 from ..strategy.schema import Strategy
 from .kinds import MEMORY_KINDS, MemoryContext, Tally
 
@@ -135,6 +136,10 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     buffers live only inside the iteration; a unit kept after forward holds its whole
     parameters beside its rows), else as the engine does (its shard units' buckets persist, a
     ZeRO-2 unit keeps whole gradients)."""
+    if strategy.tensor_parallel is not None:
+        return _predict_split(strategy, model_spec, cluster_spec, optimizer_state_multiplier=optimizer_state_multiplier,
+                              optimizer_step_bytes=optimizer_step_bytes, activation_bytes=activation_bytes,
+                              sparse_rows_per_sample=sparse_rows_per_sample, fsdp=fsdp)
     multiplier, step_bytes = _multiplier(optimizer_state_multiplier, optimizer_step_bytes)
     world = len(strategy.replicas)
     activations = _per_rank(activation_bytes, list(strategy.batch_split), "activation_bytes")
@@ -152,6 +157,38 @@ def predict_memory(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     return [RankMemory(rank=r, device=strategy.replicas[r], params_bytes=tally.params[r], grads_bytes=tally.grads[r],
                        optimizer_state_bytes=tally.state[r], comm_buffers_bytes=tally.buffers[r],
                        activations_bytes=activations[r]) for r in range(world)]
+
+
+def _predict_split(strategy: Strategy, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
+                   activation_bytes: int | Sequence[int] | Callable[[int], int], **args: Any) -> list[RankMemory]:
+    """:func:`predict_memory` of a strategy with ``tensor_parallel``: each device of a TP group
+    holds what a rank of the data-parallel strategy over the TP groups holds of the model as
+    split (its variables at their local shapes,
+    :func:`~synctune.strategy.tensor_parallel.local_shape`), without persistent communication
+    buffers; ``activation_bytes`` are a device's, of the split model."""
+    import dataclasses
+
+    tp = strategy.tensor_parallel
+    t = tp.degree
+    local = dataclasses.replace(model_spec, variables=tuple(
+        dataclasses.replace(v, shape=local_shape(tp, v.name, v.shape)) for v in model_spec.variables))
+    groups = dataclasses.replace(strategy, tensor_parallel=None, replicas=strategy.replicas[::t],
+                                 batch_split=strategy.batch_split[::t])
+    if not callable(activation_bytes) and not isinstance(activation_bytes, int):
+        activation_bytes = list(activation_bytes)[::t]
+    args["fsdp"] = split_layout(strategy)
+    per_group = predict_memory(groups, local, cluster_spec, activation_bytes=activation_bytes, **args)
+    # The tp runtime's all-reduce copies a merge group's gradients into one buffer in the step,
+    # after backward's peak: no buffer is held through the iteration.
+    return [dataclasses.replace(per_group[r // t], rank=r, device=strategy.replicas[r], comm_buffers_bytes=0)
+            for r in range(len(strategy.replicas))]
+
+
+def split_layout(strategy: Strategy) -> bool:
+    """How the ``tp`` runtime holds a strategy with ``tensor_parallel``: as FSDP2 where its plans
+    shard the data-parallel axis (their kind holds rows under FSDP2), else as replicas do."""
+    return any(MEMORY_KINDS.get(s.synchronizer.kind).holds_rows(s.synchronizer, True)
+               for _p, _i, s in strategy.iter_shards())
 
 
 def _count_variables(tally: Tally, strategy: Strategy, ctx: MemoryContext) -> None:
@@ -323,7 +360,10 @@ class MemoryBudget:
     search's own trials measured once any did. ``checkpointed``: the probe's figures with every
     block checkpointed, per mode (``full``, ``selective``), and ``shares``: each block's part of
     what checkpointing them all saves; a strategy that checkpoints some blocks is predicted to
-    save those blocks' parts.
+    save those blocks' parts. ``split``: per tensor-parallel plan
+    (:func:`~synctune.strategy.tensor_parallel.tp_key`), a device's figures of the model as split
+    (measured on the split model's local shapes); a plan without its own figures is predicted
+    with the unsplit model's, which hold at least as much.
 
     **Every measured trial teaches it** (:meth:`observe`), an ``oom`` one first: per layout
     (the engine's, FSDP2's), the correction added to every prediction is the larger of the
@@ -340,6 +380,7 @@ class MemoryBudget:
     probe: ActivationFigures = field(default_factory=ActivationFigures)
     checkpointed: dict[str, ActivationFigures] = field(default_factory=dict)
     shares: dict[str, float] = field(default_factory=dict)
+    split: dict[str, ActivationFigures] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.activations = self.probe
@@ -353,11 +394,13 @@ class MemoryBudget:
         """The checkpointing modes the probe measured (the ones a search may propose)."""
         return tuple(m for m, figures in self.checkpointed.items() if figures)
 
-    def activation_bytes(self, batch: int, checkpoint: Sequence[tuple[str, str]] = ()) -> int:
+    def activation_bytes(self, batch: int, checkpoint: Sequence[tuple[str, str]] = (), tp: Any = None) -> int:
         """The strategy-independent memory of a rank with ``batch`` samples whose blocks are
-        checkpointed as ``checkpoint`` says: the activation figures less, per checkpointed block,
-        its share of what the probe measured checkpointing every block saves in that mode."""
-        base = self.activations(batch)
+        checkpointed as ``checkpoint`` says: the activation figures (a tensor-parallel plan
+        ``tp``'s own where measured) less, per checkpointed block, its share of what the probe
+        measured checkpointing every block saves in that mode."""
+        figures = self.split.get(tp_key(tp)) if tp is not None else None
+        base = figures(batch) if figures else self.activations(batch)
         saved = 0.0
         for block, mode in checkpoint:
             figures = self.checkpointed.get(mode)
@@ -367,7 +410,8 @@ class MemoryBudget:
 
     def _raw_predict(self, strategy: Strategy, fsdp: bool) -> list[RankMemory]:
         return predict_memory(strategy, self.model, self.cluster, **self._optimizer_args(),
-                              activation_bytes=lambda b: self.activation_bytes(b, strategy.checkpoint), fsdp=fsdp)
+                              activation_bytes=lambda b: self.activation_bytes(b, strategy.checkpoint,
+                                                                               strategy.tensor_parallel), fsdp=fsdp)
 
     def _optimizer_args(self) -> dict[str, Any]:
         if isinstance(self.optimizer, str):
@@ -428,9 +472,12 @@ class MemoryBudget:
         :func:`synctune.engine.runtimes.executor_for`), else the engine. The layout's correction
         (:meth:`observe`) is in the activations part."""
         layout = strategy.frees_parameters if fsdp is None else bool(fsdp)
+        if strategy.tensor_parallel is not None:
+            layout = split_layout(strategy)
         correction = self.corrections.get(layout, 0)
         return predict_memory(strategy, self.model, self.cluster, **self._optimizer_args(),
-                              activation_bytes=lambda b: self.activation_bytes(b, strategy.checkpoint) + correction,
+                              activation_bytes=lambda b: self.activation_bytes(b, strategy.checkpoint,
+                                                                               strategy.tensor_parallel) + correction,
                               fsdp=layout)
 
     def peaks(self, strategy: Strategy, fsdp: bool | None = None) -> list[int]:
@@ -464,7 +511,8 @@ class MemoryBudget:
         their rows)."""
         points = lambda figures: {str(b): list(v) for b, v in figures.points.items()}  # noqa: E731
         return {"probe": points(self.probe), "checkpointed": {m: points(f) for m, f in self.checkpointed.items()},
-                "shares": dict(self.shares)}
+                "shares": dict(self.shares), **({"split": {k: points(f) for k, f in self.split.items()}}
+                                                 if self.split else {})}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take the probe's figures from :meth:`state` (before the search learns any)."""
@@ -475,6 +523,8 @@ class MemoryBudget:
         if state.get("checkpointed"):
             self.checkpointed = {m: figures(p) for m, p in state["checkpointed"].items()}
             self.shares = {str(k): float(v) for k, v in (state.get("shares") or {}).items()}
+        if state.get("split"):
+            self.split = {str(k): figures(p) for k, p in state["split"].items()}
         if self.observations:
             self._correct(recompute=True)
 

@@ -481,18 +481,19 @@ class MegatronOptions:
     """Megatron-LM's plan (Shoeybi et al. 2019) on TP groups of ``degree`` devices of a node (0:
     the devices of the smallest node), the data-parallel axis ``dp``: ``shard`` (FSDP2 over the
     TP groups as torchtitan wraps a transformer: one unit per block, ``reshard`` after forward,
-    and the rest of the model in the root's unit, kept) or ``allreduce``."""
+    and the rest of the model in the root's unit, kept), ``allreduce``, or ``auto``: shard where
+    there is more than one TP group, else all-reduce (nothing to shard over one)."""
 
     degree: int = 0
-    dp: str = "shard"
+    dp: str = "auto"
     reshard: bool = True
 
     def __post_init__(self) -> None:
         if not (is_int(self.degree) and (self.degree == 0 or self.degree >= 2)):
             raise StrategyError(f"builder megatron: option degree: expected 0 (a node's devices) or a TP degree of 2 "
                                 f"or more, got {self.degree!r}")
-        if self.dp not in ("shard", "allreduce"):
-            raise StrategyError(f"builder megatron: option dp: expected shard or allreduce, got {self.dp!r}")
+        if self.dp not in ("auto", "shard", "allreduce"):
+            raise StrategyError(f"builder megatron: option dp: expected auto, shard or allreduce, got {self.dp!r}")
         if not isinstance(self.reshard, bool):
             raise StrategyError(f"builder megatron: option reshard: expected true or false, got {self.reshard!r}")
 
@@ -562,7 +563,8 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
         raise StrategyError(f"builder megatron: model {model.name!r} has no attention or MLP pair of linear layers "
                             f"(named as {', '.join(_ATTENTION_IN[:3])} ... and {', '.join(_MLP_IN[:3])} ...) whose "
                             f"features a degree of {degree} divides")
-    if opts.dp == "shard":
+    dp = opts.dp if opts.dp != "auto" else ("shard" if cluster.num_devices > degree else "allreduce")
+    if dp == "shard":
         scalar = next((v.name for v in model.variables if not _shardable(v)), None)
         if scalar is not None:
             raise StrategyError(f"builder megatron: option dp: variable {scalar!r} cannot be sharded by FSDP2 (sparse, "

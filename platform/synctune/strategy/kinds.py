@@ -164,9 +164,10 @@ class Synchronizer:
         return dataclasses.replace(self, **{self.merge_field: new})
 
     # ---------------------------------------------------------------------- validation
-    def tp_refusal(self) -> str | None:
+    def tp_refusal(self, groups: int) -> str | None:
         """Why this synchronizer cannot be the data-parallel axis of a strategy with
-        ``tensor_parallel`` (its field and the fix), or None where the ``tp`` runtime runs it."""
+        ``tensor_parallel`` over ``groups`` TP groups (its field and the fix), or None where the
+        ``tp`` runtime runs it."""
         return f"{self.kind} does not compose with tensor_parallel; use allreduce or shard"
 
     def check(self, ctx: ShardContext) -> None:
@@ -433,7 +434,7 @@ class AllReduceSynchronizer(Synchronizer):
     merge_groups: ClassVar[bool] = True
     stats_column: ClassVar[str] = "num_allreduce_shards"
 
-    def tp_refusal(self) -> str | None:
+    def tp_refusal(self, groups: int) -> str | None:
         if self.algorithm != "flat":
             return (f"allreduce: algorithm: {self.algorithm} does not compose with tensor_parallel (the data-parallel "
                     f"axis is one ring per TP rank); use flat")
@@ -585,7 +586,10 @@ class ShardSynchronizer(Synchronizer):
     merge_field: ClassVar[str] = "unit"
     stats_column: ClassVar[str] = "num_sharded"
 
-    def tp_refusal(self) -> str | None:
+    def tp_refusal(self, groups: int) -> str | None:
+        if groups == 1:
+            return ("shard: the data-parallel axis is one TP group, so FSDP2 would shard over one device: nothing "
+                    "to shard; use allreduce (nothing travels) or more replicas")
         if self.group != 0:
             return (f"shard: group: {self.group} (HSDP) does not compose with tensor_parallel: the shard group is "
                     f"every TP group (0)")

@@ -38,7 +38,7 @@ from ..spec.checks import is_int, shown
 from .errors import StrategyError
 
 __all__ = ["TP_STYLES", "TensorParallel", "tensor_parallel_from_data", "check_tensor_parallel", "tp_groups",
-           "tp_label", "tp_shares"]
+           "tp_label", "local_shape", "tp_key"]
 
 #: The styles a tensor-parallel module may have.
 TP_STYLES = ("colwise", "rowwise")
@@ -143,7 +143,7 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
             raise StrategyError(f"strategy: variable {plan.variable!r}: partition: a strategy with tensor_parallel "
                                 f"synchronizes whole variables over its data-parallel axis; do not partition it")
         shard = plan.shards[0]
-        refusal = shard.synchronizer.tp_refusal()
+        refusal = shard.synchronizer.tp_refusal(replicas // t)
         if refusal:
             raise StrategyError(f"strategy: variable {plan.variable!r}: synchronizer: {refusal}")
         if shard.compressor.kind != "none":
@@ -156,19 +156,25 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
                             + " and ".join(sorted(k.__name__ for k in kinds)))
 
 
-def tp_shares(tp: TensorParallel | None, variables: Iterable[Any]) -> dict[str, int]:
-    """Per variable split by ``tp``, how many ways (the degree): a column-wise module's weight and
-    bias, a row-wise module's weight (its bias is kept whole). Variables not named are whole."""
+def local_shape(tp: TensorParallel | None, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a device of a TP group holds of variable ``name`` (``shape`` whole): a column-wise
+    module's weight and bias split on their first axis, a row-wise module's weight on its second."""
     if tp is None:
-        return {}
-    styles = dict(tp.styles)
-    out = {}
-    for var in variables:
-        module, _, leaf = var.name.rpartition(".")
-        style = styles.get(module)
-        if style == "colwise" or (style == "rowwise" and leaf == "weight"):
-            out[var.name] = tp.degree
-    return out
+        return tuple(shape)
+    module, _, leaf = name.rpartition(".")
+    style = tp.style_of(module)
+    if style == "colwise" and shape:
+        return (shape[0] // tp.degree,) + tuple(shape[1:])
+    if style == "rowwise" and leaf == "weight" and len(shape) == 2:
+        return (shape[0], shape[1] // tp.degree)
+    return tuple(shape)
+
+
+def tp_key(tp: TensorParallel | None) -> str:
+    """A canonical text of ``tp`` (what the memory model keys a plan's measured activations by)."""
+    import json
+
+    return "" if tp is None else json.dumps(tp.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
 def tp_label(tp: TensorParallel | None) -> str:
