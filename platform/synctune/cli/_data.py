@@ -23,7 +23,8 @@ _data_option = click.option("--data", "data_path", metavar="DIR",
 
 @cli.group("dataset")
 def dataset_group() -> None:
-    """The (model, cluster, strategy, runtime) dataset: stats, export, publish and pull."""
+    """The (model, cluster, strategy, runtime) dataset: its path, stats, compact, export, collect
+    trials locally, push a release and pull one."""
 
 
 @dataset_group.command("path")
@@ -120,7 +121,7 @@ def pull_cmd(data_path: str | None, source: str) -> None:
 
 @cli.group("mlflow")
 def mlflow_group() -> None:
-    """MLflow housekeeping."""
+    """MLflow housekeeping: sync logs every dataset row that has no MLflow run yet."""
 
 
 @mlflow_group.command("sync")
