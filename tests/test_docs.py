@@ -321,9 +321,11 @@ def test_hugging_face_datasets_loads_a_release_from_the_card(tmp_path, monkeypat
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(ROOT)
-    for name, rows in (("synctune-v0.3", 3010), ("synctune-v0.1", 291)):
-        loaded = datasets.load_dataset("dataset", name, split="train", cache_dir=str(tmp_path / "cache"))
-        assert loaded.num_rows == rows and "median_s" in loaded.column_names
+    import json
+
+    for release in json.loads((ROOT / "dataset" / "releases.json").read_text()):
+        loaded = datasets.load_dataset("dataset", release["name"], split="train", cache_dir=str(tmp_path / "cache"))
+        assert loaded.num_rows == release["rows"] and "median_s" in loaded.column_names, release["name"]
 
 
 # ------------------------------------------------------------------------------ help
