@@ -85,6 +85,10 @@ def test_the_compared_runs_are_the_pick_its_confirmation_and_the_screened_baseli
     against_ddp = dataclasses.replace(CONFIRMED, baseline=label, screened_baselines=(label, "builder ps-lb"))
     chosen = compared_records(records + ddp, against_ddp)
     assert [r.trial_id for r in chosen] == ["confirm-0", "trial2", "ddp-1", "trial1"]
+    # without a confirmation, the link is the search's own run
+    _, parent = logged_search
+    links = _save_links(SimpleNamespace(search_id=SEARCH, mlflow_parent_run=parent, confirmed=None), None)
+    assert links.compare == () and links.search_url().endswith(f"/runs/{parent}")
 
 
 def test_synctune_ui_prints_the_latest_search_and_its_compare_view_shows_the_runs(logged_search, tmp_path):

@@ -67,7 +67,11 @@ def _save_links(summary, tracking_uri: str | None):
     except Exception as exc:  # noqa: BLE001 - the search is done and recorded; the link is a convenience
         echo_err(f"warning: no MLflow link: the store {uri} did not answer ({' '.join(str(exc).split())[:200]})")
         return None
-    records = TrialDataset(dataset_dir()).records(search_id=summary.search_id)
+    try:
+        records = TrialDataset(dataset_dir()).records(search_id=summary.search_id)
+    except (OSError, SpecError) as exc:  # the rows are there to choose from; without them, the search's run
+        echo_err(f"warning: the search's rows could not be read to choose the runs to compare ({exc})")
+        records = []
     links = SearchLinks(search_id=summary.search_id, tracking_uri=uri, experiment_id=str(experiment_id),
                         parent_run=summary.mlflow_parent_run,
                         compare=tuple(r.mlflow_run_id for r in compared_records(records, summary.confirmed)))

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from ..data.confirmation import Confirmation
 from ..data.record import TrialRecord
+from ..spec.errors import SpecError
 from .baselines import BaselineTrial
 
 __all__ = ["ui_base", "compare_runs_url", "run_url", "compared_records", "SearchLinks", "latest_links", "links_path"]
@@ -69,8 +70,17 @@ def compared_records(records: list[TrialRecord], confirmation: Confirmation | No
         if label.startswith("builder "):  # a builder's trials carry its name (with options) as their origin
             add([r for r in ok if r.origin == label.removeprefix("builder ")])
         else:  # a tuned runtime's trial, named as the confirmation named it
-            add([r for r in ok if r.origin not in ("confirmation",) and BaselineTrial.from_record(r).label == label])
+            add([r for r in ok if r.origin != "confirmation" and _baseline_label(r) == label])
     return chosen
+
+
+def _baseline_label(record: TrialRecord) -> str | None:
+    """How a confirmation names the baseline trial of ``record``; None for a row whose runtime
+    cannot be read back (an older row: it is then not compared, nothing else fails)."""
+    try:
+        return BaselineTrial.from_record(record).label
+    except (SpecError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
