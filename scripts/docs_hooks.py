@@ -2,7 +2,8 @@
 
 Generated from the code, so the site cannot drift from it: a page's ``<!-- generated: NAME -->``
 line is replaced by the table ``NAME`` (:data:`GENERATORS`): the builders registry, the keys of
-an experiment file (its section classes and their ``#:`` comments), the dataset's Arrow schema.
+an experiment file (its section classes and their ``#:`` comments) and what ``tuned`` stands for
+among its builders, the dataset's Arrow schema.
 
 Checked on every build: every ``synctune ...`` command line in a page (code blocks and inline
 code) is parsed against the click tree of ``synctune.cli`` without running anything; an unknown
@@ -165,6 +166,7 @@ def _field_comments(cls: type) -> dict[str, str]:
 
     comments: dict[str, str] = {}
     pending: list[str] = []
+    shared = ""  # fields declared together under one comment share it: the first one's name
     for line in inspect.getsource(cls).splitlines():
         s = line.strip()
         if s.startswith("#:"):
@@ -173,6 +175,11 @@ def _field_comments(cls: type) -> dict[str, str]:
         m = re.match(r"^([a-z_][a-z0-9_]*)\s*:", s)
         if m and pending:
             comments[m.group(1)] = " ".join(pending)
+            shared = m.group(1)
+        elif m and shared:
+            comments[m.group(1)] = f"See `{shared}` above."
+        else:
+            shared = ""
         pending = []
     return comments
 
@@ -191,10 +198,25 @@ def experiment_keys_table() -> str:
         for name in cls.settings():
             flat = cls.flat_key(name)
             key = f"`{name}`" + (f" (`{flat}`)" if flat != name else "")
-            default = _default(fields[name])
+            field = fields[name]
+            value = field.default if field.default is not dataclasses.MISSING else None
+            default = _default(field)
+            if isinstance(value, tuple):  # as a file writes it
+                default = "[" + ", ".join(map(str, value)) + "]"
             default = "required" if default == "required" else f"`{default}`" if default != "" else '`""`'
-            rows.append(f"| `{cls.KEY}` | {key} | {_cell(default)} | {_cell(comments.get(name, ''))} |")
+            rows.append(f"| `{cls.KEY}` | {key} | {_cell(default)} | {_cell(_with_choices(comments.get(name, ''), ex))} |")
     return "\n".join(rows)
+
+
+def _with_choices(text: str, module) -> str:
+    """``text`` with each module constant it cites (``:data:`ALGORITHMS```) followed by its values."""
+    def spell(m: re.Match) -> str:
+        values = getattr(module, m.group(1), None)
+        if isinstance(values, tuple) and values and all(isinstance(v, str) for v in values):
+            return f"{m.group(0)}: " + ", ".join(f"`{v}`" for v in values)
+        return m.group(0)
+
+    return re.sub(r":data:`([A-Z_]+)`", spell, text)
 
 
 def dataset_schema_table() -> str:
@@ -206,8 +228,16 @@ def dataset_schema_table() -> str:
     return "\n".join(rows)
 
 
+def tuned_baselines() -> str:
+    """What ``tuned`` stands for among an experiment's builders (``TUNED_BASELINES``)."""
+    from synctune.strategy.builders import TUNED_BASELINES
+
+    return ", ".join(f"`{entry}`" for entry in TUNED_BASELINES) + "."
+
+
 GENERATORS = {
     "builders": builders_table,
+    "tuned-baselines": tuned_baselines,
     "experiment-keys": experiment_keys_table,
     "dataset-schema": dataset_schema_table,
 }
