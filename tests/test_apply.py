@@ -325,3 +325,38 @@ def test_a_tuned_ddp_winner_is_applied_with_its_own_configuration(tmp_path):
         from synctune.run.apply import training_script
 
         training_script(skeleton, workload.spec(), cluster, workload="cnn-small", root="", fmt="engine", ddp=tuned)
+
+
+def test_applied_file_says_what_it_is_doing(tmp_path):
+    """Run as the search's summary says (torchrun, a few steps), the training file prints from
+    rank 0 the step, the loss, the iteration time and samples/s, then the mean iteration time
+    after the warm-up; ``--quiet`` prints nothing. Every format shares the printing: the plain-DDP
+    file is run talking, the engine's quiet."""
+    strategy = tmp_path / "s.json"
+    runner = CliRunner(env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    built = runner.invoke(cli, ["strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", str(strategy)])
+    assert built.exit_code == 0, built.output
+
+    def apply(fmt):
+        out = tmp_path / f"train_{fmt}.py"
+        applied = runner.invoke(cli, ["apply", str(strategy), "-m", "cnn-small", "-c", "local-1x2", "--format", fmt,
+                                      "-o", str(out)])
+        assert applied.exit_code == 0, applied.output
+        return out
+
+    def run(out, *extra):
+        ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              str(out), "--steps", "5", *extra], env=search_env(tmp_path / "home"), cwd=str(tmp_path),
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return ran.stdout
+
+    said = run(apply("ddp"))
+    steps = re.findall(r"^step (\d+)/5: loss [0-9.]+, [0-9.]+ ms/iteration, [0-9.]+ samples/s$", said, re.M)
+    assert steps == ["1", "2", "3", "4", "5"], said  # 5 steps: one line each (steps / 5)
+    done = re.findall(r"^done: 5 steps on 2 processes; mean iteration ([0-9.]+) ms over steps 4-5 "
+                      r"\(rank 0, after 3 warm-up\), ([0-9.]+) samples/s", said, re.M)
+    assert len(done) == 1 and float(done[0][0]) > 0, said
+    # samples/s is the global batch (2 replicas x the zoo batch) over the mean iteration time
+    assert float(done[0][1]) == pytest.approx(2 * 16 * 1e3 / float(done[0][0]), rel=0.01)
+    assert run(apply("engine"), "--quiet").strip() == ""

@@ -96,7 +96,7 @@ def test_equivalence(device, world, backend):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_autocast_with_a_grad_scaler(device):
-    """Mixed precision as the README shows it (fp16 autocast and a GradScaler on CUDA; bf16 on the
+    """Mixed precision as docs/guides/trials.md shows it (fp16 autocast and a GradScaler on CUDA; bf16 on the
     CPU), 2 processes on one device over gloo, with PS, a random composed strategy, clipping and shard units:
     rank 1 overflows at step 1 and every rank skips that step (the scale halves everywhere); the
     result equals single-process mixed-precision training on the same device."""

@@ -864,7 +864,7 @@ def test_the_learned_residual_finds_what_the_replay_misses_and_is_the_replay_whe
             # a correction learned on other models carries imperfectly): the correction must at
             # least halve the pairs the calibrated replay orders wrong (0.86 -> 0.95 here; with
             # a CPU cost per unit rather than per peer, 0.71 -> 0.90), its error within a third
-            # of the calibrated replay's. On v0.3's rows it is below it (README, "The simulator").
+            # of the calibrated replay's. On v0.3's rows it is below it (docs/results/simulator.md).
             assert err["residual"] < 1.35 * err["calibrated"], err
             assert 1 - err["residual rank"] <= 0.5 * (1 - err["calibrated rank"]), err
         else:

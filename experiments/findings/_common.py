@@ -154,7 +154,7 @@ def load_benchmark(name: str):
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
-    """A Markdown table (what the dataset card and the notes paste)."""
+    """A Markdown table (what the dataset collection notes and the findings paste)."""
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """Does a strategy measured again later in the same process group come out faster? (What keeps
-the quieter trial's repeat noise above 5% on some presets: the dataset card, "Toward v0.3".)
+the quieter trial's repeat noise above 5% on some presets: docs/results/dataset-collection.md, "Toward v0.3".)
 
 On a lab preset (root), one model's builders are trialled in one process group pass after pass
 (the whole list, then again, ``--passes`` times; the quieter trial, workers pinned), and each

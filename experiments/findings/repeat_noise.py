@@ -257,7 +257,7 @@ def probe_drift(seconds: float, windows: int = 6) -> None:
     half second for ``seconds``, and the median of each of ``windows`` consecutive windows. Run it
     on an idle machine: its spread says how much the machine's state moves from minute to minute.
     It is not a speed a trial runs at: a probe beside every trial (``--speed-probe``) moves
-    otherwise and divides none of the pairs' difference away (dataset card)."""
+    otherwise and divides none of the pairs' difference away (docs/results/dataset-collection.md)."""
     a = np.random.default_rng(0).random((300, 300))
     out = []
     start = time.monotonic()

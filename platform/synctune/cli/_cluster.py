@@ -10,7 +10,8 @@ from ._common import FiniteFloatRange, echo_err, node_network, resolve_cluster_a
 
 @cli.group("cluster")
 def cluster_group() -> None:
-    """Ray clusters: check a cluster-launcher config, describe a running cluster, calibrate a slice."""
+    """Ray clusters: check a cluster-launcher config offline, show the cluster spec of a running
+    cluster, calibrate its links and devices."""
 
 
 @cluster_group.command("check")

@@ -23,7 +23,8 @@ _data_option = click.option("--data", "data_path", metavar="DIR",
 
 @cli.group("dataset")
 def dataset_group() -> None:
-    """The (model, cluster, strategy, runtime) dataset: stats, export, publish and pull."""
+    """The (model, cluster, strategy, runtime) dataset: its path, stats, compact, export, collect
+    trials locally, push a release and pull one."""
 
 
 @dataset_group.command("path")
@@ -120,7 +121,7 @@ def pull_cmd(data_path: str | None, source: str) -> None:
 
 @cli.group("mlflow")
 def mlflow_group() -> None:
-    """MLflow housekeeping."""
+    """MLflow housekeeping: sync logs every dataset row that has no MLflow run yet."""
 
 
 @mlflow_group.command("sync")
@@ -138,12 +139,37 @@ def sync_cmd(data_path: str | None, tracking_uri: str | None) -> None:
     click.echo(f"logged {counts['logged']} run(s); {counts['present']} were already in MLflow")
 
 
+def _open_when_serving(url: str, port: int, server, timeout_s: float = 120.0) -> None:
+    """Open ``url`` in the user's browser once the UI answers on ``port`` (in a thread of its own)."""
+    import socket
+    import threading
+    import time
+    import webbrowser
+
+    def wait_then_open() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                    webbrowser.open(url)
+                    return
+            except OSError:
+                time.sleep(0.5)
+
+    threading.Thread(target=wait_then_open, daemon=True).start()
+
+
 @cli.command("ui")
 @click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--tracking-uri", help="Backend store (default: $MLFLOW_TRACKING_URI or the SQLite store).")
-def ui_cmd(port: int, tracking_uri: str | None) -> None:
-    """Start the MLflow UI for synctune's store on 127.0.0.1 (Ctrl-C stops it)."""
-    from ..data import artifact_root, default_tracking_uri
+@click.option("--open", "open_browser", is_flag=True, help="Open the latest search's runs in the browser.")
+def ui_cmd(port: int, tracking_uri: str | None, open_browser: bool) -> None:
+    """Start the MLflow UI for synctune's store on 127.0.0.1 (Ctrl-C stops it); print (and with
+    --open, open) the latest search's runs: its confirmed pick beside the baselines it was
+    screened against."""
+    from ..data import artifact_root, data_home, default_tracking_uri
+    from ..run.links import latest_links
+    from ..spec.files import path_under
 
     uri = tracking_uri or default_tracking_uri()
     if uri.startswith(("http://", "https://")):
@@ -152,6 +178,11 @@ def ui_cmd(port: int, tracking_uri: str | None) -> None:
     args = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--artifacts-destination", str(artifact_root())]
     echo_err(f"MLflow UI for {uri} at http://127.0.0.1:{port}")
+    links = latest_links(path_under(data_home(), "searches"), uri)
+    url = f"http://127.0.0.1:{port}"
+    if links is not None:
+        url = links.compare_url(port) if links.compare else links.search_url(port)
+        echo_err(f"latest search {links.search_id}: {url}")
     sys.stdout.flush()
     import subprocess
 
@@ -162,6 +193,8 @@ def ui_cmd(port: int, tracking_uri: str | None) -> None:
     # job-consumer processes that a signal to this process alone would leave running, orphaned.
     # Ctrl-C, SIGTERM and SIGHUP (a service manager, a terminal closing) take the whole tree down.
     server = subprocess.Popen(args, start_new_session=True)
+    if open_browser:
+        _open_when_serving(url, port, server)
     try:
         code = server.wait()
     finally:

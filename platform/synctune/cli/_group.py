@@ -93,6 +93,8 @@ def cli() -> None:
     """Find the fastest way to synchronize a data-parallel training job on a cluster.
 
     Strategies decide, variable by variable, how gradients travel (parameter server or
-    all-reduce, placement, partitioning, merge groups, compression). Start with
-    `synctune models`, `synctune clusters` and `synctune strategy build`.
+    all-reduce, placement, partitioning, merge groups, compression). Start with the README's
+    first search, `synctune search experiments/quickstart.yaml`, then browse it with
+    `synctune ui`; your own model: `synctune models -w my_job.py:workload`. Documentation:
+    README.md and docs/ (a MkDocs site: `mkdocs serve`).
     """

@@ -22,7 +22,8 @@ def _lab_preset(name: str):
 
 @cli.group("lab")
 def lab_group() -> None:
-    """Emulated clusters: one network namespace per node, links shaped with tc (needs root)."""
+    """Emulated clusters: one network namespace per node, links shaped with tc (needs root): up,
+    status, calibrate, collect, down."""
 
 
 @lab_group.command("up")

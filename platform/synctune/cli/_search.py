@@ -50,6 +50,41 @@ def _apply_best(summary, workload, cluster, best_path: Path, exp, tracking_uri: 
         return None, ""
 
 
+def _save_links(summary, tracking_uri: str | None):
+    """Where the search's results are in the MLflow UI (:mod:`synctune.run.links`), saved beside
+    its result for ``synctune ui``; None when MLflow was not reached (the summary says so)."""
+    if not summary.mlflow_parent_run:
+        return None
+    from ..data import TrialDataset, data_home, dataset_dir, default_tracking_uri
+    from ..run.links import SearchLinks, compared_records, links_path
+    from ..spec.files import path_under, write_text_atomic
+
+    uri = tracking_uri or default_tracking_uri()
+    try:
+        import mlflow
+
+        experiment_id = mlflow.MlflowClient(uri).get_run(summary.mlflow_parent_run).info.experiment_id
+    except Exception as exc:  # noqa: BLE001 - the search is done and recorded; the link is a convenience
+        echo_err(f"warning: no MLflow link: the store {uri} did not answer ({' '.join(str(exc).split())[:200]})")
+        return None
+    try:
+        records = TrialDataset(dataset_dir()).records(search_id=summary.search_id)
+    except (OSError, SpecError) as exc:  # the rows are there to choose from; without them, the search's run
+        echo_err(f"warning: the search's rows could not be read to choose the runs to compare ({exc})")
+        records = []
+    links = SearchLinks(search_id=summary.search_id, tracking_uri=uri, experiment_id=str(experiment_id),
+                        parent_run=summary.mlflow_parent_run,
+                        compare=tuple(r.mlflow_run_id for r in compared_records(records, summary.confirmed)))
+    try:
+        searches = path_under(data_home(), "searches")
+        searches.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(links_path(searches, summary.search_id),
+                          json.dumps(links.to_dict(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        echo_err(f"warning: the MLflow links could not be saved for `synctune ui` ({exc})")
+    return links
+
+
 @cli.command("search")
 @click.argument("experiment")
 @click.option("--resume", is_flag=True, help="Continue an interrupted search (finished trials are kept).")
@@ -114,6 +149,11 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
 
         click.echo(f"apply     {train_path} ({FORMAT_NAMES[used]}): "
                    f"{run_command(summary.recommended.strategy, train_path)}")
+    links = _save_links(summary, tracking_uri)
+    if links is not None:
+        click.echo(f"mlflow    {links.compare_url() if links.compare else links.search_url()}"
+                   + (" (the confirmed pick and the baselines it was screened against; `synctune ui` serves it)"
+                      if links.compare else " (the search's run; `synctune ui` serves it)"))
     echo_err(f"MLflow parent run {summary.mlflow_parent_run or '(MLflow unavailable)'}; "
              f"dataset rows under search id {summary.search_id}")
     if summary.trials:

@@ -14,7 +14,8 @@ from ._common import FiniteFloatRange, echo_err, model_option, resolve_cluster_a
 
 @cli.group("sim")
 def sim_group() -> None:
-    """The simulator: train rankers on the dataset, evaluate them, score strategies."""
+    """The simulator: train rankers on the dataset, eval them, score strategies, profile a workload's
+    compute, and check the memory model against recorded trials."""
 
 
 def _domains(data: str | None, selected: tuple[str, ...]):

@@ -11,7 +11,7 @@ from ._common import echo_err, model_option, resolve_cluster_arg, table, write_t
 
 @cli.group("strategy")
 def strategy_group() -> None:
-    """Build, validate and inspect strategies (plain JSON files)."""
+    """Build, validate and show strategies (plain JSON files); builders lists the hand-optimised ones."""
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -184,13 +184,20 @@ Run one process per replica ({replicas} here), e.g. on one machine:
     python -m torch.distributed.run --standalone --nproc-per-node {replicas} {filename} --steps 100
 
 On several machines, start it on each with --nnodes, --node-rank and --rdzv-endpoint; ranks
-follow the strategy's replicas in order ({devices}). Options: --steps, --checkpoint FILE.
+follow the strategy's replicas in order ({devices}). Options: --steps, --checkpoint FILE,
+--log-every N, --warmup W, --quiet.
+
+Rank 0 prints every N steps the step, the loss, rank 0's mean iteration time and the global
+samples per second over those steps, and at the end the mean iteration time over the steps
+after the first W (warm-up), the figure to compare with the iteration time the search measured;
+--quiet prints nothing.
 """
 
 import argparse
 import gc
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -207,7 +214,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--checkpoint", help="where to save the trained state (rank 0 writes it)")
-    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--log-every", type=int, default=0,
+                        help="print every N steps (default: 10, or steps / 5 when fewer than 50 steps)")
+    parser.add_argument("--warmup", type=int, default=3, help="steps left out of the final mean iteration time")
+    parser.add_argument("--quiet", action="store_true", help="print nothing")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
@@ -235,11 +245,28 @@ def train(args, cuda):
         model = workload.build_model()
 {checkpointing}{setup}
     data = workload.batches(BATCH_SPLIT[rank], rank, world, SEED)
+    log_every = args.log_every if args.log_every > 0 else max(1, min(10, args.steps // 5))
+    talk = rank == 0 and not args.quiet
+    global_batch = sum(BATCH_SPLIT)
+    times = []  # rank 0's seconds per step, whole iterations (batch to optimizer step)
     for step in range(args.steps):
+        start = time.perf_counter()
         batch = tuple(t.to(device) for t in next(data))
 {train_step}
-        if rank == 0 and (step + 1) % args.log_every == 0:
-            print(f"step {{step + 1}}: loss {{loss.item():.4f}}", flush=True)
+        if talk:
+            if cuda:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+            if (step + 1) % log_every == 0:
+                recent = sum(times[-log_every:]) / len(times[-log_every:])
+                print(f"step {{step + 1}}/{{args.steps}}: loss {{loss.item():.4f}}, {{recent * 1e3:.1f}} ms/iteration, "
+                      f"{{global_batch / recent:.1f}} samples/s", flush=True)
+    if talk and times:
+        warm = min(max(args.warmup, 0), len(times) - 1)
+        mean = sum(times[warm:]) / len(times[warm:])
+        print(f"done: {{args.steps}} steps on {{world}} processes; mean iteration {{mean * 1e3:.2f}} ms over steps "
+              f"{{warm + 1}}-{{len(times)}} (rank 0, after {{warm}} warm-up), {{global_batch / mean:.1f}} samples/s "
+              f"(compare with the iteration time the search measured)", flush=True)
 {save}
 
 
