@@ -14,7 +14,8 @@ local tensors); then the data-parallel axis as the strategy's plans say:
   shard, a replicated parameter's whole gradient) flattened and all-reduced over the ``dp``
   process group, one collective per group, then divided by the number of TP groups.
 
-The replicas of one TP group train the same batch (:meth:`TensorParallelRuntime.batch_rank`); an
+The replicas of one TP group train the same batch, the one rank g of data parallelism over the
+groups trains for group g (:meth:`TensorParallelRuntime.batch_rank`); an
 uneven split across the groups is weighted as FSDP2's is, by scaling each group's loss.
 
 Before the first iteration every rank compares the model's loss on its batch unsplit (before
@@ -219,9 +220,12 @@ class TensorParallelRuntime(PlansRuntime):
         return None
 
     def batch_rank(self, strategy: Any, rank: int) -> int:
-        """The replicas of a TP group train one batch: the group's first rank's."""
-        t = strategy.tensor_parallel.degree
-        return rank - rank % t
+        """The replicas of a TP group train one batch, the one data parallelism over the groups
+        would give the group's index."""
+        return rank // strategy.tensor_parallel.degree
+
+    def training_format(self, strategy: Any) -> str:
+        return "tp"
 
     def prepare(self, ctx: ArmContext) -> Stepper:
         import torch

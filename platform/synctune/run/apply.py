@@ -7,7 +7,11 @@ bucket size cap of the strategy's largest merge group, ``gradient_as_bucket_view
 hook of its compressor (fp16, bf16, PowerSGD). DDP forms its buckets itself (greedily, and again
 after its first iteration), so its bucket boundaries, and with them its timing, are DDP's own,
 not the measured strategy's; PowerSGD's hook differs in its details (warm-up iterations, random
-projections). A strategy whose plans are all ``shard`` with units at module
+projections). A strategy with ``tensor_parallel`` becomes a file of torch's DTensor: the
+("dp", "tp") mesh, ``parallelize_module`` with the plan written out module by module, then
+``fully_shard`` per unit on the ``dp`` sub-mesh or an all-reduce of the local gradients over it
+(:func:`tp_setup_code`), as the ``tp`` runtime runs it. A strategy whose plans are all ``shard``
+with units at module
 boundaries is what torch FSDP2 expresses: the file calls ``fully_shard`` per unit on the
 strategy's mesh (1-D, or HSDP's 2-D), with each unit's ``reshard_after_forward``, reduce dtype
 and prefetch, in plain PyTorch (:func:`fsdp_setup_code`). Otherwise the training file runs the
@@ -36,13 +40,15 @@ from ..strategy.checkpoint import SAVED_OPS, checkpoint_blocks, checkpoint_label
 from ..strategy.schema import Strategy
 
 __all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "fsdp_config", "fsdp_setup_code", "checkpoint_setup_code",
+           "tp_setup_code",
            "training_script",
            "write_training_file", "apply_search_result", "run_command", "FORMATS", "FORMAT_NAMES"]
 
 #: A training file's formats (``auto``: FSDP2 or plain DDP where one runs the strategy exactly).
-FORMATS = ("auto", "ddp", "fsdp", "engine")
+FORMATS = ("auto", "ddp", "fsdp", "tp", "engine")
 #: What a training file of each format trains with, in words.
-FORMAT_NAMES = {"ddp": "plain torch DDP", "fsdp": "torch FSDP2", "engine": "synctune engine"}
+FORMAT_NAMES = {"ddp": "plain torch DDP", "fsdp": "torch FSDP2", "tp": "torch DTensor tensor parallelism",
+                "engine": "synctune engine"}
 
 
 def ddp_config(strategy: Strategy, spec: ModelSpec) -> tuple[DDPConfig | None, str]:
@@ -234,6 +240,7 @@ def main():
 
 def train(args, cuda):
     rank, world = dist.get_rank(), dist.get_world_size()
+    data_rank = rank  # whose batches this rank trains (the replicas of a TP group share theirs)
     if world != len(BATCH_SPLIT):
         raise SystemExit(f"the strategy has {{len(BATCH_SPLIT)}} replicas: start {{len(BATCH_SPLIT)}} processes, not {{world}}")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
@@ -244,10 +251,10 @@ def train(args, cuda):
     with torch.device(device):
         model = workload.build_model()
 {checkpointing}{setup}
-    data = workload.batches(BATCH_SPLIT[rank], rank, world, SEED)
+    data = workload.batches(BATCH_SPLIT[rank], data_rank, world, SEED)
     log_every = args.log_every if args.log_every > 0 else max(1, min(10, args.steps // 5))
     talk = rank == 0 and not args.quiet
-    global_batch = sum(BATCH_SPLIT)
+    global_batch = {global_batch}
     times = []  # rank 0's seconds per step, whole iterations (batch to optimizer step)
     for step in range(args.steps):
         start = time.perf_counter()
@@ -284,6 +291,70 @@ _DDP_STEP = '''        optimizer.zero_grad()
         optimizer.step()'''
 _DDP_SAVE = '''    if args.checkpoint and rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.checkpoint)'''
+
+_TP_HELPER = '''
+
+def allreduce_gradients(model, group, merge_groups):
+    """Average each merge group's local gradients (a DTensor's shard, a whole tensor's gradient)
+    over the data-parallel process group, one all-reduce per group."""
+    params = dict(model.named_parameters())
+    size = dist.get_world_size(group)
+    for names in merge_groups:
+        grads = [params[n].grad for n in names if n in params and params[n].grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        if not grads:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+'''
+
+_TP_STEP = '''        optimizer.zero_grad()
+        loss = workload.loss(model, batch)
+        {backward}
+{reduce}        optimizer.step()'''
+_TP_SAVE = '''    if args.checkpoint:
+        # every rank takes part: each parameter and buffer whole (DTensor shards gathered), on the CPU
+        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
+                 for k, v in model.state_dict().items()}
+        if rank == 0:
+            torch.save({"model": state}, args.checkpoint)'''
+
+
+def tp_setup_code(strategy: Strategy, plan: FSDPPlan | None) -> str:
+    """The training file's tensor parallelism of ``strategy`` in plain PyTorch: the ("dp", "tp")
+    mesh, ``parallelize_module`` with the plan written out module by module, then FSDP2 on the
+    ``dp`` sub-mesh (``plan``: the strategy's units) or nothing (the gradients are all-reduced
+    over ``dp`` in the step), the optimizer, and the batch of the rank's TP group."""
+    t = strategy.tensor_parallel.degree
+    dp = len(strategy.replicas) // t
+    styles = {"colwise": "ColwiseParallel()", "rowwise": "RowwiseParallel()"}
+    lines = ["    from torch.distributed.device_mesh import init_device_mesh",
+             "    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
+             "",
+             f"    # TP groups of {t} consecutive ranks (inside a node), {dp} of them on the data-parallel axis",
+             f"    mesh = init_device_mesh(device.type, ({dp}, {t}), mesh_dim_names=(\"dp\", \"tp\"))",
+             "    parallelize_module(model, mesh[\"tp\"], {"]
+    lines += [f"        {module!r}: {styles[style]}," for module, style in strategy.tensor_parallel.styles]
+    lines.append("    })")
+    if plan is not None:
+        lines.append("    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard")
+        lines.append("")
+        lines.append("    # FSDP2 over the TP groups: one fully_shard per unit on the dp sub-mesh, the root last")
+        for unit in plan.units:
+            target = f"model.get_submodule({unit.module!r})" if unit.module else "model"
+            policy = ("" if unit.reduce_dtype == "fp32" else
+                      ", mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)")
+            lines.append(f"    fully_shard({target}, mesh=mesh[\"dp\"], "
+                         f"reshard_after_forward={unit.reshard_after_forward!r}{policy})")
+    lines.append(f"    data_rank = rank // {t}  # a TP group trains one batch: the one its index would in data parallelism")
+    lines.append("    optimizer = workload.make_optimizer([p for p in model.parameters() if p.requires_grad])")
+    return "\n".join(lines)
+
 
 _FSDP_STEP = '''        optimizer.zero_grad()
         loss = workload.loss(model, batch)
@@ -334,6 +405,12 @@ def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *
     if fmt not in FORMATS:
         raise SpecError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     plan, fsdp_why = fsdp if fsdp is not None else (None, "the model was not given to work out its FSDP2 units")
+    if strategy.tensor_parallel is not None:
+        return _tp_script(strategy, spec, cluster, fmt=fmt, plan=plan, fsdp_why=fsdp_why, workload=workload,
+                          root=root, filename=filename, seed=seed)
+    if fmt == "tp":
+        raise SpecError(f"strategy {strategy.hash[:12]} has no tensor_parallel plan to write as --format tp; use "
+                        f"--format auto")
     if fmt == "fsdp" and (plan is None or ddp is not None):
         why = "the search's winner is tuned torch DDP" if ddp is not None else fsdp_why
         raise SpecError(f"strategy {strategy.hash[:12]} cannot run as torch FSDP2: {why}; use --format engine")
@@ -383,8 +460,55 @@ def training_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *
                               ", ..." if len(strategy.replicas) > 6 else "")),
                           workload=workload, root=root, seed=seed, batch_split=list(strategy.batch_split),
                           payload=payload + checkpoint_payload, helpers=helpers, checkpointing=checkpointing,
-                          setup=setup, train_step=step, save=save)
+                          setup=setup, train_step=step, save=save, global_batch="sum(BATCH_SPLIT)")
     return text, "fsdp" if use_fsdp else "ddp" if use_ddp else "engine"
+
+
+def _tp_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, fmt: str, plan: FSDPPlan | None,
+               fsdp_why: str, workload: str, root: str, filename: str, seed: int) -> tuple[str, str]:
+    """The training file of a strategy with ``tensor_parallel`` (:func:`tp_setup_code`): torch's
+    DTensor as the ``tp`` runtime runs it, the data-parallel axis FSDP2 (``plan``) or all-reduced."""
+    if fmt not in ("auto", "tp"):
+        raise SpecError(f"strategy {strategy.hash[:12]}: tensor_parallel: it splits modules across TP groups, which "
+                        f"{FORMAT_NAMES.get(fmt, fmt)} would not do; use --format tp (or auto)")
+    t = strategy.tensor_parallel.degree
+    sharded = has_shard_plans(strategy)
+    if sharded and plan is None:
+        raise SpecError(f"strategy {strategy.hash[:12]} cannot run as torch FSDP2 over its TP groups: "
+                        f"{_plain(fsdp_why)}")
+    groups: dict[int, list[str]] = {}
+    for p in strategy.plans:
+        groups.setdefault(p.shards[0].synchronizer.merge_id or 0, []).append(p.variable)
+    scales = loss_scales(strategy.batch_split[::t])
+    payload = f"TP_DEGREE = {t}\n"
+    backward = "loss.backward()"
+    if any(x != 1.0 for x in scales):
+        payload += (f"# the data-parallel axis averages the TP groups equally; with an uneven split each group's loss\n"
+                    f"# is scaled by its share of the global batch times the number of groups\n"
+                    f"LOSS_SCALE = {list(scales)!r}\n")
+        backward = "(loss * LOSS_SCALE[rank // TP_DEGREE]).backward()"
+    reduce = ""
+    helpers = ""
+    if not sharded and len(groups) and len(strategy.replicas) > t:
+        payload += f"MERGE_GROUPS = {_literal([groups[g] for g in sorted(groups)])}  # all-reduced together\n"
+        reduce = "        allreduce_gradients(model, mesh[\"dp\"].get_group(), MERGE_GROUPS)\n"
+        helpers = _TP_HELPER
+    dp_words = (f"FSDP2 over the {len(strategy.replicas) // t} TP groups" if sharded else
+                "gradients all-reduced over the TP groups" if len(strategy.replicas) > t else "one TP group")
+    what = f"torch DTensor tensor parallelism of degree {t} ({len(strategy.tensor_parallel.styles)} linear layers), {dp_words}"
+    checkpoint_payload, checkpoint_helpers, checkpointing = checkpoint_setup_code(strategy.checkpoint)
+    if strategy.checkpoint:
+        what += f"; {checkpoint_label(strategy.checkpoint, len(checkpoint_blocks(v.name for v in spec.variables)))}"
+    text = _SCRIPT.format(name=_plain(spec.name), what=_plain(what), strategy_hash=strategy.hash[:12],
+                          summary=_plain(strategy.summary()), reason="", replicas=len(strategy.replicas),
+                          filename=_plain(filename), devices=_plain(", ".join(strategy.replicas[:6]) + (
+                              ", ..." if len(strategy.replicas) > 6 else "")),
+                          workload=workload, root=root, seed=seed, batch_split=list(strategy.batch_split),
+                          payload=payload + checkpoint_payload, helpers=helpers + checkpoint_helpers,
+                          checkpointing=checkpointing, setup=tp_setup_code(strategy, plan if sharded else None),
+                          train_step=_TP_STEP.format(backward=backward, reduce=reduce), save=_TP_SAVE,
+                          global_batch="sum(BATCH_SPLIT[::TP_DEGREE])")
+    return text, "tp"
 
 
 def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, output, fmt: str = "auto",
@@ -397,7 +521,7 @@ def write_training_file(strategy: Strategy, workload, cluster: ClusterSpec, outp
 
     spec = workload.spec()
     validate(strategy, spec, cluster)
-    fsdp = fsdp_config(strategy, spec, workload) if ddp is None and fmt in ("auto", "fsdp") else None
+    fsdp = fsdp_config(strategy, spec, workload) if ddp is None and fmt in ("auto", "fsdp", "tp") else None
     text, used = training_script(strategy, spec, cluster, workload=workload.source.removeprefix("zoo:"),
                                  root=getattr(workload, "root", "") or "", fmt=fmt, filename=Path(output).name,
                                  seed=seed, ddp=ddp, fsdp=fsdp)
