@@ -75,13 +75,19 @@ def tp_train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         cluster = ClusterSpec.from_dict(case["cluster"])
         t = strategy.tensor_parallel.degree
         group_split = strategy.batch_split[::t]
+        device = torch.device("cpu")
+        if case.get("device") == "cuda":  # the ranks share the GPUs round-robin (over gloo on one GPU)
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
         module, loss, parts = model_and_batches(case["model"], group_split, 0)
+        module = module.to(device)
+        parts = [tuple(x.to(device) for x in p) for p in parts]
         from synctune.spec.model import ModelSpec
 
         spec = ModelSpec.from_dict(case["spec"])
         try:
             stepper = TP_RUNTIME.prepare(ArmContext(
-                rank=rank, model=module, strategy=strategy, spec=spec, cluster=cluster, device=torch.device("cpu"),
+                rank=rank, model=module, strategy=strategy, spec=spec, cluster=cluster, device=device,
                 seed=0, collective_timeout_s=60.0,
                 make_optimizer=lambda ps: make_optimizer(case["optimizer"], ps, case["lr"]),
                 loss_of=lambda m: loss(m, parts[rank // t])))
@@ -90,12 +96,16 @@ def tp_train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
             continue
         for step in range(case["steps"]):
             _, _, parts = model_and_batches(case["model"], group_split, step)
-            value = loss(stepper.forward_model, parts[rank // t])
+            value = loss(stepper.forward_model, tuple(x.to(device) for x in parts[rank // t]))
             (value * stepper.loss_scale).backward()
             stepper.step()
         stepper.close()
-        out.append({"params": full_state(module),
-                    "split": sorted(k for k, p in module.named_parameters() if hasattr(p, "full_tensor"))})
+        split = sorted(k for k, p in module.named_parameters() if hasattr(p, "full_tensor"))
+        if device.type == "cuda":  # gloo gathers no CUDA tensors: each rank's own shards, stitched by the test
+            out.append({"local": {k: (v.to_local() if hasattr(v, "to_local") else v).detach().cpu().clone()
+                                  for k, v in module.state_dict().items()}, "split": split})
+        else:
+            out.append({"params": full_state(module), "split": split})
     return out
 
 

@@ -12,7 +12,8 @@ skipped, with the reason, where there is no CUDA device.
 - a trial on a GPU cluster spec: status ok, CUDA, the CUDA peak-memory figure;
 - the fsdp runtime (torch FSDP2) on CUDA tensors over NCCL (one rank per GPU, so one rank on a
   one-GPU machine), resharded and not, against single-process training, and as a trial;
-- the engine benchmark's printed table, read and checked.
+- the engine benchmark's printed table, read and checked;
+- tensor parallelism (the tp runtime) on CUDA tensors, 2 ranks sharing the GPUs over gloo.
 
 The conformance suite's CUDA run (every synchronizer x compressor, 4 processes sharing the GPUs
 over gloo) lives with the suite: tests/test_engine_conformance.py.
@@ -245,3 +246,38 @@ def test_a_gpu_profiles_host_path_is_a_lower_bound_of_the_engines_iteration():
                              TrialConfig(warmup=3, iters=20), workload=workload)
     assert result.status == "ok", result.error
     assert profile.host_s() <= result.median_s * 1.02, (profile.launch_s, profile.hook_s, result.median_s)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_parallelism_on_the_device(device):
+    """The tp runtime (DTensor column- and row-wise splits, the model's loss checked split
+    against unsplit) on the device's tensors: 2 processes of one TP group sharing the GPUs over
+    gloo (NCCL refuses two ranks on one device; gloo all-reduces CUDA tensors, which is all a
+    TP group of linear pairs needs), Hugging Face Llama and the zoo's transformer, against
+    single-process training; each rank's shards stitched along their split axis."""
+    pytest.importorskip("transformers")
+    from _tp_workers import reference, tp_train_cases, workload_of
+
+    cluster = cluster_preset("local-1x2")
+    cases = []
+    for model in ("hf-llama", "transformer-small"):
+        spec = workload_of(model).spec()
+        strategy = build_strategy("megatron", spec, cluster)
+        cases.append({"label": model, "model": model, "strategy": strategy.to_dict(), "cluster": cluster.to_dict(),
+                      "spec": spec.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 3, "device": device})
+    outputs = run_local(tp_train_cases, 2, (cases,), timeout_s=600, threads=1)
+    for c, case in enumerate(cases):
+        styles = dict(build_strategy("megatron", workload_of(case["model"]).spec(), cluster).tensor_parallel.styles)
+        assert "refused" not in outputs[0][c], outputs[0][c]
+        if device == "cuda":
+            got = {}
+            for k, v in outputs[0][c]["local"].items():
+                module, _, leaf = k.rpartition(".")
+                style = styles.get(module)
+                axis = 0 if style == "colwise" else 1 if (style, leaf) == ("rowwise", "weight") else None
+                got[k] = v if axis is None else torch.cat([outputs[r][c]["local"][k] for r in range(2)], dim=axis)
+        else:
+            got = outputs[0][c]["params"]
+        ref = reference(case["model"], tuple(case["strategy"]["batch_split"][::2]), "sgd", 0.1, 3)
+        for k, v in got.items():
+            torch.testing.assert_close(v, ref[k], rtol=1e-5, atol=1e-5, msg=lambda m: f"{case['label']}: {k}: {m}")
