@@ -36,7 +36,7 @@ from .fsdp import check_plan, escaping_parameters, loss_scales, meta_model, plan
 from .runtime import ArmContext, PlansRuntime, Stepper, per_world
 
 __all__ = ["TensorParallelRuntime", "TP_RUNTIME", "tp_plan", "apply_tensor_parallel", "apply_data_parallel",
-           "loss_tolerance"]
+           "allreduce_gradients", "loss_tolerance"]
 
 #: How far the split model's loss may be from the unsplit one's, relative (float32 sums in
 #: another order: a row-wise layer adds its partial sums across the group).
@@ -100,6 +100,28 @@ def apply_data_parallel(model: Any, strategy: Any, spec: Any, mesh: Any, device_
         check_plan(plan, from_plans=True, checkpoint=strategy.checkpoint)
         apply_fsdp(model, plan, device_type, mesh=mesh["dp"])
     return model
+
+
+def allreduce_gradients(groups, group):
+    """Average each list of ``groups``' parameters' local gradients (a DTensor's shard, a whole
+    tensor's gradient) over the process group ``group``: flattened into one buffer per list, one
+    all-reduce each, copied back. (Written into tensor-parallel training files as it is: plain
+    torch.)"""
+    import torch
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    for params in groups:
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+        if not grads:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 class _Running:
@@ -228,9 +250,6 @@ class TensorParallelRuntime(PlansRuntime):
         return "tp"
 
     def prepare(self, ctx: ArmContext) -> Stepper:
-        import torch
-        import torch.distributed as dist
-
         _check_modules(ctx.model, ctx.strategy)
         t = ctx.strategy.tensor_parallel.degree
         model, mesh = _checked_split(ctx, ctx.model)
@@ -240,30 +259,16 @@ class TensorParallelRuntime(PlansRuntime):
         optimizer = ctx.make_optimizer([p for p in model.parameters() if p.requires_grad])
         groups: list[list[Any]] = []
         if not _dp_sharded(ctx.strategy) and mesh["dp"].size() > 1:
-            merge = {p.variable: p.shards[0].synchronizer.group for p in ctx.strategy.plans}
+            merge = {p.variable: p.shards[0].synchronizer.merge_id or 0 for p in ctx.strategy.plans}
             by_group: dict[int, list[Any]] = {}
             for name, param in model.named_parameters():
                 if param.requires_grad:
                     by_group.setdefault(merge.get(name, 0), []).append(param)
             groups = [by_group[g] for g in sorted(by_group)]
         dp_group = mesh["dp"].get_group()
-        dp_size = mesh["dp"].size()
-
-        def local(grad: Any) -> Any:
-            return grad.to_local() if hasattr(grad, "to_local") else grad
 
         def step() -> None:
-            for params in groups:
-                grads = [local(p.grad) for p in params if p.grad is not None]
-                if not grads:
-                    continue
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=dp_group)
-                flat.div_(dp_size)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            allreduce_gradients(groups, dp_group)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 

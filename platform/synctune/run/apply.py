@@ -27,12 +27,14 @@ module paths ``fully_shard`` is given stay those of the model (:func:`checkpoint
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from typing import Any
 
 from ..engine.ddp import DDPConfig, wrap_ddp
 from ..engine.fsdp import FSDPPlan, has_shard_plans, loss_scales, plan_from_strategy
+from ..engine.tensor_parallel import allreduce_gradients
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
@@ -292,27 +294,6 @@ _DDP_STEP = '''        optimizer.zero_grad()
 _DDP_SAVE = '''    if args.checkpoint and rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.checkpoint)'''
 
-_TP_HELPER = '''
-
-def allreduce_gradients(model, group, merge_groups):
-    """Average each merge group's local gradients (a DTensor's shard, a whole tensor's gradient)
-    over the data-parallel process group, one all-reduce per group."""
-    params = dict(model.named_parameters())
-    size = dist.get_world_size(group)
-    for names in merge_groups:
-        grads = [params[n].grad for n in names if n in params and params[n].grad is not None]
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        if not grads:
-            continue
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat.div_(size)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-'''
-
 _TP_STEP = '''        optimizer.zero_grad()
         loss = workload.loss(model, batch)
         {backward}
@@ -489,10 +470,13 @@ def _tp_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, fmt
         backward = "(loss * LOSS_SCALE[rank // TP_DEGREE]).backward()"
     reduce = ""
     helpers = ""
+    setup_extra = ""
     if not sharded and len(groups) and len(strategy.replicas) > t:
         payload += f"MERGE_GROUPS = {_literal([groups[g] for g in sorted(groups)])}  # all-reduced together\n"
-        reduce = "        allreduce_gradients(model, mesh[\"dp\"].get_group(), MERGE_GROUPS)\n"
-        helpers = _TP_HELPER
+        reduce = ("        allreduce_gradients([[params[n] for n in names if n in params] for names in MERGE_GROUPS],\n"
+                  "                            mesh[\"dp\"].get_group())\n")
+        helpers = "\n\n" + inspect.getsource(allreduce_gradients)
+        setup_extra = "\n    params = dict(model.named_parameters())"
     dp_words = (f"FSDP2 over the {len(strategy.replicas) // t} TP groups" if sharded else
                 "gradients all-reduced over the TP groups" if len(strategy.replicas) > t else "one TP group")
     what = f"torch DTensor tensor parallelism of degree {t} ({len(strategy.tensor_parallel.styles)} linear layers), {dp_words}"
@@ -505,7 +489,7 @@ def _tp_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, fmt
                               ", ..." if len(strategy.replicas) > 6 else "")),
                           workload=workload, root=root, seed=seed, batch_split=list(strategy.batch_split),
                           payload=payload + checkpoint_payload, helpers=helpers + checkpoint_helpers,
-                          checkpointing=checkpointing, setup=tp_setup_code(strategy, plan if sharded else None),
+                          checkpointing=checkpointing, setup=tp_setup_code(strategy, plan if sharded else None) + setup_extra,
                           train_step=_TP_STEP.format(backward=backward, reduce=reduce), save=_TP_SAVE,
                           global_batch="sum(BATCH_SPLIT[::TP_DEGREE])")
     return text, "tp"
