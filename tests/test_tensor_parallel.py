@@ -293,3 +293,14 @@ def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split):
     assert set(got) == set(ref)
     for k, v in got.items():
         torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+def test_a_search_refuses_a_splitting_baseline_until_it_can_score_it():
+    """Searches do not score or propose tensor-parallel strategies yet: naming the Megatron builder
+    as a baseline is one line that says how to measure it instead."""
+    from synctune.search import Experiment
+
+    with pytest.raises(SpecError, match="baselines.builders: 'megatron' splits modules .* synctune trial --builder "
+                                        "megatron"):
+        Experiment.from_dict({"name": "t", "domain": {"model": "bert-tiny", "cluster": "local-2x2"},
+                              "search": {"budget": 4}, "baselines": {"builders": ["megatron"]}})

@@ -315,7 +315,7 @@ class BaselinesSection(_Section):
         return {"builders": tuple(e for e in value if e not in runs), "horovod": tuple(dict.fromkeys(runs))}
 
     def __post_init__(self) -> None:
-        from ..strategy.builders import BUILDERS, parse_baseline
+        from ..strategy.builders import BUILDERS, SPLITTING_BUILDERS, parse_baseline
         from ..strategy.schema import StrategyError
 
         self.check_int("ddp_trials", 0, LIMITS["budget"])
@@ -341,6 +341,10 @@ class BaselinesSection(_Section):
             if b.partition(":")[0] not in BUILDERS:
                 raise self.error(f"{self.key('builders')}: unknown builder {b[:40]!r}; valid: tuned, "
                                  f"{HOROVOD_BASELINE}, {', '.join(BUILDERS)}")
+            if b.partition(":")[0] in SPLITTING_BUILDERS:
+                raise self.error(f"{self.key('builders')}: {b[:40]!r} splits modules (tensor parallelism), which a "
+                                 f"search does not score or propose yet; measure it with synctune trial --builder "
+                                 f"{b.partition(':')[0]}")
             try:
                 parse_baseline(b)
             except StrategyError as exc:

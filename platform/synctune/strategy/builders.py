@@ -56,6 +56,7 @@ __all__ = [
     "ShardOptions",
     "MegatronOptions",
     "megatron_styles",
+    "SPLITTING_BUILDERS",
 ]
 
 MIB = 1024**2
@@ -548,6 +549,11 @@ def megatron_styles(model: ModelSpec, degree: int) -> dict[str, str]:
             styles.update({m: "colwise" for m in cols})
             styles[rows[0]] = "rowwise"
     return styles
+
+
+#: Builders whose strategies split modules (``tensor_parallel``): trials run them, searches do not
+#: score or propose them yet.
+SPLITTING_BUILDERS = ("megatron",)
 
 
 @_register("megatron", MegatronOptions,
