@@ -304,3 +304,49 @@ def test_a_search_refuses_a_splitting_baseline_until_it_can_score_it():
                                         "megatron"):
         Experiment.from_dict({"name": "t", "domain": {"model": "bert-tiny", "cluster": "local-2x2"},
                               "search": {"budget": 4}, "baselines": {"builders": ["megatron"]}})
+
+
+class _TiedFirst(torch.nn.Module):
+    """A tiny language model whose output layer is registered before the embedding it is tied to
+    (so the spec names the weight after the output layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(16, 32, bias=False)
+        self.embed = torch.nn.Embedding(32, 16)
+        self.embed.weight = self.head.weight
+
+    def forward(self, tokens):
+        return torch.nn.functional.cross_entropy(self.head(self.embed(tokens)).flatten(0, 1), tokens.flatten())
+
+
+def tied_first():
+    import synctune.workload as sw
+
+    return sw.define(name="tied-first", model=_TiedFirst, batch_size=4,
+                     batch=lambda n, rank, generator: (torch.randint(0, 32, (n, 8), generator=generator),))
+
+
+def test_a_tied_linear_is_not_split():
+    """A linear whose weight another module shares: splitting it would give it a DTensor of its own
+    and train two copies apart, silently. Hugging Face BERT's masked-LM decoder (its weight is the
+    word embedding's variable) is refused by validation; a model that registers the linear first
+    (its weight the linear's variable) by the runtime before any worker starts, naming the tie."""
+    from _checkpoint_workers import HERE
+    from synctune.workload import ImportedWorkload
+
+    workload = workload_of("hf-bert")
+    spec, cluster = workload.spec(), cluster_preset("local-1x2")
+    base = build_strategy("allreduce", spec, cluster, chunk=10**6)
+    strategy = dataclasses.replace(base, tensor_parallel={"degree": 2, "modules": {"cls.predictions.decoder": "colwise"}})
+    with pytest.raises(StrategyError, match="'cls.predictions.decoder' is not a linear layer .* a weight tied to "
+                                            "another module's is that module's variable"):
+        validate(strategy, spec, cluster)
+    workload = ImportedWorkload("test_tensor_parallel:tied_first", HERE)
+    spec = workload.spec()
+    strategy = dataclasses.replace(build_strategy("allreduce", spec, cluster), tensor_parallel={
+        "degree": 2, "modules": {"head": "colwise"}})
+    validate(strategy, spec, cluster)
+    with pytest.raises(SpecError, match="'head' \\(colwise\\) holds 'head.weight', which the model ties to "
+                                        "'embed.weight'"):
+        check_trial(workload, strategy, cluster, executor_for(strategy, spec))

@@ -68,9 +68,14 @@ def _mesh(device_type: str, dp: int, t: int) -> Any:
 
 
 def _check_modules(module: Any, strategy: Any) -> None:
-    """Every split module is an ``nn.Linear`` of ``module``."""
+    """Every split module is an ``nn.Linear`` of ``module`` whose parameters no other module
+    shares (a tied weight: ``parallelize_module`` gives the split module a DTensor of its own, so
+    the tie would be broken silently and the two copies trained apart)."""
     import torch
 
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
     for name, style in strategy.tensor_parallel.styles:
         try:
             sub = module.get_submodule(name)
@@ -79,6 +84,12 @@ def _check_modules(module: Any, strategy: Any) -> None:
         if type(sub) is not torch.nn.Linear:
             raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is a {type(sub).__name__}, "
                             f"not an nn.Linear, which torch's {style.capitalize()}Parallel splits; leave it whole")
+        for leaf, param in sub.named_parameters(recurse=False):
+            shared = [n for n in names.get(id(param), []) if n != f"{name}.{leaf}"]
+            if shared:
+                raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) holds {name + '.' + leaf!r}, "
+                                f"which the model ties to {shared[0]!r}; splitting it would untie them and train two "
+                                f"copies: leave {name!r} whole")
 
 
 def apply_tensor_parallel(model: Any, strategy: Any, device_type: str) -> tuple[Any, Any]:

@@ -128,7 +128,8 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
         weight = variables.get(f"{module}.weight")
         if weight is None or len(weight.shape) != 2:
             raise StrategyError(f"{field}: modules: {module!r} is not a linear layer of model {model.name!r} (no 2-D "
-                                f"variable {module + '.weight'!r}); name nn.Linear modules")
+                                f"variable {module + '.weight'!r}; a weight tied to another module's is that "
+                                f"module's variable); name nn.Linear modules with weights of their own")
         if weight.sparse:
             raise StrategyError(f"{field}: modules: {module!r} has a sparse gradient (an embedding); only linear "
                                 f"layers are split")
