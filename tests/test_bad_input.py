@@ -1003,3 +1003,68 @@ def test_reshard_in_the_engine_is_refused_with_the_fix(tmp_path):
                "-o", path).exit_code == 0
     assert_one_line(run("trial", "-m", "cnn-small", "-c", "local-1x2", "-s", path, "--iters", "1", "--warmup", "0"),
                     2, "reshard: true (unit 0) is not executed by the engine")
+
+
+# ------------------------------------------------------------- names too long for the file system
+
+#: Names no file system holds: one component over NAME_MAX (255 bytes), and a whole path over
+#: PATH_MAX in one name.
+LONG_NAMES = {"300": "n" * 300, "100k": "n" * 100_000, "deep": "/".join(["d" * 200] * 30)}
+
+
+@pytest.mark.parametrize("args", [
+    ["models", "{name}"],
+    ["models", "{name}.json"],
+    ["clusters", "{name}"],
+    ["clusters", "{name}.yaml"],
+    ["strategy", "build", "allreduce", "-m", "{name}", "-c", "local-1x2"],
+    ["strategy", "build", "allreduce", "-m", "cnn-small", "-c", "{name}"],
+    ["strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", "{name}"],
+    ["strategy", "validate", "{name}", "-m", "cnn-small", "-c", "local-1x2"],
+    ["report", "{name}", "--no-mlflow"],
+    ["report", "{name}.yaml", "--no-mlflow"],
+    ["report", "--dataset", "--data", "{name}", "-o", "{tmp}/r.html"],
+    ["report", "--dataset", "--data", "{tmp}/d", "-o", "{name}"],
+    ["dataset", "stats", "--data", "{name}"],
+    ["dataset", "pull", "--data", "{tmp}/mine", "{name}"],
+    ["dataset", "push", "--data", "{tmp}/d", "{name}"],
+    ["dataset", "export", "--data", "{tmp}/d", "--format", "csv", "-o", "{name}"],
+    ["sim", "score", "{name}", "{name}"],
+    ["sim", "train", "--data", "{tmp}/d", "-o", "{name}"],
+    ["search", "{name}"],
+    ["trial", "-m", "{name}", "-c", "local-1x2"],
+    ["trial", "-m", "cnn-small", "-c", "{name}"],
+    ["apply", "{name}", "-m", "cnn-small"],
+], ids=lambda a: "-".join(x for x in a if not x.startswith(("{", "-")))[:40])
+@pytest.mark.parametrize("length", LONG_NAMES)
+def test_names_too_long_for_the_file_system_are_one_line(tmp_path, args, length):
+    """Any name or path given on the command line that no file system holds is the user's
+    input at fault: one short line, exit 2, nothing written."""
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    before = set(tmp_path.rglob("*"))
+    args = [a.format(name=LONG_NAMES[length], tmp=tmp_path) for a in args]
+    result = run(*args, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    line = assert_one_line(result, 2)
+    assert len(line) < 1000 and "unexpected" not in line, line
+    assert {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(tmp_path / "home")} == set()
+
+
+@pytest.mark.parametrize("key", ["cluster", "model", "simulator", "name"])
+def test_an_experiment_naming_something_too_long_is_one_line(tmp_path, key):
+    value = {"name": "n" * 300}.get(key, "n" * 300 + (".pt" if key == "simulator" else ""))
+    text = "\n".join(f"{k}: {value if k == key else v}" for k, v in
+                     [("name", "e"), ("model", "cnn-small"), ("cluster", "local-1x2"), ("budget", 4),
+                      ("simulator", "analytic")]) + "\n"
+    path = write(tmp_path / "e.yaml", text)
+    line = assert_one_line(run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2)
+    assert len(line) < 1000 and "unexpected" not in line, line
+
+
+def test_a_data_home_too_long_for_the_file_system_is_one_line(tmp_path):
+    line = assert_one_line(run("trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce",
+                               env={"SYNCTUNE_HOME": str(tmp_path / ("h" * 300))}), 2, "SYNCTUNE_HOME")
+    assert len(line) < 1000, line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -16,8 +17,14 @@ from ._signals import Terminated, install_signal_handlers, signal_cause
 __all__ = ["cli"]
 
 
+#: Longest word of an error line shown whole; a longer one (a user's 100 KB name) is cut.
+_LONGEST_WORD = 200
+
+
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """``text`` on one line, each word longer than :data:`_LONGEST_WORD` characters cut short."""
+    return " ".join(w if len(w) <= _LONGEST_WORD else f"{w[:_LONGEST_WORD // 2]}...({len(w)} characters)"
+                    for w in str(text).split())
 
 
 def _stop_ray() -> None:
@@ -77,6 +84,9 @@ class _Group(click.Group):
         except BrokenPipeError:
             return 1
         except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen environment: still one line
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+                # a name the user gave that no check reached before the file system: still the user's
+                return fail(f"error: {_one_line(os.fsdecode(exc.filename or ''))}: {exc.strerror}", 2)
             cause = signal_cause(exc)
             if cause is not None:  # a signal that surfaced inside C code (Ray's) comes wrapped
                 return fail(str(cause), 128 + cause.signum) if isinstance(cause, Terminated) else fail(

@@ -12,7 +12,9 @@ from ._common import echo_err
 
 def search_id_arg(value: str) -> str:
     """A search id, or an experiment file (whose name and seed give the id)."""
-    if value.endswith((".yaml", ".yml")) or Path(value).is_file():
+    from ..spec.files import check_path
+
+    if value.endswith((".yaml", ".yml")) or Path(check_path(value, "SEARCH")).is_file():
         from ..run import search_id_of
         from ..search.experiment import load_experiment
 

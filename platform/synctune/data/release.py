@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..spec.errors import InfraError, SpecError
-from ..spec.files import MAX_FILE_BYTES, parse_json, path_under, write_text_atomic
+from ..spec.files import MAX_FILE_BYTES, check_path, parse_json, path_under, write_text_atomic
 from ..spec.profile import ComputeProfile
 from .record import RECORD_SCHEMA_VERSION
 from .store import TrialDataset, read_parquet_files
@@ -58,7 +58,7 @@ class _Location:
         elif self.kind in ("http", "https"):
             self.base = where.split("?", 1)[0].rstrip("/")
         else:
-            self.base = str(Path(where))
+            self.base = check_path(str(Path(where)), "release folder")
 
     def read(self, rel: str, timeout_s: float = 60.0, limit: int = 1 << 34) -> bytes:
         try:

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from urllib.parse import quote
 
 from ..spec.errors import SpecError
-from ..spec.files import write_via
+from ..spec.files import check_path, write_via
 from .record import RECORD_SCHEMA_VERSION, TrialRecord, arrow_schema, dedup_key
 
 __all__ = ["TrialDataset", "KEY_COLUMNS", "read_parquet_files", "MAX_FILE_ROWS", "MAX_FILE_COLUMNS",
@@ -57,7 +57,7 @@ class TrialDataset:
     """The dataset at ``root`` (created on first append)."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+        self.root = Path(check_path(root, "dataset folder"))
 
     # ------------------------------------------------------------------------------- writing
 

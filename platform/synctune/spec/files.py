@@ -13,7 +13,11 @@ one, never half of either. Anything that is not a regular file (a device such as
 ``/dev/full``, a folder, a symbolic link, a FIFO) is refused rather than replaced.
 
 Names that become paths (experiment names, search ids, presets) go through
-:func:`check_name`, and :func:`path_under` proves a path stays under its root.
+:func:`check_name`, and :func:`path_under` proves a path stays under its root. Any name or path
+a user gives goes through :func:`check_path` before it touches the file system: a name the file
+system cannot hold (a NUL byte, a component longer than its ``NAME_MAX``, a path longer than
+``PATH_MAX``) is the user's input at fault, one :class:`SpecError`, not an ``OSError`` from deep
+inside ``pathlib``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
            "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable",
-           "check_parent", "make_parent", "check_name", "path_under", "write_via"]
+           "check_parent", "make_parent", "check_name", "check_path", "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -84,7 +88,7 @@ def check_regular(path: str | Path, what: str, error: type = SpecError) -> Path:
     """``path`` when it is a regular file (links followed); one clear ``error`` when it is missing
     or anything else, for inputs opened by another library (Parquet, torch, SQLite) that would
     block on a FIFO."""
-    path = Path(path)
+    path = Path(_checked(path, what, error))
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -304,7 +308,7 @@ def _check_target(path: Path) -> int | None:
 def check_writable(path: str | Path) -> Path:
     """Check, before any work starts, that :func:`atomic_write` will be able to write ``path``
     (its folder exists and takes a new file; the target is absent or a regular file)."""
-    path = Path(path)
+    path = Path(check_path(path, "output"))
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise SpecError(f"{path}: folder {parent} does not exist")
@@ -323,7 +327,7 @@ def check_parent(path: str | Path) -> Path:
     """Refuse, creating nothing, an output ``path`` that :func:`make_parent` would refuse: the
     target is absent or a regular file, the nearest existing folder is one that takes new
     entries, and no name is too long for the file system."""
-    path = Path(path)
+    path = Path(check_path(path, "output"))
     _check_target(path)
     missing = []
     ancestor = path.parent if str(path.parent) else Path(".")
@@ -408,6 +412,61 @@ def write_text_atomic(path: str | Path, text: str | bytes) -> None:
             fh.write(data)
     except OSError as exc:
         raise _write_error(path, exc) from None
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    """``os.pathconf`` of the nearest existing folder above ``path`` (``default`` where the
+    platform does not say)."""
+    folder = path if path.is_absolute() else Path.cwd() / path
+    for ancestor in (folder, *folder.parents):
+        try:
+            return os.pathconf(ancestor, name)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.EACCES, errno.ELOOP):
+                continue
+            return default
+        except ValueError:
+            return default
+    return default
+
+
+def _checked(path: Any, what: str, error: type) -> str:
+    """:func:`check_path` for a ``what`` file, raising ``error``."""
+    try:
+        return check_path(path, f"{what} file")
+    except SpecError as exc:
+        raise exc if isinstance(exc, error) else error(str(exc)) from None
+
+
+def check_path(value: Any, what: str) -> str:
+    """``value`` when the file system can hold it as a path: a string without NUL bytes whose
+    every component fits ``NAME_MAX`` bytes (255 on common file systems) and whose whole fits
+    ``PATH_MAX``; else one :class:`SpecError` naming ``what`` and the problem, the name cut short.
+
+    Called on every name or path a user gives before it is looked up (``Path.exists()`` raises
+    ``ENAMETOOLONG`` where it returns False for a missing file)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise SpecError(f"{what}: expected a name or path, got {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    if "\x00" in text:
+        raise SpecError(f"{what} {shown(text, 60)}: holds a NUL byte, which no file name can")
+    try:
+        data = os.fsencode(text)
+    except UnicodeEncodeError:
+        raise SpecError(f"{what} {shown(text, 60)}: holds characters no file name can (a lone surrogate)") from None
+    path = Path(text)
+    name_max = _limit(path.parent, "PC_NAME_MAX", 255)
+    for part in data.split(b"/"):
+        if len(part) > name_max:
+            raise SpecError(f"{what} {shown(text, 60)}: a name of {len(part)} bytes in it; the file system takes "
+                            f"at most {name_max}")
+    path_max = _limit(path.parent, "PC_PATH_MAX", 4096)
+    if len(data) >= path_max:
+        raise SpecError(f"{what} {shown(text, 60)}: {len(data)} bytes; the file system takes paths of at most "
+                        f"{path_max - 1}")
+    return text
 
 
 def check_name(value: Any, what: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..models.zoo import MODELS
 from ..spec.errors import SpecError
-from ..spec.files import read_json, read_yaml
+from ..spec.files import check_path, read_json, read_yaml
 from ..spec.model import ModelSpec
 from .base import Workload
 from .keras import KERAS_ZOO
@@ -113,6 +113,7 @@ def model_source(text: str, *, root: str | None = None) -> ModelSource:
     if path.suffix.lower() == ".py":
         raise SpecError(f"{text[:100]}: name the factory in the file that returns synctune.workload.define(...), "
                         f"as {text[:100]}:FACTORY (e.g. {path.name}:workload)")
+    check_path(text, "model")
     if path.is_file():
         return ModelSource(text=text, kind="spec-file", root=root)
     raise SpecError(f"unknown model {text[:60]!r}: not in the zoo ({_zoo_names()}), nor a model spec file "
