@@ -8,6 +8,7 @@ all other workers are then killed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import os
@@ -174,6 +175,8 @@ def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collecti
         _die_with_launcher(parent)
     elif parent is not None:
         _die_with_parent(parent)
+    if os.environ.pop(_SAFE_PATH_MARK, None):
+        os.environ.pop("PYTHONSAFEPATH", None)  # set for this start only: the user's own processes go as usual
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})  # before torch starts its threads: they inherit it
     os.environ.update(env)
@@ -310,6 +313,28 @@ _FORK_SERVER_ENV: dict[str, str] | None = None  # those variables as the fork se
 _FORK_SERVER_CPUS: set[int] | None = None  # the CPUs the fork server may run on (its workers too)
 
 
+#: Set beside PYTHONSAFEPATH by :func:`_safe_path` (not by the user): a worker drops both.
+_SAFE_PATH_MARK = "SYNCTUNE_SAFE_PATH_SET"
+
+
+@contextlib.contextmanager
+def _safe_path():
+    """Start interpreters (workers, the fork server) that do not put their current folder first on
+    ``sys.path``. Multiprocessing starts them with ``python -c``, which does, before it imports
+    ``pickle``, ``socket`` and the rest of itself: a user's ``pickle.py`` or ``queue.py`` in the
+    folder the command runs in would be imported instead of Python's (``PYTHONSAFEPATH``,
+    Python 3.11 and later). The worker then takes ``sys.path`` from its launcher."""
+    if "PYTHONSAFEPATH" in os.environ:
+        yield
+        return
+    os.environ.update({"PYTHONSAFEPATH": "1", _SAFE_PATH_MARK: "1"})
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONSAFEPATH", None)
+        os.environ.pop(_SAFE_PATH_MARK, None)
+
+
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME_ENV)}
 
@@ -361,7 +386,11 @@ def _start_method(backend: str, nets, env: dict[str, str] | None, pin_cpus: bool
 def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, timeout_s: float,
                collective_timeout_s: float, on_progress, threads: int | None, env: dict[str, str] | None,
                nets: list[dict[str, str]] | None, pin_cpus: bool) -> list[Any]:
-    ctx, launcher_env = _start_method(backend, nets, env, pin_cpus)
+    with _safe_path():  # the fork server and multiprocessing's resource tracker start here too
+        ctx, launcher_env = _start_method(backend, nets, env, pin_cpus)
+        import multiprocessing.resource_tracker
+
+        multiprocessing.resource_tracker.ensure_running()
     if launcher_env is not None:
         # Multiprocessing's pickler passes tensors as shared-memory file descriptors, and a fork
         # server takes at most 256 per process (a conformance run's inputs are more): by value.
@@ -374,8 +403,9 @@ def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, tim
                                               cpu_of_rank(r) if pin_cpus else None, launcher_env),
                          daemon=True)
              for r in range(world_size)]
-    for p in procs:
-        p.start()
+    with _safe_path():
+        for p in procs:
+            p.start()
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     dead_since: dict[int, float] = {}
