@@ -702,26 +702,48 @@ def test_records_of_a_newer_schema_version_are_refused_on_read(tmp_path):
                     f"{RECORD_SCHEMA_VERSION}; upgrade synctune")
 
 
+def test_a_named_report_is_the_only_file_written_outside_the_data_folder(tmp_path):
+    """``-o userdir/page.html`` writes that page and nothing beside it (a user's own index.html
+    there is neither replaced nor a reason to refuse); the list of reports is the data home's."""
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    home = tmp_path / "home"
+    site = tmp_path / "site"
+    site.mkdir()
+    theirs = write(site / "index.html", "<html>my own home page</html>")
+    for name in ("dataset.html", "index.html"):  # even a page the user calls index.html is theirs to name
+        before = set(tmp_path.rglob("*"))
+        result = run("report", "--dataset", "--data", tmp_path / "d", "-o", site / name,
+                     env={"SYNCTUNE_HOME": str(home)})
+        assert result.exit_code == 0, result.stderr
+        created = {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(home)}
+        assert created <= {site / name}, created
+    assert "synctune-chart" in theirs.read_text()  # the second report was named index.html
+    listing = (home / "reports" / "index.html").read_text()
+    assert (site / "dataset.html").as_uri() in listing and (site / "index.html").as_uri() in listing
+    assert set(os.listdir(site)) == {"dataset.html", "index.html"}
+
+
 def test_report_never_replaces_an_index_html_it_did_not_write(tmp_path):
     from synctune.data import TrialDataset
 
     from test_dataset import make_records
 
     TrialDataset(tmp_path / "d").append(make_records(2))
-    site = tmp_path / "site"
-    site.mkdir()
-    theirs = write(site / "index.html", "<html>my own home page</html>")
-    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", site / "dataset.html"), 2,
+    home = tmp_path / "home"
+    (home / "reports").mkdir(parents=True)
+    theirs = write(home / "reports" / "index.html", "<html>my own home page</html>")
+    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", env={"SYNCTUNE_HOME": str(home)}), 2,
                     f"{theirs}: exists and was not written by synctune")
-    assert theirs.read_text() == "<html>my own home page</html>" and not (site / "dataset.html").exists()
-    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", tmp_path / "index.html"), 2,
-                    "name the report otherwise")
-    ours = tmp_path / "ours"
-    ours.mkdir()
+    assert theirs.read_text() == "<html>my own home page</html>"
+    theirs.unlink()
     for _ in range(2):  # synctune's own index is refreshed
-        result = run("report", "--dataset", "--data", tmp_path / "d", "-o", ours / "dataset.html")
+        result = run("report", "--dataset", "--data", tmp_path / "d", env={"SYNCTUNE_HOME": str(home)})
         assert result.exit_code == 0, result.stderr
-    assert 'href="dataset.html"' in (ours / "index.html").read_text()
+    assert 'href="dataset.html"' in (home / "reports" / "index.html").read_text()
 
 
 @pytest.mark.parametrize("leaf", ["x" * 300 + ".json", "is-a-folder"])
