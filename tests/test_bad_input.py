@@ -1090,3 +1090,83 @@ def test_a_data_home_too_long_for_the_file_system_is_one_line(tmp_path):
     line = assert_one_line(run("trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce",
                                env={"SYNCTUNE_HOME": str(tmp_path / ("h" * 300))}), 2, "SYNCTUNE_HOME")
     assert len(line) < 1000, line
+
+
+# ------------------------------------------------------------------ shared files bounded before use
+
+
+def _simulator_payload(**config_changes) -> dict:
+    from synctune.simulator.features import GLOBAL_NAMES, PRE_NAMES, RAW_NAMES
+    from synctune.simulator.replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
+    from synctune.strategy import compressor_vocabulary
+
+    config = {"epochs": 1, "lr": 0.1, "batch": 2, "partition_penalty": 0.0, "seed": 0, "hidden": 4,
+              "raw": len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES),
+              "global": len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES), "compressors": compressor_vocabulary(),
+              **config_changes}
+    import torch
+
+    norm = {k: torch.zeros(config["raw" if k[0] == "x" else "global"]) for k in ("x_mean", "x_std", "g_mean", "g_std")}
+    return {"format": "synctune-simulator", "version": 3, "kind": "rnn", "config": json.dumps(config), "state": {},
+            "norm": norm}
+
+
+@pytest.mark.parametrize("hidden", [3000, 10**12, "4", -1])
+def test_a_simulator_file_is_checked_before_its_network_is_built(tmp_path, hidden):
+    """A file of a few KB whose config asks for a network of gigabytes: refused, one line, from
+    the config's sizes against the state's shapes, with no network built (the process's peak
+    memory stays that of torch itself)."""
+    import torch
+
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    path = tmp_path / "sim.pt"
+    torch.save(_simulator_payload(hidden=hidden), path)
+    assert path.stat().st_size < 20_000
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "sim", "score", str(path), str(strategy)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _out, err = proc.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, err[-2000:]
+    assert f"{path}: " in lines[0] and "hidden" in lines[0], lines[0]
+
+
+def test_a_simulator_file_that_builds_a_large_network_stays_within_memory(tmp_path):
+    import torch
+
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    path = tmp_path / "sim.pt"
+    torch.save(_simulator_payload(hidden=3000), path)
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "sim", "score", str(path), str(strategy)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    peak_mib = usage.ru_maxrss / 1024  # KiB on Linux
+    assert os.waitstatus_to_exitcode(status) == 2
+    assert peak_mib < 900, f"peak {peak_mib:.0f} MiB: the network was built"
+
+
+def test_a_compressed_simulator_file_that_unpacks_past_the_bound_is_refused_before_loading(tmp_path, monkeypatch):
+    """torch reads deflated archives too: a file of KB may declare far more than it holds."""
+    import zipfile
+
+    import torch
+
+    import synctune.simulator.models as models
+
+    monkeypatch.setattr(models, "MAX_SIMULATOR_BYTES", 16 * 1024**2)  # the bound, scaled to a test
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    plain = tmp_path / "plain.pt"
+    torch.save({**_simulator_payload(), "padding": torch.zeros(8 * 1024**2)}, plain)
+    bomb = tmp_path / "sim.pt"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info.filename))
+    assert bomb.stat().st_size < 200_000
+    loaded = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loaded.append(a) or {})
+    assert_one_line(run("sim", "score", bomb, strategy), 2, f"{bomb}: unpacks to ")
+    assert not loaded
