@@ -627,7 +627,8 @@ def _decode_bomb(rows: int, value_bytes: int):
     import pyarrow as pa
 
     big = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["x" * value_bytes]))
-    return pa.table({"model_name": pa.array(["cnn-small"] * rows), "strategy_json": big})
+    keys = {c: pa.array(["x"] * rows) for c in ("cluster_name", "model_hash", "cluster_hash", "strategy_hash")}
+    return pa.table({"model_name": pa.array(["cnn-small"] * rows), **keys, "strategy_json": big})
 
 
 @pytest.mark.parametrize("command", ["stats", "compact"])
@@ -1170,3 +1171,72 @@ def test_a_compressed_simulator_file_that_unpacks_past_the_bound_is_refused_befo
     monkeypatch.setattr(torch, "load", lambda *a, **k: loaded.append(a) or {})
     assert_one_line(run("sim", "score", bomb, strategy), 2, f"{bomb}: unpacks to ")
     assert not loaded
+
+
+# ------------------------------------------------------------------ datasets: foreign files, bad targets
+
+
+def _foreign_parquet(path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"x": [1, 2], "y": ["a", "b"]}), path)
+    return path
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["only-file", "beside-records"])
+def test_a_parquet_file_of_another_schema_in_a_dataset_is_named(tmp_path, alone):
+    """Not read as rows of nulls (and so as "no records", exit 0): the file is named, and why."""
+    if alone:
+        root = tmp_path / "d"
+        part = _foreign_parquet(root / "model=a" / "cluster=b" / "part-0.parquet")
+    else:
+        root, part = _dataset_with(tmp_path)
+        _foreign_parquet(part)
+    for args in (["dataset", "stats", "--data", root], ["dataset", "export", "--data", root, "--format", "csv",
+                                                         "-o", tmp_path / "x.csv"],
+                 ["sim", "train", "--data", root, "-o", tmp_path / "x.pt"],
+                 ["report", "--dataset", "--data", root, "-o", tmp_path / "x.html"]):
+        line = assert_one_line(run(*args, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2,
+                               f"{part}: not trial records (no column model_name")
+        assert "it has x, y" in line, line
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("x.")]
+
+
+def test_a_release_of_another_schema_names_its_file(tmp_path):
+    import hashlib
+
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    rel = tmp_path / "rel"
+    assert run("dataset", "push", "--data", tmp_path / "d", rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}
+               ).exit_code == 0
+    (shipped,) = rel.glob("data/*/*/part-0.parquet")
+    _foreign_parquet(shipped)
+    manifest = json.loads((rel / "manifest.json").read_text())
+    manifest["files"][0].update(rows=2, sha256=hashlib.sha256(shipped.read_bytes()).hexdigest())
+    write(rel / "manifest.json", json.dumps(manifest))
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "mine", rel), 2,
+                    f"{rel}: {manifest['files'][0]['path']}: not trial records")
+    assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("target", ["file", "under-a-file"])
+def test_pull_into_a_path_that_is_a_file_is_one_line(tmp_path, target):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    rel = tmp_path / "rel"
+    assert run("dataset", "push", "--data", tmp_path / "d", rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}
+               ).exit_code == 0
+    blocker = write(tmp_path / "blocker", "a file")
+    data = blocker if target == "file" else blocker / "d"
+    assert_one_line(run("dataset", "pull", "--data", data, rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}), 2,
+                    str(blocker))
+    assert blocker.read_text() == "a file"

@@ -240,6 +240,7 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
 
     from .store import MAX_DECODED_BYTES
 
+    dataset.check_writable()
     manifest = read_manifest(source)
     loc = _Location(source)
     staging = Path(tempfile.mkdtemp(prefix="synctune-pull-"))
@@ -256,7 +257,7 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
             try:
-                table = read_parquet_files([local])
+                table = read_parquet_files([local])  # refuses a file without the record columns
             except SpecError as exc:  # name the file as the release has it, not the staging copy
                 raise SpecError(str(exc).replace(str(local), f"{source}: {entry['path']}")) from None
             if table.num_rows != entry["rows"]:

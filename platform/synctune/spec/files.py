@@ -37,7 +37,7 @@ from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
            "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable",
-           "check_parent", "make_parent", "check_name", "check_path", "path_under", "write_via"]
+           "check_parent", "check_folder", "make_parent", "check_name", "check_path", "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -346,6 +346,22 @@ def check_parent(path: str | Path) -> Path:
                             f"({name_max} bytes)")
     if missing and not os.access(ancestor, os.W_OK | os.X_OK):
         raise SpecError(f"{path}: cannot create folders in {ancestor}: permission denied")
+    return path
+
+
+def check_folder(path: str | Path, what: str) -> Path:
+    """``path`` when it is a folder, or can be made one: each part of it that exists is a folder
+    (not a file, where ``mkdir`` would fail with ``NotADirectoryError``), and the nearest existing
+    one takes new entries. One :class:`SpecError` naming ``what`` otherwise; nothing is created."""
+    path = Path(check_path(path, what))
+    ancestor = path
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not os.path.isdir(ancestor):
+        where = "is" if ancestor == path else f"is under {ancestor}, which is"
+        raise SpecError(f"{what} {path}: {where} not a folder")
+    if ancestor != path and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SpecError(f"{what} {path}: cannot create folders in {ancestor}: permission denied")
     return path
 
 
