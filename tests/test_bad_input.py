@@ -1240,3 +1240,34 @@ def test_pull_into_a_path_that_is_a_file_is_one_line(tmp_path, target):
     assert_one_line(run("dataset", "pull", "--data", data, rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}), 2,
                     str(blocker))
     assert blocker.read_text() == "a file"
+
+
+# ------------------------------------------------------------- user code that changes the folder
+
+
+def test_paths_are_resolved_before_user_code_can_change_the_folder(tmp_path, monkeypatch):
+    """A workload whose import calls ``os.chdir('..')`` runs in the search's process (the
+    preparation, the training file): the experiment's relative ``output:`` and a relative
+    SYNCTUNE_HOME still mean the folder the command was started in."""
+    import synctune.cli._search as search_cli
+    import synctune.run as run_module
+
+    start = tmp_path / "project"
+    start.mkdir()
+    monkeypatch.chdir(start)
+    path = write(start / "e.yaml", EXPERIMENT + "run: {output: out/best.json}\n")
+
+    def prepare(*args, **kwargs):
+        os.chdir(tmp_path)  # what the user's code did on import
+        from synctune.data.paths import dataset_dir
+
+        dataset_dir()  # the preparation opens the dataset in the data home
+
+    from synctune.spec.errors import SpecError
+
+    monkeypatch.setattr(run_module, "prepare_search", prepare)
+    monkeypatch.setattr(search_cli, "start_ray", lambda *a, **k: (_ for _ in ()).throw(SpecError("stopped")))
+    result = run("search", path, env={"SYNCTUNE_HOME": "home"})
+    assert_one_line(result, 2, "stopped")
+    assert (start / "out").is_dir() and not (tmp_path / "out").exists()
+    assert (start / "home").is_dir() and not (tmp_path / "home").exists()

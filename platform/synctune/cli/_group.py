@@ -44,10 +44,24 @@ def _stop_ray() -> None:
         pass
 
 
+def _absolute_homes() -> None:
+    """Make the data folders named by the environment absolute, as the command starts: a user's
+    workload imported in this process may change the current folder (``os.chdir``), and the data
+    home must stay the one the command was started with."""
+    for name in ("SYNCTUNE_HOME", "XDG_DATA_HOME"):
+        value = os.environ.get(name)
+        if value and not os.path.isabs(value):
+            try:
+                os.environ[name] = os.path.abspath(value)
+            except (OSError, ValueError):  # a folder gone, a NUL byte: the data home says so, in one line
+                pass
+
+
 class _Group(click.Group):
     """A click group whose every error is one line on stderr with the status it means."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        _absolute_homes()
         handlers = install_signal_handlers()
         try:
             code = self._run(args, prog_name, complete_var, **extra)
