@@ -454,6 +454,14 @@ def _checked(path: Any, what: str, error: type) -> str:
         raise exc if isinstance(exc, error) else error(str(exc)) from None
 
 
+def _shortened(text: str) -> str:
+    """``text`` as an error shows it: each name longer than 60 characters cut to its start, and
+    the whole to 300 characters (a user's 100 KB name would bury the message)."""
+    parts = [p if len(p) <= 60 else f"{p[:40]}...({len(p)} characters)" for p in text.split("/")]
+    out = "/".join(parts).replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return out if len(out) <= 300 else out[:297] + "..."
+
+
 def check_path(value: Any, what: str) -> str:
     """``value`` when the file system can hold it as a path: a string without NUL bytes whose
     every component fits ``NAME_MAX`` bytes (255 on common file systems) and whose whole fits
@@ -466,21 +474,22 @@ def check_path(value: Any, what: str) -> str:
     text = os.fspath(value)
     if not isinstance(text, str):
         text = os.fsdecode(text)
+    shown_path = _shortened(text)
     if "\x00" in text:
-        raise SpecError(f"{what} {shown(text, 60)}: holds a NUL byte, which no file name can")
+        raise SpecError(f"{what} {shown_path}: holds a NUL byte, which no file name can")
     try:
         data = os.fsencode(text)
     except UnicodeEncodeError:
-        raise SpecError(f"{what} {shown(text, 60)}: holds characters no file name can (a lone surrogate)") from None
+        raise SpecError(f"{what} {shown_path}: holds characters no file name can (a lone surrogate)") from None
     path = Path(text)
     name_max = _limit(path.parent, "PC_NAME_MAX", 255)
     for part in data.split(b"/"):
         if len(part) > name_max:
-            raise SpecError(f"{what} {shown(text, 60)}: a name of {len(part)} bytes in it; the file system takes "
+            raise SpecError(f"{what} {shown_path}: a name of {len(part)} bytes in it; the file system takes "
                             f"at most {name_max}")
     path_max = _limit(path.parent, "PC_PATH_MAX", 4096)
     if len(data) >= path_max:
-        raise SpecError(f"{what} {shown(text, 60)}: {len(data)} bytes; the file system takes paths of at most "
+        raise SpecError(f"{what} {shown_path}: {len(data)} bytes; the file system takes paths of at most "
                         f"{path_max - 1}")
     return text
 
