@@ -1271,3 +1271,97 @@ def test_paths_are_resolved_before_user_code_can_change_the_folder(tmp_path, mon
     assert_one_line(result, 2, "stopped")
     assert (start / "out").is_dir() and not (tmp_path / "out").exists()
     assert (start / "home").is_dir() and not (tmp_path / "home").exists()
+
+
+# ------------------------------------------------- property tests: long names, standard-module folders
+
+#: Characters of a name a user might type or paste: letters, digits, separators, dots, spaces
+#: and a few beyond ASCII (several bytes each in UTF-8).
+NAME_CHARS = st.sampled_from(list("abcxyz019-_./ ") + ["é", "ß", "東"])
+LONG = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+def _long_name(draw_length: int, chars: str) -> str:
+    return (chars * (draw_length // max(1, len(chars)) + 1))[:draw_length]
+
+
+@LONG
+@given(length=st.integers(256, 100_000), chars=st.text(NAME_CHARS.filter(lambda c: c != "/"), min_size=1, max_size=12),
+       around=st.tuples(st.text(NAME_CHARS, max_size=20), st.text(NAME_CHARS, max_size=20)),
+       slot=st.sampled_from(["models", "clusters", "strategy-model", "strategy-cluster", "validate", "report",
+                             "search", "pull", "stats", "sim-score", "experiment-cluster", "experiment-model",
+                             "experiment-simulator", "experiment-output"]))
+def test_names_of_256_to_100000_characters_are_one_line(tmp_path_factory, length, chars, around, slot):
+    """Any name holding a part of 256 to 100,000 characters (so no file system holds it),
+    wherever a loader takes a name or a path: exit 2, one short line, nothing written."""
+    tmp = tmp_path_factory.mktemp("long")
+    name = around[0] + _long_name(length, chars) + around[1]
+    experiment = {"name": "e", "model": "cnn-small", "cluster": "local-1x2", "budget": 4, "simulator": "analytic"}
+    if slot.startswith("experiment-"):
+        key = slot.split("-", 1)[1]
+        if key == "output":
+            experiment["run"] = {"output": name}
+        else:
+            experiment[key] = name
+        write(tmp / "e.yaml", json.dumps(experiment))
+    args = {"models": ["models", name], "clusters": ["clusters", name],
+            "strategy-model": ["strategy", "build", "ps", "-m", name, "-c", "local-1x2"],
+            "strategy-cluster": ["strategy", "build", "ps", "-m", "cnn-small", "-c", name],
+            "validate": ["strategy", "validate", name, "-m", "cnn-small", "-c", "local-1x2"],
+            "report": ["report", name, "--no-mlflow"], "search": ["search", name],
+            "pull": ["dataset", "pull", "--data", tmp / "d", name], "stats": ["dataset", "stats", "--data", name],
+            "sim-score": ["sim", "score", name, name]}.get(slot, ["search", tmp / "e.yaml"])
+    before = set(tmp.rglob("*"))
+    cwd = os.getcwd()
+    os.chdir(tmp)  # a relative name resolves here, not in the repository
+    try:
+        result = run(*args, env={"SYNCTUNE_HOME": str(tmp / "home")})
+    finally:
+        os.chdir(cwd)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, (slot, result.exit_code, result.stderr[-300:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("synctune: error: ") and len(lines[0]) < 1000, lines[-1:]
+    assert "unexpected" not in lines[0], lines[0]
+    assert {p for p in set(tmp.rglob("*")) - before if not p.is_relative_to(tmp / "home")} == set()
+
+
+#: Standard modules often named by a research folder's own files.
+RESEARCH_NAMES = ["tokenize", "queue", "profile", "code", "trace", "pickle", "types", "random", "json", "copy",
+                  "logging", "inspect", "io", "abc", "string", "numbers", "signal", "select", "test", "this"]
+WORKLOAD = ("import torch, torch.nn as nn\nimport synctune.workload as sw\n{imports}\n"
+            "def batch(n, rank, g):\n    return torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)\n"
+            "def loss(m, b):\n    return nn.functional.cross_entropy(m(b[0]), b[1])\n"
+            "def workload():\n    return sw.define(name='tiny', model=lambda: nn.Linear(4, 2), batch=batch, loss=loss, "
+            "batch_size=8)\n")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(beside=st.lists(st.sampled_from(RESEARCH_NAMES), min_size=1, max_size=8, unique=True),
+       imported=st.lists(st.sampled_from(RESEARCH_NAMES), max_size=3, unique=True),
+       as_package=st.booleans())
+def test_a_workload_beside_files_named_like_standard_modules(tmp_path_factory, beside, imported, as_package):
+    """Files (or packages) named like Python's modules beside a workload change nothing unless
+    the workload imports one of them itself: then one line names it."""
+    folder = tmp_path_factory.mktemp("research")
+    for name in beside:
+        body = f"raise RuntimeError('the user\\'s {name} was imported')\n"
+        if as_package:
+            (folder / name).mkdir()
+            write(folder / name / "__init__.py", body)
+        else:
+            write(folder / f"{name}.py", body)
+    write(folder / "job.py", WORKLOAD.format(imports="\n".join(f"import {n}" for n in imported)))
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        result = run("models", "-w", "job.py:workload", "--json", env={"SYNCTUNE_HOME": str(folder / "home")})
+    finally:
+        os.chdir(cwd)
+    shadowing = sorted(set(beside) & set(imported))
+    if shadowing:
+        line = assert_one_line(result, 2, f"imports {shadowing[0]!r}")
+        assert "has the name of Python's" in line, line
+    else:
+        assert result.exit_code == 0, result.stderr[-1000:]
+        assert "was imported" not in result.output

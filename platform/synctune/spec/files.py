@@ -53,7 +53,7 @@ def read_bytes(path: str | Path, what: str, error: type = SpecError, *, limit: i
     Only regular files are read: a FIFO, socket or device given as an input would block (or
     never end), so it is refused before a byte is read. The file is opened without blocking
     and checked on the open descriptor, so it cannot be swapped for a FIFO in between."""
-    path = Path(path)
+    path = Path(_checked(path, what, error))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
