@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from synctune.cli import cli
@@ -1340,6 +1340,9 @@ WORKLOAD = ("import torch, torch.nn as nn\nimport synctune.workload as sw\n{impo
 @given(beside=st.lists(st.sampled_from(RESEARCH_NAMES), min_size=1, max_size=8, unique=True),
        imported=st.lists(st.sampled_from(RESEARCH_NAMES), max_size=3, unique=True),
        as_package=st.booleans())
+@example(beside=["tokenize", "queue", "json", "pickle"], imported=[], as_package=False)
+@example(beside=["queue", "code"], imported=["queue"], as_package=False)
+@example(beside=["code"], imported=["code", "copy"], as_package=True)
 def test_a_workload_beside_files_named_like_standard_modules(tmp_path_factory, beside, imported, as_package):
     """Files (or packages) named like Python's modules beside a workload change nothing unless
     the workload imports one of them itself: then one line names it."""
