@@ -1368,3 +1368,48 @@ def test_a_workload_beside_files_named_like_standard_modules(tmp_path_factory, b
     else:
         assert result.exit_code == 0, result.stderr[-1000:]
         assert "was imported" not in result.output
+
+
+def test_a_killed_launcher_leaves_no_temporary_folder_the_next_run_keeps(tmp_path):
+    """SIGKILL runs no cleanup: multiprocessing's ``pymp-*`` folders (the launcher's, the fork
+    server's, the workers') are left where they were made. They are made in a folder of the
+    launcher's own under synctune's temporary folder, which the next run removes once its
+    launcher is gone; nothing is left directly in the temporary folder."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="st-"))  # short: the fork server listens on a Unix socket in it
+    try:
+        _killed_launcher_case(tmp_path, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _killed_launcher_case(tmp_path: Path, tmp: Path) -> None:
+    import psutil
+
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"), TMPDIR=str(tmp))
+    args = [sys.executable, "-m", "synctune", "trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce",
+            "--no-record"]
+    proc = subprocess.Popen([*args, "--iters", "100000"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_ranks(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        started = _children(proc.pid)
+        assert len(_ranks(proc.pid)) == 2
+        time.sleep(1.0)
+        proc.kill()
+        proc.wait(timeout=30)
+        _gone, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
+    done = subprocess.run([*args, "--iters", "2", "--warmup", "1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    left = [str(p.relative_to(tmp)) for p in tmp.rglob("*")]
+    assert not [p for p in left if "pymp-" in p or f"launcher-{proc.pid}" in p], left
