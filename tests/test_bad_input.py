@@ -1413,3 +1413,15 @@ def _killed_launcher_case(tmp_path: Path, tmp: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     left = [str(p.relative_to(tmp)) for p in tmp.rglob("*")]
     assert not [p for p in left if "pymp-" in p or f"launcher-{proc.pid}" in p], left
+
+
+@pytest.mark.parametrize("key", ["cluster", "model", "workload", "simulator", "output"])
+def test_an_experiment_naming_a_path_with_a_nul_byte_is_one_line(tmp_path, key):
+    """JSON and YAML can hold a NUL byte; no file name can (``os`` raises ValueError)."""
+    experiment = {"name": "e", "model": "cnn-small", "cluster": "local-1x2", "budget": 4, "simulator": "analytic"}
+    value = {"workload": "a\x00b.py:workload", "simulator": "a\x00b.pt", "output": "a\x00b.json"}.get(key, "a\x00b")
+    if key == "workload":
+        del experiment["model"]
+    experiment.update({"run": {"output": value}} if key == "output" else {key: value})
+    path = write(tmp_path / "e.yaml", json.dumps(experiment))
+    assert_one_line(run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2, "NUL byte")

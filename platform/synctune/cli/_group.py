@@ -101,6 +101,8 @@ class _Group(click.Group):
             if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
                 # a name the user gave that no check reached before the file system: still the user's
                 return fail(f"error: {_one_line(os.fsdecode(exc.filename or ''))}: {exc.strerror}", 2)
+            if isinstance(exc, ValueError) and str(exc) == "embedded null byte":  # os's refusal of a name
+                return fail("error: a name or path given holds a NUL byte, which no file name can", 2)
             cause = signal_cause(exc)
             if cause is not None:  # a signal that surfaced inside C code (Ray's) comes wrapped
                 return fail(str(cause), 128 + cause.signum) if isinstance(cause, Terminated) else fail(

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 from ..spec.checks import LIMITS, in_range
 from ..spec.errors import SpecError
-from ..spec.files import MAX_NAME_LENGTH
+from ..spec.files import MAX_NAME_LENGTH, check_path
 from ..spec.model import ModelSpec
 from .base import Workload
 
@@ -165,7 +165,7 @@ def _import_factory(path: str, root: str) -> Any:
     if not sep or not target or not attr.isidentifier():
         raise SpecError(f"workload {path!r}: expected package.module:factory or path/to/file.py:factory")
     if target.endswith(".py"):
-        file = Path(target)
+        file = Path(check_path(target, f"workload {path[:100]!r}: file"))
         candidates = [file] if file.is_absolute() else [Path.cwd() / file, Path(root) / file]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:

@@ -102,7 +102,7 @@ def model_source(text: str, *, root: str | None = None) -> ModelSource:
     root = root or os.getcwd()
     if text in MODELS or text in KERAS_ZOO:
         return ModelSource(text=text, kind="zoo", root=root)
-    path = Path(text)
+    path = Path(check_path(text, "model"))  # every form names a file or module: one the file system can hold
     if path.suffix.lower() in SPEC_FILE_SUFFIXES:
         return ModelSource(text=text, kind="spec-file", root=root)
     if ":" in text:
@@ -113,7 +113,6 @@ def model_source(text: str, *, root: str | None = None) -> ModelSource:
     if path.suffix.lower() == ".py":
         raise SpecError(f"{text[:100]}: name the factory in the file that returns synctune.workload.define(...), "
                         f"as {text[:100]}:FACTORY (e.g. {path.name}:workload)")
-    check_path(text, "model")
     if path.is_file():
         return ModelSource(text=text, kind="spec-file", root=root)
     raise SpecError(f"unknown model {text[:60]!r}: not in the zoo ({_zoo_names()}), nor a model spec file "
