@@ -1425,3 +1425,15 @@ def test_an_experiment_naming_a_path_with_a_nul_byte_is_one_line(tmp_path, key):
     experiment.update({"run": {"output": value}} if key == "output" else {key: value})
     path = write(tmp_path / "e.yaml", json.dumps(experiment))
     assert_one_line(run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2, "NUL byte")
+
+
+def test_calibrate_checks_both_files_it_saves_before_measuring(tmp_path):
+    """``--save x.yaml`` also writes the figures as x.json beside it: that one is checked too,
+    before the cluster is measured (a link there is never written through)."""
+    link = tmp_path / "c.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    start = time.monotonic()
+    assert_one_line(run("cluster", "calibrate", "local-1x2", "--save", tmp_path / "c.yaml"), 2,
+                    f"{link}: is a symbolic link")
+    assert time.monotonic() - start < 10 and not (tmp_path / "c.yaml").exists()
+    assert not (tmp_path / "elsewhere.json").exists()
