@@ -337,7 +337,7 @@ def _alive(pid: int) -> bool:
 
 def _launcher_temp() -> Path | None:
     """``<temporary folder>/synctune-<uid>/launcher-<pid>``: where this launcher, its fork
-    server, its workers and multiprocessing's helpers keep their temporary files (``pymp-*``).
+    server, its workers and multiprocessing's resource tracker keep their temporary files (``pymp-*``).
 
     A launcher killed with SIGKILL runs no cleanup, and multiprocessing's folders would stay in
     the temporary folder for ever; here they stay in this folder, which the next launcher removes
