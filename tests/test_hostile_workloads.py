@@ -187,7 +187,7 @@ def test_files_named_like_standard_modules_beside_a_workload_change_nothing(tmp_
 @pytest.mark.parametrize("start", ["auto", "spawn"])
 def test_a_trial_in_a_folder_of_standard_module_names_runs(tmp_path, start):
     """The trial's workers (forked from the fork server, or fresh interpreters) and
-    multiprocessing's helpers start in that folder and still import Python's modules."""
+    multiprocessing's resource tracker start in that folder and still import Python's modules."""
     _shadowing_folder(tmp_path)
     env = dict(_env(tmp_path / "home"), SYNCTUNE_WORKER_START=start)
     done = subprocess.run([sys.executable, "-m", "synctune", "trial", "-w", "job.py:workload", "-c", "local-1x2",
