@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from synctune.cli import cli
@@ -627,7 +627,8 @@ def _decode_bomb(rows: int, value_bytes: int):
     import pyarrow as pa
 
     big = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["x" * value_bytes]))
-    return pa.table({"model_name": pa.array(["cnn-small"] * rows), "strategy_json": big})
+    keys = {c: pa.array(["x"] * rows) for c in ("cluster_name", "model_hash", "cluster_hash", "strategy_hash")}
+    return pa.table({"model_name": pa.array(["cnn-small"] * rows), **keys, "strategy_json": big})
 
 
 @pytest.mark.parametrize("command", ["stats", "compact"])
@@ -702,26 +703,48 @@ def test_records_of_a_newer_schema_version_are_refused_on_read(tmp_path):
                     f"{RECORD_SCHEMA_VERSION}; upgrade synctune")
 
 
+def test_a_named_report_is_the_only_file_written_outside_the_data_folder(tmp_path):
+    """``-o userdir/page.html`` writes that page and nothing beside it (a user's own index.html
+    there is neither replaced nor a reason to refuse); the list of reports is the data home's."""
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    home = tmp_path / "home"
+    site = tmp_path / "site"
+    site.mkdir()
+    theirs = write(site / "index.html", "<html>my own home page</html>")
+    for name in ("dataset.html", "index.html"):  # even a page the user calls index.html is theirs to name
+        before = set(tmp_path.rglob("*"))
+        result = run("report", "--dataset", "--data", tmp_path / "d", "-o", site / name,
+                     env={"SYNCTUNE_HOME": str(home)})
+        assert result.exit_code == 0, result.stderr
+        created = {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(home)}
+        assert created <= {site / name}, created
+    assert "synctune-chart" in theirs.read_text()  # the second report was named index.html
+    listing = (home / "reports" / "index.html").read_text()
+    assert (site / "dataset.html").as_uri() in listing and (site / "index.html").as_uri() in listing
+    assert set(os.listdir(site)) == {"dataset.html", "index.html"}
+
+
 def test_report_never_replaces_an_index_html_it_did_not_write(tmp_path):
     from synctune.data import TrialDataset
 
     from test_dataset import make_records
 
     TrialDataset(tmp_path / "d").append(make_records(2))
-    site = tmp_path / "site"
-    site.mkdir()
-    theirs = write(site / "index.html", "<html>my own home page</html>")
-    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", site / "dataset.html"), 2,
+    home = tmp_path / "home"
+    (home / "reports").mkdir(parents=True)
+    theirs = write(home / "reports" / "index.html", "<html>my own home page</html>")
+    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", env={"SYNCTUNE_HOME": str(home)}), 2,
                     f"{theirs}: exists and was not written by synctune")
-    assert theirs.read_text() == "<html>my own home page</html>" and not (site / "dataset.html").exists()
-    assert_one_line(run("report", "--dataset", "--data", tmp_path / "d", "-o", tmp_path / "index.html"), 2,
-                    "name the report otherwise")
-    ours = tmp_path / "ours"
-    ours.mkdir()
+    assert theirs.read_text() == "<html>my own home page</html>"
+    theirs.unlink()
     for _ in range(2):  # synctune's own index is refreshed
-        result = run("report", "--dataset", "--data", tmp_path / "d", "-o", ours / "dataset.html")
+        result = run("report", "--dataset", "--data", tmp_path / "d", env={"SYNCTUNE_HOME": str(home)})
         assert result.exit_code == 0, result.stderr
-    assert 'href="dataset.html"' in (ours / "index.html").read_text()
+    assert 'href="dataset.html"' in (home / "reports" / "index.html").read_text()
 
 
 @pytest.mark.parametrize("leaf", ["x" * 300 + ".json", "is-a-folder"])
@@ -1003,3 +1026,414 @@ def test_reshard_in_the_engine_is_refused_with_the_fix(tmp_path):
                "-o", path).exit_code == 0
     assert_one_line(run("trial", "-m", "cnn-small", "-c", "local-1x2", "-s", path, "--iters", "1", "--warmup", "0"),
                     2, "reshard: true (unit 0) is not executed by the engine")
+
+
+# ------------------------------------------------------------- names too long for the file system
+
+#: Names no file system holds: one component over NAME_MAX (255 bytes), and a whole path over
+#: PATH_MAX in one name.
+LONG_NAMES = {"300": "n" * 300, "100k": "n" * 100_000, "deep": "/".join(["d" * 200] * 30)}
+
+
+@pytest.mark.parametrize("args", [
+    ["models", "{name}"],
+    ["models", "{name}.json"],
+    ["clusters", "{name}"],
+    ["clusters", "{name}.yaml"],
+    ["strategy", "build", "allreduce", "-m", "{name}", "-c", "local-1x2"],
+    ["strategy", "build", "allreduce", "-m", "cnn-small", "-c", "{name}"],
+    ["strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", "{name}"],
+    ["strategy", "validate", "{name}", "-m", "cnn-small", "-c", "local-1x2"],
+    ["report", "{name}", "--no-mlflow"],
+    ["report", "{name}.yaml", "--no-mlflow"],
+    ["report", "--dataset", "--data", "{name}", "-o", "{tmp}/r.html"],
+    ["report", "--dataset", "--data", "{tmp}/d", "-o", "{name}"],
+    ["dataset", "stats", "--data", "{name}"],
+    ["dataset", "pull", "--data", "{tmp}/mine", "{name}"],
+    ["dataset", "push", "--data", "{tmp}/d", "{name}"],
+    ["dataset", "export", "--data", "{tmp}/d", "--format", "csv", "-o", "{name}"],
+    ["sim", "score", "{name}", "{name}"],
+    ["sim", "train", "--data", "{tmp}/d", "-o", "{name}"],
+    ["search", "{name}"],
+    ["trial", "-m", "{name}", "-c", "local-1x2"],
+    ["trial", "-m", "cnn-small", "-c", "{name}"],
+    ["apply", "{name}", "-m", "cnn-small"],
+], ids=lambda a: "-".join(x for x in a if not x.startswith(("{", "-")))[:40])
+@pytest.mark.parametrize("length", LONG_NAMES)
+def test_names_too_long_for_the_file_system_are_one_line(tmp_path, args, length):
+    """Any name or path given on the command line that no file system holds is the user's
+    input at fault: one short line, exit 2, nothing written."""
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    before = set(tmp_path.rglob("*"))
+    args = [a.format(name=LONG_NAMES[length], tmp=tmp_path) for a in args]
+    result = run(*args, env={"SYNCTUNE_HOME": str(tmp_path / "home")})
+    line = assert_one_line(result, 2)
+    assert len(line) < 1000 and "unexpected" not in line, line
+    assert {p for p in set(tmp_path.rglob("*")) - before if not p.is_relative_to(tmp_path / "home")} == set()
+
+
+@pytest.mark.parametrize("key", ["cluster", "model", "simulator", "name"])
+def test_an_experiment_naming_something_too_long_is_one_line(tmp_path, key):
+    value = {"name": "n" * 300}.get(key, "n" * 300 + (".pt" if key == "simulator" else ""))
+    text = "\n".join(f"{k}: {value if k == key else v}" for k, v in
+                     [("name", "e"), ("model", "cnn-small"), ("cluster", "local-1x2"), ("budget", 4),
+                      ("simulator", "analytic")]) + "\n"
+    path = write(tmp_path / "e.yaml", text)
+    line = assert_one_line(run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2)
+    assert len(line) < 1000 and "unexpected" not in line, line
+
+
+def test_a_data_home_too_long_for_the_file_system_is_one_line(tmp_path):
+    line = assert_one_line(run("trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce",
+                               env={"SYNCTUNE_HOME": str(tmp_path / ("h" * 300))}), 2, "SYNCTUNE_HOME")
+    assert len(line) < 1000, line
+
+
+# ------------------------------------------------------------------ shared files bounded before use
+
+
+def _simulator_payload(**config_changes) -> dict:
+    from synctune.simulator.features import GLOBAL_NAMES, PRE_NAMES, RAW_NAMES
+    from synctune.simulator.replay import REPLAY_GLOBAL_NAMES, REPLAY_SHARD_NAMES
+    from synctune.strategy import compressor_vocabulary
+
+    config = {"epochs": 1, "lr": 0.1, "batch": 2, "partition_penalty": 0.0, "seed": 0, "hidden": 4,
+              "raw": len(RAW_NAMES) + len(PRE_NAMES) + len(REPLAY_SHARD_NAMES),
+              "global": len(GLOBAL_NAMES) + len(REPLAY_GLOBAL_NAMES), "compressors": compressor_vocabulary(),
+              **config_changes}
+    import torch
+
+    norm = {k: torch.zeros(config["raw" if k[0] == "x" else "global"]) for k in ("x_mean", "x_std", "g_mean", "g_std")}
+    return {"format": "synctune-simulator", "version": 3, "kind": "rnn", "config": json.dumps(config), "state": {},
+            "norm": norm}
+
+
+@pytest.mark.parametrize("hidden", [3000, 10**12, "4", -1])
+def test_a_simulator_file_is_checked_before_its_network_is_built(tmp_path, hidden):
+    """A file of a few KB whose config asks for a network of gigabytes: refused, one line, from
+    the config's sizes against the state's shapes, with no network built (the process's peak
+    memory stays that of torch itself)."""
+    import torch
+
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    path = tmp_path / "sim.pt"
+    torch.save(_simulator_payload(hidden=hidden), path)
+    assert path.stat().st_size < 20_000
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "sim", "score", str(path), str(strategy)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _out, err = proc.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, err[-2000:]
+    assert f"{path}: " in lines[0] and "hidden" in lines[0], lines[0]
+
+
+def test_a_simulator_file_that_builds_a_large_network_stays_within_memory(tmp_path):
+    import torch
+
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    path = tmp_path / "sim.pt"
+    torch.save(_simulator_payload(hidden=3000), path)
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"))
+    proc = subprocess.Popen([sys.executable, "-m", "synctune", "sim", "score", str(path), str(strategy)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    peak_mib = usage.ru_maxrss / 1024  # KiB on Linux
+    assert os.waitstatus_to_exitcode(status) == 2
+    assert peak_mib < 900, f"peak {peak_mib:.0f} MiB: the network was built"
+
+
+def test_a_compressed_simulator_file_that_unpacks_past_the_bound_is_refused_before_loading(tmp_path, monkeypatch):
+    """torch reads deflated archives too: a file of KB may declare far more than it holds."""
+    import zipfile
+
+    import torch
+
+    import synctune.simulator.models as models
+
+    monkeypatch.setattr(models, "MAX_SIMULATOR_BYTES", 16 * 1024**2)  # the bound, scaled to a test
+    strategy = tmp_path / "s.json"
+    assert run("strategy", "build", "allreduce", "-m", "cnn-small", "-c", "local-1x2", "-o", strategy).exit_code == 0
+    plain = tmp_path / "plain.pt"
+    torch.save({**_simulator_payload(), "padding": torch.zeros(8 * 1024**2)}, plain)
+    bomb = tmp_path / "sim.pt"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info.filename))
+    assert bomb.stat().st_size < 200_000
+    loaded = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loaded.append(a) or {})
+    assert_one_line(run("sim", "score", bomb, strategy), 2, f"{bomb}: unpacks to ")
+    assert not loaded
+
+
+# ------------------------------------------------------------------ datasets: foreign files, bad targets
+
+
+def _foreign_parquet(path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"x": [1, 2], "y": ["a", "b"]}), path)
+    return path
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["only-file", "beside-records"])
+def test_a_parquet_file_of_another_schema_in_a_dataset_is_named(tmp_path, alone):
+    """Not read as rows of nulls (and so as "no records", exit 0): the file is named, and why."""
+    if alone:
+        root = tmp_path / "d"
+        part = _foreign_parquet(root / "model=a" / "cluster=b" / "part-0.parquet")
+    else:
+        root, part = _dataset_with(tmp_path)
+        _foreign_parquet(part)
+    for args in (["dataset", "stats", "--data", root], ["dataset", "export", "--data", root, "--format", "csv",
+                                                         "-o", tmp_path / "x.csv"],
+                 ["sim", "train", "--data", root, "-o", tmp_path / "x.pt"],
+                 ["report", "--dataset", "--data", root, "-o", tmp_path / "x.html"]):
+        line = assert_one_line(run(*args, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2,
+                               f"{part}: not trial records (no column model_name")
+        assert "it has x, y" in line, line
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("x.")]
+
+
+def test_a_release_of_another_schema_names_its_file(tmp_path):
+    import hashlib
+
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    rel = tmp_path / "rel"
+    assert run("dataset", "push", "--data", tmp_path / "d", rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}
+               ).exit_code == 0
+    (shipped,) = rel.glob("data/*/*/part-0.parquet")
+    _foreign_parquet(shipped)
+    manifest = json.loads((rel / "manifest.json").read_text())
+    manifest["files"][0].update(rows=2, sha256=hashlib.sha256(shipped.read_bytes()).hexdigest())
+    write(rel / "manifest.json", json.dumps(manifest))
+    assert_one_line(run("dataset", "pull", "--data", tmp_path / "mine", rel), 2,
+                    f"{rel}: {manifest['files'][0]['path']}: not trial records")
+    assert not (tmp_path / "mine").exists() or not list((tmp_path / "mine").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("target", ["file", "under-a-file"])
+def test_pull_into_a_path_that_is_a_file_is_one_line(tmp_path, target):
+    from synctune.data import TrialDataset
+
+    from test_dataset import make_records
+
+    TrialDataset(tmp_path / "d").append(make_records(2))
+    rel = tmp_path / "rel"
+    assert run("dataset", "push", "--data", tmp_path / "d", rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}
+               ).exit_code == 0
+    blocker = write(tmp_path / "blocker", "a file")
+    data = blocker if target == "file" else blocker / "d"
+    assert_one_line(run("dataset", "pull", "--data", data, rel, env={"SYNCTUNE_HOME": str(tmp_path / "h")}), 2,
+                    str(blocker))
+    assert blocker.read_text() == "a file"
+
+
+# ------------------------------------------------------------- user code that changes the folder
+
+
+def test_paths_are_resolved_before_user_code_can_change_the_folder(tmp_path, monkeypatch):
+    """A workload whose import calls ``os.chdir('..')`` runs in the search's process (the
+    preparation, the training file): the experiment's relative ``output:`` and a relative
+    SYNCTUNE_HOME still mean the folder the command was started in."""
+    import synctune.cli._search as search_cli
+    import synctune.run as run_module
+
+    start = tmp_path / "project"
+    start.mkdir()
+    monkeypatch.chdir(start)
+    path = write(start / "e.yaml", EXPERIMENT + "run: {output: out/best.json}\n")
+
+    def prepare(*args, **kwargs):
+        os.chdir(tmp_path)  # what the user's code did on import
+        from synctune.data.paths import dataset_dir
+
+        dataset_dir()  # the preparation opens the dataset in the data home
+
+    from synctune.spec.errors import SpecError
+
+    monkeypatch.setattr(run_module, "prepare_search", prepare)
+    monkeypatch.setattr(search_cli, "start_ray", lambda *a, **k: (_ for _ in ()).throw(SpecError("stopped")))
+    result = run("search", path, env={"SYNCTUNE_HOME": "home"})
+    assert_one_line(result, 2, "stopped")
+    assert (start / "out").is_dir() and not (tmp_path / "out").exists()
+    assert (start / "home").is_dir() and not (tmp_path / "home").exists()
+
+
+# ------------------------------------------------- property tests: long names, standard-module folders
+
+#: Characters of a name a user might type or paste: letters, digits, separators, dots, spaces
+#: and a few beyond ASCII (several bytes each in UTF-8).
+NAME_CHARS = st.sampled_from(list("abcxyz019-_./ ") + ["é", "ß", "東"])
+LONG = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+def _long_name(draw_length: int, chars: str) -> str:
+    return (chars * (draw_length // max(1, len(chars)) + 1))[:draw_length]
+
+
+@LONG
+@given(length=st.integers(256, 100_000), chars=st.text(NAME_CHARS.filter(lambda c: c != "/"), min_size=1, max_size=12),
+       around=st.tuples(st.text(NAME_CHARS, max_size=20), st.text(NAME_CHARS, max_size=20)),
+       slot=st.sampled_from(["models", "clusters", "strategy-model", "strategy-cluster", "validate", "report",
+                             "search", "pull", "stats", "sim-score", "experiment-cluster", "experiment-model",
+                             "experiment-simulator", "experiment-output"]))
+def test_names_of_256_to_100000_characters_are_one_line(tmp_path_factory, length, chars, around, slot):
+    """Any name holding a part of 256 to 100,000 characters (so no file system holds it),
+    wherever a loader takes a name or a path: exit 2, one short line, nothing written."""
+    tmp = tmp_path_factory.mktemp("long")
+    name = around[0] + _long_name(length, chars) + around[1]
+    experiment = {"name": "e", "model": "cnn-small", "cluster": "local-1x2", "budget": 4, "simulator": "analytic"}
+    if slot.startswith("experiment-"):
+        key = slot.split("-", 1)[1]
+        if key == "output":
+            experiment["run"] = {"output": name}
+        else:
+            experiment[key] = name
+        write(tmp / "e.yaml", json.dumps(experiment))
+    args = {"models": ["models", name], "clusters": ["clusters", name],
+            "strategy-model": ["strategy", "build", "ps", "-m", name, "-c", "local-1x2"],
+            "strategy-cluster": ["strategy", "build", "ps", "-m", "cnn-small", "-c", name],
+            "validate": ["strategy", "validate", name, "-m", "cnn-small", "-c", "local-1x2"],
+            "report": ["report", name, "--no-mlflow"], "search": ["search", name],
+            "pull": ["dataset", "pull", "--data", tmp / "d", name], "stats": ["dataset", "stats", "--data", name],
+            "sim-score": ["sim", "score", name, name]}.get(slot, ["search", tmp / "e.yaml"])
+    before = set(tmp.rglob("*"))
+    cwd = os.getcwd()
+    os.chdir(tmp)  # a relative name resolves here, not in the repository
+    try:
+        result = run(*args, env={"SYNCTUNE_HOME": str(tmp / "home")})
+    finally:
+        os.chdir(cwd)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, (slot, result.exit_code, result.stderr[-300:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("synctune: error: ") and len(lines[0]) < 1000, lines[-1:]
+    assert "unexpected" not in lines[0], lines[0]
+    assert {p for p in set(tmp.rglob("*")) - before if not p.is_relative_to(tmp / "home")} == set()
+
+
+#: Standard modules often named by a research folder's own files.
+RESEARCH_NAMES = ["tokenize", "queue", "profile", "code", "trace", "pickle", "types", "random", "json", "copy",
+                  "logging", "inspect", "io", "abc", "string", "numbers", "signal", "select", "test", "this"]
+WORKLOAD = ("import torch, torch.nn as nn\nimport synctune.workload as sw\n{imports}\n"
+            "def batch(n, rank, g):\n    return torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)\n"
+            "def loss(m, b):\n    return nn.functional.cross_entropy(m(b[0]), b[1])\n"
+            "def workload():\n    return sw.define(name='tiny', model=lambda: nn.Linear(4, 2), batch=batch, loss=loss, "
+            "batch_size=8)\n")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(beside=st.lists(st.sampled_from(RESEARCH_NAMES), min_size=1, max_size=8, unique=True),
+       imported=st.lists(st.sampled_from(RESEARCH_NAMES), max_size=3, unique=True),
+       as_package=st.booleans())
+@example(beside=["tokenize", "queue", "json", "pickle"], imported=[], as_package=False)
+@example(beside=["queue", "code"], imported=["queue"], as_package=False)
+@example(beside=["code"], imported=["code", "copy"], as_package=True)
+def test_a_workload_beside_files_named_like_standard_modules(tmp_path_factory, beside, imported, as_package):
+    """Files (or packages) named like Python's modules beside a workload change nothing unless
+    the workload imports one of them itself: then one line names it."""
+    folder = tmp_path_factory.mktemp("research")
+    for name in beside:
+        body = f"raise RuntimeError('the user\\'s {name} was imported')\n"
+        if as_package:
+            (folder / name).mkdir()
+            write(folder / name / "__init__.py", body)
+        else:
+            write(folder / f"{name}.py", body)
+    write(folder / "job.py", WORKLOAD.format(imports="\n".join(f"import {n}" for n in imported)))
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        result = run("models", "-w", "job.py:workload", "--json", env={"SYNCTUNE_HOME": str(folder / "home")})
+    finally:
+        os.chdir(cwd)
+    shadowing = sorted(set(beside) & set(imported))
+    if shadowing:
+        line = assert_one_line(result, 2, f"imports {shadowing[0]!r}")
+        assert "has the name of Python's" in line, line
+    else:
+        assert result.exit_code == 0, result.stderr[-1000:]
+        assert "was imported" not in result.output
+
+
+def test_a_killed_launcher_leaves_no_temporary_folder_the_next_run_keeps(tmp_path):
+    """SIGKILL runs no cleanup: multiprocessing's ``pymp-*`` folders (the launcher's, the fork
+    server's, the workers') are left where they were made. They are made in a folder of the
+    launcher's own under synctune's temporary folder, which the next run removes once its
+    launcher is gone; nothing is left directly in the temporary folder."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="st-"))  # short: the fork server listens on a Unix socket in it
+    try:
+        _killed_launcher_case(tmp_path, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _killed_launcher_case(tmp_path: Path, tmp: Path) -> None:
+    import psutil
+
+    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT / "platform"), TMPDIR=str(tmp))
+    args = [sys.executable, "-m", "synctune", "trial", "-m", "cnn-small", "-c", "local-1x2", "-b", "allreduce",
+            "--no-record"]
+    proc = subprocess.Popen([*args, "--iters", "100000"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_ranks(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        started = _children(proc.pid)
+        assert len(_ranks(proc.pid)) == 2
+        time.sleep(1.0)
+        proc.kill()
+        proc.wait(timeout=30)
+        _gone, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
+    done = subprocess.run([*args, "--iters", "2", "--warmup", "1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    left = [str(p.relative_to(tmp)) for p in tmp.rglob("*")]
+    assert not [p for p in left if "pymp-" in p or f"launcher-{proc.pid}" in p], left
+
+
+@pytest.mark.parametrize("key", ["cluster", "model", "workload", "simulator", "output"])
+def test_an_experiment_naming_a_path_with_a_nul_byte_is_one_line(tmp_path, key):
+    """JSON and YAML can hold a NUL byte; no file name can (``os`` raises ValueError)."""
+    experiment = {"name": "e", "model": "cnn-small", "cluster": "local-1x2", "budget": 4, "simulator": "analytic"}
+    value = {"workload": "a\x00b.py:workload", "simulator": "a\x00b.pt", "output": "a\x00b.json"}.get(key, "a\x00b")
+    if key == "workload":
+        del experiment["model"]
+    experiment.update({"run": {"output": value}} if key == "output" else {key: value})
+    path = write(tmp_path / "e.yaml", json.dumps(experiment))
+    assert_one_line(run("search", path, env={"SYNCTUNE_HOME": str(tmp_path / "home")}), 2, "NUL byte")
+
+
+def test_calibrate_checks_both_files_it_saves_before_measuring(tmp_path):
+    """``--save x.yaml`` also writes the figures as x.json beside it: that one is checked too,
+    before the cluster is measured (a link there is never written through)."""
+    link = tmp_path / "c.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    start = time.monotonic()
+    assert_one_line(run("cluster", "calibrate", "local-1x2", "--save", tmp_path / "c.yaml"), 2,
+                    f"{link}: is a symbolic link")
+    assert time.monotonic() - start < 10 and not (tmp_path / "c.yaml").exists()
+    assert not (tmp_path / "elsewhere.json").exists()

@@ -154,3 +154,64 @@ def test_a_good_workload_checks_in_a_child_and_gives_the_same_spec(tmp_path):
     assert (workload.name, workload.batch_size) == ("tiny", 8)
     assert checked == workload_spec(ImportedWorkload(path, str(tmp_path)))
     assert [v.name for v in checked.variables] == ["bias", "weight"]
+
+
+# ------------------------------------------------- a folder whose files are named like Python's modules
+
+#: File names common in a research folder that are also Python's modules; each raises when
+#: imported, so importing one instead of Python's fails the command.
+STDLIB_NAMES = ["tokenize", "queue", "profile", "code", "trace", "pickle", "socket", "types", "json", "random"]
+
+
+def _shadowing_folder(folder: Path) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "mylayers.py").write_text("WIDTH = 4\n")  # a neighbour the workload imports: still found
+    (folder / "job.py").write_text("import mylayers\n" + textwrap.dedent(GOOD))
+    for name in STDLIB_NAMES:
+        (folder / f"{name}.py").write_text(f"raise RuntimeError('the user\\'s {name}.py was imported')\n")
+
+
+@pytest.mark.parametrize("where", ["in-its-folder", "from-elsewhere"])
+def test_files_named_like_standard_modules_beside_a_workload_change_nothing(tmp_path, where):
+    """The workload's folder never goes before Python's own modules: synctune, torch and the
+    checking process import Python's ``tokenize``, ``queue``, ``pickle``..., not the user's."""
+    folder = tmp_path / "research"
+    _shadowing_folder(folder)
+    cwd = folder if where == "in-its-folder" else tmp_path
+    path = "job.py:workload" if where == "in-its-folder" else f"{folder / 'job.py'}:workload"
+    done = _run(["models", "-w", path, "--json"], cwd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "was imported" not in done.stderr
+
+
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_a_trial_in_a_folder_of_standard_module_names_runs(tmp_path, start):
+    """The trial's workers (forked from the fork server, or fresh interpreters) and
+    multiprocessing's resource tracker start in that folder and still import Python's modules."""
+    _shadowing_folder(tmp_path)
+    env = dict(_env(tmp_path / "home"), SYNCTUNE_WORKER_START=start)
+    done = subprocess.run([sys.executable, "-m", "synctune", "trial", "-w", "job.py:workload", "-c", "local-1x2",
+                           "-b", "allreduce", "--warmup", "1", "--iters", "2", "--no-record"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=BOUND_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "status ok" in done.stdout and "was imported" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_workload_file_named_like_a_standard_module_is_imported_by_its_location(tmp_path):
+    (tmp_path / "json.py").write_text(textwrap.dedent(GOOD))
+    done = _run(["models", "-w", "json.py:workload", "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("form", ["file", "module"])
+def test_a_workload_importing_its_own_module_named_like_pythons_is_one_line(tmp_path, form):
+    """The module it means is not the one it would get: one line naming the file to rename."""
+    (tmp_path / "queue.py").write_text("SIZE = 3\n")
+    (tmp_path / "job.py").write_text("import queue\n" + textwrap.dedent(GOOD))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "__init__.py").write_text(textwrap.dedent(GOOD))
+    path = "job.py:workload" if form == "file" else "code:workload"
+    done = _run(["models", "-w", path, "--json"], tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert f"{tmp_path / ('queue.py' if form == 'file' else 'code')} has the name of Python's" in lines[0], lines[0]

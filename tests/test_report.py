@@ -93,8 +93,9 @@ def test_search_report_of_a_real_search(tiny_search, tmp_path):
                  "cnn-small on local-1x2", "confirmed speed-up", "interleaved rounds", "ddp-tuned",
                  "Where the best strategy spends its iteration", 'class="critical-path"', "waited for"):
         assert text in page, text
-    index = (tmp_path / "index.html").read_text()
-    assert 'href="tiny.html"' in index
+    assert not (tmp_path / "index.html").exists()  # nothing beside the named page
+    index = (home / "reports" / "index.html").read_text()  # the list of reports is the data home's
+    assert out.as_uri() in index
 
 
 def test_report_bad_input_is_one_line(tiny_search, tmp_path):

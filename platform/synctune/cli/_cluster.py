@@ -113,6 +113,7 @@ def calibrate_cmd(cluster_name: str, ray_address: str, save: str | None, megabyt
         if Path(save).suffix.lower() not in (".yaml", ".yml"):
             raise SpecError(f"--save {save}: give a .yaml file (the figures go beside it, as .json)")
         check_writable(save)
+        check_writable(Path(save).with_suffix(".json"))  # the second file it writes, refused before measuring
     node_net = node_network(cluster)
     start_ray(ray_address, cluster.num_devices + 1, logging_level="ERROR")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -16,8 +17,14 @@ from ._signals import Terminated, install_signal_handlers, signal_cause
 __all__ = ["cli"]
 
 
+#: Longest word of an error line shown whole; a longer one (a user's 100 KB name) is cut.
+_LONGEST_WORD = 200
+
+
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """``text`` on one line, each word longer than :data:`_LONGEST_WORD` characters cut short."""
+    return " ".join(w if len(w) <= _LONGEST_WORD else f"{w[:_LONGEST_WORD // 2]}...({len(w)} characters)"
+                    for w in str(text).split())
 
 
 def _stop_ray() -> None:
@@ -37,10 +44,24 @@ def _stop_ray() -> None:
         pass
 
 
+def _absolute_homes() -> None:
+    """Make the data folders named by the environment absolute, as the command starts: a user's
+    workload imported in this process may change the current folder (``os.chdir``), and the data
+    home must stay the one the command was started with."""
+    for name in ("SYNCTUNE_HOME", "XDG_DATA_HOME"):
+        value = os.environ.get(name)
+        if value and not os.path.isabs(value):
+            try:
+                os.environ[name] = os.path.abspath(value)
+            except (OSError, ValueError):  # a folder gone, a NUL byte: the data home says so, in one line
+                pass
+
+
 class _Group(click.Group):
     """A click group whose every error is one line on stderr with the status it means."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        _absolute_homes()
         handlers = install_signal_handlers()
         try:
             code = self._run(args, prog_name, complete_var, **extra)
@@ -77,6 +98,11 @@ class _Group(click.Group):
         except BrokenPipeError:
             return 1
         except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen environment: still one line
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+                # a name the user gave that no check reached before the file system: still the user's
+                return fail(f"error: {_one_line(os.fsdecode(exc.filename or ''))}: {exc.strerror}", 2)
+            if isinstance(exc, ValueError) and str(exc) == "embedded null byte":  # os's refusal of a name
+                return fail("error: a name or path given holds a NUL byte, which no file name can", 2)
             cause = signal_cause(exc)
             if cause is not None:  # a signal that surfaced inside C code (Ray's) comes wrapped
                 return fail(str(cause), 128 + cause.signum) if isinstance(cause, Terminated) else fail(

@@ -12,7 +12,9 @@ from ._common import echo_err
 
 def search_id_arg(value: str) -> str:
     """A search id, or an experiment file (whose name and seed give the id)."""
-    if value.endswith((".yaml", ".yml")) or Path(value).is_file():
+    from ..spec.files import check_path
+
+    if value.endswith((".yaml", ".yml")) or Path(check_path(value, "SEARCH")).is_file():
         from ..run import search_id_of
         from ..search.experiment import load_experiment
 
@@ -27,8 +29,8 @@ def search_id_arg(value: str) -> str:
 @click.option("--dataset", "dataset", is_flag=True, help="The dataset dashboard instead of a search's.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), help="Dataset folder (default: the data home's).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Where to write the page. Its folder gets an index.html listing the reports there; an "
-                   "index.html synctune did not write is never replaced (the report is refused).")
+              help="Where to write the page (the only file written there; the list of reports is in the data "
+                   "home's reports/index.html).")
 @click.option("--template", type=click.Path(exists=True, dir_okay=False),
               help="An adapted copy of the page template (see dashboards/README.md).")
 @click.option("--mlflow/--no-mlflow", default=True, show_default=True,
@@ -44,18 +46,14 @@ def report_cmd(search: str | None, dataset: bool, data_dir: str | None, output: 
     if dataset == bool(search):
         raise SpecError("give a SEARCH (search id or experiment file) or --dataset, not both or neither")
     if output:
-        from ..report import check_index
-
         check_writable(output)
-        check_index(Path(output))
     if dataset:
-        from ..report import dataset_report, write_index
-        from ..report import report_path
+        from ..report import dataset_report, list_report, report_path
         from ..spec.files import write_text_atomic
 
         path = Path(output) if output else report_path("dataset")
         write_text_atomic(path, dataset_report(data_dir, template))
-        write_index(path.parent)
+        list_report(path)
         click.echo(str(path))
         return
     from ..report import publish_search_report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -117,7 +118,9 @@ def search_cmd(experiment: str, resume: bool, ray_address: str, tracking_uri: st
     # refused), then everything the search needs is checked and read before Ray starts (the
     # simulator file, the memory budget, the profile, the dataset rows, the MLflow run).
     output = exp.run.output
-    best_path = Path(output) if output else path_under(data_home(), "searches", f"{search_id_of(exp)}-best.json")
+    # Absolute now: the user's code runs in this process later (it may change the folder).
+    best_path = (Path(os.path.abspath(output)) if output
+                 else path_under(data_home(), "searches", f"{search_id_of(exp)}-best.json"))
     check_parent(best_path)
     context = prepare_search(exp, workload, cluster, resume=resume, tracking_uri=tracking_uri, node_net=node_net,
                              say=say)

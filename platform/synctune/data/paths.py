@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..spec.errors import SpecError
+from ..spec.files import check_path
 
 __all__ = ["data_home", "dataset_dir", "profiles_dir", "default_tracking_uri", "artifact_root"]
 
@@ -15,7 +16,7 @@ __all__ = ["data_home", "dataset_dir", "profiles_dir", "default_tracking_uri", "
 def data_home() -> Path:
     """The synctune data folder (created on first use); one clear error when it cannot be."""
     if os.environ.get("SYNCTUNE_HOME"):
-        home, what = Path(os.environ["SYNCTUNE_HOME"]), "SYNCTUNE_HOME"
+        home, what = Path(check_path(os.environ["SYNCTUNE_HOME"], "SYNCTUNE_HOME")), "SYNCTUNE_HOME"
     else:
         base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
         home, what = base / "synctune", "the synctune data folder"

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..spec.errors import InfraError, SpecError
-from ..spec.files import MAX_FILE_BYTES, parse_json, path_under, write_text_atomic
+from ..spec.files import MAX_FILE_BYTES, check_path, parse_json, path_under, write_text_atomic
 from ..spec.profile import ComputeProfile
 from .record import RECORD_SCHEMA_VERSION
 from .store import TrialDataset, read_parquet_files
@@ -58,7 +58,7 @@ class _Location:
         elif self.kind in ("http", "https"):
             self.base = where.split("?", 1)[0].rstrip("/")
         else:
-            self.base = str(Path(where))
+            self.base = check_path(str(Path(where)), "release folder")
 
     def read(self, rel: str, timeout_s: float = 60.0, limit: int = 1 << 34) -> bytes:
         try:
@@ -240,6 +240,7 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
 
     from .store import MAX_DECODED_BYTES
 
+    dataset.check_writable()
     manifest = read_manifest(source)
     loc = _Location(source)
     staging = Path(tempfile.mkdtemp(prefix="synctune-pull-"))
@@ -256,7 +257,7 @@ def pull_release(source: str, dataset: TrialDataset) -> dict[str, int]:
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
             try:
-                table = read_parquet_files([local])
+                table = read_parquet_files([local])  # refuses a file without the record columns
             except SpecError as exc:  # name the file as the release has it, not the staging copy
                 raise SpecError(str(exc).replace(str(local), f"{source}: {entry['path']}")) from None
             if table.num_rows != entry["rows"]:

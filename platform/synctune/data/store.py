@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from urllib.parse import quote
 
 from ..spec.errors import SpecError
-from ..spec.files import write_via
+from ..spec.files import check_folder, check_path, write_via
 from .record import RECORD_SCHEMA_VERSION, TrialRecord, arrow_schema, dedup_key
 
 __all__ = ["TrialDataset", "KEY_COLUMNS", "read_parquet_files", "MAX_FILE_ROWS", "MAX_FILE_COLUMNS",
@@ -57,9 +57,15 @@ class TrialDataset:
     """The dataset at ``root`` (created on first append)."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+        self.root = Path(check_path(root, "dataset folder"))
 
     # ------------------------------------------------------------------------------- writing
+
+    def check_writable(self) -> "TrialDataset":
+        """Refuse, before any work, a dataset folder that cannot be created or written: a file
+        where it or a folder above it should be (one :class:`SpecError` naming it)."""
+        check_folder(self.root, "dataset folder")
+        return self
 
     def files(self) -> list[Path]:
         """The committed data files (temporary files excluded), in a stable order."""
@@ -204,8 +210,13 @@ class TrialDataset:
         return pd.DataFrame(out)
 
 
+#: Columns every record of every schema version has: a Parquet file without them is not
+#: records (another tool's file in the folder), and is refused rather than read as empty rows.
+RECORD_COLUMNS = ("model_name", "cluster_name", "model_hash", "cluster_hash", "strategy_hash")
+
+
 def read_parquet_files(files: list[Path], schema=None, *, columns: list[str] | None = None, filter=None,
-                       where: str = ""):
+                       where: str = "", required: Iterable[str] = RECORD_COLUMNS):
     """The rows of ``files`` read as ``schema`` (default: the first file's), each file bounded
     before and while it decodes.
 
@@ -213,8 +224,9 @@ def read_parquet_files(files: list[Path], schema=None, *, columns: list[str] | N
     of Parquet can declare or expand to gigabytes. Each file's footer is read first (rows,
     columns, uncompressed size against :data:`MAX_FILE_ROWS`, :data:`MAX_FILE_COLUMNS`,
     :data:`MAX_DECODED_BYTES`), then it is decoded in batches, stopped as soon as it exceeds
-    :data:`MAX_DECODED_BYTES`. A file that is not Parquet, or not records, is one
-    :class:`SpecError` naming it; a file gone since the listing raises ``FileNotFoundError``."""
+    :data:`MAX_DECODED_BYTES`. A file that is not Parquet, or not records (without the
+    ``required`` columns), is one :class:`SpecError` naming it; a file gone since the listing
+    raises ``FileNotFoundError``."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
@@ -240,6 +252,11 @@ def read_parquet_files(files: list[Path], schema=None, *, columns: list[str] | N
                                    MAX_FILE_COLUMNS), ("uncompressed bytes", declared, MAX_DECODED_BYTES)):
             if value > limit:
                 raise SpecError(f"{name}: {value} {what}; a dataset file holds at most {limit}: refused")
+        missing = [c for c in required if c not in meta.schema.names]
+        if missing:
+            has = ", ".join(meta.schema.names[:8]) + (", ..." if len(meta.schema.names) > 8 else "")
+            raise SpecError(f"{name}: not trial records (no column {', '.join(missing)}; it has {has[:200]}): a "
+                            f"dataset holds only the Parquet files synctune writes")
         decoded = 0
         try:
             if schema is None:
@@ -318,7 +335,11 @@ def _write_file(table, part_dir: Path) -> Path:
     """Commit ``table`` as a new file of ``part_dir``: temporary name, fsync, atomic rename."""
     import pyarrow.parquet as pq
 
-    part_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        part_dir.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError):  # a file where a folder of the dataset should be
+        check_folder(part_dir, "dataset folder")
+        raise
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     path = part_dir / f"part-{stamp}-{uuid.uuid4().hex}.parquet"
     write_via(path, lambda fh: pq.write_table(table, fh))

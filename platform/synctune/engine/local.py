@@ -8,6 +8,7 @@ all other workers are then killed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import os
@@ -18,6 +19,7 @@ import socket
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["WorkerFailure", "run_local", "cpu_of_rank", "free_port", "report", "classify_error", "enter_netns", "join_cgroup",
@@ -174,6 +176,8 @@ def _entry(rank: int, world: int, port: int, backend: str, fn, args, q, collecti
         _die_with_launcher(parent)
     elif parent is not None:
         _die_with_parent(parent)
+    if os.environ.pop(_SAFE_PATH_MARK, None):
+        os.environ.pop("PYTHONSAFEPATH", None)  # set for this start only: the user's own processes go as usual
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})  # before torch starts its threads: they inherit it
     os.environ.update(env)
@@ -310,6 +314,104 @@ _FORK_SERVER_ENV: dict[str, str] | None = None  # those variables as the fork se
 _FORK_SERVER_CPUS: set[int] | None = None  # the CPUs the fork server may run on (its workers too)
 
 
+#: Set beside PYTHONSAFEPATH by :func:`_worker_start` (not by the user): a worker drops both.
+_SAFE_PATH_MARK = "SYNCTUNE_SAFE_PATH_SET"
+
+
+#: Longest name of a Unix socket (``sun_path``, less its NUL): multiprocessing's fork server
+#: listens on one in its temporary folder.
+_UNIX_PATH_MAX = 107
+#: The launcher's own temporary folder (:func:`_launcher_temp`), once made.
+_LAUNCHER_TEMP: Path | None = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _launcher_temp() -> Path | None:
+    """``<temporary folder>/synctune-<uid>/launcher-<pid>``: where this launcher, its fork
+    server, its workers and multiprocessing's resource tracker keep their temporary files (``pymp-*``).
+
+    A launcher killed with SIGKILL runs no cleanup, and multiprocessing's folders would stay in
+    the temporary folder for ever; here they stay in this folder, which the next launcher removes
+    once this process is gone (and this one removes at a normal exit). None, and the usual
+    places, where the folder is not safely ours (made by another user, a link)."""
+    global _LAUNCHER_TEMP
+    if _LAUNCHER_TEMP is not None:
+        return _LAUNCHER_TEMP
+    import shutil
+    import stat
+    import tempfile
+
+    base = Path(tempfile.gettempdir()) / f"synctune-{os.getuid()}"
+    if len(os.fsencode(str(base / f"launcher-{os.getpid()}"))) + len("/pymp-xxxxxxxx/listener-xxxxxxxx") > _UNIX_PATH_MAX:
+        return None  # the fork server's socket in there would have a name too long to listen on
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(base)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return None
+        for old in base.glob("launcher-*"):
+            pid = old.name.removeprefix("launcher-")
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        mine = base / f"launcher-{os.getpid()}"
+        mine.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    import multiprocessing.util
+
+    # After multiprocessing's own finalizers (priority -100 removes its pymp folder in here).
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(mine),), kwargs={"ignore_errors": True},
+                                  exitpriority=-200)
+    _LAUNCHER_TEMP = mine
+    return mine
+
+
+@contextlib.contextmanager
+def _worker_start():
+    """Start interpreters (workers, the fork server, multiprocessing's resource tracker) that do
+    not put their current folder first on ``sys.path``, and keep their temporary files in the
+    launcher's own folder (:func:`_launcher_temp`).
+
+    Multiprocessing starts them with ``python -c``, which puts the current folder first, before
+    it imports ``pickle``, ``socket`` and the rest of itself: a user's ``pickle.py`` or
+    ``queue.py`` in the folder the command runs in would be imported instead of Python's
+    (``PYTHONSAFEPATH``, Python 3.11 and later). The worker then takes ``sys.path`` from its
+    launcher."""
+    temp = _launcher_temp()
+    saved = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", _SAFE_PATH_MARK, "TMPDIR")}
+    if "PYTHONSAFEPATH" not in os.environ:
+        os.environ.update({"PYTHONSAFEPATH": "1", _SAFE_PATH_MARK: "1"})
+    if temp is not None:
+        os.environ["TMPDIR"] = str(temp)
+        import multiprocessing.process
+        import multiprocessing.util
+        import tempfile
+
+        if multiprocessing.process.current_process()._config.get("tempdir") is None:
+            before, tempfile.tempdir = tempfile.tempdir, str(temp)
+            try:
+                multiprocessing.util.get_temp_dir()  # the launcher's own pymp folder, made in there
+            finally:
+                tempfile.tempdir = before
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME_ENV)}
 
@@ -361,7 +463,11 @@ def _start_method(backend: str, nets, env: dict[str, str] | None, pin_cpus: bool
 def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, timeout_s: float,
                collective_timeout_s: float, on_progress, threads: int | None, env: dict[str, str] | None,
                nets: list[dict[str, str]] | None, pin_cpus: bool) -> list[Any]:
-    ctx, launcher_env = _start_method(backend, nets, env, pin_cpus)
+    with _worker_start():  # the fork server and multiprocessing's resource tracker start here too
+        ctx, launcher_env = _start_method(backend, nets, env, pin_cpus)
+        import multiprocessing.resource_tracker
+
+        multiprocessing.resource_tracker.ensure_running()
     if launcher_env is not None:
         # Multiprocessing's pickler passes tensors as shared-memory file descriptors, and a fork
         # server takes at most 256 per process (a conformance run's inputs are more): by value.
@@ -374,8 +480,9 @@ def _run_group(fn, world_size: int, args: tuple, port: int, *, backend: str, tim
                                               cpu_of_rank(r) if pin_cpus else None, launcher_env),
                          daemon=True)
              for r in range(world_size)]
-    for p in procs:
-        p.start()
+    with _worker_start():
+        for p in procs:
+            p.start()
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     dead_since: dict[int, float] = {}

@@ -99,17 +99,49 @@ def check_index(output: Path) -> None:
                         f"index.html next to them: write the report to another folder")
 
 
-def write_index(folder: Path) -> Path:
-    """(Re)write ``folder/index.html``: a list of the reports in that folder, newest first.
-    An ``index.html`` that synctune did not write is refused (:func:`check_index`)."""
+#: Reports written outside the reports folder (``-o``), listed in its index: ``OUTSIDE`` there.
+OUTSIDE = "outside.json"
+#: Most reports outside the folder the index remembers (the newest).
+MAX_OUTSIDE = 1000
+
+
+def _outside(folder: Path, added: Path | None) -> list[Path]:
+    """The reports written outside ``folder`` that still exist, ``added`` (absolute) first."""
+    from ..spec.errors import SpecError
+    from ..spec.files import parse_json, read_text, write_text_atomic
+
+    record = folder / OUTSIDE
+    try:
+        known = parse_json(read_text(record, "report list"), str(record)) if os.path.lexists(record) else []
+    except SpecError:
+        known = []  # ours, and rewritten below: a damaged one loses only the list
+    paths = [Path(p) for p in known if isinstance(p, str)] if isinstance(known, list) else []
+    if added is not None:
+        paths = [added, *[p for p in paths if p != added]]
+    paths = [p for p in paths[:MAX_OUTSIDE] if p.is_file()]
+    if added is not None or len(paths) != len(known if isinstance(known, list) else []):
+        import json
+
+        write_text_atomic(record, json.dumps([str(p) for p in paths], indent=1))
+    return paths
+
+
+def write_index(folder: Path, *, outside: Path | None = None) -> Path:
+    """(Re)write ``folder/index.html`` (the reports folder of the data home): a list of the
+    reports in that folder and of those written elsewhere (``outside``, when one was just
+    written there; the earlier ones are remembered in the folder), newest first. Nothing is
+    written next to a report written elsewhere. An ``index.html`` that synctune did not write is
+    refused (:func:`check_index`)."""
     from ..spec.files import write_text_atomic
 
     check_index(folder / "report.html")
 
-    pages = sorted((p for p in folder.glob("*.html") if p.name != "index.html"),
-                   key=lambda p: p.stat().st_mtime, reverse=True)
+    pages = [p for p in folder.glob("*.html") if p.name != "index.html"]
+    pages += _outside(folder, outside.resolve() if outside is not None else None)
+    pages = sorted(pages, key=lambda p: p.stat().st_mtime, reverse=True)
     items = "".join(
-        f'<li><a href="{html.escape(p.name)}">{html.escape(p.stem)}</a> '
+        f'<li><a href="{html.escape(p.name if p.parent == folder else p.as_uri())}">'
+        f'{html.escape(p.stem if p.parent == folder else str(p))}</a> '
         f'<span class="when">{datetime.datetime.fromtimestamp(p.stat().st_mtime).strftime("%Y-%m-%d %H:%M")}'
         f'</span></li>' for p in pages)
     index = folder / "index.html"

@@ -1,5 +1,6 @@
-"""Publishing a search's dashboard: the page in the data home's reports folder (with its index)
-and attached to the search's parent MLflow run as ``report.html``."""
+"""Publishing a search's dashboard: the page in the data home's reports folder (or the one file
+the user named), listed in that folder's index, and attached to the search's parent MLflow run as
+``report.html``."""
 
 from __future__ import annotations
 
@@ -11,15 +12,27 @@ from ..spec.files import check_name, path_under, write_text_atomic
 from .page import write_index
 from .search import load_search, search_report
 
-__all__ = ["publish_search_report", "report_path"]
+__all__ = ["publish_search_report", "report_path", "reports_folder", "list_report"]
+
+
+def reports_folder() -> Path:
+    """``<data home>/reports``: the reports written by default, and the index of all of them."""
+    folder = path_under(data_home(), "reports")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def report_path(name: str) -> Path:
     """``<data home>/reports/<name>.html`` (``name``: a search id or ``dataset``)."""
     check_name(name, "report name")
-    folder = path_under(data_home(), "reports")
-    folder.mkdir(parents=True, exist_ok=True)
-    return path_under(folder, f"{name}.html")
+    return path_under(reports_folder(), f"{name}.html")
+
+
+def list_report(path: Path) -> Path:
+    """Add the report just written at ``path`` to the index in the data home's reports folder
+    (a named output gets no file beside it); the index's path."""
+    folder = reports_folder()
+    return write_index(folder, outside=None if path.resolve().parent == folder.resolve() else path)
 
 
 def publish_search_report(search_id: str, *, data_dir=None, output: Path | None = None, template=None,
@@ -31,7 +44,7 @@ def publish_search_report(search_id: str, *, data_dir=None, output: Path | None 
     page = search_report(search_id, data_dir, template)
     path = Path(output) if output else report_path(search_id)
     write_text_atomic(path, page)
-    write_index(path.parent)
+    list_report(path)
     run_id = ""
     if mlflow:
         logger = MlflowLogger(load_search(search_id, data_dir).experiment, tracking_uri)

@@ -44,6 +44,25 @@ FORMAT = "synctune-simulator"
 FORMAT_VERSION = 4
 #: The versions :func:`load_simulator` reads.
 _READS = (3, 4)
+#: Widest hidden layer a simulator file may ask for (the shipped ones use 32).
+MAX_HIDDEN = 1024
+#: Most bytes a simulator file may hold once unpacked (torch's archives may be compressed: a
+#: few KB can declare gigabytes of tensors); the shipped one holds a few hundred KB.
+MAX_SIMULATOR_BYTES = 512 * 1024**2
+
+
+def _check_archive(path: Path) -> None:
+    """Refuse a simulator file that is not one of torch's zip archives, or whose members unpack
+    to more than :data:`MAX_SIMULATOR_BYTES`, before ``torch.load`` allocates anything."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise SpecError(f"{path}: not a readable synctune simulator file (not a torch archive)") from None
+    if declared > MAX_SIMULATOR_BYTES:
+        raise SpecError(f"{path}: unpacks to {declared} bytes; a simulator file holds at most {MAX_SIMULATOR_BYTES}")
 #: The synchronizer kinds of version 3 (before ``shard``).
 _KINDS_V3 = ["ps", "allreduce", "allgather", "sfb"]
 
@@ -216,6 +235,23 @@ class _Learned(Simulator):
         write_via(path, lambda fh: torch.save(payload, fh))
 
     def _restore(self, state: dict, norm: dict) -> None:
+        """Rebuild the network of a saved simulator from its state, once the sizes its config
+        asks for are known to be the state's: a file of a few KB whose config says ``hidden:
+        3000`` would otherwise allocate gigabytes before the state was compared with it. The
+        network is built first on the ``meta`` device (no memory) and compared there."""
+        torch = _torch()
+        hidden = self.config.get("hidden")
+        if not (isinstance(hidden, int) and not isinstance(hidden, bool) and 1 <= hidden <= MAX_HIDDEN):
+            raise ValueError(f"config hidden: expected an integer from 1 to {MAX_HIDDEN}, got {str(hidden)[:20]!r}")
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ValueError("state: expected a mapping of tensors")
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in self._build().state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        if expected != found:
+            wrong = sorted(set(expected) ^ set(found)) or [k for k in expected if expected[k] != found[k]]
+            raise ValueError(f"its state does not match its config (hidden {hidden}): {wrong[0]} is "
+                             f"{found.get(wrong[0], 'missing')}, the config makes it {expected.get(wrong[0], 'absent')}")
         self.norm = norm
         self.net = self._build()
         self.net.load_state_dict(state)
@@ -402,6 +438,9 @@ def load_simulator(path: str | Path) -> Simulator:
         from .residual import ResidualReplay  # a JSON file: the calibrated replay and its correction
 
         return ResidualReplay.load(path)
+    if path.stat().st_size > MAX_SIMULATOR_BYTES:
+        raise SpecError(f"{path}: {path.stat().st_size} bytes; a simulator file holds at most {MAX_SIMULATOR_BYTES}")
+    _check_archive(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - corrupted, truncated, or not a torch file

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from .checks import LIMITS, check_keys, in_range, is_number, require, sha256_hex, shown
 from .errors import SpecError
-from .files import MAX_NAME_LENGTH, read_yaml, write_text_atomic
+from .files import MAX_NAME_LENGTH, check_path, read_yaml, write_text_atomic
 from .registry import Registry
 
 __all__ = [
@@ -439,6 +439,7 @@ def resolve_cluster(name_or_path: str) -> ClusterSpec:
     """A preset by name, else a cluster spec file by path; one clear error if neither."""
     if name_or_path in CLUSTER_PRESETS:
         return CLUSTER_PRESETS.get(name_or_path)
+    check_path(name_or_path, "cluster")
     if Path(name_or_path).suffix.lower() in (".yaml", ".yml", ".json") or Path(name_or_path).exists():
         return load_cluster_spec(name_or_path)
     raise SpecError(

@@ -13,7 +13,11 @@ one, never half of either. Anything that is not a regular file (a device such as
 ``/dev/full``, a folder, a symbolic link, a FIFO) is refused rather than replaced.
 
 Names that become paths (experiment names, search ids, presets) go through
-:func:`check_name`, and :func:`path_under` proves a path stays under its root.
+:func:`check_name`, and :func:`path_under` proves a path stays under its root. Any name or path
+a user gives goes through :func:`check_path` before it touches the file system: a name the file
+system cannot hold (a NUL byte, a component longer than its ``NAME_MAX``, a path longer than
+``PATH_MAX``) is the user's input at fault, one :class:`SpecError`, not an ``OSError`` from deep
+inside ``pathlib``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from .errors import InfraError, SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NAME_LENGTH", "MAX_DEPTH", "read_text", "read_bytes", "check_regular",
            "parse_yaml", "parse_json", "read_yaml", "read_json", "atomic_write", "write_text_atomic", "check_writable",
-           "check_parent", "make_parent", "check_name", "path_under", "write_via"]
+           "check_parent", "check_folder", "make_parent", "check_name", "check_path", "path_under", "write_via"]
 
 #: Largest spec, experiment, strategy or manifest file read (far above any real one).
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -49,7 +53,7 @@ def read_bytes(path: str | Path, what: str, error: type = SpecError, *, limit: i
     Only regular files are read: a FIFO, socket or device given as an input would block (or
     never end), so it is refused before a byte is read. The file is opened without blocking
     and checked on the open descriptor, so it cannot be swapped for a FIFO in between."""
-    path = Path(path)
+    path = Path(_checked(path, what, error))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -84,7 +88,7 @@ def check_regular(path: str | Path, what: str, error: type = SpecError) -> Path:
     """``path`` when it is a regular file (links followed); one clear ``error`` when it is missing
     or anything else, for inputs opened by another library (Parquet, torch, SQLite) that would
     block on a FIFO."""
-    path = Path(path)
+    path = Path(_checked(path, what, error))
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -304,7 +308,7 @@ def _check_target(path: Path) -> int | None:
 def check_writable(path: str | Path) -> Path:
     """Check, before any work starts, that :func:`atomic_write` will be able to write ``path``
     (its folder exists and takes a new file; the target is absent or a regular file)."""
-    path = Path(path)
+    path = Path(check_path(path, "output"))
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise SpecError(f"{path}: folder {parent} does not exist")
@@ -323,7 +327,7 @@ def check_parent(path: str | Path) -> Path:
     """Refuse, creating nothing, an output ``path`` that :func:`make_parent` would refuse: the
     target is absent or a regular file, the nearest existing folder is one that takes new
     entries, and no name is too long for the file system."""
-    path = Path(path)
+    path = Path(check_path(path, "output"))
     _check_target(path)
     missing = []
     ancestor = path.parent if str(path.parent) else Path(".")
@@ -342,6 +346,22 @@ def check_parent(path: str | Path) -> Path:
                             f"({name_max} bytes)")
     if missing and not os.access(ancestor, os.W_OK | os.X_OK):
         raise SpecError(f"{path}: cannot create folders in {ancestor}: permission denied")
+    return path
+
+
+def check_folder(path: str | Path, what: str) -> Path:
+    """``path`` when it is a folder, or can be made one: each part of it that exists is a folder
+    (not a file, where ``mkdir`` would fail with ``NotADirectoryError``), and the nearest existing
+    one takes new entries. One :class:`SpecError` naming ``what`` otherwise; nothing is created."""
+    path = Path(check_path(path, what))
+    ancestor = path
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not os.path.isdir(ancestor):
+        where = "is" if ancestor == path else f"is under {ancestor}, which is"
+        raise SpecError(f"{what} {path}: {where} not a folder")
+    if ancestor != path and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SpecError(f"{what} {path}: cannot create folders in {ancestor}: permission denied")
     return path
 
 
@@ -408,6 +428,70 @@ def write_text_atomic(path: str | Path, text: str | bytes) -> None:
             fh.write(data)
     except OSError as exc:
         raise _write_error(path, exc) from None
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    """``os.pathconf`` of the nearest existing folder above ``path`` (``default`` where the
+    platform does not say)."""
+    folder = path if path.is_absolute() else Path.cwd() / path
+    for ancestor in (folder, *folder.parents):
+        try:
+            return os.pathconf(ancestor, name)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.EACCES, errno.ELOOP):
+                continue
+            return default
+        except ValueError:
+            return default
+    return default
+
+
+def _checked(path: Any, what: str, error: type) -> str:
+    """:func:`check_path` for a ``what`` file, raising ``error``."""
+    try:
+        return check_path(path, f"{what} file")
+    except SpecError as exc:
+        raise exc if isinstance(exc, error) else error(str(exc)) from None
+
+
+def _shortened(text: str) -> str:
+    """``text`` as an error shows it: each name longer than 60 characters cut to its start, and
+    the whole to 300 characters (a user's 100 KB name would bury the message)."""
+    parts = [p if len(p) <= 60 else f"{p[:40]}...({len(p)} characters)" for p in text.split("/")]
+    out = "/".join(parts).replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return out if len(out) <= 300 else out[:297] + "..."
+
+
+def check_path(value: Any, what: str) -> str:
+    """``value`` when the file system can hold it as a path: a string without NUL bytes whose
+    every component fits ``NAME_MAX`` bytes (255 on common file systems) and whose whole fits
+    ``PATH_MAX``; else one :class:`SpecError` naming ``what`` and the problem, the name cut short.
+
+    Called on every name or path a user gives before it is looked up (``Path.exists()`` raises
+    ``ENAMETOOLONG`` where it returns False for a missing file)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise SpecError(f"{what}: expected a name or path, got {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    shown_path = _shortened(text)
+    if "\x00" in text:
+        raise SpecError(f"{what} {shown_path}: holds a NUL byte, which no file name can")
+    try:
+        data = os.fsencode(text)
+    except UnicodeEncodeError:
+        raise SpecError(f"{what} {shown_path}: holds characters no file name can (a lone surrogate)") from None
+    path = Path(text)
+    name_max = _limit(path.parent, "PC_NAME_MAX", 255)
+    for part in data.split(b"/"):
+        if len(part) > name_max:
+            raise SpecError(f"{what} {shown_path}: a name of {len(part)} bytes in it; the file system takes "
+                            f"at most {name_max}")
+    path_max = _limit(path.parent, "PC_PATH_MAX", 4096)
+    if len(data) >= path_max:
+        raise SpecError(f"{what} {shown_path}: {len(data)} bytes; the file system takes paths of at most "
+                        f"{path_max - 1}")
+    return text
 
 
 def check_name(value: Any, what: str) -> str:

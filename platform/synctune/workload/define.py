@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 from ..spec.checks import LIMITS, in_range
 from ..spec.errors import SpecError
-from ..spec.files import MAX_NAME_LENGTH
+from ..spec.files import MAX_NAME_LENGTH, check_path
 from ..spec.model import ModelSpec
 from .base import Workload
 
@@ -95,6 +95,64 @@ def define(*, name: str, model: Callable[[], Any], batch_size: int, batch: Calla
                               optimizer=optimizer, loss=loss, family=family)
 
 
+def _imported_names(file: Path) -> set[str]:
+    """The top-level modules ``file`` imports by absolute name (``import x.y``, ``from x import
+    y``), read without running it; none when it does not parse (importing it will say why)."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_bytes(), str(file))
+    except (SyntaxError, ValueError, OSError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _sibling(folder: Path, name: str) -> Path | None:
+    """The module ``name`` in ``folder`` (``name.py`` or a package ``name/``), if there is one."""
+    for candidate in (folder / f"{name}.py", folder / name / "__init__.py"):
+        if candidate.is_file():
+            return candidate if candidate.name != "__init__.py" else candidate.parent
+    return None
+
+
+def _importable_elsewhere(name: str, folder: Path) -> bool:
+    """Whether ``name`` is Python's own module or one already importable from outside ``folder``."""
+    if name in getattr(sys, "stdlib_module_names", ()) or name in sys.builtin_module_names:
+        return True
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    locations = list(getattr(spec, "submodule_search_locations", None) or []) + ([origin] if origin else [])
+    return bool(locations) and not any(str(loc).startswith(str(folder) + os.sep) for loc in locations)
+
+
+def _check_shadowing(path: str, file: Path, folder: Path, names: Iterable[str]) -> None:
+    """Refuse, in one line, a workload that imports a module of its folder named like one of
+    Python's (or an installed one): its folder comes after them on ``sys.path`` (so it cannot
+    change what synctune and torch import), which makes Python's the one it would get."""
+    for name in sorted(names):
+        mine = _sibling(folder, name)
+        if mine is not None and _importable_elsewhere(name, folder):
+            raise SpecError(f"workload {path!r}: {file.name} imports {name!r}, and {mine} has the name of Python's "
+                            f"(or an installed) module {name!r}, which is the one imported; rename {mine.name}")
+
+
+def _add_to_path(folder: str) -> None:
+    """Make ``folder``'s modules importable after everything already importable: a user's
+    ``tokenize.py`` or ``queue.py`` there never replaces Python's in synctune's, torch's or the
+    workload's own imports."""
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
 # Resolved once per process: path -> (definition, spec); (name, batch size) as a check in a
 # child process found them (the process that checked never imports the user's code itself).
 _DEFINITIONS: dict[tuple[str, str], WorkloadDefinition] = {}
@@ -107,18 +165,19 @@ def _import_factory(path: str, root: str) -> Any:
     if not sep or not target or not attr.isidentifier():
         raise SpecError(f"workload {path!r}: expected package.module:factory or path/to/file.py:factory")
     if target.endswith(".py"):
-        file = Path(target)
+        file = Path(check_path(target, f"workload {path[:100]!r}: file"))
         candidates = [file] if file.is_absolute() else [Path.cwd() / file, Path(root) / file]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             where = "" if file.is_absolute() else f" (looked in {' and '.join(dict.fromkeys([str(Path.cwd()), root]))})"
             raise SpecError(f"workload {path!r}: no such file {target}{where}")
+        found = found.resolve()
         name = "synctune_workload_" + hashlib.sha256(str(found.resolve()).encode()).hexdigest()[:16]
         module = sys.modules.get(name)
         if module is None:
-            folder = str(found.resolve().parent)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)  # so the file can import its neighbours
+            folder = found.parent
+            _check_shadowing(path, found, folder, _imported_names(found))
+            _add_to_path(str(folder))  # so the file can import its neighbours
             spec = importlib.util.spec_from_file_location(name, found)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
@@ -130,11 +189,15 @@ def _import_factory(path: str, root: str) -> Any:
                        else f"{type(exc).__name__}: {str(exc)[:300]}")
                 raise SpecError(f"workload {path!r}: importing {found} failed: {how}") from None
     else:
+        top = target.split(".")[0]
+        mine = _sibling(Path(root), top)
+        if mine is not None and _importable_elsewhere(top, Path(root)):
+            raise SpecError(f"workload {path!r}: {mine} has the name of Python's (or an installed) module {top!r}, "
+                            f"which is the one imported; rename it")
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError:
-            if root not in sys.path:
-                sys.path.insert(0, root)  # where the job was started (a worker's cwd may differ)
+            _add_to_path(root)  # where the job was started (a worker's cwd may differ)
             try:
                 module = importlib.import_module(target)
             except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import

@@ -85,6 +85,13 @@ def stop_process_group(proc: subprocess.Popen, *, grace_s: float = 5.0) -> None:
         pass
 
 
+#: How the checking process starts: ``python -c`` (and ``-m``) put the current folder first on
+#: ``sys.path``, where a user's ``tokenize.py`` would be imported instead of Python's by synctune
+#: or torch; it is dropped before anything is imported (the workload is found by its location).
+_CHILD_BOOT = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nimport runpy; "
+               "runpy.run_module('synctune.workload._check_child', run_name='__main__', alter_sys=True)")
+
+
 def check_workload(path: str, root: str, *, timeout_s: float = CHECK_TIMEOUT_S) -> CheckedWorkload:
     """Import workload ``path`` (``package.module:factory`` or ``file.py:factory``, relative
     files looked up in the current folder and ``root``), call its factory and extract its model
@@ -99,7 +106,7 @@ def check_workload(path: str, root: str, *, timeout_s: float = CHECK_TIMEOUT_S) 
     # command's JSON; a failure is one line).
     output = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "synctune.workload._check_child", path, root, str(write_fd)],
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD_BOOT, path, root, str(write_fd)],
                                 stdin=subprocess.PIPE, stdout=output, stderr=output, env=env,
                                 pass_fds=(write_fd,), start_new_session=True)
     except OSError as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..models.zoo import MODELS
 from ..spec.errors import SpecError
-from ..spec.files import read_json, read_yaml
+from ..spec.files import check_path, read_json, read_yaml
 from ..spec.model import ModelSpec
 from .base import Workload
 from .keras import KERAS_ZOO
@@ -102,7 +102,7 @@ def model_source(text: str, *, root: str | None = None) -> ModelSource:
     root = root or os.getcwd()
     if text in MODELS or text in KERAS_ZOO:
         return ModelSource(text=text, kind="zoo", root=root)
-    path = Path(text)
+    path = Path(check_path(text, "model"))  # every form names a file or module: one the file system can hold
     if path.suffix.lower() in SPEC_FILE_SUFFIXES:
         return ModelSource(text=text, kind="spec-file", root=root)
     if ":" in text:
