@@ -138,7 +138,7 @@ def test_python_dash_m_entry_point_reports_errors_with_status_2():
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("synctune: error: unknown builder 'nope'; valid: allreduce, horovod, ps, ps-lb, "
                                    "partitioned-ps, uneven-partitioned-ps, ps-hierarchical, partitioned-allreduce, "
-                                   "random-axis-allreduce, parallax, shard")
+                                   "random-axis-allreduce, parallax, shard, megatron")
 
 
 def test_written_files_follow_the_umask_and_keep_their_mode(tmp_path):
