@@ -101,10 +101,15 @@ def serve_ui(home: Path):
         wait_until_serving(proc, port, 120)
         yield f"http://127.0.0.1:{port}"
     finally:
-        # The UI runs worker processes of its own: stop the whole session we started.
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_session(proc)
+
+
+def stop_session(proc) -> None:
+    """Stop the process session ``proc`` leads (the UI runs worker processes of its own): SIGTERM
+    to the whole session, SIGKILL if it has not gone within 20 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

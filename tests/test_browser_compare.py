@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import pytest
 from _browser import browser as _browser
 from _browser import pytestmark  # noqa: F401 - skips the module without Chromium
 from _browser import wait_text as _wait_text
-from _browser import wait_until_serving
+from _browser import stop_session, wait_until_serving
 
 from synctune.cli._search import _save_links
 from synctune.data import MlflowLogger, TrialDataset, TrialRecord, dataset_dir
@@ -133,9 +132,4 @@ def test_synctune_ui_prints_the_latest_search_and_its_compare_view_shows_the_run
         if driver is not None:
             driver.save_screenshot(str(tempfile.gettempdir() + "/synctune-mlflow-compare.png"))
             driver.quit()
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_session(proc)
