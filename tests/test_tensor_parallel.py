@@ -29,10 +29,10 @@ STEPS = 3
 
 
 def _case(label: str, model: str, cluster_name: str, *, dp: str = "allreduce", split=None, optimizer: str = "sgd",
-          lr: float = 0.1, tp: dict | None = None) -> dict:
+          lr: float = 0.1, tp: dict | None = None, sequence_parallel: bool = False) -> dict:
     cluster = cluster_preset(cluster_name)
     spec = workload_of(model).spec()
-    strategy = build_strategy("megatron", spec, cluster, dp=dp)
+    strategy = build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sequence_parallel)
     if split is not None:
         strategy = dataclasses.replace(strategy, batch_split=tuple(split))
     if tp is not None:
@@ -93,11 +93,56 @@ def test_tp_with_fsdp2_on_a_2x2_mesh_trains_like_single_process():
     _check_against_reference(cases, outputs, 4)
 
 
+def test_sequence_parallel_trains_like_single_process():
+    """Sequence parallelism (the norms on slices of the sequence, the pairs' all-reduces as an
+    all-gather and a reduce-scatter): t = 2 on 4 processes, mesh (2, 2), FSDP2 or an all-reduce
+    across the groups, on the zoo's BERT and Hugging Face's BERT and Llama."""
+    cases = [
+        _case("bert-tiny/sp/shard", "bert-tiny", "local-2x2", dp="shard", sequence_parallel=True),
+        _case("hf-bert/sp/allreduce/uneven", "hf-bert", "local-2x2", split=(2, 2, 6, 6), sequence_parallel=True),
+        _case("hf-llama/sp/shard", "hf-llama", "local-2x2", dp="shard", sequence_parallel=True),
+        _case("hf-llama/sp/adam", "hf-llama", "local-2x2", optimizer="adam", lr=0.01, sequence_parallel=True),
+    ]
+    for case in cases:
+        modules = case["strategy"]["tensor_parallel"]["modules"]
+        assert {"sequence", "scatter", "gather"} <= set(modules.values()), case["label"]
+    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
+    _check_against_reference(cases, outputs, 4)
+
+
+def test_the_megatron_builder_places_sequence_parallelism_on_a_library_model():
+    """On Hugging Face's Llama: every block's two norms and the final norm run on sequence slices,
+    the sequence is split after the embedding and gathered before the output head."""
+    cluster = cluster_preset("local-1x2")
+    spec = workload_of("hf-llama").spec()
+    modules = build_strategy("megatron", spec, cluster, sequence_parallel=True).tensor_parallel.to_dict()["modules"]
+    sequence = sorted(m for m, s in modules.items() if s == "sequence")
+    assert sequence == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+                        "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+    assert {m: s for m, s in modules.items() if s in ("scatter", "gather")} == {
+        "model.embed_tokens": "scatter", "lm_head": "gather"}
+
+
 def _megatron(model: str, cluster_name: str, **changes):
     cluster = cluster_preset(cluster_name)
     spec = workload_of(model).spec()
-    strategy = build_strategy("megatron", spec, cluster, dp=changes.pop("dp", "allreduce"))
+    strategy = build_strategy("megatron", spec, cluster, dp=changes.pop("dp", "allreduce"),
+                              sequence_parallel=changes.pop("sequence_parallel", False))
     return dataclasses.replace(strategy, **changes), spec, cluster
+
+
+def test_sequence_parallel_plans_that_cannot_run_are_refused_naming_the_field():
+    """A sequence-parallel plan without a module where the sequence is split, or with a
+    ``sequence`` module that is not per position (a linear layer)."""
+    strategy, spec, cluster = _megatron("bert-tiny", "local-2x2", sequence_parallel=True)
+    data = strategy.to_dict()
+    modules = data["tensor_parallel"]["modules"]
+    no_entry = {m: s for m, s in modules.items() if s != "scatter"}
+    with pytest.raises(StrategyError, match="a sequence-parallel plan .* needs a 'scatter' module"):
+        validate(Strategy.from_dict({**data, "tensor_parallel": {"degree": 2, "modules": no_entry}}), spec, cluster)
+    linear = {**modules, "pooler": "sequence"}
+    with pytest.raises(StrategyError, match="'pooler' \\(sequence\\) holds 'pooler.weight' of shape \\[128, 128\\]"):
+        validate(Strategy.from_dict({**data, "tensor_parallel": {"degree": 2, "modules": linear}}), spec, cluster)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -236,7 +281,8 @@ def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
     """The memory model of a TP strategy (each device's local shapes, FSDP2's layout over the TP
     groups where the plans shard, the split model's activations probed in one process) against
     what the trials measure per rank: within 10% on every rank, all-reduce and FSDP2 on the
-    data-parallel axis of local-2x2."""
+    data-parallel axis of local-2x2, with and without sequence parallelism (predicted with the
+    activations of the plan without it: an upper bound, which these small sequences meet)."""
     from synctune.engine.measure import TrialConfig
     from synctune.engine.trial import run_trial_local
     from synctune.run.prepare import memory_budget
@@ -244,10 +290,11 @@ def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
 
     workload = workload_of(model)
     spec, cluster = workload.spec(), cluster_preset("local-2x2")
-    strategies = [build_strategy("megatron", spec, cluster, dp=dp) for dp in ("allreduce", "shard")]
+    strategies = [build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sp)
+                  for dp in ("allreduce", "shard") for sp in (False, True)]
     exp = Experiment.from_keys(name="t", model="bert-tiny", cluster=cluster.name, budget=4, memory_gib=1.0,
                                memory_headroom=0.0)
-    budget = memory_budget(exp, spec, cluster, workload, split=[strategies[0].tensor_parallel])
+    budget = memory_budget(exp, spec, cluster, workload, split=list({s.tensor_parallel for s in strategies}))
     for strategy in strategies:
         result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=1), workload=workload,
                                  runtime=executor_for(strategy, spec))
@@ -258,11 +305,12 @@ def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
             assert abs(p - m) / m <= 0.10, (strategy.summary(), r, p, m)
 
 
-@pytest.mark.parametrize("model, dp, split", [
-    ("bert-tiny", "shard", (2, 2, 6, 6)),
-    ("transformer-small", "allreduce", (4, 4, 4, 4)),
+@pytest.mark.parametrize("model, dp, split, sp", [
+    ("bert-tiny", "shard", (2, 2, 6, 6), False),
+    ("transformer-small", "allreduce", (4, 4, 4, 4), False),
+    ("bert-tiny", "allreduce", (4, 4, 2, 2), True),
 ])
-def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split):
+def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split, sp):
     """The emitted file (init_device_mesh, parallelize_module written out module by module, FSDP2
     or an all-reduce on the dp sub-mesh) run under torch.distributed.run on 4 processes: its saved
     state equals single-process training on the TP groups' concatenated batches (the workload's
@@ -274,12 +322,13 @@ def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split):
     from _searches import search_env
     from synctune.run.apply import write_training_file
 
-    strategy, _spec, cluster = _megatron(model, "local-2x2", dp=dp, batch_split=split)
+    strategy, _spec, cluster = _megatron(model, "local-2x2", dp=dp, batch_split=split, sequence_parallel=sp)
     out = tmp_path / "train.py"
     assert write_training_file(strategy, workload_of(model), cluster, out) == "tp"
     text = out.read_text()
     assert "parallelize_module(model, mesh[\"tp\"], {" in text and "StrategyEngine" not in text
     assert ("fully_shard(model, mesh=mesh[\"dp\"]" in text) == (dp == "shard")
+    assert ("'embedding_norm': PrepareModuleOutput(" in text) == sp
     with pytest.raises(SpecError, match="tensor_parallel: it splits modules across TP groups, which torch FSDP2"):
         write_training_file(strategy, workload_of(model), cluster, tmp_path / "no.py", "fsdp")
     steps = 3

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterable
 
-from ..strategy.tensor_parallel import local_shape
+from ..strategy.tensor_parallel import SPLIT_STYLES, local_shape
 
 __all__ = ["MEMORY_PARTS", "tensor_storages", "unit_tensors", "probe_iteration", "breakdown_to_row",
            "breakdown_from_row", "single_process_activations", "single_process_memory", "split_locally"]
@@ -295,7 +295,9 @@ def split_locally(model: Any, tp: Any) -> Any:
     device computes and keeps, without the collectives, for the memory probe."""
     import torch
 
-    for name, _style in tp.styles:
+    for name, style in tp.styles:
+        if style not in SPLIT_STYLES:  # sequence parallelism splits no parameter
+            continue
         old = model.get_submodule(name)
         weight = tuple(old.weight.shape)
         out, inp = local_shape(tp, name + ".weight", weight)

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..spec.errors import SpecError
-from ..strategy.tensor_parallel import check_tensor_parallel
+from ..strategy.tensor_parallel import SEQUENCE_STYLES, check_tensor_parallel
 from .fsdp import check_plan, escaping_parameters, loss_scales, meta_model, plan_from_strategy, refuse_sparse
 from .runtime import ArmContext, PlansRuntime, Stepper, per_world
 
-__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "tp_plan", "apply_tensor_parallel", "apply_data_parallel",
+__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "STYLE_CODE", "STYLE_IMPORTS", "style_code", "gather_sequence", "tp_plan", "apply_tensor_parallel", "apply_data_parallel",
            "allreduce_gradients", "loss_tolerance"]
 
 #: How far the split model's loss may be from the unsplit one's, relative (float32 sums in
@@ -43,12 +43,51 @@ __all__ = ["TensorParallelRuntime", "TP_RUNTIME", "tp_plan", "apply_tensor_paral
 loss_tolerance = 1e-4
 
 
-def tp_plan(strategy: Any) -> dict[str, Any]:
-    """``parallelize_module``'s plan for ``strategy``: each split module's torch style."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+#: Each style's torch expression, without and with sequence parallelism (the runtime builds its
+#: plan from these texts, and training files carry them as they are): in a sequence-parallel plan
+#: a column-wise module all-gathers its sequence-sharded input and a row-wise one reduce-scatters
+#: its output onto the sequence; the region's tensors stay DTensors between modules.
+STYLE_CODE = {
+    ("colwise", False): "ColwiseParallel()",
+    ("rowwise", False): "RowwiseParallel()",
+    ("colwise", True): "ColwiseParallel(input_layouts=Shard(1))",
+    ("rowwise", True): "RowwiseParallel(output_layouts=Shard(1), use_local_output=False)",
+    ("sequence", True): "SequenceParallel()",
+    ("scatter", True): ("PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), "
+                        "use_local_output=False)"),
+}
 
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    return {module: styles[style]() for module, style in strategy.tensor_parallel.styles}
+
+def gather_sequence(_module, args):
+    """A ``gather`` module's forward pre-hook: each DTensor argument (sharded on the sequence)
+    gathered whole into a plain tensor, whole ones passed as they are. (torch's
+    ``PrepareModuleInput`` would take a plain argument for a shard: a module after the region
+    may get either.) Written into training files as it is."""
+    return tuple(a.full_tensor() if hasattr(a, "full_tensor") else a for a in args)
+
+
+#: The names :data:`STYLE_CODE`'s texts use (what a training file imports).
+STYLE_IMPORTS = ("ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
+                 "PrepareModuleOutput")
+
+
+def style_code(tp: Any, style: str) -> str:
+    """The torch expression of ``style`` in plan ``tp`` (:data:`STYLE_CODE`; None for ``gather``,
+    which is :func:`gather_sequence`)."""
+    return STYLE_CODE.get((style, tp.sequence_parallel))
+
+
+def tp_plan(strategy: Any) -> dict[str, Any]:
+    """``parallelize_module``'s plan for ``strategy``: each module's torch style
+    (:data:`STYLE_CODE`)."""
+    import torch.distributed.tensor.parallel as parallel
+    from torch.distributed.tensor import Replicate, Shard
+
+    names = {name: getattr(parallel, name) for name in STYLE_IMPORTS}
+    names.update(Shard=Shard, Replicate=Replicate)
+    tp = strategy.tensor_parallel
+    return {module: eval(style_code(tp, style), {"__builtins__": {}}, names)  # noqa: S307 - constant texts above
+            for module, style in tp.styles if style != "gather"}
 
 
 def _dp_sharded(strategy: Any) -> bool:
@@ -68,9 +107,11 @@ def _mesh(device_type: str, dp: int, t: int) -> Any:
 
 
 def _check_modules(module: Any, strategy: Any) -> None:
-    """Every split module is an ``nn.Linear`` of ``module`` whose parameters no other module
-    shares (a tied weight: ``parallelize_module`` gives the split module a DTensor of its own, so
-    the tie would be broken silently and the two copies trained apart)."""
+    """Every module of the plan is in ``module``; a column- or row-wise one is an ``nn.Linear``, a
+    sequence one holds no parameter of more than one dimension; and no other module shares the
+    parameters of a split or sequence module (a tied weight: ``parallelize_module`` gives the
+    module a DTensor of its own, so the tie would be broken silently and the two copies trained
+    apart)."""
     import torch
 
     names: dict[int, list[str]] = {}
@@ -81,9 +122,18 @@ def _check_modules(module: Any, strategy: Any) -> None:
             sub = module.get_submodule(name)
         except AttributeError:
             raise SpecError(f"strategy: tensor_parallel: modules: the model has no module {name!r}") from None
-        if type(sub) is not torch.nn.Linear:
+        if style in SEQUENCE_STYLES:
+            params = dict(sub.named_parameters())
+            if style == "sequence" and any(p.dim() > 1 for p in params.values()):
+                leaf = next(k for k, p in params.items() if p.dim() > 1)
+                raise SpecError(f"strategy: tensor_parallel: modules: {name!r} (sequence) is a {type(sub).__name__} "
+                                f"holding {name + '.' + leaf!r} of {params[leaf].dim()} dimensions; a sequence module "
+                                f"computes per position with per-feature parameters (a norm, dropout)")
+        elif type(sub) is not torch.nn.Linear:
             raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is a {type(sub).__name__}, "
                             f"not an nn.Linear, which torch's {style.capitalize()}Parallel splits; leave it whole")
+        if style in ("scatter", "gather"):  # their parameters stay plain tensors
+            continue
         for leaf, param in sub.named_parameters(recurse=False):
             shared = [n for n in names.get(id(param), []) if n != f"{name}.{leaf}"]
             if shared:
@@ -99,6 +149,9 @@ def apply_tensor_parallel(model: Any, strategy: Any, device_type: str) -> tuple[
     t = strategy.tensor_parallel.degree
     mesh = _mesh(device_type, len(strategy.replicas) // t, t)
     parallelize_module(model, mesh["tp"], tp_plan(strategy))
+    for module, style in strategy.tensor_parallel.styles:
+        if style == "gather":
+            model.get_submodule(module).register_forward_pre_hook(gather_sequence)
     return model, mesh
 
 

@@ -311,17 +311,33 @@ def tp_setup_code(strategy: Strategy, plan: FSDPPlan | None) -> str:
     mesh, ``parallelize_module`` with the plan written out module by module, then FSDP2 on the
     ``dp`` sub-mesh (``plan``: the strategy's units) or nothing (the gradients are all-reduced
     over ``dp`` in the step), the optimizer, and the batch of the rank's TP group."""
-    t = strategy.tensor_parallel.degree
+    import inspect
+
+    from ..engine.tensor_parallel import STYLE_IMPORTS, gather_sequence, style_code
+
+    tp = strategy.tensor_parallel
+    t = tp.degree
     dp = len(strategy.replicas) // t
-    styles = {"colwise": "ColwiseParallel()", "rowwise": "RowwiseParallel()"}
+    used = sorted({name for _m, style in tp.styles for name in STYLE_IMPORTS
+                   if name + "(" in (style_code(tp, style) or "")})
     lines = ["    from torch.distributed.device_mesh import init_device_mesh",
-             "    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
-             "",
+             f"    from torch.distributed.tensor.parallel import {', '.join(used)}, parallelize_module"]
+    if tp.sequence_parallel:
+        lines.append("    from torch.distributed.tensor import Replicate, Shard")
+        lines.append("    # sequence parallelism: the norms run on slices of the sequence (dimension 1)")
+    lines += ["",
              f"    # TP groups of {t} consecutive ranks (inside a node), {dp} of them on the data-parallel axis",
              f"    mesh = init_device_mesh(device.type, ({dp}, {t}), mesh_dim_names=(\"dp\", \"tp\"))",
              "    parallelize_module(model, mesh[\"tp\"], {"]
-    lines += [f"        {module!r}: {styles[style]}," for module, style in strategy.tensor_parallel.styles]
+    lines += [f"        {module!r}: {style_code(tp, style)}," for module, style in tp.styles if style != "gather"]
     lines.append("    })")
+    gathered = [module for module, style in tp.styles if style == "gather"]
+    if gathered:
+        lines.append("")
+        lines += ["    " + line if line else "" for line in inspect.getsource(gather_sequence).splitlines()]
+        lines.append("")
+        lines.append("    # where the sequence leaves the split region: gathered whole before these modules")
+        lines += [f"    model.get_submodule({module!r}).register_forward_pre_hook(gather_sequence)" for module in gathered]
     if plan is not None:
         lines.append("    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard")
         lines.append("")

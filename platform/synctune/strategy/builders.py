@@ -483,13 +483,18 @@ class MegatronOptions:
     the devices of the smallest node), the data-parallel axis ``dp``: ``shard`` (FSDP2 over the
     TP groups as torchtitan wraps a transformer: one unit per block, ``reshard`` after forward,
     and the rest of the model in the root's unit, kept), ``allreduce``, or ``auto``: shard where
-    there is more than one TP group, else all-reduce (nothing to shard over one)."""
+    there is more than one TP group, else all-reduce (nothing to shard over one).
+    ``sequence_parallel``: also split the sequence between the pairs (:func:`sequence_styles`)."""
 
     degree: int = 0
     dp: str = "auto"
     reshard: bool = True
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sequence_parallel, bool):
+            raise StrategyError(f"builder megatron: option sequence_parallel: expected true or false, got "
+                                f"{self.sequence_parallel!r}")
         if not (is_int(self.degree) and (self.degree == 0 or self.degree >= 2)):
             raise StrategyError(f"builder megatron: option degree: expected 0 (a node's devices) or a TP degree of 2 "
                                 f"or more, got {self.degree!r}")
@@ -551,6 +556,60 @@ def megatron_styles(model: ModelSpec, degree: int) -> dict[str, str]:
     return styles
 
 
+def _is_norm(module: str, variables: list[VariableSpec]) -> bool:
+    """A norm by its name (``LayerNorm``, ``input_layernorm``, ``ln_f``, ``norm``) with parameters
+    of one dimension at most."""
+    leaf = module.rpartition(".")[2].lower()
+    return ("norm" in leaf or leaf.startswith("ln")) and all(len(v.shape) <= 1 for v in variables)
+
+
+def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, str]:
+    """Sequence parallelism around Megatron's ``styles`` (Korthikanti et al. 2022): the norms of the
+    numbered blocks ``sequence``; before the first block, the last norm (else the last module, the
+    embedding) ``scatter``; after the last block, its leading norms ``sequence`` and every other
+    module with a weight ``gather``. Refused where a linear layer inside the blocks is not split
+    (it would get a sequence slice)."""
+    from .checkpoint import block_of
+
+    forward = list(model.variables)[::-1]  # the spec lists variables in backward order
+    modules: dict[str, list[VariableSpec]] = {}
+    for var in forward:
+        module = var.name.rpartition(".")[0]
+        if module:
+            modules.setdefault(module, []).append(var)
+    in_block = [block_of(m + ".x").split(".")[-1].isdigit() for m in modules]
+    if not any(in_block):
+        raise StrategyError(f"builder megatron: option sequence_parallel: model {model.name!r} has no numbered blocks "
+                            f"whose norms could run on sequence slices")
+    first, last = in_block.index(True), len(in_block) - 1 - in_block[::-1].index(True)
+    names = list(modules)
+    out: dict[str, str] = {}
+    for module in names[first:last + 1]:
+        own = modules[module]
+        if _is_norm(module, own):
+            out[module] = "sequence"
+        elif module not in styles and any(len(v.shape) == 2 for v in own):
+            raise StrategyError(f"builder megatron: option sequence_parallel: module {module!r} of a block is a layer "
+                                f"the plan does not split, which would get a slice of the sequence; split it or set "
+                                f"sequence_parallel=false")
+    before = names[:first]
+    entry = next((m for m in reversed(before) if _is_norm(m, modules[m])), before[-1] if before else None)
+    if entry is None:
+        raise StrategyError(f"builder megatron: option sequence_parallel: model {model.name!r} has no module before "
+                            f"its first block (an embedding) where the sequence could be split")
+    out[entry] = "scatter"
+    leading = True
+    for module in names[last + 1:]:
+        own = modules[module]
+        if leading and _is_norm(module, own):
+            out[module] = "sequence"
+            continue
+        leading = False
+        if any(len(v.shape) == 2 for v in own):
+            out[module] = "gather"
+    return out
+
+
 #: Builders whose strategies split modules (``tensor_parallel``): trials run them, searches do not
 #: score or propose them yet.
 SPLITTING_BUILDERS = ("megatron",)
@@ -590,6 +649,8 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
     else:
         base = _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=AllReduceSynchronizer(group=0)))
                                           for v in model.variables])
+    if opts.sequence_parallel:
+        styles = {**styles, **sequence_styles(model, styles)}
     return dataclasses.replace(base, tensor_parallel={"degree": degree, "modules": styles})
 
 

@@ -12,6 +12,23 @@ name in the model, e.g. ``layers.0.attention.query``); the modules are ``nn.Line
   slice of the input features and all-reduces the partial sums into the whole output (torch's
   ``RowwiseParallel``; the bias is kept whole).
 
+**Sequence parallelism** (Korthikanti et al. 2022; torch's ``SequenceParallel``) splits what
+lies between the blocks' split pairs on the sequence dimension (dimension 1: batch first) instead
+of computing it whole on every device: the norms (and dropout) run on a slice of the positions,
+a row-wise module's all-reduce becomes a reduce-scatter onto the slices and a column-wise one
+all-gathers its input first. Three more styles say where, and make the plan sequence-parallel:
+
+- ``sequence``: a module computing per position (a LayerNorm or RMSNorm, dropout) runs on this
+  device's slice of the sequence (its parameters stay whole on every device);
+- ``scatter``: the module's output, the whole sequence on every device, enters the split region:
+  each device keeps its slice (no communication), e.g. the embedding before the first block;
+- ``gather``: the module's input leaves the region: gathered whole before the module runs (a
+  whole input passes as it is), e.g. the output head after the last block's norm.
+
+In a sequence-parallel plan the tensors between the modules of the region are DTensors sharded
+on the sequence; what the model does with them between modules (residual sums, indexing) runs
+on the DTensors.
+
 A column-wise module's output may reach a row-wise one only through operations that keep the
 split features apart: attention per head (a model that reshapes by the head size, not the head
 count), an element-wise activation, a gated product. Megatron's plan for a transformer block is
@@ -37,11 +54,18 @@ from typing import Any, Iterable, Mapping
 from ..spec.checks import is_int, shown
 from .errors import StrategyError
 
-__all__ = ["TP_STYLES", "TensorParallel", "tensor_parallel_from_data", "check_tensor_parallel", "tp_groups",
+__all__ = ["TP_STYLES", "SPLIT_STYLES", "SEQUENCE_STYLES", "TensorParallel", "tensor_parallel_from_data", "check_tensor_parallel", "tp_groups",
            "tp_label", "local_shape", "tp_key"]
 
-#: The styles a tensor-parallel module may have.
-TP_STYLES = ("colwise", "rowwise")
+#: The styles a tensor-parallel module may have: the two that split a linear layer's weight, and
+#: the three of sequence parallelism (see the module docstring).
+TP_STYLES = ("colwise", "rowwise", "sequence", "scatter", "gather")
+
+#: The styles that split a linear layer's weight.
+SPLIT_STYLES = ("colwise", "rowwise")
+
+#: The styles that make a plan sequence-parallel.
+SEQUENCE_STYLES = ("sequence", "scatter", "gather")
 
 #: The most devices one TP group may hold.
 MAX_TP_DEGREE = 64
@@ -62,6 +86,12 @@ class TensorParallel:
     def style_of(self, module: str) -> str | None:
         """The style of ``module``, or None where it is not split."""
         return dict(self.styles).get(module)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether the plan splits the sequence between its split pairs (a module of
+        :data:`SEQUENCE_STYLES`)."""
+        return any(style in SEQUENCE_STYLES for _m, style in self.styles)
 
 
 def tensor_parallel_from_data(data: Any, where: str = "strategy") -> TensorParallel:
@@ -124,7 +154,23 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
                                 f"group have batches {sorted(batches)}; a TP group trains one batch, so give its "
                                 f"replicas the same batch size")
     variables = {v.name: v for v in model.variables}
+    if tp.sequence_parallel and not any(style == "scatter" for _m, style in tp.styles):
+        raise StrategyError(f"{field}: modules: a sequence-parallel plan (styles {', '.join(SEQUENCE_STYLES)}) needs a "
+                            f"'scatter' module, whose output is where the sequence enters the split region (e.g. the "
+                            f"embedding, or the norm before the first block)")
+    if tp.sequence_parallel and not any(style in SPLIT_STYLES for _m, style in tp.styles):
+        raise StrategyError(f"{field}: modules: a sequence-parallel plan splits the sequence between split pairs; "
+                            f"give column-wise and row-wise modules too")
     for module, style in tp.styles:
+        if style in SEQUENCE_STYLES:
+            own = [v for v in model.variables if v.name.startswith(module + ".")
+                   and "." not in v.name[len(module) + 1:]]
+            if style == "sequence" and any(len(v.shape) > 1 for v in own):
+                bad = next(v for v in own if len(v.shape) > 1)
+                raise StrategyError(f"{field}: modules: {module!r} (sequence) holds {bad.name!r} of shape "
+                                    f"{list(bad.shape)}; a sequence module computes per position with per-feature "
+                                    f"parameters (a norm, dropout): give it 'gather' or leave it out")
+            continue
         weight = variables.get(f"{module}.weight")
         if weight is None or len(weight.shape) != 2:
             raise StrategyError(f"{field}: modules: {module!r} is not a linear layer of model {model.name!r} (no 2-D "
@@ -182,5 +228,9 @@ def tp_label(tp: TensorParallel | None) -> str:
     """A short description, e.g. ``tp 2 (colwise 4, rowwise 2)`` ('' without tensor parallelism)."""
     if tp is None:
         return ""
-    counts = {s: sum(1 for _m, style in tp.styles if style == s) for s in TP_STYLES}
-    return f"tp {tp.degree} (" + ", ".join(f"{s} {counts[s]}" for s in TP_STYLES if counts[s]) + ")"
+    counts = {s: sum(1 for _m, style in tp.styles if style == s) for s in SPLIT_STYLES}
+    parts = [f"{s} {counts[s]}" for s in SPLIT_STYLES if counts[s]]
+    sequence = sum(1 for _m, style in tp.styles if style == "sequence")
+    if tp.sequence_parallel:
+        parts.append(f"sp {sequence}")
+    return f"tp {tp.degree} (" + ", ".join(parts) + ")"
