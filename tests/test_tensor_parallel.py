@@ -29,10 +29,12 @@ STEPS = 3
 
 
 def _case(label: str, model: str, cluster_name: str, *, dp: str = "allreduce", split=None, optimizer: str = "sgd",
-          lr: float = 0.1, tp: dict | None = None, sequence_parallel: bool = False) -> dict:
+          lr: float = 0.1, tp: dict | None = None, sequence_parallel: bool = False,
+          loss_parallel: bool = False) -> dict:
     cluster = cluster_preset(cluster_name)
     spec = workload_of(model).spec()
-    strategy = build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sequence_parallel)
+    strategy = build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sequence_parallel,
+                              loss_parallel=loss_parallel)
     if split is not None:
         strategy = dataclasses.replace(strategy, batch_split=tuple(split))
     if tp is not None:
@@ -108,6 +110,23 @@ def test_sequence_parallel_trains_like_single_process():
         assert {"sequence", "scatter", "gather"} <= set(modules.values()), case["label"]
     outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
     _check_against_reference(cases, outputs, 4)
+
+
+def test_a_loss_over_vocabulary_split_logits_trains_like_single_process():
+    """The output layer split over the vocabulary and Hugging Face Llama's own cross-entropy
+    computed on the shards (torch's ``loss_parallel``), with and without sequence parallelism,
+    FSDP2 or an all-reduce across the groups: 4 processes, mesh (2, 2)."""
+    cases = [
+        _case("hf-llama/logits/shard", "hf-llama", "local-2x2", dp="shard", loss_parallel=True),
+        _case("hf-llama/sp/logits/allreduce", "hf-llama", "local-2x2", sequence_parallel=True, loss_parallel=True),
+    ]
+    for case in cases:
+        assert case["strategy"]["tensor_parallel"]["modules"]["lm_head"] == "logits", case["label"]
+    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
+    _check_against_reference(cases, outputs, 4)
+    cluster = cluster_preset("local-2x2")
+    with pytest.raises(StrategyError, match="no output layer of its own after its last block"):
+        build_strategy("megatron", workload_of("hf-bert").spec(), cluster, loss_parallel=True)
 
 
 def test_the_megatron_builder_places_sequence_parallelism_on_a_library_model():
@@ -266,6 +285,32 @@ def test_cli_trial_runs_the_megatron_builder_and_records_tp(tmp_path):
     assert run.data.params["tp_degree"] == "2" and run.data.params["tp_mesh"] == "dp 2 x tp 2"
 
 
+def test_cli_trial_runs_sequence_and_loss_parallelism_on_a_library_model(tmp_path):
+    """``synctune trial`` of Hugging Face Llama (a workload file) with the Megatron builder's
+    sequence parallelism and loss over vocabulary-split logits: the row's plan has them, and the
+    memory is measured per rank."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from _searches import search_env
+    from synctune.cli import cli
+    from synctune.data import TrialDataset
+
+    env = search_env(tmp_path / "home")
+    workload = f"{Path(__file__).parent / '_tp_workers.py'}:hf_llama"
+    result = CliRunner(env=env).invoke(cli, ["trial", "-w", workload, "-c", "local-2x2", "--builder", "megatron",
+                                             "-O", "sequence_parallel=true", "-O", "loss_parallel=true",
+                                             "--warmup", "1", "--iters", "2"])
+    assert result.exit_code == 0, result.output
+    row = TrialDataset(tmp_path / "home" / "dataset").read().iloc[0]
+    assert (row["runtime"], row["status"], int(row["tp_degree"])) == ("tp", "ok", 2)
+    tp = Strategy.from_json(row["strategy_json"]).tensor_parallel
+    assert tp.sequence_parallel and tp.loss_parallel and tp.style_of("lm_head") == "logits"
+    assert len(json.loads(row["extra_json"])["memory"]["peak_bytes"]) == 4
+
+
 def test_one_tp_group_is_not_sharded():
     """FSDP2 over the data-parallel axis of one TP group would shard over one device: refused,
     and the builder's default all-reduces there (nothing travels)."""
@@ -344,7 +389,34 @@ def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split, 
         torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
 
 
-def test_a_search_refuses_a_splitting_baseline_until_it_can_score_it():
+def test_applied_file_with_sequence_and_loss_parallelism_trains_a_library_model(tmp_path):
+    """Hugging Face Llama's training file with the Megatron builder's sequence parallelism and
+    loss over vocabulary-split logits runs under torch.distributed.run on 4 processes and saves
+    finite parameters (the exactness of the file's structure against single-process training is
+    the zoo cases' above; of these styles, the tp runtime's tests)."""
+    import subprocess
+    import sys
+
+    from _searches import search_env
+    from synctune.run.apply import write_training_file
+
+    cluster = cluster_preset("local-2x2")
+    workload = workload_of("hf-llama")
+    strategy = build_strategy("megatron", workload.spec(), cluster, dp="shard", sequence_parallel=True,
+                              loss_parallel=True)
+    out = tmp_path / "train.py"
+    assert write_training_file(strategy, workload, cluster, out) == "tp"
+    text = out.read_text()
+    assert "loss_parallel().__enter__()" in text and "'model.embed_tokens': PrepareModuleOutput(" in text
+    assert "'lm_head': ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)" in text
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(out), "--steps", "2", "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    assert got and all(torch.isfinite(v).all() for v in got.values() if v.is_floating_point())
+
     """Searches do not score or propose tensor-parallel strategies yet: naming the Megatron builder
     as a baseline is one line that says how to measure it instead."""
     from synctune.search import Experiment

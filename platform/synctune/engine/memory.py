@@ -296,7 +296,10 @@ def split_locally(model: Any, tp: Any) -> Any:
     import torch
 
     for name, style in tp.styles:
-        if style not in SPLIT_STYLES:  # sequence parallelism splits no parameter
+        # Sequence parallelism splits no parameter; the output layer of a loss over the
+        # vocabulary's shards stays whole here (the model's loss views the logits by the whole
+        # vocabulary, its targets index it): an upper bound of its share.
+        if style not in SPLIT_STYLES or style == "logits":
             continue
         old = model.get_submodule(name)
         weight = tuple(old.weight.shape)

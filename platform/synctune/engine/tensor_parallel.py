@@ -52,6 +52,8 @@ STYLE_CODE = {
     ("rowwise", False): "RowwiseParallel()",
     ("colwise", True): "ColwiseParallel(input_layouts=Shard(1))",
     ("rowwise", True): "RowwiseParallel(output_layouts=Shard(1), use_local_output=False)",
+    ("logits", False): "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)",
+    ("logits", True): "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)",
     ("sequence", True): "SequenceParallel()",
     ("scatter", True): ("PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), "
                         "use_local_output=False)"),
@@ -131,7 +133,8 @@ def _check_modules(module: Any, strategy: Any) -> None:
                                 f"computes per position with per-feature parameters (a norm, dropout)")
         elif type(sub) is not torch.nn.Linear:
             raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is a {type(sub).__name__}, "
-                            f"not an nn.Linear, which torch's {style.capitalize()}Parallel splits; leave it whole")
+                            f"not an nn.Linear, which torch's {'Rowwise' if style == 'rowwise' else 'Colwise'}Parallel "
+                            f"splits; leave it whole")
         if style in ("scatter", "gather"):  # their parameters stay plain tensors
             continue
         for leaf, param in sub.named_parameters(recurse=False):
@@ -316,6 +319,22 @@ class TensorParallelRuntime(PlansRuntime):
     def prepare(self, ctx: ArmContext) -> Stepper:
         _check_modules(ctx.model, ctx.strategy)
         t = ctx.strategy.tensor_parallel.degree
+        # A loss over vocabulary-split logits: torch's loss_parallel, entered for forward and
+        # backward alike until the stepper closes (it changes only DTensor loss operations).
+        losses = None
+        if ctx.strategy.tensor_parallel.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            losses = loss_parallel()
+            losses.__enter__()
+        try:
+            return self._prepare(ctx, t, losses)
+        except BaseException:
+            if losses is not None:
+                losses.__exit__(None, None, None)
+            raise
+
+    def _prepare(self, ctx: ArmContext, t: int, losses: Any) -> Stepper:
         model, mesh = _checked_split(ctx, ctx.model)
         model = apply_data_parallel(model, ctx.strategy, ctx.spec, mesh, ctx.device.type)
         dp_index = ctx.rank // t
@@ -336,7 +355,11 @@ class TensorParallelRuntime(PlansRuntime):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        return Stepper(forward_model=model, step=step, loss_scale=scale,
+        def close() -> None:
+            if losses is not None:
+                losses.__exit__(None, None, None)
+
+        return Stepper(forward_model=model, step=step, loss_scale=scale, close=close,
                        memory_parts=lambda: {"optimizer": optimizer, "units": []})
 
     def summary(self) -> str:

@@ -331,6 +331,11 @@ def tp_setup_code(strategy: Strategy, plan: FSDPPlan | None) -> str:
              "    parallelize_module(model, mesh[\"tp\"], {"]
     lines += [f"        {module!r}: {style_code(tp, style)}," for module, style in tp.styles if style != "gather"]
     lines.append("    })")
+    if tp.loss_parallel:
+        lines.append("")
+        lines.append("    # the loss over vocabulary-split logits, forward and backward: torch's loss_parallel")
+        lines.append("    from torch.distributed.tensor.parallel import loss_parallel")
+        lines.append("    loss_parallel().__enter__()")
     gathered = [module for module, style in tp.styles if style == "gather"]
     if gathered:
         lines.append("")

@@ -484,14 +484,20 @@ class MegatronOptions:
     TP groups as torchtitan wraps a transformer: one unit per block, ``reshard`` after forward,
     and the rest of the model in the root's unit, kept), ``allreduce``, or ``auto``: shard where
     there is more than one TP group, else all-reduce (nothing to shard over one).
-    ``sequence_parallel``: also split the sequence between the pairs (:func:`sequence_styles`)."""
+    ``sequence_parallel``: also split the sequence between the pairs (:func:`sequence_styles`);
+    ``loss_parallel``: split the output layer over the vocabulary and compute the loss on the
+    shards (:func:`output_layer`)."""
 
     degree: int = 0
     dp: str = "auto"
     reshard: bool = True
     sequence_parallel: bool = False
+    loss_parallel: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.loss_parallel, bool):
+            raise StrategyError(f"builder megatron: option loss_parallel: expected true or false, got "
+                                f"{self.loss_parallel!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise StrategyError(f"builder megatron: option sequence_parallel: expected true or false, got "
                                 f"{self.sequence_parallel!r}")
@@ -610,6 +616,29 @@ def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, st
     return out
 
 
+def output_layer(model: ModelSpec, degree: int) -> str:
+    """The output layer of ``model`` for a loss over vocabulary-split logits: after the last
+    numbered block, the linear layer with a weight of its own shaped as an embedding's
+    (vocabulary x hidden), whose rows ``degree`` divides."""
+    from .checkpoint import block_of
+
+    forward = list(model.variables)[::-1]
+    blocks = [i for i, v in enumerate(forward) if block_of(v.name).split(".")[-1].isdigit()]
+    if not blocks:
+        raise StrategyError(f"builder megatron: option loss_parallel: model {model.name!r} has no numbered blocks")
+    embeddings = {tuple(v.shape) for v in forward[:blocks[0]] if len(v.shape) == 2}
+    heads = [v for v in forward[blocks[-1] + 1:] if v.name.endswith(".weight") and tuple(v.shape) in embeddings]
+    if not heads:
+        raise StrategyError(f"builder megatron: option loss_parallel: model {model.name!r} has no output layer of its "
+                            f"own after its last block shaped as its embedding (one tied to the embedding is the "
+                            f"embedding's variable); set loss_parallel=false")
+    head = heads[-1]
+    if head.shape[0] % degree:
+        raise StrategyError(f"builder megatron: option loss_parallel: the vocabulary of {head.name!r} "
+                            f"({head.shape[0]}) is not divisible by a degree of {degree}")
+    return head.name.rpartition(".")[0]
+
+
 #: Builders whose strategies split modules (``tensor_parallel``): trials run them, searches do not
 #: score or propose them yet.
 SPLITTING_BUILDERS = ("megatron",)
@@ -651,6 +680,8 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
                                           for v in model.variables])
     if opts.sequence_parallel:
         styles = {**styles, **sequence_styles(model, styles)}
+    if opts.loss_parallel:
+        styles[output_layer(model, degree)] = "logits"
     return dataclasses.replace(base, tensor_parallel={"degree": degree, "modules": styles})
 
 

@@ -12,6 +12,11 @@ name in the model, e.g. ``layers.0.attention.query``); the modules are ``nn.Line
   slice of the input features and all-reduces the partial sums into the whole output (torch's
   ``RowwiseParallel``; the bias is kept whole).
 
+- ``logits``: the output layer split column-wise over the vocabulary, its logits left split
+  for a cross-entropy loss computed on the shards (torch's ``loss_parallel``: no device holds
+  the whole logits); at most one module, whose output must go straight to the model's
+  cross-entropy.
+
 **Sequence parallelism** (Korthikanti et al. 2022; torch's ``SequenceParallel``) splits what
 lies between the blocks' split pairs on the sequence dimension (dimension 1: batch first) instead
 of computing it whole on every device: the norms (and dropout) run on a slice of the positions,
@@ -59,10 +64,10 @@ __all__ = ["TP_STYLES", "SPLIT_STYLES", "SEQUENCE_STYLES", "TensorParallel", "te
 
 #: The styles a tensor-parallel module may have: the two that split a linear layer's weight, and
 #: the three of sequence parallelism (see the module docstring).
-TP_STYLES = ("colwise", "rowwise", "sequence", "scatter", "gather")
+TP_STYLES = ("colwise", "rowwise", "logits", "sequence", "scatter", "gather")
 
 #: The styles that split a linear layer's weight.
-SPLIT_STYLES = ("colwise", "rowwise")
+SPLIT_STYLES = ("colwise", "rowwise", "logits")
 
 #: The styles that make a plan sequence-parallel.
 SEQUENCE_STYLES = ("sequence", "scatter", "gather")
@@ -86,6 +91,11 @@ class TensorParallel:
     def style_of(self, module: str) -> str | None:
         """The style of ``module``, or None where it is not split."""
         return dict(self.styles).get(module)
+
+    @property
+    def loss_parallel(self) -> bool:
+        """Whether the loss is computed on vocabulary-split logits (a ``logits`` module)."""
+        return any(style == "logits" for _m, style in self.styles)
 
     @property
     def sequence_parallel(self) -> bool:
@@ -161,6 +171,10 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
     if tp.sequence_parallel and not any(style in SPLIT_STYLES for _m, style in tp.styles):
         raise StrategyError(f"{field}: modules: a sequence-parallel plan splits the sequence between split pairs; "
                             f"give column-wise and row-wise modules too")
+    heads = [m for m, style in tp.styles if style == "logits"]
+    if len(heads) > 1:
+        raise StrategyError(f"{field}: modules: {heads[0]!r} and {heads[1]!r} are both 'logits'; the loss over "
+                            f"vocabulary-split logits has one output layer")
     for module, style in tp.styles:
         if style in SEQUENCE_STYLES:
             own = [v for v in model.variables if v.name.startswith(module + ".")
@@ -179,9 +193,9 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
         if weight.sparse:
             raise StrategyError(f"{field}: modules: {module!r} has a sparse gradient (an embedding); only linear "
                                 f"layers are split")
-        axis = 0 if style == "colwise" else 1
+        axis = 1 if style == "rowwise" else 0
         if weight.shape[axis] % t:
-            what = "output features" if style == "colwise" else "input features"
+            what = "input features" if style == "rowwise" else "output features"
             raise StrategyError(f"{field}: modules: {module!r} ({style}) has {weight.shape[axis]} {what}, which a "
                                 f"degree of {t} does not divide; use a degree that divides {weight.shape[axis]}")
     kinds = set()
@@ -210,7 +224,7 @@ def local_shape(tp: TensorParallel | None, name: str, shape: tuple[int, ...]) ->
         return tuple(shape)
     module, _, leaf = name.rpartition(".")
     style = tp.style_of(module)
-    if style == "colwise" and shape:
+    if style in ("colwise", "logits") and shape:
         return (shape[0] // tp.degree,) + tuple(shape[1:])
     if style == "rowwise" and leaf == "weight" and len(shape) == 2:
         return (shape[0], shape[1] // tp.degree)
@@ -228,9 +242,11 @@ def tp_label(tp: TensorParallel | None) -> str:
     """A short description, e.g. ``tp 2 (colwise 4, rowwise 2)`` ('' without tensor parallelism)."""
     if tp is None:
         return ""
-    counts = {s: sum(1 for _m, style in tp.styles if style == s) for s in SPLIT_STYLES}
-    parts = [f"{s} {counts[s]}" for s in SPLIT_STYLES if counts[s]]
+    counts = {s: sum(1 for _m, style in tp.styles if style == s) for s in ("colwise", "rowwise")}
+    parts = [f"{s} {counts[s]}" for s in ("colwise", "rowwise") if counts[s]]
     sequence = sum(1 for _m, style in tp.styles if style == "sequence")
     if tp.sequence_parallel:
         parts.append(f"sp {sequence}")
+    if tp.loss_parallel:
+        parts.append("loss parallel")
     return f"tp {tp.degree} (" + ", ".join(parts) + ")"
