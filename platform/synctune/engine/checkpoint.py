@@ -49,11 +49,11 @@ def selective_policy():
     every other op (``torch.utils.checkpoint.CheckpointPolicy``).
 
     While :func:`observe_selective_saves` is active, each output the policy keeps goes to the
-    observers: torch 2.13 calls the policy after the op with the output (``ctx.op_output``); torch
-    2.11 and 2.12 call it before the op without one, so the op is left in ``policy.pending`` for
-    :func:`_selective_contexts`' dispatch mode, which hands over its output once the op has run.
-    torch 2.11 and 2.12 also ask the policy again during recompute (``ctx.is_recompute``): the
-    same answer, and nothing observed twice."""
+    observers: torch 2.12 and later call the policy after the op with the output
+    (``ctx.op_output``); torch 2.11 calls it before the op without one, so the op is left in
+    ``policy.pending`` for :func:`_selective_contexts`' dispatch mode, which hands over its output
+    once the op has run. torch 2.11 also asks the policy again during recompute
+    (``ctx.is_recompute``): the same answer, and nothing observed twice."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -83,7 +83,7 @@ def _observe(output) -> None:
 
 
 def _policy_sees_outputs() -> bool:
-    """Whether this torch hands the selective policy each op's output (``op_output``, torch 2.13)."""
+    """Whether this torch hands the selective policy each op's output (``op_output``, torch 2.12 on)."""
     import inspect
 
     from torch.utils.checkpoint import SelectiveCheckpointContext
@@ -93,7 +93,7 @@ def _policy_sees_outputs() -> bool:
 
 def _selective_contexts(policy):
     """``create_selective_checkpoint_contexts(policy)``; on a torch whose policy runs before the op
-    (2.11, 2.12) and while someone observes, its forward context also delivers the outputs of the
+    (2.11) and while someone observes, its forward context also delivers the outputs of the
     ops the policy kept (:func:`selective_policy`): a dispatch mode entered just below torch's
     caching mode sees each op the caching mode runs, and its output, and changes nothing."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
