@@ -57,7 +57,7 @@ def _ray_validate(raw: dict, where: str) -> dict:
     with the cloud provider (credentials, IAM roles, key pairs), and ``fillout_defaults`` is
     only the first of ``prepare_config``'s steps and validates nothing. ``prepare_config`` and
     ``validate_config`` are what ``ray up`` runs before it contacts the provider, so the
-    private module is the only offline way; Ray is pinned to 2.60 and
+    private module is the only offline way; constraints.txt pins Ray 2.60 and
     ``tests/test_cluster_config.py`` fails on an upgrade that moves them."""
     import jsonschema
 

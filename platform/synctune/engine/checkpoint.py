@@ -46,31 +46,91 @@ def observe_selective_saves(observer: Callable[[Any], None]) -> Iterator[None]:
 def selective_policy():
     """The policy of ``selective`` checkpointing: save the outputs of
     :data:`~synctune.strategy.checkpoint.SAVED_OPS` (matrix products, fused attention), recompute
-    every other op (``torch.utils.checkpoint.CheckpointPolicy``)."""
+    every other op (``torch.utils.checkpoint.CheckpointPolicy``).
+
+    While :func:`observe_selective_saves` is active, each output the policy keeps goes to the
+    observers: torch 2.12 and later call the policy after the op with the output
+    (``ctx.op_output``); torch 2.11 calls it before the op without one, so the op is left in
+    ``policy.pending`` for :func:`_selective_contexts`' dispatch mode, which hands over its output
+    once the op has run. torch 2.11 also asks the policy again during recompute
+    (``ctx.is_recompute``): the same answer, and nothing observed twice."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
 
     from ..strategy.checkpoint import SAVED_OPS
 
     saved = {getattr(torch.ops.aten, name) for name in SAVED_OPS if hasattr(torch.ops.aten, name)}
+    pending: list = []
 
     def policy(ctx, op, *_args, **_kwargs):
         packet = getattr(op, "overloadpacket", op)
         if packet not in saved:
             return CheckpointPolicy.PREFER_RECOMPUTE
-        for observe in _OBSERVERS:
-            observe(ctx.op_output)
+        if _OBSERVERS and not ctx.is_recompute:
+            if hasattr(ctx, "op_output"):
+                _observe(ctx.op_output)
+            else:
+                pending.append(op)
         return CheckpointPolicy.MUST_SAVE
 
+    policy.pending = pending
     return policy
 
 
+def _observe(output) -> None:
+    for observe in _OBSERVERS:
+        observe(output)
+
+
+def _policy_sees_outputs() -> bool:
+    """Whether this torch hands the selective policy each op's output (``op_output``, torch 2.12 on)."""
+    import inspect
+
+    from torch.utils.checkpoint import SelectiveCheckpointContext
+
+    return "op_output" in inspect.signature(SelectiveCheckpointContext).parameters
+
+
+def _selective_contexts(policy):
+    """``create_selective_checkpoint_contexts(policy)``; on a torch whose policy runs before the op
+    (2.11) and while someone observes, its forward context also delivers the outputs of the
+    ops the policy kept (:func:`selective_policy`): a dispatch mode entered just below torch's
+    caching mode sees each op the caching mode runs, and its output, and changes nothing."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    forward, recompute = create_selective_checkpoint_contexts(policy)
+    if not _OBSERVERS or _policy_sees_outputs():
+        return forward, recompute
+
+    class _DeliverSaved(TorchDispatchMode):
+        def __enter__(self):
+            super().__enter__()
+            forward.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            try:
+                forward.__exit__(*exc)
+            finally:
+                super().__exit__(*exc)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if policy.pending and policy.pending[-1] is func:
+                policy.pending.pop()
+                _observe(out)
+            return out
+
+    return _DeliverSaved(), recompute
+
+
 def _checkpointed(forward, mode: str):
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint
 
     if mode == "selective":
         policy = selective_policy()
-        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+        context_fn = functools.partial(_selective_contexts, policy)
     else:
         context_fn = None
 

@@ -491,8 +491,8 @@ def _refuse_split_ties(module: Any, units: list, where_of: dict) -> None:
     """Refuse a unit (below the root) holding a tied parameter (one tensor registered in two
     modules, as a Hugging Face BERT's word embedding is its output layer's weight) whose other
     module lies outside the unit: ``fully_shard`` on a unit enclosing that other module would find
-    the tensor already managed by another FSDP group, and torch refuses it at the first
-    iteration."""
+    the tensor already managed by another FSDP group: torch 2.12 and later refuse it at the first
+    iteration, torch 2.11 unties the two and trains each copy apart without a word."""
     names: dict[int, list[str]] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)

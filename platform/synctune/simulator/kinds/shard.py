@@ -40,7 +40,8 @@ def _count(tally: Tally, units: list, ctx: MemoryContext) -> None:
     unit's rows of parameters and gradients, a kept unit's whole parameters beside them, and the
     two largest units' whole gradients: the unit in backward before its reduce-scatter, and the
     reduce-scatter input of the unit before it, which FSDP2 keeps referenced until the next
-    unit's reduce-scatter is issued (``reduce_scatter_max_input_buffers``, 1 by default)."""
+    unit's reduce-scatter is issued (one input: torch 2.11's ``reduce_scatter_state``, torch
+    2.13's ``reduce_scatter_max_input_buffers`` at its default of 1)."""
     fsdp = ctx.fsdp
     largest_gathered = []
     wholes = []
