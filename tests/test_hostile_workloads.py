@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Every case ends well within this; the hanging ones at the trial timeout given below.
 BOUND_S = 120
 TIMEOUT_S = 8
+# The command as the ``synctune`` script starts it: ``-P`` keeps the current folder off sys.path.
+# ``python -m`` would put it first before any of synctune runs, so a user's ``types.py`` there
+# shadows Python's during the interpreter's own start (a fresh virtual environment shows it).
+SYNCTUNE = [sys.executable, "-P", "-m", "synctune"]
 
 GOOD = """
 import torch, torch.nn as nn
@@ -80,7 +84,7 @@ def _left_behind(marker: str) -> list[str]:
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([sys.executable, "-m", "synctune", *args], cwd=cwd, env=_env(cwd / "home"),
+    proc = subprocess.Popen([*SYNCTUNE, *args], cwd=cwd, env=_env(cwd / "home"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=BOUND_S)
@@ -190,7 +194,7 @@ def test_a_trial_in_a_folder_of_standard_module_names_runs(tmp_path, start):
     multiprocessing's resource tracker start in that folder and still import Python's modules."""
     _shadowing_folder(tmp_path)
     env = dict(_env(tmp_path / "home"), SYNCTUNE_WORKER_START=start)
-    done = subprocess.run([sys.executable, "-m", "synctune", "trial", "-w", "job.py:workload", "-c", "local-1x2",
+    done = subprocess.run([*SYNCTUNE, "trial", "-w", "job.py:workload", "-c", "local-1x2",
                            "-b", "allreduce", "--warmup", "1", "--iters", "2", "--no-record"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=BOUND_S)
     assert done.returncode == 0, done.stderr[-2000:]
