@@ -618,16 +618,18 @@ def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, st
 
 def output_layer(model: ModelSpec, degree: int) -> str:
     """The output layer of ``model`` for a loss over vocabulary-split logits: after the last
-    numbered block, the linear layer with a weight of its own shaped as an embedding's
-    (vocabulary x hidden), whose rows ``degree`` divides."""
+    numbered block, the linear layer with a weight of its own shaped as the token embedding's
+    (vocabulary x hidden: the embedding before the first block with the most rows), whose rows
+    ``degree`` divides."""
     from .checkpoint import block_of
 
     forward = list(model.variables)[::-1]
     blocks = [i for i, v in enumerate(forward) if block_of(v.name).split(".")[-1].isdigit()]
     if not blocks:
         raise StrategyError(f"builder megatron: option loss_parallel: model {model.name!r} has no numbered blocks")
-    embeddings = {tuple(v.shape) for v in forward[:blocks[0]] if len(v.shape) == 2}
-    heads = [v for v in forward[blocks[-1] + 1:] if v.name.endswith(".weight") and tuple(v.shape) in embeddings]
+    embeddings = [tuple(v.shape) for v in forward[:blocks[0]] if len(v.shape) == 2]
+    vocabulary = max(embeddings, default=None)  # the token embedding: the most rows
+    heads = [v for v in forward[blocks[-1] + 1:] if v.name.endswith(".weight") and tuple(v.shape) == vocabulary]
     if not heads:
         raise StrategyError(f"builder megatron: option loss_parallel: model {model.name!r} has no output layer of its "
                             f"own after its last block shaped as its embedding (one tied to the embedding is the "
