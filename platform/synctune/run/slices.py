@@ -20,6 +20,8 @@ class SliceActor:
     """Actor body holding one worker group (wrapped with ray.remote by the search)."""
 
     def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None, workload) -> None:
+        """``startup_timeout_s`` bounds each start of the slice (its nodes, its workers): the
+        experiment's ``run.slice_timeout_s``."""
         from ..cluster.workers import RayWorkerGroup
 
         self.workload = workload
@@ -31,13 +33,25 @@ class SliceActor:
         from ..cluster.workers import SlicePending
         from ..engine.trial import failed_result
 
+        import time
+
         plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
+        start = time.monotonic()
+        try:
+            self.group.start()
+        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
+            return failed_result("failed", f"{exc} (run.slice_timeout_s)", plan, self.group.cluster, trial_config, "ray",
+                                 time.monotonic() - start).to_dict()
+        except Exception as exc:  # noqa: BLE001 - a slice that cannot start is this trial's failure, recorded
+            first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
+            return failed_result("failed", f"the slice did not start: {type(exc).__name__}: {first}", plan,
+                                 self.group.cluster, trial_config, "ray", time.monotonic() - start).to_dict()
         try:
             return self.group.run_trial(plan, trial_config, workload=self.workload,
                                         runtime=as_runtime(runtime)).to_dict()
-        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
+        except SlicePending as exc:  # restarted after a lost worker, and the nodes never came back
             return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
-                                 trial_config.timeout_s).to_dict()
+                                 time.monotonic() - start).to_dict()
 
     def confirm(self, arms: list, config: dict, rule: dict, per_round: int, screen_rounds: int = 0,
                 candidates: int | None = None) -> dict:
