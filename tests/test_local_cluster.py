@@ -1,0 +1,165 @@
+"""The local autoscaling cluster (`synctune cluster up --local`): Ray's autoscaler launches the node
+types a search's slices ask for, from zero workers, the trials run on them, and the autoscaler
+removes them after the idle timeout; a slice the cluster can never form is refused before any
+trial. Every fact is read from Ray's own node table (the state API), not from synctune.
+
+Marked ``cluster`` (about 2 minutes on 2 cores): deselect with ``-m "not cluster"``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _searches import search_env
+from synctune.cluster.local import cluster_processes, running_local_cluster, stop_local_cluster
+from synctune.data import TrialDataset
+
+pytestmark = pytest.mark.cluster
+
+#: Idle timeout of the test cluster: short, so scale-down is seen within the test.
+IDLE_MIN = 0.25
+
+CLUSTER_YAML = f"""
+cluster_name: two-types
+max_workers: 3
+idle_timeout_minutes: {IDLE_MIN}
+provider: {{type: aws, region: us-west-2}}
+auth: {{ssh_user: ubuntu}}
+head_node_type: head
+available_node_types:
+  head: {{resources: {{CPU: 1}}, node_config: {{InstanceType: m5.large}}}}
+  small:
+    min_workers: 0
+    max_workers: 2
+    resources: {{"synctune-node:cpu-small": 1, CPU: 1}}
+    node_config: {{InstanceType: cpu-small}}
+  big:
+    min_workers: 0
+    max_workers: 1
+    resources: {{"synctune-node:cpu-big": 1, CPU: 2}}
+    node_config: {{InstanceType: cpu-big}}
+"""
+
+_LINK = "device_kind: cpu, device_model: cpu, nic_gbps: 8.0, single_flow_gbps: 8.0, intra_node_gbps: 8.0"
+
+
+def _spec(folder: Path, name: str, nodes: list[tuple[str, int]]) -> Path:
+    path = folder / f"{name}.yaml"
+    lines = [f"name: {name}", "nodes:"]
+    lines += [f"  - {{instance_type: {kind}, num_devices: {devices}, {_LINK}}}" for kind, devices in nodes]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _experiment(folder: Path, name: str, spec: Path, budget: int) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\nmodel: cnn-small\ncluster: {spec}\nbudget: {budget}\nsimulator: analytic\n"
+                    "proposals: 20\ncandidates: 1\nwarmup: 1\niters: 3\nbaselines: [allreduce, ps-lb]\n"
+                    "ddp_trials: 0\nconfirm_rounds: 0\nslice_timeout_s: 120\n")
+    return path
+
+
+def _synctune(*args: str, env: dict, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "synctune", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _nodes(dashboard: str) -> list[dict]:
+    """Ray's node table (alive and dead), each node with its synctune node type (None: the head)."""
+    from ray.util.state import list_nodes
+
+    out = []
+    for node in list_nodes(address=dashboard, detail=True, limit=1000, raise_on_missing_output=False):
+        typed = [k.split(":", 1)[1] for k in (node.resources_total or {}) if k.startswith("synctune-node:")]
+        out.append({"id": node.node_id, "state": node.state, "type": typed[0] if typed else None,
+                    "start": (node.start_time_ms or 0) / 1e3, "end": (node.end_time_ms or 0) / 1e3})
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory):
+    """`synctune cluster up --local` on the two-type config; `down --local` afterwards, and
+    whatever of its process session outlived that stopped by pid."""
+    work = tmp_path_factory.mktemp("local-cluster")
+    (work / "cluster.yaml").write_text(CLUSTER_YAML)
+    home = work / "home"
+    env = search_env(home)
+    up = _synctune("cluster", "up", "--local", "cluster.yaml", env=env, cwd=work, timeout=180)
+    state = home / "local-cluster"
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        cluster = running_local_cluster(state)
+        assert cluster is not None
+        yield {"cluster": cluster, "work": work, "home": home, "env": env}
+    finally:
+        recorded = running_local_cluster(state)
+        down = _synctune("cluster", "down", "--local", env=env, cwd=work, timeout=120)
+        if recorded is not None:
+            left = cluster_processes(recorded)
+            if left:  # the command failed to stop them: stop them here, and fail
+                stop_local_cluster(state)
+            assert down.returncode == 0 and not left, (down.stderr, [p.pid for p in left])
+
+
+def test_search_scales_two_node_types_from_zero_and_back(local_cluster):
+    cluster, work, home = local_cluster["cluster"], local_cluster["work"], local_cluster["home"]
+    before = _nodes(cluster.dashboard_url)
+    assert [n["type"] for n in before if n["state"] == "ALIVE"] == [None]  # the head only: zero workers
+    spec = _spec(work, "small-big", [("cpu-small", 1), ("cpu-big", 2)])
+    exp = _experiment(work, "scales", spec, budget=3)
+    submitted = time.time()
+    run = _synctune("search", str(exp), "--ray-address", cluster.address, env=local_cluster["env"], cwd=work)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "search scales-seed0: 3 trials (0 failed)" in run.stdout, run.stdout + run.stderr[-3000:]
+
+    # The trials ran on the launched nodes' types, each rank where the spec puts it.
+    rows = TrialDataset(home / "dataset").read(search_id="scales-seed0")
+    assert len(rows) == 3 and (rows["status"] == "ok").all()
+    extras = [json.loads(e) for e in rows["extra_json"]]
+    assert all(e["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"] for e in extras), extras
+    first_trial = min(e["started_at"] for e in extras)
+    last_trial = max(e["finished_at"] for e in extras)
+
+    # Exactly those node types were launched, one node each (the slice was reused across trials).
+    launched = [n for n in _nodes(cluster.dashboard_url) if n["type"] is not None]
+    assert sorted(n["type"] for n in launched) == ["cpu-big", "cpu-small"], launched
+    # ... and removed after the idle timeout, not before.
+    deadline = time.monotonic() + IDLE_MIN * 60 + 90
+    while time.monotonic() < deadline:
+        launched = [n for n in _nodes(cluster.dashboard_url) if n["type"] is not None]
+        if all(n["state"] == "DEAD" for n in launched):
+            break
+        time.sleep(2)
+    assert all(n["state"] == "DEAD" for n in launched), launched
+    for node in launched:
+        assert node["end"] - last_trial >= IDLE_MIN * 60 - 2, (node, last_trial)
+    ready = {n["type"]: n["start"] - submitted for n in launched}
+    down = {n["type"]: n["end"] - last_trial for n in launched}
+    print(f"\nlocal cluster figures: submit to first trial {first_trial - submitted:.1f} s; node up after submit "
+          f"{', '.join(f'{t} {s:.1f} s' for t, s in sorted(ready.items()))}; removed after the last trial "
+          f"{', '.join(f'{t} {s:.1f} s' for t, s in sorted(down.items()))} (idle timeout {IDLE_MIN * 60:g} s)")
+
+
+@pytest.mark.parametrize("name, nodes, line", [
+    ("two-bigs", [("cpu-big", 2), ("cpu-big", 2)],
+     "cluster 'two-bigs' needs 2 node(s) of type 'cpu-big'; the Ray cluster's autoscaler launches at most 1 "
+     "(max_workers)"),
+    ("one-huge", [("cpu-huge", 1)],
+     "cluster 'one-huge' needs 1 node(s) of type 'cpu-huge'; the Ray cluster has no node type advertising "
+     "'synctune-node:cpu-huge'"),
+], ids=["over-max-workers", "unknown-type"])
+def test_a_slice_the_cluster_cannot_form_is_refused_before_any_trial(local_cluster, name, nodes, line):
+    cluster, work, home = local_cluster["cluster"], local_cluster["work"], local_cluster["home"]
+    exp = _experiment(work, f"refused-{name}", _spec(work, name, nodes), budget=2)
+    run = _synctune("search", str(exp), "--ray-address", cluster.address, env=local_cluster["env"], cwd=work)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert line in run.stderr and "Traceback" not in run.stderr, run.stderr
+    rows = TrialDataset(home / "dataset").read(search_id=f"refused-{name}-seed0") if (home / "dataset").exists() else []
+    assert len(rows) == 0
+    # Nothing was launched for it.
+    assert all(n["state"] == "DEAD" or n["type"] is None for n in _nodes(cluster.dashboard_url))
