@@ -3,11 +3,13 @@ types a search's slices ask for, from zero workers, the trials run on them, and 
 removes them after the idle timeout; a slice the cluster can never form is refused before any
 trial. Every fact is read from Ray's own node table (the state API), not from synctune.
 
-Marked ``cluster`` (about 2 minutes on 2 cores): deselect with ``-m "not cluster"``."""
+The tests that start the cluster are marked ``cluster`` (about a minute on 2 cores): deselect
+them with ``-m "not cluster"``."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -16,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from _searches import search_env
-from synctune.cluster.local import cluster_processes, running_local_cluster, stop_local_cluster
+from synctune.cluster import workers
+from synctune.cluster.config import check_cluster_config
+from synctune.cluster.local import (HEAD_NODE_TYPE, PROVIDER_MODULE, cluster_processes, local_autoscaling_config,
+                                    running_local_cluster, stop_local_cluster)
 from synctune.data import TrialDataset
-
-pytestmark = pytest.mark.cluster
+from synctune.spec import ClusterSpec
+from synctune.spec.errors import SpecError
 
 #: Idle timeout of the test cluster: short, so scale-down is seen within the test.
 IDLE_MIN = 0.25
@@ -106,6 +111,7 @@ def local_cluster(tmp_path_factory):
             assert down.returncode == 0 and not left, (down.stderr, [p.pid for p in left])
 
 
+@pytest.mark.cluster
 def test_search_scales_two_node_types_from_zero_and_back(local_cluster):
     cluster, work, home = local_cluster["cluster"], local_cluster["work"], local_cluster["home"]
     before = _nodes(cluster.dashboard_url)
@@ -145,6 +151,7 @@ def test_search_scales_two_node_types_from_zero_and_back(local_cluster):
           f"{', '.join(f'{t} {s:.1f} s' for t, s in sorted(down.items()))} (idle timeout {IDLE_MIN * 60:g} s)")
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("name, nodes, line", [
     ("two-bigs", [("cpu-big", 2), ("cpu-big", 2)],
      "cluster 'two-bigs' needs 2 node(s) of type 'cpu-big'; the Ray cluster's autoscaler launches at most 1 "
@@ -163,3 +170,73 @@ def test_a_slice_the_cluster_cannot_form_is_refused_before_any_trial(local_clust
     assert len(rows) == 0
     # Nothing was launched for it.
     assert all(n["state"] == "DEAD" or n["type"] is None for n in _nodes(cluster.dashboard_url))
+
+
+def test_the_autoscaling_config_mirrors_the_cluster_file(tmp_path):
+    """Node types, counts, resources and idle timeout come from the user's file; a GPU type
+    becomes a node with as many CPUs as GPUs, keeping its node-type resource."""
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML.replace(
+        "  big:", "  gpu:\n    min_workers: 1\n    max_workers: 3\n    resources: {\"synctune-node:g4dn.12xlarge\": 1}\n"
+        "    node_config: {InstanceType: g4dn.12xlarge}\n  big:"))
+    config = local_autoscaling_config(check_cluster_config(tmp_path / "cluster.yaml"), "127.0.0.1:6400")
+    assert config["provider"]["type"] == "external" and config["provider"]["module"] == PROVIDER_MODULE
+    assert config["provider"]["gcs_address"] == "127.0.0.1:6400" and config["provider"]["launch_multiple"]
+    assert config["idle_timeout_minutes"] == IDLE_MIN and config["head_node_type"] == HEAD_NODE_TYPE
+    types = config["available_node_types"]
+    assert {k: v for k, v in types["gpu"]["resources"].items() if k != "object_store_memory"} == {
+        "CPU": 4, "synctune-node:g4dn.12xlarge": 1}
+    assert (types["gpu"]["min_workers"], types["gpu"]["max_workers"]) == (1, 3)
+    assert types["small"]["resources"]["CPU"] == 1 and types["big"]["resources"]["CPU"] == 2
+    assert types[HEAD_NODE_TYPE]["max_workers"] == 0 and "synctune-node:cpu-small" not in types[HEAD_NODE_TYPE]["resources"]
+
+
+_TWO = ClusterSpec.from_dict({"name": "two", "nodes": [
+    {"instance_type": "cpu-big", "num_devices": 2, "device_kind": "cpu", "device_model": "cpu", "nic_gbps": 8.0,
+     "single_flow_gbps": 8.0, "intra_node_gbps": 8.0, "count": 2}]})
+
+
+@pytest.mark.parametrize("limits, alive, error", [
+    (None, {}, None),                      # no published limits: the slice waits for its nodes
+    ({"cpu-big": 2}, {}, None),
+    ({"cpu-big": 1}, {"cpu-big": 2}, None),  # more alive than the autoscaler's limit (static nodes)
+    ({"cpu-big": 1}, {}, "needs 2 node(s) of type 'cpu-big'; the Ray cluster's autoscaler launches at most 1"),
+    ({"cpu-small": 3}, {}, "the Ray cluster has no node type advertising 'synctune-node:cpu-big' (it offers: "
+                           "cpu-small (at most 3))"),
+])
+def test_infeasible_slices_are_refused_by_type_and_limit(monkeypatch, limits, alive, error):
+    monkeypatch.setattr(workers, "node_type_limits", lambda: limits)
+    monkeypatch.setattr(workers, "_alive_node_types", lambda: alive)
+    if error is None:
+        workers.check_slice_feasible(_TWO)
+    else:
+        with pytest.raises(SpecError, match=re.escape(error)):
+            workers.check_slice_feasible(_TWO)
+
+
+def test_cpu_slices_ask_for_their_node_types_where_the_cluster_autoscales():
+    group = workers.RayWorkerGroup(_TWO)
+    assert group._bundles({}) == [{"CPU": 2.0}, {"CPU": 2.0}]  # one machine standing in: packed on it
+    assert group._bundles({}, autoscaled=True) == [{"CPU": 2.0, "synctune-node:cpu-big": 1.0}] * 2
+
+
+@pytest.mark.parametrize("failure, reason", [
+    (workers.SlicePending("cluster 'two': Ray could not reserve a matching slice within 5 s"),
+     "Ray could not reserve a matching slice within 5 s (run.slice_timeout_s)"),
+    (RuntimeError("the actor could not be scheduled\nmore"),
+     "the slice did not start: RuntimeError: the actor could not be scheduled"),
+])
+def test_a_slice_that_does_not_start_is_a_failed_trial_with_the_reason(monkeypatch, failure, reason):
+    from synctune.models import model_spec
+    from synctune.run.slices import SliceActor
+    from synctune.strategy import build_strategy
+    from synctune.workload import zoo_workload
+
+    holder = SliceActor(_TWO.to_dict(), 5.0, None, zoo_workload("cnn-small"))
+
+    def fail():
+        raise failure
+
+    monkeypatch.setattr(holder.group, "start", fail)
+    strategy = build_strategy("allreduce", model_spec("cnn-small"), _TWO)
+    out = holder.run(strategy.to_dict(), {"warmup": 1, "iters": 2})
+    assert out["status"] == "failed" and reason in out["error"], out["error"]
