@@ -93,7 +93,9 @@ def local_cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("local-cluster")
     (work / "cluster.yaml").write_text(CLUSTER_YAML)
     home = work / "home"
-    env = search_env(home)
+    # Token auth off, whatever ~/.ray holds: this process reads Ray's tables without a token
+    # (tests/test_job_submit.py runs a head with it on).
+    env = dict(search_env(home), RAY_AUTH_MODE="disabled")
     up = _synctune("cluster", "up", "--local", "cluster.yaml", env=env, cwd=work, timeout=180)
     state = home / "local-cluster"
     try:
@@ -128,7 +130,6 @@ def test_search_scales_two_node_types_from_zero_and_back(local_cluster):
     assert len(rows) == 3 and (rows["status"] == "ok").all()
     extras = [json.loads(e) for e in rows["extra_json"]]
     assert all(e["ray_node_types"] == ["cpu-small", "cpu-big", "cpu-big"] for e in extras), extras
-    first_trial = min(e["started_at"] for e in extras)
     last_trial = max(e["finished_at"] for e in extras)
 
     # Exactly those node types were launched, one node each (the slice was reused across trials).
@@ -144,11 +145,30 @@ def test_search_scales_two_node_types_from_zero_and_back(local_cluster):
     assert all(n["state"] == "DEAD" for n in launched), launched
     for node in launched:
         assert node["end"] - last_trial >= IDLE_MIN * 60 - 2, (node, last_trial)
-    ready = {n["type"]: n["start"] - submitted for n in launched}
-    down = {n["type"]: n["end"] - last_trial for n in launched}
-    print(f"\nlocal cluster figures: submit to first trial {first_trial - submitted:.1f} s; node up after submit "
-          f"{', '.join(f'{t} {s:.1f} s' for t, s in sorted(ready.items()))}; removed after the last trial "
-          f"{', '.join(f'{t} {s:.1f} s' for t, s in sorted(down.items()))} (idle timeout {IDLE_MIN * 60:g} s)")
+    print("\nlocal cluster figures:", _figures(cluster.dashboard_url, submitted, extras, launched))
+
+
+def _figures(dashboard: str, submitted: float, extras: list[dict], launched: list[dict]) -> str:
+    """The issue-table figures of one search on the local cluster, from Ray's tables: submit to
+    the first trial, per node type the node's start and the slice's readiness after the slice was
+    asked for, the share of node-seconds spent in trials, and scale-down after the last trial."""
+    from ray.util.state import list_placement_groups
+
+    first_trial = min(e["started_at"] for e in extras)
+    last_trial = max(e["finished_at"] for e in extras)
+    pgs = [pg for pg in list_placement_groups(address=dashboard, detail=True, limit=1000,
+                                              raise_on_missing_output=False) if pg.name.startswith("synctune-")]
+    stats = pgs[0].stats or {} if pgs else {}
+    asked = int(stats.get("creation_request_received_ns", 0)) / 1e9
+    ready = asked + int(stats.get("end_to_end_creation_latency_us", 0)) / 1e6
+    in_trials = sum(e["finished_at"] - e["started_at"] for e in extras) * len(launched)
+    lived = sum(n["end"] - n["start"] for n in launched)
+    return (f"submit to first trial {first_trial - submitted:.1f} s; slice asked {asked - submitted:.1f} s after "
+            f"submit, " + ", ".join(f"{n['type']} node up {n['start'] - asked:.1f} s" for n in launched)
+            + f" after that, slice ready {ready - asked:.1f} s after; node-seconds in trials "
+            f"{in_trials:.1f} of {lived:.1f} ({in_trials / lived:.0%}); removed after the last trial "
+            + ", ".join(f"{n['type']} {n['end'] - last_trial:.1f} s" for n in launched)
+            + f" (idle timeout {IDLE_MIN * 60:g} s)")
 
 
 @pytest.mark.cluster

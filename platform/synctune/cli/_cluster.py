@@ -156,7 +156,8 @@ def up_cmd(config: str, local: bool) -> None:
     """Start a local autoscaling Ray cluster from CONFIG (default: cluster.yaml): a head on
     127.0.0.1 whose autoscaler launches CONFIG's node types as nodes on this machine when
     slices ask for them, and removes them after its idle timeout. GPU node types become nodes
-    with as many CPUs, keeping their synctune-node:<type> resource."""
+    with as many CPUs, keeping their synctune-node:<type> resource. Prints the commands that
+    submit a search to it (jobs run in this folder)."""
     from ..cluster.local import start_local_cluster
     from ..spec.errors import SpecError
 
@@ -170,7 +171,7 @@ def up_cmd(config: str, local: bool) -> None:
     echo_err(f"idle nodes removed after {cluster.idle_timeout_minutes:g} min; stop it all: "
              f"synctune cluster down --local")
     auth = "RAY_AUTH_MODE=token " if cluster.token_auth else ""
-    click.echo(f"ray job submit --address {cluster.dashboard_url} -- synctune search EXPERIMENT")
+    click.echo(f"{auth}ray job submit --address {cluster.dashboard_url} -- synctune search EXPERIMENT")
     click.echo(f"{auth}synctune search EXPERIMENT --ray-address {cluster.address}")
 
 

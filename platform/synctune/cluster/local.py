@@ -148,8 +148,12 @@ def local_autoscaling_config(report: ConfigReport, gcs_address: str) -> dict:
 
 
 def _token_auth() -> bool:
-    """Whether Ray's token auth is on here: a token in ~/.ray/auth_token, or RAY_AUTH_MODE=token."""
-    return (Path.home() / ".ray" / "auth_token").is_file() or os.environ.get("RAY_AUTH_MODE") == "token"
+    """Whether the cluster runs with Ray's token auth: as ``RAY_AUTH_MODE`` says where it is set
+    (``token``: on), else whenever a token is in ~/.ray/auth_token (as Ray's clients take it)."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode:
+        return mode == "token"
+    return (Path.home() / ".ray" / "auth_token").is_file()
 
 
 def _temp_dir(state_dir: Path) -> Path:
@@ -166,6 +170,9 @@ def start_local_cluster(config: str | Path, state_dir: str | Path, *, timeout_s:
     ``synctune cluster check`` does) and record it in ``state_dir``; returns it once its head
     answers. Worker nodes start at each type's ``min_workers`` and come as slices ask for them."""
     state = Path(state_dir)
+    token = _token_auth()
+    if token:  # before Ray is imported here: its clients read the mode once
+        os.environ["RAY_AUTH_MODE"] = "token"
     running = running_local_cluster(state)
     if running is not None:
         raise InfraError(f"a local cluster is already running (head {running.address}, pid {running.pid}); "
@@ -181,7 +188,6 @@ def start_local_cluster(config: str | Path, state_dir: str | Path, *, timeout_s:
 
     write_text_atomic(scaling_file, yaml.safe_dump(local_autoscaling_config(report, gcs_address), sort_keys=False))
     temp_dir = _temp_dir(state)
-    token = _token_auth()
     env = dict(os.environ, RAY_enable_autoscaler_v2="1", RAY_FAKE_CLUSTER="1", RAY_USAGE_STATS_ENABLED="0",
                RAY_CLOUD_INSTANCE_ID=HEAD_NODE_ID, RAY_OVERRIDE_NODE_ID_FOR_TESTING=HEAD_NODE_ID,
                RAY_NODE_TYPE_NAME=HEAD_NODE_TYPE,
@@ -204,7 +210,7 @@ def start_local_cluster(config: str | Path, state_dir: str | Path, *, timeout_s:
     log_path = state / "local-head.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=state)
+                                start_new_session=True)  # jobs run where `up` ran: their relative paths hold
     import psutil
 
     cluster = LocalCluster(address=gcs_address, dashboard_url=f"http://{LOCAL_HOST}:{dashboard_port}",
@@ -243,8 +249,6 @@ def _publish_limits(gcs_address: str, report: ConfigReport) -> None:
     limits: dict[str, int] = {}
     for info in report.node_types:
         limits[info.instance_type] = limits.get(info.instance_type, 0) + info.max_workers
-    if _token_auth():
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     GcsClient(address=gcs_address).internal_kv_put(LIMITS_KEY.encode(), json.dumps(limits).encode(), True,
                                                    LIMITS_NAMESPACE.encode())
 
