@@ -8,6 +8,7 @@ them with ``-m "not cluster"``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -260,3 +261,32 @@ def test_a_slice_that_does_not_start_is_a_failed_trial_with_the_reason(monkeypat
     strategy = build_strategy("allreduce", model_spec("cnn-small"), _TWO)
     out = holder.run(strategy.to_dict(), {"warmup": 1, "iters": 2})
     assert out["status"] == "failed" and reason in out["error"], out["error"]
+
+
+@pytest.mark.parametrize("deaths, status, retried", [(1, "ok", 1), (2, "failed", 1), (0, "ok", 0)],
+                         ids=["once", "twice", "never"])
+def test_a_trial_whose_worker_died_runs_again_on_a_fresh_slice(monkeypatch, deaths, status, retried):
+    """One retry on a fresh slice (the old one released): one result, marked with the lost attempt."""
+    from synctune.engine.trial import failed_result
+    from synctune.models import model_spec
+    from synctune.run.slices import SliceActor
+    from synctune.strategy import build_strategy
+    from synctune.workload import zoo_workload
+
+    holder = SliceActor(_TWO.to_dict(), 5.0, None, zoo_workload("cnn-small"))
+    strategy = build_strategy("allreduce", model_spec("cnn-small"), _TWO)
+    calls = {"run": 0, "shutdown": 0}
+
+    def run_trial(plan, config, **_kw):
+        calls["run"] += 1
+        if calls["run"] <= deaths:
+            return failed_result("failed", "rank 2: a worker died: the node was lost", plan, _TWO, config, "ray", 1.0)
+        return dataclasses.replace(failed_result("failed", "", plan, _TWO, config, "ray", 1.0), status="ok",
+                                   error=None)
+
+    monkeypatch.setattr(holder.group, "start", lambda: None)
+    monkeypatch.setattr(holder.group, "run_trial", run_trial)
+    monkeypatch.setattr(holder.group, "shutdown", lambda: calls.__setitem__("shutdown", calls["shutdown"] + 1))
+    out = holder.run(strategy.to_dict(), {"warmup": 1, "iters": 2})
+    assert out["status"] == status and calls["run"] == 1 + retried and calls["shutdown"] == retried
+    assert out["extra"].get("retried", []) == ["rank 2: a worker died: the node was lost"] * retried

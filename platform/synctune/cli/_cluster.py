@@ -11,8 +11,9 @@ from ._common import FiniteFloatRange, echo_err, node_network, resolve_cluster_a
 
 @cli.group("cluster")
 def cluster_group() -> None:
-    """Ray clusters: check a cluster-launcher config offline, start and stop a local autoscaling
-    cluster from it, show the cluster spec of a running cluster, calibrate its links and devices."""
+    """Ray clusters: check a cluster-launcher config offline, bring a local autoscaling cluster of
+    its node types up and down, show the cluster spec of a running cluster, calibrate its links
+    and devices."""
 
 
 @cluster_group.command("check")
