@@ -172,6 +172,67 @@ def _figures(dashboard: str, submitted: float, extras: list[dict], launched: lis
             + f" (idle timeout {IDLE_MIN * 60:g} s)")
 
 
+def _raylet_of(cluster, node_id: str):
+    """The raylet process of node ``node_id`` among the cluster's processes."""
+    for proc in cluster_processes(cluster):
+        try:
+            if proc.name() == "raylet" and any(a == f"--node_id={node_id}" for a in proc.cmdline()):
+                return proc
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            continue
+    return None
+
+
+@pytest.mark.cluster
+def test_a_node_killed_mid_trial_is_replaced_and_the_trial_counted_once(local_cluster):
+    """The cpu-small node is killed (its raylet and its workers, SIGKILL by pid) while the second trial runs: that
+    trial runs again on a fresh slice, whose cpu-small node the autoscaler adds; the search ends
+    with one row per trial, the retried one marked."""
+    import signal
+
+    cluster, work, home = local_cluster["cluster"], local_cluster["work"], local_cluster["home"]
+    spec = _spec(work, "small-big-kill", [("cpu-small", 1), ("cpu-big", 2)])
+    exp = _experiment(work, "killed", spec, budget=3)
+    # Trials of a few seconds each, so the kill lands inside the second one.
+    exp.write_text(exp.read_text().replace("iters: 3", "iters: 250"))
+    search = subprocess.Popen([sys.executable, "-m", "synctune", "search", str(exp), "--ray-address", cluster.address],
+                              env=local_cluster["env"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    killed = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and search.poll() is None and killed is None:
+            rows = TrialDataset(home / "dataset").read(search_id="killed-seed0") if (home / "dataset").exists() else []
+            if len(rows) == 1:  # the first trial recorded: the second one is starting on the same slice
+                time.sleep(2.0)
+                small = [n for n in _nodes(cluster.dashboard_url) if n["type"] == "cpu-small" and n["state"] == "ALIVE"]
+                raylet = _raylet_of(cluster, small[0]["id"]) if small else None
+                if raylet is not None:
+                    # The node is lost as a machine is: its raylet and every process it started
+                    # (a raylet killed alone leaves its workers serving their actors for a while).
+                    for proc in [raylet, *raylet.children(recursive=True)]:
+                        proc.send_signal(signal.SIGKILL)
+                    killed, killed_at = small[0]["id"], time.time()
+            time.sleep(0.3)
+        out, err = search.communicate(timeout=300)
+    finally:
+        if search.poll() is None:
+            search.kill()
+            search.communicate()
+    assert killed is not None, "the search ended before a trial could be interrupted"
+    assert search.returncode == 0, (out + err)[-4000:]
+    assert "search killed-seed0: 3 trials (0 failed)" in out, out + err[-3000:]
+    rows = TrialDataset(home / "dataset").read(search_id="killed-seed0")
+    assert len(rows) == 3 and rows["trial_id"].is_unique and (rows["status"] == "ok").all()
+    extras = [json.loads(e) for e in rows["extra_json"]]
+    retried = [e["retried"] for e in extras if e.get("retried")]
+    spans = sorted((e["started_at"] - killed_at, e["finished_at"] - killed_at) for e in extras)
+    assert len(retried) == 1 and "a worker died" in retried[0][0], (spans, retried)
+    nodes = _nodes(cluster.dashboard_url)
+    assert any(n["id"] == killed and n["state"] == "DEAD" for n in nodes)
+    assert any(n["type"] == "cpu-small" and n["id"] != killed and n["start"] > 0 for n in nodes)  # a fresh node
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("name, nodes, line", [
     ("two-bigs", [("cpu-big", 2), ("cpu-big", 2)],
