@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -111,6 +112,7 @@ def local_cluster(tmp_path_factory):
             left = cluster_processes(recorded)
             if left:  # the command failed to stop them: stop them here, and fail
                 stop_local_cluster(state)
+            shutil.rmtree(recorded.temp_dir, ignore_errors=True)  # Ray's session folders, under /tmp
             assert down.returncode == 0 and not left, (down.stderr, [p.pid for p in left])
 
 
