@@ -239,6 +239,9 @@ def test_outputs_that_are_not_regular_files_are_never_replaced(tmp_path):
     (["sim", "train", "--held-out", "nan", "-o", "x.pt"], "'--held-out': 'nan' is not a finite number"),
     (["sim", "train", "--alpha-ms", "nan", "-o", "x.pt"], "'--alpha-ms': 'nan' is not a finite number"),
     (["cluster", "calibrate", "local-1x2", "--mb", "nan"], "'--mb': 'nan' is not a finite number"),
+    (["cluster", "up"], "starts a cluster on this machine only: give --local (on AWS: ray up cluster.yaml)"),
+    (["cluster", "down"], "stops the cluster on this machine only: give --local (on AWS: ray down cluster.yaml)"),
+    (["cluster", "up", "--local", "no-such.yaml"], "no-such.yaml: no such cluster config file"),
 ])
 def test_usage_errors_are_one_line(args, fragment):
     assert_one_line(run(*args), 2, fragment)

@@ -1,4 +1,5 @@
-"""``synctune cluster check|show|calibrate``: the Ray cluster a search runs on."""
+"""``synctune cluster check|show|calibrate|up|down``: the Ray cluster a search runs on, and a local
+autoscaling one to try it on."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from ._common import FiniteFloatRange, echo_err, node_network, resolve_cluster_a
 
 @cli.group("cluster")
 def cluster_group() -> None:
-    """Ray clusters: check a cluster-launcher config offline, show the cluster spec of a running
-    cluster, calibrate its links and devices."""
+    """Ray clusters: check a cluster-launcher config offline, bring a local autoscaling cluster of
+    its node types up and down, show the cluster spec of a running cluster, calibrate its links
+    and devices."""
 
 
 @cluster_group.command("check")
@@ -138,3 +140,54 @@ def calibrate_cmd(cluster_name: str, ray_address: str, save: str | None, megabyt
         write_text_atomic(Path(save).with_suffix(".json"), json.dumps(figures, indent=1) + "\n")
         echo_err(f"saved to {save} (figures in {Path(save).with_suffix('.json')})")
     click.echo(yaml.safe_dump(spec.to_dict(), sort_keys=False).rstrip())
+
+
+def _local_state_dir():
+    """Where the local cluster's record, autoscaling config and head log live."""
+    from ..data.paths import data_home
+
+    return data_home() / "local-cluster"
+
+
+@cluster_group.command("up")
+@click.argument("config", default="cluster.yaml", required=False)
+@click.option("--local", "local", is_flag=True,
+              help="Start the cluster on this machine (required: on AWS, `ray up CONFIG`).")
+def up_cmd(config: str, local: bool) -> None:
+    """Start a local autoscaling Ray cluster from CONFIG (default: cluster.yaml): a head on
+    127.0.0.1 whose autoscaler launches CONFIG's node types as nodes on this machine when
+    slices ask for them, and removes them after its idle timeout. GPU node types become nodes
+    with as many CPUs, keeping their synctune-node:<type> resource. Prints the commands that
+    submit a search to it (jobs run in this folder)."""
+    from ..cluster.local import start_local_cluster
+    from ..spec.errors import SpecError
+
+    if not local:
+        raise SpecError("synctune cluster up starts a cluster on this machine only: give --local (on AWS: "
+                        "ray up cluster.yaml)")
+    cluster = start_local_cluster(config, _local_state_dir(), log=echo_err)
+    rows = [[name, node["resources"].get("CPU", 0), node["min_workers"], node["max_workers"]]
+            for name, node in cluster.node_types.items()]
+    echo_err(table(["node type", "CPUs", "min", "max"], rows, right=(1, 2, 3)))
+    echo_err(f"idle nodes removed after {cluster.idle_timeout_minutes:g} min; stop it all: "
+             f"synctune cluster down --local")
+    auth = "RAY_AUTH_MODE=token " if cluster.token_auth else ""
+    click.echo(f"{auth}ray job submit --address {cluster.dashboard_url} -- synctune search EXPERIMENT")
+    click.echo(f"{auth}synctune search EXPERIMENT --ray-address {cluster.address}")
+
+
+@cluster_group.command("down")
+@click.option("--local", "local", is_flag=True,
+              help="Stop the cluster `synctune cluster up --local` started (required: on AWS, `ray down CONFIG`).")
+def down_cmd(local: bool) -> None:
+    """Stop the local cluster `synctune cluster up --local` started: its head, the nodes its
+    autoscaler launched and every process they started, by process id (other Ray instances on
+    this machine are left alone)."""
+    from ..cluster.local import stop_local_cluster
+    from ..spec.errors import SpecError
+
+    if not local:
+        raise SpecError("synctune cluster down stops the cluster on this machine only: give --local (on AWS: "
+                        "ray down cluster.yaml)")
+    stopped = stop_local_cluster(_local_state_dir())
+    echo_err(f"local cluster stopped ({stopped} processes)" if stopped else "no local cluster is running")

@@ -178,6 +178,9 @@ def start_ray(address: str, num_cpus: int | None = None, **kwargs) -> None:
 
     if ray.is_initialized():
         return
+    from ..cluster.local import join_loopback
+
+    join_loopback(address)
     options = {"address": address, "log_to_driver": False, **kwargs}
     if address == "local":
         options.update(num_cpus=num_cpus, include_dashboard=False)

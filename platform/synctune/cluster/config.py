@@ -34,6 +34,7 @@ class NodeTypeInfo:
     min_workers: int
     max_workers: int
     devices: int | None  # GPUs per node (from the config, else the catalog); None if unknown
+    cpus: float | None = None  # the CPUs its resources declare (None: Ray detects them on the node)
 
 
 @dataclass
@@ -48,6 +49,10 @@ class ConfigReport:
     node_types: list[NodeTypeInfo]
     needs: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: How long a worker node may sit idle before the autoscaler removes it.
+    idle_timeout_minutes: float = 5.0
+    #: The CPUs the head node type declares (None: Ray detects them).
+    head_cpus: float | None = None
 
 
 def _ray_validate(raw: dict, where: str) -> dict:
@@ -97,11 +102,13 @@ def check_cluster_config(path: str | Path, cluster: ClusterSpec | None = None) -
     types = prepared["available_node_types"]
     provider = prepared.get("provider", {}).get("type")
     infos: list[NodeTypeInfo] = []
+    head_cpus = None
     for name, spec in types.items():
         key = f"available_node_types.{name}.resources"
         resources = spec.get("resources") or {}
         typed = sorted(k for k in resources if k.startswith(NODE_TYPE_PREFIX))
         if name == head:
+            head_cpus = resources.get("CPU")
             if typed:
                 raise SpecError(f"{where}: {key}: the head node type runs the search driver and must not "
                                 f"advertise {typed[0]!r} (trial slices would be placed on it)")
@@ -122,8 +129,9 @@ def check_cluster_config(path: str | Path, cluster: ClusterSpec | None = None) -
         if devices is None and instance_type in INSTANCE_TYPES:
             devices = INSTANCE_TYPES.get(instance_type).num_devices
         infos.append(NodeTypeInfo(name, instance_type, int(spec.get("min_workers", 0)),
-                                  int(spec.get("max_workers", 0)), devices))
-    report = ConfigReport(where, prepared.get("cluster_name", ""), head, int(prepared.get("max_workers", 0)), infos)
+                                  int(spec.get("max_workers", 0)), devices, resources.get("CPU")))
+    report = ConfigReport(where, prepared.get("cluster_name", ""), head, int(prepared.get("max_workers", 0)), infos,
+                          idle_timeout_minutes=float(prepared.get("idle_timeout_minutes", 5)), head_cpus=head_cpus)
     _security_warnings(prepared, report)
     if cluster is not None:
         _check_needs(cluster, report)

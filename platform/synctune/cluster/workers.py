@@ -30,7 +30,8 @@ from ..spec.errors import InfraError, SpecError
 if TYPE_CHECKING:  # strategies reach a worker group as plain objects: only the type is named here
     from ..strategy.schema import Strategy
 
-__all__ = ["RayWorkerGroup", "ConfirmFailed", "node_type_resource", "NODE_TYPE_PREFIX", "HEAD_RESOURCE"]
+__all__ = ["RayWorkerGroup", "ConfirmFailed", "SlicePending", "node_type_resource", "NODE_TYPE_PREFIX",
+           "HEAD_RESOURCE", "LIMITS_NAMESPACE", "LIMITS_KEY", "node_type_limits", "check_slice_feasible"]
 
 #: Prefix of the custom resource that names a node's instance type.
 NODE_TYPE_PREFIX = "synctune-node:"
@@ -39,12 +40,75 @@ NODE_TYPE_PREFIX = "synctune-node:"
 HEAD_RESOURCE = "node:__internal_head__"
 
 
+#: Where an autoscaling cluster publishes, in Ray's internal key-value store, how many nodes of
+#: each instance type its autoscaler may launch (JSON: instance type -> max_workers summed over
+#: the node types advertising it). Ray 2.60's autoscaler v2 keeps its node types to itself;
+#: ``synctune cluster up --local`` publishes them, and a slice is then checked against them.
+LIMITS_NAMESPACE = "synctune"
+LIMITS_KEY = "node-type-limits"
+
+
 def node_type_resource(instance_type: str) -> str:
     """The custom Ray resource a node of ``instance_type`` advertises, one unit per node
     (``cluster.yaml`` sets it per node type; ``ray start --resources`` elsewhere). AWS reports
     the same GPU type (T4) for g4dn.2xlarge and g4dn.12xlarge, so the GPU alone cannot tell
     node types apart."""
     return f"{NODE_TYPE_PREFIX}{instance_type}"
+
+
+def node_type_limits() -> dict[str, int] | None:
+    """How many nodes of each instance type the connected Ray cluster's autoscaler may launch,
+    as the cluster published them (:data:`LIMITS_KEY`); None when it published none (a cluster
+    without an autoscaler, or one not started by synctune). Ray must be initialized."""
+    import json
+
+    from ray.experimental import internal_kv
+
+    raw = internal_kv._internal_kv_get(LIMITS_KEY, namespace=LIMITS_NAMESPACE)
+    if not raw:
+        return None
+    try:
+        return {str(k): int(v) for k, v in json.loads(raw).items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _alive_node_types() -> dict[str, int]:
+    import ray
+
+    counts: dict[str, int] = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        for key in node.get("Resources", {}):
+            if key.startswith(NODE_TYPE_PREFIX):
+                counts[key[len(NODE_TYPE_PREFIX):]] = counts.get(key[len(NODE_TYPE_PREFIX):], 0) + 1
+    return counts
+
+
+def check_slice_feasible(cluster: ClusterSpec) -> None:
+    """Refuse (:class:`SpecError`, one line naming the type and the limit) a slice of ``cluster``
+    that the connected Ray cluster can never form: more nodes of an instance type than its
+    autoscaler may launch (or than are alive, when more are), or a type it has no node type
+    for. Checked only where the cluster published its limits (:func:`node_type_limits`): on
+    other clusters a missing node may still come, and the slice waits for it. Ray must be
+    initialized."""
+    from collections import Counter
+
+    limits = node_type_limits()
+    if limits is None:
+        return
+    alive = _alive_node_types()
+    for instance_type, count in Counter(node.instance_type for node in cluster.nodes).items():
+        limit = max(limits.get(instance_type, 0), alive.get(instance_type, 0))
+        if limit == 0:
+            offered = ", ".join(f"{t} (at most {n})" for t, n in sorted(limits.items())) or "none"
+            raise SpecError(f"cluster {cluster.name!r} needs {count} node(s) of type {instance_type!r}; the Ray "
+                            f"cluster has no node type advertising {node_type_resource(instance_type)!r} (it offers: "
+                            f"{offered})")
+        if count > limit:
+            raise SpecError(f"cluster {cluster.name!r} needs {count} node(s) of type {instance_type!r}; the Ray "
+                            f"cluster's autoscaler launches at most {limit} (max_workers)")
 
 
 class _Worker:
@@ -174,10 +238,12 @@ class RayWorkerGroup:
 
     The slice is a placement group with one bundle per node of the spec (AutoDist §2.1's
     resource spec made concrete): the node's devices as CPU/GPU plus one unit of its node-type
-    resource (:func:`node_type_resource`). The node-type resource is always requested for GPU
-    nodes, so on an autoscaling cluster the pending bundles are the demand that makes the
-    autoscaler add exactly those node types; for CPU nodes only when the Ray cluster
-    advertises it. ``placement`` is ``"auto"`` (STRICT_SPREAD when the Ray cluster has as many
+    resource (:func:`node_type_resource`), so on an autoscaling cluster the pending bundles are
+    the demand that makes the autoscaler add exactly those node types. The one exception is a
+    CPU node on a Ray instance where nothing advertises its type and no autoscaler published
+    limits (:func:`node_type_limits`): one machine standing in for the cluster, where that
+    resource could never appear. ``startup_timeout_s`` bounds getting the slice's nodes and
+    starting its workers, apart from any trial's timeout. ``placement`` is ``"auto"`` (STRICT_SPREAD when the Ray cluster has as many
     alive nodes as the slice, or lacks the node-type resources it asks for, so the autoscaler
     adds those nodes; else PACK, as on one machine advertising several units) or a Ray strategy
     name. Call :meth:`shutdown` (or use ``with``) to release the slice.
@@ -219,14 +285,14 @@ class RayWorkerGroup:
         """Whether the group holds started actors: true after :meth:`start`, false after :meth:`shutdown`."""
         return bool(self.actors)
 
-    def _bundles(self, available: dict[str, float]) -> list[dict[str, float]]:
+    def _bundles(self, available: dict[str, float], autoscaled: bool = False) -> list[dict[str, float]]:
         bundles = []
         for node in self.cluster.nodes:
             bundle: dict[str, float] = {"CPU": float(node.num_devices)}
             if node.device_kind == "gpu":
                 bundle["GPU"] = float(node.num_devices)
             key = node_type_resource(node.instance_type)
-            if key in available or node.device_kind == "gpu":
+            if key in available or node.device_kind == "gpu" or autoscaled:
                 bundle[key] = 1.0
             bundles.append(bundle)
         return bundles
@@ -263,7 +329,7 @@ class RayWorkerGroup:
         if not ray.is_initialized():
             raise RuntimeError("ray is not initialized: call ray.init() (address='local' for this machine) first")
         available = ray.cluster_resources()
-        bundles = self._bundles(available)
+        bundles = self._bundles(available, autoscaled=node_type_limits() is not None)
         strategy = self._strategy(bundles)
         # Placement-group names are unique per Ray cluster, and several slices share a spec.
         self.pg = placement_group(bundles, strategy=strategy, name=f"synctune-{self.cluster.name}-{uuid.uuid4().hex[:8]}")

@@ -92,7 +92,7 @@ class SearchSession:
 
         ctx = self.context
         self.holders = [ray.remote(SliceActor).options(name=name, num_cpus=0, resources={HEAD_RESOURCE: 0.001})
-                        .remote(ctx.cluster.to_dict(), ctx.exp.trial.timeout_s, ctx.node_net, ctx.workload)
+                        .remote(ctx.cluster.to_dict(), ctx.exp.run.slice_timeout_s, ctx.node_net, ctx.workload)
                         for name in self.slice_names]
 
     def notify(self, result: TrialResult) -> None:
@@ -348,6 +348,10 @@ def run_prepared(context: SearchContext, *,
     # Tune's console tables would interleave with the search's own progress (verbose=0 silences
     # only its older reporter).
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    from ..cluster.workers import check_slice_feasible
+
+    # A slice the Ray cluster can never form is refused before any trial is spent on it.
+    check_slice_feasible(context.cluster)
     session = SearchSession(context, on_trial=on_trial, say=on_phase or (lambda _message: None))
     try:
         session.start_slices()

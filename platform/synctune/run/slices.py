@@ -20,24 +20,64 @@ class SliceActor:
     """Actor body holding one worker group (wrapped with ray.remote by the search)."""
 
     def __init__(self, cluster: dict, startup_timeout_s: float, node_net: dict | None, workload) -> None:
+        """``startup_timeout_s`` bounds each start of the slice (its nodes, its workers): the
+        experiment's ``run.slice_timeout_s``."""
         from ..cluster.workers import RayWorkerGroup
 
         self.workload = workload
         self.group = RayWorkerGroup(ClusterSpec.from_dict(cluster), startup_timeout_s=startup_timeout_s,
                                     node_net=node_net)
 
+    #: How many times a trial whose worker died (its node lost, most often) runs again on a
+    #: fresh slice before its failure is recorded.
+    RETRIES = 1
+
     def run(self, strategy: dict, config: dict, runtime: dict | None = None) -> dict:
-        """One trial (``runtime`` in its plain-data form); its result as plain data."""
+        """One trial (``runtime`` in its plain-data form); its result as plain data.
+
+        A trial whose worker died runs again from the start on a fresh slice (the old one is
+        released, so a lost node's place is taken by another the autoscaler adds), up to
+        :attr:`RETRIES` times: still one trial, one row, its result's ``extra["retried"]``
+        naming each lost attempt. The retry is here rather than in Ray Tune's ``FailureConfig``:
+        the Tune trial does not fail (the slice actor, on the head, reports the lost worker as a
+        result), and a Tune retry would restore nothing a trial keeps."""
+        plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
+        retried: list[str] = []
+        while True:
+            out = self._attempt(plan, trial_config, runtime)
+            error = out.get("error") or ""
+            if out.get("status") == "failed" and "a worker died" in error and len(retried) < self.RETRIES:
+                retried.append(error[:300])
+                self.group.shutdown()
+                continue
+            if retried:
+                out["extra"] = {**(out.get("extra") or {}), "retried": retried}
+            return out
+
+    def _attempt(self, plan: Strategy, trial_config: TrialConfig, runtime: dict | None) -> dict:
+        """One attempt of a trial: the slice started (a failure to start is the trial's
+        failure, with the reason), then the trial run on it."""
+        import time
+
         from ..cluster.workers import SlicePending
         from ..engine.trial import failed_result
 
-        plan, trial_config = Strategy.from_dict(strategy), TrialConfig(**config)
+        start = time.monotonic()
+        try:
+            self.group.start()
+        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
+            return failed_result("failed", f"{exc} (run.slice_timeout_s)", plan, self.group.cluster, trial_config,
+                                 "ray", time.monotonic() - start).to_dict()
+        except Exception as exc:  # noqa: BLE001 - a slice that cannot start is this trial's failure, recorded
+            first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
+            return failed_result("failed", f"the slice did not start: {type(exc).__name__}: {first}", plan,
+                                 self.group.cluster, trial_config, "ray", time.monotonic() - start).to_dict()
         try:
             return self.group.run_trial(plan, trial_config, workload=self.workload,
                                         runtime=as_runtime(runtime)).to_dict()
-        except SlicePending as exc:  # the nodes never came: this trial fails, the search goes on
-            return failed_result("failed", str(exc), plan, self.group.cluster, trial_config, "ray",
-                                 trial_config.timeout_s).to_dict()
+        except SlicePending as exc:  # restarted after a lost worker, and the nodes never came back
+            return failed_result("failed", f"{exc} (run.slice_timeout_s)", plan, self.group.cluster, trial_config,
+                                 "ray", time.monotonic() - start).to_dict()
 
     def confirm(self, arms: list, config: dict, rule: dict, per_round: int, screen_rounds: int = 0,
                 candidates: int | None = None) -> dict:

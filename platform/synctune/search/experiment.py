@@ -432,11 +432,17 @@ class RunSection(_Section):
 
     #: Trials run concurrently, each on its own slice of the Ray cluster (one in a lab).
     slices: int = 1
+    #: Seconds a slice may take to get its nodes and start its workers, apart from the trial's
+    #: timeout: sized for a cloud node from zero (boot, a GPU image pulled, torch installed: 10 to
+    #: 20 minutes on AWS). A slice that does not start in time is a failed trial with the reason.
+    slice_timeout_s: float = 1800.0
     #: Where the recommended strategy goes ("": ``searches/<search id>-best.json`` in the data folder).
     output: str = ""
 
     def __post_init__(self) -> None:
         self.check_int("slices", 1, 1024)
+        if not (is_number(self.slice_timeout_s) and 0 < self.slice_timeout_s <= LIMITS["timeout_s"]):
+            raise self.bad("slice_timeout_s", f"a positive number of seconds up to {LIMITS['timeout_s']:g}")
         self.check_text("output", "a file path", optional=True)
 
 
