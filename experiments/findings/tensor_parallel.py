@@ -45,9 +45,19 @@ def arms(spec, cluster):
     t = tp.tensor_parallel.degree
     tp = dataclasses.replace(tp, batch_split=tuple(b * t for b in tp.batch_split))
     per_node = min(n.num_devices for n in cluster.nodes)
+    # Sequence parallelism, and the loss over vocabulary-split logits where the model has an
+    # output layer of its own (Llama's lm_head; BERT's decoder is its embedding).
+    try:
+        sp = build_strategy("megatron", spec, cluster, dp="shard", sequence_parallel=True, loss_parallel=True)
+        sp_name = f"TP {t} + SP + loss parallel + FSDP2"
+    except Exception:  # noqa: BLE001 - no output layer of its own
+        sp = build_strategy("megatron", spec, cluster, dp="shard", sequence_parallel=True)
+        sp_name = f"TP {t} + SP + FSDP2"
+    sp = dataclasses.replace(sp, batch_split=tuple(b * t for b in sp.batch_split))
     return [("DDP", plain, DDPRuntime()), ("FSDP2", plain, FSDPRuntime(FSDP_DEFAULT)),
             (f"HSDP (shard {per_node})", plain, FSDPRuntime(FSDPConfig(group=per_node))),
-            (f"TP {t} + FSDP2 (Megatron)", tp, executor_for(tp, spec))]
+            (f"TP {t} + FSDP2 (Megatron)", tp, executor_for(tp, spec)),
+            (sp_name, sp, executor_for(sp, spec))]
 
 
 def main(argv=None) -> int:
@@ -73,7 +83,8 @@ def main(argv=None) -> int:
                 domain = arms(spec, cluster)
                 budget = memory_budget(Experiment.from_keys(name="probe", model="bert-tiny", cluster=cluster.name,
                                                             budget=1, memory_gib=1.0, memory_headroom=0.0),
-                                       spec, cluster, workload, split=[domain[-1][1].tensor_parallel])
+                                       spec, cluster, workload,
+                                       split=[s.tensor_parallel for _n, s, _r in domain if s.tensor_parallel])
                 print(f"\n## {spec.name} on {cluster.name} (global batch {domain[0][1].global_batch_size})", flush=True)
                 times = interleaved_arms([(s, r) for _n, s, r in domain], cluster, workload=workload,
                                          node_net=node_net, rounds=args.rounds, per_round=args.per_round)
