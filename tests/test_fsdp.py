@@ -132,7 +132,7 @@ def test_bf16_reduce_stays_within_bf16_rounding():
 
 
 @pytest.mark.skipif(not hasattr(__import__("synctune.engine.units", fromlist=["x"]), "ShardUnit"),
-                    reason="the engine's ShardUnit (issue 33 item 2) is not on this branch yet")
+                    reason="the engine's ShardUnit is not on this branch yet")
 @pytest.mark.parametrize("cluster_name", ["local-1x2", "local-2x2"])
 def test_engine_shard_and_fsdp2_give_the_same_parameters(cluster_name):
     """Strategies both express (every plan shard, units at module boundaries, reshard false: the

@@ -1,4 +1,4 @@
-"""The tuned FSDP2/HSDP baseline (issue 34 item 3) and what the memory budget judges it by.
+"""The tuned FSDP2/HSDP baseline and what the memory budget judges it by.
 
 - :func:`strategy_of_config` is FSDP2's own plan written in the strategy language: it validates,
   and :func:`plan_from_strategy` of it (the runtime's reading of shard plans) gives back the same

@@ -1,4 +1,4 @@
-"""Memory, measured and predicted (issue 33 item 4): per-device memory in the cluster spec, the
+"""Memory, measured and predicted: per-device memory in the cluster spec, the
 per-rank breakdown a trial records, and the simulator's memory model, each checked against an
 independent count (torch's own sizes, hand-computed figures)."""
 

@@ -1,4 +1,4 @@
-"""The search's memory budget (issue 34 item 1): experiment settings, the budget's arithmetic,
+"""The search's memory budget: experiment settings, the budget's arithmetic,
 the search never proposing what it says does not fit, trials judged ``oom`` on their measured
 peak, and a budget that nothing fits refused before any trial.
 

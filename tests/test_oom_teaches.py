@@ -1,4 +1,4 @@
-"""Every trial teaches the memory model, an ``oom`` one first (issue 59, item 1), on a library
+"""Every trial teaches the memory model, an ``oom`` one first, on a library
 model (a Hugging Face GPT-2 built from a config) whose distributed iterations hold memory the
 single-process probe does not see (``_hidden_memory_workload``).
 

@@ -1,4 +1,4 @@
-"""The column sampler draws what the object sampler drew (issue 58: one way to draw strategies).
+"""The column sampler draws what the object sampler drew (one way to draw strategies).
 
 The guided sampler draws only columns now, from numpy's stream; the object sampler it replaced
 drew from Python's, so no draw can be bit-identical. Its code is kept unchanged as an

@@ -1,4 +1,4 @@
-"""The samplers and local searches propose sharding (issue 34 item 2): sharded draws of the guided
+"""The samplers and local searches propose sharding: sharded draws of the guided
 sampler validate, its ``fsdp`` draws are what torch FSDP2 runs (the fsdp runtime's own check on
 the zoo model built on the meta device), its ``zero2`` draws never reshard (the engine's part),
 about ``shard_prob`` of its draws are sharded, and with ``shard_prob`` 0 every stream is the one

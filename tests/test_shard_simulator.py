@@ -1,4 +1,4 @@
-"""The ``shard`` synchronizer in strategy columns and in the simulator (issue 33 item 5): shard
+"""The ``shard`` synchronizer in strategy columns and in the simulator: shard
 plans as columns and back, the analytic model's and the replay's prices of reduce-scatter, HSDP's
 cross-group all-reduce, all-gathers (after the step, or in forward and backward when resharded),
 prefetch and the reduce dtype, checked against alpha-beta figures worked out by hand from the

@@ -1,5 +1,4 @@
 """Does a memory budget hold for models nobody here wrote, and does the search still win under it?
-(issue 59's evidence)
 
 Three library models built from configs, no weights downloaded (``experiments/workloads/``: a
 Hugging Face GPT-2 and BERT, each with tied embeddings, and a Hugging Face ViT; AdamW, synthetic

@@ -1,4 +1,4 @@
-"""Does the search choose sharding under a memory budget, and beat tuned FSDP2? (issue 34's evidence)
+"""Does the search choose sharding under a memory budget, and beat tuned FSDP2?
 
 Per domain (model @ lab preset, a per-device budget in MiB, the trials stepping Adam; the lab is
 brought up and calibrated here, root needed) and per seed, one real search (``run_search``:

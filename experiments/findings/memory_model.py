@@ -1,4 +1,4 @@
-"""Finding (issue 33 item 4): the simulator's memory model against each rank's measured peak,
+"""Finding: the simulator's memory model against each rank's measured peak,
 per strategy, for two models: replicated (all-reduce, PS, Parallax) and sharded (ZeRO-2, the
 engine's ``shard``; ZeRO-3 / HSDP predicted only where the engine refuses them).
 
@@ -16,7 +16,7 @@ predicted from their own figure, so their error only tests the buffer and state 
     python experiments/findings/memory_model.py [--preset lab-2x2] [--model bert-tiny --model transformer-small]
     python experiments/findings/memory_model.py --cluster local-2x2   # loopback stand-in, no root
 
-The second table is issue 33's bar: per model, how much less each rank holds under the sharded
+The second table is the goal: per model, how much less each rank holds under the sharded
 strategy than under the replicated one, measured and predicted (the difference within 10%).
 
 Shard strategies the engine does not accept yet (before its ShardUnit lands, or ZeRO-3, which
