@@ -82,7 +82,78 @@ def test_setup_installs_this_repositorys_version():
     text = CONFIG.read_text()
     pinned = set(re.findall(r"synctune.__version__ != '([^']+)'", text))
     assert pinned == {synctune.__version__}
-    assert "-c ~/synctune/constraints.txt" in text
+
+
+def _setup_commands(node_type: str) -> list[str]:
+    """The commands `ray up` runs on a node of this type: setup_commands, then the head's or the
+    worker's own (a node type's worker_setup_commands replace the top-level ones)."""
+    data = yaml.safe_load(CONFIG.read_text())
+    if node_type == data["head_node_type"]:
+        return data["setup_commands"] + data["head_setup_commands"]
+    own = data["available_node_types"][node_type].get("worker_setup_commands")
+    return data["setup_commands"] + (own if own is not None else data["worker_setup_commands"])
+
+
+def _run_setup(tmp_path: Path, node_type: str, image_torch: str | None, arch: list[str]) -> tuple[list[str], str]:
+    """Runs a node type's setup commands here, in a home of their own holding this checkout as
+    ~/synctune, with `pip` recording its arguments instead of installing and, when image_torch is
+    given, a stand-in torch of that version (CUDA architectures `arch`) shadowing the real one, as
+    an image's would ("" for an image without torch: its import fails). Returns pip's calls and
+    the constraints file synctune was installed with."""
+    home, bin_dir, fake = tmp_path / "home", tmp_path / "bin", tmp_path / "image-site"
+    for folder in (home, bin_dir, fake):
+        folder.mkdir()
+    (home / "synctune").symlink_to(ROOT)
+    log = tmp_path / "pip.log"
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for script in ("pip", "python"):
+        (bin_dir / script).chmod(0o755)
+    path = [str(ROOT / "platform")]
+    if image_torch is not None:
+        (fake / "torch").mkdir()
+        (fake / "torch" / "__init__.py").write_text("raise ImportError('no torch')\n" if not image_torch else
+            f"__version__ = {image_torch!r}\n"
+            f"class cuda:\n    @staticmethod\n    def get_arch_list():\n        return {arch!r}\n")
+        path.insert(0, str(fake))
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": ":".join(path)}
+    for command in _setup_commands(node_type):
+        done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stderr)
+    calls = log.read_text().splitlines() if log.exists() else []
+    constraints = home / "synctune-constraints.txt"
+    return calls, constraints.read_text() if constraints.exists() else ""
+
+
+@pytest.mark.parametrize("node_type, arch", [
+    ("head", []), ("g4dn.12xlarge", ["sm_75", "sm_80"]), ("g4dn.2xlarge", ["sm_75"]),
+    ("g3.16xlarge", ["sm_52", "sm_75"]), ("g3.4xlarge", ["sm_52"])])
+def test_setup_keeps_the_images_torch_and_pins_the_rest(tmp_path, node_type, arch):
+    """A GPU image's own torch (2.11, CUDA build) stays: nothing installs torch and the install
+    of synctune goes through constraints.txt less its torch line, so CI's pins still hold for
+    Ray, MLflow and pyarrow."""
+    calls, constraints = _run_setup(tmp_path, node_type, "2.11.0+cu130", arch)
+    assert calls == ["install --quiet -c ~/synctune-constraints.txt ~/synctune".replace("~", str(tmp_path / "home"))]
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    kept = [line for line in constraints.splitlines() if line and not line.startswith("#")]
+    assert kept == [line for line in pins if not line.startswith("torch==")]
+    assert "ray==2.60.0" in kept
+
+
+@pytest.mark.parametrize("node_type, image_torch, arch, index", [
+    ("head", "", [], "/whl/cpu"),                        # no torch in the image
+    ("g4dn.2xlarge", "", [], None),
+    ("head", "2.10.0", [], "/whl/cpu"),
+    ("g4dn.12xlarge", "2.10.0+cu128", ["sm_75"], None),
+    ("g3.4xlarge", "2.13.0+cu130", ["sm_75", "sm_80"], "/whl/cu126"),  # a build without the M60's sm_52
+])
+def test_setup_installs_torch_when_the_image_has_none_fit(tmp_path, node_type, image_torch, arch, index):
+    calls, _ = _run_setup(tmp_path, node_type, image_torch, arch)
+    torch_calls = [call for call in calls if "torch==" in call]
+    assert len(torch_calls) == 1 and "torch==2.13.0" in torch_calls[0]
+    assert (index in torch_calls[0]) if index else ("--index-url" not in torch_calls[0])
+    assert calls.index(torch_calls[0]) < next(i for i, c in enumerate(calls) if c.endswith("/synctune"))
 
 
 def test_cluster_spec_from_ray_nodes_uses_the_catalog_for_known_types():

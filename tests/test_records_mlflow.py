@@ -131,3 +131,21 @@ def test_logging_never_changes_the_environment_under_other_threads(tmp_path):
         stop.set()
         watcher.join()
     assert seen == {tuple(before[k] for k in keys)}
+
+
+def test_a_resumed_search_drops_the_runs_of_trials_that_have_no_row(tmp_path):
+    """A driver killed after logging a trial's run but before appending its row: on resume the
+    trial runs again under a new record, so the old run goes; runs with rows, and other searches',
+    stay."""
+    import dataclasses
+
+    from synctune.data import MlflowLogger
+
+    logger = MlflowLogger("resumed", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mine = [dataclasses.replace(_record(i), search_id="s1") for i in range(3)]
+    other = dataclasses.replace(_record(9), search_id="s2")
+    ids = {r.record_id: logger.log_trial(r) for r in [*mine, other]}
+    assert all(ids.values())
+    assert logger.drop_unrecorded_trials("s1", {mine[0].record_id}) == 2
+    assert logger.logged_record_ids() == {mine[0].record_id, other.record_id}
+    assert logger.drop_unrecorded_trials("s1", {mine[0].record_id}) == 0

@@ -117,6 +117,88 @@ def test_killed_driver_resumes_to_exactly_the_budget(tmp_path):
     assert proposed == [(r.trial_id, r.strategy_hash) for r in rows.itertuples()]
 
 
+
+def _processes_of(session: int, marker: str) -> list:
+    """This machine's processes in process session ``session`` or naming ``marker`` (a Ray temp
+    folder) on their command line: a search driver and the Ray instance it started."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == session or any(marker in a for a in proc.cmdline()):
+                out.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def test_a_driver_killed_mid_trial_resumes_exactly_once_per_trial(tmp_path):
+    """The driver killed (SIGKILL, its process group) while a trial runs, after at least one row
+    landed: `--resume` completes the search with one row and one MLflow trial run per trial (none
+    lost, none twice), and prints the summary. The killed driver's Ray instance goes with it, and
+    both Ray instances' folders are removed here (a temp folder of their own, RAY_TMPDIR)."""
+    import shutil
+    import tempfile
+
+    import mlflow
+
+    ray_tmp = tempfile.mkdtemp(prefix="st-ray-")  # short: Ray's socket paths live under it
+    env = dict(_env(tmp_path), RAY_TMPDIR=ray_tmp)
+    experiment = _experiment(tmp_path, 6, iters=150)
+    started: list[subprocess.Popen] = []
+
+    def search(*extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "synctune", "search", str(experiment), *extra], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    try:
+        proc = search()
+        until, landed = time.monotonic() + 400, 0
+        while time.monotonic() < until and proc.poll() is None and not landed:
+            if (tmp_path / "home" / "dataset").is_dir():
+                landed = len(_rows(tmp_path))
+            time.sleep(0.2)
+        time.sleep(0.5)  # into the next trial (about 1.5 s each)
+        assert landed and proc.poll() is None, "the search ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        before = len(_rows(tmp_path))
+        assert 1 <= before < 6
+        # Nothing of the killed driver outlives it: its Ray instance shares its fate.
+        deadline = time.monotonic() + 30
+        while (left := _processes_of(proc.pid, ray_tmp)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, [(p.pid, p.name()) for p in left]
+
+        resumed = search("--resume")
+        out, err = resumed.communicate(timeout=600)
+        assert resumed.returncode == 0, err[-3000:]
+        assert "search tiny-seed0: 6 trials (0 failed)" in out and "hit rate" in out, out
+        rows = _rows(tmp_path)
+        assert len(rows) == 6 and rows["trial_id"].is_unique and rows["strategy_hash"].is_unique
+        assert (rows["status"] == "ok").all()
+        # MLflow: one finished trial run per row, none left over from the killed attempt.
+        client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  "tags.`synctune.role` = 'trial'")
+        assert sorted(r.info.run_id for r in runs) == sorted(rows["mlflow_run_id"]), \
+            [(r.info.run_name, r.info.status) for r in runs]
+        assert {r.info.status for r in runs} == {"FINISHED"}
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate(timeout=60)
+            for left in _processes_of(proc.pid, ray_tmp):
+                try:
+                    left.kill()
+                except Exception:  # noqa: BLE001 - gone meanwhile
+                    pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
 def test_the_tune_searcher_pickles_without_its_session_and_a_copy_says_it_is_detached():
     """Tune writes its searcher and callbacks into its experiment folder: they must pickle without
     the live session (actors, logger, callbacks: here a lock, which pickle refuses), and a copy

@@ -231,6 +231,27 @@ class MlflowLogger:
 
         return self._call("logging a trial", log_once, "")
 
+    def drop_unrecorded_trials(self, search_id: str, recorded: set[str]) -> int:
+        """Delete the trial runs of search ``search_id`` whose record id is not in ``recorded``
+        (the dataset's rows of that search): what a driver killed between logging a trial and
+        appending its row leaves, since the trial runs again on resume under a new record. Keeps
+        a resumed search at one run per row. Returns how many were deleted."""
+        def drop() -> int:
+            gone, token = [], None
+            while True:
+                page = self._client.search_runs(
+                    [self._experiment_id], f"tags.`{SEARCH_TAG}` = '{search_id}' and tags.`{ROLE_TAG}` = 'trial'",
+                    max_results=1000, page_token=token)
+                gone += [r.info.run_id for r in page if r.data.tags.get(RECORD_TAG, "") not in recorded]
+                token = page.token
+                if not token:
+                    break
+            for run_id in gone:
+                self._client.delete_run(run_id)
+            return len(gone)
+
+        return self._call("dropping the runs of unrecorded trials", drop, 0)
+
     def logged_record_ids(self) -> set[str]:
         """Record ids that already have a run in this experiment."""
         def collect() -> set[str]:

@@ -282,6 +282,9 @@ def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, mode
         "experiment": where, "model": model.name, "cluster": cluster.name, "algorithm": exp.search.algorithm,
         "simulator": exp.search.simulator, "budget": exp.search.budget, "seed": exp.seed,
         "workload": workload.source, "ddp_trials": exp.baselines.ddp_trials, "confirm_rounds": exp.confirm.rounds})
+    if resume and parent:
+        # A driver killed after logging a trial's run but before its row: that trial runs again.
+        logger.drop_unrecorded_trials(search_id, {r.record_id for r in dataset.records(search_id=search_id)})
     trial_config = TrialConfig(warmup=exp.trial.warmup, iters=exp.trial.iters, seed=exp.seed,
                                timeout_s=exp.trial.timeout_s, optimizer=exp.trial.optimizer,
                                target_ci=exp.trial.target_ci, max_iters=exp.trial.max_iters,

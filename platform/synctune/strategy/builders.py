@@ -562,7 +562,7 @@ def megatron_styles(model: ModelSpec, degree: int) -> dict[str, str]:
     return styles
 
 
-def _is_norm(module: str, variables: list[VariableSpec]) -> bool:
+def _is_norm_module(module: str, variables: list[VariableSpec]) -> bool:
     """A norm by its name (``LayerNorm``, ``input_layernorm``, ``ln_f``, ``norm``) with parameters
     of one dimension at most."""
     leaf = module.rpartition(".")[2].lower()
@@ -592,14 +592,14 @@ def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, st
     out: dict[str, str] = {}
     for module in names[first:last + 1]:
         own = modules[module]
-        if _is_norm(module, own):
+        if _is_norm_module(module, own):
             out[module] = "sequence"
         elif module not in styles and any(len(v.shape) == 2 for v in own):
             raise StrategyError(f"builder megatron: option sequence_parallel: module {module!r} of a block is a layer "
                                 f"the plan does not split, which would get a slice of the sequence; split it or set "
                                 f"sequence_parallel=false")
     before = names[:first]
-    entry = next((m for m in reversed(before) if _is_norm(m, modules[m])), before[-1] if before else None)
+    entry = next((m for m in reversed(before) if _is_norm_module(m, modules[m])), before[-1] if before else None)
     if entry is None:
         raise StrategyError(f"builder megatron: option sequence_parallel: model {model.name!r} has no module before "
                             f"its first block (an embedding) where the sequence could be split")
@@ -607,7 +607,7 @@ def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, st
     leading = True
     for module in names[last + 1:]:
         own = modules[module]
-        if leading and _is_norm(module, own):
+        if leading and _is_norm_module(module, own):
             out[module] = "sequence"
             continue
         leading = False
