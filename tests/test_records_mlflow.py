@@ -149,3 +149,41 @@ def test_a_resumed_search_drops_the_runs_of_trials_that_have_no_row(tmp_path):
     assert logger.drop_unrecorded_trials("s1", {mine[0].record_id}) == 2
     assert logger.logged_record_ids() == {mine[0].record_id, other.record_id}
     assert logger.drop_unrecorded_trials("s1", {mine[0].record_id}) == 0
+
+
+def test_a_search_logs_the_runs_mlflow_missed_once_it_is_back(tmp_path, local_ray, monkeypatch):
+    """MLflow unreachable when a search starts, back after its first trial: every row lands in
+    the dataset (the first without a run id), and the first trial that reaches MLflow again logs
+    the missed ones, so the store has exactly one trial run per row, each tagged with its record
+    id, with no `synctune mlflow sync` run."""
+    from mlflow.tracking import MlflowClient
+
+    from _searches import tiny_experiment
+    from synctune.models import model_spec
+    from synctune.run import run_search
+    from synctune.search.experiment import load_experiment
+    from synctune.spec import cluster_preset
+    from synctune.workload import zoo_workload
+
+    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path / "home"))
+    blocker = tmp_path / "later"
+    blocker.write_text("the store's folder is a file: the store cannot be opened")
+    uri = f"sqlite:///{blocker / 'mlflow.db'}"
+    exp = load_experiment(str(tiny_experiment(tmp_path, budget=3)))
+    seen: list[str] = []
+
+    def on_trial(result, _summary):
+        seen.append(result.status)
+        if blocker.is_file():  # the store comes back after the first trial
+            blocker.unlink()
+            blocker.mkdir()
+
+    summary = run_search(exp, model_spec("cnn-small"), cluster_preset("local-1x2"), workload=zoo_workload("cnn-small"),
+                         tracking_uri=uri, on_trial=on_trial)
+    assert summary.trials == 3 and summary.failed == 0, seen
+    rows = TrialDataset(tmp_path / "home" / "dataset").read()
+    assert (rows["mlflow_run_id"] == "").sum() >= 1  # the rows recorded while it was down keep no run id
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(exp.name).experiment_id],
+                              "tags.`synctune.role` = 'trial'")
+    assert sorted(r.data.tags["synctune.record_id"] for r in runs) == sorted(rows["record_id"])

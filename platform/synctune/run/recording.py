@@ -82,6 +82,9 @@ class SearchRecorder:
         #: Per (strategy hash, runtime settings), each rank's measured peak of the last trial that
         #: measured one (the summary's memory per rank, measured beside predicted).
         self.measured_peaks: dict[tuple[str, str], list[int | None]] = {}
+        #: This search's rows recorded while MLflow was unreachable, oldest first: logged as soon
+        #: as a later trial reaches MLflow again (:meth:`log_unlogged`), or at the search's end.
+        self.unlogged: list[TrialRecord] = []
         for r in context.done:
             runtime = runtime_from_record(r.runtime, r.runtime_json)
             if r.trial_id.startswith(CONFIRM_PREFIX):
@@ -124,11 +127,28 @@ class SearchRecorder:
             self.measured_peaks[(strategy.hash, runtime.config_json())] = list(peaks)
             if not trial_id.startswith(CONFIRM_PREFIX):
                 self.teach(strategy, runtime, breakdown_from_row(result.extra["memory"]), result.status)
-        record_result(result, strategy, ctx.model, ctx.cluster, dataset=ctx.dataset, logger=ctx.logger,
-                      origin=origin, runtime=runtime, search_id=ctx.search_id, trial_id=trial_id,
-                      predicted_time_s=predicted, experiment=ctx.exp.name, parent_run_id=ctx.parent_run,
-                      workload_source=ctx.workload.source,
-                      speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
+        stored = record_result(result, strategy, ctx.model, ctx.cluster, dataset=ctx.dataset, logger=ctx.logger,
+                               origin=origin, runtime=runtime, search_id=ctx.search_id, trial_id=trial_id,
+                               predicted_time_s=predicted, experiment=ctx.exp.name, parent_run_id=ctx.parent_run,
+                               workload_source=ctx.workload.source,
+                               speedup_over_best_baseline=best_base / mean if (best_base and mean) else None)
+        if ctx.logger is None:
+            return
+        if not stored.mlflow_run_id:
+            self.unlogged.append(stored)
+        elif self.unlogged:  # MLflow is back: the rows it missed get their runs now
+            self.log_unlogged()
+
+    def log_unlogged(self) -> int:
+        """Log to MLflow, oldest first, this search's rows recorded while it was unreachable (each
+        run tagged with its record id, as ``synctune mlflow sync`` logs it, which then finds it
+        present); stops at the first that fails. Returns how many remain unlogged."""
+        ctx = self.context
+        while self.unlogged and ctx.logger is not None:
+            if not ctx.logger.log_trial(self.unlogged[0], parent_run_id=ctx.parent_run):
+                break
+            self.unlogged.pop(0)
+        return len(self.unlogged)
 
     def record_proposal(self, proposal: Proposal, result: TrialResult, runtime: Runtime) -> SearchTrial:
         """Record a trial of the search algorithm's ``proposal``; returns it as the search's trial

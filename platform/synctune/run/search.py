@@ -317,6 +317,10 @@ def finish(session: SearchSession, summary: SearchSummary) -> None:
     """Close the search's MLflow run with its metrics and artifacts, and compact its partition."""
     ctx = session.context
     logger, parent = ctx.logger, ctx.parent_run
+    missing = session.recorder.log_unlogged()
+    if missing:
+        session.say(f"{missing} trial(s) of this search have no MLflow run (MLflow at {logger.tracking_uri} is "
+                    f"unreachable); their rows are in the dataset, and `synctune mlflow sync` logs them")
     logger.log_metrics(parent, summary.metrics(), final_status="FINISHED")
     if summary.best_strategy is not None:
         logger.log_text(parent, json.dumps(summary.best_strategy.to_dict(), indent=1, sort_keys=True),
