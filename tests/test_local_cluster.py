@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -354,3 +355,20 @@ def test_a_trial_whose_worker_died_runs_again_on_a_fresh_slice(monkeypatch, deat
     out = holder.run(strategy.to_dict(), {"warmup": 1, "iters": 2})
     assert out["status"] == status and calls["run"] == 1 + retried and calls["shutdown"] == retried
     assert out["extra"].get("retried", []) == ["rank 2: a worker died: the node was lost"] * retried
+
+
+def test_a_refused_start_leaves_the_callers_ray_auth_mode_alone(tmp_path, monkeypatch):
+    """``cluster up --local`` with a token in ~/.ray switches token auth on for the Ray it starts;
+    refused (here: no such file), it leaves the calling process's mode as it was, which the Ray
+    instances that process starts later would otherwise read (a test runner's: every later
+    ``ray.init`` then starts a GCS that wants a token its client does not send)."""
+    from synctune.cluster.local import start_local_cluster
+    from synctune.spec.errors import SpecError
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0" * 64)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(SpecError, match="no such cluster config file"):
+        start_local_cluster(tmp_path / "no-such.yaml", tmp_path / "state")
+    assert "RAY_AUTH_MODE" not in os.environ

@@ -171,8 +171,23 @@ def start_local_cluster(config: str | Path, state_dir: str | Path, *, timeout_s:
     answers. Worker nodes start at each type's ``min_workers`` and come as slices ask for them."""
     state = Path(state_dir)
     token = _token_auth()
+    saved = os.environ.get("RAY_AUTH_MODE")
     if token:  # before Ray is imported here: its clients read the mode once
         os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        return _start(config, state, token, timeout_s=timeout_s, log=log)
+    except BaseException:
+        # Refused or failed: the calling process (a test runner's, a notebook's) keeps its mode,
+        # which its own Ray clients and the Ray instances it starts later read.
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+        raise
+
+
+def _start(config: str | Path, state: Path, token: bool, *, timeout_s: float, log) -> LocalCluster:
+    """:func:`start_local_cluster` once the auth mode is decided."""
     running = running_local_cluster(state)
     if running is not None:
         raise InfraError(f"a local cluster is already running (head {running.address}, pid {running.pid}); "
