@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -42,9 +43,12 @@ def one_search(slices: int, budget: int, iters: int, tag: str) -> float:
                                algorithm="autodist", simulator="analytic", proposals=50, candidates=2, warmup=1,
                                iters=iters, baselines=[], ddp_trials=0, confirm_rounds=0, slices=slices)
     start = time.monotonic()
-    summary = run_search(exp, model_spec("cnn-small"), cluster_preset("local-1x2"),
-                         workload=zoo_workload("cnn-small"))
-    wall = time.monotonic() - start
+    try:
+        summary = run_search(exp, model_spec("cnn-small"), cluster_preset("local-1x2"),
+                             workload=zoo_workload("cnn-small"))
+    finally:
+        wall = time.monotonic() - start
+        shutil.rmtree(home, ignore_errors=True)
     if summary.trials != budget or summary.failed:
         raise SystemExit(f"search with {slices} slice(s): {summary.trials} trials, {summary.failed} failed")
     return wall
