@@ -24,6 +24,46 @@ def tiny_llama():
                                         use_cache=False, pad_token_id=0, bos_token_id=0, eos_token_id=0))
 
 
+class HeadCountAttention(torch.nn.Module):
+    """Self-attention that reshapes its projections by the head count (``view(b, s, heads,
+    head_dim)``), as older attention code does: correct whole, wrong to split column-wise."""
+
+    def __init__(self, dim: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.query, self.key, self.value, self.out = (torch.nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (m(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+                   for m in (self.query, self.key, self.value))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class HeadCountModel(torch.nn.Module):
+    """An embedding, one :class:`HeadCountAttention` and an output layer."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, dim)
+        self.attention = HeadCountAttention(dim)
+        self.head = torch.nn.Linear(dim, VOCAB)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids) + self.attention(self.embed(ids)))
+
+
+def head_count():
+    """:class:`HeadCountModel` as a workload."""
+    import synctune.workload as sw
+
+    return sw.define(name="head-count", model=HeadCountModel, batch=lambda n, rank, generator: tokens(n, generator),
+                     batch_size=4, family="transformer",
+                     loss=lambda model, batch: torch.nn.functional.cross_entropy(
+                         model(batch[0]).flatten(0, 1), batch[0].flatten()))
+
+
 #: The library models by name: factory of the model.
 LIBRARY = {"hf-bert": tiny_bert, "hf-llama": tiny_llama}
 

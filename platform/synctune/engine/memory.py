@@ -312,7 +312,7 @@ def split_locally(model: Any, tp: Any) -> Any:
 
 
 def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd", lr: float = 0.01,
-                          seed: int = 0, blocks: Iterable[str] = (), tp: Any = None) -> dict[str, Any]:
+                          seed: int = 0, blocks: Iterable[str] = ()) -> dict[str, Any]:
     """What a memory budget is judged with before any trial, measured on instrumented iterations
     in this process, on the CPU, with the workload's own optimizer (its ``optimizer`` function
     where it has one, else the trial's ``optimizer`` by name):
@@ -327,8 +327,8 @@ def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimize
       a step (:func:`_optimizer_state_shape`; None when it keeps no state).
 
     A mode torch cannot run on the model (a block that mutates state outside itself) is left
-    out of ``activations``. ``tp``: a tensor-parallel plan; the figures are then a device's of
-    the split model (:func:`split_locally`)."""
+    out of ``activations``. (A tensor-parallel plan's devices are probed where the plan runs:
+    :func:`synctune.run.prepare.split_activations`.)"""
     import torch
 
     from .checkpoint import apply_checkpointing
@@ -342,8 +342,6 @@ def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimize
         for b in sorted(set(int(x) for x in batch_sizes)):
             torch.manual_seed(seed)
             model = workload.build_model()
-            if tp is not None:
-                split_locally(model, tp)
             if mode != "none":
                 apply_checkpointing(model, [(name, mode) for name in blocks])
             opt = workload.make_optimizer([p for p in model.parameters() if p.requires_grad], name=optimizer, lr=lr)

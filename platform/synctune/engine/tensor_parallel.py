@@ -18,6 +18,9 @@ The replicas of one TP group train the same batch, the one rank g of data parall
 groups trains for group g (:meth:`TensorParallelRuntime.batch_rank`); an
 uneven split across the groups is weighted as FSDP2's is, by scaling each group's loss.
 
+Before any worker starts, the trial's check runs the plan's forward once in the calling
+process at a device's local shapes (:func:`check_local_forward`): a model that reshapes split
+projections by the head count fails there and is refused, naming the module.
 Before the first iteration every rank compares the model's loss on its batch unsplit (before
 ``parallelize_module``) and split, in eval mode without gradients: a plan whose split changes
 what the model computes (a module between a column-wise and a row-wise one that mixes the split
@@ -35,7 +38,8 @@ from ..strategy.tensor_parallel import SEQUENCE_STYLES, check_tensor_parallel
 from .fsdp import check_plan, escaping_parameters, loss_scales, meta_model, plan_from_strategy, refuse_sparse
 from .runtime import ArmContext, PlansRuntime, Stepper, per_world
 
-__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "STYLE_CODE", "STYLE_IMPORTS", "style_code", "gather_sequence", "tp_plan", "apply_tensor_parallel", "apply_data_parallel",
+__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "STYLE_CODE", "STYLE_IMPORTS", "style_code", "gather_sequence", "tp_plan",
+           "check_local_forward", "apply_tensor_parallel", "apply_data_parallel",
            "allreduce_gradients", "loss_tolerance"]
 
 #: How far the split model's loss may be from the unsplit one's, relative (float32 sums in
@@ -143,6 +147,73 @@ def _check_modules(module: Any, strategy: Any) -> None:
                 raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) holds {name + '.' + leaf!r}, "
                                 f"which the model ties to {shared[0]!r}; splitting it would untie them and train two "
                                 f"copies: leave {name!r} whole")
+
+
+#: Plans already run at a device's local shapes in this process (:func:`check_local_forward`).
+_LOCAL_FORWARDS: dict[tuple[str, str], str | None] = {}
+
+
+def check_local_forward(workload: Any, strategy: Any) -> None:
+    """Refuse, before any worker starts, a plan whose forward fails at a device's local shapes:
+    the workload's model built in this process with every split module at the shapes a device
+    of its TP group holds (:func:`~synctune.engine.memory.split_locally`), one forward of one
+    sample without gradients. A model that reshapes a column-wise module's output by the head
+    count (``view(b, s, heads, head_dim)``) fails there, as it would on the workers, and the
+    refusal names the module, the field and the fix. A forward that runs at local shapes may
+    still compute something other than the unsplit model (``view(b, s, heads, -1)``): the
+    workers' check compares the losses, on every rank together. Each (workload, plan) is run
+    once per process; a model that fails unsplit too is left to the trial to report."""
+    import torch
+
+    from ..strategy.tensor_parallel import tp_key
+    from .memory import split_locally
+
+    key = (str(getattr(workload, "source", None) or workload.name), tp_key(strategy.tensor_parallel))
+    if key not in _LOCAL_FORWARDS:
+        _LOCAL_FORWARDS[key] = None
+
+        def loss_of(split: bool) -> None:
+            torch.manual_seed(0)
+            model = workload.build_model()
+            if split:
+                split_locally(model, strategy.tensor_parallel)
+            cpu = torch.device("cpu")
+            batch = workload.make_batch(1, rank=0, generator=torch.Generator(device=cpu).manual_seed(0), device=cpu)
+            model.eval()
+            running = _Running(model)
+            try:
+                with torch.no_grad():
+                    workload.loss(model, batch)
+            except Exception as exc:
+                where = running.stack[-1] if running.stack else ""
+                raise _LocalFailure(where, exc) from None
+            finally:
+                running.close()
+
+        try:
+            loss_of(split=True)
+        except _LocalFailure as failure:
+            try:
+                loss_of(split=False)
+            except _LocalFailure:
+                return  # the model fails whole: the trial reports that
+            first = str(failure.exc).strip().splitlines()[0] if str(failure.exc).strip() else type(failure.exc).__name__
+            _LOCAL_FORWARDS[key] = (
+                f"strategy: tensor_parallel: modules: at a device's local shapes (degree "
+                f"{strategy.tensor_parallel.degree}) the model fails in module {failure.where or 'root'!r}: "
+                f"{first[:300]}; a column-wise module's output must reach a row-wise one through per-feature "
+                f"operations only: split attention and MLP pairs, reshape heads by their size "
+                f"(view(..., -1, head_dim), not the head count), or leave the module whole")
+    if _LOCAL_FORWARDS[key]:
+        raise SpecError(_LOCAL_FORWARDS[key])
+
+
+class _LocalFailure(Exception):
+    """A forward at local shapes that failed inside module ``where``."""
+
+    def __init__(self, where: str, exc: BaseException) -> None:
+        super().__init__(where)
+        self.where, self.exc = where, exc
 
 
 def apply_tensor_parallel(model: Any, strategy: Any, device_type: str) -> tuple[Any, Any]:
@@ -297,6 +368,8 @@ class TensorParallelRuntime(PlansRuntime):
             if _dp_sharded(strategy):
                 check_plan(plan_from_strategy(module, strategy, spec), escaping_parameters(module, workload),
                            from_plans=True, checkpoint=strategy.checkpoint)
+        if workload is not None and getattr(workload, "framework", "torch") == "torch":
+            check_local_forward(workload, strategy)
 
     def plans_refusal(self, strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
         """Why the plan cannot run on ``module`` (the workload's model on the meta device), or None."""

@@ -39,7 +39,7 @@ from .profiles import ensure_profile
 from .simulators import make_search_simulator
 
 __all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
-           "prepare_memory", "shard_rate", "SearchFilter", "tensorflow_projection"]
+           "prepare_memory", "split_activations", "shard_rate", "SearchFilter", "tensorflow_projection"]
 
 
 def search_id_of(exp: Experiment) -> str:
@@ -64,8 +64,8 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
     shares, and the optimizer's state as the workload's own optimizer keeps it (a workload that
     brings its own AdamW holds two moments whatever ``trial.optimizer`` says). A model that
     cannot be built here (a Keras one) starts with none, and the optimizer by its name. ``split``:
-    tensor-parallel plans whose devices' figures are measured too, on the split model's local
-    shapes (:attr:`MemoryBudget.split`)."""
+    tensor-parallel plans whose devices' figures are measured too, each on one TP group of local
+    processes running it (:func:`split_activations`, :attr:`MemoryBudget.split`)."""
     budget = MemoryBudget(model, cluster, gib=exp.search.memory_gib, headroom=exp.search.memory_headroom,
                           optimizer=exp.trial.optimizer)
     if workload.framework == "torch":
@@ -84,10 +84,61 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
         if probed["optimizer_state"] is not None:
             budget.optimizer = probed["optimizer_state"]
         for tp in split:
-            local = single_process_memory(workload, {model.batch_size, max(1, model.batch_size // 2)},
-                                          optimizer=exp.trial.optimizer, seed=exp.seed, tp=tp)
-            budget.split[tp_key(tp)] = ActivationFigures({b: [f] for b, f in local["activations"]["none"].items()})
+            budget.split[tp_key(tp)] = split_activations(workload, tp, {model.batch_size, max(1, model.batch_size // 2)},
+                                                         optimizer=exp.trial.optimizer, seed=exp.seed)
     return budget
+
+
+def split_activations(workload: Any, tp: Any, batch_sizes: Sequence[int] | set[int], *, optimizer: str = "sgd",
+                      seed: int = 0, timeout_s: float = 600.0) -> ActivationFigures:
+    """Per batch size, a device's strategy-independent memory under tensor-parallel plan ``tp``
+    (its peak less parameters, optimizer state and gradients; the largest of the group's
+    devices), measured on one TP group: ``tp.degree`` local processes over gloo running the
+    plan itself with the ``tp`` runtime (torch's DTensor, its collectives' buffers, the loss over
+    vocabulary-split logits, the sequence split), one iteration after a warm-up. One process
+    cannot hold what a plan's devices do: split logits and sequence slices exist only where the
+    plan runs. A plan the runtime refuses (its check on every rank together: a split that
+    changes the model) is refused here, before any trial, with the runtime's message; a probe
+    that fails otherwise is an infrastructure failure (RuntimeError)."""
+    import dataclasses
+
+    from ..engine.tensor_parallel import TP_RUNTIME
+    from ..engine.trial import run_trial_local
+    from ..spec.cluster import cluster_preset
+
+    one = cluster_preset("local-1x1")
+    group = dataclasses.replace(one, name=f"local-1x{tp.degree}", nodes=(dataclasses.replace(
+        one.nodes[0], num_devices=tp.degree),))
+    base = build_strategy("allreduce", workload.spec(), group)
+    figures = ActivationFigures()
+    for batch in sorted(set(int(b) for b in batch_sizes)):
+        strategy = dataclasses.replace(base, tensor_parallel=tp, batch_split=(batch,) * tp.degree)
+        result = run_trial_local(strategy, group, TrialConfig(warmup=1, iters=1, optimizer=optimizer, seed=seed,
+                                                              timeout_s=timeout_s),
+                                 workload=workload, runtime=TP_RUNTIME)
+        if result.status != "ok":
+            refusal = _refusal_in(result.error or "")
+            if refusal:
+                raise SpecError(refusal)
+            raise RuntimeError(f"the memory probe of tensor-parallel plan {tp.degree} x {len(tp.styles)} modules "
+                               f"({tp.degree} local processes) ended {result.status}: {result.error}")
+        memory = result.extra.get("memory") or {}
+        ranks = []
+        for r in range(tp.degree):
+            part = {k: (memory.get(k) or [None] * tp.degree)[r] for k in ("peak_bytes", "params_bytes",
+                                                                           "optimizer_state_bytes", "grads_bytes")}
+            if part["peak_bytes"] is not None:
+                ranks.append(part["peak_bytes"] - sum(part[k] or 0 for k in ("params_bytes", "optimizer_state_bytes",
+                                                                              "grads_bytes")))
+        if ranks:
+            figures.add(batch, max(ranks))
+    return figures
+
+
+def _refusal_in(error: str) -> str | None:
+    """The runtime's refusal (a ``strategy: ...`` line) inside a failed worker's message, or None."""
+    at = error.find("strategy: tensor_parallel")
+    return error[at:].strip().splitlines()[0] if at >= 0 else None
 
 
 def check_budget(budget: MemoryBudget, where: str) -> None:

@@ -362,7 +362,8 @@ class MemoryBudget:
     what checkpointing them all saves; a strategy that checkpoints some blocks is predicted to
     save those blocks' parts. ``split``: per tensor-parallel plan
     (:func:`~synctune.strategy.tensor_parallel.tp_key`), a device's figures of the model as split
-    (measured on the split model's local shapes); a plan without its own figures is predicted
+    (measured on one TP group running the plan:
+    :func:`synctune.run.prepare.split_activations`); a plan without its own figures is predicted
     with the unsplit model's, which hold at least as much.
 
     **Every measured trial teaches it** (:meth:`observe`), an ``oom`` one first: per layout
