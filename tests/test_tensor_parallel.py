@@ -30,15 +30,19 @@ STEPS = 3
 
 def _case(label: str, model: str, cluster_name: str, *, dp: str = "allreduce", split=None, optimizer: str = "sgd",
           lr: float = 0.1, tp: dict | None = None, sequence_parallel: bool = False,
-          loss_parallel: bool = False) -> dict:
+          loss_parallel: bool = False, embedding: str = "whole", extra: dict | None = None) -> dict:
     cluster = cluster_preset(cluster_name)
     spec = workload_of(model).spec()
     strategy = build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sequence_parallel,
-                              loss_parallel=loss_parallel)
+                              loss_parallel=loss_parallel, embedding=embedding)
     if split is not None:
         strategy = dataclasses.replace(strategy, batch_split=tuple(split))
     if tp is not None:
         strategy = dataclasses.replace(strategy, tensor_parallel=tp)
+    if extra is not None:
+        modules = {**strategy.tensor_parallel.to_dict()["modules"], **extra}
+        strategy = dataclasses.replace(strategy, tensor_parallel={"degree": strategy.tensor_parallel.degree,
+                                                                  "modules": modules})
     validate(strategy, spec, cluster)
     return {"label": label, "model": model, "strategy": strategy.to_dict(), "cluster": cluster.to_dict(),
             "spec": spec.to_dict(), "optimizer": optimizer, "lr": lr, "steps": STEPS}
@@ -472,3 +476,50 @@ def test_a_tied_linear_is_not_split():
     with pytest.raises(SpecError, match="'head' \\(colwise\\) holds 'head.weight', which the model ties to "
                                         "'embed.weight'"):
         check_trial(workload, strategy, cluster, executor_for(strategy, spec))
+
+
+# ------------------------------------------------------------------------------ split embeddings
+
+
+def test_split_embeddings_on_a_1x2_mesh_train_like_single_process():
+    """An ``nn.Embedding`` split over its vocabulary (row-wise: whole token ids in, partial sums
+    all-reduced) with Megatron's MLP pairs, on the tiny language model and on Hugging Face's Llama
+    (whose token embedding has a padding row), and split over its features (column-wise) where a
+    row-wise linear takes its output (a factorised embedding's projection): 2 processes, mesh
+    (1, 2). A column-wise embedding whose output reaches a norm is refused on every rank."""
+    cases = [
+        _case("emb-lm/rowwise", "emb-lm", "local-1x2", embedding="rowwise"),
+        _case("emb-factorised/colwise", "emb-factorised", "local-1x2", extra={"embed": "colwise", "proj": "rowwise"}),
+        _case("hf-llama/rowwise/adam", "hf-llama", "local-1x2", optimizer="adam", lr=0.01, embedding="rowwise"),
+    ]
+    broken = _case("emb-lm/colwise-into-norm", "emb-lm", "local-1x2", extra={"embed": "colwise"})
+    outputs = run_local(tp_train_cases, 2, (cases + [broken],), timeout_s=900, threads=1)
+    for out in outputs:
+        assert "embed.weight" in out[0]["split"] and "model.embed_tokens.weight" in out[2]["split"]
+    _check_against_reference(cases, [out[:-1] for out in outputs], 2)
+    messages = {out[-1].get("refused") for out in outputs}
+    assert len(messages) == 1 and messages.pop().startswith(
+        "strategy: tensor_parallel: modules: the split model fails in module 'layers.0.norm'")
+
+
+def test_split_embeddings_with_fsdp2_and_sequence_parallelism_train_like_single_process():
+    """A row-wise embedding on a (2, 2) mesh with FSDP2 or an all-reduce across the TP groups, an
+    uneven split, and with sequence parallelism, where its partial sums are reduce-scattered onto
+    the sequence in place of a ``scatter`` module (torchtitan's token embedding): the tiny model
+    and Hugging Face's Llama (with a loss over vocabulary-split logits too); a column-wise one
+    feeding a row-wise projection under FSDP2."""
+    cases = [
+        _case("emb-lm/rowwise/shard", "emb-lm", "local-2x2", dp="shard", embedding="rowwise"),
+        _case("emb-lm/rowwise/sp/uneven", "emb-lm", "local-2x2", split=(2, 2, 6, 6), embedding="rowwise",
+              sequence_parallel=True),
+        _case("emb-factorised/colwise/shard", "emb-factorised", "local-2x2", dp="shard",
+              extra={"embed": "colwise", "proj": "rowwise"}),
+        _case("hf-llama/rowwise/sp/shard", "hf-llama", "local-2x2", dp="shard", embedding="rowwise",
+              sequence_parallel=True),
+        _case("hf-llama/rowwise/sp/logits", "hf-llama", "local-2x2", embedding="rowwise", sequence_parallel=True,
+              loss_parallel=True),
+    ]
+    for case in cases[1:2] + cases[3:]:
+        assert "scatter" not in case["strategy"]["tensor_parallel"]["modules"].values(), case["label"]
+    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
+    _check_against_reference(cases, outputs, 4)

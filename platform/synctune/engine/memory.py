@@ -289,10 +289,26 @@ def _optimizer_state_shape(opt: Any) -> tuple[float, int] | None:
     return (elementwise / params if params else 0.0), int(round(scalars / count))
 
 
+def _local_embedding(rows: int, dim: int, old: Any) -> Any:
+    """An ``nn.Embedding`` of ``rows`` x ``dim`` (a device's share of ``old``) that takes the whole
+    model's token ids: for a vocabulary split, ids beyond its rows are taken modulo them. Only the
+    memory a device holds and computes is measured with it (a device of a row-wise split looks up
+    every id of the batch in its rows and zeros the others), so which row an id reads does not
+    matter, and an id out of range must not stop the probe."""
+    import torch
+
+    class LocalEmbedding(torch.nn.Embedding):
+        def forward(self, ids):  # noqa: D102 - nn.Embedding's, on ids folded into the local rows
+            return super().forward(ids.remainder(self.num_embeddings))
+
+    return LocalEmbedding(rows, dim, device=old.weight.device, dtype=old.weight.dtype)
+
+
 def split_locally(model: Any, tp: Any) -> Any:
-    """``model`` with each linear a tensor-parallel plan ``tp`` splits replaced by one of the shape a
-    device of its TP group holds (:func:`~synctune.strategy.tensor_parallel.local_shape`): what a
-    device computes and keeps, without the collectives, for the memory probe."""
+    """``model`` with each linear layer and embedding a tensor-parallel plan ``tp`` splits replaced
+    by one of the shape a device of its TP group holds
+    (:func:`~synctune.strategy.tensor_parallel.local_shape`): what a device computes and keeps,
+    without the collectives, for the memory probe."""
     import torch
 
     for name, style in tp.styles:
@@ -303,12 +319,27 @@ def split_locally(model: Any, tp: Any) -> Any:
             continue
         old = model.get_submodule(name)
         weight = tuple(old.weight.shape)
-        out, inp = local_shape(tp, name + ".weight", weight)
-        bias = old.bias is not None
-        new = torch.nn.Linear(inp, out, bias=bias, device=old.weight.device, dtype=old.weight.dtype)
+        if isinstance(old, torch.nn.Embedding):
+            rows, dim = local_shape(tp, name + ".weight", weight, _EmbeddingSpec(name))
+            new = _local_embedding(rows, dim, old)
+        else:
+            out, inp = local_shape(tp, name + ".weight", weight)
+            new = torch.nn.Linear(inp, out, bias=old.bias is not None, device=old.weight.device,
+                                  dtype=old.weight.dtype)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, new)
     return model
+
+
+class _EmbeddingSpec:
+    """What :func:`~synctune.strategy.tensor_parallel.local_shape` asks of a model spec, for one
+    module known (from the model itself) to be an untied embedding."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def embedding_ties(self, module: str) -> tuple[str, ...] | None:
+        return () if module == self.module else None
 
 
 def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd", lr: float = 0.01,
