@@ -523,3 +523,156 @@ def test_split_embeddings_with_fsdp2_and_sequence_parallelism_train_like_single_
         assert "scatter" not in case["strategy"]["tensor_parallel"]["modules"].values(), case["label"]
     outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
     _check_against_reference(cases, outputs, 4)
+
+
+def _embedding_spec(vocab: int = 128, dim: int = 32, *, sparse: bool = False, tied: tuple = ()):
+    """A hand-written spec: an embedding ``embed`` (vocab x dim) and an MLP pair in block 0."""
+    from synctune.spec.model import ModelSpec, VariableSpec
+
+    variables = [VariableSpec(name="layers.0.fc2.weight", shape=(dim, 64)), VariableSpec(name="layers.0.fc1.weight",
+                 shape=(64, dim)), VariableSpec(name="embed.weight", shape=(vocab, dim), sparse=sparse)]
+    return ModelSpec(name="emb-spec", variables=tuple(variables), batch_size=4, embeddings={"embed": list(tied)})
+
+
+@pytest.mark.parametrize("spec_args, style, message", [
+    ({"vocab": 127}, "rowwise", "'embed' \\(rowwise\\) is an nn.Embedding with 127 vocabulary rows \\(weight shape "
+                                "\\[127, 32\\]\\), which a degree of 2 does not divide; use a degree that divides 127, "
+                                "pad the embedding"),
+    ({"dim": 33}, "colwise", "'embed' \\(colwise\\) is an nn.Embedding with 33 embedding features .* degree of 2 does "
+                             "not divide"),
+    ({"sparse": True}, "rowwise", "'embed' \\(rowwise\\) is an nn.Embedding with a sparse gradient \\(sparse=True\\), "
+                                  "which torch's DTensor cannot split .* build it with sparse=False"),
+    ({"tied": ("head.weight",)}, "colwise", "'embed' \\(colwise\\) is an nn.Embedding whose weight the model ties to "
+                                            "'head.weight' .* leave 'embed' whole"),
+    ({}, "logits", "'embed' \\(logits\\) is an nn.Embedding: an embedding is split 'rowwise' \\(its vocabulary\\) or "
+                   "'colwise'"),
+])
+def test_embedding_splits_that_cannot_run_are_refused_naming_module_field_and_fix(spec_args, style, message):
+    spec, cluster = _embedding_spec(**spec_args), cluster_preset("local-1x2")
+    strategy = dataclasses.replace(build_strategy("allreduce", spec, cluster), tensor_parallel={"degree": 2, "modules": {
+        "embed": style, "layers.0.fc1": "colwise", "layers.0.fc2": "rowwise"}})
+    with pytest.raises(StrategyError, match="strategy: tensor_parallel: modules: " + message):
+        validate(strategy, spec, cluster)
+
+
+def test_tied_embeddings_are_refused_by_validation_and_the_builder_naming_both():
+    """Hugging Face BERT's word embedding (its masked-LM decoder shares the weight), GPT-2's token
+    embedding (its lm_head shares it), and an embedding registered after the output layer tied to
+    it: refused by validation naming the embedding and the tied parameter; the Megatron builder's
+    embedding=rowwise refuses BERT's (and its token-embedding rule GPT-2's, whose Conv1D layers
+    the builder does not split), and a vocabulary the degree does not divide."""
+    from _checkpoint_workers import HERE
+    from _checkpoint_workers import workload_of as checkpoint_workload
+    from synctune.strategy.builders import token_embedding
+    from synctune.workload import ImportedWorkload
+
+    cluster = cluster_preset("local-1x2")
+    for workload, module, tied in [(workload_of("hf-bert"), "bert.embeddings.word_embeddings",
+                                    "cls.predictions.decoder.weight"),
+                                   (checkpoint_workload("hf-gpt2"), "transformer.wte", "lm_head.weight"),
+                                   (ImportedWorkload("test_tensor_parallel:tied_first", HERE), "embed", "head.weight")]:
+        spec = workload.spec()
+        assert spec.embedding_ties(module) == (tied,)
+        strategy = dataclasses.replace(build_strategy("allreduce", spec, cluster, chunk=10**6), tensor_parallel={
+            "degree": 2, "modules": {module: "rowwise"}})
+        with pytest.raises(StrategyError, match=f"'{module}' \\(rowwise\\) is an nn.Embedding whose weight the model "
+                                                f"ties to '{tied}'"):
+            validate(strategy, spec, cluster)
+        if module != "embed":
+            with pytest.raises(StrategyError, match=f"option embedding: the token embedding '{module}' of model .* is "
+                                                    f"tied to '{tied}' .* set embedding=whole"):
+                if module.startswith("bert"):
+                    build_strategy("megatron", spec, cluster, embedding="rowwise")
+                else:
+                    token_embedding(spec, 2)
+    with pytest.raises(StrategyError, match="option embedding: the vocabulary of 'embed' \\(128 rows\\) is not "
+                                            "divisible by a degree of 3; set embedding=whole"):
+        token_embedding(workload_of("emb-lm").spec(), 3)
+    with pytest.raises(StrategyError, match="option embedding: expected whole or rowwise, got 'colwise'"):
+        build_strategy("megatron", workload_of("emb-lm").spec(), cluster, embedding="colwise")
+
+
+def test_without_embedding_splits_strategies_keep_their_hash_and_local_shapes():
+    """The Megatron builder's default leaves the embedding whole: the same strategies, with the
+    hashes they had before embeddings could be split (golden, bert-tiny on local-2x2); local
+    shapes of a linear are what they were, an embedding's are split on its own axes."""
+    from synctune.strategy.tensor_parallel import local_shape
+
+    spec, cluster = workload_of("bert-tiny").spec(), cluster_preset("local-2x2")
+    golden = {False: "37e67deb50f3c8c9cf1136dd182db3de35638a0b06de030289487cbd5fb4ee36",
+              True: "b282beb79a00d3c6deaa46efb1e6ee2e1b86fd21b779620affedb043e86d28db"}
+    for sp, digest in golden.items():
+        strategy = build_strategy("megatron", spec, cluster, dp="shard", sequence_parallel=sp)
+        assert strategy.hash == digest and strategy == build_strategy("megatron", spec, cluster, dp="shard",
+                                                                      sequence_parallel=sp, embedding="whole")
+    llama = workload_of("hf-llama").spec()
+    assert spec.hash == workload_of("bert-tiny").spec().hash and "embeddings" in llama.to_dict()
+    plain = build_strategy("megatron", llama, cluster).tensor_parallel
+    split = build_strategy("megatron", llama, cluster, embedding="rowwise").tensor_parallel
+    assert split.to_dict()["modules"] == {**plain.to_dict()["modules"], "model.embed_tokens": "rowwise"}
+    for tp in (plain, split):
+        assert local_shape(tp, "model.layers.0.self_attn.q_proj.weight", (32, 32), llama) == (16, 32)
+        assert local_shape(tp, "model.layers.0.self_attn.o_proj.weight", (32, 32), llama) == (32, 16)
+        assert local_shape(tp, "model.layers.0.mlp.up_proj.weight", (64, 32), llama) == (32, 32)
+    assert local_shape(plain, "model.embed_tokens.weight", (128, 32), llama) == (128, 32)
+    assert local_shape(split, "model.embed_tokens.weight", (128, 32), llama) == (64, 32)
+    columns = dataclasses.replace(split, styles=tuple((m, "colwise" if m == "model.embed_tokens" else s)
+                                                      for m, s in split.styles))
+    assert local_shape(columns, "model.embed_tokens.weight", (128, 32), llama) == (128, 16)
+
+
+def test_the_memory_probe_splits_an_embedding_to_its_local_shape():
+    """The memory probe's split model: a row-wise embedding holds half the vocabulary and still
+    takes every id of the batch (ids past its rows folded into them); a column-wise one half the
+    features; the probe measures the split tiny model."""
+    from _tp_workers import embedding_lm, factorised_lm
+    from synctune.engine.memory import single_process_memory, split_locally
+    from synctune.strategy.tensor_parallel import tensor_parallel_from_data
+
+    rows = tensor_parallel_from_data({"degree": 2, "modules": {"embed": "rowwise", "layers.0.fc1": "colwise",
+                                                               "layers.0.fc2": "rowwise"}})
+    model = split_locally(embedding_lm(), rows)
+    assert tuple(model.embed.weight.shape) == (64, 32) and tuple(model.layers[0].fc1.weight.shape) == (32, 32)
+    ids = torch.arange(128).view(8, 16)
+    assert model(input_ids=ids, labels=ids).loss.isfinite()
+    cols = tensor_parallel_from_data({"degree": 2, "modules": {"embed": "colwise", "proj": "rowwise"}})
+    model = split_locally(factorised_lm(), cols)
+    assert tuple(model.embed.weight.shape) == (128, 8) and tuple(model.proj.weight.shape) == (32, 8)
+    assert model(input_ids=ids, labels=ids).loss.isfinite()
+    figures = single_process_memory(workload_of("emb-lm"), [4], tp=rows)
+    assert figures["activations"]["none"][4] > 0
+
+
+@pytest.mark.parametrize("dp, split, sp", [("shard", (2, 2, 6, 6), False), ("allreduce", (4, 4, 4, 4), True)])
+def test_applied_file_with_a_rowwise_embedding_trains_like_single_process(tmp_path, dp, split, sp):
+    """The emitted file of the tiny language model with its embedding split row-wise (the
+    Megatron builder's embedding=rowwise), run under torch.distributed.run on 4 processes: the
+    embedding's own torch style is written (whole ids in; with sequence parallelism reduce-scattered
+    onto the sequence, no ``scatter`` module), and the saved state equals single-process training
+    on the TP groups' concatenated batches (the workload's SGD, lr 0.01) within 1e-6."""
+    import subprocess
+    import sys
+
+    from _searches import search_env
+    from _tp_workers import reference
+    from synctune.run.apply import write_training_file
+
+    workload, cluster = workload_of("emb-lm"), cluster_preset("local-2x2")
+    strategy = dataclasses.replace(build_strategy("megatron", workload.spec(), cluster, dp=dp, sequence_parallel=sp,
+                                                  embedding="rowwise"), batch_split=split)
+    out = tmp_path / "train.py"
+    assert write_training_file(strategy, workload, cluster, out) == "tp"
+    text = out.read_text()
+    expected = ("'embed': RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),"
+                if sp else "'embed': RowwiseParallel(input_layouts=Replicate()),")
+    assert expected in text and "PrepareModuleOutput" not in text
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(out), "--steps", "3", "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    ref = reference("emb-lm", split[::2], "sgd", 0.01, 3)
+    assert set(got) == set(ref)
+    for k, v in got.items():
+        torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
