@@ -320,7 +320,7 @@ def split_locally(model: Any, tp: Any) -> Any:
         old = model.get_submodule(name)
         weight = tuple(old.weight.shape)
         if isinstance(old, torch.nn.Embedding):
-            rows, dim = local_shape(tp, name + ".weight", weight, _EmbeddingSpec(name))
+            rows, dim = local_shape(tp, name + ".weight", weight, embedding=True)
             new = _local_embedding(rows, dim, old)
         else:
             out, inp = local_shape(tp, name + ".weight", weight)
@@ -329,17 +329,6 @@ def split_locally(model: Any, tp: Any) -> Any:
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, new)
     return model
-
-
-class _EmbeddingSpec:
-    """What :func:`~synctune.strategy.tensor_parallel.local_shape` asks of a model spec, for one
-    module known (from the model itself) to be an untied embedding."""
-
-    def __init__(self, module: str) -> None:
-        self.module = module
-
-    def embedding_ties(self, module: str) -> tuple[str, ...] | None:
-        return () if module == self.module else None
 
 
 def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd", lr: float = 0.01,

@@ -284,17 +284,21 @@ def _check_embedding(tp: TensorParallel, model: Any, module: str, style: str) ->
                             f"then enters the region split on the sequence) or leave it whole")
 
 
-def local_shape(tp: TensorParallel | None, name: str, shape: tuple[int, ...], model: Any = None) -> tuple[int, ...]:
+def local_shape(tp: TensorParallel | None, name: str, shape: tuple[int, ...], model: Any = None, *,
+                embedding: bool | None = None) -> tuple[int, ...]:
     """The shape a device of a TP group holds of variable ``name`` (``shape`` whole): a column-wise
     linear module's weight and bias split on their first axis, a row-wise one's weight on its
-    second; an embedding's weight (``model``, the model spec, says which modules are embeddings)
-    the other way round, row-wise on its first axis (the vocabulary), column-wise on its second
-    (the features)."""
+    second; an embedding's weight the other way round, row-wise on its first axis (the
+    vocabulary), column-wise on its second (the features). Whether the module is an embedding:
+    ``embedding`` where the caller knows it from the model itself, else what the model spec
+    ``model`` says (its ``embeddings``; without a spec, a linear layer)."""
     if tp is None:
         return tuple(shape)
     module, _, leaf = name.rpartition(".")
     style = tp.style_of(module)
-    if style in ("colwise", "rowwise") and model is not None and is_embedding(model, module):
+    if embedding is None:
+        embedding = model is not None and is_embedding(model, module)
+    if style in ("colwise", "rowwise") and embedding:
         if leaf != "weight" or len(shape) != 2:
             return tuple(shape)
         return (shape[0] // tp.degree, shape[1]) if style == "rowwise" else (shape[0], shape[1] // tp.degree)
