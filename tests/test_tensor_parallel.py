@@ -683,3 +683,19 @@ def test_applied_file_with_a_rowwise_embedding_trains_like_single_process(tmp_pa
     assert set(got) == set(ref)
     for k, v in got.items():
         torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+def test_an_embedding_a_stale_spec_does_not_list_is_refused_before_any_worker():
+    """A spec without ``embeddings`` (written before they were recorded) validates an embedding's
+    split as a linear layer's, on the wrong axes: the runtime's check of the built model refuses
+    it before any worker starts, saying to extract the spec again."""
+    workload, cluster = workload_of("emb-lm"), cluster_preset("local-1x2")
+    spec = workload.spec()
+    stale = dataclasses.replace(spec, embeddings=())
+    strategy = build_strategy("megatron", spec, cluster, embedding="rowwise")
+    validate(strategy, stale, cluster)
+    runtime = executor_for(strategy, stale)
+    with pytest.raises(SpecError, match="'embed' \\(rowwise\\) is an nn.Embedding the model spec 'emb-lm' does not "
+                                        "list among its embeddings .* extract the spec again"):
+        runtime.check(strategy, stale, cluster, workload)
+    runtime.check(strategy, spec, cluster, workload)
