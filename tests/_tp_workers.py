@@ -64,8 +64,57 @@ def head_count():
                          model(batch[0]).flatten(0, 1), batch[0].flatten()))
 
 
+class _Block(torch.nn.Module):
+    """A pre-norm MLP block: ``x + fc2(gelu(fc1(norm(x))))`` (Megatron splits fc1 and fc2)."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.fc1 = torch.nn.Linear(hidden, inner)
+        self.fc2 = torch.nn.Linear(inner, hidden)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+class EmbeddingLM(torch.nn.Module):
+    """A tiny language model whose token embedding has a weight of its own (no output layer tied
+    to it): embedding, two MLP blocks, a final norm and an output layer; ``factorised``: the
+    embedding is narrower than the blocks and a linear ``proj`` widens it (ALBERT's factorised
+    embedding), so a column-wise embedding can feed a row-wise ``proj``. Its ``forward`` takes and
+    returns what Hugging Face's language models do (``input_ids``, ``labels``; ``.loss``)."""
+
+    def __init__(self, factorised: bool = False, hidden: int = 32) -> None:
+        super().__init__()
+        width = 16 if factorised else hidden
+        self.embed = torch.nn.Embedding(VOCAB, width)
+        self.proj = torch.nn.Linear(width, hidden) if factorised else None
+        self.layers = torch.nn.ModuleList(_Block(hidden, 64) for _ in range(2))
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.head = torch.nn.Linear(hidden, VOCAB, bias=False)
+
+    def forward(self, input_ids, labels):
+        from types import SimpleNamespace
+
+        x = self.embed(input_ids)
+        if self.proj is not None:
+            x = self.proj(x)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(self.norm(x))
+        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()))
+
+
+def embedding_lm():
+    return EmbeddingLM()
+
+
+def factorised_lm():
+    return EmbeddingLM(factorised=True)
+
+
 #: The library models by name: factory of the model.
-LIBRARY = {"hf-bert": tiny_bert, "hf-llama": tiny_llama}
+LIBRARY = {"hf-bert": tiny_bert, "hf-llama": tiny_llama, "emb-lm": embedding_lm, "emb-factorised": factorised_lm}
 
 
 def tokens(batch_size: int, generator) -> tuple:
@@ -157,8 +206,25 @@ def hf_llama():
                      batch_size=4, family="transformer", loss=lm_loss)
 
 
+def emb_lm():
+    """The tiny :class:`EmbeddingLM` as a workload (the trial's SGD)."""
+    import synctune.workload as sw
+
+    return sw.define(name="emb-lm", model=embedding_lm, batch=lambda n, rank, generator: tokens(n, generator),
+                     batch_size=4, family="transformer", loss=lm_loss)
+
+
+def emb_factorised():
+    """The factorised :class:`EmbeddingLM` as a workload (the trial's SGD)."""
+    import synctune.workload as sw
+
+    return sw.define(name="emb-factorised", model=factorised_lm, batch=lambda n, rank, generator: tokens(n, generator),
+                     batch_size=4, family="transformer", loss=lm_loss)
+
+
 def workload_of(name: str):
-    """A zoo model by name, or ``hf-bert`` / ``hf-llama`` (the factories here, by import path)."""
+    """A zoo model by name, or ``hf-bert`` / ``hf-llama`` / ``emb-lm`` / ``emb-factorised`` (the
+    factories here, by import path)."""
     from _checkpoint_workers import HERE
     from synctune.workload import ImportedWorkload, zoo_workload
 
@@ -166,4 +232,6 @@ def workload_of(name: str):
         return ImportedWorkload("_checkpoint_workers:hf_bert", HERE)
     if name == "hf-llama":
         return ImportedWorkload("_tp_workers:hf_llama", HERE)
+    if name in ("emb-lm", "emb-factorised"):
+        return ImportedWorkload(f"_tp_workers:{name.replace('-', '_')}", HERE)
     return zoo_workload(name)

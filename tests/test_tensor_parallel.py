@@ -30,15 +30,19 @@ STEPS = 3
 
 def _case(label: str, model: str, cluster_name: str, *, dp: str = "allreduce", split=None, optimizer: str = "sgd",
           lr: float = 0.1, tp: dict | None = None, sequence_parallel: bool = False,
-          loss_parallel: bool = False) -> dict:
+          loss_parallel: bool = False, embedding: str = "whole", extra: dict | None = None) -> dict:
     cluster = cluster_preset(cluster_name)
     spec = workload_of(model).spec()
     strategy = build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sequence_parallel,
-                              loss_parallel=loss_parallel)
+                              loss_parallel=loss_parallel, embedding=embedding)
     if split is not None:
         strategy = dataclasses.replace(strategy, batch_split=tuple(split))
     if tp is not None:
         strategy = dataclasses.replace(strategy, tensor_parallel=tp)
+    if extra is not None:
+        modules = {**strategy.tensor_parallel.to_dict()["modules"], **extra}
+        strategy = dataclasses.replace(strategy, tensor_parallel={"degree": strategy.tensor_parallel.degree,
+                                                                  "modules": modules})
     validate(strategy, spec, cluster)
     return {"label": label, "model": model, "strategy": strategy.to_dict(), "cluster": cluster.to_dict(),
             "spec": spec.to_dict(), "optimizer": optimizer, "lr": lr, "steps": STEPS}
@@ -506,3 +510,224 @@ def test_a_tied_linear_is_not_split():
     with pytest.raises(SpecError, match="'head' \\(colwise\\) holds 'head.weight', which the model ties to "
                                         "'embed.weight'"):
         check_trial(workload, strategy, cluster, executor_for(strategy, spec))
+
+
+# ------------------------------------------------------------------------------ split embeddings
+
+
+def test_split_embeddings_on_a_1x2_mesh_train_like_single_process():
+    """An ``nn.Embedding`` split over its vocabulary (row-wise: whole token ids in, partial sums
+    all-reduced) with Megatron's MLP pairs, on the tiny language model and on Hugging Face's Llama
+    (whose token embedding has a padding row), and split over its features (column-wise) where a
+    row-wise linear takes its output (a factorised embedding's projection): 2 processes, mesh
+    (1, 2). A column-wise embedding whose output reaches a norm, and a row-wise one whose weight
+    the model also uses outside it (the zoo BERT's decoder), are refused on every rank together."""
+    cases = [
+        _case("emb-lm/rowwise", "emb-lm", "local-1x2", embedding="rowwise"),
+        _case("emb-factorised/colwise", "emb-factorised", "local-1x2", extra={"embed": "colwise", "proj": "rowwise"}),
+        _case("hf-llama/rowwise/adam", "hf-llama", "local-1x2", optimizer="adam", lr=0.01, embedding="rowwise"),
+    ]
+    broken = [_case("emb-lm/colwise-into-norm", "emb-lm", "local-1x2", extra={"embed": "colwise"}),
+              _case("bert-tiny/rowwise", "bert-tiny", "local-1x2", embedding="rowwise")]
+    outputs = run_local(tp_train_cases, 2, (cases + broken,), timeout_s=900, threads=1)
+    for out in outputs:
+        assert "embed.weight" in out[0]["split"] and "model.embed_tokens.weight" in out[2]["split"]
+    _check_against_reference(cases, [out[:len(cases)] for out in outputs], 2)
+    # the zoo's BERT uses its word embedding's weight in its own forward as the decoder's
+    # (h @ word_embeddings.weight.t()): no parameter is shared, so only the split forward tells
+    for c, where in [(len(cases), "'layers.0.norm'"), (len(cases) + 1, "'root'")]:
+        messages = {out[c].get("refused") for out in outputs}
+        assert len(messages) == 1, messages
+        message = messages.pop()
+        assert message and message.startswith(f"strategy: tensor_parallel: modules: the split model fails in module "
+                                              f"{where}"), message
+
+
+def test_split_embeddings_with_fsdp2_and_sequence_parallelism_train_like_single_process():
+    """A row-wise embedding on a (2, 2) mesh with FSDP2 or an all-reduce across the TP groups, an
+    uneven split, and with sequence parallelism, where its partial sums are reduce-scattered onto
+    the sequence in place of a ``scatter`` module (torchtitan's token embedding): the tiny model
+    and Hugging Face's Llama (with a loss over vocabulary-split logits too); a column-wise one
+    feeding a row-wise projection under FSDP2."""
+    cases = [
+        _case("emb-lm/rowwise/shard", "emb-lm", "local-2x2", dp="shard", embedding="rowwise"),
+        _case("emb-lm/rowwise/sp/uneven", "emb-lm", "local-2x2", split=(2, 2, 6, 6), embedding="rowwise",
+              sequence_parallel=True),
+        _case("emb-factorised/colwise/shard", "emb-factorised", "local-2x2", dp="shard",
+              extra={"embed": "colwise", "proj": "rowwise"}),
+        _case("hf-llama/rowwise/sp/shard", "hf-llama", "local-2x2", dp="shard", embedding="rowwise",
+              sequence_parallel=True),
+        _case("hf-llama/rowwise/sp/logits", "hf-llama", "local-2x2", embedding="rowwise", sequence_parallel=True,
+              loss_parallel=True),
+    ]
+    for case in cases[1:2] + cases[3:]:
+        assert "scatter" not in case["strategy"]["tensor_parallel"]["modules"].values(), case["label"]
+    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
+    _check_against_reference(cases, outputs, 4)
+
+
+def _embedding_spec(vocab: int = 128, dim: int = 32, *, sparse: bool = False, tied: tuple = ()):
+    """A hand-written spec: an embedding ``embed`` (vocab x dim) and an MLP pair in block 0."""
+    from synctune.spec.model import ModelSpec, VariableSpec
+
+    variables = [VariableSpec(name="layers.0.fc2.weight", shape=(dim, 64)), VariableSpec(name="layers.0.fc1.weight",
+                 shape=(64, dim)), VariableSpec(name="embed.weight", shape=(vocab, dim), sparse=sparse)]
+    return ModelSpec(name="emb-spec", variables=tuple(variables), batch_size=4, embeddings={"embed": list(tied)})
+
+
+@pytest.mark.parametrize("spec_args, style, message", [
+    ({"vocab": 127}, "rowwise", "'embed' \\(rowwise\\) is an nn.Embedding with 127 vocabulary rows \\(weight shape "
+                                "\\[127, 32\\]\\), which a degree of 2 does not divide; use a degree that divides 127, "
+                                "pad the embedding"),
+    ({"dim": 33}, "colwise", "'embed' \\(colwise\\) is an nn.Embedding with 33 embedding features .* degree of 2 does "
+                             "not divide"),
+    ({"sparse": True}, "rowwise", "'embed' \\(rowwise\\) is an nn.Embedding with a sparse gradient \\(sparse=True\\), "
+                                  "which torch's DTensor cannot split .* build it with sparse=False"),
+    ({"tied": ("head.weight",)}, "colwise", "'embed' \\(colwise\\) is an nn.Embedding whose weight the model ties to "
+                                            "'head.weight' .* leave 'embed' whole"),
+    ({}, "logits", "'embed' \\(logits\\) is an nn.Embedding: an embedding is split 'rowwise' \\(its vocabulary\\) or "
+                   "'colwise'"),
+])
+def test_embedding_splits_that_cannot_run_are_refused_naming_module_field_and_fix(spec_args, style, message):
+    spec, cluster = _embedding_spec(**spec_args), cluster_preset("local-1x2")
+    strategy = dataclasses.replace(build_strategy("allreduce", spec, cluster), tensor_parallel={"degree": 2, "modules": {
+        "embed": style, "layers.0.fc1": "colwise", "layers.0.fc2": "rowwise"}})
+    with pytest.raises(StrategyError, match="strategy: tensor_parallel: modules: " + message):
+        validate(strategy, spec, cluster)
+
+
+def test_tied_embeddings_are_refused_by_validation_and_the_builder_naming_both():
+    """Hugging Face BERT's word embedding (its masked-LM decoder shares the weight), GPT-2's token
+    embedding (its lm_head shares it), and an embedding registered after the output layer tied to
+    it: refused by validation naming the embedding and the tied parameter; the Megatron builder's
+    embedding=rowwise refuses BERT's (and its token-embedding rule GPT-2's, whose Conv1D layers
+    the builder does not split), and a vocabulary the degree does not divide."""
+    from _checkpoint_workers import HERE
+    from _checkpoint_workers import workload_of as checkpoint_workload
+    from synctune.strategy.builders import token_embedding
+    from synctune.workload import ImportedWorkload
+
+    cluster = cluster_preset("local-1x2")
+    for workload, module, tied in [(workload_of("hf-bert"), "bert.embeddings.word_embeddings",
+                                    "cls.predictions.decoder.weight"),
+                                   (checkpoint_workload("hf-gpt2"), "transformer.wte", "lm_head.weight"),
+                                   (ImportedWorkload("test_tensor_parallel:tied_first", HERE), "embed", "head.weight")]:
+        spec = workload.spec()
+        assert spec.embedding_ties(module) == (tied,)
+        strategy = dataclasses.replace(build_strategy("allreduce", spec, cluster, chunk=10**6), tensor_parallel={
+            "degree": 2, "modules": {module: "rowwise"}})
+        with pytest.raises(StrategyError, match=f"'{module}' \\(rowwise\\) is an nn.Embedding whose weight the model "
+                                                f"ties to '{tied}'"):
+            validate(strategy, spec, cluster)
+        if module != "embed":
+            with pytest.raises(StrategyError, match=f"option embedding: the token embedding '{module}' of model .* is "
+                                                    f"tied to '{tied}' .* set embedding=whole"):
+                if module.startswith("bert"):
+                    build_strategy("megatron", spec, cluster, embedding="rowwise")
+                else:
+                    token_embedding(spec, 2)
+    with pytest.raises(StrategyError, match="option embedding: the vocabulary of 'embed' \\(128 rows\\) is not "
+                                            "divisible by a degree of 3; set embedding=whole"):
+        token_embedding(workload_of("emb-lm").spec(), 3)
+    with pytest.raises(StrategyError, match="option embedding: expected whole or rowwise, got 'colwise'"):
+        build_strategy("megatron", workload_of("emb-lm").spec(), cluster, embedding="colwise")
+
+
+def test_without_embedding_splits_strategies_keep_their_hash_and_local_shapes():
+    """The Megatron builder's default leaves the embedding whole: the same strategies, with the
+    hashes they had before embeddings could be split (golden, bert-tiny on local-2x2); local
+    shapes of a linear are what they were, an embedding's are split on its own axes."""
+    from synctune.strategy.tensor_parallel import local_shape
+
+    spec, cluster = workload_of("bert-tiny").spec(), cluster_preset("local-2x2")
+    golden = {False: "37e67deb50f3c8c9cf1136dd182db3de35638a0b06de030289487cbd5fb4ee36",
+              True: "b282beb79a00d3c6deaa46efb1e6ee2e1b86fd21b779620affedb043e86d28db"}
+    for sp, digest in golden.items():
+        strategy = build_strategy("megatron", spec, cluster, dp="shard", sequence_parallel=sp)
+        assert strategy.hash == digest and strategy == build_strategy("megatron", spec, cluster, dp="shard",
+                                                                      sequence_parallel=sp, embedding="whole")
+    llama = workload_of("hf-llama").spec()
+    assert spec.hash == workload_of("bert-tiny").spec().hash and "embeddings" in llama.to_dict()
+    plain = build_strategy("megatron", llama, cluster).tensor_parallel
+    split = build_strategy("megatron", llama, cluster, embedding="rowwise").tensor_parallel
+    assert split.to_dict()["modules"] == {**plain.to_dict()["modules"], "model.embed_tokens": "rowwise"}
+    for tp in (plain, split):
+        assert local_shape(tp, "model.layers.0.self_attn.q_proj.weight", (32, 32), llama) == (16, 32)
+        assert local_shape(tp, "model.layers.0.self_attn.o_proj.weight", (32, 32), llama) == (32, 16)
+        assert local_shape(tp, "model.layers.0.mlp.up_proj.weight", (64, 32), llama) == (32, 32)
+    assert local_shape(plain, "model.embed_tokens.weight", (128, 32), llama) == (128, 32)
+    assert local_shape(split, "model.embed_tokens.weight", (128, 32), llama) == (64, 32)
+    columns = dataclasses.replace(split, styles=tuple((m, "colwise" if m == "model.embed_tokens" else s)
+                                                      for m, s in split.styles))
+    assert local_shape(columns, "model.embed_tokens.weight", (128, 32), llama) == (128, 16)
+
+
+def test_the_local_forward_splits_an_embedding_to_its_local_shape():
+    """The model the trial's check runs at a device's local shapes: a row-wise embedding holds
+    half the vocabulary and still takes every id of the batch (ids past its rows folded into
+    them); a column-wise one half the features."""
+    from _tp_workers import embedding_lm, factorised_lm
+    from synctune.engine.tensor_parallel import split_locally
+    from synctune.strategy.tensor_parallel import tensor_parallel_from_data
+
+    rows = tensor_parallel_from_data({"degree": 2, "modules": {"embed": "rowwise", "layers.0.fc1": "colwise",
+                                                               "layers.0.fc2": "rowwise"}})
+    model = split_locally(embedding_lm(), rows)
+    assert tuple(model.embed.weight.shape) == (64, 32) and tuple(model.layers[0].fc1.weight.shape) == (32, 32)
+    ids = torch.arange(128).view(8, 16)
+    assert model(input_ids=ids, labels=ids).loss.isfinite()
+    cols = tensor_parallel_from_data({"degree": 2, "modules": {"embed": "colwise", "proj": "rowwise"}})
+    model = split_locally(factorised_lm(), cols)
+    assert tuple(model.embed.weight.shape) == (128, 8) and tuple(model.proj.weight.shape) == (32, 8)
+    assert model(input_ids=ids, labels=ids).loss.isfinite()
+
+
+@pytest.mark.parametrize("dp, split, sp", [("shard", (2, 2, 6, 6), False), ("allreduce", (4, 4, 4, 4), True)])
+def test_applied_file_with_a_rowwise_embedding_trains_like_single_process(tmp_path, dp, split, sp):
+    """The emitted file of the tiny language model with its embedding split row-wise (the
+    Megatron builder's embedding=rowwise), run under torch.distributed.run on 4 processes: the
+    embedding's own torch style is written (whole ids in; with sequence parallelism reduce-scattered
+    onto the sequence, no ``scatter`` module), and the saved state equals single-process training
+    on the TP groups' concatenated batches (the workload's SGD, lr 0.01) within 1e-6."""
+    import subprocess
+    import sys
+
+    from _searches import search_env
+    from _tp_workers import reference
+    from synctune.run.apply import write_training_file
+
+    workload, cluster = workload_of("emb-lm"), cluster_preset("local-2x2")
+    strategy = dataclasses.replace(build_strategy("megatron", workload.spec(), cluster, dp=dp, sequence_parallel=sp,
+                                                  embedding="rowwise"), batch_split=split)
+    out = tmp_path / "train.py"
+    assert write_training_file(strategy, workload, cluster, out) == "tp"
+    text = out.read_text()
+    expected = ("'embed': RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),"
+                if sp else "'embed': RowwiseParallel(input_layouts=Replicate()),")
+    assert expected in text and "PrepareModuleOutput" not in text
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(out), "--steps", "3", "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    ref = reference("emb-lm", split[::2], "sgd", 0.01, 3)
+    assert set(got) == set(ref)
+    for k, v in got.items():
+        torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+def test_an_embedding_a_stale_spec_does_not_list_is_refused_before_any_worker():
+    """A spec without ``embeddings`` (written before they were recorded) validates an embedding's
+    split as a linear layer's, on the wrong axes: the runtime's check of the built model refuses
+    it before any worker starts, saying to extract the spec again."""
+    workload, cluster = workload_of("emb-lm"), cluster_preset("local-1x2")
+    spec = workload.spec()
+    stale = dataclasses.replace(spec, embeddings=())
+    strategy = build_strategy("megatron", spec, cluster, embedding="rowwise")
+    validate(strategy, stale, cluster)
+    runtime = executor_for(strategy, stale)
+    with pytest.raises(SpecError, match="'embed' \\(rowwise\\) is an nn.Embedding the model spec 'emb-lm' does not "
+                                        "list among its embeddings .* extract the spec again"):
+        runtime.check(strategy, stale, cluster, workload)
+    runtime.check(strategy, spec, cluster, workload)

@@ -41,10 +41,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterable
 
-from ..strategy.tensor_parallel import SPLIT_STYLES, local_shape
 
 __all__ = ["MEMORY_PARTS", "tensor_storages", "unit_tensors", "probe_iteration", "breakdown_to_row",
-           "breakdown_from_row", "single_process_activations", "single_process_memory", "split_locally"]
+           "breakdown_from_row", "single_process_activations", "single_process_memory"]
 
 #: The per-rank figures a trial records, in this order (``extra["memory"]`` of its result and row).
 MEMORY_PARTS = ("params_bytes", "buffers_bytes", "inputs_bytes", "optimizer_state_bytes", "comm_buffers_bytes",
@@ -287,28 +286,6 @@ def _optimizer_state_shape(opt: Any) -> tuple[float, int] | None:
     if not count:
         return None
     return (elementwise / params if params else 0.0), int(round(scalars / count))
-
-
-def split_locally(model: Any, tp: Any) -> Any:
-    """``model`` with each linear a tensor-parallel plan ``tp`` splits replaced by one of the shape a
-    device of its TP group holds (:func:`~synctune.strategy.tensor_parallel.local_shape`): what a
-    device computes and keeps, without the collectives, for the memory probe."""
-    import torch
-
-    for name, style in tp.styles:
-        # Sequence parallelism splits no parameter; the output layer of a loss over the
-        # vocabulary's shards stays whole here (the model's loss views the logits by the whole
-        # vocabulary, its targets index it): an upper bound of its share.
-        if style not in SPLIT_STYLES or style == "logits":
-            continue
-        old = model.get_submodule(name)
-        weight = tuple(old.weight.shape)
-        out, inp = local_shape(tp, name + ".weight", weight)
-        bias = old.bias is not None
-        new = torch.nn.Linear(inp, out, bias=bias, device=old.weight.device, dtype=old.weight.dtype)
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, new)
-    return model
 
 
 def single_process_memory(workload: Any, batch_sizes: Iterable[int], *, optimizer: str = "sgd", lr: float = 0.01,

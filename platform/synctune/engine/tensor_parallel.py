@@ -4,8 +4,8 @@ with data parallelism on the other axis (DESIGN.md "tensor parallelism"; torchti
 
 On each rank: the device mesh ``(replicas // t, t)`` named ``("dp", "tp")``; the model's
 checkpointing already applied by the trial; ``parallelize_module`` on the ``tp`` sub-mesh with
-``ColwiseParallel``/``RowwiseParallel`` per split module (parameters become DTensors, outputs
-local tensors); then the data-parallel axis as the strategy's plans say:
+``ColwiseParallel``/``RowwiseParallel`` per split module, a linear layer or an embedding
+(parameters become DTensors, outputs local tensors); then the data-parallel axis as the strategy's plans say:
 
 - all ``shard``: FSDP2's ``fully_shard`` of the strategy's units on the ``dp`` sub-mesh
   (:func:`~synctune.engine.fsdp.plan_from_strategy`: the same units, reshard, prefetch and reduce
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..spec.errors import SpecError
-from ..strategy.tensor_parallel import SEQUENCE_STYLES, check_tensor_parallel
+from ..strategy.tensor_parallel import SEQUENCE_STYLES, SPLIT_STYLES, check_tensor_parallel, local_shape
 from .fsdp import check_plan, escaping_parameters, loss_scales, meta_model, plan_from_strategy, refuse_sparse
 from .runtime import ArmContext, PlansRuntime, Stepper, per_world
 
-__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "STYLE_CODE", "STYLE_IMPORTS", "style_code", "gather_sequence", "tp_plan",
-           "check_local_forward", "apply_tensor_parallel", "apply_data_parallel",
+__all__ = ["TensorParallelRuntime", "TP_RUNTIME", "STYLE_CODE", "STYLE_IMPORTS", "style_code", "embedding_modules",
+           "gather_sequence", "tp_plan", "split_locally", "check_local_forward", "apply_tensor_parallel", "apply_data_parallel",
            "allreduce_gradients", "loss_tolerance"]
 
 #: How far the split model's loss may be from the unsplit one's, relative (float32 sums in
@@ -50,7 +50,13 @@ loss_tolerance = 1e-4
 #: Each style's torch expression, without and with sequence parallelism (the runtime builds its
 #: plan from these texts, and training files carry them as they are): in a sequence-parallel plan
 #: a column-wise module all-gathers its sequence-sharded input and a row-wise one reduce-scatters
-#: its output onto the sequence; the region's tensors stay DTensors between modules.
+#: its output onto the sequence; the region's tensors stay DTensors between modules. An embedding's
+#: style has its own text where it differs, keyed ``(style, sequence_parallel, "embedding")``: a
+#: row-wise embedding takes the whole token ids on every device (``RowwiseParallel``'s default input
+#: is a linear's, a shard of the last dimension, which would all-gather the ids into a wider batch),
+#: its partial sums all-reduced, or in a sequence-parallel plan reduce-scattered onto the sequence as
+#: torchtitan does for its token embedding. A column-wise embedding is a column-wise linear's
+#: ``ColwiseParallel()`` (whole ids in, the output split on the features).
 STYLE_CODE = {
     ("colwise", False): "ColwiseParallel()",
     ("rowwise", False): "RowwiseParallel()",
@@ -58,6 +64,9 @@ STYLE_CODE = {
     ("rowwise", True): "RowwiseParallel(output_layouts=Shard(1), use_local_output=False)",
     ("logits", False): "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)",
     ("logits", True): "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)",
+    ("rowwise", False, "embedding"): "RowwiseParallel(input_layouts=Replicate())",
+    ("rowwise", True, "embedding"): ("RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), "
+                                     "use_local_output=False)"),
     ("sequence", True): "SequenceParallel()",
     ("scatter", True): ("PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), "
                         "use_local_output=False)"),
@@ -77,22 +86,34 @@ STYLE_IMPORTS = ("ColwiseParallel", "RowwiseParallel", "SequenceParallel", "Prep
                  "PrepareModuleOutput")
 
 
-def style_code(tp: Any, style: str) -> str:
-    """The torch expression of ``style`` in plan ``tp`` (:data:`STYLE_CODE`; None for ``gather``,
-    which is :func:`gather_sequence`)."""
+def style_code(tp: Any, style: str, embedding: bool = False) -> str:
+    """The torch expression of ``style`` in plan ``tp`` for a linear layer, or for an
+    ``nn.Embedding`` with ``embedding`` (:data:`STYLE_CODE`; None for ``gather``, which is
+    :func:`gather_sequence`)."""
+    if embedding and (style, tp.sequence_parallel, "embedding") in STYLE_CODE:
+        return STYLE_CODE[(style, tp.sequence_parallel, "embedding")]
     return STYLE_CODE.get((style, tp.sequence_parallel))
 
 
-def tp_plan(strategy: Any) -> dict[str, Any]:
+def embedding_modules(model: Any, strategy: Any) -> frozenset[str]:
+    """The modules of ``strategy``'s tensor-parallel plan that are an ``nn.Embedding`` in ``model``."""
+    import torch
+
+    return frozenset(name for name, _style in strategy.tensor_parallel.styles
+                     if isinstance(model.get_submodule(name), torch.nn.Embedding))
+
+
+def tp_plan(strategy: Any, embeddings: frozenset[str] = frozenset()) -> dict[str, Any]:
     """``parallelize_module``'s plan for ``strategy``: each module's torch style
-    (:data:`STYLE_CODE`)."""
+    (:data:`STYLE_CODE`; ``embeddings``: the modules that are an ``nn.Embedding``)."""
     import torch.distributed.tensor.parallel as parallel
     from torch.distributed.tensor import Replicate, Shard
 
     names = {name: getattr(parallel, name) for name in STYLE_IMPORTS}
     names.update(Shard=Shard, Replicate=Replicate)
     tp = strategy.tensor_parallel
-    return {module: eval(style_code(tp, style), {"__builtins__": {}}, names)  # noqa: S307 - constant texts above
+    return {module: eval(style_code(tp, style, module in embeddings), {"__builtins__": {}},  # noqa: S307
+                         names)  # constant texts above
             for module, style in tp.styles if style != "gather"}
 
 
@@ -112,12 +133,14 @@ def _mesh(device_type: str, dp: int, t: int) -> Any:
                      lambda: init_device_mesh(device_type, (dp, t), mesh_dim_names=("dp", "tp")))
 
 
-def _check_modules(module: Any, strategy: Any) -> None:
-    """Every module of the plan is in ``module``; a column- or row-wise one is an ``nn.Linear``, a
-    sequence one holds no parameter of more than one dimension; and no other module shares the
-    parameters of a split or sequence module (a tied weight: ``parallelize_module`` gives the
-    module a DTensor of its own, so the tie would be broken silently and the two copies trained
-    apart)."""
+def _check_modules(module: Any, strategy: Any, spec: Any = None) -> None:
+    """Every module of the plan is in ``module``; a column- or row-wise one is an ``nn.Linear`` or
+    a dense ``nn.Embedding`` (which the model spec ``spec``, where given, marks as one: validation
+    took the spec's word for the axes), a ``logits`` one an ``nn.Linear``, a sequence one holds no
+    parameter of more than one dimension; and no other module shares the parameters of a split or
+    sequence module (a tied weight, e.g. an embedding and an output layer: ``parallelize_module``
+    gives the module a DTensor of its own, so the tie would be broken silently and the two copies
+    trained apart)."""
     import torch
 
     names: dict[int, list[str]] = {}
@@ -135,9 +158,20 @@ def _check_modules(module: Any, strategy: Any) -> None:
                 raise SpecError(f"strategy: tensor_parallel: modules: {name!r} (sequence) is a {type(sub).__name__} "
                                 f"holding {name + '.' + leaf!r} of {params[leaf].dim()} dimensions; a sequence module "
                                 f"computes per position with per-feature parameters (a norm, dropout)")
+        elif type(sub) is torch.nn.Embedding and style in ("colwise", "rowwise"):
+            if sub.sparse:
+                raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is an nn.Embedding with a "
+                                f"sparse gradient (sparse=True), which torch's DTensor cannot split; build it with "
+                                f"sparse=False or leave it whole")
+            if spec is not None and getattr(spec, "embedding_ties", lambda _m: None)(name) is None:
+                raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is an nn.Embedding the model "
+                                f"spec {spec.name!r} does not list among its embeddings (a spec extracted before "
+                                f"it recorded them), so the plan was checked as a linear layer's; extract the spec "
+                                f"again")
         elif type(sub) is not torch.nn.Linear:
+            what = "an nn.Linear" if style == "logits" else "an nn.Linear or nn.Embedding"
             raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) is a {type(sub).__name__}, "
-                            f"not an nn.Linear, which torch's {'Rowwise' if style == 'rowwise' else 'Colwise'}Parallel "
+                            f"not {what}, which torch's {'Rowwise' if style == 'rowwise' else 'Colwise'}Parallel "
                             f"splits; leave it whole")
         if style in ("scatter", "gather"):  # their parameters stay plain tensors
             continue
@@ -147,6 +181,48 @@ def _check_modules(module: Any, strategy: Any) -> None:
                 raise SpecError(f"strategy: tensor_parallel: modules: {name!r} ({style}) holds {name + '.' + leaf!r}, "
                                 f"which the model ties to {shared[0]!r}; splitting it would untie them and train two "
                                 f"copies: leave {name!r} whole")
+
+
+def _local_embedding(rows: int, dim: int, old: Any) -> Any:
+    """An ``nn.Embedding`` of ``rows`` x ``dim`` (a device's share of ``old``) that takes the whole
+    model's token ids: for a vocabulary split, ids beyond its rows are taken modulo them. Only the
+    shapes a device computes with are checked with it (a device of a row-wise split looks up
+    every id of the batch in its rows and zeros the others), so which row an id reads does not
+    matter, and an id out of range must not stop the check."""
+    import torch
+
+    class LocalEmbedding(torch.nn.Embedding):
+        def forward(self, ids):  # noqa: D102 - nn.Embedding's, on ids folded into the local rows
+            return super().forward(ids.remainder(self.num_embeddings))
+
+    return LocalEmbedding(rows, dim, device=old.weight.device, dtype=old.weight.dtype)
+
+
+def split_locally(model: Any, tp: Any) -> Any:
+    """``model`` with each linear layer and embedding a tensor-parallel plan ``tp`` splits replaced
+    by one of the shape a device of its TP group holds
+    (:func:`~synctune.strategy.tensor_parallel.local_shape`): what a device computes with,
+    without the collectives, for :func:`check_local_forward`."""
+    import torch
+
+    for name, style in tp.styles:
+        # Sequence parallelism splits no parameter; the output layer of a loss over the
+        # vocabulary's shards stays whole here (the model's loss views the logits by the whole
+        # vocabulary, its targets index it).
+        if style not in SPLIT_STYLES or style == "logits":
+            continue
+        old = model.get_submodule(name)
+        weight = tuple(old.weight.shape)
+        if isinstance(old, torch.nn.Embedding):
+            rows, dim = local_shape(tp, name + ".weight", weight, embedding=True)
+            new = _local_embedding(rows, dim, old)
+        else:
+            out, inp = local_shape(tp, name + ".weight", weight)
+            new = torch.nn.Linear(inp, out, bias=old.bias is not None, device=old.weight.device,
+                                  dtype=old.weight.dtype)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, new)
+    return model
 
 
 #: Plans already run at a device's local shapes in this process (:func:`check_local_forward`).
@@ -166,7 +242,6 @@ def check_local_forward(workload: Any, strategy: Any) -> None:
     import torch
 
     from ..strategy.tensor_parallel import tp_key
-    from .memory import split_locally
 
     key = (str(getattr(workload, "source", None) or workload.name), tp_key(strategy.tensor_parallel))
     if key not in _LOCAL_FORWARDS:
@@ -222,7 +297,7 @@ def apply_tensor_parallel(model: Any, strategy: Any, device_type: str) -> tuple[
 
     t = strategy.tensor_parallel.degree
     mesh = _mesh(device_type, len(strategy.replicas) // t, t)
-    parallelize_module(model, mesh["tp"], tp_plan(strategy))
+    parallelize_module(model, mesh["tp"], tp_plan(strategy, embedding_modules(model, strategy)))
     for module, style in strategy.tensor_parallel.styles:
         if style == "gather":
             model.get_submodule(module).register_forward_pre_hook(gather_sequence)
@@ -364,7 +439,7 @@ class TensorParallelRuntime(PlansRuntime):
             raise SpecError(str(exc)) from None
         module = meta_model(workload) if workload is not None else None
         if module is not None:
-            _check_modules(module, strategy)
+            _check_modules(module, strategy, spec)
             if _dp_sharded(strategy):
                 check_plan(plan_from_strategy(module, strategy, spec), escaping_parameters(module, workload),
                            from_plans=True, checkpoint=strategy.checkpoint)
@@ -376,7 +451,7 @@ class TensorParallelRuntime(PlansRuntime):
         try:
             self.check(strategy, spec, cluster)
             if module is not None:
-                _check_modules(module, strategy)
+                _check_modules(module, strategy, spec)
         except SpecError as exc:
             return str(exc)
         return None
@@ -390,7 +465,7 @@ class TensorParallelRuntime(PlansRuntime):
         return "tp"
 
     def prepare(self, ctx: ArmContext) -> Stepper:
-        _check_modules(ctx.model, ctx.strategy)
+        _check_modules(ctx.model, ctx.strategy, ctx.spec)
         t = ctx.strategy.tensor_parallel.degree
         # A loss over vocabulary-split logits: torch's loss_parallel, entered for forward and
         # backward alike until the stepper closes (it changes only DTensor loss operations).

@@ -40,6 +40,7 @@ from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.checkpoint import SAVED_OPS, checkpoint_blocks, checkpoint_label
 from ..strategy.schema import Strategy
+from ..strategy.tensor_parallel import is_embedding
 
 __all__ = ["DDPConfig", "ddp_config", "wrap_ddp", "fsdp_config", "fsdp_setup_code", "checkpoint_setup_code",
            "tp_setup_code",
@@ -306,11 +307,12 @@ _TP_SAVE = '''    if args.checkpoint:
             torch.save({"model": state}, args.checkpoint)'''
 
 
-def tp_setup_code(strategy: Strategy, plan: FSDPPlan | None) -> str:
+def tp_setup_code(strategy: Strategy, plan: FSDPPlan | None, embeddings: frozenset[str] = frozenset()) -> str:
     """The training file's tensor parallelism of ``strategy`` in plain PyTorch: the ("dp", "tp")
-    mesh, ``parallelize_module`` with the plan written out module by module, then FSDP2 on the
-    ``dp`` sub-mesh (``plan``: the strategy's units) or nothing (the gradients are all-reduced
-    over ``dp`` in the step), the optimizer, and the batch of the rank's TP group."""
+    mesh, ``parallelize_module`` with the plan written out module by module (``embeddings``: the
+    split modules that are an ``nn.Embedding``, whose styles have texts of their own), then FSDP2
+    on the ``dp`` sub-mesh (``plan``: the strategy's units) or nothing (the gradients are
+    all-reduced over ``dp`` in the step), the optimizer, and the batch of the rank's TP group."""
     import inspect
 
     from ..engine.tensor_parallel import STYLE_IMPORTS, gather_sequence, style_code
@@ -318,18 +320,22 @@ def tp_setup_code(strategy: Strategy, plan: FSDPPlan | None) -> str:
     tp = strategy.tensor_parallel
     t = tp.degree
     dp = len(strategy.replicas) // t
-    used = sorted({name for _m, style in tp.styles for name in STYLE_IMPORTS
-                   if name + "(" in (style_code(tp, style) or "")})
+    texts = {module: style_code(tp, style, module in embeddings) for module, style in tp.styles if style != "gather"}
+    used = sorted({name for text in texts.values() for name in STYLE_IMPORTS if name + "(" in text})
+    placements = [name for name in ("Replicate", "Shard") if any(name + "(" in text for text in texts.values())]
     lines = ["    from torch.distributed.device_mesh import init_device_mesh",
              f"    from torch.distributed.tensor.parallel import {', '.join(used)}, parallelize_module"]
+    if placements:
+        lines.append(f"    from torch.distributed.tensor import {', '.join(placements)}")
     if tp.sequence_parallel:
-        lines.append("    from torch.distributed.tensor import Replicate, Shard")
         lines.append("    # sequence parallelism: the norms run on slices of the sequence (dimension 1)")
+    if embeddings:
+        lines.append(f"    # split embeddings ({', '.join(sorted(embeddings))}): every device takes the whole token ids")
     lines += ["",
              f"    # TP groups of {t} consecutive ranks (inside a node), {dp} of them on the data-parallel axis",
              f"    mesh = init_device_mesh(device.type, ({dp}, {t}), mesh_dim_names=(\"dp\", \"tp\"))",
              "    parallelize_module(model, mesh[\"tp\"], {"]
-    lines += [f"        {module!r}: {style_code(tp, style)}," for module, style in tp.styles if style != "gather"]
+    lines += [f"        {module!r}: {text}," for module, text in texts.items()]
     lines.append("    })")
     if tp.loss_parallel:
         lines.append("")
@@ -500,7 +506,7 @@ def _tp_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, fmt
         setup_extra = "\n    params = dict(model.named_parameters())"
     dp_words = (f"FSDP2 over the {len(strategy.replicas) // t} TP groups" if sharded else
                 "gradients all-reduced over the TP groups" if len(strategy.replicas) > t else "one TP group")
-    what = f"torch DTensor tensor parallelism of degree {t} ({len(strategy.tensor_parallel.styles)} linear layers), {dp_words}"
+    what = f"torch DTensor tensor parallelism of degree {t} ({len(strategy.tensor_parallel.styles)} modules), {dp_words}"
     checkpoint_payload, checkpoint_helpers, checkpointing = checkpoint_setup_code(strategy.checkpoint)
     if strategy.checkpoint:
         what += f"; {checkpoint_label(strategy.checkpoint, len(checkpoint_blocks(v.name for v in spec.variables)))}"
@@ -510,7 +516,8 @@ def _tp_script(strategy: Strategy, spec: ModelSpec, cluster: ClusterSpec, *, fmt
                               ", ..." if len(strategy.replicas) > 6 else "")),
                           workload=workload, root=root, seed=seed, batch_split=list(strategy.batch_split),
                           payload=payload + checkpoint_payload, helpers=helpers + checkpoint_helpers,
-                          checkpointing=checkpointing, setup=tp_setup_code(strategy, plan if sharded else None) + setup_extra,
+                          checkpointing=checkpointing, setup=tp_setup_code(strategy, plan if sharded else None, frozenset(
+                              m for m, _s in strategy.tensor_parallel.styles if is_embedding(spec, m))) + setup_extra,
                           train_step=_TP_STEP.format(backward=backward, reduce=reduce), save=_TP_SAVE,
                           global_batch="sum(BATCH_SPLIT[::TP_DEGREE])")
     return text, "tp"

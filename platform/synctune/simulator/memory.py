@@ -171,7 +171,7 @@ def _predict_split(strategy: Strategy, model_spec: ModelSpec, cluster_spec: Clus
     tp = strategy.tensor_parallel
     t = tp.degree
     local = dataclasses.replace(model_spec, variables=tuple(
-        dataclasses.replace(v, shape=local_shape(tp, v.name, v.shape)) for v in model_spec.variables))
+        dataclasses.replace(v, shape=local_shape(tp, v.name, v.shape, model_spec)) for v in model_spec.variables))
     groups = dataclasses.replace(strategy, tensor_parallel=None, replicas=strategy.replicas[::t],
                                  batch_split=strategy.batch_split[::t])
     if not callable(activation_bytes) and not isinstance(activation_bytes, int):

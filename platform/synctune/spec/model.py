@@ -98,6 +98,10 @@ class ModelSpec:
     the variables sufficient-factor broadcasting can synchronize: the rows of input activations
     (and of output gradients) one sample feeds the layer (1 for a batch of vectors, the sequence
     length for tokens, summed over the calls of a layer used more than once); None for others.
+    ``embeddings`` (sorted ``(module, tied)`` pairs) names the model's ``nn.Embedding`` modules,
+    each with the other parameters that share its weight (``tied``: e.g. an output layer's
+    weight; empty when the weight is its own): what tensor parallelism needs to split an
+    embedding on the right axis and to refuse splitting a tied one. It is not part of the hash.
     """
 
     name: str
@@ -108,6 +112,7 @@ class ModelSpec:
     flops_per_sample: float | None = None
     touched_rows: tuple[int | None, ...] | None = None
     factor_rows: tuple[int | None, ...] | None = None
+    embeddings: tuple[tuple[str, tuple[str, ...]], ...] = ()
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +148,13 @@ class ModelSpec:
                 for r, v in zip(self.factor_rows, self.variables)),
                 f"model {self.name!r}: factor_rows", "one positive row count (or null) per variable, counts only for "
                 "dense 2-dimensional variables (the weights of linear layers)", self.factor_rows)
+        if isinstance(self.embeddings, Mapping):
+            object.__setattr__(self, "embeddings", tuple(sorted((m, tuple(t)) for m, t in self.embeddings.items())))
+        require(isinstance(self.embeddings, tuple) and all(
+            isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], tuple)
+            and all(isinstance(n, str) for n in e[1]) for e in self.embeddings),
+            f"model {self.name!r}: embeddings", "a mapping of embedding module name to the names of the parameters "
+            "tied to its weight", self.embeddings)
         if self.compute_profile is not None:
             require(all(is_number(x) and x >= 0 for x in self.compute_profile), f"model {self.name!r}: compute_profile",
                     "non-negative numbers", self.compute_profile)
@@ -165,6 +177,11 @@ class ModelSpec:
     def position(self, name: str) -> int:
         """Index of variable ``name`` in backward order."""
         return self._index[name]
+
+    def embedding_ties(self, module: str) -> tuple[str, ...] | None:
+        """The parameters tied to the weight of embedding ``module`` (empty when its weight is its
+        own), or None where ``module`` is not an ``nn.Embedding`` of the model."""
+        return dict(self.embeddings).get(module)
 
     @property
     def num_parameters(self) -> int:
@@ -197,13 +214,20 @@ class ModelSpec:
             out["touched_rows"] = list(self.touched_rows)
         if self.factor_rows is not None:
             out["factor_rows"] = list(self.factor_rows)
+        if self.embeddings:
+            out["embeddings"] = {m: list(tied) for m, tied in self.embeddings}
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "model spec") -> "ModelSpec":
         """Inverse of :meth:`to_dict`."""
         check_keys(data, where, ("name", "variables"),
-                   ("family", "batch_size", "compute_profile", "flops_per_sample", "touched_rows", "factor_rows"))
+                   ("family", "batch_size", "compute_profile", "flops_per_sample", "touched_rows", "factor_rows",
+                    "embeddings"))
+        embeddings = data.get("embeddings", {})
+        require(isinstance(embeddings, Mapping) and all(isinstance(t, list) for t in embeddings.values()),
+                f"{where}: embeddings", "a mapping of embedding module name to a list of tied parameter names",
+                embeddings)
         variables = data["variables"]
         require(isinstance(variables, list), f"{where}: variables", "a list", type(variables).__name__)
         profile = data.get("compute_profile")
@@ -222,6 +246,7 @@ class ModelSpec:
                     "touched_rows"),
                 factor_rows=tuple(data["factor_rows"]) if isinstance(data.get("factor_rows"), list) else data.get(
                     "factor_rows"),
+                embeddings=embeddings,
             )
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
@@ -240,6 +265,22 @@ def _sparse_parameter_names(module: Any) -> set[str]:
         if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.sparse:
             names.add(f"{mod_name}.weight" if mod_name else "weight")
     return names
+
+
+def _embeddings(module: Any) -> dict[str, tuple[str, ...]]:
+    """Each ``nn.Embedding`` of ``module`` by name, with the other names its weight has in
+    ``module`` (a tied output layer's, another embedding's)."""
+    import torch.nn as nn
+
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    out: dict[str, tuple[str, ...]] = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        if type(mod) is nn.Embedding and mod_name not in out:
+            own = f"{mod_name}.weight" if mod_name else "weight"
+            out[mod_name] = tuple(n for n in names.get(id(mod.weight), []) if n != own)
+    return out
 
 
 def _backward_order(module: Any, params: Sequence[tuple[str, Any]], run_step: Callable[[Any], Any],
@@ -330,7 +371,8 @@ def extract_model_spec(
         if all(r is None for r in factor_rows):
             factor_rows = None
     return ModelSpec(name=name, variables=tuple(variables), batch_size=batch_size, family=family,
-                     flops_per_sample=flops or None, touched_rows=rows, factor_rows=factor_rows)
+                     flops_per_sample=flops or None, touched_rows=rows, factor_rows=factor_rows,
+                     embeddings=_embeddings(module))
 
 
 @contextlib.contextmanager

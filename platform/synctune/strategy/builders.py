@@ -56,6 +56,7 @@ __all__ = [
     "ShardOptions",
     "MegatronOptions",
     "megatron_styles",
+    "token_embedding",
     "SPLITTING_BUILDERS",
 ]
 
@@ -486,13 +487,17 @@ class MegatronOptions:
     there is more than one TP group, else all-reduce (nothing to shard over one).
     ``sequence_parallel``: also split the sequence between the pairs (:func:`sequence_styles`);
     ``loss_parallel``: split the output layer over the vocabulary and compute the loss on the
-    shards (:func:`output_layer`)."""
+    shards (:func:`output_layer`); ``embedding``: ``whole`` (the token embedding kept whole on
+    every device) or ``rowwise`` (its vocabulary split, :func:`token_embedding`; with
+    ``sequence_parallel`` its output is reduce-scattered onto the sequence in place of the
+    ``scatter`` module, torchtitan's practice)."""
 
     degree: int = 0
     dp: str = "auto"
     reshard: bool = True
     sequence_parallel: bool = False
     loss_parallel: bool = False
+    embedding: str = "whole"
 
     def __post_init__(self) -> None:
         if not isinstance(self.loss_parallel, bool):
@@ -508,6 +513,8 @@ class MegatronOptions:
             raise StrategyError(f"builder megatron: option dp: expected auto, shard or allreduce, got {self.dp!r}")
         if not isinstance(self.reshard, bool):
             raise StrategyError(f"builder megatron: option reshard: expected true or false, got {self.reshard!r}")
+        if self.embedding not in ("whole", "rowwise"):
+            raise StrategyError(f"builder megatron: option embedding: expected whole or rowwise, got {self.embedding!r}")
 
 
 #: Module names (their last parts) Megatron's plan splits column-wise in attention and in the MLP,
@@ -641,6 +648,36 @@ def output_layer(model: ModelSpec, degree: int) -> str:
     return head.name.rpartition(".")[0]
 
 
+def token_embedding(model: ModelSpec, degree: int) -> str:
+    """The token embedding of ``model`` to split row-wise: of the ``nn.Embedding`` modules the spec
+    lists (its ``embeddings``) outside the numbered blocks, the one with the most rows (the
+    vocabulary); refused where it is tied to another module (an output layer sharing its weight)
+    or ``degree`` does not divide its vocabulary."""
+    from .checkpoint import block_of
+
+    found = []
+    for module, tied in model.embeddings:
+        if block_of(module + ".weight").split(".")[-1].isdigit():
+            continue
+        # a tied weight is one variable, named after the module that registered it first
+        variable = next((n for n in (f"{module}.weight", *tied) if n in model), None)
+        if variable is not None and len(model[variable].shape) == 2:
+            found.append((model[variable].shape[0], module, tied))
+    if not found:
+        raise StrategyError(f"builder megatron: option embedding: model {model.name!r} has no nn.Embedding outside its "
+                            f"blocks (the spec's embeddings); set embedding=whole")
+    rows, module, tied = max(found, key=lambda f: (f[0], f[1]))
+    if tied:
+        raise StrategyError(f"builder megatron: option embedding: the token embedding {module!r} of model "
+                            f"{model.name!r} is tied to {tied[0]!r} (an output layer sharing its weight); splitting it "
+                            f"would untie them and train two copies: set embedding=whole")
+    if rows % degree:
+        raise StrategyError(f"builder megatron: option embedding: the vocabulary of {module!r} ({rows} rows) is not "
+                            f"divisible by a degree of {degree}; set embedding=whole, or pad the vocabulary to a "
+                            f"multiple of {degree}")
+    return module
+
+
 #: Builders whose strategies split modules (``tensor_parallel``): trials run them, searches do not
 #: score or propose them yet.
 SPLITTING_BUILDERS = ("megatron",)
@@ -682,6 +719,15 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
                                           for v in model.variables])
     if opts.sequence_parallel:
         styles = {**styles, **sequence_styles(model, styles)}
+    if opts.embedding == "rowwise":
+        embedding = token_embedding(model, degree)
+        scatter = [m for m, style in styles.items() if style == "scatter"]
+        if scatter and scatter != [embedding]:
+            raise StrategyError(f"builder megatron: option embedding: with sequence_parallel the sequence enters the "
+                                f"split region at {scatter[0]!r}, after the token embedding {embedding!r} (whose "
+                                f"output a row-wise split would reduce-scatter onto the sequence): set "
+                                f"embedding=whole or sequence_parallel=false")
+        styles[embedding] = "rowwise"
     if opts.loss_parallel:
         styles[output_layer(model, degree)] = "logits"
     return dataclasses.replace(base, tensor_parallel={"degree": degree, "modules": styles})

@@ -1,5 +1,5 @@
-"""Tensor parallelism as part of a strategy: which linear layers are split across a group of
-devices, and how (Megatron-LM, Shoeybi et al. 2019; AutoDDL's Split and Partial-sum signatures,
+"""Tensor parallelism as part of a strategy: which linear layers and embeddings are split across a
+group of devices, and how (Megatron-LM, Shoeybi et al. 2019; AutoDDL's Split and Partial-sum signatures,
 papers/autoddl.txt §4; torch's DTensor ``ColwiseParallel``/``RowwiseParallel``).
 
 A strategy's ``tensor_parallel`` holds a **degree** t and a **style** per module (its dotted
@@ -17,11 +17,30 @@ name in the model, e.g. ``layers.0.attention.query``); the modules are ``nn.Line
   the whole logits); at most one module, whose output must go straight to the model's
   cross-entropy.
 
+An ``nn.Embedding`` (dense: DTensor cannot split a sparse gradient; with a weight of its own: an
+output layer tied to it would be untied) may be split too, its weight of shape (vocabulary,
+features) on the axes opposite a linear's:
+
+- ``rowwise``: the vocabulary is split (``Shard(0)``): every device takes the whole token ids,
+  looks up the rows it holds (zeros for the others) and the partial sums are all-reduced into the
+  whole output (torch's ``RowwiseParallel(input_layouts=Replicate())``, as torchtitan splits its
+  token embedding);
+- ``colwise``: the features are split (``Shard(1)``): every device takes the whole ids and gives
+  its slice of the output features, as a column-wise linear does; exact only where that output
+  reaches a row-wise linear through per-feature operations (a factorised embedding's projection,
+  ALBERT's), which the runtime's check of the model's loss holds.
+
+The model spec says which modules are embeddings (its ``embeddings``, with the parameters tied to
+each), so validation and :func:`local_shape` tell an embedding from a linear layer without a
+model.
+
 **Sequence parallelism** (Korthikanti et al. 2022; torch's ``SequenceParallel``) splits what
 lies between the blocks' split pairs on the sequence dimension (dimension 1: batch first) instead
 of computing it whole on every device: the norms (and dropout) run on a slice of the positions,
 a row-wise module's all-reduce becomes a reduce-scatter onto the slices and a column-wise one
-all-gathers its input first. Three more styles say where, and make the plan sequence-parallel:
+all-gathers its input first (a row-wise embedding's output is reduce-scattered onto the sequence:
+it is where the sequence enters the split region, in place of a ``scatter`` module; a column-wise
+embedding is refused there). Three more styles say where, and make the plan sequence-parallel:
 
 - ``sequence``: a module computing per position (a LayerNorm or RMSNorm, dropout) runs on this
   device's slice of the sequence (its parameters stay whole on every device);
@@ -46,9 +65,10 @@ one batch; the groups are the data-parallel axis, on which every variable's plan
 or ``shard``: FSDP2 over the groups) synchronizes the TP shards' gradients. Every replica of a
 TP group has the same batch size, and a step's global batch is the sum over the groups.
 
-The modules and their shapes come from the model spec alone (a module's ``weight`` variable),
-so validation needs no model; the runtime checks the built model once more (every module an
-``nn.Linear``; the model's loss under the plan equal to its loss unsplit) before training.
+The modules and their shapes come from the model spec alone (a module's ``weight`` variable, the
+spec's ``embeddings``), so validation needs no model; the runtime checks the built model once
+more (every split module an ``nn.Linear`` or, as the spec says, an ``nn.Embedding``; the model's
+loss under the plan equal to its loss unsplit) before training.
 """
 
 from __future__ import annotations
@@ -60,13 +80,13 @@ from ..spec.checks import is_int, shown
 from .errors import StrategyError
 
 __all__ = ["TP_STYLES", "SPLIT_STYLES", "SEQUENCE_STYLES", "TensorParallel", "tensor_parallel_from_data", "check_tensor_parallel", "tp_groups",
-           "tp_label", "local_shape", "tp_key"]
+           "tp_label", "local_shape", "tp_key", "is_embedding"]
 
-#: The styles a tensor-parallel module may have: the two that split a linear layer's weight, and
-#: the three of sequence parallelism (see the module docstring).
+#: The styles a tensor-parallel module may have: the three that split a linear layer's weight (the
+#: first two an embedding's too), and the three of sequence parallelism (see the module docstring).
 TP_STYLES = ("colwise", "rowwise", "logits", "sequence", "scatter", "gather")
 
-#: The styles that split a linear layer's weight.
+#: The styles that split a linear layer's weight (``colwise`` and ``rowwise`` an embedding's too).
 SPLIT_STYLES = ("colwise", "rowwise", "logits")
 
 #: The styles that make a plan sequence-parallel.
@@ -141,7 +161,8 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
     """Refuse, naming the module or replica and the field, a ``tensor_parallel`` that cannot run
     as it says: a degree that does not divide the replicas, a TP group across nodes or with
     unequal batches, a module without a 2-D ``weight`` in the model, a split dimension the degree
-    does not divide, and data-parallel plans other than one kind of ``allreduce`` or ``shard``
+    does not divide, an embedding that is sparse, tied to another module or column-wise in a
+    sequence-parallel plan, and data-parallel plans other than one kind of ``allreduce`` or ``shard``
     of whole variables without compression."""
     tp = strategy.tensor_parallel
     if tp is None:
@@ -164,10 +185,12 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
                                 f"group have batches {sorted(batches)}; a TP group trains one batch, so give its "
                                 f"replicas the same batch size")
     variables = {v.name: v for v in model.variables}
-    if tp.sequence_parallel and not any(style == "scatter" for _m, style in tp.styles):
+    if tp.sequence_parallel and not any(style == "scatter" or (style == "rowwise" and is_embedding(model, m))
+                                        for m, style in tp.styles):
         raise StrategyError(f"{field}: modules: a sequence-parallel plan (styles {', '.join(SEQUENCE_STYLES)}) needs a "
                             f"'scatter' module, whose output is where the sequence enters the split region (e.g. the "
-                            f"embedding, or the norm before the first block)")
+                            f"embedding, or the norm before the first block), or a row-wise embedding (its output "
+                            f"reduce-scattered onto the sequence)")
     if tp.sequence_parallel and not any(style in SPLIT_STYLES for _m, style in tp.styles):
         raise StrategyError(f"{field}: modules: a sequence-parallel plan splits the sequence between split pairs; "
                             f"give column-wise and row-wise modules too")
@@ -185,6 +208,9 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
                                     f"{list(bad.shape)}; a sequence module computes per position with per-feature "
                                     f"parameters (a norm, dropout): give it 'gather' or leave it out")
             continue
+        if is_embedding(model, module):
+            _check_embedding(tp, model, module, style)
+            continue
         weight = variables.get(f"{module}.weight")
         if weight is None or len(weight.shape) != 2:
             raise StrategyError(f"{field}: modules: {module!r} is not a linear layer of model {model.name!r} (no 2-D "
@@ -192,7 +218,7 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
                                 f"module's variable); name nn.Linear modules with weights of their own")
         if weight.sparse:
             raise StrategyError(f"{field}: modules: {module!r} has a sparse gradient (an embedding); only linear "
-                                f"layers are split")
+                                f"layers and dense embeddings are split")
         axis = 1 if style == "rowwise" else 0
         if weight.shape[axis] % t:
             what = "input features" if style == "rowwise" else "output features"
@@ -217,13 +243,65 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
                             + " and ".join(sorted(k.__name__ for k in kinds)))
 
 
-def local_shape(tp: TensorParallel | None, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+def is_embedding(model: Any, module: str) -> bool:
+    """Whether ``module`` is an ``nn.Embedding`` of ``model`` (a model spec: its ``embeddings``;
+    any other module is taken for a linear layer)."""
+    ties = getattr(model, "embedding_ties", None)
+    return ties is not None and ties(module) is not None
+
+
+def _check_embedding(tp: TensorParallel, model: Any, module: str, style: str) -> None:
+    """Refuse a split of embedding ``module`` that cannot run as it says: a style other than
+    ``rowwise``/``colwise``, a weight tied to another module, a sparse gradient, a split axis the
+    degree does not divide, a column-wise split in a sequence-parallel plan."""
+    field, t = "strategy: tensor_parallel: modules", tp.degree
+    if style not in ("rowwise", "colwise"):
+        raise StrategyError(f"{field}: {module!r} ({style}) is an nn.Embedding: an embedding is split 'rowwise' (its "
+                            f"vocabulary) or 'colwise' (its features); use one of those or leave it whole")
+    tied = model.embedding_ties(module)
+    if tied:
+        raise StrategyError(f"{field}: {module!r} ({style}) is an nn.Embedding whose weight the model ties to "
+                            f"{tied[0]!r} (an output layer sharing the embedding's weight); splitting it would untie "
+                            f"them and train two copies: leave {module!r} whole (or untie the weights in the model)")
+    weight = next((v for v in model.variables if v.name == f"{module}.weight"), None)
+    if weight is None or len(weight.shape) != 2:
+        raise StrategyError(f"{field}: {module!r} ({style}) is an nn.Embedding without a 2-D variable "
+                            f"{module + '.weight'!r} of its own (frozen, or named after another module); leave it "
+                            f"whole")
+    if weight.sparse:
+        raise StrategyError(f"{field}: {module!r} ({style}) is an nn.Embedding with a sparse gradient (sparse=True), "
+                            f"which torch's DTensor cannot split (it shards dense gradients only): build it with "
+                            f"sparse=False to split it, or leave it whole")
+    axis, what = (0, "vocabulary rows") if style == "rowwise" else (1, "embedding features")
+    if weight.shape[axis] % t:
+        raise StrategyError(f"{field}: {module!r} ({style}) is an nn.Embedding with {weight.shape[axis]} {what} "
+                            f"(weight shape {list(weight.shape)}), which a degree of {t} does not divide; use a "
+                            f"degree that divides {weight.shape[axis]}, pad the embedding to a multiple of {t}, or "
+                            f"leave it whole")
+    if style == "colwise" and tp.sequence_parallel:
+        raise StrategyError(f"{field}: {module!r} (colwise) is an nn.Embedding in a sequence-parallel plan; its "
+                            f"output is split on the features, not the sequence: split it 'rowwise' (its output "
+                            f"then enters the region split on the sequence) or leave it whole")
+
+
+def local_shape(tp: TensorParallel | None, name: str, shape: tuple[int, ...], model: Any = None, *,
+                embedding: bool | None = None) -> tuple[int, ...]:
     """The shape a device of a TP group holds of variable ``name`` (``shape`` whole): a column-wise
-    module's weight and bias split on their first axis, a row-wise module's weight on its second."""
+    linear module's weight and bias split on their first axis, a row-wise one's weight on its
+    second; an embedding's weight the other way round, row-wise on its first axis (the
+    vocabulary), column-wise on its second (the features). Whether the module is an embedding:
+    ``embedding`` where the caller knows it from the model itself, else what the model spec
+    ``model`` says (its ``embeddings``; without a spec, a linear layer)."""
     if tp is None:
         return tuple(shape)
     module, _, leaf = name.rpartition(".")
     style = tp.style_of(module)
+    if embedding is None:
+        embedding = model is not None and is_embedding(model, module)
+    if style in ("colwise", "rowwise") and embedding:
+        if leaf != "weight" or len(shape) != 2:
+            return tuple(shape)
+        return (shape[0] // tp.degree, shape[1]) if style == "rowwise" else (shape[0], shape[1] // tp.degree)
     if style in ("colwise", "logits") and shape:
         return (shape[0] // tp.degree,) + tuple(shape[1:])
     if style == "rowwise" and leaf == "weight" and len(shape) == 2:

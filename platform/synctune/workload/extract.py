@@ -111,5 +111,6 @@ def workload_spec(workload) -> ModelSpec:
         rows = touched_rows(cpu_module, workload, batch)
         spec = ModelSpec(name=spec.name, variables=spec.variables, batch_size=spec.batch_size, family=spec.family,
                          flops_per_sample=spec.flops_per_sample, factor_rows=spec.factor_rows,
+                         embeddings=spec.embeddings,
                          touched_rows=tuple(rows.get(v.name) if v.sparse else None for v in spec.variables))
     return spec
