@@ -16,6 +16,19 @@ the hooks' overhead only, and the output says so.
 Goals: (a)/(b) <= 1.05; (e)/(f) < 1.
 
     python benchmarks/engine_overhead.py [--model bert-tiny] [--cluster local-1x2] [--bucket-mb 25] [--device cuda]
+        [--breakdown [--breakdown-iters 20] [--trace DIR]]
+
+``--breakdown`` adds, after the timing and on the same processes, where each iteration's time
+goes for (a) and (b): ``--breakdown-iters`` more iterations of each, interleaved, under
+``torch.profiler`` (host activity). The engine marks its step's phases as ``synctune.*`` ranges
+(:data:`synctune.engine.core.PROFILE_PHASES`, on for these iterations only); DDP's come from
+torch's own events (the reducer's ``mul_out`` and ``copy_bucket_to_grad``, ``c10d::*``,
+``Optimizer.step#*``) and three ranges the benchmark puts around DDP's ``_pre_forward``,
+``_post_forward`` and ``_sync_buffers`` on its instance. Every microsecond of an iteration's main thread goes to one
+item (:data:`BREAKDOWN_ITEMS`); the table gives each item's median per iteration (every rank's
+iterations pooled), engine, DDP and their difference. ``--trace DIR`` also writes a Chrome trace
+(chrome://tracing, Perfetto) of each side's profiled iterations per rank:
+``DIR/synctune-rank<r>.json`` and ``DIR/ddp-rank<r>.json``.
 
 A lab preset (``--cluster lab-2x2``, after ``synctune lab up lab-2x2``) runs it over shaped links.
 """
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import statistics
 import time
 
@@ -123,7 +137,230 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     gathered = [None] * world
     dist.all_gather_object(gathered, times)
     # An iteration ends when the slowest rank is done.
-    return {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
+    slowest = {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
+    if not args.get("breakdown_iters"):
+        return slowest
+    breakdown = _profiled(rank, args, device, batch, ours_model, engine, ddp_model, ddp_opt)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, breakdown)
+    return {"times": slowest, "breakdown": {k: [it for b in everyone for it in b[k]] for k in breakdown}}
+
+
+def _profiled(rank: int, args: dict, device, batch, module, engine, ddp_model, ddp_opt) -> dict[str, list[dict]]:
+    """The engine's and DDP's iterations again, interleaved, under torch.profiler (host activity),
+    each phase a range; per side, each profiled iteration's items (:func:`breakdown_of`), the
+    first iteration of each side dropped (the profiler's own warm-up). With ``args["trace"]``
+    each side's iterations are written as a Chrome trace of this rank."""
+    import functools
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    import synctune.engine.core as core
+
+    def settle():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def ours():
+        with record_function(ITERATION_RANGES["synctune"]):
+            with record_function("forward"):
+                loss = module(*batch)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("step"):
+                engine.step()
+            with record_function("zero_grad"):
+                engine.zero_grad()
+            settle()
+
+    def ddp():
+        with record_function(ITERATION_RANGES["ddp"]):
+            with record_function("zero_grad"):
+                ddp_opt.zero_grad()
+            with record_function("forward"):
+                loss = ddp_model(*batch)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("step"):
+                ddp_opt.step()
+            settle()
+
+    def ranged(name, fn):
+        @functools.wraps(fn)
+        def call(*a, **kw):
+            with record_function(name):
+                return fn(*a, **kw)
+        return call
+
+    # DDP's own work before and after the module's forward (the reducer's preparation, the buffer
+    # broadcast) has no range of its own: one each, on this instance only, for these iterations.
+    # The wrapper's range, DistributedDataParallel.forward, also holds the module's own Python.
+    wrapped = ("_pre_forward", "_post_forward", "_sync_buffers")
+    for attr in wrapped:
+        setattr(ddp_model, attr, ranged(f"ddp.{attr.lstrip('_')}", getattr(ddp_model, attr)))
+    core.PROFILE_PHASES = True
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(args["breakdown_iters"] + 1):
+                # Which side goes first alternates: neither always runs right after the other.
+                for fn in ((ours, ddp) if i % 2 == 0 else (ddp, ours)):
+                    dist.barrier()
+                    fn()
+    finally:
+        core.PROFILE_PHASES = False
+        for attr in wrapped:
+            delattr(ddp_model, attr)
+    events = [(e.name, e.thread, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()]
+    if args.get("trace"):
+        os.makedirs(args["trace"], exist_ok=True)
+        whole = os.path.join(args["trace"], f"both-rank{rank}.json")
+        prof.export_chrome_trace(whole)
+        split_trace(whole, {side: os.path.join(args["trace"], f"{side}-rank{rank}.json") for side in ITERATION_RANGES})
+        os.remove(whole)
+    return {side: iterations[1:] for side, iterations in breakdown_of(events).items()}
+
+
+#: The range around each profiled iteration of each side (a key of :func:`breakdown_of`'s result).
+ITERATION_RANGES = {"synctune": "synctune iteration", "ddp": "ddp iteration"}
+
+#: The items an iteration's main-thread time is split into (key, label), in the table's order;
+#: every microsecond of an iteration goes to exactly one. Below them, not summed (they overlap
+#: the items): ``in_flight``, ``exposed`` and ``total``.
+BREAKDOWN_ITEMS = (
+    ("forward", "forward compute"),
+    ("ddp_forward", "DDP forward bookkeeping"),
+    ("buffer_broadcast", "buffer broadcast"),
+    ("backward", "backward compute"),
+    ("hooks", "gradient hooks: dispatch"),
+    ("copy_in", "bucket copy in + scale"),
+    ("launch", "collective launch (c10d op)"),
+    ("wait", "wait for collectives"),
+    ("copy_out", "bucket copy out / set grads"),
+    ("verdict", "refusal verdict"),
+    ("optimizer", "optimizer step"),
+    ("step_other", "step: other host work"),
+    ("zero_grad", "zero_grad"),
+    ("other", "other (loop)"),
+)
+_INFO_ITEMS = (
+    ("in_flight", "all-reduce in flight (gloo thread)"),
+    ("exposed", "last hook -> last all-reduce done"),
+    ("total", "iteration (profiled)"),
+)
+_HOOK = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+_NAMED = {"forward": "forward", "backward": "backward", "zero_grad": "zero_grad", "step": "step_other",
+          "ddp.pre_forward": "ddp_forward", "ddp.post_forward": "ddp_forward", "ddp.sync_buffers": "buffer_broadcast",
+          "synctune.buffer_broadcast": "buffer_broadcast", "synctune.wait": "wait", "synctune.finish": "copy_out",
+          "synctune.verdict": "verdict", "torch.distributed.ddp.reducer::copy_bucket_to_grad": "copy_out"}
+_COPIES = ("aten::copy_", "aten::mul_", "aten::mul", "aten::div_", "torch::distributed::reducer::mul_out",
+           "torch::distributed::reducer::copy_")
+
+
+def _item(name: str, inherited: str) -> str:
+    """The item an event's own time goes to, given the item of the range it runs in."""
+    if name in _NAMED:
+        return _NAMED[name]
+    if name.startswith("Optimizer.step#"):
+        return "optimizer"
+    if name.startswith("Optimizer.zero_grad#"):
+        return "zero_grad"
+    if name.startswith(_HOOK):
+        return "hooks"
+    if inherited in ("hooks", "wait"):  # what a hook (or the engine's wait, for late members) does
+        if name.startswith("c10d::"):
+            return "launch"
+        if name in _COPIES:
+            return "copy_in"
+    return inherited
+
+
+def breakdown_of(events: list[tuple[str, int, float, float]]) -> dict[str, list[dict[str, float]]]:
+    """Per side of :data:`ITERATION_RANGES`, per profiled iteration, milliseconds per item of
+    :data:`BREAKDOWN_ITEMS` (and the informative ``in_flight``, ``exposed``, ``total``).
+
+    ``events``: (name, thread, start µs, end µs) from torch.profiler. On the thread that ran the
+    iteration ranges, events nest: each event's own time (its span less its children's) goes to
+    the item its name says (:func:`_item`), else to the item of the range it runs in (DDP's
+    ``_pre_forward`` and ``_post_forward`` are ranges in these iterations). The backward
+    range's own time after the last autograd function is the wait for collectives (DDP waits
+    for its buckets inside backward, in the reducer's final callback). ``in_flight`` sums the
+    ``gloo:all_reduce`` spans (enqueued to done, on gloo's threads) that start in the
+    iteration; ``exposed`` is from the end of the iteration's last gradient hook to the end of
+    its last all-reduce."""
+    ranges = {name: side for side, name in ITERATION_RANGES.items()}
+    roots = sorted((e for e in events if e[0] in ranges), key=lambda e: e[2])
+    out: dict[str, list[dict[str, float]]] = {side: [] for side in ITERATION_RANGES}
+    if not roots:
+        return out
+    main = roots[0][1]
+    ordered = sorted((e for e in events if e[1] == main), key=lambda e: (e[2], -e[3]))
+    others = [e for e in events if e[1] != main and e[0].startswith("gloo:all_reduce")]
+    for root in roots:
+        _name, _thread, lo, hi = root
+        inside = [e for e in ordered if lo <= e[2] and e[3] <= hi and e is not root]
+        items = dict.fromkeys([k for k, _ in BREAKDOWN_ITEMS] + [k for k, _ in _INFO_ITEMS], 0.0)
+        _attribute(root, inside, items)
+        hooks = [e[3] for e in inside if e[0].startswith(_HOOK)]
+        flights = [e for e in others if lo <= e[2] <= hi]
+        items["in_flight"] = sum(e[3] - e[2] for e in flights)
+        if hooks and flights:
+            items["exposed"] = max(0.0, max(e[3] for e in flights) - max(hooks))
+        items["total"] = hi - lo
+        out[ranges[root[0]]].append({k: v / 1e3 for k, v in items.items()})
+    return out
+
+
+def _attribute(root, inside, items: dict[str, float]) -> None:
+    """Add each event's own time under ``root`` (``inside``: sorted by start, longest first) to
+    ``items``."""
+    children: dict[int, list] = {id(root): []}
+    item_of = {id(root): "other"}
+    passed = {id(root): "other"}  # the item a range's children inherit
+    stack = [root]
+    for e in inside:
+        while len(stack) > 1 and e[2] >= stack[-1][3]:
+            stack.pop()
+        parent = stack[-1]
+        e = (e[0], e[1], e[2], min(e[3], parent[3]))  # clock rounding: never past the parent
+        item = _item(e[0], passed[id(parent)])
+        item_of[id(e)] = item
+        passed[id(e)] = item
+        children[id(parent)].append(e)
+        children[id(e)] = []
+        stack.append(e)
+    for node in [root] + [e for kids in children.values() for e in kids]:
+        kids = children[id(node)]
+        gaps, at = [], node[2]
+        for k in kids:
+            gaps.append((at, max(at, k[2])))
+            at = max(at, k[3])
+        gaps.append((at, max(at, node[3])))
+        item = item_of[id(node)]
+        if node[0] == "backward":
+            last = max((k[3] for k in kids if k[0].startswith("autograd::engine::evaluate_function")), default=None)
+            for a, b in gaps:
+                items["wait" if last is not None and a >= last else "backward"] += b - a
+        else:
+            items[item] += sum(b - a for a, b in gaps)
+
+
+def split_trace(path: str, into: dict[str, str]) -> None:
+    """Write, per side, the Chrome trace at ``path`` cut to that side's iteration ranges (events
+    of every thread that start in one), with the trace's metadata."""
+    import json
+
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace.get("traceEvents", [])
+    for side, target in into.items():
+        windows = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                   if e.get("ph") == "X" and e.get("name") == ITERATION_RANGES[side]]
+        kept = [e for e in events if e.get("ph") == "M" or any(a <= e.get("ts", -1) <= b for a, b in windows)]
+        with open(target, "w") as f:
+            json.dump({**trace, "traceEvents": kept}, f)
 
 
 def buffers_broadcast(world: int) -> bool:
@@ -137,6 +374,16 @@ def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: i
     """Per configuration, the per-iteration times (slowest rank) of the interleaved runs, in
     order: ``rounds`` consecutive blocks of ``iters`` (:func:`round_medians`). A lab cluster's
     workers run in the lab's namespaces (the lab must be up with that preset)."""
+    return measure_with_breakdown(model, cluster_name, bucket_mb=bucket_mb, warmup=warmup, iters=iters,
+                                  rounds=rounds, device=device)[0]
+
+
+def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5,
+                           iters: int = 20, rounds: int = 3, device: str = "cpu", breakdown_iters: int = 0,
+                           trace: str | None = None) -> tuple[dict[str, list[float]], dict[str, list[dict]]]:
+    """:func:`measure`'s times and, with ``breakdown_iters``, that many profiled iterations more of
+    the engine and of DDP on the same processes: per side, every rank's iterations' items
+    (:func:`breakdown_of`); ``trace``: a folder for each side's Chrome trace per rank."""
     from synctune.engine.local import rank_networks, run_local
     from synctune.spec import resolve_cluster
     from synctune.spec.cluster import is_lab_cluster
@@ -148,13 +395,17 @@ def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: i
 
         nets = rank_networks(cluster, cluster.devices, lab_attach(cluster))
     args = {"model": model, "cluster": cluster_name, "bucket_mb": bucket_mb, "warmup": warmup, "iters": iters,
-            "rounds": rounds, "device": device}
+            "rounds": rounds, "device": device, "breakdown_iters": breakdown_iters,
+            "trace": None if trace is None else os.path.abspath(trace)}
     backend = "gloo"
     if device == "cuda":
         from synctune.engine.trial import GPU_BACKEND
 
         backend = GPU_BACKEND
-    return run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
+    out = run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
+    if not breakdown_iters:
+        return out, {}
+    return out["times"], out["breakdown"]
 
 
 def round_medians(out: dict[str, list[float]], rounds: int) -> dict[str, list[float]]:
@@ -191,13 +442,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: models on the GPUs (ranks share them round-robin), NCCL for CUDA tensors")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="after the timing, where each iteration's time goes, engine vs DDP (torch.profiler)")
+    parser.add_argument("--breakdown-iters", type=int, default=20,
+                        help="profiled iterations of each side for --breakdown")
+    parser.add_argument("--trace", metavar="DIR", default=None,
+                        help="with --breakdown: write each side's Chrome trace per rank into DIR")
     args = parser.parse_args()
+    if args.trace and not args.breakdown:
+        parser.error("--trace needs --breakdown")
 
     from synctune.spec import resolve_cluster
 
     world = resolve_cluster(args.cluster).num_devices
-    out = measure(args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
-                  rounds=args.rounds, device=args.device)
+    out, breakdown = measure_with_breakdown(
+        args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
+        rounds=args.rounds, device=args.device, breakdown_iters=args.breakdown_iters if args.breakdown else 0,
+        trace=args.trace)
     import torch
 
     med = {k: statistics.median(v) for k, v in out.items()}
@@ -226,6 +487,40 @@ def main() -> None:
         r, lo, hi = paired_ratio(out["hps_chained"], out["hps_blocking"])
         print(f"ratio (e)/(f) = {med['hps_chained'] / med['hps_blocking']:.3f}   paired per iteration {r:.3f} "
               f"[95% {lo:.3f}, {hi:.3f}]   (goal < 1: chained stages overlap backward)")
+    if breakdown:
+        print()
+        print(breakdown_table(breakdown))
+        if args.trace:
+            print(f"Chrome traces: {args.trace}/synctune-rank<r>.json, {args.trace}/ddp-rank<r>.json")
+
+
+def breakdown_table(breakdown: dict[str, list[dict[str, float]]]) -> str:
+    """The breakdown as a table: per item, the median ms per iteration of the engine and of DDP
+    (every rank's profiled iterations pooled), engine minus DDP, and the difference of the means
+    (means add up: the items' mean differences sum to the iterations'); then the sum of the item
+    medians and the informative rows (not part of the sum)."""
+    ours, ddp = breakdown["synctune"], breakdown["ddp"]
+    lines = [f"breakdown per iteration, median ms over {len(ours)} engine and {len(ddp)} DDP profiled iterations "
+             f"(all ranks), host time under torch.profiler",
+             f"{'item':<38}{'engine':>10}{'DDP':>10}{'engine-DDP':>12}{'mean diff':>11}"]
+
+    def row(key, label):
+        a = statistics.median(it[key] for it in ours)
+        b = statistics.median(it[key] for it in ddp)
+        mean = statistics.fmean(it[key] for it in ours) - statistics.fmean(it[key] for it in ddp)
+        lines.append(f"{label:<38}{a:>10.3f}{b:>10.3f}{a - b:>+12.3f}{mean:>+11.3f}")
+        return a, b
+
+    sums = [0.0, 0.0]
+    for key, label in BREAKDOWN_ITEMS:
+        a, b = row(key, label)
+        sums[0] += a
+        sums[1] += b
+    lines.append(f"{'sum of the item medians':<38}{sums[0]:>10.3f}{sums[1]:>10.3f}{sums[0] - sums[1]:>+12.3f}")
+    lines.append("not in the sum (they overlap the items above):")
+    for key, label in _INFO_ITEMS:
+        row(key, label)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

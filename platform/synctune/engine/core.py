@@ -59,7 +59,19 @@ from .layout import RankLayout
 from .runtime import per_world
 from .units import GradView, Member, Scheduler, SparsePSUnit, SynchronizationError
 
-__all__ = ["StrategyEngine", "check_supported", "SynchronizationError"]
+__all__ = ["StrategyEngine", "check_supported", "SynchronizationError", "PROFILE_PHASES"]
+
+#: Whether ``step`` marks its phases (waiting for the collectives, setting the synchronized
+#: gradients, the refusal verdict, the broadcasts) as ``torch.profiler.record_function`` ranges
+#: named ``synctune.*``. Off by default: a range is a dispatcher call on entry and on exit even
+#: when no profiler is active. ``benchmarks/engine_overhead.py --breakdown`` turns it on.
+PROFILE_PHASES = False
+_NO_RANGE = contextlib.nullcontext()
+
+
+def _phase(name: str):
+    """A profiler range named ``name`` while :data:`PROFILE_PHASES` is on, else a no-op context."""
+    return torch.profiler.record_function(name) if PROFILE_PHASES else _NO_RANGE
 
 
 def check_supported(strategy: Strategy, model: ModelSpec) -> None:
@@ -311,22 +323,25 @@ class StrategyEngine:
         if self._synchronized:
             return
         views: dict[str, GradView | None] = {}
-        for unit in self.units:
-            for member in unit.unready():
-                # No hook fired for it in the synchronized backward: unused there, but maybe used by
-                # a micro-batch inside no_sync, whose gradient waits in .grad.
-                if member.variable not in views:
-                    grad = self._params[member.variable].grad
-                    views[member.variable] = GradView(grad) if grad is not None else None
-                if unit.member_ready(member, views[member.variable]):
-                    self.scheduler.add(unit)
-        self.scheduler.progress(block=True)
-        self.scheduler.reset()
-        for unit in self.units:
-            unit.finish()
+        with _phase("synctune.wait"):
+            for unit in self.units:
+                for member in unit.unready():
+                    # No hook fired for it in the synchronized backward: unused there, but maybe used
+                    # by a micro-batch inside no_sync, whose gradient waits in .grad.
+                    if member.variable not in views:
+                        grad = self._params[member.variable].grad
+                        views[member.variable] = GradView(grad) if grad is not None else None
+                    if unit.member_ready(member, views[member.variable]):
+                        self.scheduler.add(unit)
+            self.scheduler.progress(block=True)
+        with _phase("synctune.finish"):
+            self.scheduler.reset()
+            for unit in self.units:
+                unit.finish()
         self._synchronized = True
         if settle:
-            self._settle(self._start_verdict(collective=False), self._unit_refusal())
+            with _phase("synctune.verdict"):
+                self._settle(self._start_verdict(collective=False), self._unit_refusal())
 
     def _unit_refusal(self) -> str | None:
         # A unit's own refusal (SFB's check) is the same on every rank already: its verdicts
@@ -446,12 +461,13 @@ class StrategyEngine:
             self._agreed_step(scaler)
         elif self.optimizer is not None:
             self.optimizer.step()
-        for phase in (0, 1):
-            handles = [h for unit in self.units for h in unit.broadcast_phase(phase)]
-            for h in handles:
-                h.wait()
+        with _phase("synctune.param_broadcast"):
+            for phase in (0, 1):
+                handles = [h for unit in self.units for h in unit.broadcast_phase(phase)]
+                for h in handles:
+                    h.wait()
         if self.broadcast_buffers and self.world > 1:
-            with torch.no_grad():
+            with _phase("synctune.buffer_broadcast"), torch.no_grad():
                 for buf in self.module.buffers():
                     self._broadcast_in_place(buf.data, 0)
         for unit in self.units:
