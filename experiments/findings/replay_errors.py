@@ -14,7 +14,12 @@ the held-out trials replayed. A strategy is counted in every class it belongs to
 - ``dense ar of a sparse variable``: an embedding whose sparse gradient is all-reduced dense;
 - ``hierarchical``, ``compressed``, ``local aggregation``, ``partitioned``: as named;
 - ``uneven batch split`` (replicas given different batches, TAG §4.2) and ``replica subset``
-  (replicas on fewer devices than the cluster has).
+  (replicas on fewer devices than the cluster has);
+- ``tensor parallel``: modules split across TP groups (a ``tensor_parallel`` plan, Megatron-LM),
+  and ``+sp`` where the plan splits the sequence too (sequence parallelism). The calibration
+  leaves such strategies out (:func:`~synctune.simulator.calibrate_replay`), so every one of
+  them is replayed as held out, beside the held-out share of the others (which is split as
+  ``sim eval`` splits the dataset without them).
 
 Printed: per model and class, the held-out trials (a strategy measured twice counts twice), the
 median signed error
@@ -42,6 +47,10 @@ def classes(strategy, model, devices: int | None = None) -> list[str]:
     """The classes a strategy belongs to (see the module docstring); ``devices``: the cluster's."""
     sparse = {v.name for v in model.variables if v.sparse}
     kinds, groups, out = set(), set(), []
+    if strategy.tensor_parallel is not None:
+        out.append("tensor parallel")
+        if strategy.tensor_parallel.sequence_parallel:
+            out.append("+sp")
     if len(set(strategy.batch_split)) > 1:
         out.append("uneven batch split")
     if devices is not None and len(strategy.replicas) < devices:
@@ -71,6 +80,26 @@ def classes(strategy, model, devices: int | None = None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _with_split_strategies(test: list, domains: list, domain_class) -> list:
+    """``test`` with every strategy of ``domains`` that splits modules added to its domain (the
+    calibration never fits on them), a domain of such strategies only added whole."""
+    by_key = {d.key: d for d in test}
+    out = []
+    for d in domains:
+        mask = d.split_mask()
+        held = by_key.pop(d.key, None)
+        if not mask.any():
+            if held is not None:
+                out.append(held)
+            continue
+        split = d.subset(np.flatnonzero(mask).tolist())
+        if held is None:
+            out.append(split)
+        else:
+            out.append(domain_class(held.ctx, held.strategies + split.strategies, np.r_[held.times_s, split.times_s]))
+    return out + list(by_key.values())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -84,12 +113,12 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common
     from synctune.data import TrialDataset, profiles_dir
-    from synctune.simulator import CalibratedReplay, ReplaySimulator, domains_from_records, split_domains
+    from synctune.simulator import CalibratedReplay, Domain, ReplaySimulator, domains_from_records, split_domains
 
     if not 0 < args.held_out < 1:
         print(f"--held-out {args.held_out}: expected a share between 0 and 1", file=sys.stderr)
         return 2
-    domains = domains_from_records(TrialDataset(args.data).records())
+    domains = domains_from_records(TrialDataset(args.data).records(), tensor_parallel=True)
     missing = sorted(set(args.domain) - {d.key for d in domains})
     if missing:
         print(f"{args.data}: no successful trials for domain(s) {', '.join(missing)}", file=sys.stderr)
@@ -99,7 +128,9 @@ def main() -> int:
     if not domains:
         print(f"{args.data}: no domain to evaluate", file=sys.stderr)
         return 2
-    train, test = split_domains(domains, args.held_out, args.seed)
+    plain = [d.without_tensor_parallel() for d in domains]
+    train, test = split_domains([d for d in plain if len(d.strategies)], args.held_out, args.seed)
+    test = _with_split_strategies(test, domains, Domain)
     sim = CalibratedReplay()
     sim.use_profiles(ReplaySimulator.from_folder(profiles_dir()))
     sim.fit(train)
@@ -111,6 +142,9 @@ def main() -> int:
                 signed[(d.ctx.model.name, c)].append(float(e))
                 if len({t.ctx.model.name for t in test}) > 1:
                     signed[("all models", c)].append(float(e))
+    if sim.unmeasured_activations:
+        print(f"no measured activation sizes for {', '.join(sorted(sim.unmeasured_activations))}: TP collectives "
+              f"priced at one position per sample (profile again: synctune sim profile)", file=sys.stderr)
     if sim.fallbacks:
         print(f"no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs stand in",
               file=sys.stderr)
@@ -118,8 +152,9 @@ def main() -> int:
     for (model, c), es in sorted(signed.items(), key=lambda kv: (kv[0][0] == "all models", kv[0])):
         es = np.asarray(es)
         rows.append([model, c, len(es), f"{np.median(es):+.1%}", f"{np.median(np.abs(es)):.1%}"])
-    print(f"{sum(len(d.times_s) for d in test)} held-out trials of {len(test)} domains; the replay calibrated on "
-          f"the other {sum(len(d.times_s) for d in train)}")
+    split = sum(int(d.split_mask().sum()) for d in test)
+    print(f"{sum(len(d.times_s) for d in test)} held-out trials of {len(test)} domains ({split} of them tensor "
+          f"parallel); the replay calibrated on the other {sum(len(d.times_s) for d in train)}")
     print(_common.markdown_table(["model", "class", "held-out trials", "median signed error",
                                   "median |error|"], rows))
     return 0

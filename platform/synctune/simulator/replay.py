@@ -75,6 +75,7 @@ from .base import Simulator
 from .domain import DomainContext, batch_scale, comm_terms
 from .features import encode, message_rows, message_sizes
 from .kinds import REPLAY_KINDS, ReplayBatch, ReplayKind, by_code, priced
+from .kinds.tensor_parallel import split_domain, tp_split
 
 __all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay",
            "calibrate_per_cluster", "ALL_FIELDS", "UNIT_COSTS", "replay_units",
@@ -181,6 +182,9 @@ class _ReplayDomain:
     recompute: dict[str, float] = dataclasses.field(default_factory=dict)
     #: (blocks,) when backward reaches each block of the model (its first gradient's ready time)
     block_start: np.ndarray | None = None
+    #: per module, elements per sample of its input and output (the profile's ``io_elements``;
+    #: None: not measured): what a tensor-parallel split of it sends
+    io_elements: dict | None = None
 
 
 class ReplaySimulator(Simulator):
@@ -198,6 +202,12 @@ class ReplaySimulator(Simulator):
         self.profiles = dict(profiles or {})
         self.constants = constants
         self.fallbacks: set[str] = set()
+        #: ``model@cluster`` of domains whose strategies split modules the profile has no
+        #: activation sizes for (their TP collectives priced at one position per sample)
+        self.unmeasured_activations: set[str] = set()
+        # Each tensor-parallel plan's model at its local shapes as a domain, by plan, with the
+        # domain it was made for.
+        self._split_ctx: dict[str, tuple[DomainContext, DomainContext]] = {}
         # The last domain replayed and its inputs; the context itself is held, so its identity
         # cannot pass to another context after it is freed.
         self._cache: tuple[DomainContext, _ReplayDomain] | None = None
@@ -295,13 +305,63 @@ class ReplaySimulator(Simulator):
                             rebuild_scale, float(forward_s),
                             ctx.device_slowdowns if slowdowns is None else slowdowns,
                             float((profile.host_s() if measured else None) or 0.0), recompute,
-                            _block_starts(model, ready))
+                            _block_starts(model, ready), dict(profile.io_elements) if measured and
+                            profile.io_elements is not None else None)
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
     # ------------------------------------------------------------------ replay
     def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:
         return replay_units(batch, ctx, self._domain(ctx), self.constants)["iteration_s"]
+
+    def predict(self, strategies: list, model, cluster) -> np.ndarray:
+        """Predicted seconds of ``strategies``; those that split modules (``tensor_parallel``)
+        replayed one by one (:meth:`tp_timeline`), the others as columns."""
+        ctx = DomainContext(model, cluster)
+        mask = np.array([s.tensor_parallel is not None for s in strategies], dtype=bool)
+        if not mask.any():
+            return self._predict_batch(encode(strategies, ctx), ctx)
+        out = np.empty(len(strategies))
+        plain = np.flatnonzero(~mask)
+        if len(plain):
+            out[plain] = self._predict_batch(encode([strategies[i] for i in plain], ctx), ctx)
+        out[mask] = [self.tp_timeline(strategies[i], ctx)["iteration_s"][0] for i in np.flatnonzero(mask)]
+        return out
+
+    def predict_domain(self, domain) -> np.ndarray:
+        """:meth:`predict` of a domain's strategies (those that are columns encoded once)."""
+        mask = domain.split_mask()
+        if not mask.any():
+            return super().predict_domain(domain)
+        out = np.empty(len(domain.strategies))
+        plain = np.flatnonzero(~mask)
+        if len(plain):
+            out[plain] = super().predict_domain(domain.without_tensor_parallel())
+        out[mask] = [self.tp_timeline(domain.strategies[i], domain.ctx)["iteration_s"][0]
+                     for i in np.flatnonzero(mask)]
+        return out
+
+    def tp_timeline(self, strategy, ctx: DomainContext) -> dict[str, Any]:
+        """:meth:`timeline` of one strategy with ``tensor_parallel`` as a device of its TP groups
+        replays it (:mod:`synctune.simulator.kinds.tensor_parallel`): the data-parallel
+        strategy over the groups on the model at its local shapes, on the compute the split
+        leaves a device, with the TP collectives on the critical path; also ``tp_forward_s`` and
+        ``tp_backward_s``, those collectives' seconds in each phase."""
+        dom = self._domain(ctx)  # first: a calibrated replay switches to the domain's constants here
+        split = tp_split(strategy, ctx.model)
+        found = self._split_ctx.get(split.key)
+        if found is None or found[0] is not ctx:  # the context itself is held, as the domain cache does
+            found = self._split_ctx[split.key] = (ctx, DomainContext(split.local, ctx.cluster))
+        local = found[1]
+        b = encode([split.groups], local)
+        scale = float(batch_scale(b, local, dom.device_slowdowns)[0] * (ctx.model.batch_size / dom.profile_batch))
+        tdom, fwd, bwd, unmeasured = split_domain(dom, split, ctx.model, ctx.cluster, self.constants, scale,
+                                                  dom.io_elements)
+        if unmeasured:
+            self.unmeasured_activations.add(f"{ctx.model.name}@{ctx.cluster.name}")
+        tdom = dataclasses.replace(tdom, block_start=_block_starts(split.local, tdom.ready))
+        events = replay_units(b, local, tdom, self.constants)
+        return {**events, "tp_forward_s": np.array([fwd]), "tp_backward_s": np.array([bwd])}
 
     def timeline(self, batch: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
         """Per-unit events of every strategy (``unit_sid``, ``unit_kind``, ``unit_first`` the first
@@ -645,7 +705,8 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     compute (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). Only ``fields`` (of :data:`ALL_FIELDS`) move; the other constants
-    and the measured compute profiles are kept.
+    and the measured compute profiles are kept. Strategies with ``tensor_parallel`` are left out of
+    the fit (their TP collectives pay the fitted launch and all-reduce costs, nothing of their own).
 
     For domains not among ``domains`` (an unseen model or cluster) fit :data:`UNIT_COSTS` only.
     The fixed cost per iteration and the serial share are a workload's own on its host: the
@@ -659,6 +720,9 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     3.4, and bert-tiny's 300 ms of compute replayed with it came out 2.2 times too slow."""
     from scipy.optimize import lsq_linear
 
+    # Strategies that split modules are left out: the constants are fitted on the strategies
+    # replayed as columns, and a split one is predicted with them (its TP terms are not fitted).
+    domains = [d for d in (d.without_tensor_parallel() for d in domains) if len(d.strategies)]
     base = sim.constants
     current = np.array([getattr(base, f) for f in _CPU_FIELDS], dtype=float)
     scale = base.compute_scale
@@ -718,7 +782,7 @@ def calibrate_per_cluster(sim: "ReplaySimulator", domains: list, min_trials: int
     from 15.4% to 14.7%. The shares and the compute scale stay as they were (see
     :func:`calibrate_replay`)."""
     by_cluster: dict[str, list] = {}
-    for d in domains:
+    for d in (d.without_tensor_parallel() for d in domains):
         if len(d.times_s) >= min_trials:
             by_cluster.setdefault(d.ctx.cluster.name, []).append(d)
     start, out = sim.constants, {}
@@ -762,7 +826,8 @@ class CalibratedReplay(ReplaySimulator):
         base = self.general
         self.fit_unseen(domains, base)
         self.set_constants(base)
-        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.times_s) >= self.min_trials}
+        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in (d.without_tensor_parallel() for d in domains)
+                           if len(d.times_s) >= self.min_trials}
         return self
 
     def fit_unseen(self, domains: list, base: ReplayConstants) -> None:
@@ -782,6 +847,7 @@ class CalibratedReplay(ReplaySimulator):
         recalibrates after every batch of trials, dPRO §4.3's calibration from the job's own
         measurements); with fewer than ``min_trials`` trials the domain keeps the constants it
         had (the general ones, unless :meth:`fit` calibrated it)."""
+        domain = domain.without_tensor_parallel()  # the fit's trials (calibrate_replay)
         if len(domain.times_s) < self.min_trials:
             return
         self.set_constants(self.general)  # the fit starts from the constants it replays with
