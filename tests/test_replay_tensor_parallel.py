@@ -184,7 +184,9 @@ def test_replay_errors_classes_split_strategies():
     assert "tensor parallel" not in classes(_plain(model, cluster), model, cluster.num_devices)
 
 
-def test_replay_errors_prints_the_tensor_parallel_classes_beside_the_others(tmp_path):
+def _dataset(tmp_path) -> tuple[Path, Path]:
+    """A dataset of the tiny model's trials (15 plain, 2 split, timed by the replay itself) and a
+    data folder holding its profile."""
     from synctune.data import TrialDataset, TrialRecord
 
     model, cluster = _model(), _cluster()
@@ -201,18 +203,43 @@ def test_replay_errors_prints_the_tensor_parallel_classes_beside_the_others(tmp_
     home = tmp_path / "home"
     (home / "profiles").mkdir(parents=True)
     (home / "profiles" / "mlp-block@cpu-w4.json").write_text(json.dumps(_profile(model).to_dict()))
+    return tmp_path / "dataset", home
+
+
+def _table_rows(text: str) -> set[tuple[str, ...]]:
+    return {tuple(c.strip() for c in line.strip("|").split("|")) for line in text.splitlines() if line.startswith("|")}
+
+
+def test_replay_errors_prints_the_tensor_parallel_classes_beside_the_others(tmp_path):
     import os
     import subprocess
     import sys
 
+    data, home = _dataset(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
-    out = subprocess.run([sys.executable, str(ROOT / "experiments/findings/replay_errors.py"), "--data",
-                          str(tmp_path / "dataset"), "--home", str(home)], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = subprocess.run([sys.executable, str(ROOT / "experiments/findings/replay_errors.py"), "--data", str(data),
+                          "--home", str(home)], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]) for line in out.stdout.splitlines()
-            if line.startswith("|")}
+    rows = {r[:3] for r in _table_rows(out.stdout)}
     assert ("mlp-block", "tensor parallel", "2") in rows  # both split strategies, held out
     assert ("mlp-block", "+sp", "1") in rows
-    assert ("mlp-block", "ar-only", "7") in rows  # the held-out plain trials, beside them (5 of 15, and both splits)
+    assert ("mlp-block", "ar-only", "7") in rows  # beside the held-out plain trials (5 of 15), splits included
     assert "(2 of them tensor parallel)" in out.stdout
+
+
+def test_sim_eval_scores_split_strategies_with_the_replay_only(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from synctune.cli import cli
+
+    data, home = _dataset(tmp_path)
+    monkeypatch.setenv("SYNCTUNE_HOME", str(home))
+    result = CliRunner().invoke(cli, ["sim", "eval", "--data", str(data), "--protocol", "held-out", "--train",
+                                      "replay", "--train", "residual", "--epochs", "2"])
+    assert result.exit_code == 0, result.output
+    assert "2 tensor-parallel trials: only the replay predicts strategies that split modules" in result.output
+    split = [line for line in result.output.splitlines() if line.strip().startswith("mlp-block@two-by-two")
+             and " 2 " in line and "%" in line and "held-out" in line]
+    simulators = {s for s in ("replay (calibrated)", "replay ") if any(s in line for line in split)}
+    assert simulators == {"replay (calibrated)", "replay "}, result.output
+    assert not any("residual" in line for line in split)

@@ -196,6 +196,8 @@ class ReplaySimulator(Simulator):
 
     kind = "replay"
     predicts_seconds = True
+    #: It predicts strategies with ``tensor_parallel`` (:meth:`tp_timeline`); no other simulator does.
+    replays_tensor_parallel = True
 
     def __init__(self, profiles: dict[str, ComputeProfile] | None = None,
                  constants: ReplayConstants = ReplayConstants()) -> None:
