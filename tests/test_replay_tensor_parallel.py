@@ -2,13 +2,15 @@
 AutoDDL's alpha-beta costs): a timeline worked by hand on a tiny profiled model (split compute
 over the degree, the TP collectives of known bytes on the intra-node link, the data-parallel
 all-reduce over the groups on the local shapes after backward), the direction a split moves a
-prediction, calibration leaving split rows out, and the class in the replay's error table."""
+prediction, calibration of the TP collectives' own cost, and the class in the replay's error
+table and in ``sim eval``."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -141,32 +143,28 @@ def test_without_measured_activations_the_replay_says_so():
     assert sim.unmeasured_activations == {"mlp-block@two-by-two"}
 
 
-def test_calibration_leaves_split_strategies_out_and_predicts_them_with_its_constants():
+def test_calibration_fits_the_tp_collectives_cost_on_split_strategies_only():
+    from synctune.simulator.replay import calibrate_replay
+
     model, cluster = _model(), _cluster()
-    plain = [build_strategy("allreduce", model, cluster, chunk=c) for c in (1, 2, 3)] * 4
-    split = _split(model, cluster)
-    truth = ReplaySimulator({}, dataclasses.replace(K, iteration_s=0.004, ar_unit_s=0.001))
+    plain = [build_strategy("allreduce", model, cluster, chunk=c) for c in (1, 2, 3)] * 3
+    split = [_split(model, cluster), _split(model, cluster, sequence=True)] * 2
+    planted = dataclasses.replace(K, tp_collective_s=0.003)
+    truth = ReplaySimulator({}, planted)
     truth.add_profile(_profile(model))
-    times = truth.predict(plain, model, cluster)
     ctx = DomainContext(model, cluster)
-
-    def fitted(domain):
-        sim = CalibratedReplay({}, K)
-        sim.add_profile(_profile(model))
-        return sim.fit([domain])
-
-    # The split row's time is far off what any constant explains: the fit is the same without it.
-    with_split = fitted(Domain(ctx, plain + [split], np.r_[times, 10.0]))
-    without = fitted(Domain(ctx, plain, times))
-    key = "mlp-block@two-by-two"
-    assert with_split.per_domain[key] == without.per_domain[key]
-    assert with_split.general == without.general
-    # The split strategy is predicted with the domain's fitted constants.
-    alone = ReplaySimulator({}, with_split.per_domain[key])
-    alone.add_profile(_profile(model))
-    predicted = with_split.predict_domain(Domain(ctx, plain + [split], np.r_[times, 10.0]))
-    assert predicted[-1] == pytest.approx(alone.predict([split], model, cluster)[0], rel=1e-12)
-    assert predicted[:-1] == pytest.approx(with_split.predict(plain, model, cluster), rel=1e-12)
+    fields = ("tp_collective_s",)
+    # Without split strategies nothing moves the term: it stays where it was.
+    plain_only = Domain(ctx, plain, truth.predict(plain, model, cluster))
+    assert calibrate_replay(_sim(model), [plain_only], fields=fields).tp_collective_s == 0.0
+    # With them, the fit finds the cost that generated their times (2 and 5 collectives each),
+    # and the plain strategies' times do not change with it.
+    both = Domain(ctx, plain + split, truth.predict(plain + split, model, cluster))
+    fitted = calibrate_replay(_sim(model), [both], fields=fields)
+    assert fitted.tp_collective_s == pytest.approx(0.003, rel=1e-3)
+    moved = ReplaySimulator({}, fitted)
+    moved.add_profile(_profile(model))
+    assert moved.predict(plain, model, cluster) == pytest.approx(_sim(model).predict(plain, model, cluster), rel=1e-12)
 
 
 def _replay_errors():
@@ -218,13 +216,21 @@ def test_replay_errors_prints_the_tensor_parallel_classes_beside_the_others(tmp_
     data, home = _dataset(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
     out = subprocess.run([sys.executable, str(ROOT / "experiments/findings/replay_errors.py"), "--data", str(data),
-                          "--home", str(home)], capture_output=True, text=True, env=env, timeout=120)
+                          "--home", str(home), "--held-out", "0.5", "--seed", "3"], capture_output=True, text=True, env=env,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = {r[:3] for r in _table_rows(out.stdout)}
-    assert ("mlp-block", "tensor parallel", "2") in rows  # both split strategies, held out
-    assert ("mlp-block", "+sp", "1") in rows
-    assert ("mlp-block", "ar-only", "7") in rows  # beside the held-out plain trials (5 of 15), splits included
-    assert "(2 of them tensor parallel)" in out.stdout
+    rows = {r[1]: int(r[2]) for r in _table_rows(out.stdout) if r[0] == "mlp-block" and r[2].isdigit()}
+    # The held-out trials, as the split (sim eval's) draws them: every measurement of a strategy.
+    from synctune.data import TrialDataset
+    from synctune.simulator import domains_from_records, split_domains
+
+    _train, (test,) = split_domains(domains_from_records(TrialDataset(data).records(), tensor_parallel=True), 0.5, seed=3)
+    split = [s for s in test.strategies if s.tensor_parallel is not None]
+    assert split, "the split holds a strategy with tensor_parallel out (seed 3)"
+    assert f"({len(split)} of them tensor parallel)" in out.stdout
+    assert rows["tensor parallel"] == len(split)
+    assert rows.get("+sp", 0) == sum(s.tensor_parallel.sequence_parallel for s in split)
+    assert rows["all"] == len(test.strategies) > len(split)
 
 
 def test_sim_eval_scores_split_strategies_with_the_replay_only(tmp_path, monkeypatch):

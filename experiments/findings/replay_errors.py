@@ -16,10 +16,10 @@ the held-out trials replayed. A strategy is counted in every class it belongs to
 - ``uneven batch split`` (replicas given different batches, TAG §4.2) and ``replica subset``
   (replicas on fewer devices than the cluster has);
 - ``tensor parallel``: modules split across TP groups (a ``tensor_parallel`` plan, Megatron-LM),
-  and ``+sp`` where the plan splits the sequence too (sequence parallelism). The calibration
-  leaves such strategies out (:func:`~synctune.simulator.calibrate_replay`), so every one of
-  them is replayed as held out, beside the held-out share of the others (which is split as
-  ``sim eval`` splits the dataset without them).
+  and ``+sp`` where the plan splits the sequence too (sequence parallelism). They are split
+  into held-out and training trials with the others, and the calibration fits on the training
+  ones too (the cost of a TP collective, ``tp_collective_s``, is theirs alone); ``sim eval``
+  scores them apart, never trained on, so its split of a dataset with them differs from this one.
 
 Printed: per model and class, the held-out trials (a strategy measured twice counts twice), the
 median signed error
@@ -80,26 +80,6 @@ def classes(strategy, model, devices: int | None = None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _with_split_strategies(test: list, domains: list, domain_class) -> list:
-    """``test`` with every strategy of ``domains`` that splits modules added to its domain (the
-    calibration never fits on them), a domain of such strategies only added whole."""
-    by_key = {d.key: d for d in test}
-    out = []
-    for d in domains:
-        mask = d.split_mask()
-        held = by_key.pop(d.key, None)
-        if not mask.any():
-            if held is not None:
-                out.append(held)
-            continue
-        split = d.subset(np.flatnonzero(mask).tolist())
-        if held is None:
-            out.append(split)
-        else:
-            out.append(domain_class(held.ctx, held.strategies + split.strategies, np.r_[held.times_s, split.times_s]))
-    return out + list(by_key.values())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -113,7 +93,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common
     from synctune.data import TrialDataset, profiles_dir
-    from synctune.simulator import CalibratedReplay, Domain, ReplaySimulator, domains_from_records, split_domains
+    from synctune.simulator import CalibratedReplay, ReplaySimulator, domains_from_records, split_domains
 
     if not 0 < args.held_out < 1:
         print(f"--held-out {args.held_out}: expected a share between 0 and 1", file=sys.stderr)
@@ -128,9 +108,7 @@ def main() -> int:
     if not domains:
         print(f"{args.data}: no domain to evaluate", file=sys.stderr)
         return 2
-    plain = [d.without_tensor_parallel() for d in domains]
-    train, test = split_domains([d for d in plain if len(d.strategies)], args.held_out, args.seed)
-    test = _with_split_strategies(test, domains, Domain)
+    train, test = split_domains(domains, args.held_out, args.seed)
     sim = CalibratedReplay()
     sim.use_profiles(ReplaySimulator.from_folder(profiles_dir()))
     sim.fit(train)

@@ -162,8 +162,9 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
     sims = [(name, _load_for_eval(name, alpha_ms)) for name in names]
     fixed = [(name if name in ("analytic", "replay") else f"{sim.kind} ({name})", sim) for name, sim in sims]
-    # Strategies that split modules (tensor_parallel) are not columns: every simulator is scored
-    # without them, and those that replay them (the replay, calibrated or not) on them apart.
+    # Strategies that split modules (tensor_parallel) are not columns: every simulator is trained
+    # and scored without them, and those that replay them (the replay, calibrated or not) scored
+    # on them apart.
     split = [d.subset(d.split_mask().nonzero()[0].tolist()) for d in _domains(data, domains, tensor_parallel=True)
              if d.split_mask().any()]
     doms = _domains(data, domains)
@@ -221,7 +222,8 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     click.echo(table(["kind mix", "protocol", "simulator", "trials", "pairs", "pairwise acc", "|err| median",
                       "|err| p90"], mix_rows, right=[3, 4, 5, 6, 7]))
     if split_rows:
-        # Calibration never fits on them (calibrate_replay leaves them out): every one is unseen.
+        # The folds train without them: every one is unseen (the calibrated replay's TP collectives
+        # cost their alpha-beta terms and an all-reduce unit's costs, tp_collective_s unfitted).
         click.echo(table(["tensor parallel", "protocol", "simulator", "trials", "signed median", "|err| median",
                           "|err| p90"], split_rows, right=[3, 4, 5, 6]))
     for protocol, _entries in blocks:

@@ -47,7 +47,7 @@ A strategy that splits modules (``tensor_parallel``) is not columns: it is repla
 one device of its TP groups sees it, its data-parallel strategy over the groups on the model's
 local shapes with the split compute and the blocking TP collectives
 (:mod:`synctune.simulator.kinds.tensor_parallel`, :meth:`ReplaySimulator.tp_timeline`); the
-calibration leaves such strategies out.
+calibration fits on them too, and on them alone the cost of a TP collective (``tp_collective_s``).
 
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
@@ -150,6 +150,11 @@ class ReplayConstants:
     #: version 1 takes the largest): a probe's round trip is lengthened by what else its host runs,
     #: and by a CPU quota. :func:`calibrate_replay` fits it.
     latency_share: float = 0.0
+    #: Per blocking collective of a tensor-parallel group, what it costs beyond an all-reduce
+    #: unit's launch and CPU costs (DTensor's redistribution around it, the group's ranks meeting
+    #: in it while their cores compute): only strategies with ``tensor_parallel`` move it, so
+    #: :func:`calibrate_replay` fits it on those.
+    tp_collective_s: float = 0.0
 
 
 def constants_from_file(values: dict) -> ReplayConstants:
@@ -641,7 +646,7 @@ def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.nd
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
-               "latency_share", "shard_unit_s", "lowrank_s_per_mb")
+               "latency_share", "shard_unit_s", "lowrank_s_per_mb", "tp_collective_s")
 #: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
 #: per trial for a share of 1.
 _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
@@ -649,18 +654,19 @@ _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 ALL_FIELDS = (*_CPU_FIELDS, "compute_scale")
 #: The fields other domains' trials say of a domain never measured (:func:`calibrate_replay`
 #: says why the others are not): the CPU cost of each kind of unit and of compression.
-UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard_unit_s", "lowrank_s_per_mb")
+UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard_unit_s", "lowrank_s_per_mb",
+              "tp_collective_s")
 #: Upper bounds of the fields: a share is at most 1; a CPU cost of 50 ms per unit, 1 s per MB
 #: compressed or 1 s per iteration is no CPU cost of these units (the fits found at most 13 ms,
 #: 0.3 s and 0.35 s), and without a bound two nearly collinear columns can cancel at absurd sizes
 #: (cnn-small@lab-4x1's fit once put 5e9 s on a PS unit against a compute scale of 6,000).
-_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05, 1.0])
+_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05, 1.0, 0.05])
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
 #: seconds per iteration, the two shares, seconds per shard unit, seconds per MB low-rank encoded,
-#: then (``_SCALE_STEP``) a relative change of the compute.
-_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4, 1e-3)
+#: seconds per TP collective, then (``_SCALE_STEP``) a relative change of the compute.
+_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4, 1e-3, 1e-4)
 _SCALE_STEP = 1e-2
 
 
@@ -674,16 +680,15 @@ def _cpu_features(sim: "ReplaySimulator", d, base: np.ndarray | None = None) -> 
     cost per iteration and the compute scale are told apart by the strategies whose
     communication is exposed. ``base``: the replayed seconds under the current constants where
     the caller has them already."""
-    b, ctx = d.encoded(), d.ctx
     k = sim.constants
     if base is None:
-        base = sim.timeline(b, ctx)["iteration_s"]
+        base = sim.predict_domain(d)
     cols = []
     for field, h in zip(_CPU_FIELDS, _CPU_STEPS):
         sim.set_constants(dataclasses.replace(k, **{field: getattr(k, field) + h}))
-        cols.append((sim.timeline(b, ctx)["iteration_s"] - base) / h)
+        cols.append((sim.predict_domain(d) - base) / h)
     sim.set_constants(dataclasses.replace(k, compute_scale=k.compute_scale * (1 + _SCALE_STEP)))
-    cols.append((sim.timeline(b, ctx)["iteration_s"] - base) / _SCALE_STEP)
+    cols.append((sim.predict_domain(d) - base) / _SCALE_STEP)
     sim.set_constants(k)
     return base, np.stack(cols, axis=1)
 
@@ -713,8 +718,9 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     compute (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). Only ``fields`` (of :data:`ALL_FIELDS`) move; the other constants
-    and the measured compute profiles are kept. Strategies with ``tensor_parallel`` are left out of
-    the fit (their TP collectives pay the fitted launch and all-reduce costs, nothing of their own).
+    and the measured compute profiles are kept. Strategies with ``tensor_parallel`` take part
+    (replayed one by one, :meth:`ReplaySimulator.tp_timeline`): they alone move
+    ``tp_collective_s``, and their collectives pay the all-reduce unit's costs the others fit too.
 
     For domains not among ``domains`` (an unseen model or cluster) fit :data:`UNIT_COSTS` only.
     The fixed cost per iteration and the serial share are a workload's own on its host: the
@@ -728,9 +734,6 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     3.4, and bert-tiny's 300 ms of compute replayed with it came out 2.2 times too slow."""
     from scipy.optimize import lsq_linear
 
-    # Strategies that split modules are left out: the constants are fitted on the strategies
-    # replayed as columns, and a split one is predicted with them (its TP terms are not fitted).
-    domains = [d for d in (d.without_tensor_parallel() for d in domains) if len(d.strategies)]
     base = sim.constants
     current = np.array([getattr(base, f) for f in _CPU_FIELDS], dtype=float)
     scale = base.compute_scale
@@ -790,7 +793,7 @@ def calibrate_per_cluster(sim: "ReplaySimulator", domains: list, min_trials: int
     from 15.4% to 14.7%. The shares and the compute scale stay as they were (see
     :func:`calibrate_replay`)."""
     by_cluster: dict[str, list] = {}
-    for d in (d.without_tensor_parallel() for d in domains):
+    for d in domains:
         if len(d.times_s) >= min_trials:
             by_cluster.setdefault(d.ctx.cluster.name, []).append(d)
     start, out = sim.constants, {}
@@ -834,8 +837,7 @@ class CalibratedReplay(ReplaySimulator):
         base = self.general
         self.fit_unseen(domains, base)
         self.set_constants(base)
-        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in (d.without_tensor_parallel() for d in domains)
-                           if len(d.times_s) >= self.min_trials}
+        self.per_domain = {d.key: calibrate_replay(self, [d]) for d in domains if len(d.times_s) >= self.min_trials}
         return self
 
     def fit_unseen(self, domains: list, base: ReplayConstants) -> None:
@@ -855,7 +857,6 @@ class CalibratedReplay(ReplaySimulator):
         recalibrates after every batch of trials, dPRO §4.3's calibration from the job's own
         measurements); with fewer than ``min_trials`` trials the domain keeps the constants it
         had (the general ones, unless :meth:`fit` calibrated it)."""
-        domain = domain.without_tensor_parallel()  # the fit's trials (calibrate_replay)
         if len(domain.times_s) < self.min_trials:
             return
         self.set_constants(self.general)  # the fit starts from the constants it replays with

@@ -22,7 +22,10 @@ What the ``tp`` runtime (:mod:`synctune.engine.tensor_parallel`) executes, price
   the module's input or output at the group's batch (the profile's ``io_elements`` per sample,
   float32); a ring all-reduce over t devices costs ``2(t-1)(alpha + bytes/(t beta))``, an
   all-gather or reduce-scatter ``(t-1)(alpha + bytes/(t beta))``, each collective paying the
-  calibrated launch and per-step CPU costs of an all-reduce unit (``unit_s``, ``ar_unit_s``).
+  calibrated launch and per-step CPU costs of an all-reduce unit (``unit_s``, ``ar_unit_s``) and
+  ``tp_collective_s``, the calibrated cost of a TP collective beyond them (fitted on
+  tensor-parallel trials only: on the 2-core host of local-2x2 the alpha-beta terms leave out
+  about 13 ms per collective, DTensor's redistribution and the group meeting in it).
   A ``logits`` module's loss (torch's ``loss_parallel``) adds three all-reduces of one float
   per position in forward (the maximum, the sum of exponentials, the target's logit);
 - **data parallelism** over the TP groups: the strategy's plans as one rank of the strategy
@@ -171,10 +174,11 @@ def collective_seconds(c: TPCollective, batch: int, t: int, alpha: float, bandwi
     """Seconds of collective ``c`` at ``batch`` samples over a ring of ``t`` devices whose link
     moves ``bandwidth`` bytes per second with ``alpha`` seconds per message (AutoDDL's
     alpha-beta cost), plus the CPU an all-reduce unit pays per launch and per step with another
-    replica (``k``: :class:`~synctune.simulator.replay.ReplayConstants`)."""
+    replica and the calibrated cost of a TP collective beyond it (``k``:
+    :class:`~synctune.simulator.replay.ReplayConstants`, ``tp_collective_s``)."""
     nbytes = c.elements_per_sample * batch * _ITEM
     steps = _ROUNDS[c.op] * (t - 1)
-    return steps * (alpha + nbytes / (t * bandwidth)) + k.unit_s + k.ar_unit_s * (t - 1)
+    return steps * (alpha + nbytes / (t * bandwidth)) + k.unit_s + k.ar_unit_s * (t - 1) + k.tp_collective_s
 
 
 def split_domain(dom: Any, split: TPSplit, model: Any, cluster: Any, k: Any, scale: float, io: dict | None
