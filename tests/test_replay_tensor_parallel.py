@@ -249,3 +249,20 @@ def test_sim_eval_scores_split_strategies_with_the_replay_only(tmp_path, monkeyp
     simulators = {s for s in ("replay (calibrated)", "replay ") if any(s in line for line in split)}
     assert simulators == {"replay (calibrated)", "replay "}, result.output
     assert not any("residual" in line for line in split)
+
+
+def test_a_profile_records_each_modules_activation_sizes_per_sample():
+    import torch
+
+    from synctune.engine.profile import io_elements
+
+    class _Workload:
+        @staticmethod
+        def loss(model, batch):
+            return model(batch[0]).sum()
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    batch = (torch.randn(5, 6, 4),)  # 5 samples of 6 positions
+    assert io_elements(_Workload(), model, batch, 5) == {"0": [6 * 4, 6 * 8], "2": [6 * 8, 6 * 3]}
+    profile = dataclasses.replace(_profile(_model()), io_elements={"0": [24, 48]})
+    assert ComputeProfile.from_dict(json.loads(json.dumps(profile.to_dict()))).io_elements == {"0": (24.0, 48.0)}
