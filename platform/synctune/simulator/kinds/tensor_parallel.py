@@ -24,8 +24,9 @@ What the ``tp`` runtime (:mod:`synctune.engine.tensor_parallel`) executes, price
   all-gather or reduce-scatter ``(t-1)(alpha + bytes/(t beta))``, each collective paying the
   calibrated launch and per-step CPU costs of an all-reduce unit (``unit_s``, ``ar_unit_s``) and
   ``tp_collective_s``, the calibrated cost of a TP collective beyond them (fitted on
-  tensor-parallel trials only: on the 2-core host of local-2x2 the alpha-beta terms leave out
-  about 13 ms per collective, DTensor's redistribution and the group meeting in it).
+  tensor-parallel trials only: on local-2x2's 2-core host, hf-llama-small's trials fit 7-11 ms
+  per collective beyond the alpha-beta terms, DTensor's redistribution and the group meeting in
+  it; without it the replay put those trials 42-76% under their measured times).
   A ``logits`` module's loss (torch's ``loss_parallel``) adds three all-reduces of one float
   per position in forward (the maximum, the sum of exponentials, the target's logit);
 - **data parallelism** over the TP groups: the strategy's plans as one rank of the strategy
