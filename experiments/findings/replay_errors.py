@@ -14,7 +14,12 @@ the held-out trials replayed. A strategy is counted in every class it belongs to
 - ``dense ar of a sparse variable``: an embedding whose sparse gradient is all-reduced dense;
 - ``hierarchical``, ``compressed``, ``local aggregation``, ``partitioned``: as named;
 - ``uneven batch split`` (replicas given different batches, TAG §4.2) and ``replica subset``
-  (replicas on fewer devices than the cluster has).
+  (replicas on fewer devices than the cluster has);
+- ``tensor parallel``: modules split across TP groups (a ``tensor_parallel`` plan, Megatron-LM),
+  and ``+sp`` where the plan splits the sequence too (sequence parallelism). They are split
+  into held-out and training trials with the others, and the calibration fits on the training
+  ones too (the cost of a TP collective, ``tp_collective_s``, is theirs alone); ``sim eval``
+  scores them apart, never trained on, so its split of a dataset with them differs from this one.
 
 Printed: per model and class, the held-out trials (a strategy measured twice counts twice), the
 median signed error
@@ -42,6 +47,10 @@ def classes(strategy, model, devices: int | None = None) -> list[str]:
     """The classes a strategy belongs to (see the module docstring); ``devices``: the cluster's."""
     sparse = {v.name for v in model.variables if v.sparse}
     kinds, groups, out = set(), set(), []
+    if strategy.tensor_parallel is not None:
+        out.append("tensor parallel")
+        if strategy.tensor_parallel.sequence_parallel:
+            out.append("+sp")
     if len(set(strategy.batch_split)) > 1:
         out.append("uneven batch split")
     if devices is not None and len(strategy.replicas) < devices:
@@ -89,7 +98,7 @@ def main() -> int:
     if not 0 < args.held_out < 1:
         print(f"--held-out {args.held_out}: expected a share between 0 and 1", file=sys.stderr)
         return 2
-    domains = domains_from_records(TrialDataset(args.data).records())
+    domains = domains_from_records(TrialDataset(args.data).records(), tensor_parallel=True)
     missing = sorted(set(args.domain) - {d.key for d in domains})
     if missing:
         print(f"{args.data}: no successful trials for domain(s) {', '.join(missing)}", file=sys.stderr)
@@ -111,6 +120,9 @@ def main() -> int:
                 signed[(d.ctx.model.name, c)].append(float(e))
                 if len({t.ctx.model.name for t in test}) > 1:
                     signed[("all models", c)].append(float(e))
+    if sim.unmeasured_activations:
+        print(f"no measured activation sizes for {', '.join(sorted(sim.unmeasured_activations))}: TP collectives "
+              f"priced at one position per sample (profile again: synctune sim profile)", file=sys.stderr)
     if sim.fallbacks:
         print(f"no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs stand in",
               file=sys.stderr)
@@ -118,8 +130,9 @@ def main() -> int:
     for (model, c), es in sorted(signed.items(), key=lambda kv: (kv[0][0] == "all models", kv[0])):
         es = np.asarray(es)
         rows.append([model, c, len(es), f"{np.median(es):+.1%}", f"{np.median(np.abs(es)):.1%}"])
-    print(f"{sum(len(d.times_s) for d in test)} held-out trials of {len(test)} domains; the replay calibrated on "
-          f"the other {sum(len(d.times_s) for d in train)}")
+    split = sum(int(d.split_mask().sum()) for d in test)
+    print(f"{sum(len(d.times_s) for d in test)} held-out trials of {len(test)} domains ({split} of them tensor "
+          f"parallel); the replay calibrated on the other {sum(len(d.times_s) for d in train)}")
     print(_common.markdown_table(["model", "class", "held-out trials", "median signed error",
                                   "median |error|"], rows))
     return 0

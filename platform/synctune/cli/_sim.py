@@ -18,12 +18,14 @@ def sim_group() -> None:
     compute, and check the memory model against recorded trials."""
 
 
-def _domains(data: str | None, selected: tuple[str, ...]):
+def _domains(data: str | None, selected: tuple[str, ...], *, tensor_parallel: bool = False):
+    """The dataset's domains (``--domain``: only those); with ``tensor_parallel``, their
+    strategies that split modules too (only the replay predicts those)."""
     from ..data import TrialDataset, dataset_dir
     from ..simulator import domains_from_records
 
     ds = TrialDataset(data or dataset_dir())
-    domains = domains_from_records(ds.records())
+    domains = domains_from_records(ds.records(), tensor_parallel=tensor_parallel)
     if selected:
         for want in selected:
             if "@" not in want:
@@ -160,6 +162,11 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
     sims = [(name, _load_for_eval(name, alpha_ms)) for name in names]
     fixed = [(name if name in ("analytic", "replay") else f"{sim.kind} ({name})", sim) for name, sim in sims]
+    # Strategies that split modules (tensor_parallel) are not columns: every simulator is trained
+    # and scored without them, and those that replay them (the replay, calibrated or not) scored
+    # on them apart.
+    split = [d.subset(d.split_mask().nonzero()[0].tolist()) for d in _domains(data, domains, tensor_parallel=True)
+             if d.split_mask().any()]
     doms = _domains(data, domains)
     blocks = []  # (protocol, [(label, sim, test domains)])
     if not protocols:
@@ -194,6 +201,13 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
         blocks.append((protocol, entries))
     bar.close()
     rows, out, mix_rows = _eval_tables(blocks, k)
+    split_rows = _split_table(blocks, split, out)
+    if split:
+        left = sorted({label for _p, entries in blocks for label, sim, _t in entries
+                       if not getattr(sim, "replays_tensor_parallel", False)})
+        if left:
+            echo_err(f"{sum(len(d.strategies) for d in split)} tensor-parallel trials: only the replay predicts "
+                     f"strategies that split modules; {', '.join(left)} scored without them")
     for _label, sim in fixed:
         if getattr(sim, "fallbacks", None):
             echo_err(f"replay: no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs "
@@ -207,6 +221,11 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     # strategies that shard beside those that do not.
     click.echo(table(["kind mix", "protocol", "simulator", "trials", "pairs", "pairwise acc", "|err| median",
                       "|err| p90"], mix_rows, right=[3, 4, 5, 6, 7]))
+    if split_rows:
+        # The folds train without them: every one is unseen (the calibrated replay's TP collectives
+        # cost their alpha-beta terms and an all-reduce unit's costs, tp_collective_s unfitted).
+        click.echo(table(["tensor parallel", "protocol", "simulator", "trials", "signed median", "|err| median",
+                          "|err| p90"], split_rows, right=[3, 4, 5, 6]))
     for protocol, _entries in blocks:
         means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out
                           if o["domain"] == "overall" and o["protocol"] == protocol)
@@ -241,6 +260,31 @@ def _eval_tables(blocks: list, k: int) -> tuple[list, list, list]:
                                  _pct(m["abs_err_median"]), _pct(m["abs_err_p90"])])
                 out.append({"domain": "by-mix", **m, "simulator": label, "protocol": protocol})
     return rows, out, mix_rows
+
+
+def _split_table(blocks: list, split: list, out: list) -> list:
+    """Per protocol, simulator that replays strategies with ``tensor_parallel`` and test domain,
+    its error on the domain's such strategies (``split``: domains of those only): the table's rows;
+    their JSON records are appended to ``out``."""
+    import numpy as np
+
+    rows = []
+    for protocol, entries in blocks:
+        for label, sim, test in entries:
+            if not getattr(sim, "replays_tensor_parallel", False):
+                continue
+            keys = {d.key for d in test}
+            for d in split:
+                if d.key not in keys:
+                    continue
+                signed = np.asarray(sim.predict_domain(d), float) / d.times_s - 1
+                rows.append([d.key, protocol, label, len(signed), f"{np.median(signed):+.1%}",
+                             _pct(float(np.median(np.abs(signed)))), _pct(float(np.percentile(np.abs(signed), 90)))])
+                out.append({"domain": d.key, "tensor_parallel": True, "simulator": label, "protocol": protocol,
+                            "n": len(signed), "signed_err_median": float(np.median(signed)),
+                            "abs_err_median": float(np.median(np.abs(signed))),
+                            "abs_err_p90": float(np.percentile(np.abs(signed), 90))})
+    return rows
 
 
 #: Per-strategy arrays of :func:`~synctune.simulator.evaluate` results, not printed as JSON.

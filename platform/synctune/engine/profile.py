@@ -33,7 +33,7 @@ from ..spec.model import ModelSpec
 from ..spec.profile import ComputeProfile
 
 __all__ = ["profile_compute", "profile_per_device_type", "profile_worker", "hook_cost", "under_cpu_quota",
-           "QUOTA_WINDOW_S"]
+           "QUOTA_WINDOW_S", "io_elements"]
 
 
 def profile_worker(rank: int, world: int, payload: dict) -> dict:
@@ -97,6 +97,7 @@ def profile_worker(rank: int, world: int, payload: dict) -> dict:
         out["launch_s"] = _launch_time(workload, model, batch, optimizer, iters=payload["iters"],
                                        warmup=min(payload["warmup"], 2))
         out["hook_s"] = hook_cost(device, warmup=payload["warmup"])
+    out["io_elements"] = io_elements(workload, model, batch, payload["batch_size"])
     if payload.get("blocks"):
         out["recompute_s"] = _recompute_times(workload, payload, device, batch, payload["blocks"], out["backward_s"],
                                               med, window_s)
@@ -352,6 +353,39 @@ class _CudaClock:
         return (s(m[0], m[1]), s(m[1], m[2]), s(m[2], m[3]), [s(m[1], e) for e in self.ready])
 
 
+def io_elements(workload, model, batch, batch_size: int) -> dict[str, list[float]]:
+    """Per module holding parameters of its own, the elements per sample of its first tensor
+    input and of its (first tensor) output, from one forward without gradients: what a
+    tensor-parallel split of the module sends (:attr:`~synctune.spec.profile.ComputeProfile.io_elements`)."""
+    import torch
+
+    found: dict[str, list[float]] = {}
+
+    def first(value):
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (tuple, list)):
+            return next((x for x in (first(v) for v in value) if x is not None), None)
+        return getattr(value, "last_hidden_state", None) if not isinstance(value, dict) else None
+
+    def hook_of(name: str):
+        def hook(_module, args, output) -> None:
+            x, y = first(args), first(output)
+            if x is not None and y is not None and name not in found:
+                found[name] = [x.numel() / batch_size, y.numel() / batch_size]
+        return hook
+
+    handles = [sub.register_forward_hook(hook_of(name)) for name, sub in model.named_modules()
+               if name and any(True for _ in sub.parameters(recurse=False))]
+    try:
+        with torch.no_grad():
+            workload.loss(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
 def profile_compute(workload, *, workers: int, batch_size: int | None = None, device: str = "cpu", warmup: int = 3,
                     iters: int = 10, seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                     timeout_s: float = 600.0, nets: list[dict[str, str]] | None = None,
@@ -440,6 +474,8 @@ def _slowest(spec, device_type: str, workers: int, batch: int, outs: list[dict])
     modes = set.intersection(*(set(o.get("recompute_s") or {}) for o in outs)) if outs else set()
     if any(o.get("recompute_s") is not None for o in outs):
         host["recompute_s"] = {m: max(o["recompute_s"][m] for o in outs) for m in sorted(modes)}
+    if outs and all(o.get("io_elements") is not None for o in outs):
+        host["io_elements"] = outs[0]["io_elements"]  # shapes: the same on every worker
     return ComputeProfile(model=spec.name, device=device_type, workers=workers, batch_size=batch,
                           forward_s=max(o["forward_s"] for o in outs), backward_s=max(o["backward_s"] for o in outs),
                           step_s=max(o["step_s"] for o in outs),

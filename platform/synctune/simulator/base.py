@@ -45,20 +45,35 @@ class Domain:
         """The domain with the strategies (and times) at ``idx`` only."""
         return Domain(self.ctx, [self.strategies[i] for i in idx], self.times_s[list(idx)])
 
+    def split_mask(self) -> np.ndarray:
+        """Per strategy, whether it splits modules (``tensor_parallel``): such strategies are not
+        columns (:meth:`encoded` refuses them); the replay takes them one by one."""
+        return np.array([s.tensor_parallel is not None for s in self.strategies], dtype=bool)
+
+    def without_tensor_parallel(self) -> "Domain":
+        """The domain without its strategies that split modules (itself where it has none)."""
+        mask = self.split_mask()
+        return self if not mask.any() else self.subset(np.flatnonzero(~mask).tolist())
+
     def partitions(self) -> np.ndarray:
         """Per strategy, its number of shards (AutoSync Eq. 3's partition penalty)."""
         return np.diff(self.encoded().offsets).astype(np.float64)
 
 
-def domains_from_records(records: Iterable[Any]) -> list[Domain]:
+def domains_from_records(records: Iterable[Any], *, tensor_parallel: bool = False) -> list[Domain]:
     """Group dataset records (``TrialRecord`` or row dicts) with status ok into domains. Only
-    trials our engine ran count: a ``ddp`` row's time is DDP's, not its strategy's."""
+    trials that ran a strategy's own plans count: our engine's, and with ``tensor_parallel`` the
+    trials of strategies that split modules (``tp_degree`` above 1: the runtime that executes
+    them), which only the replay predicts (:meth:`Domain.split_mask`); a ``ddp`` row's time is
+    DDP's, not its strategy's."""
     groups: dict[tuple[str, str], list] = {}
     for r in records:
         row = r if isinstance(r, dict) else r.to_row()
         if row["status"] != "ok" or row["mean_s"] is None or row["mean_s"] != row["mean_s"]:
             continue
-        if (row.get("runtime") or "engine") != "engine" or str(row.get("trial_id", "")).startswith("confirm-"):
+        split = tensor_parallel and (row.get("tp_degree") or 1) > 1
+        if ((row.get("runtime") or "engine") != "engine" and not split) or str(row.get("trial_id", "")).startswith(
+                "confirm-"):
             continue  # a DDP trial times DDP; a confirmation repeats its candidate under another protocol
         groups.setdefault((row["model_hash"], row["cluster_hash"]), []).append(row)
     out = []

@@ -43,6 +43,12 @@ cost on the link and the CPU, how they delay compute and what they run after the
 own, in :data:`synctune.simulator.kinds.REPLAY_KINDS`; a row is priced by its kind, or the kind it
 is ``priced_as`` (:attr:`synctune.strategy.columns.StrategyColumns.pattern`).
 
+A strategy that splits modules (``tensor_parallel``) is not columns: it is replayed on its own as
+one device of its TP groups sees it, its data-parallel strategy over the groups on the model's
+local shapes with the split compute and the blocking TP collectives
+(:mod:`synctune.simulator.kinds.tensor_parallel`, :meth:`ReplaySimulator.tp_timeline`); the
+calibration fits on them too, and on them alone the cost of a TP collective (``tp_collective_s``).
+
 Replaying the fixed unit order is a max-plus recurrence (``finish_i = max(launch_i, finish_{i-1})
 + d_i``), which closes into cumulative maxima, so thousands of strategies replay at once in numpy.
 Calibrated, not modelled from first principles: the communication's own CPU cost (per unit and
@@ -75,6 +81,7 @@ from .base import Simulator
 from .domain import DomainContext, batch_scale, comm_terms
 from .features import encode, message_rows, message_sizes
 from .kinds import REPLAY_KINDS, ReplayBatch, ReplayKind, by_code, priced
+from .kinds.tensor_parallel import split_domain, tp_split
 
 __all__ = ["ReplayConstants", "constants_from_file", "ReplaySimulator", "CalibratedReplay", "calibrate_replay",
            "calibrate_per_cluster", "ALL_FIELDS", "UNIT_COSTS", "replay_units",
@@ -143,6 +150,11 @@ class ReplayConstants:
     #: version 1 takes the largest): a probe's round trip is lengthened by what else its host runs,
     #: and by a CPU quota. :func:`calibrate_replay` fits it.
     latency_share: float = 0.0
+    #: Per blocking collective of a tensor-parallel group, what it costs beyond an all-reduce
+    #: unit's launch and CPU costs (DTensor's redistribution around it, the group's ranks meeting
+    #: in it while their cores compute): only strategies with ``tensor_parallel`` move it, so
+    #: :func:`calibrate_replay` fits it on those.
+    tp_collective_s: float = 0.0
 
 
 def constants_from_file(values: dict) -> ReplayConstants:
@@ -181,6 +193,9 @@ class _ReplayDomain:
     recompute: dict[str, float] = dataclasses.field(default_factory=dict)
     #: (blocks,) when backward reaches each block of the model (its first gradient's ready time)
     block_start: np.ndarray | None = None
+    #: per module, elements per sample of its input and output (the profile's ``io_elements``;
+    #: None: not measured): what a tensor-parallel split of it sends
+    io_elements: dict | None = None
 
 
 class ReplaySimulator(Simulator):
@@ -192,12 +207,20 @@ class ReplaySimulator(Simulator):
 
     kind = "replay"
     predicts_seconds = True
+    #: It predicts strategies with ``tensor_parallel`` (:meth:`tp_timeline`); no other simulator does.
+    replays_tensor_parallel = True
 
     def __init__(self, profiles: dict[str, ComputeProfile] | None = None,
                  constants: ReplayConstants = ReplayConstants()) -> None:
         self.profiles = dict(profiles or {})
         self.constants = constants
         self.fallbacks: set[str] = set()
+        #: ``model@cluster`` of domains whose strategies split modules the profile has no
+        #: activation sizes for (their TP collectives priced at one position per sample)
+        self.unmeasured_activations: set[str] = set()
+        # Each tensor-parallel plan's model at its local shapes as a domain, by plan, with the
+        # domain it was made for.
+        self._split_ctx: dict[str, tuple[DomainContext, DomainContext]] = {}
         # The last domain replayed and its inputs; the context itself is held, so its identity
         # cannot pass to another context after it is freed.
         self._cache: tuple[DomainContext, _ReplayDomain] | None = None
@@ -295,13 +318,63 @@ class ReplaySimulator(Simulator):
                             rebuild_scale, float(forward_s),
                             ctx.device_slowdowns if slowdowns is None else slowdowns,
                             float((profile.host_s() if measured else None) or 0.0), recompute,
-                            _block_starts(model, ready))
+                            _block_starts(model, ready), dict(profile.io_elements) if measured and
+                            profile.io_elements is not None else None)
         self._cache = (ctx, dom)  # one domain at a time: a search scores one domain
         return dom
 
     # ------------------------------------------------------------------ replay
     def _predict_batch(self, batch: StrategyColumns, ctx: DomainContext) -> np.ndarray:
         return replay_units(batch, ctx, self._domain(ctx), self.constants)["iteration_s"]
+
+    def predict(self, strategies: list, model, cluster) -> np.ndarray:
+        """Predicted seconds of ``strategies``; those that split modules (``tensor_parallel``)
+        replayed one by one (:meth:`tp_timeline`), the others as columns."""
+        ctx = DomainContext(model, cluster)
+        mask = np.array([s.tensor_parallel is not None for s in strategies], dtype=bool)
+        if not mask.any():
+            return self._predict_batch(encode(strategies, ctx), ctx)
+        out = np.empty(len(strategies))
+        plain = np.flatnonzero(~mask)
+        if len(plain):
+            out[plain] = self._predict_batch(encode([strategies[i] for i in plain], ctx), ctx)
+        out[mask] = [self.tp_timeline(strategies[i], ctx)["iteration_s"][0] for i in np.flatnonzero(mask)]
+        return out
+
+    def predict_domain(self, domain) -> np.ndarray:
+        """:meth:`predict` of a domain's strategies (those that are columns encoded once)."""
+        mask = domain.split_mask()
+        if not mask.any():
+            return super().predict_domain(domain)
+        out = np.empty(len(domain.strategies))
+        plain = np.flatnonzero(~mask)
+        if len(plain):
+            out[plain] = super().predict_domain(domain.without_tensor_parallel())
+        out[mask] = [self.tp_timeline(domain.strategies[i], domain.ctx)["iteration_s"][0]
+                     for i in np.flatnonzero(mask)]
+        return out
+
+    def tp_timeline(self, strategy, ctx: DomainContext) -> dict[str, Any]:
+        """:meth:`timeline` of one strategy with ``tensor_parallel`` as a device of its TP groups
+        replays it (:mod:`synctune.simulator.kinds.tensor_parallel`): the data-parallel
+        strategy over the groups on the model at its local shapes, on the compute the split
+        leaves a device, with the TP collectives on the critical path; also ``tp_forward_s`` and
+        ``tp_backward_s``, those collectives' seconds in each phase."""
+        dom = self._domain(ctx)  # first: a calibrated replay switches to the domain's constants here
+        split = tp_split(strategy, ctx.model)
+        found = self._split_ctx.get(split.key)
+        if found is None or found[0] is not ctx:  # the context itself is held, as the domain cache does
+            found = self._split_ctx[split.key] = (ctx, DomainContext(split.local, ctx.cluster))
+        local = found[1]
+        b = encode([split.groups], local)
+        scale = float(batch_scale(b, local, dom.device_slowdowns)[0] * (ctx.model.batch_size / dom.profile_batch))
+        tdom, fwd, bwd, unmeasured = split_domain(dom, split, ctx.model, ctx.cluster, self.constants, scale,
+                                                  dom.io_elements)
+        if unmeasured:
+            self.unmeasured_activations.add(f"{ctx.model.name}@{ctx.cluster.name}")
+        tdom = dataclasses.replace(tdom, block_start=_block_starts(split.local, tdom.ready))
+        events = replay_units(b, local, tdom, self.constants)
+        return {**events, "tp_forward_s": np.array([fwd]), "tp_backward_s": np.array([bwd])}
 
     def timeline(self, batch: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
         """Per-unit events of every strategy (``unit_sid``, ``unit_kind``, ``unit_first`` the first
@@ -573,7 +646,7 @@ def _collectives(b: StrategyColumns, k: ReplayConstants, t: dict, unit_of: np.nd
 
 
 _CPU_FIELDS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "iteration_s", "serial_share",
-               "latency_share", "shard_unit_s", "lowrank_s_per_mb")
+               "latency_share", "shard_unit_s", "lowrank_s_per_mb", "tp_collective_s")
 #: The latency share's field, and how hard its fit is pulled to 0: a relative error of this much
 #: per trial for a share of 1.
 _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
@@ -581,18 +654,19 @@ _LATENCY, _LATENCY_PRIOR = _CPU_FIELDS.index("latency_share"), 0.035
 ALL_FIELDS = (*_CPU_FIELDS, "compute_scale")
 #: The fields other domains' trials say of a domain never measured (:func:`calibrate_replay`
 #: says why the others are not): the CPU cost of each kind of unit and of compression.
-UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard_unit_s", "lowrank_s_per_mb")
+UNIT_COSTS = ("ps_unit_s", "ar_unit_s", "ag_unit_s", "compress_s_per_mb", "shard_unit_s", "lowrank_s_per_mb",
+              "tp_collective_s")
 #: Upper bounds of the fields: a share is at most 1; a CPU cost of 50 ms per unit, 1 s per MB
 #: compressed or 1 s per iteration is no CPU cost of these units (the fits found at most 13 ms,
 #: 0.3 s and 0.35 s), and without a bound two nearly collinear columns can cancel at absurd sizes
 #: (cnn-small@lab-4x1's fit once put 5e9 s on a PS unit against a compute scale of 6,000).
-_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05, 1.0])
+_CPU_UPPER = np.array([0.05, 0.05, 0.05, 1.0, 1.0, 1.0, 1.0, 0.05, 1.0, 0.05])
 
 
 #: Steps of :func:`_cpu_features`' finite differences: seconds per unit, seconds per MB compressed,
 #: seconds per iteration, the two shares, seconds per shard unit, seconds per MB low-rank encoded,
-#: then (``_SCALE_STEP``) a relative change of the compute.
-_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4, 1e-3)
+#: seconds per TP collective, then (``_SCALE_STEP``) a relative change of the compute.
+_CPU_STEPS = (1e-4, 1e-4, 1e-4, 1e-3, 1e-4, 0.05, 0.05, 1e-4, 1e-3, 1e-4)
 _SCALE_STEP = 1e-2
 
 
@@ -606,16 +680,15 @@ def _cpu_features(sim: "ReplaySimulator", d, base: np.ndarray | None = None) -> 
     cost per iteration and the compute scale are told apart by the strategies whose
     communication is exposed. ``base``: the replayed seconds under the current constants where
     the caller has them already."""
-    b, ctx = d.encoded(), d.ctx
     k = sim.constants
     if base is None:
-        base = sim.timeline(b, ctx)["iteration_s"]
+        base = sim.predict_domain(d)
     cols = []
     for field, h in zip(_CPU_FIELDS, _CPU_STEPS):
         sim.set_constants(dataclasses.replace(k, **{field: getattr(k, field) + h}))
-        cols.append((sim.timeline(b, ctx)["iteration_s"] - base) / h)
+        cols.append((sim.predict_domain(d) - base) / h)
     sim.set_constants(dataclasses.replace(k, compute_scale=k.compute_scale * (1 + _SCALE_STEP)))
-    cols.append((sim.timeline(b, ctx)["iteration_s"] - base) / _SCALE_STEP)
+    cols.append((sim.predict_domain(d) - base) / _SCALE_STEP)
     sim.set_constants(k)
     return base, np.stack(cols, axis=1)
 
@@ -645,7 +718,9 @@ def calibrate_replay(sim: "ReplaySimulator", domains: list, *, rounds: int = 10,
     compute (bounded least squares, :func:`scipy.optimize.lsq_linear`, on the replay's own sensitivities,
     :func:`_cpu_features`), repeated from the constants so far (``rounds`` times: the replay is
     piecewise linear in them). Only ``fields`` (of :data:`ALL_FIELDS`) move; the other constants
-    and the measured compute profiles are kept.
+    and the measured compute profiles are kept. Strategies with ``tensor_parallel`` take part
+    (replayed one by one, :meth:`ReplaySimulator.tp_timeline`): they alone move
+    ``tp_collective_s``, and their collectives pay the all-reduce unit's costs the others fit too.
 
     For domains not among ``domains`` (an unseen model or cluster) fit :data:`UNIT_COSTS` only.
     The fixed cost per iteration and the serial share are a workload's own on its host: the

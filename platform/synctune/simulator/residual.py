@@ -220,6 +220,9 @@ class ResidualReplay(CalibratedReplay):
     and calibration on a search's own trials are the replay's."""
 
     kind = "replay-residual"
+    #: Its correction is learned on features of strategies as columns, which a strategy with
+    #: ``tensor_parallel`` is not: such a strategy would get the calibrated replay uncorrected.
+    replays_tensor_parallel = False
 
     def __init__(self, profiles: dict[str, ComputeProfile] | None = None,
                  constants: ReplayConstants = ReplayConstants(), *, min_trials: int = 10, groups: int = 5,

@@ -52,6 +52,10 @@ class ComputeProfile:
     backward took longer with every block of the model checkpointed in that mode (the
     recomputed forwards; :mod:`synctune.strategy.checkpoint`), where the profile measured it
     (None: not measured, and the replay adds nothing for checkpointed blocks).
+
+    ``io_elements``: per module holding parameters of its own (its dotted name in the model), the
+    elements per sample of its first tensor input and of its output, from one forward (the
+    activations a tensor-parallel split module's collectives carry; None: not measured).
     """
 
     model: str
@@ -65,6 +69,7 @@ class ComputeProfile:
     launch_s: float | None = None
     hook_s: float | None = None
     recompute_s: Mapping[str, float] | None = None
+    io_elements: Mapping[str, tuple[float, float]] | None = None
 
     def __post_init__(self) -> None:
         where = f"compute profile of {self.model!r}"
@@ -91,6 +96,13 @@ class ComputeProfile:
         require(self.recompute_s is None or (isinstance(self.recompute_s, Mapping) and all(
             k in ("full", "selective") and is_number(v) and 0 <= v < 1e6 for k, v in self.recompute_s.items())),
             f"{where}: recompute_s", "seconds per checkpointing mode (full, selective) or null", self.recompute_s)
+        require(self.io_elements is None or (isinstance(self.io_elements, Mapping) and all(
+            isinstance(k, str) and 0 < len(k) <= 1000 and isinstance(v, (tuple, list)) and len(v) == 2
+            and all(is_number(x) and 0 <= x < 1e15 for x in v) for k, v in self.io_elements.items())),
+            f"{where}: io_elements", "per module name, [input elements, output elements] per sample, or null",
+            self.io_elements)
+        if self.io_elements is not None:
+            object.__setattr__(self, "io_elements", {k: (float(v[0]), float(v[1])) for k, v in self.io_elements.items()})
 
     def check(self, model: ModelSpec) -> None:
         """Refuse a profile of another model (one ready time per variable of ``model``)."""
@@ -111,6 +123,8 @@ class ComputeProfile:
         host = {k: getattr(self, k) for k in ("launch_s", "hook_s") if getattr(self, k) is not None}
         if self.recompute_s is not None:
             host["recompute_s"] = dict(self.recompute_s)
+        if self.io_elements is not None:
+            host["io_elements"] = {k: list(v) for k, v in self.io_elements.items()}
         return {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device, "workers": self.workers,
                 "batch_size": self.batch_size, "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "step_s": self.step_s, "ready_s": list(self.ready_s), **host}
@@ -127,7 +141,7 @@ class ComputeProfile:
         ready = data["ready_s"]
         require(isinstance(ready, list), f"{where}: ready_s", "a list of numbers", type(ready).__name__)
         try:
-            host = {k: data[k] for k in ("launch_s", "hook_s", "recompute_s") if data.get(k) is not None}  # optional
+            host = {k: data[k] for k in ("launch_s", "hook_s", "recompute_s", "io_elements") if data.get(k) is not None}  # optional
             return cls(**{k: data[k] for k in keys if k != "ready_s"}, ready_s=tuple(ready), **host)
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None

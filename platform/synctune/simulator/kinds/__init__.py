@@ -9,6 +9,10 @@ and never ask which kind a row is (:mod:`.registry` says what an entry is handed
 elsewhere registers its entries with :func:`register_memory_kind`, :func:`register_feature_kind`
 and :func:`register_replay_kind`, or is priced as a built-in kind
 (:attr:`~synctune.strategy.kinds.Synchronizer.priced_as`) and registers its memory tally only.
+
+Tensor parallelism, a plan beside the synchronizers rather than one of them, has its replay here
+too (:mod:`.tensor_parallel`): the split a device computes, its TP collectives, and the
+data-parallel strategy over the TP groups the kinds above then replay.
 """
 
 # Each module registers its kind's entries, in the synchronizer registry's order of the kinds.
