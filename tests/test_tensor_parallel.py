@@ -48,6 +48,22 @@ def _case(label: str, model: str, cluster_name: str, *, dp: str = "allreduce", s
             "spec": spec.to_dict(), "optimizer": optimizer, "lr": lr, "steps": STEPS}
 
 
+def _torchrun(out, tmp_path, steps: int) -> dict:
+    """Run training file ``out`` under torch.distributed.run on 4 processes for ``steps`` steps;
+    the model's state it saved."""
+    import subprocess
+    import sys
+
+    from _searches import search_env
+
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(out), "--steps", str(steps), "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+
+
 def _check_against_reference(cases: list[dict], outputs: list[list[dict]], world: int) -> None:
     for c, case in enumerate(cases):
         label = case["label"]
@@ -399,11 +415,7 @@ def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split, 
     or an all-reduce on the dp sub-mesh) run under torch.distributed.run on 4 processes: its saved
     state equals single-process training on the TP groups' concatenated batches (the workload's
     own SGD, lr 0.01) within 1e-6."""
-    import subprocess
-    import sys
-
     from _engine_workers import reference_training
-    from _searches import search_env
     from synctune.run.apply import write_training_file
 
     strategy, _spec, cluster = _megatron(model, "local-2x2", dp=dp, batch_split=split, sequence_parallel=sp)
@@ -416,12 +428,7 @@ def test_applied_tp_file_trains_like_single_process(tmp_path, model, dp, split, 
     with pytest.raises(SpecError, match="tensor_parallel: it splits modules across TP groups, which torch FSDP2"):
         write_training_file(strategy, workload_of(model), cluster, tmp_path / "no.py", "fsdp")
     steps = 3
-    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                          str(out), "--steps", str(steps), "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
-                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
-                         timeout=600)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    got = _torchrun(out, tmp_path, steps)
     ref = reference_training(model, split[::2], "sgd", 0.01, steps)
     assert set(got) == set(ref)
     for k, v in got.items():
@@ -433,10 +440,6 @@ def test_applied_file_with_sequence_and_loss_parallelism_trains_a_library_model(
     loss over vocabulary-split logits runs under torch.distributed.run on 4 processes and saves
     finite parameters (the exactness of the file's structure against single-process training is
     the zoo cases' above; of these styles, the tp runtime's tests)."""
-    import subprocess
-    import sys
-
-    from _searches import search_env
     from synctune.run.apply import write_training_file
 
     cluster = cluster_preset("local-2x2")
@@ -448,14 +451,11 @@ def test_applied_file_with_sequence_and_loss_parallelism_trains_a_library_model(
     text = out.read_text()
     assert "loss_parallel().__enter__()" in text and "'model.embed_tokens': PrepareModuleOutput(" in text
     assert "'lm_head': ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)" in text
-    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                          str(out), "--steps", "2", "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
-                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
-                         timeout=600)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    got = _torchrun(out, tmp_path, 2)
     assert got and all(torch.isfinite(v).all() for v in got.values() if v.is_floating_point())
 
+
+def test_a_search_refuses_the_megatron_builder_as_a_baseline():
     """Searches do not score or propose tensor-parallel strategies yet: naming the Megatron builder
     as a baseline is one line that says how to measure it instead."""
     from synctune.search import Experiment
@@ -689,10 +689,7 @@ def test_applied_file_with_a_rowwise_embedding_trains_like_single_process(tmp_pa
     embedding's own torch style is written (whole ids in; with sequence parallelism reduce-scattered
     onto the sequence, no ``scatter`` module), and the saved state equals single-process training
     on the TP groups' concatenated batches (the workload's SGD, lr 0.01) within 1e-6."""
-    import subprocess
-    import sys
 
-    from _searches import search_env
     from _tp_workers import reference
     from synctune.run.apply import write_training_file
 
@@ -705,12 +702,7 @@ def test_applied_file_with_a_rowwise_embedding_trains_like_single_process(tmp_pa
     expected = ("'embed': RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),"
                 if sp else "'embed': RowwiseParallel(input_layouts=Replicate()),")
     assert expected in text and "PrepareModuleOutput" not in text
-    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                          str(out), "--steps", "3", "--log-every", "1", "--checkpoint", str(tmp_path / "ck.pt")],
-                         env=search_env(tmp_path / "home"), cwd=str(tmp_path), capture_output=True, text=True,
-                         timeout=600)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    got = torch.load(tmp_path / "ck.pt", weights_only=False)["model"]
+    got = _torchrun(out, tmp_path, 3)
     ref = reference("emb-lm", split[::2], "sgd", 0.01, 3)
     assert set(got) == set(ref)
     for k, v in got.items():

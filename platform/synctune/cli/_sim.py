@@ -202,12 +202,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     bar.close()
     rows, out, mix_rows = _eval_tables(blocks, k)
     split_rows = _split_table(blocks, split, out)
-    if split:
-        left = sorted({label for _p, entries in blocks for label, sim, _t in entries
-                       if not getattr(sim, "replays_tensor_parallel", False)})
-        if left:
-            echo_err(f"{sum(len(d.strategies) for d in split)} tensor-parallel trials: only the replay predicts "
-                     f"strategies that split modules; {', '.join(left)} scored without them")
+    _say_unscored_split(blocks, split)
     for _label, sim in fixed:
         if getattr(sim, "fallbacks", None):
             echo_err(f"replay: no measured compute profile for {', '.join(sorted(sim.fallbacks))}: counted FLOPs "
@@ -230,6 +225,18 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
         means = ", ".join(f"{o['simulator']} {o['pairwise_accuracy']:.3f}" for o in out
                           if o["domain"] == "overall" and o["protocol"] == protocol)
         click.echo(f"{protocol}: mean pairwise ranking accuracy: {means}")
+
+
+def _say_unscored_split(blocks: list, split: list) -> None:
+    """One line on stderr naming the simulators scored without the tensor-parallel trials of
+    ``split`` (only the replay predicts strategies that split modules)."""
+    if not split:
+        return
+    left = sorted({label for _p, entries in blocks for label, sim, _t in entries
+                   if not getattr(sim, "replays_tensor_parallel", False)})
+    if left:
+        echo_err(f"{sum(len(d.strategies) for d in split)} tensor-parallel trials: only the replay predicts "
+                 f"strategies that split modules; {', '.join(left)} scored without them")
 
 
 def _eval_tables(blocks: list, k: int) -> tuple[list, list, list]:

@@ -210,20 +210,8 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
             continue
         if is_embedding(model, module):
             _check_embedding(tp, model, module, style)
-            continue
-        weight = variables.get(f"{module}.weight")
-        if weight is None or len(weight.shape) != 2:
-            raise StrategyError(f"{field}: modules: {module!r} is not a linear layer of model {model.name!r} (no 2-D "
-                                f"variable {module + '.weight'!r}; a weight tied to another module's is that "
-                                f"module's variable); name nn.Linear modules with weights of their own")
-        if weight.sparse:
-            raise StrategyError(f"{field}: modules: {module!r} has a sparse gradient (an embedding); only linear "
-                                f"layers and dense embeddings are split")
-        axis = 1 if style == "rowwise" else 0
-        if weight.shape[axis] % t:
-            what = "input features" if style == "rowwise" else "output features"
-            raise StrategyError(f"{field}: modules: {module!r} ({style}) has {weight.shape[axis]} {what}, which a "
-                                f"degree of {t} does not divide; use a degree that divides {weight.shape[axis]}")
+        else:
+            _check_linear(tp, model, variables.get(f"{module}.weight"), module, style)
     kinds = set()
     for plan in strategy.plans:
         if plan.num_shards != 1:
@@ -241,6 +229,25 @@ def check_tensor_parallel(strategy: Any, model: Any, cluster: Any) -> None:
         raise StrategyError("strategy: plans: a strategy with tensor_parallel synchronizes every variable the same "
                             "way over its data-parallel axis (allreduce, or shard: FSDP2); it mixes "
                             + " and ".join(sorted(k.__name__ for k in kinds)))
+
+
+def _check_linear(tp: TensorParallel, model: Any, weight: Any, module: str, style: str) -> None:
+    """Refuse a split of linear layer ``module`` (its ``weight`` variable, or None) that cannot run
+    as it says: no 2-D weight of its own, a sparse gradient, a split axis the degree does not
+    divide."""
+    field, t = "strategy: tensor_parallel: modules", tp.degree
+    if weight is None or len(weight.shape) != 2:
+        raise StrategyError(f"{field}: {module!r} is not a linear layer of model {model.name!r} (no 2-D "
+                            f"variable {module + '.weight'!r}; a weight tied to another module's is that "
+                            f"module's variable); name nn.Linear modules with weights of their own")
+    if weight.sparse:
+        raise StrategyError(f"{field}: {module!r} has a sparse gradient (an embedding); only linear "
+                            f"layers and dense embeddings are split")
+    axis = 1 if style == "rowwise" else 0
+    if weight.shape[axis] % t:
+        what = "input features" if style == "rowwise" else "output features"
+        raise StrategyError(f"{field}: {module!r} ({style}) has {weight.shape[axis]} {what}, which a "
+                            f"degree of {t} does not divide; use a degree that divides {weight.shape[axis]}")
 
 
 def is_embedding(model: Any, module: str) -> bool:
