@@ -142,7 +142,8 @@ def reference(case: dict) -> dict:
     for step in range(case["steps"]):
         parts = [batch_of(case["model"], n, case["seed"], step, r, poison=(r == 1 and step == case.get("poison_step")),
                           gated=case.get("gated", False), device=device) for r, n in enumerate(split)]
-        opt.zero_grad()
+        if case.get("zero", "engine") != "never":
+            opt.zero_grad()
         with autocast():
             loss = module(*_joined(parts)) / total
         (scaler.scale(loss) if scaler else loss).backward()
@@ -212,7 +213,12 @@ def habits_worker(rank: int, world: int, cases: list[dict]) -> list[dict]:
                 if scaler:
                     scaler.update()
                     result.setdefault("scales", []).append(float(scaler.get_scale()))
-                engine.zero_grad()
+                zero = case.get("zero", "engine")
+                if zero == "engine":
+                    engine.zero_grad()
+                elif zero == "module":  # the module's own zero_grad: every .grad set to None
+                    module.zero_grad()
+                # "never": gradients accumulate from step to step, as the reference's do
         except Exception as exc:  # noqa: BLE001 - the error cases report what the engine said
             if not case.get("expect_error"):
                 raise

@@ -46,6 +46,13 @@ def _cases(cluster_name: str) -> list[dict]:
         label = builder + "".join(f"-{v}" for v in options.values())
         add(f"plain/{label}", "habit", _strategy(cluster, "habit", builder, **options))
     add("plain/random", "habit", _strategy(cluster, "habit", seed=1))
+    # A small gradient on all-reduce is its bucket slot (autograd adds into it): a loop that sets
+    # .grad to None with the module's zero_grad, or never zeroes (gradients summed over steps, as
+    # one process sums them), trains as one process does.
+    add("plain-module-zero/allreduce", "habit", _strategy(cluster, "habit", "allreduce"), zero="module")
+    add("accumulate/allreduce", "habit", _strategy(cluster, "habit", "allreduce"), zero="never")
+    add("accumulate/allreduce-hierarchical", "habit", _strategy(cluster, "habit", "allreduce", algorithm="hierarchical"),
+        zero="never")
     add("micro3/allreduce", "habit", _strategy(cluster, "habit", "allreduce"), micro=3)
     add("micro3/ps-local", "habit", _strategy(cluster, "habit", "ps-lb", local_aggregation=True), micro=3)
     add("micro2/random", "habit", _strategy(cluster, "habit", seed=2), micro=2)
@@ -117,7 +124,7 @@ def _same_on_every_rank(label, per_rank):
             assert torch.equal(v, per_rank[0]["state"][k]), f"{label}: rank {r} differs on {k}"
 
 
-@pytest.mark.parametrize("prefix", ["plain", "micro", "clip/", "checkpoint/"])
+@pytest.mark.parametrize("prefix", ["plain", "accumulate/", "micro", "clip/", "checkpoint/"])
 def test_habits_train_exactly_like_one_process(trained, prefix):
     for case, per_rank in _each(trained, prefix):
         label = case["label"]

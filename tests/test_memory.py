@@ -116,17 +116,28 @@ def _torch_sizes():
 
 
 def test_recorded_breakdown_matches_torch_sizes_under_allreduce(measured_trials):
+    from synctune.engine.kinds import GRAD_IN_BUCKET_MAX_ELEMENTS
+    from synctune.models import build_model
+    from synctune.strategy.kinds import units_of
+
     strategy, _spec, _cluster, record = measured_trials["allreduce"]
     sizes = _torch_sizes()
     params = sum(sizes.values())
+    # A small variable's .grad is its bucket slot (counted once, in the bucket); the larger ones'
+    # are autograd's own tensors.
+    own = sum(p.numel() * p.element_size() for p in build_model("cnn-small").parameters()
+              if p.numel() > GRAD_IN_BUCKET_MAX_ELEMENTS)
+    assert 0 < own < params
     memory = record.memory_breakdown
     assert len(memory) == 2
     for rank in memory:
         assert rank["params_bytes"] == params
-        assert rank["grads_bytes"] == params  # autograd's .grad of every (dense) variable
+        assert rank["grads_bytes"] == own
         # Every rank updates every variable: Adam's two moments of each, and its 4-byte step.
         assert rank["optimizer_state_bytes"] == 2 * params + 4 * len(sizes)
-        assert rank["comm_buffers_bytes"] == params  # the merge groups' buckets hold every gradient once
+        # The merge groups' buckets hold every gradient once; each group's unit also holds the
+        # weight it scales by, a float32 0-dim tensor.
+        assert rank["comm_buffers_bytes"] == params + 4 * len(units_of(strategy))
         assert rank["peak_bytes"] == sum(rank[k] for k in ("params_bytes", "buffers_bytes", "inputs_bytes",
                                                            "optimizer_state_bytes", "comm_buffers_bytes",
                                                            "iteration_peak_bytes"))

@@ -97,7 +97,8 @@ class StrategyEngine:
     optimizer (it is not called when the list is empty). ``rank`` is the process group's rank;
     rank r runs replica ``strategy.replicas[r]`` with batch ``batch_split[r]``.
     ``broadcast_buffers``: rank 0's buffers (BatchNorm statistics) go to every replica after each
-    step, as torch DDP's option of that name. ``overlap=False`` launches only the first stage of
+    step, as torch DDP's option of that name (the buffers of the modules that held any when the
+    engine was built, as DDP finds its buffers once). ``overlap=False`` launches only the first stage of
     each unit during backward and the rest inside ``step``, one unit at a time (the unchained
     schedule ``benchmarks/engine_overhead.py`` compares chained stages with).
     """
@@ -119,6 +120,10 @@ class StrategyEngine:
         self.module = module
         # Walking a large module tree costs milliseconds of host time per step (zero_grad).
         self._module_params = list(module.parameters())
+        # The modules holding buffers, found once as torch DDP finds its buffers once: a buffer
+        # one of them replaces is broadcast as it is then, one registered later on a module that
+        # had none is not (as with DDP).
+        self._buffer_owners = [m for m in module.modules() if m._buffers]
         self.strategy = strategy
         self.spec = model_spec
         self.weight = strategy.batch_split[self.rank] / strategy.global_batch_size
@@ -163,6 +168,17 @@ class StrategyEngine:
             for m in unit.members:
                 self._member_units.setdefault(m.variable, []).append((m, unit))
                 self._members[(m.variable, m.shard)] = m
+        # Units with new values to send after the optimizer's step (parameter servers, shards).
+        self._broadcasting = [u for u in self.units if u.broadcasts]
+        # Gradients autograd accumulates straight into a unit's bucket slot: the parameter's
+        # .grad is the slot from now on (one the module holds already is left to accumulate as
+        # it would, and copied at its hook; zero_grad attaches the slot then).
+        self._bucket_grads = [(params[m.variable], slot) for u in self.units for m, slot in u.bucket_grads()]
+        in_bucket = {id(p) for p, _slot in self._bucket_grads}
+        self._loose_params = [p for p in self._module_params if id(p) not in in_bucket]
+        for p, slot in self._bucket_grads:
+            if p.grad is None:
+                p.grad = slot
         owned = [m.view for u in self.units for m in u.owned()]
         self.optimizer = optimizer_factory(owned) if owned else None
         self._mark_full_broadcast()
@@ -275,33 +291,61 @@ class StrategyEngine:
         # A misuse is recorded, not raised: raising here would stop this rank's backward (and its
         # launches) while its peers, which may see no misuse of their own, go on into collectives
         # it never joins. ``_settle`` raises it once every collective of the step completed.
-        def hook(param: torch.Tensor) -> None:
+        entries = self._member_units[name]
+        scheduler = self.scheduler
+
+        def misuse(param: torch.Tensor) -> bool:
+            """Record this backward's misuse, if any; whether the gradient is to be left alone."""
             if self._refusal is not None:
-                return  # the step is refused: its gradients are dropped at the verdict
-            entries = self._member_units[name]
+                return True  # the step is refused: its gradients are dropped at the verdict
             if self._synchronized:
                 self._refusal = (f"variable {name!r} got a gradient after the step's synchronization "
                                  f"(clip_grad_norm_) and before engine.step(): call engine.step() first")
-                return
+                return True
+            stored = any(unit.stored(member) for member, unit in entries)
             if not self._sync_enabled:
-                if any(unit.stored(member) for member, unit in entries):
+                if stored:
                     self._refusal = (
                         f"variable {name!r}: a backward inside engine.no_sync() after a synchronized one in the "
                         f"same step; the synchronized gradient would miss it. Run every micro-batch but the "
                         f"last inside no_sync(), and the last outside it")
-                return  # the gradient accumulates in .grad; the next synchronized backward sends the sum
-            if any(unit.stored(member) for member, unit in entries):
+                return True  # the gradient accumulates in .grad; the next synchronized backward sends the sum
+            if stored:
                 self._refusal = (
                     f"variable {name!r} got a second gradient before engine.step(), and its synchronization "
                     f"already started: a second backward would be lost or mixed into a collective in flight. Run "
                     f"the micro-batches that should not communicate inside `with engine.no_sync():` (all but the "
                     f"last, as with torch DDP), or call engine.step() between backward passes")
+                return True
+            return False
+
+        if len(entries) == 1:
+            # The common case, one unit holding the whole variable, kept to a few attribute reads:
+            # this runs once per parameter and backward, in Python where torch DDP's hooks are C++.
+            (member, unit), = entries
+            key = id(member)
+
+            def hook(param: torch.Tensor) -> None:
+                if (self._refusal is not None or self._synchronized or not self._sync_enabled
+                        or key not in unit.pending):
+                    if misuse(param):
+                        return
+                if unit.take(member, param.grad):
+                    scheduler.add(unit)
+                    scheduler.progress()
+                elif scheduler.active:  # later stages of units in flight may be due
+                    scheduler.progress()
+
+            return hook
+
+        def hook(param: torch.Tensor) -> None:
+            if misuse(param):
                 return
             view = GradView(param.grad) if param.grad is not None else None
             for member, unit in entries:
                 if unit.member_ready(member, view):
-                    self.scheduler.add(unit)
-            self.scheduler.progress()
+                    scheduler.add(unit)
+            scheduler.progress()
 
         return hook
 
@@ -341,38 +385,43 @@ class StrategyEngine:
         self._synchronized = True
         if settle:
             with _phase("synctune.verdict"):
-                self._settle(self._start_verdict(collective=False), self._unit_refusal())
+                self._settle(None, self._unit_refusal())
 
     def _unit_refusal(self) -> str | None:
         # A unit's own refusal (SFB's check) is the same on every rank already: its verdicts
         # travelled with its row counts.
         return next((u.refusal for u in self.units if u.refusal), None)
 
-    def _start_verdict(self, collective: bool) -> tuple[Any, torch.Tensor, bool]:
-        """This rank's verdict: the lowest rank that refused (the world size when none did);
-        ``collective``: launch its all-reduce over every rank, else this rank's own."""
+    def _start_verdict(self) -> tuple[Any, torch.Tensor, bool]:
+        """The lowest rank that refused (the world size when none did), agreed by an all-reduce
+        over every rank, launched here."""
         first = torch.tensor([self.rank if self._refusal is not None else self.world], dtype=torch.long)
         work = None
-        if collective and self._verdict_group is not None:
+        if self._verdict_group is not None:
             work = dist.all_reduce(first, op=dist.ReduceOp.MIN, group=self._verdict_group, async_op=True)
-        return work, first, collective and self._verdict_group is not None
+        return work, first, self._verdict_group is not None
 
-    def _settle(self, verdict: tuple[Any, torch.Tensor, bool], shared: str | None = None) -> None:
-        """Complete ``verdict``; when it names a refusing rank (or ``shared``, a refusal every
-        rank holds already, is given), drop the step and raise the refusal: a collective
-        verdict's, the lowest refusing rank's message on every rank."""
-        work, first, collective = verdict
-        if work is not None:
-            work.wait()
-        who = int(first[0])
-        message = shared
-        if who < self.world:
-            if not collective:
-                message = self._refusal
-            else:
-                box = [self._refusal if who == self.rank else None]
-                dist.broadcast_object_list(box, src=who, group=self._verdict_group)
-                message = f"{box[0]} (on rank {who}; every rank refuses this checkpoint)"
+    def _settle(self, verdict: tuple[Any, torch.Tensor, bool] | None, shared: str | None = None) -> None:
+        """Complete ``verdict`` (None: this rank's own refusal, which its peers hold alike, as the
+        module's notes say; nothing is exchanged or allocated, the case of every step); when it
+        names a refusing rank (or ``shared``, a refusal every rank holds already, is given), drop
+        the step and raise the refusal: a collective verdict's, the lowest refusing rank's
+        message on every rank."""
+        if verdict is None:
+            message = self._refusal if self._refusal is not None else shared
+        else:
+            work, first, collective = verdict
+            if work is not None:
+                work.wait()
+            who = int(first[0])
+            message = shared
+            if who < self.world:
+                if not collective:
+                    message = self._refusal
+                else:
+                    box = [self._refusal if who == self.rank else None]
+                    dist.broadcast_object_list(box, src=who, group=self._verdict_group)
+                    message = f"{box[0]} (on rank {who}; every rank refuses this checkpoint)"
         if message is None:
             return
         # The step's gradients mix what the loop did wrong: dropped, so that the next step (or a
@@ -456,32 +505,44 @@ class StrategyEngine:
         synchronized = self._synchronized  # by clip_grad_norm_: a backward since then is refused now
         self._synchronize()
         if synchronized:
-            self._settle(self._start_verdict(collective=False))
+            self._settle(None)
         if scaler is not None and scaler.is_enabled():
             self._agreed_step(scaler)
         elif self.optimizer is not None:
             self.optimizer.step()
-        with _phase("synctune.param_broadcast"):
-            for phase in (0, 1):
-                handles = [h for unit in self.units for h in unit.broadcast_phase(phase)]
-                for h in handles:
-                    h.wait()
-        if self.broadcast_buffers and self.world > 1:
+        if self._broadcasting:
+            with _phase("synctune.param_broadcast"):
+                for phase in (0, 1):
+                    handles = [h for unit in self._broadcasting for h in unit.broadcast_phase(phase)]
+                    for h in handles:
+                        h.wait()
+        if self.broadcast_buffers and self.world > 1 and self._buffer_owners:
             with _phase("synctune.buffer_broadcast"), torch.no_grad():
-                for buf in self.module.buffers():
-                    self._broadcast_in_place(buf.data, 0)
-        for unit in self.units:
+                seen: set[int] = set()
+                for owner in self._buffer_owners:
+                    for buf in owner._buffers.values():
+                        if buf is not None and id(buf) not in seen:
+                            seen.add(id(buf))
+                            self._broadcast_in_place(buf.data, 0)
+        for unit in self._broadcasting:
             unit.after_broadcast()
+        for unit in self.units:
             unit.reset()
         self._synchronized = False
 
     def zero_grad(self) -> None:
-        """Drop local and synchronized gradients (and the sufficient factors kept for them)."""
-        for p in self._module_params:
+        """Drop local and synchronized gradients (and the sufficient factors kept for them). A
+        small variable on all-reduce keeps a ``.grad``, zeros in its bucket slot, which the next
+        backward accumulates into (as torch DDP's ``gradient_as_bucket_view``); the others' are None."""
+        for p in self._loose_params:
             p.grad = None
         for unit in self.units:
             unit.drop_grads()
             unit.forget()
+            unit.zero_bucket_grads()
+        for p, slot in self._bucket_grads:
+            if p.grad is not slot:  # set to None (or replaced) by other code since
+                p.grad = slot
 
     # ----------------------------------------------------------------------------- checkpoints
 
@@ -492,7 +553,7 @@ class StrategyEngine:
                 unit.stored(m) for unit in self.units for m in unit.members)):
             self._refusal = (f"{what} between a backward pass and engine.step(): gradients are being "
                              f"synchronized; call it after engine.step()")
-        work, first, _collective = self._start_verdict(collective=True)
+        work, first, _collective = self._start_verdict()
         if work is not None:
             work.wait()
         if int(first[0]) == self.world:
@@ -501,7 +562,7 @@ class StrategyEngine:
             # Some rank has collectives in flight: complete every unit on every rank (a rank with
             # nothing stored sends zeros), so none is left behind, then raise the agreed refusal.
             self._synchronize(settle=False)
-        self._settle(self._start_verdict(collective=True), self._unit_refusal())
+        self._settle(self._start_verdict(), self._unit_refusal())
 
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state that do not depend on the strategy (collective: every rank

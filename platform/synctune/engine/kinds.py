@@ -21,7 +21,7 @@ from .compress import make_compressor
 from .units import (AllReduceUnit, HierarchicalAllReduceUnit, Member, PSUnit, SFBUnit, ShardUnit, SparseAllGatherUnit,
                     SparsePSUnit)
 
-__all__ = ["BuildContext", "EngineKind", "ENGINE_KINDS", "register_engine_kind"]
+__all__ = ["BuildContext", "EngineKind", "ENGINE_KINDS", "register_engine_kind", "GRAD_IN_BUCKET_MAX_ELEMENTS"]
 
 
 class BuildContext:
@@ -143,6 +143,20 @@ def _ps_refuse(unit: PlanUnit, model: Any) -> str | None:
 
 # ------------------------------------------------------------------------ allreduce
 
+#: A whole dense variable of at most this many elements on all-reduce has its ``.grad`` in its
+#: bucket slot, which autograd accumulates into (torch DDP's ``gradient_as_bucket_view``): its
+#: hook copies nothing. A copy in the hook costs a few µs of host time whatever the size, which
+#: is what a small gradient's copy is; for a larger one the slot's zeroing, autograd's in-place
+#: add and the separate scaling move more memory than copying it scaled in one pass.
+GRAD_IN_BUCKET_MAX_ELEMENTS = 8192
+
+
+def _in_bucket(ctx: BuildContext, members: list[Member]) -> list[Member]:
+    """The members whose gradient lives in the bucket (:data:`GRAD_IN_BUCKET_MAX_ELEMENTS`)."""
+    return [m for m in members if m.whole and not ctx.spec[m.variable].sparse
+            and m.numel <= GRAD_IN_BUCKET_MAX_ELEMENTS]
+
+
 def _allreduce_build(ctx: BuildContext, unit: PlanUnit, members: list[Member]):
     """One merge group: flat (its compressor wrapped around it) or hierarchical (intra-node,
     then across nodes)."""
@@ -154,7 +168,7 @@ def _allreduce_build(ctx: BuildContext, unit: PlanUnit, members: list[Member]):
         return HierarchicalAllReduceUnit(
             members, ctx.weight, ctx.counter, ctx.device, dtype, rank=ctx.rank, intra_ranks=mine,
             intra=ctx.group(mine) if len(mine) > 1 else None,
-            cross=ctx.group(cross) if len(cross) > 1 else None)
+            cross=ctx.group(cross) if len(cross) > 1 else None, in_bucket=_in_bucket(ctx, members))
     offsets, at = [], 0
     for m in members:
         if len(m.shape) >= 2:
@@ -162,7 +176,7 @@ def _allreduce_build(ctx: BuildContext, unit: PlanUnit, members: list[Member]):
         at += m.numel
     comp = make_compressor(unit.compressor, members=offsets, weight=ctx.weight,
                            seed=ctx.seed * 7919 + unit.merge_id, counter=ctx.counter)
-    return AllReduceUnit(members, ctx.weight, comp, ctx.device, dtype)
+    return AllReduceUnit(members, ctx.weight, comp, ctx.device, dtype, in_bucket=_in_bucket(ctx, members))
 
 
 def _allreduce_subgroups(world: int, layout: Any, sync: Any) -> set[tuple[int, ...]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -121,15 +121,19 @@ class _Unit:
     #: Why this step cannot be synchronized exactly, decided by every rank alike (a verdict that
     #: travelled with the unit's own collectives); the engine raises it once the step completed.
     refusal: str | None = None
+    #: Whether the unit sends new values after the optimizer's step (:meth:`broadcast_phase`,
+    #: :meth:`after_broadcast`); the engine asks only those units.
+    broadcasts: bool = False
 
     def __init__(self, members: list[Member], weight: float) -> None:
         self.members = members
         self.weight = weight
+        self._ids = frozenset(id(m) for m in members)
         self.pending: set[int] = set()
         self.reset()
 
     def reset(self) -> None:
-        self.pending = {id(m) for m in self.members}
+        self.pending = set(self._ids)
         self.refusal = None
 
     def member_ready(self, member: Member, grad: GradView | None) -> bool:
@@ -144,12 +148,17 @@ class _Unit:
         self.pending.discard(id(member))
         return not self.pending
 
+    def take(self, member: Member, grad: torch.Tensor | None) -> bool:
+        """:meth:`member_ready` with the parameter's ``.grad`` as it is (the gradient hook's call)."""
+        return self.member_ready(member, GradView(grad) if grad is not None else None)
+
     def stored(self, member: Member) -> bool:
         return id(member) not in self.pending
 
     def unready(self) -> list[Member]:
         """Members that got no gradient in this step (parameters unused by the forward pass)."""
-        return [m for m in self.members if id(m) in self.pending]
+        pending = self.pending
+        return [m for m in self.members if id(m) in pending] if pending else []
 
     def stage_groups(self) -> list:
         """The process groups of this rank's pipeline stages, in order (for the scheduler)."""
@@ -197,6 +206,15 @@ class _Unit:
     def after_broadcast(self) -> None:
         """Put what the broadcast phases received into the members' parameters."""
 
+    def bucket_grads(self) -> list[tuple[Member, torch.Tensor]]:
+        """``(member, slot)`` for each member whose gradient autograd should accumulate straight
+        into the unit's buffer: the engine makes ``slot`` the parameter's ``.grad`` (a whole,
+        dense variable; torch DDP's ``gradient_as_bucket_view``). None by default."""
+        return []
+
+    def zero_bucket_grads(self) -> None:
+        """Zero the slots of :meth:`bucket_grads` (``zero_grad``: autograd adds into them)."""
+
     def forget(self) -> None:
         """Drop what the unit kept of this step beyond the gradients (``zero_grad``)."""
 
@@ -221,7 +239,7 @@ class AllReduceUnit(_Unit):
     """A merge group: members flattened into one bucket, one (compressed) all-reduce."""
 
     def __init__(self, members: list[Member], weight: float, compressor, device, dtype, group=None,
-                 bucket: torch.Tensor | None = None) -> None:
+                 bucket: torch.Tensor | None = None, in_bucket: Iterable[Member] = ()) -> None:
         self.offsets = []
         total = 0
         for m in members:
@@ -230,30 +248,89 @@ class AllReduceUnit(_Unit):
         self.bucket = torch.zeros(total, device=device, dtype=dtype) if bucket is None else bucket
         self.compressor = compressor
         self.group = group
+        # The weight as a 0-dim tensor of the dtype torch computes in (float32 for float16,
+        # bfloat16 and float32; float64 for float64), made once: a Python float is wrapped into a
+        # tensor on every call (a few µs, as much as copying a small gradient), and ``_foreach_mul_``
+        # would round it to a half-precision bucket's dtype first. Bit for bit what ``mul_(weight)`` gives.
+        self._scale = torch.tensor(weight, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         # Views made once: on a GPU each view is a dispatch on the host, per member and step.
         self._slots = {id(m): self._slot(i, m) for i, m in enumerate(members)}
+        # Members whose .grad is their bucket slot (torch DDP's gradient_as_bucket_view): autograd
+        # accumulates into it, and the hook has nothing to copy (see :meth:`bucket_grads`).
+        self._in_bucket = [m for m in members if id(m) in {id(x) for x in in_bucket}]
+        self._bucket_slots = [self._slots[id(m)] for m in self._in_bucket]
+        self._grad_slots = [(m.view, self._slots[id(m)]) for m in members]
+        self._raw: list[torch.Tensor] = []  # slots holding this rank's unscaled gradient this step
         super().__init__(members, weight)
 
     def _slot(self, i: int, member: Member) -> torch.Tensor:
         return self.bucket[self.offsets[i]:self.offsets[i] + member.numel].view(member.shape)
 
+    def reset(self) -> None:
+        super().reset()
+        self._raw = []
+
+    def bucket_grads(self) -> list[tuple[Member, torch.Tensor]]:
+        return [(m, self._slots[id(m)]) for m in self._in_bucket]
+
+    def zero_bucket_grads(self) -> None:
+        if len(self._in_bucket) == len(self.members):
+            self.bucket.zero_()
+        elif self._bucket_slots:
+            torch._foreach_zero_(self._bucket_slots)
+
     def _store(self, member, grad):
         dst = self._slots[id(member)]
         if grad is None:
             dst.zero_()
+            return
+        src = member.of(grad.dense)
+        if src is dst:  # accumulated in place by autograd: scaled with the others in the pipeline
+            self._raw.append(dst)
+        elif src.dtype == dst.dtype:
+            # Scaled as it is copied, one pass over the gradient (torch DDP's ``mul_out`` into its
+            # bucket), the same rounding as copying and scaling the bucket after.
+            torch.mul(src, self._scale, out=dst)
         else:
-            dst.copy_(member.of(grad.dense))
+            dst.copy_(src)
+            dst.mul_(self._scale)
+
+    def take(self, member, grad):
+        # The hook's path for a dense gradient, without the GradView a sparse one needs: it runs
+        # once per parameter and backward, in Python where torch DDP's is C++.
+        key = id(member)
+        pending = self.pending
+        dst = self._slots[key]
+        if key not in pending or grad is None or grad.is_sparse:
+            return self.member_ready(member, GradView(grad) if grad is not None else None)
+        if grad is dst:
+            self._raw.append(dst)
+        elif member.whole and grad.dtype == dst.dtype:
+            torch.mul(grad, self._scale, out=dst)
+        else:
+            self._store(member, GradView(grad))
+        pending.discard(key)
+        return not pending
+
+    def _scale_raw(self) -> None:
+        """Scale the slots autograd accumulated into by this rank's weight (the others were
+        scaled as they were copied): the whole bucket at once when they are all of it."""
+        if len(self._raw) == len(self.members):
+            self.bucket.mul_(self._scale)
+        elif self._raw:
+            torch._foreach_mul_(self._raw, self._scale)
+        self._raw = []
 
     def stage_groups(self):
         return [self.group] * self.compressor.stages
 
     def pipeline(self):
-        self.bucket.mul_(self.weight)
+        self._scale_raw()  # every slot then holds this rank's weighted share
         yield from _staged(self.group, self.compressor.all_reduce(self.bucket, self.group))
 
     def finish(self):
-        for m in self.members:
-            m.view.grad = self._slots[id(m)]
+        for view, slot in self._grad_slots:
+            view.grad = slot
 
 
 class HierarchicalAllReduceUnit(AllReduceUnit):
@@ -264,11 +341,11 @@ class HierarchicalAllReduceUnit(AllReduceUnit):
     Lossless; every node holds the same number of replicas (validation checks it)."""
 
     def __init__(self, members, weight, counter, device, dtype, *, intra, intra_ranks: list[int], cross,
-                 rank: int) -> None:
+                 rank: int, in_bucket: Iterable[Member] = ()) -> None:
         self.local_size = len(intra_ranks)
         used = sum(m.numel for m in members)
         self.padded = torch.zeros(used + (-used) % self.local_size, device=device, dtype=dtype)
-        super().__init__(members, weight, None, device, dtype, bucket=self.padded[:used])
+        super().__init__(members, weight, None, device, dtype, bucket=self.padded[:used], in_bucket=in_bucket)
         self.counter = counter
         self.intra, self.intra_ranks, self.cross = intra, intra_ranks, cross
         self.pieces = list(self.padded.view(self.local_size, -1))
@@ -290,7 +367,7 @@ class HierarchicalAllReduceUnit(AllReduceUnit):
                        for piece, dst in zip(self.pieces, self.intra_ranks)])
 
     def pipeline(self):
-        self.bucket.mul_(self.weight)
+        self._scale_raw()
         if self.local_size > 1:
             self.counter(self.padded)
             yield self.intra, self._reduce_pieces
@@ -310,6 +387,8 @@ class PSUnit(_Unit):
     broadcasts the new value. With local aggregation the reduce (and broadcast) goes through a
     root per node: a reduce inside the node, then, chained as soon as it completed, a reduce
     among the node roots to the server."""
+
+    broadcasts = True
 
     def __init__(self, member: Member, weight: float, compressor, *, rank: int, placement: int,
                  device, counter, intra=None, roots=None, local_root: int | None = None) -> None:
@@ -570,6 +649,8 @@ class SparsePSUnit(_SparseUnit):
     """A sparse shard on a parameter server: rows gathered to the placement, which applies the
     update and broadcasts the rows it changed (all rows if its optimizer is not row-sparse)."""
 
+    broadcasts = True
+
     def __init__(self, member: Member, weight: float, *, rank: int, placement: int, world: int, device, counter,
                  full_broadcast: bool = False) -> None:
         self.rank = rank
@@ -643,6 +724,8 @@ class ShardUnit(_Unit):
     optimizer updates only those rows (``owned``: row views of the parameters, so its state is a
     slice too); after the step one all-gather over the shard group brings every rank the
     updated rows of the others. With an element-wise optimizer this is single-process training."""
+
+    broadcasts = True
 
     def __init__(self, members: list[Member], weight: float, *, rank: int, shard_ranks: list[int], group, cross,
                  reduce_dtype: torch.dtype, device, counter) -> None:
