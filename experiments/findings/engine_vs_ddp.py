@@ -1,0 +1,118 @@
+"""The engine against torch DDP doing the same all-reduce, as a goal table: several models (a
+library model among them), on loopback and on a lab preset, each measured in several runs.
+
+Each run of each (model, place) is one ``benchmarks/engine_overhead.py`` measurement: the engine
+running the Horovod-like builder, torch DDP with the same bucket size, the raw collectives,
+compute alone and, on clusters of several multi-device nodes, hierarchical PS with chained and
+with blocking stages, on the same processes, interleaved iteration by iteration (the order
+rotating), ``--rounds`` rounds of ``--iters`` iterations. A run's ratio pairs the rounds (round r of
+the engine with round r of DDP: the geometric mean of the per-round ratios with a 95% Student-t
+interval, :func:`synctune.stats.paired_ratio`); the runs are separate processes, one after
+another, the models and places interleaved within a run so that drift between runs weighs on
+all alike. The last columns pool every round of every run.
+
+Goals: engine / DDP <= 1.00 with the pooled interval's upper end <= 1.02; chained / blocking
+<= 0.95 where the cluster has several nodes of several devices.
+
+    python experiments/findings/engine_vs_ddp.py [--model cnn-small --model ...] [--preset lab-2x2]
+        [--cluster local-2x2] [--runs 3] [--rounds 6] [--iters 5]
+
+Models are zoo names or workload files (``experiments/workloads/hf_gpt2.py:workload``, a Hugging
+Face GPT-2 built from a config). A lab preset needs root (the lab is brought up for each run and
+down after it); ``--no-lab`` measures the loopback places only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from _common import describe_ratio, load_benchmark, markdown_table, measured_on, time_ratio
+
+MODELS = ("cnn-small", "bert-tiny", "transformer-small", "experiments/workloads/hf_gpt2.py:workload")
+
+
+def _short(model: str) -> str:
+    return model.rsplit("/", 1)[-1].split(":")[0].removesuffix(".py") if ":" in model else model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", help=f"zoo model or workload (repeatable; default {', '.join(MODELS)})")
+    parser.add_argument("--preset", action="append", help="lab preset (repeatable; default lab-2x2)")
+    parser.add_argument("--cluster", action="append", help="loopback preset (repeatable; default local-2x2)")
+    parser.add_argument("--no-lab", action="store_true", help="measure the loopback presets only")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--iters", type=int, default=5, help="interleaved iterations per round")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    args = parser.parse_args()
+    if args.rounds < 2 or args.iters < 1 or args.runs < 1 or args.warmup < 0:
+        parser.error("--rounds must be at least 2 (an interval needs two rounds), --iters and --runs at least 1, "
+                     "--warmup at least 0")
+    from synctune.engine.local import WorkerFailure
+    from synctune.spec.errors import SpecError
+    from synctune.workload.source import model_source
+
+    models = args.model or list(MODELS)
+    for m in models:
+        try:
+            model_source(m).workload()
+        except SpecError as exc:
+            parser.exit(2, f"engine_vs_ddp: --model {m}: {exc}\n")
+    places = [(c, c) for c in (args.cluster or ["local-2x2"])]
+    if not args.no_lab:
+        places += [(p, None) for p in (args.preset or ["lab-2x2"])]
+    bench = load_benchmark("engine_overhead")
+    # (model, place) -> per run: per configuration, the per-round medians
+    runs: dict[tuple[str, str], list[dict[str, list[float]]]] = {}
+    failed = False
+    for run in range(args.runs):
+        for place, stand_in in places:
+            print(f"run {run + 1}/{args.runs}, {place}: measuring {len(models)} models ...", file=sys.stderr)
+            try:
+                with measured_on(place, stand_in) as (cluster, _net):
+                    for m in models:
+                        out = bench.measure(m, cluster.name, bucket_mb=args.bucket_mb, warmup=args.warmup,
+                                            iters=args.iters, rounds=args.rounds)
+                        runs.setdefault((m, place), []).append(bench.round_medians(out, args.rounds))
+            except SpecError as exc:
+                parser.exit(2, f"engine_vs_ddp: {place}: {exc}\n")
+            except WorkerFailure as failure:
+                print(f"{place}: the measurement failed: {failure}", file=sys.stderr)
+                failed = True
+    rows, hier = [], []
+    for (m, place), per_run in runs.items():
+        each = [time_ratio(r["synctune"], r["ddp"]) for r in per_run]
+        pooled = time_ratio([t for r in per_run for t in r["synctune"]], [t for r in per_run for t in r["ddp"]])
+        met = pooled.ratio <= 1.0 and pooled.high <= 1.02
+        ms = [statistics.geometric_mean(r[k]) * 1e3 for r in per_run for k in ("synctune", "ddp")]
+        rows.append([_short(m), place, f"{statistics.median(ms[0::2]):.1f}", f"{statistics.median(ms[1::2]):.1f}"]
+                    + [describe_ratio(r) for r in each]
+                    + [f"{statistics.median(r.ratio for r in each):.3f}", describe_ratio(pooled),
+                       "met" if met else f"missed by {pooled.ratio - 1:+.1%}"])
+        if "hps_chained" in per_run[0]:
+            each = [time_ratio(r["hps_chained"], r["hps_blocking"]) for r in per_run]
+            pooled = time_ratio([t for r in per_run for t in r["hps_chained"]],
+                                [t for r in per_run for t in r["hps_blocking"]])
+            hier.append([_short(m), place] + [describe_ratio(r) for r in each]
+                        + [describe_ratio(pooled), "met" if pooled.ratio <= 0.95 else "missed"])
+    n = args.runs
+    print(f"engine (Horovod-like builder) / torch DDP, bucket {args.bucket_mb:g} MiB: per run the rounds' paired "
+          f"ratio [95%] ({args.rounds} rounds of {args.iters} interleaved iterations), the median of the {n} runs, "
+          f"every round of every run pooled; ms: median over runs of the geometric mean of the round medians")
+    print(markdown_table(["model", "place", "engine ms", "DDP ms"] + [f"run {i + 1}" for i in range(n)]
+                         + ["median of runs", "pooled", "goal <= 1.00, upper <= 1.02"], rows))
+    if hier:
+        print()
+        print("hierarchical PS, chained stages / blocking stages, the same runs")
+        print(markdown_table(["model", "place"] + [f"run {i + 1}" for i in range(n)] + ["pooled", "goal <= 0.95"],
+                             hier))
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
