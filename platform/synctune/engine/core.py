@@ -7,7 +7,10 @@ gloo beside it for CPU ones; same code)::
     loss = model(*batch); loss.backward(); engine.step(); engine.zero_grad()
 
 Each shard of each trainable variable gets a parameter that aliases its slice of the model
-parameter. Gradient hooks feed the synchronizer units during backward; ``step`` completes their
+parameter. Gradient hooks feed the synchronizer units during backward (a small variable on
+all-reduce has its ``.grad`` in its bucket slot, which autograd accumulates into, as torch DDP's
+``gradient_as_bucket_view``: its hook copies nothing; a larger one is copied in, scaled, in one
+pass); ``step`` completes their
 collectives, runs the optimizer over the shards this rank updates (all all-reduce and all-gather
 shards, and the PS shards placed on it: the placement owns their optimizer state), then PS
 placements broadcast the new values and rank 0 its buffers. With an element-wise optimizer

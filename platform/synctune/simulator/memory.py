@@ -10,7 +10,10 @@ a trial measures (:mod:`synctune.engine.memory`):
   ``reshard_after_forward``): the rank's rows only, plus the gathered units in flight
   (``prefetch + 1`` units, the largest ones, whole);
 - **grads**: autograd's ``.grad`` of every dense variable, whole (the engine's hooks copy it into
-  the units' buffers, and it lives until ``zero_grad``); a sparse variable's gradient is its
+  the units' buffers, and it lives until ``zero_grad``; a variable on all-reduce of at most
+  :data:`~synctune.engine.kinds.GRAD_IN_BUCKET_MAX_ELEMENTS` elements has its ``.grad`` in its
+  bucket slot, counted here too: an over-count of those small gradients, a few kB, as torch DDP
+  holds them apart); a sparse variable's gradient is its
   looked-up rows (``sparse_rows_per_sample`` x the rank's batch, row values and an 8-byte index
   each); resharded ``shard`` variables: the rank's rows (FSDP2 frees the unsharded gradient after
   its reduce-scatter);
