@@ -261,3 +261,23 @@ def test_a_search_runs_the_tuned_megatron_baseline(tmp_path):
                for line in summary.splitlines()), summary
     result = json.loads(next((home / "searches").glob("*-best-result.json")).read_text())
     assert result["megatron_trials"] == 3 and result["megatron_best_config"] in configs
+
+
+def test_an_oom_megatron_trial_teaches_the_layout_its_plan_is_predicted_in():
+    """The runtime declares FSDP2's layout, but its plan over one TP group all-reduces: the memory
+    model is taught in the layout it predicts the plan in, so the plan is refused from then on."""
+    from synctune.simulator.memory import ActivationFigures, MemoryBudget, split_layout
+
+    model, cluster = model_spec("transformer-small"), cluster_preset("local-1x2")
+    skeleton = build_strategy("allreduce", model, cluster)
+    runtime = MegatronRuntime(MEGATRON_DEFAULT)
+    plan = runtime.plans_of(skeleton, lambda: None, model)
+    assert runtime.fsdp_layout and not split_layout(plan)
+    probe = ActivationFigures({model.batch_size: [1 << 20]})
+    peak = max(MemoryBudget(model, cluster, gib=1.0, headroom=0.0, probe=probe).peaks(plan))
+    budget = MemoryBudget(model, cluster, gib=1.25 * peak / GIB, headroom=0.0, probe=probe)
+    assert budget.fits(plan)
+    measured = int(1.5 * peak)
+    budget.observe(plan, runtime.fsdp_layout, [{"peak_bytes": measured}] * 2, oom=True)
+    assert budget.corrections == {False: measured - peak, True: 0}
+    assert max(budget.peaks(plan)) == measured and not budget.fits(plan)
