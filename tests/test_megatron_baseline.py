@@ -169,6 +169,7 @@ def test_the_space_admits_only_what_the_measured_budget_fits(tmp_path, monkeypat
     budget.gib = peaks[len(peaks) // 2] / GIB
     limit = min(x for x in budget.limits(skeleton))
     space = MegatronRuntime.tuning_space(spec, CLUSTER4, lossy=True, fits=ctx.runtime_fits)
+    assert space.params["sequence_parallel"].choices == (False,)  # the refused plan is out of the space
     fitting = [p for p in grid if peak(p) <= limit]
     assert 0 < len(fitting) < len(grid)
     for point in _grid([2]):
@@ -281,3 +282,28 @@ def test_an_oom_megatron_trial_teaches_the_layout_its_plan_is_predicted_in():
     budget.observe(plan, runtime.fsdp_layout, [{"peak_bytes": measured}] * 2, oom=True)
     assert budget.corrections == {False: measured - peak, True: 0}
     assert max(budget.peaks(plan)) == measured and not budget.fits(plan)
+
+
+def test_a_resumed_search_is_told_the_megatron_points_it_measured():
+    """A resumed search rebuilds its ledger from the rows (the runtime and its tuned point read
+    back) and tells the tuner the points still in the space: one whose plan the budget no longer
+    admits is left out."""
+    from types import SimpleNamespace
+
+    spec, cluster = model_spec("bert-tiny"), cluster_preset("local-1x4")
+    points = [{"degree": 2, "sequence_parallel": True, "reshard": False, "checkpoint": "none"},
+              {"degree": 4, "sequence_parallel": False, "reshard": True, "checkpoint": "full"}]
+    rows = [SimpleNamespace(trial_id=f"megatron-{i}", runtime="megatron", origin="megatron-tuned", status="ok",
+                            mean_s=0.2 + i / 10, runtime_json=MegatronRuntime.from_tuned(p).config_json(),
+                            extra_json=json.dumps({"megatron_params": p}))
+            for i, p in enumerate(points)]
+    trials = [BaselineTrial.from_record(r) for r in rows]
+    assert [t.runtime for t in trials] == [MegatronRuntime.from_tuned(p) for p in points]
+    assert [t.params for t in trials] == points
+    space = MegatronRuntime.tuning_space(spec, cluster, lossy=True,
+                                         fits=lambda runtime: runtime.config.degree == 2)
+    assert space.params["degree"].choices == (2,)  # no point of degree 4 fits: out of the space
+    searcher = tuned_searcher(space, seed=0, budget=4, done=[(t.params, t.mean_s) for t in trials])
+    told = [t.params for t in searcher._ot_study.trials if t.state.name == "COMPLETE"]
+    assert told == [points[0]]
+    assert all(p["degree"] == 2 for p in _suggest(searcher, 4))

@@ -216,11 +216,12 @@ class MegatronRuntime(ConfiguredRuntime):
 
     @classmethod
     def tuning_space(cls, model: Any, cluster: Any, *, lossy: bool, fits=None) -> TuningSpace:
-        """``degree`` (:func:`megatron_degrees`), ``sequence_parallel`` (where the builder can
-        place it), ``reshard`` (tuned where a degree leaves more than one TP group) and
-        ``checkpoint`` (:data:`~synctune.engine.fsdp.FSDP_CHECKPOINT`). A point is admitted where
-        the builder writes its plan and ``fits`` (the memory budget's judgement of the runtime)
-        accepts it; a drawn point that is not gives way to the nearest that is: its own settings
+        """``degree`` (:func:`megatron_degrees`), ``sequence_parallel``, ``reshard`` (tuned where
+        a degree leaves more than one TP group) and ``checkpoint``
+        (:data:`~synctune.engine.fsdp.FSDP_CHECKPOINT`), each setting only where some admitted
+        point has it. A point is admitted where the builder writes its plan and ``fits`` (the
+        memory budget's judgement of the runtime) accepts it; a drawn point that is not gives way
+        to the nearest that is: its own settings
         with more checkpointing, then resharded, then the other sequence setting, then the larger
         degrees (each holds less), then the smaller. The first point is the builder's default (a
         TP group of a node's devices, no sequence parallelism, resharded, no checkpointing) where
@@ -240,13 +241,19 @@ class MegatronRuntime(ConfiguredRuntime):
                 return False
             return True
 
-        base = {"sequence_parallel": False, "reshard": True, "checkpoint": "none"}
-        sequence = (False, True) if any(builds({**base, "degree": d, "sequence_parallel": True})
-                                        for d in degrees) else (False,)
-        reshard = (True, False) if len(skeleton.replicas) > min(degrees) else (True,)
-
         def admits(point) -> bool:
             return builds(point) and (fits is None or fits(cls.from_tuned(dict(point))))
+
+        every = [{"degree": d, "sequence_parallel": sp, "reshard": r, "checkpoint": c}
+                 for d in degrees for sp in (False, True) for r in (True, False) for c in FSDP_CHECKPOINT]
+        admitted = [p for p in every if admits(p)]
+        if not admitted:
+            raise NothingToTune(cls.name, "no Megatron plan fits the memory budget")
+        # Only settings some admitted point has: a resumed search is not told a point outside them.
+        degrees = sorted({p["degree"] for p in admitted})
+        sequence = tuple(sp for sp in (False, True) if any(p["sequence_parallel"] is sp for p in admitted))
+        reshard = (True, False) if len(skeleton.replicas) > min(degrees) else (True,)
+        base = {"sequence_parallel": False, "reshard": True, "checkpoint": "none"}
 
         def fallbacks(point) -> list[dict]:
             degree = point["degree"]
@@ -256,7 +263,7 @@ class MegatronRuntime(ConfiguredRuntime):
             out: list[dict] = []
             for d in order:
                 for sp in dict.fromkeys((point["sequence_parallel"], *sequence)):
-                    for r in dict.fromkeys((point["reshard"], True)):
+                    for r in dict.fromkeys((point["reshard"], *reshard)):
                         for c in more if d == degree else FSDP_CHECKPOINT:
                             candidate = {"degree": d, "sequence_parallel": sp, "reshard": r, "checkpoint": c}
                             if candidate not in out:
@@ -265,9 +272,7 @@ class MegatronRuntime(ConfiguredRuntime):
 
         first = {"degree": max(degrees), **base}
         if not admits(first):
-            first = next((p for p in fallbacks(first) if admits(p)), None)
-            if first is None:
-                raise NothingToTune(cls.name, "no Megatron plan fits the memory budget")
+            first = next((p for p in fallbacks(first) if admits(p)), admitted[0])
         return TuningSpace(
             params={"degree": Categorical(tuple(degrees)), "sequence_parallel": Categorical(sequence),
                     "reshard": Categorical(reshard), "checkpoint": Categorical(FSDP_CHECKPOINT)},
