@@ -307,3 +307,21 @@ def test_a_resumed_search_is_told_the_megatron_points_it_measured():
     told = [t.params for t in searcher._ot_study.trials if t.state.name == "COMPLETE"]
     assert told == [points[0]]
     assert all(p["degree"] == 2 for p in _suggest(searcher, 4))
+
+
+def test_a_search_whose_domain_has_no_megatron_plan_is_refused_before_any_trial(tmp_path):
+    exp = tmp_path / "dense.yaml"
+    exp.write_text("name: dense\nmodel: ncf-small\ncluster: local-1x2\nbudget: 2\nsimulator: analytic\n"
+                   "baselines: [allreduce, megatron]\nddp_trials: 0\n")
+    home = tmp_path / "home"
+    out = subprocess.run([sys.executable, "-m", "synctune", "search", str(exp)], capture_output=True, text=True,
+                         env=search_env(home), cwd=ROOT, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, lines
+    assert lines[0] == (f"synctune: error: {exp}: baselines.megatron_trials: the tuned Megatron baseline cannot run "
+                        f"here: model 'ncf-small' has no numbered blocks with an attention or MLP pair of linear "
+                        f"layers (query, key, value ... then an output; fc1, up_proj ... then fc2, down_proj) whose "
+                        f"features a TP degree of 2 divides; drop megatron from baselines (or set "
+                        f"baselines.megatron_trials: 0)")
+    assert not list(home.rglob("*.parquet"))  # no trial ran, nothing was recorded

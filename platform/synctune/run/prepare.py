@@ -41,7 +41,8 @@ from .profiles import ensure_profile
 from .simulators import make_search_simulator
 
 __all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
-           "prepare_memory", "split_activations", "cached_split_activations", "megatron_baseline", "shard_rate",
+           "prepare_memory", "split_activations", "cached_split_activations", "check_megatron_baseline",
+           "megatron_baseline", "shard_rate",
            "SearchFilter", "tensorflow_projection"]
 
 
@@ -161,28 +162,44 @@ def cached_split_activations(workload: Any, tp: Any, batch_sizes: Sequence[int] 
     return found
 
 
-def megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any,
-                      budget: MemoryBudget) -> dict[str, str]:
-    """Prepare the tuned Megatron baseline (``baselines.megatron_trials``) before any trial: refuse,
-    in one line naming the setting and the fix, one that cannot run in the domain (a Keras model,
-    a cluster without a TP degree, a model without Megatron pairs, a plan of every degree the
-    runtime refuses), and measure each of its tensor-parallel plans' activation figures on one TP
-    group (:func:`cached_split_activations`) into ``budget.split``, so that its tuning draws only
-    what the budget admits. Returns the plans the runtime refused (by
-    :func:`~synctune.strategy.tensor_parallel.tp_key`, with the refusal): the tuning never draws
-    them. Nothing to do (an empty dict) where the experiment tunes no Megatron baseline."""
-    from ..engine.megatron import MegatronConfig, megatron_degrees, megatron_plan, megatron_refusal
-
-    trials = int(exp.baselines.tuned_trials("megatron"))
-    if not trials:
-        return {}
-    where = exp.source or exp.name
+def _megatron_setting(exp: Experiment) -> tuple[str, str, str]:
+    """Where a refusal of the tuned Megatron baseline points: the file, the setting, the fix."""
     setting = exp.baselines.key("megatron_trials")
-    fix = f"drop megatron from {exp.baselines.key('builders')} (or set {setting}: 0)"
+    return (exp.source or exp.name, setting,
+            f"drop megatron from {exp.baselines.key('builders')} (or set {setting}: 0)")
+
+
+def check_megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> bool:
+    """Whether the experiment tunes a Megatron baseline (``baselines.megatron_trials``); one that
+    cannot run in the domain is refused in one line naming the setting and the fix: a Keras model,
+    a cluster whose nodes hold no TP group of two devices or more, a model without Megatron pairs
+    (:func:`~synctune.engine.megatron.megatron_refusal`). Cheap: checked before the memory probe."""
+    from ..engine.megatron import megatron_refusal
+
+    if not int(exp.baselines.tuned_trials("megatron")):
+        return False
+    where, setting, fix = _megatron_setting(exp)
     why = megatron_refusal(model, cluster) if workload.framework == "torch" else (
         f"{workload.name} is a Keras model, which tensor parallelism by torch's DTensor does not train")
     if why is not None:
         raise SpecError(f"{where}: {setting}: the tuned Megatron baseline cannot run here: {why}; {fix}")
+    return True
+
+
+def megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any,
+                      budget: MemoryBudget) -> dict[str, str]:
+    """Prepare the tuned Megatron baseline (``baselines.megatron_trials``) before any trial: refuse,
+    in one line naming the setting and the fix, one that cannot run in the domain
+    (:func:`check_megatron_baseline`, or a plan of every degree the runtime refuses), and measure each of its tensor-parallel plans' activation figures on one TP
+    group (:func:`cached_split_activations`) into ``budget.split``, so that its tuning draws only
+    what the budget admits. Returns the plans the runtime refused (by
+    :func:`~synctune.strategy.tensor_parallel.tp_key`, with the refusal): the tuning never draws
+    them. Nothing to do (an empty dict) where the experiment tunes no Megatron baseline."""
+    from ..engine.megatron import MegatronConfig, megatron_degrees, megatron_plan
+
+    if not check_megatron_baseline(exp, model, cluster, workload):
+        return {}
+    where, setting, fix = _megatron_setting(exp)
     skeleton = build_strategy("allreduce", model, cluster)
     plans = {}
     for degree in megatron_degrees(model, cluster):
@@ -400,6 +417,7 @@ def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, mode
                         f"--resume to continue it, or change the experiment's name or seed")
     make_search_simulator(exp, model, cluster)  # the simulator file, read and checked now
     horovod = tuple(horovod_baselines(exp, model, cluster, workload))
+    check_megatron_baseline(exp, model, cluster, workload)
     memory, rate = prepare_memory(exp, model, cluster, workload)
     refused_plans = megatron_baseline(exp, model, cluster, workload, memory)
     if exp.search.uses_simulator and exp.search.simulator != "analytic" and workload.framework == "torch":
