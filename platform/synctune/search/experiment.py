@@ -420,8 +420,9 @@ class ConfirmSection(_Section):
     #: many noisy trials is partly luck): interleaved with the baselines on :attr:`screen_rounds`
     #: rounds, and the pick confirmed on fresh rounds (1: no screening).
     candidates: int = 3
-    #: Baselines screened with them: the fastest of each kind (builders, tuned DDP, Horovod),
-    #: then the next fastest, up to this many; the screening's pick is the one confirmed against.
+    #: Baselines screened with them: the fastest of each kind (builders, tuned DDP, FSDP2 and
+    #: Megatron, Horovod), then the next fastest, up to this many; the screening's pick is the one
+    #: confirmed against.
     baselines: int = 3
 
     def __post_init__(self) -> None:
