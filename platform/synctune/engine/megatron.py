@@ -130,7 +130,8 @@ def megatron_refusal(model: Any, cluster: Any) -> str | None:
     if megatron_degrees(model, cluster):
         sparse = next((v.name for v in model.variables if v.sparse), None)
         if sparse is not None:
-            return f"variable {sparse!r} of model {model.name!r} has a sparse gradient, which DTensor and FSDP2 cannot split"
+            return (f"variable {sparse!r} of model {model.name!r} has a sparse gradient, which DTensor and FSDP2 "
+                    f"cannot split")
         return None
     sizes = sorted({n.num_devices for n in cluster.nodes})
     if sizes[0] < 2 or not any(all(s % d == 0 for s in sizes) for d in range(2, sizes[0] + 1)):

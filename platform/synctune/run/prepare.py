@@ -190,9 +190,10 @@ def megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, w
                       budget: MemoryBudget) -> dict[str, str]:
     """Prepare the tuned Megatron baseline (``baselines.megatron_trials``) before any trial: refuse,
     in one line naming the setting and the fix, one that cannot run in the domain
-    (:func:`check_megatron_baseline`, or a plan of every degree the runtime refuses), and measure each of its tensor-parallel plans' activation figures on one TP
-    group (:func:`cached_split_activations`) into ``budget.split``, so that its tuning draws only
-    what the budget admits. Returns the plans the runtime refused (by
+    (:func:`check_megatron_baseline`, or a plan of every degree the runtime refuses), and measure
+    each of its tensor-parallel plans' activation figures on one TP group
+    (:func:`cached_split_activations`) into ``budget.split``, so that its tuning draws only what
+    the budget admits. Returns the plans the runtime refused (by
     :func:`~synctune.strategy.tensor_parallel.tp_key`, with the refusal): the tuning never draws
     them. Nothing to do (an empty dict) where the experiment tunes no Megatron baseline."""
     from ..engine.megatron import MegatronConfig, megatron_degrees, megatron_plan
