@@ -10,6 +10,8 @@ Optuna's TPE through Ray Tune as torch DDP's and FSDP2's baselines are.
   domain has;
 - an experiment lists it as ``megatron`` in its baselines; a form it cannot run, or a domain it
   cannot run in, is refused in one line naming the setting and the fix;
+- the ledger screens its fastest trial as a kind of its own, and a summary can recommend it;
+- the memory model learns from its trials in the layout it predicts their plan in;
 - a real search on ``local-2x2`` runs it as trials, recorded, screened and summarised."""
 
 from __future__ import annotations
@@ -262,6 +264,10 @@ def test_a_search_runs_the_tuned_megatron_baseline(tmp_path):
                for line in summary.splitlines()), summary
     result = json.loads(next((home / "searches").glob("*-best-result.json")).read_text())
     assert result["megatron_trials"] == 3 and result["megatron_best_config"] in configs
+    # screened beside the others on the same processes, every arm measured each round
+    confirmed = result["confirmed"]
+    assert any(b.startswith("tuned Megatron: tp 2") for b in confirmed["screened_baselines"]), confirmed
+    assert len(confirmed["screen_s"]) == 4 and all(len(times) == 2 for times in confirmed["screen_s"])
 
 
 def test_an_oom_megatron_trial_teaches_the_layout_its_plan_is_predicted_in():
@@ -325,3 +331,36 @@ def test_a_search_whose_domain_has_no_megatron_plan_is_refused_before_any_trial(
                         f"features a TP degree of 2 divides; drop megatron from baselines (or set "
                         f"baselines.megatron_trials: 0)")
     assert not list(home.rglob("*.parquet"))  # no trial ran, nothing was recorded
+
+
+def test_the_fastest_megatron_trial_is_a_baseline_arm_and_can_be_recommended():
+    """Kept in the ledger beside tuned DDP, the Megatron baseline is screened as its own kind (its
+    fastest trial), runs on the skeleton under its settings, and is recommended as a baseline when
+    nothing confirmed beats it, with the tp training file's plan."""
+    from synctune.engine.ddp import DDPRuntime
+    from synctune.run.baselines import BaselineLedger
+    from synctune.run.confirm import confirmation_arms
+    from synctune.run.summary import SearchSummary, recommend
+    from synctune.search.interface import SearchTrial
+
+    spec = model_spec("transformer-small")
+    skeleton = build_strategy("allreduce", spec, CLUSTER4)
+    slow, fast = (MegatronRuntime(MegatronConfig(checkpoint=c)) for c in ("full", "none"))
+    ledger = BaselineLedger([BaselineTrial(trial_id="ddp-0", runtime=DDPRuntime(), origin="ddp-tuned", mean_s=0.05),
+                             BaselineTrial(trial_id="megatron-0", runtime=slow, origin="megatron-tuned", mean_s=0.04),
+                             BaselineTrial(trial_id="megatron-1", runtime=fast, origin="megatron-tuned", mean_s=0.03)])
+    searched = [SearchTrial(trial_id="r1-0", strategy=skeleton, origin="autodist", predicted=None, mean_s=0.06)]
+    _candidates, bases = confirmation_arms(searched, ledger, skeleton, candidates=1, baselines=2)
+    assert [(a.runtime, a.label) for a in bases] == [(fast, "tuned Megatron: tp 2, reshard"),
+                                                     (DDPRuntime(), f"tuned DDP: {DDPRuntime().summary()}")]
+    assert all(a.strategy == skeleton for a in bases)
+    summary = SearchSummary(search_id="s", trials=1, failed=0, best_mean_s=0.06, best_origin="autodist",
+                            best_strategy=skeleton, best_baseline_s=0.03, speedup_over_best_baseline=0.5,
+                            hit_rate=0.0, trials_to_1_1x=None, trials_to_1_2x=None, best_builder_baseline_s=None,
+                            best_baseline_strategy=None, best_baseline_origin=None, baselines=tuple(ledger.trials))
+    chosen = recommend(summary, skeleton)
+    assert chosen.kind == "baseline" and chosen.runtime == fast and chosen.name == "tuned Megatron: tp 2, reshard"
+    assert chosen.to_dict()["megatron"] == fast.config_dict() and chosen.to_dict()["ddp"] is None
+    assert summary.to_dict()["megatron_trials"] == 2 and summary.to_dict()["megatron_best_s"] == 0.03
+    assert chosen.runtime.training_format(skeleton) == "tp"
+    assert chosen.runtime.plans_of(skeleton, lambda: None, spec).tensor_parallel.degree == 2
