@@ -455,15 +455,19 @@ def test_applied_file_with_sequence_and_loss_parallelism_trains_a_library_model(
     assert got and all(torch.isfinite(v).all() for v in got.values() if v.is_floating_point())
 
 
-def test_a_search_refuses_the_megatron_builder_as_a_baseline():
-    """Searches do not score or propose tensor-parallel strategies yet: naming the Megatron builder
-    as a baseline is one line that says how to measure it instead."""
+def test_a_search_tunes_the_megatron_builder_as_a_baseline_of_its_own():
+    """Naming the Megatron builder among an experiment's baselines asks for the tuned Megatron
+    baseline (its trials before the search, not a builder trial inside the budget:
+    tests/test_megatron_baseline.py); with fixed options it is one line that says how to list it,
+    or how to measure that plan alone."""
     from synctune.search import Experiment
 
-    with pytest.raises(SpecError, match="baselines.builders: 'megatron' splits modules .* synctune trial --builder "
-                                        "megatron"):
-        Experiment.from_dict({"name": "t", "domain": {"model": "bert-tiny", "cluster": "local-2x2"},
-                              "search": {"budget": 4}, "baselines": {"builders": ["megatron"]}})
+    keys = {"name": "t", "domain": {"model": "bert-tiny", "cluster": "local-2x2"}, "search": {"budget": 4}}
+    exp = Experiment.from_dict({**keys, "baselines": {"builders": ["allreduce", "megatron"]}})
+    assert exp.baselines.expanded_builders == ("allreduce",) and exp.baselines.tuned_trials("megatron") == 8
+    with pytest.raises(SpecError, match="baselines.builders: 'megatron:degree=2': the Megatron baseline is tuned .* "
+                                        "synctune trial --builder megatron --option degree=2"):
+        Experiment.from_dict({**keys, "baselines": {"builders": ["megatron:degree=2"]}})
 
 
 class _TiedFirst(torch.nn.Module):

@@ -57,9 +57,10 @@ def _progress_bar(total_hint: int, label: str):
               help="What runs the trial: synctune's engine executing the strategy, plain torch DDP, real Horovod "
                    "(scripts/install-horovod.sh), or TensorFlow's MultiWorkerMirroredStrategy for a Keras model "
                    "(keras-* models; all-reduce strategies it executes exactly, others refused), or torch FSDP2 "
-                   "(fully_shard; a strategy whose plans are all shard, or its own --fsdp settings). For ddp, horovod "
-                   "and fsdp with settings the strategy gives replicas and batch split only (without one, every "
-                   "device, even split).")
+                   "(fully_shard; a strategy whose plans are all shard, or its own --fsdp settings), or tp (a "
+                   "strategy's tensor parallelism), or Megatron-style TP with FSDP2 across (its own --megatron "
+                   "settings). For ddp, horovod, megatron and fsdp with settings the strategy gives replicas and "
+                   "batch split only (without one, every device, even split).")
 @click.option("--ddp", "ddp_options", multiple=True, metavar="KEY=VALUE",
               help="With --runtime ddp: bucket_cap_mb, first_bucket_mb, comm_hook (none, fp16, bf16, powersgd), "
                    "powersgd_rank, gradient_as_bucket_view.")
@@ -72,6 +73,10 @@ def _progress_bar(total_hint: int, label: str):
                    "prefetch (0-1 FSDP2's default, N>=2 explicit), units (blocks, root or module paths, "
                    "comma-separated), checkpoint (none, selective, full: activation checkpointing of every "
                    "block). A --strategy with shard plans configures FSDP2 itself.")
+@click.option("--megatron", "megatron_options", multiple=True, metavar="KEY=VALUE",
+              help="With --runtime megatron: degree (the TP group's devices inside a node), sequence_parallel "
+                   "(true, false), reshard (true, false: FSDP2 after forward across the TP groups), checkpoint "
+                   "(none, selective, full: every block).")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Log the trial to MLflow and append it to the dataset.")
 @click.option("--experiment", default="synctune-trials", show_default=True, help="MLflow experiment of the run.")
@@ -80,7 +85,8 @@ def trial_cmd(model, cluster: str, builder: str | None,
               strategy_file: str | None, options: tuple[str, ...],
               warmup: int, iters: int, optimizer: str, lr: float, seed: int, timeout_s: float, launcher: str,
               ray_address: str, runtime: str, ddp_options: tuple[str, ...],
-              horovod_options: tuple[str, ...], fsdp_options: tuple[str, ...], record: bool, experiment: str,
+              horovod_options: tuple[str, ...], fsdp_options: tuple[str, ...], megatron_options: tuple[str, ...],
+              record: bool, experiment: str,
               as_json: bool) -> None:
     """Run one trial: WARMUP + ITERS iterations of a model (a zoo model or your workload) on CLUSTER
     under a strategy, timed.
@@ -96,7 +102,8 @@ def trial_cmd(model, cluster: str, builder: str | None,
     if builder is not None and strategy_file is not None or (builder is None and strategy_file is None
                                                              and runs.runs_strategy):
         raise SpecError("give exactly one of --builder and --strategy")
-    settings = {"ddp": ddp_options, "horovod": horovod_options, "fsdp": fsdp_options}  # one flag per runtime
+    settings = {"ddp": ddp_options, "horovod": horovod_options, "fsdp": fsdp_options,
+                "megatron": megatron_options}  # one flag per runtime
     for flag, given in settings.items():
         if given and runtime != flag:
             raise SpecError(f"--{flag} applies to --runtime {flag} only")

@@ -12,6 +12,7 @@ from .ddp import DDPRuntime
 from .fsdp import FSDPRuntime, has_shard_plans
 from .fsdp_plans import FSDP_PLANS, FSDPPlansRuntime
 from .horovod import HorovodRuntime
+from .megatron import MegatronRuntime
 from .runtime import Runtime
 from .tensor_parallel import TP_RUNTIME, TensorParallelRuntime
 from .tensorflow import TensorFlowRuntime
@@ -32,7 +33,7 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
 
 
 for _cls in (EngineRuntime, DDPRuntime, HorovodRuntime, TensorFlowRuntime, FSDPRuntime, FSDPPlansRuntime,
-             TensorParallelRuntime):
+             TensorParallelRuntime, MegatronRuntime):
     register_runtime(_cls)
 
 

@@ -3,7 +3,8 @@ tries for it, its first point, and how summaries name its trials.
 
 A search measures the systems users run today with their settings tuned (AutoDist §3.1's
 hand-optimised baselines, tuned as Horovod's autotune tunes its fusion buffer): torch DDP's
-buckets and comm hook, FSDP2's mesh, units, resharding, prefetch and reduce dtype. Each runtime
+buckets and comm hook, FSDP2's mesh, units, resharding, prefetch and reduce dtype, Megatron-style
+tensor parallelism's degree, sequence parallelism, resharding and checkpointing. Each runtime
 that can be tuned declares it here, in its own module (:attr:`Runtime.tuning` and
 :meth:`Runtime.tuning_space`); the search's Tune glue draws from any :class:`TuningSpace` with
 Optuna's TPE without knowing which runtime it is.

@@ -1,7 +1,8 @@
 """The baselines a search measures besides the builders (AutoDist §3.1's hand-optimised
 systems, run for real): the runtimes a search tunes (each declares its own space:
 :meth:`~synctune.engine.runtime.Runtime.tuning_space`; torch DDP's buckets and comm hook, FSDP2's
-mesh, units, resharding, prefetch and reduce dtype), drawn by Optuna's TPE through Ray Tune as
+mesh, units, resharding, prefetch and reduce dtype, Megatron-style tensor parallelism's degree,
+sequence parallelism, resharding and checkpointing), drawn by Optuna's TPE through Ray Tune as
 Horovod's autotune tunes its fusion buffer, only among the settings the memory budget admits;
 the experiment's real Horovod entries; and the ledger that keeps the best of each."""
 
@@ -144,8 +145,8 @@ def horovod_baselines(exp: Experiment, model: ModelSpec, cluster: ClusterSpec,
 
 @dataclass(frozen=True, kw_only=True)
 class BaselineTrial:
-    """One measured trial of a baseline run by another runtime than the engine (tuned DDP, real
-    Horovod): ``mean_s`` None when it did not finish; ``params`` the tuner's point, if tuned."""
+    """One measured trial of a baseline run by another runtime than the engine (tuned DDP, FSDP2
+    or Megatron, real Horovod): ``mean_s`` None when it did not finish; ``params`` the tuner's point, if tuned."""
 
     trial_id: str
     runtime: Runtime

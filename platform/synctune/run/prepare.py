@@ -3,18 +3,20 @@ and reads what the experiment names and returns a frozen :class:`SearchContext`.
 
 The preparation refuses, before Ray starts or any trial runs, what would fail later: a search id
 that already has rows without ``--resume``, a lab search on several slices, the simulator file,
-the Horovod baselines, a memory budget nothing fits. It then does the search's I/O in order: the
-dataset rows of this search (what a resumed search continues from), the activation figures the
-memory budget starts with (measured in this process), the compute profile the replay simulator
-needs (measured once per model and worker count), and the search's MLflow parent run. The phases
+the Horovod baselines, a memory budget nothing fits, a tuned Megatron baseline that cannot run in
+the domain. It then does the search's I/O in order: the dataset rows of this search (what a
+resumed search continues from), the activation figures the memory budget starts with (measured
+in this process, and for the tuned Megatron baseline's plans on one TP group of local processes
+each), the compute profile the replay simulator needs (measured once per model and worker
+count), and the search's MLflow parent run. The phases
 of the search (:mod:`synctune.run.search`) only read the context.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from ..data.paths import dataset_dir
 from ..data.store import TrialDataset
@@ -39,7 +41,9 @@ from .profiles import ensure_profile
 from .simulators import make_search_simulator
 
 __all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
-           "prepare_memory", "split_activations", "shard_rate", "SearchFilter", "tensorflow_projection"]
+           "prepare_memory", "split_activations", "cached_split_activations", "check_megatron_baseline",
+           "megatron_baseline", "shard_rate",
+           "SearchFilter", "tensorflow_projection"]
 
 
 def search_id_of(exp: Experiment) -> str:
@@ -65,7 +69,7 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
     brings its own AdamW holds two moments whatever ``trial.optimizer`` says). A model that
     cannot be built here (a Keras one) starts with none, and the optimizer by its name. ``split``:
     tensor-parallel plans whose devices' figures are measured too, each on one TP group of local
-    processes running it (:func:`split_activations`, :attr:`MemoryBudget.split`)."""
+    processes running it (:func:`cached_split_activations`, :attr:`MemoryBudget.split`)."""
     budget = MemoryBudget(model, cluster, gib=exp.search.memory_gib, headroom=exp.search.memory_headroom,
                           optimizer=exp.trial.optimizer)
     if workload.framework == "torch":
@@ -84,8 +88,9 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
         if probed["optimizer_state"] is not None:
             budget.optimizer = probed["optimizer_state"]
         for tp in split:
-            budget.split[tp_key(tp)] = split_activations(workload, tp, {model.batch_size, max(1, model.batch_size // 2)},
-                                                         optimizer=exp.trial.optimizer, seed=exp.seed)
+            budget.split[tp_key(tp)] = cached_split_activations(
+                workload, tp, {model.batch_size, max(1, model.batch_size // 2)}, optimizer=exp.trial.optimizer,
+                seed=exp.seed)
     return budget
 
 
@@ -133,6 +138,91 @@ def split_activations(workload: Any, tp: Any, batch_sizes: Sequence[int] | set[i
         if ranks:
             figures.add(batch, max(ranks))
     return figures
+
+
+#: Per (workload, plan, batch sizes, optimizer, seed), what :func:`split_activations` measured (its
+#: figures) or the runtime's refusal of the plan: a process prepares a plan once.
+_SPLIT_FIGURES: dict[tuple, ActivationFigures | SpecError] = {}
+
+
+def cached_split_activations(workload: Any, tp: Any, batch_sizes: Sequence[int] | set[int], *,
+                             optimizer: str = "sgd", seed: int = 0) -> ActivationFigures:
+    """:func:`split_activations`, measured once per process for a (workload, plan, batch sizes,
+    optimizer, seed); a plan the runtime refused is refused again with the same message."""
+    key = (str(getattr(workload, "source", None) or workload.name), tp_key(tp),
+           tuple(sorted(set(int(b) for b in batch_sizes))), optimizer, seed)
+    if key not in _SPLIT_FIGURES:
+        try:
+            _SPLIT_FIGURES[key] = split_activations(workload, tp, batch_sizes, optimizer=optimizer, seed=seed)
+        except SpecError as exc:
+            _SPLIT_FIGURES[key] = exc
+    found = _SPLIT_FIGURES[key]
+    if isinstance(found, SpecError):
+        raise SpecError(str(found))
+    return found
+
+
+def _megatron_setting(exp: Experiment) -> tuple[str, str, str]:
+    """Where a refusal of the tuned Megatron baseline points: the file, the setting, the fix."""
+    setting = exp.baselines.key("megatron_trials")
+    return (exp.source or exp.name, setting,
+            f"drop megatron from {exp.baselines.key('builders')} (or set {setting}: 0)")
+
+
+def check_megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> bool:
+    """Whether the experiment tunes a Megatron baseline (``baselines.megatron_trials``); one that
+    cannot run in the domain is refused in one line naming the setting and the fix: a Keras model,
+    a cluster whose nodes hold no TP group of two devices or more, a model without Megatron pairs
+    (:func:`~synctune.engine.megatron.megatron_refusal`). Cheap: checked before the memory probe."""
+    from ..engine.megatron import megatron_refusal
+
+    if not int(exp.baselines.tuned_trials("megatron")):
+        return False
+    where, setting, fix = _megatron_setting(exp)
+    why = megatron_refusal(model, cluster) if workload.framework == "torch" else (
+        f"{workload.name} is a Keras model, which tensor parallelism by torch's DTensor does not train")
+    if why is not None:
+        raise SpecError(f"{where}: {setting}: the tuned Megatron baseline cannot run here: {why}; {fix}")
+    return True
+
+
+def megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any,
+                      budget: MemoryBudget) -> dict[str, str]:
+    """Prepare the tuned Megatron baseline (``baselines.megatron_trials``) before any trial: refuse,
+    in one line naming the setting and the fix, one that cannot run in the domain
+    (:func:`check_megatron_baseline`, or a plan of every degree the runtime refuses), and measure
+    each of its tensor-parallel plans' activation figures on one TP group
+    (:func:`cached_split_activations`) into ``budget.split``, so that its tuning draws only what
+    the budget admits. Returns the plans the runtime refused (by
+    :func:`~synctune.strategy.tensor_parallel.tp_key`, with the refusal): the tuning never draws
+    them. Nothing to do (an empty dict) where the experiment tunes no Megatron baseline."""
+    from ..engine.megatron import MegatronConfig, megatron_degrees, megatron_plan
+
+    if not check_megatron_baseline(exp, model, cluster, workload):
+        return {}
+    where, setting, fix = _megatron_setting(exp)
+    skeleton = build_strategy("allreduce", model, cluster)
+    plans = {}
+    for degree in megatron_degrees(model, cluster):
+        for sequence in (False, True):
+            try:
+                tp = megatron_plan(MegatronConfig(degree=degree, sequence_parallel=sequence), skeleton,
+                                   model).tensor_parallel
+            except SpecError:
+                continue  # a plan the builder cannot write is never drawn
+            plans[tp_key(tp)] = tp
+    refused: dict[str, str] = {}
+    batches = {model.batch_size, max(1, model.batch_size // 2)}
+    for key, tp in plans.items():
+        try:
+            budget.split[key] = cached_split_activations(workload, tp, batches, optimizer=exp.trial.optimizer,
+                                                         seed=exp.seed)
+        except SpecError as exc:
+            refused[key] = str(exc)
+    if len(refused) == len(plans):
+        raise SpecError(f"{where}: {setting}: the tuned Megatron baseline cannot run here: the tp runtime refuses "
+                        f"every plan: {next(iter(refused.values()))}; {fix}")
+    return refused
 
 
 def _refusal_in(error: str) -> str | None:
@@ -216,6 +306,9 @@ class SearchContext:
     dataset: TrialDataset
     logger: MlflowLogger
     parent_run: str
+    #: The tensor-parallel plans the ``tp`` runtime refused when the preparation ran them (by
+    #: :func:`~synctune.strategy.tensor_parallel.tp_key`, with the refusal): no runtime is run on them.
+    refused_plans: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def framework(self) -> str:
@@ -250,8 +343,11 @@ class SearchContext:
     def runtime_fits(self, runtime: Runtime, strategy: Strategy | None = None) -> bool:
         """Whether the memory model says ``runtime`` fits running ``strategy`` (the skeleton by
         default): predicted on the strategy whose memory its ranks hold
-        (:meth:`~synctune.engine.runtime.Runtime.plans_of`), in its layout."""
+        (:meth:`~synctune.engine.runtime.Runtime.plans_of`), in its layout; never for a
+        tensor-parallel plan the preparation saw the runtime refuse (:attr:`refused_plans`)."""
         held = runtime.plans_of(strategy or self.skeleton, lambda: self.module, self.model)
+        if held.tensor_parallel is not None and tp_key(held.tensor_parallel) in self.refused_plans:
+            return False
         return self.memory.fits(held, fsdp=runtime.fsdp_layout)
 
 
@@ -322,7 +418,9 @@ def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, mode
                         f"--resume to continue it, or change the experiment's name or seed")
     make_search_simulator(exp, model, cluster)  # the simulator file, read and checked now
     horovod = tuple(horovod_baselines(exp, model, cluster, workload))
+    check_megatron_baseline(exp, model, cluster, workload)
     memory, rate = prepare_memory(exp, model, cluster, workload)
+    refused_plans = megatron_baseline(exp, model, cluster, workload, memory)
     if exp.search.uses_simulator and exp.search.simulator != "analytic" and workload.framework == "torch":
         # Where the search may checkpoint blocks (a budget set, a model torch can recompute),
         # the profile also measures what recomputation costs.
@@ -332,7 +430,8 @@ def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, mode
     parent = logger.start_search(search_id, {
         "experiment": where, "model": model.name, "cluster": cluster.name, "algorithm": exp.search.algorithm,
         "simulator": exp.search.simulator, "budget": exp.search.budget, "seed": exp.seed,
-        "workload": workload.source, "ddp_trials": exp.baselines.ddp_trials, "confirm_rounds": exp.confirm.rounds})
+        "workload": workload.source, "ddp_trials": exp.baselines.ddp_trials,
+        "megatron_trials": exp.baselines.tuned_trials("megatron"), "confirm_rounds": exp.confirm.rounds})
     if resume and parent:
         # A driver killed after logging a trial's run but before its row: that trial runs again.
         logger.drop_unrecorded_trials(search_id, {r.record_id for r in dataset.records(search_id=search_id)})
@@ -344,4 +443,4 @@ def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, mode
                          memory=memory, shard_prob=rate, trial_config=trial_config,
                          node_net=dict(node_net) if node_net else None, horovod_entries=horovod,
                          done=tuple(sorted(done, key=lambda r: (r.created_at, r.record_id))), dataset=dataset,
-                         logger=logger, parent_run=parent)
+                         logger=logger, parent_run=parent, refused_plans=refused_plans)

@@ -6,8 +6,9 @@ by one function per phase, in order, on the same slices, over a :class:`SearchSe
 context, the :class:`~synctune.run.recording.SearchRecorder` that owns the dataset, MLflow and
 the baselines' ledger, and the slice actors):
 
-1. :func:`tune_baselines`: each runtime that declares a tuning space (torch DDP, FSDP2), its
-   settings drawn by Optuna's TPE through Ray Tune;
+1. :func:`tune_baselines`: each runtime that declares a tuning space (torch DDP, FSDP2,
+   Megatron-style tensor parallelism with FSDP2 across), its settings drawn by Optuna's TPE
+   through Ray Tune;
 2. :func:`measure_runtime_baselines`: the experiment's real Horovod baselines;
 3. :func:`run_algorithm`: the search algorithm (builder baselines first), ``search.budget``
    trials, owned by Tune's searcher (:class:`~synctune.run.searcher.StrategySearcher`);
@@ -107,14 +108,15 @@ def _tune_storage() -> str:
 
 def tune_baselines(session: SearchSession) -> None:
     """Phase 1: every runtime that declares a tuning space (:func:`~synctune.engine.runtimes.tuned_runtimes`:
-    torch DDP, FSDP2), in registry order."""
+    torch DDP, FSDP2, Megatron), in registry order."""
     for cls in tuned_runtimes():
         tune_runtime(session, cls)
 
 
 def tuned_trials(context: SearchContext, cls: type[Runtime]) -> int:
     """How many trials of ``cls`` a search tunes: the experiment's ``baselines.<name>_trials``,
-    where ``auto`` is 8 when the search proposes shard units and 0 otherwise."""
+    where ``auto`` is 8 when the search proposes shard units and 0 otherwise (the Megatron
+    baseline's ``auto`` is the experiment's: 8 where its builders list ``megatron``)."""
     wanted = context.exp.baselines.tuned_trials(cls.name)
     return (8 if context.shard_prob else 0) if wanted == "auto" else int(wanted)
 

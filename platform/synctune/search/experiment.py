@@ -42,6 +42,12 @@ SIMULATOR_CHOICES: tuple[str, ...] = get_args(SimulatorKind)
 UNSIMULATED: tuple[str, ...] = ("random", "random-guided")
 #: A Horovod baseline entry: a real Horovod run (``hvd`` or ``hvd:KEY=VALUE,...``), not a builder.
 HOROVOD_BASELINE = "hvd"
+#: The tuned Megatron baseline's entry in ``baselines.builders``: Megatron-style tensor parallelism
+#: with FSDP2 across, its settings tuned (``baselines.megatron_trials``), not a builder trial.
+MEGATRON_BASELINE = "megatron"
+#: The tuned runtimes' trial counts whose ``auto`` an entry of ``baselines.builders`` decides (8
+#: where it is listed, else 0): field -> entry.
+LISTED_TUNING = {"megatron_trials": MEGATRON_BASELINE}
 #: The optimizers a trial can step (the engine's ``OPTIMIZERS``; a test holds them equal).
 TRIAL_OPTIMIZERS = ("sgd", "adam")
 #: The builders trialled first when an experiment names none.
@@ -279,7 +285,8 @@ class TrialSection(_Section):
 @dataclass(frozen=True, kw_only=True)
 class BaselinesSection(_Section):
     """What the search is compared with: hand-optimised builders (AutoDist §3.1), trialled first
-    inside the budget; real Horovod runs and tuned torch DDP, before the search, outside it.
+    inside the budget; real Horovod runs and the tuned runtimes (torch DDP, FSDP2, Megatron-style
+    tensor parallelism), before the search, outside it.
 
     In the flat form one list, ``baselines:``, holds the builders and the Horovod runs."""
 
@@ -287,7 +294,8 @@ class BaselinesSection(_Section):
     FLAT = {"builders": "baselines", "horovod": "baselines"}
 
     #: Builder entries as written: a builder name, a builder with options
-    #: (``allreduce:chunk=8``), or ``tuned`` (the papers' baselines with their settings swept).
+    #: (``allreduce:chunk=8``), ``tuned`` (the papers' baselines with their settings swept), or
+    #: ``megatron`` (the tuned Megatron baseline: see ``megatron_trials``).
     builders: tuple[str, ...] = DEFAULT_BUILDERS
     #: Real Horovod runs: ``hvd`` or ``hvd:KEY=VALUE,...`` (``hvd:fusion_threshold_mb=64,cycle_time_ms=5``),
     #: the ``horovod`` runtime with those settings (checked against Horovod's when the search starts).
@@ -300,11 +308,22 @@ class BaselinesSection(_Section):
     #: Optuna through Ray Tune; the first is FSDP2's defaults where they fit), run before the
     #: search: ``auto`` is 8 where the search proposes shard units (``search.shard``), else 0.
     fsdp_trials: int | Literal["auto"] = "auto"
+    #: Megatron-style tensor parallelism with FSDP2 across (TP degree, sequence parallelism,
+    #: reshard after forward, activation checkpointing tuned by Optuna through Ray Tune, only
+    #: among the plans the memory budget admits), run before the search: ``auto`` is 8 where
+    #: ``builders`` lists ``megatron`` (the tuned Megatron baseline's entry), else 0.
+    megatron_trials: int | Literal["auto"] = "auto"
 
     def tuned_trials(self, runtime: str) -> int | str:
         """The trials of tuned runtime ``runtime``: the field ``<runtime>_trials`` (0 where the
-        experiment has none for it)."""
-        return getattr(self, f"{runtime}_trials", 0)
+        experiment has none for it); the Megatron baseline's ``auto`` decided here (it depends on
+        the builders listed, not on the search)."""
+        name = f"{runtime}_trials"
+        wanted = getattr(self, name, 0)
+        entry = LISTED_TUNING.get(name)
+        if wanted == "auto" and entry is not None:
+            return 8 if entry in self.builders else 0
+        return wanted
 
     @classmethod
     def from_flat(cls, flat: str, value: Any) -> dict[str, Any]:
@@ -319,8 +338,9 @@ class BaselinesSection(_Section):
         from ..strategy.schema import StrategyError
 
         self.check_int("ddp_trials", 0, LIMITS["budget"])
-        if self.fsdp_trials != "auto" and not in_range(self.fsdp_trials, 0, LIMITS["budget"]):
-            raise self.bad("fsdp_trials", f"auto or an integer from 0 to {LIMITS['budget']}")
+        for name in ("fsdp_trials", "megatron_trials"):
+            if getattr(self, name) != "auto" and not in_range(getattr(self, name), 0, LIMITS["budget"]):
+                raise self.bad(name, f"auto or an integer from 0 to {LIMITS['budget']}")
         flat = "builders" in self.written_flat  # one list of builders and Horovod runs
         runs = ", and real Horovod runs ('hvd', 'hvd:fusion_threshold_mb=64')" if flat else ""
         if not _strings(self.builders):
@@ -337,14 +357,21 @@ class BaselinesSection(_Section):
             if head != HOROVOD_BASELINE or (options and not all(k.strip() and "=" in k for k in options.split(","))):
                 raise self.error(f"{self.key('horovod')}: {b[:60]!r}: expected hvd or hvd:KEY=VALUE,KEY=VALUE "
                                  f"(e.g. hvd:fusion_threshold_mb=64,cycle_time_ms=5)")
+        for b in self.builders:
+            if b.partition(":")[0] in SPLITTING_BUILDERS and b != MEGATRON_BASELINE:
+                raise self.error(f"{self.key('builders')}: {b[:60]!r}: the Megatron baseline is tuned (TP degree, "
+                                 f"sequence parallelism, reshard after forward, activation checkpointing), not run "
+                                 f"with fixed options; list it as {MEGATRON_BASELINE}, or measure this plan with "
+                                 f"synctune trial --builder {MEGATRON_BASELINE}"
+                                 + "".join(f" --option {o.strip()}" for o in b.partition(":")[2].split(",")
+                                           if o.strip())[:120])
+        if MEGATRON_BASELINE in self.builders and self.megatron_trials == 0:
+            raise self.error(f"{self.key('builders')} lists {MEGATRON_BASELINE} (the tuned Megatron baseline) and "
+                             f"{self.key('megatron_trials')} is 0; drop one of them")
         for b in self.expanded_builders:
             if b.partition(":")[0] not in BUILDERS:
                 raise self.error(f"{self.key('builders')}: unknown builder {b[:40]!r}; valid: tuned, "
-                                 f"{HOROVOD_BASELINE}, {', '.join(BUILDERS)}")
-            if b.partition(":")[0] in SPLITTING_BUILDERS:
-                raise self.error(f"{self.key('builders')}: {b[:40]!r} splits modules (tensor parallelism), which a "
-                                 f"search does not score or propose yet; measure it with synctune trial --builder "
-                                 f"{b.partition(':')[0]}")
+                                 f"{MEGATRON_BASELINE}, {HOROVOD_BASELINE}, {', '.join(BUILDERS)}")
             try:
                 parse_baseline(b)
             except StrategyError as exc:
@@ -352,16 +379,18 @@ class BaselinesSection(_Section):
 
     @property
     def expanded_builders(self) -> tuple[str, ...]:
-        """The builder entries trialled, in order, each once: ``tuned`` stands for the tuned set."""
+        """The builder entries trialled, in order, each once: ``tuned`` stands for the tuned set;
+        ``megatron`` is the tuned Megatron baseline (:attr:`megatron_trials`), not a builder trial."""
         from ..strategy.builders import TUNED_BASELINES
 
-        return tuple(dict.fromkeys(e for b in self.builders for e in (TUNED_BASELINES if b == "tuned" else (b,))))
+        return tuple(dict.fromkeys(e for b in self.builders if b != MEGATRON_BASELINE
+                                   for e in (TUNED_BASELINES if b == "tuned" else (b,))))
 
     @property
     def explicit_builders(self) -> tuple[str, ...]:
         """The builder entries written out (not through ``tuned``): these run even where they
         cannot apply (the trial then says why), where the tuned set's are left out."""
-        return tuple(b for b in self.builders if b != "tuned")
+        return tuple(b for b in self.builders if b not in ("tuned", MEGATRON_BASELINE))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,8 +420,9 @@ class ConfirmSection(_Section):
     #: many noisy trials is partly luck): interleaved with the baselines on :attr:`screen_rounds`
     #: rounds, and the pick confirmed on fresh rounds (1: no screening).
     candidates: int = 3
-    #: Baselines screened with them: the fastest of each kind (builders, tuned DDP, Horovod),
-    #: then the next fastest, up to this many; the screening's pick is the one confirmed against.
+    #: Baselines screened with them: the fastest of each kind (builders, tuned DDP, FSDP2 and
+    #: Megatron, Horovod), then the next fastest, up to this many; the screening's pick is the one
+    #: confirmed against.
     baselines: int = 3
 
     def __post_init__(self) -> None:
@@ -510,9 +540,11 @@ class Experiment:
     @property
     def num_trials(self) -> int:
         """Trials before the confirmation: the search's budget, tuned DDP's, tuned FSDP2's where
-        given as a number (``auto`` is decided when the search starts) and the Horovod runs."""
+        given as a number (``auto`` is decided when the search starts), the tuned Megatron
+        baseline's and the Horovod runs."""
         fsdp = 0 if self.baselines.fsdp_trials == "auto" else self.baselines.fsdp_trials
-        return self.search.budget + self.baselines.ddp_trials + fsdp + len(self.baselines.horovod)
+        return (self.search.budget + self.baselines.ddp_trials + fsdp + int(self.baselines.tuned_trials("megatron"))
+                + len(self.baselines.horovod))
 
 
 def _read_section(section: type[_Section], data: Mapping, source: str) -> _Section:

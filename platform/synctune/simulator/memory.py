@@ -426,10 +426,14 @@ class MemoryBudget:
     def observe(self, strategy: Strategy, fsdp: bool, breakdown: Sequence[Mapping[str, int | None]] | None,
                 oom: bool) -> None:
         """Learn from one measured trial: ``strategy`` as its ranks held it (``fsdp``: FSDP2's
-        layout), its per-rank ``breakdown`` (nothing to learn without one), and whether it broke
-        the budget (``oom``); the corrections are recomputed (see the class docstring)."""
+        layout; a strategy with ``tensor_parallel`` is held as the tp runtime holds it,
+        :func:`split_layout`, the layout :meth:`predict` corrects it in), its per-rank
+        ``breakdown`` (nothing to learn without one), and whether it broke the budget (``oom``);
+        the corrections are recomputed (see the class docstring)."""
         if not breakdown or all(m.get("peak_bytes") is None for m in breakdown):
             return
+        if strategy.tensor_parallel is not None:
+            fsdp = split_layout(strategy)
         self.observations.append((strategy, bool(fsdp), [dict(m) for m in breakdown], bool(oom)))
         self._residuals.append(self._residual(*self.observations[-1][:3]))
         self._correct()

@@ -58,6 +58,7 @@ __all__ = [
     "megatron_styles",
     "token_embedding",
     "SPLITTING_BUILDERS",
+    "megatron_over",
 ]
 
 MIB = 1024**2
@@ -678,8 +679,9 @@ def token_embedding(model: ModelSpec, degree: int) -> str:
     return module
 
 
-#: Builders whose strategies split modules (``tensor_parallel``): trials run them, searches do not
-#: score or propose them yet.
+#: Builders whose strategies split modules (``tensor_parallel``): trials run them; a search does
+#: not trial them as builder baselines, it tunes Megatron's plan as a baseline of its own (the
+#: ``megatron`` runtime, listed as ``megatron`` in an experiment's baselines).
 SPLITTING_BUILDERS = ("megatron",)
 
 
@@ -691,12 +693,25 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
         raise StrategyError(f"builder megatron: option degree: cluster {cluster.name!r} has a node of one device, so "
                             f"a TP group of a node's devices splits nothing; give degree (2 or more) where nodes hold "
                             f"that many devices")
+    base = _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=AllReduceSynchronizer(group=0)))
+                                      for v in model.variables])
+    return megatron_over(model, base, dataclasses.replace(opts, degree=degree))
+
+
+def megatron_over(model: ModelSpec, base: Strategy, opts: MegatronOptions) -> Strategy:
+    """Megatron's plan (:class:`MegatronOptions`, ``degree`` given: 2 or more) over the replicas,
+    batch split and checkpointing of ``base``, its plans replaced: what the ``megatron`` builder
+    writes for a cluster, and what the tuned Megatron baseline runs on a search's skeleton (its
+    runtime knows the strategy, not the cluster)."""
+    degree = opts.degree
+    if degree < 2:
+        raise StrategyError(f"builder megatron: option degree: expected a TP degree of 2 or more, got {degree!r}")
     styles = megatron_styles(model, degree)
     if not styles:
         raise StrategyError(f"builder megatron: model {model.name!r} has no attention or MLP pair of linear layers "
                             f"(named as {', '.join(_ATTENTION_IN[:3])} ... and {', '.join(_MLP_IN[:3])} ...) whose "
                             f"features a degree of {degree} divides")
-    dp = opts.dp if opts.dp != "auto" else ("shard" if cluster.num_devices > degree else "allreduce")
+    dp = opts.dp if opts.dp != "auto" else ("shard" if len(base.replicas) > degree else "allreduce")
     if dp == "shard":
         scalar = next((v.name for v in model.variables if not _shardable(v)), None)
         if scalar is not None:
@@ -713,10 +728,9 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
             reshard = opts.reshard and bool(block)
             plans.append(_unpartitioned(var, ShardPlan(synchronizer=ShardSynchronizer(
                 unit=unit, reshard=reshard, prefetch=1 if reshard else 0))))
-        base = _strategy(model, cluster, plans)
     else:
-        base = _strategy(model, cluster, [_unpartitioned(v, ShardPlan(synchronizer=AllReduceSynchronizer(group=0)))
-                                          for v in model.variables])
+        plans = [_unpartitioned(v, ShardPlan(synchronizer=AllReduceSynchronizer(group=0))) for v in model.variables]
+    base = dataclasses.replace(base, plans=tuple(plans), tensor_parallel=None)
     if opts.sequence_parallel:
         styles = {**styles, **sequence_styles(model, styles)}
     if opts.embedding == "rowwise":
