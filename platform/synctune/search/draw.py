@@ -84,7 +84,7 @@ def edited(cols: StrategyColumns, *, at: np.ndarray | None = None, values: Mappi
     counts = np.bincount(rows["sid"], minlength=cols.size)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return StrategyColumns(model=cols.model, cluster=cols.cluster, offsets=offsets, batch_split=cols.batch_split,
-                           checkpoint=cols.checkpoint, **rows)
+                           checkpoint=cols.checkpoint, **cols.tp_fields(0, cols.size), **rows)
 
 
 def _renumbered(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, strategies: np.ndarray) -> np.ndarray | None:
@@ -139,4 +139,21 @@ def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> St
         for i in replaced:
             checkpoint[i] = 0
     return dataclasses.replace(cols, offsets=np.r_[0, np.cumsum(counts)].astype(np.int64), group_order=None,
-                               ngroups=None, checkpoint=checkpoint, **rows)
+                               ngroups=None, checkpoint=checkpoint, **_spliced_tp(cols, replaced), **rows)
+
+
+def _spliced_tp(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> dict[str, np.ndarray | None]:
+    """The tensor-parallel columns of ``cols`` with strategy ``i``'s taken from ``replaced[i]``
+    (none where it splits no module)."""
+    if cols.tp_degree is None and all(new.tp_degree is None for new in replaced.values()):
+        return cols.tp_fields(0, cols.size)
+    n, blocks = cols.size, len(cols.blocks())
+    out = {"tp_degree": np.zeros(n, np.int16), "tp_blocks": np.zeros((n, blocks), np.int8),
+           "tp_logits": np.zeros(n, bool), "tp_embedding": np.zeros(n, bool)}
+    if cols.tp_degree is not None:
+        for name in out:
+            out[name][:] = getattr(cols, name)
+    for i, new in replaced.items():
+        for name in out:
+            out[name][i] = 0 if new.tp_degree is None else getattr(new, name)[0]
+    return out
