@@ -30,7 +30,10 @@ class DrawContext:
     order), whether lossy encodings may be drawn (``lossy``), the kind's draw ``rate`` (a
     probability per strategy), the memory budget's predicate (``fits``: a strategy object ->
     whether it fits; None without a budget) and ``memo``, the sampler's cache of what depends
-    on the domain only (a draw keys it by its own name)."""
+    on the domain only (a draw keys it by its own name); ``split``, where the search proposes
+    tensor parallelism, the growth step that splits a strategy's blocks until ``fits`` holds it
+    (:func:`~synctune.search.tp_draw.grow_split`: a strategy object -> the split one that fits, or
+    None), which the sharded and checkpointed draws' growth takes (None: no split step)."""
 
     model: Any
     cluster: Any
@@ -39,6 +42,7 @@ class DrawContext:
     rate: float
     fits: Callable[[Any], bool] | None = None
     memo: dict = field(default_factory=dict, compare=False)
+    split: Callable[[Any], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rate, (int, float)) and 0.0 <= self.rate <= 1.0):

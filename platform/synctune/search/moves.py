@@ -24,9 +24,12 @@ def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
     replicas, the groups re-cut into half or twice as many by bytes) and, for a strategy whose
     plans are all ``shard`` (FSDP2's whole-model sharding), the shard units' (:func:`shard_moves`);
     then, where the space offers it, the checkpointing coordinate's
-    (:meth:`~synctune.search.local_search.ChoiceSpace.checkpointing`)."""
-    return [m for _name, kind in SEARCH_KINDS.items() for m in kind.global_moves(strategy, space)] + \
+    (:meth:`~synctune.search.local_search.ChoiceSpace.checkpointing`); of a split strategy, only
+    the moves that keep its split valid; then, where the space offers it, the tensor-parallel
+    coordinate's (:meth:`~synctune.search.local_search.ChoiceSpace.tensor_parallelism`)."""
+    moves = [m for _name, kind in SEARCH_KINDS.items() for m in kind.global_moves(strategy, space)] + \
         space.checkpointing(strategy)
+    return space.still_split(strategy, moves) + space.tensor_parallelism(strategy)
 
 
 def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: GuidedSampler) -> list[Strategy]:
