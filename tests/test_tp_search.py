@@ -12,6 +12,7 @@ replica) over the two devices of local-1x2."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -242,3 +243,44 @@ def test_the_bound_replay_scores_split_columns_as_it_replays_them_and_others_ref
     with pytest.raises(SpecError, match="the analytic simulator does not price tensor parallelism.*simulator: replay"):
         analytic.score_columns(cols)
     assert np.isfinite(analytic.score_columns(cols.take(0, 1))).all()  # unsplit columns score as before
+
+
+def test_a_search_with_tensor_parallelism_refuses_a_budget_nothing_fits_before_any_trial(tmp_path):
+    """``synctune search`` end to end up to its first trial: the probe measures Megatron's
+    sequence-parallel plan on one TP group of two local processes, and a budget that nothing,
+    split or not, fits is refused in one line naming the smallest peak in MiB per rank, the
+    strategy it belongs to and the levers tried; nothing is recorded."""
+    import subprocess
+    import sys
+
+    from _searches import ROOT, search_env
+
+    exp = tmp_path / "tight.yaml"
+    exp.write_text("name: tight\nmodel: bert-tiny\ncluster: local-1x2\nbudget: 3\nsimulator: replay\n"
+                   "memory_gib: 0.01\noptimizer: adam\nddp_trials: 0\ntensor_parallel: true\n")
+    home = tmp_path / "home"
+    out = subprocess.run([sys.executable, "-m", "synctune", "search", str(exp)], capture_output=True, text=True,
+                         env=search_env(home), cwd=ROOT, timeout=900)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, lines
+    line = lines[0]
+    assert "search.memory_gib: nothing fits 0.01 GiB per device, less 10% headroom (9.2 MiB per rank)" in line
+    assert re.search(r"the smallest predicted peak is \d+\.\d MiB per rank \(megatron:degree=2,", line), line
+    assert "tensor parallelism (Megatron, degree 2, with and without sequence parallelism)" in line
+    assert "sharding (FSDP2" in line and "checkpointing every block" in line
+    assert not list(home.rglob("*.parquet"))
+
+
+def test_genetic_children_of_split_parents_are_valid():
+    import random
+
+    from synctune.search.moves import crossover
+
+    spec, cl = model_spec("bert-tiny"), cluster_preset("local-2x2")
+    parents = [build_strategy("megatron", spec, cl, dp="allreduce"), build_strategy("ps", spec, cl),
+               build_strategy("megatron", spec, cl, sequence_parallel=True)]
+    guided = GuidedSampler(spec, cl, seed=5, tp_prob=0.5)
+    children = crossover(parents, 30, random.Random(0), guided)
+    for child in children:  # a child whose mixed plans no longer run its parent's split drops it
+        validate(child, spec, cl)
