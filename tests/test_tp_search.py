@@ -284,3 +284,18 @@ def test_genetic_children_of_split_parents_are_valid():
     children = crossover(parents, 30, random.Random(0), guided)
     for child in children:  # a child whose mixed plans no longer run its parent's split drops it
         validate(child, spec, cl)
+
+
+def test_checkpointing_under_a_split_saves_the_splits_share_of_each_block():
+    """The probe: 8 MiB unsplit, 4 MiB with every block checkpointed in full (each block half of
+    the saving); a plan measured at 2 MiB (a quarter of the unsplit figure) saves a quarter of a
+    block's 2 MiB for each block it checkpoints: 1.5 MiB with one block, 1 MiB with both (never
+    the unsplit saving, which would leave nothing)."""
+    spec, cl = model_spec("bert-tiny"), cluster_preset("local-1x2")
+    tp = build_strategy("megatron", spec, cl, sequence_parallel=True).tensor_parallel
+    budget = MemoryBudget(spec, cl, gib=1, probe=ActivationFigures({8: [8 * MIB]}),
+                          checkpointed={"full": ActivationFigures({8: [4 * MIB]})},
+                          shares={"layers.0": 0.5, "layers.1": 0.5}, split={tp_key(tp): ActivationFigures({8: [2 * MIB]})})
+    assert budget.activation_bytes(8, (("layers.0", "full"),), tp) == int(1.5 * MIB)
+    assert budget.activation_bytes(8, (("layers.0", "full"), ("layers.1", "full")), tp) == 1 * MIB
+    assert budget.activation_bytes(8, (("layers.0", "full"),)) == 6 * MIB  # unsplit: as before

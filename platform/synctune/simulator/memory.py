@@ -405,14 +405,18 @@ class MemoryBudget:
         """The strategy-independent memory of a rank with ``batch`` samples whose blocks are
         checkpointed as ``checkpoint`` says: the activation figures (a tensor-parallel plan
         ``tp``'s own where measured) less, per checkpointed block, its share of what the probe
-        measured checkpointing every block saves in that mode."""
+        measured checkpointing every block saves in that mode; under a plan with its own figures,
+        that saving scaled by the plan's share of the unsplit figures (a device of a TP group
+        saves what it holds of each block, not what a whole replica does)."""
         figures = self.split.get(tp_key(tp)) if tp is not None else None
         base = figures(batch) if figures else self.activations(batch)
+        whole = self.probe(batch)
+        scale = min(1.0, base / whole) if figures and whole > 0 else 1.0
         saved = 0.0
         for block, mode in checkpoint:
             figures = self.checkpointed.get(mode)
             if figures:
-                saved += max(0, self.probe(batch) - figures(batch)) * self.shares.get(block, 0.0)
+                saved += max(0, whole - figures(batch)) * self.shares.get(block, 0.0) * scale
         return max(0, int(base - saved))
 
     def _raw_predict(self, strategy: Strategy, fsdp: bool) -> list[RankMemory]:
