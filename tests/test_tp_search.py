@@ -299,3 +299,56 @@ def test_checkpointing_under_a_split_saves_the_splits_share_of_each_block():
     assert budget.activation_bytes(8, (("layers.0", "full"),), tp) == int(1.5 * MIB)
     assert budget.activation_bytes(8, (("layers.0", "full"), ("layers.1", "full")), tp) == 1 * MIB
     assert budget.activation_bytes(8, (("layers.0", "full"),)) == 6 * MIB  # unsplit: as before
+
+
+class _Budgeted:
+    """The search's memory check as the run layer's filter is, on a budget written here."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+
+    def fits(self, strategy) -> bool:
+        try:
+            validate(strategy, self.budget.model, self.budget.cluster)
+        except Exception:  # what no runtime runs is never proposed (the run layer's plans_refusal)
+            return False
+        return self.budget.fits(strategy)
+
+    def fit(self, strategies, breakdowns) -> None:
+        pass
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, state) -> None:
+        pass
+
+    def nothing_fits(self):
+        return None
+
+
+@pytest.mark.parametrize("algorithm", ["random-guided", "autodist", "coordinate-descent", "mcts"])
+def test_under_a_budget_only_a_split_fits_every_algorithm_proposes_splits_that_fit(algorithm):
+    """transformer-small on local-1x2 at 5 MiB: only Megatron's sequence-parallel plan with its
+    embedding split fits (its measured figures, written here); every proposal of the search,
+    scored by the replay (FLOP counts standing in for a profile), is such a split and fits."""
+    from synctune.search.algorithm import StrategySearch
+    from synctune.simulator import ReplaySimulator
+    from synctune.simulator.bound import BoundSimulator
+
+    spec, cl = model_spec("transformer-small"), cluster_preset("local-1x2")
+    sequence = build_strategy("megatron", spec, cl, sequence_parallel=True, embedding="rowwise").tensor_parallel
+    budget = _budget(5, model="transformer-small", split={tp_key(sequence): ActivationFigures({8: [1 * MIB]})})
+    exp = Experiment.from_keys(name="t", model=spec.name, cluster=cl.name, budget=6, algorithm=algorithm,
+                               proposals=40, candidates=2, seed=1, sim_evaluations=200, baselines=["allreduce"])
+    sim = None if algorithm == "random-guided" else BoundSimulator(ReplaySimulator({}), spec, cl)
+    check = _Budgeted(budget)
+    search = StrategySearch(spec, cl, exp, sim, memory=check, shard_prob=1.0, tp_prob=0.5)
+    assert search.over_budget_baselines == ["allreduce"]
+    asked = 0
+    while (p := search.ask()) is not None:
+        assert p.strategy.tensor_parallel is not None and budget.fits(p.strategy), p.trial_id
+        validate(p.strategy, spec, cl)
+        search.tell(p.trial_id, 0.01 + 0.001 * asked)
+        asked += 1
+    assert asked >= 4, asked

@@ -46,6 +46,8 @@ SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: With a space that offers ``shard``: how often the restarts of coordinate descent and the
 #: random-sampling reference draw a sharded strategy (:class:`GuidedSampler`'s ``shard_prob``).
 SHARD_RESTART_PROB = 0.5
+#: With a space that offers tensor parallelism: how often those restarts draw a split strategy.
+SPLIT_RESTART_PROB = 0.5
 
 
 class ChoiceSpace:
@@ -150,6 +152,7 @@ class ChoiceSpace:
         pairs added or removed, with sequence parallelism on every block or off, with the
         token embedding and the loss-parallel head toggled, and at each other degree; an unsplit
         one with Megatron's pairs on every block, and with sequence parallelism, at each degree
+        (each also with the token embedding and the loss-parallel head split where allowed)
         (its data-parallel plans the ``megatron`` builder's, its checkpointing
         kept), each over all-reduce and, where there is more than one TP group and every variable
         is shardable, FSDP2 resharded. Only what the model allows."""
@@ -164,8 +167,13 @@ class ChoiceSpace:
             for d in layout.degrees:
                 every = {layout.blocks[j]: "pairs" for j in layout.pairs[d]}
                 options.append((d, every, False, False))
+                if layout.logits[d] or layout.embedding[d][0]:  # the vocabulary's matrices split too
+                    options.append((d, every, layout.logits[d], layout.embedding[d][0]))
                 if layout.sequence[d]:
-                    options.append((d, {b: "sequence" for b in every}, False, False))
+                    sequence = {b: "sequence" for b in every}
+                    options.append((d, sequence, False, False))
+                    if layout.logits[d] or layout.embedding[d][1]:
+                        options.append((d, sequence, layout.logits[d], layout.embedding[d][1]))
         else:
             blocks, logits, embedding = megatron_choices(self.model, tp)
             rowwise = embedding == "rowwise"
@@ -261,9 +269,11 @@ class ChoiceSpace:
 
     def sampler(self, seed: int) -> GuidedSampler:
         """A guided sampler of this space's domain (restarts, the random reference): sharded
-        draws at :data:`SHARD_RESTART_PROB` where the space offers ``shard``, none otherwise."""
+        draws at :data:`SHARD_RESTART_PROB` where the space offers ``shard``, none otherwise;
+        split draws at :data:`SPLIT_RESTART_PROB` where it offers tensor parallelism."""
         return GuidedSampler(self.model, self.cluster, seed=seed, lossy=self.lossy,
-                             shard_prob=SHARD_RESTART_PROB if self.shard else 0.0)
+                             shard_prob=SHARD_RESTART_PROB if self.shard else 0.0,
+                             tp_prob=SPLIT_RESTART_PROB if self.split_layout is not None else 0.0)
 
     def data_parallel(self) -> Strategy:
         """TAG's baseline and the tree's root: every variable on one flat all-reduce group
@@ -411,7 +421,10 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
     budget = _Budget(score, evaluations, seconds, keep)
     root = _Node(canonical_groups(root) if root is not None else space.data_parallel())
     base = float(budget.score([root.strategy])[0])
-    scale = abs(base) or 1.0
+    # A root over the memory budget scores -inf: rewards are then speed-ups over the first
+    # strategy that scores finite, and what scores -inf is worth nothing.
+    reference = [base if math.isfinite(base) else None]
+    scale = abs(base) if math.isfinite(base) and base else 1.0
     runs = space.coordinates(levels)
     runs.sort(key=lambda run: -sum(space.variables[i].num_bytes for i in run))
     depth_steps: list[Callable[[Strategy], list[Strategy]]] = []
@@ -424,7 +437,12 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
     depth_steps += [lambda s, c=run: [s] + space.neighbours(s, c) for run in runs]
 
     def reward(value: float) -> float:
-        return (-base) / max(-value, 1e-12) if value < 0 else value / scale  # predicted speed-up over the root
+        if not math.isfinite(value):
+            return 0.0
+        if reference[0] is None:
+            reference[0] = value
+        ref = reference[0]
+        return (-ref) / max(-value, 1e-12) if value < 0 else value / scale  # predicted speed-up over the root
 
     idle = 0  # selections in a row that reached only vertices already scored
     while not budget.spent and idle < 1000:
@@ -448,8 +466,12 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
                 values = budget.score(children)
                 node.children = [_Node(s) for s in children]
                 if len(values):
-                    logits = (values - values.max()) / (temperature * scale)
-                    prior = np.exp(logits)
+                    finite = np.isfinite(values)
+                    if finite.any():
+                        logits = np.where(finite, values - values[finite].max(), -np.inf) / (temperature * scale)
+                        prior = np.exp(logits)
+                    else:
+                        prior = np.ones(len(values))
                     node.prior = prior / prior.sum()
                     for child, v in zip(node.children, values):
                         child.value, child.visits = reward(float(v)), 1
