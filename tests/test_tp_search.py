@@ -163,7 +163,8 @@ def test_a_budget_nothing_fits_is_refused_with_the_smallest_peak_in_mib_and_the_
             assert "tensor parallelism (Megatron, degree 2, with and without sequence parallelism)" in line
         else:
             assert name.startswith("shard:")
-            assert "tensor parallelism not tried (search.tensor_parallel: false; auto or true tries it)" in line
+            assert ("tensor parallelism not tried (not in the search's space; search.tensor_parallel: true puts it "
+                    "there)") in line
     # The split's smallest peak is below sharding's: the levers tried change the figure.
     assert _budget(10, tensor_parallel=True).smallest()[0] < _budget(10, tensor_parallel=False).smallest()[0]
     # A budget a split fits is not refused once tensor parallelism is in the space.
@@ -352,3 +353,9 @@ def test_under_a_budget_only_a_split_fits_every_algorithm_proposes_splits_that_f
         search.tell(p.trial_id, 0.01 + 0.001 * asked)
         asked += 1
     assert asked >= 4, asked
+
+
+def test_a_keras_workload_is_refused_tensor_parallelism():
+    with pytest.raises(SpecError, match="tensor parallelism runs on PyTorch workloads only"):
+        check_tensor_parallel(_experiment(tensor_parallel=True, simulator="replay"), _budget(50), 0.5, "x.yaml",
+                              "tensorflow")

@@ -170,13 +170,19 @@ def tp_rate(exp: Experiment, budget: MemoryBudget, skeleton: Strategy) -> float:
     return TP_PROB if budget.tp_degrees()[0] else 0.0
 
 
-def check_tensor_parallel(exp: Experiment, budget: MemoryBudget, rate: float, where: str) -> None:
-    """Refuse, before any trial, a search that asks for tensor parallelism it cannot propose or
-    score: ``true`` where the cluster or model allows no TP degree, or a simulator other than the
-    replay (the one that prices split compute and TP collectives) where TP is proposed."""
+def check_tensor_parallel(exp: Experiment, budget: MemoryBudget, rate: float, where: str,
+                          framework: str = "torch") -> None:
+    """Refuse, before any trial, a search that asks for tensor parallelism it cannot propose,
+    run or score: ``true`` where the cluster or model allows no TP degree, a workload that is not
+    PyTorch's (DTensor's ``tp`` runtime runs those only), or a simulator other than the replay
+    (the one that prices split compute and TP collectives) where TP is proposed."""
     degrees, why = budget.tp_degrees()
     if exp.search.tensor_parallel is True and not degrees:
         raise SpecError(f"{where}: search.tensor_parallel: true, but {why}; set search.tensor_parallel: false")
+    if rate and framework != "torch":
+        raise SpecError(f"{where}: search.tensor_parallel: {str(exp.search.tensor_parallel).lower()}, but the "
+                        f"workload is {framework}'s and tensor parallelism runs on PyTorch workloads only (torch's "
+                        f"DTensor); set search.tensor_parallel: false")
     if rate and exp.search.uses_simulator and exp.search.simulator != "replay":
         raise SpecError(f"{where}: search.simulator: {exp.search.simulator} does not price tensor parallelism (split "
                         f"compute, TP collectives), which this search proposes (search.tensor_parallel: "
@@ -195,7 +201,7 @@ def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, work
     budget = memory_budget(exp, model, cluster, workload)
     skeleton = build_strategy("allreduce", model, cluster)
     split = tp_rate(exp, budget, skeleton)
-    check_tensor_parallel(exp, budget, split, where)
+    check_tensor_parallel(exp, budget, split, where, workload.framework)
     if split:
         budget.tensor_parallel = True
         if workload.framework == "torch":

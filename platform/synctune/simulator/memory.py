@@ -642,7 +642,8 @@ class MemoryBudget:
         elif self.tensor_parallel:
             parts.append(f"tensor parallelism not tried ({why})")
         elif degrees:
-            parts.append("tensor parallelism not tried (search.tensor_parallel: false; auto or true tries it)")
+            parts.append("tensor parallelism not tried (not in the search's space; search.tensor_parallel: true puts "
+                         "it there)")
         return ", ".join(parts)
 
     def nothing_fits(self) -> str | None:
@@ -680,5 +681,5 @@ class MemoryBudget:
                 else "activation checkpointing (not measurable on this model)")
         degrees, _why = self.tp_degrees()
         tp = ("tensor parallelism with sequence parallelism (already in the space), " if self.tensor_parallel and degrees
-              else "tensor parallelism (search.tensor_parallel: auto), " if degrees else "")
+              else "tensor parallelism (search.tensor_parallel: true), " if degrees else "")
         return f"{ckpt}, sharding (search.shard: auto), {tp}a smaller batch, or a larger search.memory_gib"
