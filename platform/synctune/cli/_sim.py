@@ -162,7 +162,7 @@ def eval_cmd(sim_files, data, domains, held_out, protocols, train_kinds, epochs,
     names = ["analytic", "replay"] + [n for n in sim_files if n not in ("analytic", "replay")]
     sims = [(name, _load_for_eval(name, alpha_ms)) for name in names]
     fixed = [(name if name in ("analytic", "replay") else f"{sim.kind} ({name})", sim) for name, sim in sims]
-    # Strategies that split modules (tensor_parallel) are not columns: every simulator is trained
+    # Strategies that split modules (tensor_parallel) are not priced as columns: every simulator is trained
     # and scored without them, and those that replay them (the replay, calibrated or not) scored
     # on them apart.
     split = [d.subset(d.split_mask().nonzero()[0].tolist()) for d in _domains(data, domains, tensor_parallel=True)

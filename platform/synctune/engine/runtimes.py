@@ -105,7 +105,8 @@ def executor_names(columns: Any, framework: str = "torch") -> list[str]:
     """The name of :func:`executor_for`'s runtime for each strategy of ``columns``
     (:class:`~synctune.strategy.columns.StrategyColumns`), by the same rule."""
     plain = strategy_runtime_class(framework).name
-    return [FSDP_PLANS.name if frees else plain for frees in columns.frees_parameters()]
+    return [TP_RUNTIME.name if split else FSDP_PLANS.name if frees else plain
+            for split, frees in zip(columns.splits_modules(), columns.frees_parameters())]
 
 
 def executor_for(strategy: Any, spec: Any = None, framework: str = "torch") -> Runtime:

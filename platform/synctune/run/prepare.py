@@ -28,7 +28,7 @@ from ..search.algorithm import StrategySearch
 from ..search.experiment import Experiment
 from ..search.interface import MemoryCheck
 from ..simulator.bound import RuntimeResidual
-from ..simulator.memory import GIB, ActivationFigures, MemoryBudget
+from ..simulator.memory import GIB, MIB, ActivationFigures, MemoryBudget
 from ..spec.cluster import ClusterSpec
 from ..spec.errors import SpecError
 from ..spec.files import check_name
@@ -42,8 +42,8 @@ from .simulators import make_search_simulator
 
 __all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
            "prepare_memory", "split_activations", "cached_split_activations", "check_megatron_baseline",
-           "megatron_baseline", "shard_rate",
-           "SearchFilter", "tensorflow_projection"]
+           "megatron_baseline", "shard_rate", "tp_rate", "check_tensor_parallel", "SearchFilter",
+           "tensorflow_projection"]
 
 
 def search_id_of(exp: Experiment) -> str:
@@ -233,23 +233,74 @@ def _refusal_in(error: str) -> str | None:
 
 def check_budget(budget: MemoryBudget, where: str) -> None:
     """Refuse, before any trial, a budget that nothing fits: one line with the smallest predicted
-    peak (of the most frugal strategies the builders make) and the fix."""
+    peak (of the most frugal strategies the builders make, :meth:`MemoryBudget.frugal`), the
+    levers tried (:meth:`MemoryBudget.levers_tried`) and the fix."""
     peak, name, fits = budget.smallest()
     limits = [x for x in budget.limits(build_strategy("allreduce", budget.model, budget.cluster)) if x is not None]
     if limits and not fits:
-        raise SpecError(f"{where}: search.memory_gib: nothing fits {budget.describe()} ({min(limits) / GIB:.3f} GiB "
-                        f"per rank): the smallest predicted peak is {peak / GIB:.3f} GiB per rank ({name}); raise "
-                        f"search.memory_gib, lower search.memory_headroom, or train a smaller batch")
+        raise SpecError(f"{where}: search.memory_gib: nothing fits {budget.describe()} ({min(limits) / MIB:.1f} MiB "
+                        f"per rank): the smallest predicted peak is {peak / MIB:.1f} MiB per rank ({name}); tried "
+                        f"{budget.levers_tried()}; raise search.memory_gib, lower search.memory_headroom, or train a "
+                        f"smaller batch")
+
+
+#: The share of sampled strategies split by tensor parallelism where a search proposes it.
+TP_PROB = 0.5
+
+
+def tp_rate(exp: Experiment, budget: MemoryBudget, skeleton: Strategy) -> float:
+    """The share of sampled strategies that split modules (tensor parallelism): :data:`TP_PROB`
+    with ``search.tensor_parallel: true``, and with ``auto`` where replicated training does not
+    fit; none with ``false``, under ``auto`` where replicated training fits, or where the cluster
+    or model allows no TP degree (:meth:`MemoryBudget.tp_degrees`)."""
+    setting = exp.search.tensor_parallel
+    if setting is False or (setting == "auto" and budget.fits(skeleton)):
+        return 0.0
+    return TP_PROB if budget.tp_degrees()[0] else 0.0
+
+
+def check_tensor_parallel(exp: Experiment, budget: MemoryBudget, rate: float, where: str,
+                          framework: str = "torch") -> None:
+    """Refuse, before any trial, a search that asks for tensor parallelism it cannot propose,
+    run or score: ``true`` where the cluster or model allows no TP degree, a workload that is not
+    PyTorch's (DTensor's ``tp`` runtime runs those only), or a simulator other than the replay
+    (the one that prices split compute and TP collectives) where TP is proposed."""
+    degrees, why = budget.tp_degrees()
+    if exp.search.tensor_parallel is True and not degrees:
+        raise SpecError(f"{where}: search.tensor_parallel: true, but {why}; set search.tensor_parallel: false")
+    if rate and framework != "torch":
+        raise SpecError(f"{where}: search.tensor_parallel: {str(exp.search.tensor_parallel).lower()}, but the "
+                        f"workload is {framework}'s and tensor parallelism runs on PyTorch workloads only (torch's "
+                        f"DTensor); set search.tensor_parallel: false")
+    if rate and exp.search.uses_simulator and exp.search.simulator != "replay":
+        raise SpecError(f"{where}: search.simulator: {exp.search.simulator} does not price tensor parallelism (split "
+                        f"compute, TP collectives), which this search proposes (search.tensor_parallel: "
+                        f"{str(exp.search.tensor_parallel).lower()}); use simulator: replay, or set "
+                        f"search.tensor_parallel: false")
 
 
 def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workload: Any) -> tuple[MemoryBudget, float]:
     """The search's memory budget (:func:`memory_budget`) and its share of sharded proposals
     (:func:`shard_rate`), refusing before any trial a budget nothing fits and a search that
-    would score shard units with a simulator that never saw any."""
+    would score shard units with a simulator that never saw any. Where the search proposes
+    tensor parallelism (:func:`tp_rate`), the budget tries it (:attr:`MemoryBudget.tensor_parallel`)
+    with the activations of Megatron's sequence-parallel plan measured at each degree
+    (:func:`split_activations`, a torch workload's)."""
     where = exp.source or exp.name
     budget = memory_budget(exp, model, cluster, workload)
-    check_budget(budget, where)
     skeleton = build_strategy("allreduce", model, cluster)
+    split = tp_rate(exp, budget, skeleton)
+    check_tensor_parallel(exp, budget, split, where, workload.framework)
+    if split:
+        budget.tensor_parallel = True
+        if workload.framework == "torch":
+            batches = {model.batch_size, max(1, model.batch_size // 2)}
+            for degree in budget.tp_degrees()[0]:
+                tp = _sequence_plan(model, cluster, degree)
+                if tp is not None and tp_key(tp) not in budget.split:
+                    budget.split[tp_key(tp)] = split_activations(workload, tp, batches, optimizer=exp.trial.optimizer,
+                                                                 seed=exp.seed)
+    check_budget(budget, where)
     rate = shard_rate(exp, budget, skeleton)
     if exp.search.shard is False and not budget.fits(skeleton):
         raise SpecError(f"{where}: search.shard: false, but replicated training does not fit the memory budget "
@@ -261,6 +312,21 @@ def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, work
                         f"synchronizer, and this search proposes shard units (search.shard: "
                         f"{str(exp.search.shard).lower()}{why}); use simulator: replay (or analytic, or rnn)")
     return budget, rate
+
+
+def _sequence_plan(model: ModelSpec, cluster: ClusterSpec, degree: int) -> Any:
+    """Megatron's sequence-parallel plan at ``degree`` (its vocabulary split where the model allows
+    it, as :meth:`MemoryBudget.frugal` builds it), or None where the model has none."""
+    from ..strategy.errors import StrategyError
+
+    for extra in ({"embedding": "rowwise", "loss_parallel": True}, {"loss_parallel": True}, {"embedding": "rowwise"},
+                  {}):
+        try:
+            return build_strategy("megatron", model, cluster, degree=degree, dp="allreduce", sequence_parallel=True,
+                                  **extra).tensor_parallel
+        except StrategyError:
+            continue
+    return None
 
 
 def _pretrained_scores_shard() -> bool:
@@ -314,6 +380,12 @@ class SearchContext:
     def framework(self) -> str:
         """The workload's framework (``torch`` or ``tensorflow``)."""
         return self.workload.framework
+
+    @property
+    def tp_prob(self) -> float:
+        """The share of sampled strategies split by tensor parallelism: :data:`TP_PROB` where the
+        memory budget holds it in the search's space (:func:`prepare_memory`), else none."""
+        return TP_PROB if self.memory.tensor_parallel else 0.0
 
     @functools.cached_property
     def skeleton(self) -> Strategy:
@@ -388,13 +460,15 @@ def search_algorithm(context: SearchContext, state: dict) -> StrategySearch:
     (:class:`~synctune.run.prepare.SearchFilter`)."""
     ctx = context
     simulator = make_search_simulator(ctx.exp, ctx.model, ctx.cluster)
-    if ctx.shard_prob and simulator is not None and simulator.predicts_seconds and simulator.training_free is simulator:
-        # Proposals run on two runtimes (the engine, FSDP2 where units reshard): the replay's
+    if (ctx.shard_prob or ctx.tp_prob) and simulator is not None and simulator.predicts_seconds and \
+            simulator.training_free is simulator:
+        # Proposals run on several runtimes (the engine, FSDP2 where units reshard, DTensor's tp
+        # where modules split): the replay's
         # seconds are scaled per runtime by what the trials measured.
         simulator = RuntimeResidual(simulator, lambda s: ctx.executor(s).name,
                                     lambda columns: executor_names(columns, ctx.framework))
     return StrategySearch.from_state(state, ctx.model, ctx.cluster, ctx.exp, simulator, ctx.project,
-                                     memory=SearchFilter(ctx), shard_prob=ctx.shard_prob)
+                                     memory=SearchFilter(ctx), shard_prob=ctx.shard_prob, tp_prob=ctx.tp_prob)
 
 
 def prepare_search(exp: Experiment, workload: Any, cluster: ClusterSpec, *, model: ModelSpec | None = None,

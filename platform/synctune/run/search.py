@@ -204,6 +204,8 @@ def run_algorithm(session: SearchSession) -> StrategySearch:
     if algorithm.over_budget_baselines:
         s.say(f"builder baselines over the memory budget, not trialled: {', '.join(algorithm.over_budget_baselines)}")
     shard = f", shard units in {ctx.shard_prob:.0%} of the sampled strategies" if ctx.shard_prob else ""
+    if ctx.tp_prob:
+        shard += f", tensor parallelism in {ctx.tp_prob:.0%} of them"
     s.say(f"searching: {remaining} trial(s) of {ctx.exp.search.algorithm}, builder baselines first{shard}")
     tune.Tuner(
         tune.with_resources(trainable, {"CPU": 0, HEAD_RESOURCE: 0.001}),

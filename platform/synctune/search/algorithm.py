@@ -95,10 +95,11 @@ class StrategySearch:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
                  simulator: SimulatorProtocol | None = None,
                  project: Callable[[Strategy], Strategy] | None = None, *, memory: MemoryCheck | None = None,
-                 shard_prob: float = 0.0) -> None:
+                 shard_prob: float = 0.0, tp_prob: float = 0.0) -> None:
         self.policy = ROUND_POLICIES.get(experiment.search.algorithm)
         self.memory = memory
         self.shard_prob = float(shard_prob)
+        self.tp_prob = float(tp_prob)
         self.project = project
         self.model = model
         self.cluster = cluster
@@ -205,7 +206,7 @@ class StrategySearch:
                             simulator=self.simulator, project=self.project, shard_prob=self.shard_prob,
                             trials=tuple(self.trials), fitted_on=self.fitted_on, seen=frozenset(self.seen()),
                             index=self.index, fits=self.fits,
-                            budget_fits=self.memory.fits if self.memory is not None else None)
+                            budget_fits=self.memory.fits if self.memory is not None else None, tp_prob=self.tp_prob)
 
     # ---------------------------------------------------------------------------- internals
 
@@ -247,7 +248,7 @@ class StrategySearch:
     def from_state(cls, state: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, experiment: Experiment,
                    simulator: SimulatorProtocol | None = None,
                    project: Callable[[Strategy], Strategy] | None = None, *, memory: MemoryCheck | None = None,
-                   shard_prob: float = 0.0) -> "StrategySearch":
+                   shard_prob: float = 0.0, tp_prob: float = 0.0) -> "StrategySearch":
         """Rebuild a search from its finished trials (in the order they were told; a trial's
         time under ``mean_s``, or ``runtime`` as older versions wrote it): the simulator relearns
         at the same points as it did, the last round is drawn again and its unfinished trials
@@ -255,7 +256,8 @@ class StrategySearch:
         ``restore`` gets back what its ``state`` gave (the budget's probe figures) first."""
         if memory is not None and state.get("memory") is not None:
             memory.restore(state["memory"])
-        search = cls(model, cluster, experiment, simulator, project, memory=memory, shard_prob=shard_prob)
+        search = cls(model, cluster, experiment, simulator, project, memory=memory, shard_prob=shard_prob,
+                     tp_prob=tp_prob)
         trials = [SearchTrial.from_dict(t) for t in state.get("trials", [])]
         done = {t.trial_id for t in trials}
         last = max((_round_of(t.trial_id) for t in trials), default=0)

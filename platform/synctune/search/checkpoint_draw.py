@@ -5,9 +5,11 @@ At the sampler's ``checkpoint_prob``, a drawn strategy checkpoints some of the m
 a mode (``full`` or ``selective``, even odds) and a number of blocks (uniform from one to all),
 the blocks taken in forward order (the first blocks' activations live longest). With a memory
 budget's predicate, a draw it refuses is grown: its blocks checkpoint ``full`` one more at a
-time, the largest saver first, until it fits; the sharded draw's growth ends with the same step
-(:func:`grow_checkpointing`), after sharding, as a user reaches for checkpointing once
-sharding is not enough.
+time, the largest saver first, until it fits, and where checkpointing every block is not enough
+and the search proposes tensor parallelism, it is split (Megatron's plan with sequence
+parallelism, :func:`~synctune.search.tp_draw.grow_split`); the sharded draw's growth ends with
+the same steps (:func:`grow_checkpointing`), after sharding, as a user reaches for
+checkpointing once sharding is not enough.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ def grow_checkpointing(strategy: Strategy, fits: Callable[[Strategy], bool], blo
 def draw_checkpointing(ctx: DrawContext, cols: StrategyColumns, order: list[str] | None = None) -> StrategyColumns:
     """``cols`` with each strategy, at ``ctx.rate``, checkpointing a drawn mode on a drawn number
     of its first blocks (the module docstring); with ``ctx.fits``, a picked strategy it refuses
-    is grown (:func:`grow_checkpointing`, blocks in ``order``)."""
+    is grown (:func:`grow_checkpointing`, blocks in ``order``), and where checkpointing every
+    block is not enough, split (``ctx.split``: tensor parallelism with sequence parallelism,
+    :func:`~synctune.search.tp_draw.grow_split`, where the search proposes it; what it returns
+    fits)."""
     blocks = checkpoint_blocks(v.name for v in ctx.model.variables)
     n = cols.size
     if not blocks or not n or ctx.rate <= 0:
@@ -65,6 +70,8 @@ def draw_checkpointing(ctx: DrawContext, cols: StrategyColumns, order: list[str]
     for i in picked.tolist():
         made = out.strategy(i)
         if not ctx.fits(made):
-            grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster,
-                                                       [grow_checkpointing(made, ctx.fits, blocks, order)])
+            fitted = grow_checkpointing(made, ctx.fits, blocks, order)
+            if ctx.split is not None and not ctx.fits(fitted):
+                fitted = ctx.split(made) or fitted
+            grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
     return splice(out, grown)

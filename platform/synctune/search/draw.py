@@ -30,7 +30,10 @@ class DrawContext:
     order), whether lossy encodings may be drawn (``lossy``), the kind's draw ``rate`` (a
     probability per strategy), the memory budget's predicate (``fits``: a strategy object ->
     whether it fits; None without a budget) and ``memo``, the sampler's cache of what depends
-    on the domain only (a draw keys it by its own name)."""
+    on the domain only (a draw keys it by its own name); ``split``, where the search proposes
+    tensor parallelism, the growth step that splits a strategy's blocks until ``fits`` holds it
+    (:func:`~synctune.search.tp_draw.grow_split`: a strategy object -> the split one that fits, or
+    None), which the sharded and checkpointed draws' growth takes (None: no split step)."""
 
     model: Any
     cluster: Any
@@ -39,6 +42,7 @@ class DrawContext:
     rate: float
     fits: Callable[[Any], bool] | None = None
     memo: dict = field(default_factory=dict, compare=False)
+    split: Callable[[Any], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rate, (int, float)) and 0.0 <= self.rate <= 1.0):
@@ -84,7 +88,7 @@ def edited(cols: StrategyColumns, *, at: np.ndarray | None = None, values: Mappi
     counts = np.bincount(rows["sid"], minlength=cols.size)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return StrategyColumns(model=cols.model, cluster=cols.cluster, offsets=offsets, batch_split=cols.batch_split,
-                           checkpoint=cols.checkpoint, **rows)
+                           checkpoint=cols.checkpoint, **cols.tp_fields(0, cols.size), **rows)
 
 
 def _renumbered(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, strategies: np.ndarray) -> np.ndarray | None:
@@ -139,4 +143,21 @@ def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> St
         for i in replaced:
             checkpoint[i] = 0
     return dataclasses.replace(cols, offsets=np.r_[0, np.cumsum(counts)].astype(np.int64), group_order=None,
-                               ngroups=None, checkpoint=checkpoint, **rows)
+                               ngroups=None, checkpoint=checkpoint, **_spliced_tp(cols, replaced), **rows)
+
+
+def _spliced_tp(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> dict[str, np.ndarray | None]:
+    """The tensor-parallel columns of ``cols`` with strategy ``i``'s taken from ``replaced[i]``
+    (none where it splits no module)."""
+    if cols.tp_degree is None and all(new.tp_degree is None for new in replaced.values()):
+        return cols.tp_fields(0, cols.size)
+    n, blocks = cols.size, len(cols.blocks())
+    out = {"tp_degree": np.zeros(n, np.int16), "tp_blocks": np.zeros((n, blocks), np.int8),
+           "tp_logits": np.zeros(n, bool), "tp_embedding": np.zeros(n, bool)}
+    if cols.tp_degree is not None:
+        for name in out:
+            out[name][:] = getattr(cols, name)
+    for i, new in replaced.items():
+        for name in out:
+            out[name][i] = 0 if new.tp_degree is None else getattr(new, name)[0]
+    return out

@@ -212,6 +212,11 @@ class SearchSection(_Section):
     #: Whether the search proposes ``shard`` units (FSDP2/ZeRO, per module): ``auto`` where
     #: replicated training does not fit the budget, ``true`` always, ``false`` never.
     shard: bool | Literal["auto"] = "auto"
+    #: Whether the search proposes tensor parallelism (Megatron's plan per block, with sequence
+    #: parallelism or without, in TP groups inside a node; scored by the replay simulator):
+    #: ``auto`` where replicated training does not fit the budget, ``true`` always, ``false``
+    #: never.
+    tensor_parallel: bool | Literal["auto"] = False
 
     def __post_init__(self) -> None:
         for name, low, high in (("budget", 1, LIMITS["budget"]), ("proposals", 1, LIMITS["proposals"]),
@@ -236,6 +241,8 @@ class SearchSection(_Section):
             raise self.bad("memory_headroom", "a number in [0, 1) (the share of the budget kept free)")
         if not (isinstance(self.shard, bool) or self.shard == "auto"):
             raise self.bad("shard", "auto, true or false")
+        if not (isinstance(self.tensor_parallel, bool) or self.tensor_parallel == "auto"):
+            raise self.bad("tensor_parallel", "auto, true or false")
         if self.candidates > self.proposals:
             raise self.error(f"{self.key('candidates')} ({self.candidates}) cannot exceed "
                              f"{self.key('proposals')} ({self.proposals})")

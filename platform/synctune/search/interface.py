@@ -202,6 +202,8 @@ class RoundContext:
     index: Any
     fits: Callable[[Strategy], bool]
     budget_fits: Callable[[Strategy], bool] | None
+    #: The share of sampled strategies split by tensor parallelism (0: the search proposes none).
+    tp_prob: float = 0.0
 
     def measured(self, upto: int | None = None) -> tuple[list[Strategy], np.ndarray]:
         """The successful trials among the first ``upto`` told (all by default): their strategies

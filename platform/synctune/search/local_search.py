@@ -25,11 +25,15 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.checkpoint import checkpoint_blocks
 from ..strategy.compressors import COMPRESSORS
+from ..strategy.builders import megatron_choices
+from ..strategy.errors import StrategyError
 from ..strategy.schema import Compressor, Strategy
+from ..strategy.tensor_parallel import check_tensor_parallel
 from .kinds import NO_COMPRESSION, SEARCH_KINDS, Choice, choice_owner, compressor_choices, data_parallel_plans
 # canonical_groups lives with the sampler (which numbers its draws with it); it is re-exported
 # here, where the searches have always found it.
 from .sampler import GuidedSampler, canonical_groups, shardable
+from .tp_draw import split_layout, split_strategy
 
 __all__ = ["ChoiceSpace", "Choice", "coordinate_descent", "mcts", "random_sampling", "LocalSearchResult",
            "canonical_groups", "compressor_choices"]
@@ -42,6 +46,8 @@ SPLIT_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: With a space that offers ``shard``: how often the restarts of coordinate descent and the
 #: random-sampling reference draw a sharded strategy (:class:`GuidedSampler`'s ``shard_prob``).
 SHARD_RESTART_PROB = 0.5
+#: With a space that offers tensor parallelism: how often those restarts draw a split strategy.
+SPLIT_RESTART_PROB = 0.5
 
 
 class ChoiceSpace:
@@ -64,12 +70,20 @@ class ChoiceSpace:
     (DESIGN.md "shard"): a new unit, over every replica or, where the nodes allow it,
     HSDP over each node (:func:`~synctune.search.shard_draw.hsdp_size`), reducing in fp32 or, when
     ``lossy``, bf16; or joining a neighbouring variable's unit, so units can grow to modules.
-    With ``checkpoint``, activation checkpointing is a coordinate too (:meth:`checkpointing`)."""
+    With ``checkpoint``, activation checkpointing is a coordinate too (:meth:`checkpointing`);
+    with ``split``, tensor parallelism (:meth:`tensor_parallelism`). A neighbour of a strategy that
+    splits modules is kept only where its split still holds
+    (:func:`~synctune.strategy.tensor_parallel.check_tensor_parallel`: one data-parallel kind,
+    whole variables, TP groups inside nodes)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, lossy: bool = True,
-                 small_bytes: int = 256 * 1024, shard: bool = False, checkpoint: bool = False) -> None:
+                 small_bytes: int = 256 * 1024, shard: bool = False, checkpoint: bool = False,
+                 split: bool = False) -> None:
         self.model, self.cluster, self.lossy, self.small_bytes = model, cluster, lossy, small_bytes
         self.shard = shard
+        #: What Megatron's plan allows on the domain (None without ``split``).
+        self.split_layout = split_layout(model, cluster, {}) if split else None
+        self._split_memo: dict = {}
         #: The model's blocks a strategy may checkpoint, in forward order (none without ``checkpoint``).
         self.blocks = checkpoint_blocks(v.name for v in model.variables) if checkpoint else []
         self.shardable = {v.name for v in model.variables if shardable(v)}
@@ -115,7 +129,84 @@ class ChoiceSpace:
                  self.helper.on_nodes(strategy, nodes)]
         if len(nodes) > 1:
             bases += [c for c in (self.helper.without_node(strategy, out) for out in nodes) if c is not None]
-        return [self.helper.split_towards_speed(base, t) for base in bases for t in SPLIT_STEPS]
+        return self.still_split(strategy, [self.helper.split_towards_speed(base, t) for base in bases
+                                            for t in SPLIT_STEPS])
+
+    def still_split(self, strategy: Strategy, candidates: list[Strategy]) -> list[Strategy]:
+        """``candidates`` (moves of ``strategy``), those whose tensor parallelism no longer holds
+        left out (all of them kept where ``strategy`` splits no module)."""
+        if strategy.tensor_parallel is None:
+            return candidates
+        out = []
+        for c in candidates:
+            try:
+                check_tensor_parallel(c, self.model, self.cluster)
+            except StrategyError:
+                continue
+            out.append(c)
+        return out
+
+    def tensor_parallelism(self, strategy: Strategy) -> list[Strategy]:
+        """The tensor-parallel coordinate (where the space offers it,
+        :mod:`~synctune.search.tp_draw`): a split ``strategy`` without its split, with one block's
+        pairs added or removed, with sequence parallelism on every block or off, with the
+        token embedding and the loss-parallel head toggled, and at each other degree; an unsplit
+        one with Megatron's pairs on every block, and with sequence parallelism, at each degree
+        (each also with the token embedding and the loss-parallel head split where allowed)
+        (its data-parallel plans the ``megatron`` builder's, its checkpointing
+        kept), each over all-reduce and, where there is more than one TP group and every variable
+        is shardable, FSDP2 resharded. Only what the model allows."""
+        layout = self.split_layout
+        if layout is None or not layout.degrees:
+            return []
+        if len(strategy.replicas) != self.cluster.num_devices or len(set(strategy.batch_split)) != 1:
+            return []
+        options: list[tuple[int, dict[str, str], bool, bool]] = []
+        tp = strategy.tensor_parallel
+        if tp is None:
+            for d in layout.degrees:
+                every = {layout.blocks[j]: "pairs" for j in layout.pairs[d]}
+                options.append((d, every, False, False))
+                if layout.logits[d] or layout.embedding[d][0]:  # the vocabulary's matrices split too
+                    options.append((d, every, layout.logits[d], layout.embedding[d][0]))
+                if layout.sequence[d]:
+                    sequence = {b: "sequence" for b in every}
+                    options.append((d, sequence, False, False))
+                    if layout.logits[d] or layout.embedding[d][1]:
+                        options.append((d, sequence, layout.logits[d], layout.embedding[d][1]))
+        else:
+            blocks, logits, embedding = megatron_choices(self.model, tp)
+            rowwise = embedding == "rowwise"
+            sequence = tp.sequence_parallel
+            d = tp.degree
+            every = [layout.blocks[j] for j in layout.pairs.get(d, ())]
+            if not sequence:
+                for b in every:  # one block's pairs added or removed
+                    toggled = {k: v for k, v in blocks.items() if k != b} if b in blocks else {**blocks, b: "pairs"}
+                    if toggled:
+                        options.append((d, toggled, logits, rowwise))
+                if layout.sequence.get(d):
+                    options.append((d, {b: "sequence" for b in every}, logits, rowwise and layout.embedding[d][1]))
+            else:
+                options.append((d, {b: "pairs" for b in every}, logits, rowwise))
+            if layout.embedding.get(d, (False, False))[int(sequence)]:
+                options.append((d, blocks, logits, not rowwise))
+            if layout.logits.get(d):
+                options.append((d, blocks, not logits, rowwise))
+            for other in layout.degrees:
+                if other != d:
+                    same = {layout.blocks[j]: ("sequence" if sequence and layout.sequence[other] else "pairs")
+                            for j in layout.pairs[other]}
+                    options.append((other, same, False, False))
+        out = [dataclasses.replace(strategy, tensor_parallel=None)] if tp is not None else []
+        for d, blocks, logits, rowwise in options:
+            for dp in ("allreduce", "shard") if layout.shardable[d] else ("allreduce",):
+                try:
+                    out.append(split_strategy(self.model, self.cluster, self._split_memo, strategy, d, blocks, dp=dp,
+                                              logits=logits, embedding=rowwise))
+                except StrategyError:
+                    continue
+        return out
 
     # ----------------------------------------------------------------------------------- choices
 
@@ -162,7 +253,7 @@ class ChoiceSpace:
             if h not in seen:
                 seen.add(h)
                 out.append(candidate)
-        return out
+        return self.still_split(strategy, out)
 
     def checkpointing(self, strategy: Strategy) -> list[Strategy]:
         """The checkpointing coordinate (where the space offers it): ``strategy`` with no block
@@ -178,9 +269,11 @@ class ChoiceSpace:
 
     def sampler(self, seed: int) -> GuidedSampler:
         """A guided sampler of this space's domain (restarts, the random reference): sharded
-        draws at :data:`SHARD_RESTART_PROB` where the space offers ``shard``, none otherwise."""
+        draws at :data:`SHARD_RESTART_PROB` where the space offers ``shard``, none otherwise;
+        split draws at :data:`SPLIT_RESTART_PROB` where it offers tensor parallelism."""
         return GuidedSampler(self.model, self.cluster, seed=seed, lossy=self.lossy,
-                             shard_prob=SHARD_RESTART_PROB if self.shard else 0.0)
+                             shard_prob=SHARD_RESTART_PROB if self.shard else 0.0,
+                             tp_prob=SPLIT_RESTART_PROB if self.split_layout is not None else 0.0)
 
     def data_parallel(self) -> Strategy:
         """TAG's baseline and the tree's root: every variable on one flat all-reduce group
@@ -273,6 +366,8 @@ def coordinate_descent(space: ChoiceSpace, score: Score, starts: Sequence[Strate
                 steps.append(space.splits)
             if space.blocks:
                 steps.append(space.checkpointing)
+            if space.split_layout is not None:
+                steps.append(space.tensor_parallelism)
             steps += [lambda s, c=coords[i]: space.neighbours(s, c) for i in order]
             for step in steps:
                 if budget.spent:
@@ -326,7 +421,10 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
     budget = _Budget(score, evaluations, seconds, keep)
     root = _Node(canonical_groups(root) if root is not None else space.data_parallel())
     base = float(budget.score([root.strategy])[0])
-    scale = abs(base) or 1.0
+    # A root over the memory budget scores -inf: rewards are then speed-ups over the first
+    # strategy that scores finite, and what scores -inf is worth nothing.
+    reference = [base if math.isfinite(base) else None]
+    scale = abs(base) if math.isfinite(base) and base else 1.0
     runs = space.coordinates(levels)
     runs.sort(key=lambda run: -sum(space.variables[i].num_bytes for i in run))
     depth_steps: list[Callable[[Strategy], list[Strategy]]] = []
@@ -334,10 +432,17 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
         depth_steps.append(space.splits)
     if space.blocks:
         depth_steps.append(lambda s: [s] + space.checkpointing(s))
+    if space.split_layout is not None:
+        depth_steps.append(lambda s: [s] + space.tensor_parallelism(s))
     depth_steps += [lambda s, c=run: [s] + space.neighbours(s, c) for run in runs]
 
     def reward(value: float) -> float:
-        return (-base) / max(-value, 1e-12) if value < 0 else value / scale  # predicted speed-up over the root
+        if not math.isfinite(value):
+            return 0.0
+        if reference[0] is None:
+            reference[0] = value
+        ref = reference[0]
+        return (-ref) / max(-value, 1e-12) if value < 0 else value / scale  # predicted speed-up over the root
 
     idle = 0  # selections in a row that reached only vertices already scored
     while not budget.spent and idle < 1000:
@@ -361,8 +466,12 @@ def mcts(space: ChoiceSpace, score: Score, *, rng: random.Random, levels: int = 
                 values = budget.score(children)
                 node.children = [_Node(s) for s in children]
                 if len(values):
-                    logits = (values - values.max()) / (temperature * scale)
-                    prior = np.exp(logits)
+                    finite = np.isfinite(values)
+                    if finite.any():
+                        logits = np.where(finite, values - values[finite].max(), -np.inf) / (temperature * scale)
+                        prior = np.exp(logits)
+                    else:
+                        prior = np.ones(len(values))
                     node.prior = prior / prior.sum()
                     for child, v in zip(node.children, values):
                         child.value, child.visits = reward(float(v)), 1

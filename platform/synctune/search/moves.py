@@ -9,7 +9,9 @@ import dataclasses
 import random
 
 from ..strategy.kinds import renumber_units
+from ..strategy.errors import StrategyError
 from ..strategy.schema import Strategy, VariablePlan
+from ..strategy.tensor_parallel import check_tensor_parallel
 from .kinds import SEARCH_KINDS, shard_moves
 from .local_search import ChoiceSpace
 from .sampler import GuidedSampler
@@ -24,14 +26,19 @@ def global_moves(strategy: Strategy, space: ChoiceSpace) -> list[Strategy]:
     replicas, the groups re-cut into half or twice as many by bytes) and, for a strategy whose
     plans are all ``shard`` (FSDP2's whole-model sharding), the shard units' (:func:`shard_moves`);
     then, where the space offers it, the checkpointing coordinate's
-    (:meth:`~synctune.search.local_search.ChoiceSpace.checkpointing`)."""
-    return [m for _name, kind in SEARCH_KINDS.items() for m in kind.global_moves(strategy, space)] + \
+    (:meth:`~synctune.search.local_search.ChoiceSpace.checkpointing`); of a split strategy, only
+    the moves that keep its split valid; then, where the space offers it, the tensor-parallel
+    coordinate's (:meth:`~synctune.search.local_search.ChoiceSpace.tensor_parallelism`)."""
+    moves = [m for _name, kind in SEARCH_KINDS.items() for m in kind.global_moves(strategy, space)] + \
         space.checkpointing(strategy)
+    return space.still_split(strategy, moves) + space.tensor_parallelism(strategy)
 
 
 def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: GuidedSampler) -> list[Strategy]:
     """``n`` children of ``parents`` (two or more): per variable, one of two parents' plans; a
-    tenth of the variables re-drawn from a fresh guided sample (mutation)."""
+    tenth of the variables re-drawn from a fresh guided sample (mutation). A child takes the
+    first parent's tensor parallelism where its plans still run it
+    (:func:`~synctune.strategy.tensor_parallel.check_tensor_parallel`), else none."""
     children = []
     for donor in guided.sample_many(n):
         a, b = rng.sample(parents, 2)
@@ -41,7 +48,13 @@ def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: Guide
             roll = rng.random()
             parent = 2 if roll < 0.1 else (0 if roll < 0.55 else 1)
             plans.append((parent, sources[parent][var.name]))
-        children.append(renumber_groups(a, plans))
+        child = renumber_groups(a, plans)
+        if child.tensor_parallel is not None:
+            try:
+                check_tensor_parallel(child, guided.model, guided.cluster)
+            except StrategyError:
+                child = dataclasses.replace(child, tensor_parallel=None)
+        children.append(child)
     return children
 
 

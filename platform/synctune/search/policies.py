@@ -75,14 +75,15 @@ def guided_sampler(search: RoundContext, seed: int) -> GuidedSampler:
     the first trials showed to be tighter than predicted is searched as one known tight."""
     checkpoint_prob = CHECKPOINT_PROB if _tight(search) else 0.0
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
-                         shard_prob=search.shard_prob, fits=search.budget_fits, checkpoint_prob=checkpoint_prob)
+                         shard_prob=search.shard_prob, fits=search.budget_fits, checkpoint_prob=checkpoint_prob,
+                         tp_prob=search.tp_prob)
 
 
 def choice_space(search: RoundContext) -> ChoiceSpace:
     """The local searches' choices in the search's domain (``shard`` among them where the search
     shards, checkpointing where the memory model says replicated training does not fit)."""
     return ChoiceSpace(search.model, search.cluster, lossy=search.settings.lossy, shard=search.shard_prob > 0,
-                       checkpoint=_tight(search))
+                       checkpoint=_tight(search), split=search.tp_prob > 0)
 
 
 def _tight(search: RoundContext) -> bool:

@@ -16,6 +16,7 @@ parallelism among them (ZeRO / FSDP2, DESIGN.md "shard": :mod:`synctune.search.s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -47,6 +48,7 @@ from .checkpoint_draw import draw_checkpointing
 from .draw import DrawContext
 from .kinds import SEARCH_KINDS, kernel_codes
 from .shard_draw import SHARD_MODES, draw_shard_units, hsdp_size, module_at, shard_layout, shardable
+from .tp_draw import draw_tensor_parallel, grow_split
 
 __all__ = ["RandomSampler", "GuidedSampler", "SHARD_MODES", "canonical_groups", "hsdp_size", "module_at",
            "shardable"]
@@ -178,10 +180,16 @@ class GuidedSampler:
     #: The share of drawn strategies that checkpoint some blocks
     #: (:mod:`synctune.search.checkpoint_draw`; 0: none, and the stream stays as it was).
     checkpoint_prob: float = 0.0
+    #: The share of drawn strategies split by tensor parallelism, Megatron's plan per block
+    #: (:mod:`synctune.search.tp_draw`; 0: none, the stream stays as it was, and no growth
+    #: splits a draw).
+    tp_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
             raise ValueError(f"GuidedSampler: shard_prob: expected a probability in [0, 1], got {self.shard_prob!r}")
+        if not (isinstance(self.tp_prob, (int, float)) and 0.0 <= self.tp_prob <= 1.0):
+            raise ValueError(f"GuidedSampler: tp_prob: expected a probability in [0, 1], got {self.tp_prob!r}")
         drawn = [name for name, kind in SEARCH_KINDS.items() if kind.draw is not None and name != _SHARD]
         for name, rate in dict(self.kind_rates).items():
             if name not in drawn:
@@ -309,8 +317,11 @@ class GuidedSampler:
 
     # ------------------------------------------------------------------ columns
     def _context(self, rate: float) -> DrawContext:
-        return DrawContext(model=self.model, cluster=self.cluster, rng=self.np_rng, lossy=self.lossy, rate=rate,
-                           fits=self.fits, memo=self._memo)
+        ctx = DrawContext(model=self.model, cluster=self.cluster, rng=self.np_rng, lossy=self.lossy, rate=rate,
+                          fits=self.fits, memo=self._memo)
+        if self.tp_prob > 0 and self.fits is not None:  # growth may split blocks (tensor parallelism with SP)
+            ctx = dataclasses.replace(ctx, split=functools.partial(grow_split, ctx))
+        return ctx
 
     def _column_tables(self) -> dict:
         """Per variable, what :meth:`sample_columns` draws from, and per (variable, axis,
@@ -384,6 +395,8 @@ class GuidedSampler:
             rate = self.shard_prob if name == _SHARD else float(self.kind_rates.get(name, 0.0))
             if kind.draw is not None and rate > 0:
                 cols = kind.draw(self._context(rate), cols)
+        if self.tp_prob > 0:
+            cols = draw_tensor_parallel(self._context(self.tp_prob), cols)
         if self.checkpoint_prob > 0:
             cols = draw_checkpointing(self._context(self.checkpoint_prob), cols)
         return cols

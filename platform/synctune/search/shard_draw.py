@@ -20,7 +20,10 @@ fit is returned as it is, for the search's filter to drop. This is ZeRO's order 
 enough), per module. ``fits`` takes strategy objects, so growth works on the objects of the
 draws that do not fit, spliced back into the columns; everything else is drawn for all
 strategies at once. Where sharding all of it is not enough, the growth goes on with activation
-checkpointing (:func:`~synctune.search.checkpoint_draw.grow_checkpointing`).
+checkpointing (:func:`~synctune.search.checkpoint_draw.grow_checkpointing`) or, where the search
+proposes tensor parallelism, with Megatron's plan and sequence parallelism
+(:func:`~synctune.search.tp_draw.grow_split`), whichever fits; where both do, half the draws
+split first.
 """
 
 from __future__ import annotations
@@ -217,7 +220,8 @@ def draw_shard_units(ctx: DrawContext, cols: StrategyColumns, mode: str | None =
     module docstring), in ``mode`` (one of :data:`SHARD_MODES`; None: ``fsdp`` or ``zero2``
     with even odds where every variable is shardable, else ``zero2``). Units a strategy holds
     already are kept where their variables' modules are not drawn; every unit id and merge
-    group of a drawn strategy is then numbered by first appearance."""
+    group of a drawn strategy is then numbered by first appearance. ``ctx.split``: the growth
+    step that splits the blocks (:func:`grow`), where the search proposes tensor parallelism."""
     layout = shard_layout(ctx.model, ctx.memo)
     if mode is not None and mode not in SHARD_MODES:
         raise ValueError(f"draw_shard_units: mode: expected one of {SHARD_MODES}, got {mode!r}")
@@ -266,7 +270,8 @@ def draw_shard_units(ctx: DrawContext, cols: StrategyColumns, mode: str | None =
         if not ctx.fits(made):
             units = Units(layout=layout, depth=int(drawn.depth[k]), group=int(drawn.group[k]),
                           reduce_dtype="bf16" if drawn.bf16[k] else "fp32", base=int(base[i]))
-            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits, checkpoint_first=k % 2 == 1)
+            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits, checkpoint_first=k % 2 == 1,
+                          split=ctx.split, split_first=k % 2 == 0)
             grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
     return splice(out, grown)
 
@@ -302,13 +307,17 @@ class Units:
 
 
 def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, tuple[bool, int]],
-         fits: Callable[[Strategy], bool], checkpoint_first: bool = False) -> Strategy:
+         fits: Callable[[Strategy], bool], checkpoint_first: bool = False,
+         split: Callable[[Strategy], Strategy | None] | None = None, split_first: bool = False) -> Strategy:
     """The sharded draw ``drawn`` of ``strategy`` (its modules ``options``, cut as ``units``)
     grown until ``fits`` holds it, in ZeRO's order (the module docstring); the last growth
     where nothing fits. ``checkpoint_first``: once every module is a unit, checkpointing the
     blocks is tried before the shard group widens across nodes and before any unit reshards
     (both add collectives on every iteration, where checkpointing adds a recomputed forward):
-    the sampler grows half its draws each way, and the trials tell which costs less."""
+    the sampler grows half its draws each way, and the trials tell which costs less. ``split``:
+    where the search proposes tensor parallelism, the step that splits the blocks instead of
+    checkpointing them (:func:`~synctune.search.tp_draw.grow_split`: what it returns fits), taken
+    where checkpointing every block does not fit, or first where ``split_first``."""
     layout, out = units.layout, drawn
     modules = layout.modules[units.depth]
     size = layout.module_bytes[units.depth]
@@ -334,5 +343,12 @@ def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, t
             out = units.applied(strategy, options)
             if fits(out):
                 return out
-    # Sharding is not enough: checkpoint the blocks, one more at a time.
-    return grow_checkpointing(out, fits, blocks)
+    # Sharding is not enough: checkpoint the blocks, one more at a time, or split them (tensor
+    # parallelism with sequence parallelism): whichever the memory model says fits, and where both
+    # do, half the draws each way first (the trials tell which costs less).
+    checkpointed = grow_checkpointing(out, fits, blocks)
+    if split is not None and (split_first or not fits(checkpointed)):
+        made = split(out)
+        if made is not None:
+            return made
+    return checkpointed

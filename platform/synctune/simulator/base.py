@@ -47,7 +47,7 @@ class Domain:
 
     def split_mask(self) -> np.ndarray:
         """Per strategy, whether it splits modules (``tensor_parallel``): such strategies are not
-        columns (:meth:`encoded` refuses them); the replay takes them one by one."""
+        priced as columns (:meth:`encoded` refuses them); the replay takes them one by one."""
         return np.array([s.tensor_parallel is not None for s in self.strategies], dtype=bool)
 
     def without_tensor_parallel(self) -> "Domain":

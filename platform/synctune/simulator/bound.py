@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..spec.cluster import ClusterSpec
+from ..spec.errors import SpecError
 from ..spec.model import ModelSpec
 from ..strategy.schema import Strategy
 from .features import DomainContext, encode
@@ -81,8 +82,22 @@ class BoundSimulator(DomainScorer):
         return self.simulator.predicts_seconds
 
     def score(self, strategies: list[Strategy]) -> np.ndarray:
-        """Higher is better: the negated prediction."""
+        """Higher is better: the negated prediction (a strategy that splits modules replayed on its
+        own: :meth:`_split_seconds`)."""
+        if any(s.tensor_parallel is not None for s in strategies):
+            return -self._split_seconds(strategies)
         return -self.simulator._predict_batch(encode(strategies, self.ctx), self.ctx)
+
+    def _split_seconds(self, strategies: list[Strategy]) -> np.ndarray:
+        """Predicted seconds of ``strategies``, some with ``tensor_parallel``: only a simulator that
+        replays tensor parallelism (its split compute and TP collectives, ``replays_tensor_parallel``)
+        prices them; any other would price the data-parallel strategy alone, so it is refused."""
+        if not getattr(self.simulator, "replays_tensor_parallel", False):
+            raise SpecError(f"search.simulator: the {self.simulator.kind} simulator does not price tensor "
+                            f"parallelism (a strategy's tensor_parallel: split compute, TP collectives); use "
+                            f"simulator: replay, or leave tensor parallelism out of the search "
+                            f"(search.tensor_parallel: false)")
+        return np.asarray(self.simulator.predict(list(strategies), self.ctx.model, self.ctx.cluster), dtype=np.float64)
 
     #: Proposals scored at once: a round of 30,000 BERT-large proposals is 17 million rows, and
     #: every simulator's per-row temporaries would otherwise span all of them.
@@ -94,9 +109,15 @@ class BoundSimulator(DomainScorer):
         :attr:`SCORE_CHUNK` proposals at a time (every simulator scores a strategy on its own)."""
         n = columns.size
         if n <= self.SCORE_CHUNK:
-            return -self.simulator._predict_batch(columns, self.ctx)
-        return -np.concatenate([self.simulator._predict_batch(columns.take(lo, min(n, lo + self.SCORE_CHUNK)), self.ctx)
-                                for lo in range(0, n, self.SCORE_CHUNK)])
+            out = -self.simulator._predict_batch(columns, self.ctx)
+        else:
+            out = -np.concatenate([self.simulator._predict_batch(columns.take(lo, min(n, lo + self.SCORE_CHUNK)),
+                                                                 self.ctx) for lo in range(0, n, self.SCORE_CHUNK)])
+        split = np.flatnonzero(columns.splits_modules())
+        if len(split):  # the rows priced the data-parallel part alone: those strategies replayed whole
+            out = np.array(out, dtype=np.float64)
+            out[split] = -self._split_seconds([columns.strategy(int(i)) for i in split])
+        return out
 
     def _domain(self, strategies: list[Strategy], times_s: np.ndarray) -> Domain:
         return Domain(self.ctx, list(strategies), np.asarray(times_s, dtype=np.float64))

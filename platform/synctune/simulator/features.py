@@ -28,7 +28,7 @@ import numpy as np
 
 from ..strategy.columns import StrategyColumns
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.schema import Strategy
+from ..strategy.schema import Strategy, StrategyError
 from .domain import GBIT, AnalyticConstants, DomainContext, batch_scale, comm_terms
 from .kinds import FEATURE_KINDS, AnalyticTerms, FeatureTerms, by_code, priced
 from .kinds.shard import SHARD_GLOBAL_NAMES, SHARD_RAW_NAMES, shard_inputs, shard_unit_seconds, shard_units
@@ -41,7 +41,14 @@ __all__ = ["AnalyticConstants", "DomainContext", "encode", "message_sizes", "bat
 
 def encode(strategies: list[Strategy], ctx: DomainContext) -> StrategyColumns:
     """Strategies of ``ctx``'s domain (they must validate against it) as the columns every
-    function here reads (:meth:`StrategyColumns.from_strategies`)."""
+    function here reads (:meth:`StrategyColumns.from_strategies`). A strategy that splits
+    modules (``tensor_parallel``) is refused: the functions here price rows, the data-parallel
+    part alone (the replay prices the rest, :mod:`synctune.simulator.kinds.tensor_parallel`)."""
+    split_one = next((s for s in strategies if s.tensor_parallel is not None), None)
+    if split_one is not None:
+        raise StrategyError(f"strategy {split_one.hash[:12]}: tensor_parallel: strategies that split modules are not "
+                            f"priced as columns (their rows are the data-parallel part alone); score them with the "
+                            f"replay simulator (simulator: replay), which replays them one by one")
     return StrategyColumns.from_strategies(ctx.model, ctx.cluster, strategies)
 
 

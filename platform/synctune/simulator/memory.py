@@ -52,7 +52,8 @@ from ..strategy.schema import Strategy
 from .kinds import MEMORY_KINDS, MemoryContext, Tally
 
 __all__ = ["RankMemory", "OPTIMIZER_STATE", "optimizer_state", "predict_memory", "memory_errors",
-           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "over_limits", "GIB"]
+           "activation_figures", "ActivationFigures", "MemoryBudget", "reference_activations", "over_limits", "GIB",
+           "MIB"]
 
 #: Optimizer name -> (state elements per parameter element, bytes of per-tensor scalars): Adam's
 #: two moments and its ``step`` (a float32 scalar tensor per parameter, torch's default).
@@ -287,6 +288,8 @@ def memory_errors(records: Iterable[Any], *, activations: str = "reference") -> 
 
 #: Bytes in a GiB (budgets are written in GiB, as device memory is).
 GIB = 1 << 30
+#: Bytes in a MiB (what a refused budget's smallest peak is given in).
+MIB = 1 << 20
 
 
 class ActivationFigures:
@@ -367,7 +370,9 @@ class MemoryBudget:
     (:func:`~synctune.strategy.tensor_parallel.tp_key`), a device's figures of the model as split
     (measured on one TP group running the plan:
     :func:`synctune.run.prepare.split_activations`); a plan without its own figures is predicted
-    with the unsplit model's, which hold at least as much.
+    with the unsplit model's, which hold at least as much. ``tensor_parallel``: whether the
+    search's space holds tensor parallelism (Megatron's plan, with sequence parallelism or
+    without), so that :meth:`smallest` tries it among the most frugal strategies.
 
     **Every measured trial teaches it** (:meth:`observe`), an ``oom`` one first: per layout
     (the engine's, FSDP2's), the correction added to every prediction is the larger of the
@@ -385,6 +390,7 @@ class MemoryBudget:
     checkpointed: dict[str, ActivationFigures] = field(default_factory=dict)
     shares: dict[str, float] = field(default_factory=dict)
     split: dict[str, ActivationFigures] = field(default_factory=dict)
+    tensor_parallel: bool = False
 
     def __post_init__(self) -> None:
         self.activations = self.probe
@@ -402,14 +408,18 @@ class MemoryBudget:
         """The strategy-independent memory of a rank with ``batch`` samples whose blocks are
         checkpointed as ``checkpoint`` says: the activation figures (a tensor-parallel plan
         ``tp``'s own where measured) less, per checkpointed block, its share of what the probe
-        measured checkpointing every block saves in that mode."""
+        measured checkpointing every block saves in that mode; under a plan with its own figures,
+        that saving scaled by the plan's share of the unsplit figures (a device of a TP group
+        saves what it holds of each block, not what a whole replica does)."""
         figures = self.split.get(tp_key(tp)) if tp is not None else None
         base = figures(batch) if figures else self.activations(batch)
+        whole = self.probe(batch)
+        scale = min(1.0, base / whole) if figures and whole > 0 else 1.0
         saved = 0.0
         for block, mode in checkpoint:
             figures = self.checkpointed.get(mode)
             if figures:
-                saved += max(0, self.probe(batch) - figures(batch)) * self.shares.get(block, 0.0)
+                saved += max(0, whole - figures(batch)) * self.shares.get(block, 0.0) * scale
         return max(0, int(base - saved))
 
     def _raw_predict(self, strategy: Strategy, fsdp: bool) -> list[RankMemory]:
@@ -547,10 +557,20 @@ class MemoryBudget:
 
     def smallest(self) -> tuple[int, str, bool]:
         """The smallest predicted peak (the largest rank's) of the most frugal strategies the
-        builders make, FSDP2's way at every module depth resharded or not, and the replicated
-        all-reduce, each also with every block checkpointed in each mode the probe measured
-        (what a budget that nothing fits is refused with), that strategy's name, and whether any
-        of them fits rank by rank (devices of different memory)."""
+        builders make (:meth:`frugal`: every lever of the search's space), that strategy's name,
+        and whether any of them fits rank by rank (devices of different memory): what a budget
+        that nothing fits is refused with."""
+        named = self.frugal()
+        peak, name = min((max(self.peaks(s)), name) for name, s in named)
+        return peak, name, any(self.fits(s) for _n, s in named)
+
+    def frugal(self) -> list[tuple[str, Strategy]]:
+        """The most frugal strategies of the search's space, named: the replicated all-reduce,
+        FSDP2's way at every module depth resharded or not, and, where the space holds tensor
+        parallelism (:attr:`tensor_parallel`), Megatron's plan at every degree a node's devices
+        allow (:meth:`tp_degrees`), with sequence parallelism and without, over all-reduce or
+        resharded FSDP2, its token embedding and output layer split where the model allows; each
+        also with every block checkpointed in each mode the probe measured."""
         import dataclasses
 
         from ..strategy.builders import build_strategy
@@ -562,13 +582,76 @@ class MemoryBudget:
             for reshard in (True, False):
                 named.append((f"shard:depth={d},reshard={str(reshard).lower()}",
                               build_strategy("shard", self.model, self.cluster, depth=d, reshard=reshard)))
+        if self.tensor_parallel:
+            named += self._frugal_split()
         blocks = checkpoint_blocks(v.name for v in self.model.variables)
         for mode in self.checkpoint_modes():
             pairs = tuple((b, mode) for b in blocks)
             named += [(f"{name}+checkpoint={mode}", dataclasses.replace(s, checkpoint=pairs)) for name, s in named
                       if not s.checkpoint]
-        peak, name = min((max(self.peaks(s)), name) for name, s in named)
-        return peak, name, any(self.fits(s) for _n, s in named)
+        return named
+
+    def tp_degrees(self) -> tuple[list[int], str | None]:
+        """The TP degrees the cluster allows (2 or more, dividing every node's devices: a TP
+        group lies inside one node) at which the model has Megatron pairs, and, where there is
+        none, why (one clause)."""
+        from ..strategy.builders import megatron_styles
+
+        counts = [node.num_devices for node in self.cluster.nodes]
+        common = math.gcd(*counts)
+        degrees = [d for d in range(2, common + 1) if common % d == 0]
+        if not degrees:
+            return [], f"cluster {self.cluster.name!r} has a node of {min(counts)} device(s), too few for a TP group"
+        found = [d for d in degrees if megatron_styles(self.model, d)]
+        if not found:
+            return [], (f"model {self.model.name!r} has no attention or MLP pair of linear layers whose features "
+                        f"a degree of {degrees[0]} divides")
+        return found, None
+
+    def _frugal_split(self) -> list[tuple[str, Strategy]]:
+        """Megatron's most frugal strategies at each degree of :meth:`tp_degrees` (see :meth:`frugal`)."""
+        from ..strategy.builders import build_strategy
+        from ..strategy.errors import StrategyError
+
+        out = []
+        degrees, _why = self.tp_degrees()
+        for degree in degrees:
+            groups = self.cluster.num_devices // degree
+            for sp in (False, True):
+                for dp in (("allreduce", "shard") if groups > 1 else ("allreduce",)):
+                    made = None
+                    # The vocabulary's matrices split too where the model allows it, else whole.
+                    for extra in ({"embedding": "rowwise", "loss_parallel": True}, {"loss_parallel": True},
+                                  {"embedding": "rowwise"}, {}):
+                        try:
+                            made = build_strategy("megatron", self.model, self.cluster, degree=degree, dp=dp,
+                                                  sequence_parallel=sp, **extra)
+                            break
+                        except StrategyError:
+                            continue
+                    if made is not None:
+                        name = f"megatron:degree={degree},dp={dp}" + (",sp" if sp else "")
+                        out.append((name, made))
+        return out
+
+    def levers_tried(self) -> str:
+        """Which levers :meth:`smallest` tried, in words (what a budget nothing fits is refused
+        with), and tensor parallelism's state where it was not tried."""
+        depth = max((len(v.name.split(".")) - 1 for v in self.model.variables), default=1)
+        parts = [f"sharding (FSDP2 at module depths 1-{max(1, depth)}, resharded or not)"]
+        modes = self.checkpoint_modes()
+        parts.append(f"checkpointing every block ({' or '.join(modes)})" if modes
+                     else "checkpointing not tried (not measurable on this model)")
+        degrees, why = self.tp_degrees()
+        if self.tensor_parallel and degrees:
+            parts.append(f"tensor parallelism (Megatron, degree {', '.join(map(str, degrees))}, with and without "
+                         f"sequence parallelism)")
+        elif self.tensor_parallel:
+            parts.append(f"tensor parallelism not tried ({why})")
+        elif degrees:
+            parts.append("tensor parallelism not tried (not in the search's space; search.tensor_parallel: true puts "
+                         "it there)")
+        return ", ".join(parts)
 
     def nothing_fits(self) -> str | None:
         """Once a trial broke the budget: why nothing in a search's space fits, in one line (the
@@ -603,4 +686,7 @@ class MemoryBudget:
         modes = self.checkpoint_modes()
         ckpt = (f"checkpointing ({' or '.join(modes)}, already in the space)" if modes
                 else "activation checkpointing (not measurable on this model)")
-        return f"{ckpt}, sharding (search.shard: auto), a smaller batch, or a larger search.memory_gib"
+        degrees, _why = self.tp_degrees()
+        tp = ("tensor parallelism with sequence parallelism (already in the space), " if self.tensor_parallel and degrees
+              else "tensor parallelism (search.tensor_parallel: true), " if degrees else "")
+        return f"{ckpt}, sharding (search.shard: auto), {tp}a smaller batch, or a larger search.memory_gib"

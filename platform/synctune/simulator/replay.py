@@ -43,7 +43,8 @@ cost on the link and the CPU, how they delay compute and what they run after the
 own, in :data:`synctune.simulator.kinds.REPLAY_KINDS`; a row is priced by its kind, or the kind it
 is ``priced_as`` (:attr:`synctune.strategy.columns.StrategyColumns.pattern`).
 
-A strategy that splits modules (``tensor_parallel``) is not columns: it is replayed on its own as
+A strategy that splits modules (``tensor_parallel``) is not priced as columns (their rows are its
+data-parallel part alone; ``encode`` refuses it): it is replayed on its own as
 one device of its TP groups sees it, its data-parallel strategy over the groups on the model's
 local shapes with the split compute and the blocking TP collectives
 (:mod:`synctune.simulator.kinds.tensor_parallel`, :meth:`ReplaySimulator.tp_timeline`); the

@@ -45,6 +45,9 @@ __all__ = [
     "parse_baseline",
     "TUNED_BASELINES",
     "parse_builder_options",
+    "megatron_block_styles",
+    "megatron_choices",
+    "TP_BLOCK_PLANS",
     "AllReduceOptions",
     "HorovodOptions",
     "PSOptions",
@@ -679,6 +682,102 @@ def token_embedding(model: ModelSpec, degree: int) -> str:
     return module
 
 
+#: A block's tensor-parallel plan as strategy columns hold it
+#: (:attr:`~synctune.strategy.columns.StrategyColumns.tp_blocks`, code = index): left whole,
+#: Megatron's pairs split (:func:`megatron_styles`), or the pairs with sequence parallelism
+#: between them (:func:`sequence_styles`).
+TP_BLOCK_PLANS = ("none", "pairs", "sequence")
+
+
+def megatron_block_styles(model: ModelSpec, degree: int, blocks: Mapping[str, str], *, loss_parallel: bool = False,
+                  embedding: str = "whole") -> dict[str, str]:
+    """The tensor-parallel styles of Megatron's plan on some blocks: ``blocks`` maps a numbered
+    block (:func:`~synctune.strategy.checkpoint.block_of`) to its plan of :data:`TP_BLOCK_PLANS`
+    (a block left out: ``none``); each ``pairs`` or ``sequence`` block gets its attention and MLP
+    pairs split (:func:`megatron_styles` at ``degree``); ``sequence`` (every split block, or
+    none: the sequence is split from the first block to the last) adds sequence parallelism
+    around them (:func:`sequence_styles`); ``embedding`` ``rowwise`` splits the token embedding
+    (:func:`token_embedding`), ``loss_parallel`` the output layer (:func:`output_layer`). The
+    ``megatron`` builder's plan is this with every block that has pairs; strategy columns
+    rebuild a plan from these choices (:func:`megatron_choices` is the inverse). Refused, naming
+    the block and the fix, where a split block has no pair the degree divides or the plans mix
+    ``sequence`` with others."""
+    from .checkpoint import block_of
+
+    field = "strategy: tensor_parallel"
+    unknown = next(((b, p) for b, p in blocks.items() if p not in TP_BLOCK_PLANS), None)
+    if unknown is not None:
+        raise StrategyError(f"{field}: block {unknown[0]!r}: expected a plan of {', '.join(TP_BLOCK_PLANS)}, got "
+                            f"{unknown[1]!r}")
+    split = {b: p for b, p in blocks.items() if p != "none"}
+    found = megatron_styles(model, degree)
+    styles = {m: style for m, style in found.items() if block_of(m + ".weight") in split}
+    have = {block_of(m + ".weight") for m in styles}
+    missing = next((b for b in split if b not in have), None)
+    if missing is not None:
+        raise StrategyError(f"{field}: block {missing!r}: model {model.name!r} has no attention or MLP pair of linear "
+                            f"layers there whose features a degree of {degree} divides; leave the block whole (plan "
+                            f"none) or use a degree that divides its features")
+    if not styles:
+        raise StrategyError(f"{field}: no block is split (every block's plan is none); leave tensor_parallel out "
+                            f"instead")
+    plans = set(split.values())
+    if "sequence" in plans:
+        if len(plans) > 1:
+            mixed = next(b for b, p in split.items() if p != "sequence")
+            raise StrategyError(f"{field}: block {mixed!r}: plan {split[mixed]!r} beside sequence-parallel blocks; "
+                                f"sequence parallelism splits the sequence from the first block to the last, so "
+                                f"every split block is 'sequence', or none is")
+        styles.update(sequence_styles(model, styles))
+    if embedding == "rowwise":
+        module = token_embedding(model, degree)
+        scatter = [m for m, style in styles.items() if style == "scatter"]
+        if scatter and scatter != [module]:
+            raise StrategyError(f"builder megatron: option embedding: with sequence_parallel the sequence enters the "
+                                f"split region at {scatter[0]!r}, after the token embedding {module!r} (whose "
+                                f"output a row-wise split would reduce-scatter onto the sequence): set "
+                                f"embedding=whole or sequence_parallel=false")
+        styles[module] = "rowwise"
+    elif embedding != "whole":
+        raise StrategyError(f"{field}: embedding: expected whole or rowwise, got {embedding!r}")
+    if loss_parallel:
+        styles[output_layer(model, degree)] = "logits"
+    return styles
+
+
+def megatron_choices(model: ModelSpec, tp: Any) -> tuple[dict[str, str], bool, str]:
+    """The choices :func:`megatron_block_styles` makes ``tp`` (a
+    :class:`~synctune.strategy.tensor_parallel.TensorParallel`) of: each split block's plan,
+    whether the loss is parallel, the embedding's split (``whole`` or ``rowwise``). Refused,
+    naming the first module whose style differs, where ``tp`` is not such a plan (a
+    hand-written one): what strategy columns cannot hold."""
+    from .checkpoint import block_of
+    from .tensor_parallel import is_embedding
+
+    plan = "sequence" if tp.sequence_parallel else "pairs"
+    blocks: dict[str, str] = {}
+    embedding = "whole"
+    for module, style in tp.styles:
+        if style in ("colwise", "rowwise") and is_embedding(model, module):
+            embedding = "rowwise" if style == "rowwise" else "colwise"
+        elif style in ("colwise", "rowwise"):
+            blocks[block_of(module + ".weight")] = plan
+    field = "strategy: tensor_parallel"
+    how = ("strategy columns hold Megatron's plan per block (none, pairs, sequence), the token embedding whole or "
+           "row-wise and the loss parallel or not (the megatron builder's plans); run this strategy as a trial "
+           "(synctune trial) instead of searching it")
+    try:
+        rebuilt = megatron_block_styles(model, tp.degree, blocks, loss_parallel=tp.loss_parallel, embedding=embedding)
+    except StrategyError as exc:
+        raise StrategyError(f"{field}: modules: not Megatron's plan on some blocks ({exc}); {how}") from None
+    if tuple(sorted(rebuilt.items())) != tuple(tp.styles):
+        own = dict(tp.styles)
+        module = next(m for m in sorted(set(own) | set(rebuilt)) if own.get(m) != rebuilt.get(m))
+        raise StrategyError(f"{field}: modules: {module!r} is {own.get(module, 'whole')!r} where Megatron's plan on "
+                            f"the same blocks makes it {rebuilt.get(module, 'whole')!r}; {how}")
+    return blocks, tp.loss_parallel, embedding
+
+
 #: Builders whose strategies split modules (``tensor_parallel``): trials run them; a search does
 #: not trial them as builder baselines, it tunes Megatron's plan as a baseline of its own (the
 #: ``megatron`` runtime, listed as ``megatron`` in an experiment's baselines).
@@ -731,19 +830,11 @@ def megatron_over(model: ModelSpec, base: Strategy, opts: MegatronOptions) -> St
     else:
         plans = [_unpartitioned(v, ShardPlan(synchronizer=AllReduceSynchronizer(group=0))) for v in model.variables]
     base = dataclasses.replace(base, plans=tuple(plans), tensor_parallel=None)
-    if opts.sequence_parallel:
-        styles = {**styles, **sequence_styles(model, styles)}
-    if opts.embedding == "rowwise":
-        embedding = token_embedding(model, degree)
-        scatter = [m for m, style in styles.items() if style == "scatter"]
-        if scatter and scatter != [embedding]:
-            raise StrategyError(f"builder megatron: option embedding: with sequence_parallel the sequence enters the "
-                                f"split region at {scatter[0]!r}, after the token embedding {embedding!r} (whose "
-                                f"output a row-wise split would reduce-scatter onto the sequence): set "
-                                f"embedding=whole or sequence_parallel=false")
-        styles[embedding] = "rowwise"
-    if opts.loss_parallel:
-        styles[output_layer(model, degree)] = "logits"
+    from .checkpoint import block_of
+
+    plan = "sequence" if opts.sequence_parallel else "pairs"
+    styles = megatron_block_styles(model, degree, {block_of(m + ".weight"): plan for m in styles},
+                                   loss_parallel=opts.loss_parallel, embedding=opts.embedding)
     return dataclasses.replace(base, tensor_parallel={"degree": degree, "modules": styles})
 
 

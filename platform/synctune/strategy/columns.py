@@ -32,6 +32,7 @@ from .partition import shard_shapes
 from .errors import StrategyError
 from .kinds import _OFF_COLUMNS, KIND_CODES, SYNCHRONIZERS, pattern_codes
 from .schema import MAX_PREFETCH, REDUCE_DTYPES, SYNCHRONIZER_KINDS, Compressor, ShardPlan, Strategy, VariablePlan
+from .tensor_parallel import TensorParallel, tensor_parallel_from_data
 
 __all__ = ["StrategyColumns", "KIND_CODES", "COLUMN_DTYPES", "COLUMN_BOUNDS"]
 
@@ -99,6 +100,16 @@ class StrategyColumns:
     #: Per strategy, per block of the model (:func:`~synctune.strategy.checkpoint.checkpoint_blocks`,
     #: forward order): 0 none, 1 ``full``, 2 ``selective`` (None: no strategy checkpoints).
     checkpoint: np.ndarray | None = None
+    #: Per strategy, its tensor parallelism (all four None: no strategy splits modules), Megatron's
+    #: plan on some blocks (:func:`~synctune.strategy.builders.megatron_block_styles`): ``tp_degree`` the
+    #: devices of a TP group (0: none), ``tp_blocks`` per block (the columns of :attr:`checkpoint`)
+    #: its plan's index in :data:`~synctune.strategy.builders.TP_BLOCK_PLANS` (0 none, 1 pairs,
+    #: 2 pairs with sequence parallelism), ``tp_logits`` whether the loss is computed on
+    #: vocabulary-split logits, ``tp_embedding`` whether the token embedding is split row-wise.
+    tp_degree: np.ndarray | None = None
+    tp_blocks: np.ndarray | None = None
+    tp_logits: np.ndarray | None = None
+    tp_embedding: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         rows = len(self.sid)
@@ -107,6 +118,27 @@ class StrategyColumns:
                 setattr(self, name, np.full(rows, fill, dtype))
         if self.group_order is None or self.ngroups is None:
             self.group_order, self.ngroups = _number_groups(self.sid, self.kind, self.group, self.size)
+        if any(getattr(self, name) is not None for name in _TP_FIELDS):
+            n = self.size
+            if self.tp_degree is None:
+                self.tp_degree = np.zeros(n, np.int16)
+            if self.tp_blocks is None:
+                self.tp_blocks = np.zeros((n, len(self.blocks())), np.int8)
+            if self.tp_logits is None:
+                self.tp_logits = np.zeros(n, bool)
+            if self.tp_embedding is None:
+                self.tp_embedding = np.zeros(n, bool)
+
+    def splits_modules(self) -> np.ndarray:
+        """(size,) bool: whether each strategy has tensor parallelism (a ``tp_degree``)."""
+        if self.tp_degree is None:
+            return np.zeros(self.size, bool)
+        return np.asarray(self.tp_degree) > 0
+
+    def tp_fields(self, lo: int, hi: int) -> dict[str, np.ndarray | None]:
+        """The tensor-parallel columns of strategies ``lo`` to ``hi - 1`` (None where no strategy
+        of these columns splits modules)."""
+        return {name: None if getattr(self, name) is None else getattr(self, name)[lo:hi] for name in _TP_FIELDS}
 
     @property
     def size(self) -> int:
@@ -194,6 +226,8 @@ class StrategyColumns:
             opts = ((((self.group + 1) * 64 + w(self.shard_group) + 1) * 2 + self.reshard) * 16
                     + w(self.prefetch)) * 4 + w(self.reduce_dtype)
             row = np.where(shard, row * 1_000_033 + opts, row)
+        if self.splits_modules().any():  # a variable's split: its strategy's degree and its block's plan
+            row = row * 1_000_037 + self._tp_row_codes()
         first = np.r_[0, np.flatnonzero(np.diff(self.sid * v + self.var)) + 1]
         position = np.arange(len(self.sid)) - np.repeat(first, np.diff(np.r_[first, len(self.sid)]))
         mixed = (row * 0x9E3779B1 + position * 0x85EBCA77) & ((1 << 62) - 1)
@@ -225,7 +259,26 @@ class StrategyColumns:
             if self.checkpoint is not None and self.checkpoint.any():  # checkpointed blocks
                 for col in self.checkpoint.T.astype(m):
                     out = (out ^ (col + m(0x51))) * m(0x94D049BB133111EB)
+            if self.splits_modules().any():  # tensor parallelism: degree, blocks' plans, logits, embedding
+                for col in (self.tp_degree, *self.tp_blocks.T, self.tp_logits, self.tp_embedding):
+                    out = (out ^ (np.asarray(col).astype(m) + m(0x7F))) * m(0xD6E8FEB86659FD93)
         return out
+
+    def _tp_row_codes(self) -> np.ndarray:
+        """Per row, a code of how its variable is split: its strategy's TP degree, the plan of the
+        variable's block and the strategy's embedding and logits choices (0 without TP)."""
+        block_index = self.__dict__.get("_var_block")
+        if block_index is None:
+            from .checkpoint import block_of
+
+            at = {b: j for j, b in enumerate(self.blocks())}
+            block_index = self.__dict__["_var_block"] = np.array(
+                [at.get(block_of(v.name), -1) for v in self.model.variables], np.int64)
+        sid = self.sid
+        b = block_index[self.var]
+        plan = np.where(b >= 0, np.asarray(self.tp_blocks, np.int64)[sid, np.maximum(b, 0)], 0)
+        flags = np.asarray(self.tp_logits, np.int64)[sid] * 2 + np.asarray(self.tp_embedding, np.int64)[sid]
+        return (np.asarray(self.tp_degree, np.int64)[sid] * 4 + plan) * 4 + flags
 
     def take(self, lo: int, hi: int) -> "StrategyColumns":
         """Strategies ``lo`` to ``hi - 1`` as columns of their own (views of these rows, the
@@ -237,7 +290,7 @@ class StrategyColumns:
         return StrategyColumns(model=self.model, cluster=self.cluster, offsets=self.offsets[lo:hi + 1] - a,
                                batch_split=None if self.batch_split is None else self.batch_split[lo:hi],
                                checkpoint=None if self.checkpoint is None else self.checkpoint[lo:hi],
-                               ngroups=self.ngroups[lo:hi], **rows)
+                               ngroups=self.ngroups[lo:hi], **self.tp_fields(lo, hi), **rows)
 
     # ------------------------------------------------------------------- objects and back
     def strategy(self, i: int) -> Strategy:
@@ -275,7 +328,28 @@ class StrategyColumns:
             blocks = self.blocks()
             strategy = dataclasses.replace(strategy, checkpoint=tuple(sorted(
                 (blocks[b], CHECKPOINT_MODES[int(m) - 1]) for b, m in enumerate(self.checkpoint[i]) if m)))
+        if self.tp_degree is not None and self.tp_degree[i] > 0:
+            strategy = dataclasses.replace(strategy, tensor_parallel=self.tensor_parallel(i))
         return strategy
+
+    def tensor_parallel(self, i: int) -> TensorParallel | None:
+        """Strategy ``i``'s tensor parallelism made of its columns
+        (:func:`~synctune.strategy.builders.megatron_block_styles`), built once per distinct choice."""
+        if self.tp_degree is None or self.tp_degree[i] <= 0:
+            return None
+        key = (int(self.tp_degree[i]), tuple(self.tp_blocks[i].tolist()), bool(self.tp_logits[i]),
+               bool(self.tp_embedding[i]))
+        made = self.__dict__.setdefault("_tp_plans", {})
+        found = made.get(key)
+        if found is None:
+            from .builders import TP_BLOCK_PLANS, megatron_block_styles
+
+            degree, codes, logits, embedding = key
+            blocks = self.blocks()
+            styles = megatron_block_styles(self.model, degree, {blocks[b]: TP_BLOCK_PLANS[c] for b, c in enumerate(codes) if c},
+                                   loss_parallel=logits, embedding="rowwise" if embedding else "whole")
+            found = made[key] = tensor_parallel_from_data({"degree": degree, "modules": styles})
+        return found
 
     def blocks(self) -> list[str]:
         """The model's blocks, in the order of :attr:`checkpoint`'s columns (computed once)."""
@@ -296,12 +370,10 @@ class StrategyColumns:
     @classmethod
     def from_strategies(cls, model: Any, cluster: Any, strategies: Sequence[Strategy]) -> "StrategyColumns":
         """``strategies`` of (``model``, ``cluster``) as columns (they must validate against it).
-        Columns have no tensor parallelism: a strategy with ``tensor_parallel`` is refused rather
-        than read as the data-parallel strategy it composes with."""
-        split_one = next((s for s in strategies if s.tensor_parallel is not None), None)
-        if split_one is not None:
-            raise StrategyError(f"strategy {split_one.hash[:12]}: tensor_parallel: strategies that split modules are "
-                                f"not scored or searched as columns; run them as trials (synctune trial)")
+        A strategy's ``tensor_parallel`` is held as Megatron's plan per block (the ``tp_*``
+        columns); one that is not such a plan is refused, naming the module, rather than read as
+        the data-parallel strategy it composes with."""
+        tp_of = _tp_columns(model, strategies)
         cols: dict[str, list] = {k: [] for k in _ROW_FIELDS}
         # One bound append per column, taken once: objects become columns shard by shard.
         (a_sid, a_var, a_axis, a_nshards, a_kind, a_node, a_local, a_group, a_hier, a_comp, a_rank, a_frac, a_ratio,
@@ -362,7 +434,49 @@ class StrategyColumns:
                     checkpoint[si, blocks[block]] = CHECKPOINT_MODES.index(mode) + 1
         return cls(model=model, cluster=cluster, offsets=np.asarray(offsets, np.int64),
                    batch_split=None if even else split, ngroups=np.asarray(ngroups, np.float64),
-                   checkpoint=checkpoint, **arrays)
+                   checkpoint=checkpoint, **tp_of, **arrays)
+
+
+#: The per-strategy tensor-parallel columns (:class:`StrategyColumns`).
+_TP_FIELDS = ("tp_degree", "tp_blocks", "tp_logits", "tp_embedding")
+
+
+def _tp_columns(model: Any, strategies: Sequence[Strategy]) -> dict[str, np.ndarray | None]:
+    """The ``tp_*`` columns of ``strategies`` (every one None where none splits modules); a plan
+    that is not Megatron's on some blocks is refused
+    (:func:`~synctune.strategy.builders.megatron_choices`), naming the strategy and the module."""
+    if all(s.tensor_parallel is None for s in strategies):
+        return dict.fromkeys(_TP_FIELDS)
+    from .builders import TP_BLOCK_PLANS, megatron_choices
+
+    blocks = {b: j for j, b in enumerate(checkpoint_blocks(v.name for v in model.variables))}
+    n = len(strategies)
+    out = {"tp_degree": np.zeros(n, np.int16), "tp_blocks": np.zeros((n, len(blocks)), np.int8),
+           "tp_logits": np.zeros(n, bool), "tp_embedding": np.zeros(n, bool)}
+    seen: dict[Any, tuple] = {}
+    for si, s in enumerate(strategies):
+        tp = s.tensor_parallel
+        if tp is None:
+            continue
+        choice = seen.get(tp)
+        if choice is None:
+            try:
+                plans, logits, embedding = megatron_choices(model, tp)
+            except StrategyError as exc:
+                raise StrategyError(f"strategy {s.hash[:12]}: {exc}") from None
+            outside = next((b for b in plans if b not in blocks), None)
+            if outside is not None:
+                raise StrategyError(f"strategy {s.hash[:12]}: tensor_parallel: block {outside!r} is not one of the "
+                                    f"model's blocks ({', '.join(blocks)}), the columns' block axis; run this "
+                                    f"strategy as a trial (synctune trial) instead of searching it")
+            choice = seen[tp] = (plans, logits, embedding)
+        plans, logits, embedding = choice
+        out["tp_degree"][si] = tp.degree
+        for block, plan in plans.items():
+            out["tp_blocks"][si, blocks[block]] = TP_BLOCK_PLANS.index(plan)
+        out["tp_logits"][si] = logits
+        out["tp_embedding"][si] = embedding == "rowwise"
+    return out
 
 
 #: The per-shard columns and their dtypes. A round of 30,000 BERT-large proposals holds about

@@ -39,8 +39,9 @@ What the ``tp`` runtime (:mod:`synctune.engine.tensor_parallel`) executes, price
 
 Not modelled: the t data-parallel rings of a step (one per position in the TP groups) share
 their nodes' NICs, where the replay prices one; activation checkpointing's recompute under a
-split (recomputed whole). Strategies with ``tensor_parallel`` are not columns
-(:class:`~synctune.strategy.columns.StrategyColumns`), so the replay takes them one by one.
+split (recomputed whole). Strategy columns (:class:`~synctune.strategy.columns.StrategyColumns`)
+hold a split as per-strategy codes beside rows that are its data-parallel part alone, which is
+all the column-reading costs price, so the replay takes split strategies one by one.
 """
 
 from __future__ import annotations
