@@ -126,19 +126,46 @@ def _quiet_stderr():
         os.close(saved)
 
 
+#: What torch's CPU allocator prints to file descriptor 2 when a tensor allocated before the
+#: profiler started is freed while it runs (once per process): expected here, not the user's news.
+_PROFILER_NOISE = ("allocated before the profiling started",)
+
+
 class _CpuAllocations:
     """The CPU allocator's peak of live bytes allocated while it runs (torch.profiler's memory
-    events: torch keeps no CPU allocator statistics)."""
+    events: torch keeps no CPU allocator statistics). While it runs, what is written to file
+    descriptor 2 is held back and written after it, without the profiler's own lines."""
 
     def __enter__(self):
+        import os
+        import sys
+        import tempfile
+
         from torch.profiler import ProfilerActivity, profile
 
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         with _quiet_stderr():
             self._prof.__enter__()
+        sys.stderr.flush()
+        self._held = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._held.fileno(), 2)
         return self
 
     def __exit__(self, *exc) -> None:
+        import os
+        import sys
+
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._held.seek(0)
+        kept = [line for line in self._held.read().decode(errors="replace").splitlines(keepends=True)
+                if not any(noise in line for noise in _PROFILER_NOISE)]
+        self._held.close()
+        if kept:
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
         with _quiet_stderr():
             self._prof.__exit__(*exc)
 
