@@ -257,7 +257,8 @@ class AllReduceUnit(_Unit):
         self._slots = {id(m): self._slot(i, m) for i, m in enumerate(members)}
         # Members whose .grad is their bucket slot (torch DDP's gradient_as_bucket_view): autograd
         # accumulates into it, and the hook has nothing to copy (see :meth:`bucket_grads`).
-        self._in_bucket = [m for m in members if id(m) in {id(x) for x in in_bucket}]
+        chosen = {id(m) for m in in_bucket}
+        self._in_bucket = [m for m in members if id(m) in chosen]
         self._bucket_slots = [self._slots[id(m)] for m in self._in_bucket]
         self._grad_slots = [(m.view, self._slots[id(m)]) for m in members]
         self._raw: list[torch.Tensor] = []  # slots holding this rank's unscaled gradient this step
@@ -284,7 +285,10 @@ class AllReduceUnit(_Unit):
         if grad is None:
             dst.zero_()
             return
-        src = member.of(grad.dense)
+        self._put(dst, member.of(grad.dense))
+
+    def _put(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Bring a dense gradient ``src`` into its slot ``dst``, scaled by this rank's weight."""
         if src is dst:  # accumulated in place by autograd: scaled with the others in the pipeline
             self._raw.append(dst)
         elif src.dtype == dst.dtype:
@@ -303,12 +307,7 @@ class AllReduceUnit(_Unit):
         dst = self._slots[key]
         if key not in pending or grad is None or grad.is_sparse:
             return self.member_ready(member, GradView(grad) if grad is not None else None)
-        if grad is dst:
-            self._raw.append(dst)
-        elif member.whole and grad.dtype == dst.dtype:
-            torch.mul(grad, self._scale, out=dst)
-        else:
-            self._store(member, GradView(grad))
+        self._put(dst, member.of(grad))
         pending.discard(key)
         return not pending
 
