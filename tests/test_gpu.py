@@ -139,7 +139,7 @@ def test_trial_on_a_gpu_reports_cuda_peak_memory():
 
 ROW = re.compile(r"^\(([a-f])\) .+?\s+(\d+\.\d+)\s+(\d+\.\d+)$")
 RATIO = re.compile(r"^ratio \(a\)/\(b\) = (\d+\.\d+)\s+paired per iteration (\d+\.\d+) "
-                   r"\[95% (\d+\.\d+), (\d+\.\d+)\]\s+\(goal <= 1\.05; (.+)\)$")
+                   r"\[95% (\d+\.\d+), (\d+\.\d+)\]\s+\(goal <= 1\.00, upper end <= 1\.02; (.+)\)$")
 
 
 def read_benchmark_table(stdout: str) -> dict:

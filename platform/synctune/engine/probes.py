@@ -24,11 +24,16 @@ def _device(backend: str):
     return torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
 
 
-def pair_probe(rank: int, world: int, a: int, b: int, nbytes: int, reps: int) -> dict | None:
+def pair_probe(rank: int, world: int, a: int, b: int, nbytes: int, reps: int, drain: int = 0) -> dict | None:
     """Ranks ``a`` and ``b`` exchange ``nbytes`` each way and 4 bytes 20 times; the other ranks
     wait at the barriers. Each direction is timed by its sender, from the barrier to the 4-byte
     reply that says the payload arrived (rank ``a`` returns ``a_to_b`` and ``rtt``, rank ``b``
-    ``b_to_a``; the others None)."""
+    ``b_to_a``; the others None).
+
+    With ``drain`` > 0 the sender first sends ``drain`` bytes, untimed, just before each timed
+    payload: a shaped link (a token bucket) sends what it saved while idle at once, so a payload
+    that follows an idle spell times the bucket, not the rate; ``drain`` at least the bucket
+    empties it."""
     import torch
     import torch.distributed as dist
 
@@ -47,8 +52,12 @@ def pair_probe(rank: int, world: int, a: int, b: int, nbytes: int, reps: int) ->
             dist.recv(payload, peer)
             dist.send(tiny, peer)
 
+    flush = torch.ones(max(drain, 4) // 4, device=device) if me and drain > 0 else None
+
     def timed(sender: int, payload) -> float:
         dist.barrier()  # every rank, probed or not: the group's collectives stay in step
+        if flush is not None and payload is big:
+            exchange(sender, flush)
         start = time.perf_counter()
         if me:
             exchange(sender, payload)

@@ -133,6 +133,7 @@ class _Unit:
         self.reset()
 
     def reset(self) -> None:
+        """Forget the step: every member pending again, no refusal."""
         self.pending = set(self._ids)
         self.refusal = None
 
@@ -268,6 +269,7 @@ class AllReduceUnit(_Unit):
         return self.bucket[self.offsets[i]:self.offsets[i] + member.numel].view(member.shape)
 
     def reset(self) -> None:
+        """Forget the step, including the slots whose gradient is still to be scaled."""
         super().reset()
         self._raw = []
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..spec.cluster import ClusterSpec, NodeSpec
-from ..spec.errors import SpecError
+from ..spec.errors import InfraError, SpecError
 from ..spec.files import check_name, path_under, write_text_atomic
 
 __all__ = ["calibrate", "calibrated_spec", "calibration_path", "save_calibration"]
@@ -49,7 +49,7 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
     ``launch(fn, world, args, nets=..., threads=..., timeout_s=...)`` runs a function on worker
     processes in a gloo group, each in the namespace its net names (the engine's ``run_local``)."""
     from ..engine.probes import allreduce_probe, compute_probe, pair_probe
-    from .netns import PROBE_ADDRESS
+    from .netns import PROBE_ADDRESS, tbf_burst_bytes
 
     run_local = launch
 
@@ -60,13 +60,21 @@ def calibrate(cluster: ClusterSpec, state: dict[str, Any], launch: Callable[...,
         if on_step:
             on_step(f"{node.name}: point to point through its link")
         # Rank 0 is the probe, rank 1 the node: each direction is timed by its sender.
-        outs = run_local(pair_probe, 2, (0, 1, nbytes, reps), nets=[
+        # Each timed payload follows an untimed one of at least the link's token bucket, which
+        # empties it: the payload is timed at the link's rate, not at the burst saved while idle.
+        outs = run_local(pair_probe, 2, (0, 1, nbytes, reps, tbf_burst_bytes(node.nic_gbps * 1000.0)), nets=[
             probe, {"netns": net["netns"], "ifname": net["ifname"], "master": PROBE_ADDRESS}], threads=1,
             timeout_s=300)
-        rtt = statistics.median(outs[0]["rtt"])
+        # The quickest round trip is the link's own; a slower one waited on something else.
+        rtt = min(outs[0]["rtt"])
         seconds = {"to_node": outs[0]["a_to_b"], "from_node": outs[1]["b_to_a"]}
         # Each timed exchange is the payload one way plus a 4-byte reply: take the reply's round trip off.
-        gbps = {d: nbytes * 8 / max(statistics.median(t) - rtt, 1e-9) / 1e9 for d, t in seconds.items()}
+        payload = {d: statistics.median(t) - rtt for d, t in seconds.items()}
+        if min(payload.values()) <= 0:
+            raise InfraError(f"calibrating node {node.name!r}: a {nbytes}-byte payload took no longer than a 4-byte "
+                             f"round trip ({min(statistics.median(t) for t in seconds.values()) * 1e3:.3f} ms against "
+                             f"{rtt * 1e3:.3f} ms); nothing was measured: calibrate with a larger nbytes")
+        gbps = {d: nbytes * 8 / t / 1e9 for d, t in payload.items()}
         measured = min(gbps.values())
         figures["nodes"].append({"node": node.name, "nominal_gbps": node.nic_gbps, "ingress_gbps": gbps["to_node"],
                                  "egress_gbps": gbps["from_node"], "latency_ms": rtt / 2 * 1e3,

@@ -79,11 +79,15 @@ def _switch_ns() -> str:
     return f"{lab_prefix()}-sw"
 
 
+def tbf_burst_bytes(mbit: float) -> int:
+    """The token bucket of a link shaped to ``mbit``: what it sends at once, after an idle spell,
+    faster than its rate. tbf needs a bucket of at least one (GSO-sized) packet and enough for the
+    kernel's timer granularity: 10 ms worth of rate, never under 128 KiB."""
+    return max(128 * 1024, int(mbit * 1e6 / 8 / 100))
+
+
 def _shape(ns: str, dev: str, mbit: float, latency_ms: float) -> None:
-    # tbf needs a bucket of at least one (GSO-sized) packet and enough for the kernel's timer
-    # granularity: 10 ms worth of rate, never under 128 KiB.
-    burst = max(128 * 1024, int(mbit * 1e6 / 8 / 100))
-    tbf = ["tbf", "rate", f"{mbit:.3f}mbit", "burst", str(burst), "latency", "200ms"]
+    tbf = ["tbf", "rate", f"{mbit:.3f}mbit", "burst", str(tbf_burst_bytes(mbit)), "latency", "200ms"]
     if latency_ms > 0:
         _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
              f"{latency_ms}ms", "limit", "100000")
