@@ -369,7 +369,7 @@ def test_one_tp_group_is_not_sharded():
 def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
     """The memory model of a TP strategy (each device's local shapes, FSDP2's layout over the TP
     groups where the plans shard, each plan's activations probed on one TP group of local
-    processes running it) against what the trials measure per rank: within 10% on every rank,
+    processes running it) against the highest peak the trials measure: within 10%,
     all-reduce and FSDP2 on the data-parallel axis of local-2x2, with and without sequence
     parallelism, and on Llama with the loss over vocabulary-split logits (probed in one process
     with the output layer whole, that plan was predicted 9-15% over). With FSDP2 across the
@@ -395,14 +395,19 @@ def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
         measured = result.extra["memory"]["peak_bytes"]
         predicted = budget.peaks(strategy)
         sharded = any(sh.synchronizer.kind == "shard" for _p, _i, sh in strategy.iter_shards())
-        for r, (p, m) in enumerate(zip(predicted, measured)):
-            if sharded:
-                # FSDP2's layout adds two units' whole gradients and the kept root unit to the
-                # probe's peak: on this tiny model, whose weights are as large as its
-                # activations, that is 11-13% above the measured peak (never below it).
-                assert -0.10 <= (p - m) / m <= 0.15, (strategy.summary(), r, p, m)
-            else:
-                assert abs(p - m) / m <= 0.10, (strategy.summary(), r, p, m)
+        # Every rank of these strategies holds the same shapes, and a rank's peak moves from one
+        # iteration to the next by a few activations (when a collective's thread lets go of its
+        # buffers): up to 8% on this tiny model. A trial and a probe each report the highest of
+        # several iterations; the prediction (every rank's, the same) is held to the highest rank.
+        assert len(set(predicted)) == 1, (strategy.summary(), predicted)
+        p, m = predicted[0], max(measured)
+        if sharded:
+            # FSDP2's layout adds two units' whole gradients and the kept root unit to the
+            # probe's peak: on this tiny model, whose weights are as large as its activations,
+            # that is 6-13% above the highest measured peak (never below it).
+            assert -0.10 <= (p - m) / m <= 0.15, (strategy.summary(), p, measured)
+        else:
+            assert abs(p - m) / m <= 0.10, (strategy.summary(), p, measured)
 
 
 @pytest.mark.parametrize("model, dp, split, sp", [

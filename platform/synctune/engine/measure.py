@@ -224,9 +224,9 @@ def timed_iterations(rank: int, world: int, config: TrialConfig, device, memory:
     then timed iterations, each timed one started after a barrier, ``iteration()`` returning once
     the step is done (its loss); then, across ranks, the slowest rank per iteration, the peak
     memory and the bytes handed to collectives (``take_comm``, where the runtime counts them).
-    ``memory_probe`` (every rank) runs one more, instrumented, iteration after the timed ones and
+    ``memory_probe`` (every rank) runs more, instrumented, iterations after the timed ones and
     returns the rank's memory part by part (:mod:`synctune.engine.memory`), gathered into
-    ``memory`` (part -> per rank); its iteration counts in neither the times, the bytes sent nor
+    ``memory`` (part -> per rank); its iterations count in neither the times, the bytes sent nor
     the peak. ``close`` runs after the gathering."""
     import torch
     import torch.distributed as dist
