@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import random
 import statistics
 import time
 
@@ -129,33 +130,41 @@ def _worker(rank: int, world: int, args: dict) -> dict:
             module = model()
             configs[key] = engine_step(module, StrategyEngine(module, hps, spec, cluster, sgd, overlap=overlap))
     times: dict[str, list[float]] = {k: [] for k in configs}
+    cpu: dict[str, list[float]] = {k: [] for k in configs}
     for fn in configs.values():
         for _ in range(args["warmup"]):
             fn()
     # Interleaved iteration by iteration: load drift on a shared machine hits every configuration
-    # alike. The order rotates each iteration (alike on every rank): a configuration that always
-    # ran after the same other one would carry what that one leaves behind (the hierarchical PS's
-    # broadcasts still draining, the memory it freed) into every one of its iterations.
-    order = list(configs)
-    for i in range(args["rounds"] * args["iters"]):
-        for key in order[i % len(order):] + order[:i % len(order)]:
+    # alike. Each iteration runs the configurations in an order drawn afresh (the same seed on every
+    # rank): a configuration that ran after the same other one would carry what that one leaves
+    # behind (the hierarchical PS's broadcasts still draining, the memory it freed, the caches it
+    # filled) into every one of its iterations, and rotating one order does not change who comes
+    # before whom.
+    rng = random.Random(0)
+    for _ in range(args["rounds"] * args["iters"]):
+        order = list(configs)
+        rng.shuffle(order)
+        for key in order:
             fn = configs[key]
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times[key].append(time.perf_counter() - t0)
+            cpu[key].append(time.process_time() - c0)
     gathered = [None] * world
-    dist.all_gather_object(gathered, times)
-    # An iteration ends when the slowest rank is done.
-    slowest = {k: [max(g[k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
-    if not args.get("breakdown_iters"):
-        return slowest
-    breakdown = _profiled(rank, args, device, loss_of, ours_model, engine, ddp_model, ddp_opt)
-    everyone = [None] * world
-    dist.all_gather_object(everyone, breakdown)
-    return {"times": slowest, "breakdown": {k: [it for b in everyone for it in b[k]] for k in breakdown}}
+    dist.all_gather_object(gathered, (times, cpu))
+    # An iteration ends when the slowest rank is done; the CPU it took is every rank's, all threads.
+    slowest = {k: [max(g[0][k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
+    spent = {k: [sum(g[1][k][i] for g in gathered) for i in range(len(cpu[k]))] for k in configs}
+    breakdown = {}
+    if args.get("breakdown_iters"):
+        mine = _profiled(rank, args, device, loss_of, ours_model, engine, ddp_model, ddp_opt)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        breakdown = {k: [it for b in everyone for it in b[k]] for k in mine}
+    return {"times": slowest, "cpu": spent, "breakdown": breakdown}
 
 
 def _profiled(rank: int, args: dict, device, loss_of, module, engine, ddp_model, ddp_opt) -> dict[str, list[dict]]:
@@ -392,10 +401,14 @@ def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: i
 
 def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5,
                            iters: int = 20, rounds: int = 3, device: str = "cpu", breakdown_iters: int = 0,
-                           trace: str | None = None) -> tuple[dict[str, list[float]], dict[str, list[dict]]]:
-    """:func:`measure`'s times and, with ``breakdown_iters``, that many profiled iterations more of
-    the engine and of DDP on the same processes: per side, every rank's iterations' items
-    (:func:`breakdown_of`); ``trace``: a folder for each side's Chrome trace per rank."""
+                           trace: str | None = None
+                           ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[dict]]]:
+    """:func:`measure`'s times; per configuration and iteration, the CPU seconds every rank's
+    process spent on it, all threads (its main thread, gloo's, torch's intra-op ones): with more
+    processes than cores, what an iteration's wall time follows; and, with ``breakdown_iters``,
+    that many profiled iterations more of the engine and of DDP on the same processes: per side,
+    every rank's iterations' items (:func:`breakdown_of`); ``trace``: a folder for each side's
+    Chrome trace per rank."""
     from synctune.engine.local import rank_networks, run_local
     from synctune.spec import resolve_cluster
     from synctune.spec.cluster import is_lab_cluster
@@ -416,9 +429,7 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
 
         backend = GPU_BACKEND
     out = run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
-    if not breakdown_iters:
-        return out, {}
-    return out["times"], out["breakdown"]
+    return out["times"], out["cpu"], out["breakdown"]
 
 
 def round_medians(out: dict[str, list[float]], rounds: int) -> dict[str, list[float]]:
@@ -469,7 +480,7 @@ def main() -> None:
     from synctune.spec import resolve_cluster
 
     world = resolve_cluster(args.cluster).num_devices
-    out, breakdown = measure_with_breakdown(
+    out, cpu, breakdown = measure_with_breakdown(
         args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
         rounds=args.rounds, device=args.device, breakdown_iters=args.breakdown_iters if args.breakdown else 0,
         trace=args.trace)
@@ -497,6 +508,10 @@ def main() -> None:
     print(f"ratio (a)/(c) = {med['synctune'] / med['raw']:.3f}   ratio (b)/(c) = {med['ddp'] / med['raw']:.3f}")
     print(f"sync overhead over compute: (a) {med['synctune'] - med['compute']:.4f} s, "
           f"(b) {med['ddp'] - med['compute']:.4f} s")
+    r, lo, hi = paired_ratio(cpu["synctune"], cpu["ddp"])
+    print(f"CPU per iteration, every rank's process, all threads: (a) {statistics.median(cpu['synctune']) * 1e3:.3f} ms, "
+          f"(b) {statistics.median(cpu['ddp']) * 1e3:.3f} ms, (d) {statistics.median(cpu['compute']) * 1e3:.3f} ms; "
+          f"(a)/(b) paired {r:.3f} [95% {lo:.3f}, {hi:.3f}]   ({os.cpu_count()} CPUs)")
     if "hps_chained" in med:
         r, lo, hi = paired_ratio(out["hps_chained"], out["hps_blocking"])
         print(f"ratio (e)/(f) = {med['hps_chained'] / med['hps_blocking']:.3f}   paired per iteration {r:.3f} "

@@ -4,8 +4,8 @@ library model among them), on loopback and on a lab preset, each measured in sev
 Each run of each (model, place) is one ``benchmarks/engine_overhead.py`` measurement: the engine
 running the Horovod-like builder, torch DDP with the same bucket size, the raw collectives,
 compute alone and, on clusters of several multi-device nodes, hierarchical PS with chained and
-with blocking stages, on the same processes, interleaved iteration by iteration (the order
-rotating), ``--rounds`` rounds of ``--iters`` iterations. A run's ratio pairs the rounds (round r of
+with blocking stages, on the same processes, interleaved iteration by iteration (in an
+order drawn afresh each iteration), ``--rounds`` rounds of ``--iters`` iterations. A run's ratio pairs the rounds (round r of
 the engine with round r of DDP: the geometric mean of the per-round ratios with a 95% Student-t
 interval, :func:`synctune.stats.paired_ratio`); the runs are separate processes, one after
 another, the models and places interleaved within a run so that drift between runs weighs on
@@ -68,6 +68,7 @@ def main() -> None:
     bench = load_benchmark("engine_overhead")
     # (model, place) -> per run: per configuration, the per-round medians
     runs: dict[tuple[str, str], list[dict[str, list[float]]]] = {}
+    cpus: dict[tuple[str, str], list[dict[str, list[float]]]] = {}  # the same, CPU of every rank's process
     failed = False
     for run in range(args.runs):
         for place, stand_in in places:
@@ -75,9 +76,11 @@ def main() -> None:
             try:
                 with measured_on(place, stand_in) as (cluster, _net):
                     for m in models:
-                        out = bench.measure(m, cluster.name, bucket_mb=args.bucket_mb, warmup=args.warmup,
-                                            iters=args.iters, rounds=args.rounds)
+                        out, cpu, _ = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
+                                                                   warmup=args.warmup, iters=args.iters,
+                                                                   rounds=args.rounds)
                         runs.setdefault((m, place), []).append(bench.round_medians(out, args.rounds))
+                        cpus.setdefault((m, place), []).append(bench.round_medians(cpu, args.rounds))
             except SpecError as exc:
                 parser.exit(2, f"engine_vs_ddp: {place}: {exc}\n")
             except WorkerFailure as failure:
@@ -94,10 +97,12 @@ def main() -> None:
         else:
             verdict = "met"
         ms = [statistics.geometric_mean(r[k]) * 1e3 for r in per_run for k in ("synctune", "ddp")]
+        spent = cpus[(m, place)]
+        cpu = time_ratio([t for r in spent for t in r["synctune"]], [t for r in spent for t in r["ddp"]])
         rows.append([_short(m), place, f"{statistics.median(ms[0::2]):.1f}", f"{statistics.median(ms[1::2]):.1f}"]
                     + [describe_ratio(r) for r in each]
                     + [f"{statistics.median(r.ratio for r in each):.3f}", describe_ratio(pooled),
-                       verdict])
+                       verdict, describe_ratio(cpu)])
         if "hps_chained" in per_run[0]:
             each = [time_ratio(r["hps_chained"], r["hps_blocking"]) for r in per_run]
             pooled = time_ratio([t for r in per_run for t in r["hps_chained"]],
@@ -107,9 +112,10 @@ def main() -> None:
     n = args.runs
     print(f"engine (Horovod-like builder) / torch DDP, bucket {args.bucket_mb:g} MiB: per run the rounds' paired "
           f"ratio [95%] ({args.rounds} rounds of {args.iters} interleaved iterations), the median of the {n} runs, "
-          f"every round of every run pooled; ms: median over runs of the geometric mean of the round medians")
+          f"every round of every run pooled; ms: median over runs of the geometric mean of the round medians; CPU: "
+          f"the CPU time every rank's process (all its threads) spent on an iteration, engine / DDP, pooled")
     print(markdown_table(["model", "place", "engine ms", "DDP ms"] + [f"run {i + 1}" for i in range(n)]
-                         + ["median of runs", "pooled", "goal <= 1.00, upper <= 1.02"], rows))
+                         + ["median of runs", "pooled", "goal <= 1.00, upper <= 1.02", "CPU, pooled"], rows))
     if hier:
         print()
         print("hierarchical PS, chained stages / blocking stages, the same runs")
