@@ -1,5 +1,6 @@
 """A rank's memory, part by part (DESIGN.md "memory budget"): what one training iteration
-holds, measured on one instrumented iteration after a trial's timed ones.
+holds, measured on instrumented iterations after a trial's timed ones (the one whose peak was
+highest).
 
 Every figure is bytes of distinct tensor storages on this rank (a storage shared by several
 tensors, a bucket and the views into it, counts once), each counted in the first part that
