@@ -101,6 +101,39 @@ def test_the_runtimes_settings_travel_as_plain_data():
             MegatronConfig.from_dict({**MEGATRON_DEFAULT.to_dict(), **bad})
 
 
+def test_a_megatron_trial_row_records_the_plan_it_executed(tmp_path):
+    """A tuned Megatron trial runs on the search's all-reduce skeleton, but executes its config's
+    plan: its dataset row carries that plan (TP degree, split blocks, sequence parallelism,
+    checkpointing), as the builder writes it for the same settings, not the skeleton's
+    ``tp_degree`` of 1; the recorded plan, planned again (a resumed search teaching its memory
+    model), is itself."""
+    from synctune.data import TrialDataset
+    from synctune.engine.measure import TrialResult
+    from synctune.run import record_result
+    from synctune.strategy import Strategy
+    from synctune.strategy.columns import StrategyColumns
+
+    spec, cluster = model_spec("bert-tiny"), cluster_preset("local-1x4")
+    skeleton = build_strategy("allreduce", spec, cluster)
+    runtime = MegatronRuntime(MegatronConfig(degree=2, sequence_parallel=True, reshard=False, checkpoint="full"))
+    result = TrialResult(status="ok", warmup=1, iters=1, iteration_times_s=(0.1,), mean_s=0.1, median_s=0.1,
+                         std_s=0.0)
+    record_result(result, skeleton, spec, cluster, dataset=TrialDataset(tmp_path), logger=None,
+                  origin="megatron-tuned", runtime=runtime, trial_id="megatron-0")
+    [row] = TrialDataset(tmp_path).records()
+    recorded = Strategy.from_json(row.strategy_json)
+    built = build_strategy("megatron", spec, cluster, degree=2, sequence_parallel=True, reshard=False)
+    blocks = checkpoint_blocks(v.name for v in spec.variables)
+    assert row.runtime == "megatron" and row.tp_degree == 2
+    assert recorded.tensor_parallel == built.tensor_parallel and recorded.tensor_parallel.sequence_parallel
+    assert recorded.plans == built.plans  # FSDP2 over the two TP groups, kept after forward
+    assert recorded.checkpoint == tuple(sorted((b, "full") for b in blocks))
+    assert row.strategy_hash == recorded.hash != skeleton.hash
+    columns = StrategyColumns.from_strategies(spec, cluster, [recorded])
+    assert columns.tp_degree.tolist() == [2] and set(columns.tp_blocks[0].tolist()) == {2}  # every block: sequence
+    assert runtime.plans_of(recorded, lambda: None, spec) == recorded
+
+
 def test_the_tuning_never_draws_a_sequence_parallel_plan_the_builder_refuses():
     """transformer-small has no sequence-parallel Megatron plan (the builder refuses it): its
     tuning space holds no such point even before any memory probe, and a run configured with
