@@ -101,6 +101,53 @@ def test_the_runtimes_settings_travel_as_plain_data():
             MegatronConfig.from_dict({**MEGATRON_DEFAULT.to_dict(), **bad})
 
 
+def test_a_megatron_trial_row_records_the_plan_it_executed(tmp_path):
+    """A tuned Megatron trial runs on the search's all-reduce skeleton, but executes its config's
+    plan: its dataset row carries that plan (TP degree, split blocks, sequence parallelism,
+    checkpointing), as the builder writes it for the same settings, not the skeleton's
+    ``tp_degree`` of 1; the recorded plan, planned again (a resumed search teaching its memory
+    model), is itself."""
+    from synctune.data import TrialDataset
+    from synctune.engine.measure import TrialResult
+    from synctune.run import record_result
+    from synctune.strategy import Strategy
+    from synctune.strategy.columns import StrategyColumns
+
+    spec, cluster = model_spec("bert-tiny"), cluster_preset("local-1x4")
+    skeleton = build_strategy("allreduce", spec, cluster)
+    runtime = MegatronRuntime(MegatronConfig(degree=2, sequence_parallel=True, reshard=False, checkpoint="full"))
+    result = TrialResult(status="ok", warmup=1, iters=1, iteration_times_s=(0.1,), mean_s=0.1, median_s=0.1,
+                         std_s=0.0)
+    record_result(result, skeleton, spec, cluster, dataset=TrialDataset(tmp_path), logger=None,
+                  origin="megatron-tuned", runtime=runtime, trial_id="megatron-0")
+    [row] = TrialDataset(tmp_path).records()
+    recorded = Strategy.from_json(row.strategy_json)
+    built = build_strategy("megatron", spec, cluster, degree=2, sequence_parallel=True, reshard=False)
+    blocks = checkpoint_blocks(v.name for v in spec.variables)
+    assert row.runtime == "megatron" and row.tp_degree == 2
+    assert recorded.tensor_parallel == built.tensor_parallel and recorded.tensor_parallel.sequence_parallel
+    assert recorded.plans == built.plans  # FSDP2 over the two TP groups, kept after forward
+    assert recorded.checkpoint == tuple(sorted((b, "full") for b in blocks))
+    assert row.strategy_hash == recorded.hash != skeleton.hash
+    columns = StrategyColumns.from_strategies(spec, cluster, [recorded])
+    assert columns.tp_degree.tolist() == [2] and set(columns.tp_blocks[0].tolist()) == {2}  # every block: sequence
+    assert runtime.plans_of(recorded, lambda: None, spec) == recorded
+
+
+def test_the_tuning_never_draws_a_sequence_parallel_plan_the_builder_refuses():
+    """transformer-small has no sequence-parallel Megatron plan (the builder refuses it): its
+    tuning space holds no such point even before any memory probe, and a run configured with
+    one is refused before any worker, naming the module, the option and the fix."""
+    spec = model_spec("transformer-small")
+    space = MegatronRuntime.tuning_space(spec, CLUSTER4, lossy=True)
+    assert space.params["sequence_parallel"].choices == (False,)
+    assert not any(space.admits(p) for p in _grid([2], (True,)))
+    skeleton = build_strategy("allreduce", spec, CLUSTER4)
+    with pytest.raises(SpecError, match=r"^megatron config: builder megatron: option sequence_parallel: model "
+                                        r"'transformer-small' .*'decoder\.1'.*set sequence_parallel=false$"):
+        MegatronRuntime(MegatronConfig(sequence_parallel=True)).check(skeleton, spec, CLUSTER4)
+
+
 def test_domains_without_a_megatron_plan_are_named():
     assert megatron_degrees(model_spec("bert-tiny"), cluster_preset("local-1x4")) == [2, 4]
     assert megatron_refusal(model_spec("bert-tiny"), cluster_preset("local-1x4")) is None
@@ -138,8 +185,8 @@ def test_the_searcher_draws_megatron_settings_that_validate():
 
 def test_the_space_admits_only_what_the_measured_budget_fits(tmp_path, monkeypatch):
     """The search's own preparation: the activation figures of each Megatron plan measured on one
-    TP group (transformer-small's sequence-parallel plan is refused by the tp runtime there: its
-    positional embedding is added to the scattered sequence as a plain tensor), and a budget
+    TP group (transformer-small has no sequence-parallel plan: the builder refuses it, so there is
+    nothing for the tp runtime to refuse), and a budget
     between the plans' predicted peaks. The space admits a point exactly where the memory model
     says its plan fits and the runtime ran it; every suggestion is admitted; a budget under every
     plan leaves nothing to tune."""
@@ -153,8 +200,9 @@ def test_the_space_admits_only_what_the_measured_budget_fits(tmp_path, monkeypat
     refused = megatron_baseline(exp, spec, CLUSTER4, workload, budget)
     skeleton = build_strategy("allreduce", spec, CLUSTER4)
     plain = megatron_plan(MegatronConfig(degree=2), skeleton, spec).tensor_parallel
-    sequence = megatron_plan(MegatronConfig(degree=2, sequence_parallel=True), skeleton, spec).tensor_parallel
-    assert list(refused) == [tp_key(sequence)] and "strategy: tensor_parallel" in refused[tp_key(sequence)]
+    with pytest.raises(SpecError, match="megatron config: builder megatron: option sequence_parallel"):
+        megatron_plan(MegatronConfig(degree=2, sequence_parallel=True), skeleton, spec)
+    assert refused == {}  # every plan the builder writes runs
     assert set(budget.split) == {tp_key(plain)}  # measured on one TP group of two processes
     assert budget.split[tp_key(plain)](spec.batch_size) < budget.probe(spec.batch_size)  # a device's share
     ctx = SearchContext(exp=exp, model=spec, cluster=CLUSTER4, workload=workload, search_id="t", memory=budget,
@@ -171,7 +219,7 @@ def test_the_space_admits_only_what_the_measured_budget_fits(tmp_path, monkeypat
     budget.gib = peaks[len(peaks) // 2] / GIB
     limit = min(x for x in budget.limits(skeleton))
     space = MegatronRuntime.tuning_space(spec, CLUSTER4, lossy=True, fits=ctx.runtime_fits)
-    assert space.params["sequence_parallel"].choices == (False,)  # the refused plan is out of the space
+    assert space.params["sequence_parallel"].choices == (False,)  # no sequence-parallel plan: out of the space
     fitting = [p for p in grid if peak(p) <= limit]
     assert 0 < len(fitting) < len(grid)
     for point in _grid([2]):
@@ -252,7 +300,7 @@ def test_a_search_runs_the_tuned_megatron_baseline(tmp_path):
     assert all(r.origin == "megatron-tuned" and r.status == "ok" for r in tuned), [r.error for r in tuned]
     configs = [json.loads(r.runtime_json) for r in tuned]
     assert configs[0] == {"degree": 2, "sequence_parallel": False, "reshard": True, "checkpoint": "none"}
-    # transformer-small's sequence-parallel plan is refused by the tp runtime: never drawn
+    # transformer-small has no sequence-parallel plan (the builder refuses it): never drawn
     assert not any(c["sequence_parallel"] for c in configs)
     for r, config in zip(tuned, configs):
         assert json.loads(r.extra_json)["megatron_params"] == config

@@ -163,6 +163,31 @@ def test_the_megatron_builder_places_sequence_parallelism_on_a_library_model():
         "model.embed_tokens": "scatter", "lm_head": "gather"}
 
 
+def test_the_megatron_builder_writes_no_sequence_parallel_plan_the_tp_runtime_refuses():
+    """A builder never emits a plan its runtime refuses: transformer-small computes its output on
+    its embedding's tied weight outside any module after its last block (and adds its positional
+    encoding outside one before the first), so a sequence-split plan has nowhere to gather the
+    sequence and its workers would refuse it. The builder either writes a plan that runs as a
+    trial, or refuses in one line naming the module, the option and the fix."""
+    from synctune.engine.trial import TrialConfig, run_trial_local
+
+    workload, cluster = workload_of("transformer-small"), cluster_preset("local-1x2")
+    spec = workload.spec()
+    try:
+        strategy = build_strategy("megatron", spec, cluster, sequence_parallel=True)
+    except StrategyError as exc:
+        message = str(exc)
+        assert "\n" not in message
+        assert message.startswith("builder megatron: option sequence_parallel: model 'transformer-small' ")
+        assert "'decoder.1'" in message and message.endswith("set sequence_parallel=false"), message
+        return
+    runtime = executor_for(strategy, spec)
+    check_trial(workload, strategy, cluster, runtime)
+    result = run_trial_local(strategy, cluster, TrialConfig(warmup=1, iters=1, timeout_s=300), workload=workload,
+                             runtime=runtime)
+    assert result.status == "ok", result.error
+
+
 def _megatron(model: str, cluster_name: str, **changes):
     cluster = cluster_preset(cluster_name)
     spec = workload_of(model).spec()

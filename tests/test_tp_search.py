@@ -35,11 +35,20 @@ ACTIVATIONS = 8 * MIB  # a rank's activations, batch and temporaries at bert-tin
 
 
 def _budget(mib: float, *, tensor_parallel: bool = True, model: str = "bert-tiny", cluster: str = "local-1x2",
-            split: dict | None = None) -> MemoryBudget:
-    spec = model_spec(model)
+            split: dict | None = None, spec: ModelSpec | None = None) -> MemoryBudget:
+    spec = spec or model_spec(model)
     return MemoryBudget(spec, cluster_preset(cluster), gib=mib * MIB / GIB, headroom=0.0, optimizer="adam",
                         probe=ActivationFigures({spec.batch_size: [ACTIVATIONS]}), tensor_parallel=tensor_parallel,
                         split=split or {})
+
+
+def _emb_lm() -> ModelSpec:
+    """The spec of the tiny language model of ``_tp_workers`` (embedding, two MLP blocks, a final
+    norm, an output layer of its own; 65 KiB of weights), whose sequence-parallel plan with its
+    embedding split row-wise runs (``test_tensor_parallel``)."""
+    from _tp_workers import workload_of
+
+    return workload_of("emb-lm").spec()
 
 
 def _only_a_split_fits(budget: MemoryBudget) -> None:
@@ -60,7 +69,9 @@ def test_split_draws_are_valid_strategies_that_round_trip_through_columns():
         strategies = [cols.strategy(i) for i in range(cols.size)]
         split = [s for s in strategies if s.tensor_parallel is not None]
         assert 30 <= len(split) <= 90, len(split)  # about half the draws
-        assert any(s.tensor_parallel.sequence_parallel for s in split)
+        # sequence parallelism only where the builder writes it: transformer-small has none (its
+        # output is computed outside a module, on its embedding's tied weight)
+        assert any(s.tensor_parallel.sequence_parallel for s in split) == (model == "bert-tiny")
         assert any(not s.tensor_parallel.sequence_parallel for s in split)
         assert len({s.tensor_parallel.degree for s in split}) == (1 if cluster == "local-2x2" else 2)
         for s in strategies:
@@ -98,14 +109,15 @@ def test_without_tensor_parallelism_in_the_space_nothing_drawn_fits_that_budget(
 
 
 def test_the_growth_step_splits_with_sequence_parallelism_where_that_is_what_fits():
-    """transformer-small (0.9 MiB of weights): where the memory measured for the
+    """A tiny language model (65 KiB of weights): where the memory measured for the
     sequence-parallel plan (its own split figures: 1 MiB where the unsplit model holds 8) is what
     brings a sharded draw under the budget, the growth step splits with it; where nothing fits,
     there is no step."""
-    spec, cl = model_spec("transformer-small"), cluster_preset("local-1x2")
-    sequence = build_strategy("megatron", spec, cl, sequence_parallel=True, embedding="rowwise").tensor_parallel
+    spec, cl = _emb_lm(), cluster_preset("local-1x2")
+    sequence = build_strategy("megatron", spec, cl, sequence_parallel=True, embedding="rowwise",
+                              loss_parallel=True).tensor_parallel
     figures = {tp_key(sequence): ActivationFigures({spec.batch_size: [1 * MIB]})}
-    tight = _budget(5, model="transformer-small", split=figures)
+    tight = _budget(5, spec=spec, split=figures)
     sharded = build_strategy("shard", spec, cl, depth=2, reshard=True)
     assert not tight.fits(sharded)
     assert not tight.fits(build_strategy("megatron", spec, cl, embedding="rowwise"))  # pairs alone are not enough
@@ -114,7 +126,7 @@ def test_the_growth_step_splits_with_sequence_parallelism_where_that_is_what_fit
     assert grown is not None and tight.fits(grown)
     assert grown.tensor_parallel == sequence
     validate(grown, spec, cl)
-    nothing = _budget(2, model="transformer-small", split=figures)
+    nothing = _budget(1, spec=spec, split=figures)
     assert grow_split(dataclasses.replace(ctx, fits=nothing.fits), sharded) is None
     # The sampler's sharded draws grow into that split (its only fit), none left over the budget
     # that a split would have brought under it.
@@ -330,16 +342,17 @@ class _Budgeted:
 
 @pytest.mark.parametrize("algorithm", ["random-guided", "autodist", "coordinate-descent", "mcts"])
 def test_under_a_budget_only_a_split_fits_every_algorithm_proposes_splits_that_fit(algorithm):
-    """transformer-small on local-1x2 at 5 MiB: only Megatron's sequence-parallel plan with its
-    embedding split fits (its measured figures, written here); every proposal of the search,
+    """A tiny language model on local-1x2 at 5 MiB: only Megatron's sequence-parallel plan with its
+    vocabulary split (embedding row-wise, loss on split logits) fits (its measured figures, written here); every proposal of the search,
     scored by the replay (FLOP counts standing in for a profile), is such a split and fits."""
     from synctune.search.algorithm import StrategySearch
     from synctune.simulator import ReplaySimulator
     from synctune.simulator.bound import BoundSimulator
 
-    spec, cl = model_spec("transformer-small"), cluster_preset("local-1x2")
-    sequence = build_strategy("megatron", spec, cl, sequence_parallel=True, embedding="rowwise").tensor_parallel
-    budget = _budget(5, model="transformer-small", split={tp_key(sequence): ActivationFigures({8: [1 * MIB]})})
+    spec, cl = _emb_lm(), cluster_preset("local-1x2")
+    sequence = build_strategy("megatron", spec, cl, sequence_parallel=True, embedding="rowwise",
+                              loss_parallel=True).tensor_parallel
+    budget = _budget(5, spec=spec, split={tp_key(sequence): ActivationFigures({spec.batch_size: [1 * MIB]})})
     exp = Experiment.from_keys(name="t", model=spec.name, cluster=cl.name, budget=6, algorithm=algorithm,
                                proposals=40, candidates=2, seed=1, sim_evaluations=200, baselines=["allreduce"])
     sim = None if algorithm == "random-guided" else BoundSimulator(ReplaySimulator({}), spec, cl)

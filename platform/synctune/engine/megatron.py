@@ -89,20 +89,24 @@ def megatron_plan(config: MegatronConfig, strategy: Strategy, spec: Any) -> Stra
     split: the ``megatron`` builder's plan (:func:`~synctune.strategy.builders.megatron_over`,
     ``dp=auto``) with every block checkpointed in ``config.checkpoint``'s mode. Refuses (naming
     the setting) a plan the builder cannot write for the model, and a checkpointing setting beside
-    a strategy that checkpoints modules of its own. Written once per (config, strategy, model)."""
+    a strategy that checkpoints modules of its own (other than the setting's: the plan of its own
+    output is itself). Written once per (config, strategy, model)."""
     from ..strategy.builders import MegatronOptions, megatron_over
 
     key = (config, strategy.hash, spec.hash)
     if key not in _PLANS:
         try:
-            if config.checkpoint != "none" and strategy.checkpoint:
+            blocks = checkpoint_blocks(v.name for v in spec.variables)
+            own = tuple(sorted((b, config.checkpoint) for b in blocks)) if config.checkpoint != "none" else ()
+            # A strategy checkpointing exactly what this config does is this config's own plan
+            # (read back from a trial's row): planned again, it gives itself.
+            if config.checkpoint != "none" and strategy.checkpoint and tuple(strategy.checkpoint) != own:
                 raise SpecError(f"checkpoint: {config.checkpoint!r} beside the strategy's own checkpoint "
                                 f"({len(strategy.checkpoint)} module(s)); set checkpoint=none or drop the strategy's")
             built = megatron_over(spec, strategy, MegatronOptions(degree=config.degree, reshard=config.reshard,
                                                                   sequence_parallel=config.sequence_parallel))
             if config.checkpoint != "none":
-                blocks = checkpoint_blocks(v.name for v in spec.variables)
-                built = dataclasses.replace(built, checkpoint=tuple(sorted((b, config.checkpoint) for b in blocks)))
+                built = dataclasses.replace(built, checkpoint=own)
             _PLANS[key] = built
         except SpecError as exc:
             _PLANS[key] = SpecError(f"megatron config: {exc}")
@@ -179,6 +183,12 @@ class MegatronRuntime(ConfiguredRuntime):
 
     def plans_of(self, strategy: Any, module, spec: Any) -> Any:
         """The Megatron plan the run executes (what the memory model predicts)."""
+        return self.plan(strategy, spec)
+
+    def executed(self, strategy: Any, spec: Any) -> Strategy:
+        """The Megatron plan the run executes (:meth:`plan`): what a trial's row records, its TP
+        degree, split blocks, sequence parallelism and checkpointing, not the skeleton it was
+        handed."""
         return self.plan(strategy, spec)
 
     def checkpoint_of(self, strategy: Any, spec: Any) -> tuple[tuple[str, str], ...]:

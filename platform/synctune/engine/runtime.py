@@ -199,6 +199,14 @@ class Runtime(ABC):
         of its units."""
         return strategy
 
+    def executed(self, strategy: Any, spec: Any) -> Any:
+        """The strategy a trial of ``strategy`` under this runtime executes, as its dataset row and
+        MLflow run record it (strategy JSON, hash, summary, ``tp_degree``): ``strategy`` itself
+        for a runtime that runs its plans or takes only its replicas and batch split (its own
+        settings are the row's ``runtime_json``); a runtime that writes the plan it runs from its
+        settings (the ``megatron`` runtime's tensor parallelism) gives that plan."""
+        return strategy
+
     def checkpoint_of(self, strategy: Any, spec: Any) -> tuple[tuple[str, str], ...]:
         """The modules a trial of ``strategy`` checkpoints, as ``(module, mode)`` pairs: the
         strategy's own (:attr:`~synctune.strategy.schema.Strategy.checkpoint`), which every

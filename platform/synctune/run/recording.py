@@ -48,10 +48,12 @@ def record_result(result: TrialResult, strategy: Strategy, model: ModelSpec,
                   runtime: Runtime | dict | None = None, parent_run_id: str = "",
                   speedup_over_best_baseline: float | None = None, **fields: Any) -> TrialRecord:
     """Make the record of a trial's result, run by ``runtime`` (default: the engine), and record
-    it; the result and the runtime become plain data here, at the Parquet boundary."""
+    it; the result and the runtime become plain data here, at the Parquet boundary. The row
+    carries the strategy the runtime executed (:meth:`~synctune.engine.runtime.Runtime.executed`:
+    a tuned Megatron trial's plan, not the skeleton it was handed)."""
     runtime = as_runtime(runtime)
-    record = TrialRecord.from_trial(result.to_dict(), strategy, model, cluster, origin=origin, runtime=runtime.name,
-                                    runtime_json=runtime.config_json(), **fields)
+    record = TrialRecord.from_trial(result.to_dict(), runtime.executed(strategy, model), model, cluster, origin=origin,
+                                    runtime=runtime.name, runtime_json=runtime.config_json(), **fields)
     return record_trial(record, dataset, logger, parent_run_id=parent_run_id,
                         speedup_over_best_baseline=speedup_over_best_baseline)
 
@@ -79,8 +81,9 @@ class SearchRecorder:
         self.trials: list[SearchTrial] = []
         self.ledger = BaselineLedger()
         self.confirmations = 0
-        #: Per (strategy hash, runtime settings), each rank's measured peak of the last trial that
-        #: measured one (the summary's memory per rank, measured beside predicted).
+        #: Per (hash of the strategy executed, :meth:`~synctune.engine.runtime.Runtime.executed`;
+        #: runtime settings), each rank's measured peak of the last trial that measured one (the
+        #: summary's memory per rank, measured beside predicted).
         self.measured_peaks: dict[tuple[str, str], list[int | None]] = {}
         #: This search's rows recorded while MLflow was unreachable, oldest first: logged as soon
         #: as a later trial reaches MLflow again (:meth:`log_unlogged`), or at the search's end.
@@ -124,7 +127,8 @@ class SearchRecorder:
         mean = result.measured_s
         peaks = ((result.extra or {}).get("memory") or {}).get("peak_bytes")
         if peaks:
-            self.measured_peaks[(strategy.hash, runtime.config_json())] = list(peaks)
+            # keyed as the row records the trial (the executed strategy), so a resumed search finds it
+            self.measured_peaks[(runtime.executed(strategy, ctx.model).hash, runtime.config_json())] = list(peaks)
             if not trial_id.startswith(CONFIRM_PREFIX):
                 self.teach(strategy, runtime, breakdown_from_row(result.extra["memory"]), result.status)
         stored = record_result(result, strategy, ctx.model, ctx.cluster, dataset=ctx.dataset, logger=ctx.logger,

@@ -312,7 +312,8 @@ def memory_summary(session: SearchSession, recommended: Any, over_budget_builder
 
     runtime = recommended.runtime
     held = runtime.plans_of(recommended.strategy, lambda: ctx.module, ctx.model)
-    measured = session.recorder.measured_peaks.get((recommended.strategy.hash, runtime.config_json()))
+    measured = session.recorder.measured_peaks.get((runtime.executed(recommended.strategy, ctx.model).hash,
+                                                    runtime.config_json()))
     return replace(out, predicted_peak_bytes=tuple(ctx.memory.peaks(held, fsdp=runtime.fsdp_layout)),
                    measured_peak_bytes=tuple(measured) if measured is not None else None)
 

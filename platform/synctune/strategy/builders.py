@@ -585,7 +585,9 @@ def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, st
     numbered blocks ``sequence``; before the first block, the last norm (else the last module, the
     embedding) ``scatter``; after the last block, its leading norms ``sequence`` and every other
     module with a weight ``gather``. Refused where a linear layer inside the blocks is not split
-    (it would get a sequence slice)."""
+    (it would get a sequence slice), and where no module with a weight follows the last block (the
+    output would be computed on the split sequence outside any module, against whole tensors: an
+    output layer tied to the embedding, as transformer-small's)."""
     from .checkpoint import block_of
 
     forward = list(model.variables)[::-1]  # the spec lists variables in backward order
@@ -615,8 +617,18 @@ def sequence_styles(model: ModelSpec, styles: Mapping[str, str]) -> dict[str, st
         raise StrategyError(f"builder megatron: option sequence_parallel: model {model.name!r} has no module before "
                             f"its first block (an embedding) where the sequence could be split")
     out[entry] = "scatter"
+    after = names[last + 1:]
+    if not any(len(v.shape) == 2 for m in after for v in modules[m]):
+        # Nothing to gather at: the model computes its output from the last block's sequence-split
+        # DTensor outside any module (transformer-small's projection on its embedding's tied
+        # weight), where it meets plain tensors and the tp runtime's workers refuse the plan.
+        block = block_of(names[last] + ".x")
+        raise StrategyError(f"builder megatron: option sequence_parallel: model {model.name!r} has no module with a "
+                            f"weight after its last block {block!r} where the split sequence could be gathered whole "
+                            f"(its output is computed outside a module, e.g. on a weight tied to its embedding); set "
+                            f"sequence_parallel=false")
     leading = True
-    for module in names[last + 1:]:
+    for module in after:
         own = modules[module]
         if leading and _is_norm_module(module, own):
             out[module] = "sequence"
