@@ -17,7 +17,7 @@ and the spread of the round medians; shard/fsdp2 as the ratio of medians and the
 per-iteration ratios with a 95% bootstrap interval (``engine_overhead.paired_ratio``).
 
     python benchmarks/engine_kinds.py [--model cnn-small] [--cluster local-2x2] [--iters 20] [--rounds 3]
-        [--warmup 5] [--arms shard,fsdp2,ps]
+        [--warmup 5] [--arms shard,fsdp2,ps] [--depth 2]
 
 ``--model`` is a zoo model or a workload file (``path/to/file.py:factory``), as ``synctune trial
 --model`` takes it. A lab preset (``--cluster lab-2x2``, after ``synctune lab up lab-2x2``) runs
@@ -104,10 +104,11 @@ def _worker(rank: int, world: int, payload: dict) -> dict:
     return {"times": slowest, "synctune": str(synctune.__file__), "torch": str(torch.__version__)}
 
 
-def build_arms(model: str, cluster_name: str, arms: list[str], root: str) -> tuple[dict, dict, object]:
+def build_arms(model: str, cluster_name: str, arms: list[str], root: str, depth: int = 2
+               ) -> tuple[dict, dict, object]:
     """The strategy (plain data) and runtime (plain data; None: the engine) of each arm in
-    ``arms`` for ``model`` on ``cluster_name``, each checked before any worker starts, and the
-    cluster. Raises the project's errors (SpecError, StrategyError) for what cannot run."""
+    ``arms`` for ``model`` on ``cluster_name`` (shard units one per module at ``depth``), each
+    checked before any worker starts, and the cluster. Raises the project's errors (SpecError, StrategyError) for what cannot run."""
     from synctune.engine.trial import check_trial
     from synctune.spec import resolve_cluster
     from synctune.strategy import build_strategy
@@ -120,7 +121,7 @@ def build_arms(model: str, cluster_name: str, arms: list[str], root: str) -> tup
     if "shard" in arms or "fsdp2" in arms:
         # ZeRO-2: gradients reduce-scattered, parameters all-gathered after the step, kept whole
         # between forward and backward.
-        zero2 = build_strategy("shard", spec, cluster, reshard=False)
+        zero2 = build_strategy("shard", spec, cluster, reshard=False, depth=depth)
     for name in arms:
         runtime = None
         if name == "shard":
@@ -195,6 +196,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=_positive, default=3)
     parser.add_argument("--warmup", type=_non_negative, default=5, help="untimed iterations of each arm first")
     parser.add_argument("--arms", type=_arm_list, default=list(ARMS), help=f"comma list of {','.join(ARMS)}")
+    parser.add_argument("--depth", type=_positive, default=2,
+                        help="shard units: one per module at this depth (3 for a Hugging Face GPT-2's transformer.h.N)")
     args = parser.parse_args()
 
     # Run as a script, this folder is on the path (sfb.py reads it the same way).
@@ -206,7 +209,7 @@ def main() -> None:
     # What cannot run (an unknown model or cluster, a model FSDP2 cannot wrap) is refused as
     # bad input, before any worker starts.
     try:
-        built = build_arms(args.model, args.cluster, args.arms, os.getcwd())
+        built = build_arms(args.model, args.cluster, args.arms, os.getcwd(), args.depth)
     except (SpecError, StrategyError, ValueError) as exc:
         parser.error(str(exc))
     out = measure(args.model, args.cluster, args.arms, warmup=args.warmup, iters=args.iters, rounds=args.rounds,
