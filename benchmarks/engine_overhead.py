@@ -41,6 +41,7 @@ import argparse
 import inspect
 import os
 import random
+import resource
 import statistics
 import time
 
@@ -131,6 +132,7 @@ def _worker(rank: int, world: int, args: dict) -> dict:
             configs[key] = engine_step(module, StrategyEngine(module, hps, spec, cluster, sgd, overlap=overlap))
     times: dict[str, list[float]] = {k: [] for k in configs}
     cpu: dict[str, list[float]] = {k: [] for k in configs}
+    faults: dict[str, list[int]] = {k: [] for k in configs}
     for fn in configs.values():
         for _ in range(args["warmup"]):
             fn()
@@ -147,24 +149,27 @@ def _worker(rank: int, world: int, args: dict) -> dict:
         for key in order:
             fn = configs[key]
             dist.barrier()
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0, c0 = time.perf_counter(), time.process_time()
             fn()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times[key].append(time.perf_counter() - t0)
             cpu[key].append(time.process_time() - c0)
+            faults[key].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (times, cpu))
+    dist.all_gather_object(gathered, (times, cpu, faults))
     # An iteration ends when the slowest rank is done; the CPU it took is every rank's, all threads.
     slowest = {k: [max(g[0][k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
     spent = {k: [sum(g[1][k][i] for g in gathered) for i in range(len(cpu[k]))] for k in configs}
+    faulted = {k: [sum(g[2][k][i] for g in gathered) for i in range(len(faults[k]))] for k in configs}
     breakdown = {}
     if args.get("breakdown_iters"):
         mine = _profiled(rank, args, device, loss_of, ours_model, engine, ddp_model, ddp_opt)
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         breakdown = {k: [it for b in everyone for it in b[k]] for k in mine}
-    return {"times": slowest, "cpu": spent, "breakdown": breakdown}
+    return {"times": slowest, "cpu": spent, "faults": faulted, "breakdown": breakdown}
 
 
 def _profiled(rank: int, args: dict, device, loss_of, module, engine, ddp_model, ddp_opt) -> dict[str, list[dict]]:
@@ -402,10 +407,15 @@ def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: i
 def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5,
                            iters: int = 20, rounds: int = 3, device: str = "cpu", breakdown_iters: int = 0,
                            trace: str | None = None
-                           ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[dict]]]:
+                           ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[int]],
+                                      dict[str, list[dict]]]:
     """:func:`measure`'s times; per configuration and iteration, the CPU seconds every rank's
     process spent on it, all threads (its main thread, gloo's, torch's intra-op ones): with more
-    processes than cores, what an iteration's wall time follows; and, with ``breakdown_iters``,
+    processes than cores, what an iteration's wall time follows; the minor page faults of every
+    rank's process in it (fresh pages the allocator asked the kernel for: glibc's malloc returns
+    the top of its heap to the kernel and hands out large blocks from fresh mappings, and which
+    configuration's iterations pay for faulting them back in depends on the heap's layout);
+    and, with ``breakdown_iters``,
     that many profiled iterations more of the engine and of DDP on the same processes: per side,
     every rank's iterations' items (:func:`breakdown_of`); ``trace``: a folder for each side's
     Chrome trace per rank."""
@@ -429,7 +439,7 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
 
         backend = GPU_BACKEND
     out = run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
-    return out["times"], out["cpu"], out["breakdown"]
+    return out["times"], out["cpu"], out["faults"], out["breakdown"]
 
 
 def round_medians(out: dict[str, list[float]], rounds: int) -> dict[str, list[float]]:
@@ -448,8 +458,6 @@ def round_medians(out: dict[str, list[float]], rounds: int) -> dict[str, list[fl
 def paired_ratio(a: list[float], b: list[float], resamples: int = 2000) -> tuple[float, float, float]:
     """Median of the per-iteration ratios a_i / b_i (iterations are interleaved, so pairs share the
     machine's state) with a 95% bootstrap interval of that median."""
-    import random
-
     ratios = [x / y for x, y in zip(a, b)]
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
@@ -480,7 +488,7 @@ def main() -> None:
     from synctune.spec import resolve_cluster
 
     world = resolve_cluster(args.cluster).num_devices
-    out, cpu, breakdown = measure_with_breakdown(
+    out, cpu, faults, breakdown = measure_with_breakdown(
         args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
         rounds=args.rounds, device=args.device, breakdown_iters=args.breakdown_iters if args.breakdown else 0,
         trace=args.trace)
@@ -512,6 +520,8 @@ def main() -> None:
     print(f"CPU per iteration, every rank's process, all threads: (a) {statistics.median(cpu['synctune']) * 1e3:.3f} ms, "
           f"(b) {statistics.median(cpu['ddp']) * 1e3:.3f} ms, (d) {statistics.median(cpu['compute']) * 1e3:.3f} ms; "
           f"(a)/(b) paired {r:.3f} [95% {lo:.3f}, {hi:.3f}]   ({os.cpu_count()} CPUs)")
+    print(f"minor page faults per iteration, every rank's process (median): (a) {statistics.median(faults['synctune']):g}, "
+          f"(b) {statistics.median(faults['ddp']):g}, (d) {statistics.median(faults['compute']):g}")
     if "hps_chained" in med:
         r, lo, hi = paired_ratio(out["hps_chained"], out["hps_blocking"])
         print(f"ratio (e)/(f) = {med['hps_chained'] / med['hps_blocking']:.3f}   paired per iteration {r:.3f} "

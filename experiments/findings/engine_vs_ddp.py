@@ -69,6 +69,7 @@ def main() -> None:
     # (model, place) -> per run: per configuration, the per-round medians
     runs: dict[tuple[str, str], list[dict[str, list[float]]]] = {}
     cpus: dict[tuple[str, str], list[dict[str, list[float]]]] = {}  # the same, CPU of every rank's process
+    faulted: dict[tuple[str, str], list[dict[str, list[int]]]] = {}  # per run, page faults per iteration
     failed = False
     for run in range(args.runs):
         for place, stand_in in places:
@@ -76,11 +77,12 @@ def main() -> None:
             try:
                 with measured_on(place, stand_in) as (cluster, _net):
                     for m in models:
-                        out, cpu, _ = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
+                        out, cpu, faults, _ = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
                                                                    warmup=args.warmup, iters=args.iters,
                                                                    rounds=args.rounds)
                         runs.setdefault((m, place), []).append(bench.round_medians(out, args.rounds))
                         cpus.setdefault((m, place), []).append(bench.round_medians(cpu, args.rounds))
+                        faulted.setdefault((m, place), []).append(faults)
             except SpecError as exc:
                 parser.exit(2, f"engine_vs_ddp: {place}: {exc}\n")
             except WorkerFailure as failure:
@@ -102,7 +104,9 @@ def main() -> None:
         rows.append([_short(m), place, f"{statistics.median(ms[0::2]):.1f}", f"{statistics.median(ms[1::2]):.1f}"]
                     + [describe_ratio(r) for r in each]
                     + [f"{statistics.median(r.ratio for r in each):.3f}", describe_ratio(pooled),
-                       verdict, describe_ratio(cpu)])
+                       verdict, describe_ratio(cpu)]
+                    + [" / ".join(f"{statistics.median(f for r in faulted[(m, place)] for f in r[k]):g}"
+                                  for k in ("synctune", "ddp"))])
         if "hps_chained" in per_run[0]:
             each = [time_ratio(r["hps_chained"], r["hps_blocking"]) for r in per_run]
             pooled = time_ratio([t for r in per_run for t in r["hps_chained"]],
@@ -113,9 +117,11 @@ def main() -> None:
     print(f"engine (Horovod-like builder) / torch DDP, bucket {args.bucket_mb:g} MiB: per run the rounds' paired "
           f"ratio [95%] ({args.rounds} rounds of {args.iters} interleaved iterations), the median of the {n} runs, "
           f"every round of every run pooled; ms: median over runs of the geometric mean of the round medians; CPU: "
-          f"the CPU time every rank's process (all its threads) spent on an iteration, engine / DDP, pooled")
+          f"the CPU time every rank's process (all its threads) spent on an iteration, engine / DDP, pooled; page "
+          f"faults: the minor page faults of every rank's process in an iteration, median")
     print(markdown_table(["model", "place", "engine ms", "DDP ms"] + [f"run {i + 1}" for i in range(n)]
-                         + ["median of runs", "pooled", "goal <= 1.00, upper <= 1.02", "CPU, pooled"], rows))
+                         + ["median of runs", "pooled", "goal <= 1.00, upper <= 1.02", "CPU, pooled",
+                            "page faults, engine / DDP"], rows))
     if hier:
         print()
         print("hierarchical PS, chained stages / blocking stages, the same runs")
