@@ -33,7 +33,7 @@ __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", 
 GPU_BACKEND = "cpu:gloo,cuda:nccl"
 
 #: Instrumented iterations a trial's memory probe runs after the timed ones; it reports the one
-#: with the highest peak (over 3, a TP probe of tiny Llama moved by up to 8% between iterations).
+#: with the highest peak, which a memory budget must hold.
 MEMORY_PROBE_ITERATIONS = 3
 
 
