@@ -99,11 +99,14 @@ def _worker(rank: int, world: int, args: dict) -> dict:
         sizes[g] = sizes.get(g, 0) + spec[plan.variable].num_elements
     buffers = [torch.zeros(n, device=device) for _g, n in sorted(sizes.items())]
 
+    # Every loop zeroes its gradients first, then forward, backward, step: the same loop on each
+    # side. The engine's zero_grad at the end of its iteration instead measured 1-2% slower on
+    # GPT-2 (paired in one run, CPU too), DDP's position made no difference.
     def engine_step(module, eng):
         def run():
+            eng.zero_grad()
             loss_of(module).backward()
             eng.step()
-            eng.zero_grad()
 
         return run
 
@@ -192,14 +195,14 @@ def _profiled(rank: int, args: dict, device, loss_of, module, engine, ddp_model,
 
     def ours():
         with record_function(ITERATION_RANGES["synctune"]):
+            with record_function("zero_grad"):
+                engine.zero_grad()
             with record_function("forward"):
                 loss = loss_of(module)
             with record_function("backward"):
                 loss.backward()
             with record_function("step"):
                 engine.step()
-            with record_function("zero_grad"):
-                engine.zero_grad()
             settle()
 
     def ddp():
@@ -526,6 +529,9 @@ def main() -> None:
         r, lo, hi = paired_ratio(out["hps_chained"], out["hps_blocking"])
         print(f"ratio (e)/(f) = {med['hps_chained'] / med['hps_blocking']:.3f}   paired per iteration {r:.3f} "
               f"[95% {lo:.3f}, {hi:.3f}]   (goal <= 0.95: chained stages overlap backward)")
+        r, lo, hi = paired_ratio(out["compute"], out["hps_blocking"])
+        print(f"ratio (d)/(f) = {r:.3f} [95% {lo:.3f}, {hi:.3f}] paired: the floor of (e)/(f), chained stages still "
+              f"computing everything (the goal is out of reach where it is above 0.95)")
     if breakdown:
         print()
         print(breakdown_table(breakdown))

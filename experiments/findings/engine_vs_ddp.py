@@ -12,7 +12,8 @@ another, the models and places interleaved within a run so that drift between ru
 all alike. The last columns pool every round of every run.
 
 Goals: engine / DDP <= 1.00 with the pooled interval's upper end <= 1.02; chained / blocking
-<= 0.95 where the cluster has several nodes of several devices.
+<= 0.95 where the cluster has several nodes of several devices, beside its floor (compute alone /
+blocking: overlap hides communication, never compute).
 
     python experiments/findings/engine_vs_ddp.py [--model cnn-small --model ...] [--preset lab-2x2]
         [--cluster local-2x2] [--runs 3] [--rounds 6] [--iters 5]
@@ -111,8 +112,15 @@ def main() -> None:
             each = [time_ratio(r["hps_chained"], r["hps_blocking"]) for r in per_run]
             pooled = time_ratio([t for r in per_run for t in r["hps_chained"]],
                                 [t for r in per_run for t in r["hps_blocking"]])
+            # Chained stages still compute everything: compute alone / blocking is the lowest
+            # the ratio can go, whatever the overlap.
+            floor = time_ratio([t for r in per_run for t in r["compute"]],
+                               [t for r in per_run for t in r["hps_blocking"]])
+            verdict = "met" if pooled.ratio <= 0.95 else f"missed: {pooled.ratio:.3f}"
+            if pooled.ratio > 0.95 and floor.ratio > 0.95:
+                verdict += " (out of reach: floor above 0.95)"
             hier.append([_short(m), place] + [describe_ratio(r) for r in each]
-                        + [describe_ratio(pooled), "met" if pooled.ratio <= 0.95 else f"missed: {pooled.ratio:.3f}"])
+                        + [describe_ratio(pooled), describe_ratio(floor), verdict])
     n = args.runs
     print(f"engine (Horovod-like builder) / torch DDP, bucket {args.bucket_mb:g} MiB: per run the rounds' paired "
           f"ratio [95%] ({args.rounds} rounds of {args.iters} interleaved iterations), the median of the {n} runs, "
@@ -125,8 +133,10 @@ def main() -> None:
     if hier:
         print()
         print("hierarchical PS, chained stages / blocking stages, the same runs")
-        print(markdown_table(["model", "place"] + [f"run {i + 1}" for i in range(n)] + ["pooled", "goal <= 0.95"],
-                             hier))
+        print("floor: compute alone / blocking stages, pooled, the lowest chained / blocking can reach (chained "
+              "stages overlap communication with backward but still compute everything)")
+        print(markdown_table(["model", "place"] + [f"run {i + 1}" for i in range(n)]
+                             + ["pooled", "floor", "goal <= 0.95"], hier))
     if failed:
         sys.exit(1)
 
