@@ -13,7 +13,9 @@ Configurations are interleaved iteration by iteration, so drift on a shared mach
 Buffers are broadcast alike: by both (DDP before each forward, the engine after each step) with
 several processes, by neither with one. With one process nothing is communicated: (a)/(b) is then
 the hooks' overhead only, and the output says so.
-Goals: (a)/(b) <= 1.00 with the paired interval's upper end <= 1.02; (e)/(f) <= 0.95.
+Goals: (a)/(b) <= 1.00 with the paired interval's upper end <= 1.02; (e)/(f) <= 0.95, printed beside
+what bounds it: compute alone, (d)/(f), and the overlap the gradients' readiness allows
+(:func:`overlap_bound`: a gradient ready when backward ends has nothing to overlap with).
 ``--model`` is a zoo model or a workload file (``experiments/workloads/hf_gpt2.py:workload``,
 a Hugging Face GPT-2 built from a config), as ``synctune trial --model`` takes it.
 
@@ -166,13 +168,69 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     slowest = {k: [max(g[0][k][i] for g in gathered) for i in range(len(times[k]))] for k in configs}
     spent = {k: [sum(g[1][k][i] for g in gathered) for i in range(len(cpu[k]))] for k in configs}
     faulted = {k: [sum(g[2][k][i] for g in gathered) for i in range(len(faults[k]))] for k in configs}
+    readiness = None
+    if "hps_chained" in configs:
+        readiness = _readiness(alone_model, alone_opt, loss_of, args["iters"])
     breakdown = {}
     if args.get("breakdown_iters"):
         mine = _profiled(rank, args, device, loss_of, ours_model, engine, ddp_model, ddp_opt)
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         breakdown = {k: [it for b in everyone for it in b[k]] for k in mine}
-    return {"times": slowest, "cpu": spent, "faults": faulted, "breakdown": breakdown}
+    return {"times": slowest, "cpu": spent, "faults": faulted, "breakdown": breakdown, "readiness": readiness}
+
+
+def _readiness(module, optimizer, loss_of, iters: int) -> dict:
+    """When each gradient is ready in this rank's backward (no synchronization, the compute-alone
+    model): ``{"backward_s": median backward time, "params": [(bytes, seconds from ready to the end
+    of backward, median), ...]}`` over ``iters`` passes. A gradient ready at the very end leaves
+    nothing to overlap its communication with (:func:`overlap_bound`)."""
+    import torch
+
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    stamps: dict[str, float] = {}
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: stamps.__setitem__(n, time.perf_counter()))
+               for n, p in params]
+    windows: dict[str, list[float]] = {n: [] for n, _ in params}
+    spans = []
+    try:
+        for _ in range(max(iters, 1)):
+            optimizer.zero_grad()
+            stamps.clear()
+            loss = loss_of(module)
+            t0 = time.perf_counter()
+            loss.backward()
+            end = time.perf_counter()
+            spans.append(end - t0)
+            for n, t in stamps.items():
+                windows[n].append(end - t)
+            optimizer.step()
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        sizes = {n: p.numel() * p.element_size() for n, p in params}
+    return {"backward_s": statistics.median(spans),
+            "params": [(sizes[n], statistics.median(w)) for n, w in windows.items() if w]}
+
+
+def overlap_bound(readiness: dict, blocking_s: float, compute_s: float) -> tuple[float, float]:
+    """(the lowest chained / blocking ratio overlap allows, the share of the gradient bytes ready in
+    the last tenth of backward). Optimistic: all of what blocking stages add over compute alone
+    (``blocking_s - compute_s``) taken as cross-node reduces, each variable's share by its bytes,
+    sent one after another as its gradient is ready (``readiness``, :func:`_readiness`); only what
+    a single link finishes before backward ends is hidden."""
+    backward = readiness["backward_s"]
+    params = readiness["params"]
+    total = sum(b for b, _w in params) or 1
+    extra = max(blocking_s - compute_s, 0.0)
+    free, hidden = 0.0, 0.0
+    for nbytes, window in sorted(params, key=lambda bw: -bw[1]):  # earliest ready first
+        start = max(free, backward - window)
+        free = start + extra * nbytes / total
+        hidden += max(0.0, min(free, backward) - start)
+    late = sum(b for b, w in params if w <= 0.1 * backward) / total
+    return (blocking_s - hidden) / blocking_s, late
 
 
 def _profiled(rank: int, args: dict, device, loss_of, module, engine, ddp_model, ddp_opt) -> dict[str, list[dict]]:
@@ -411,7 +469,7 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
                            iters: int = 20, rounds: int = 3, device: str = "cpu", breakdown_iters: int = 0,
                            trace: str | None = None
                            ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[int]],
-                                      dict[str, list[dict]]]:
+                                      dict[str, list[dict]], dict | None]:
     """:func:`measure`'s times; per configuration and iteration, the CPU seconds every rank's
     process spent on it, all threads (its main thread, gloo's, torch's intra-op ones): with more
     processes than cores, what an iteration's wall time follows; the minor page faults of every
@@ -421,7 +479,8 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
     and, with ``breakdown_iters``,
     that many profiled iterations more of the engine and of DDP on the same processes: per side,
     every rank's iterations' items (:func:`breakdown_of`); ``trace``: a folder for each side's
-    Chrome trace per rank."""
+    Chrome trace per rank; where hierarchical PS runs, when each gradient is ready in rank 0's
+    backward (:func:`_readiness`, for :func:`overlap_bound`), else None."""
     from synctune.engine.local import rank_networks, run_local
     from synctune.spec import resolve_cluster
     from synctune.spec.cluster import is_lab_cluster
@@ -442,7 +501,7 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
 
         backend = GPU_BACKEND
     out = run_local(_worker, cluster.num_devices, (args,), timeout_s=3600, nets=nets, backend=backend)[0]
-    return out["times"], out["cpu"], out["faults"], out["breakdown"]
+    return out["times"], out["cpu"], out["faults"], out["breakdown"], out["readiness"]
 
 
 def round_medians(out: dict[str, list[float]], rounds: int) -> dict[str, list[float]]:
@@ -491,7 +550,7 @@ def main() -> None:
     from synctune.spec import resolve_cluster
 
     world = resolve_cluster(args.cluster).num_devices
-    out, cpu, faults, breakdown = measure_with_breakdown(
+    out, cpu, faults, breakdown, readiness = measure_with_breakdown(
         args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
         rounds=args.rounds, device=args.device, breakdown_iters=args.breakdown_iters if args.breakdown else 0,
         trace=args.trace)
@@ -532,6 +591,9 @@ def main() -> None:
         r, lo, hi = paired_ratio(out["compute"], out["hps_blocking"])
         print(f"ratio (d)/(f) = {r:.3f} [95% {lo:.3f}, {hi:.3f}] paired: the floor of (e)/(f), chained stages still "
               f"computing everything (the goal is out of reach where it is above 0.95)")
+        bound, late = overlap_bound(readiness, med["hps_blocking"], med["compute"])
+        print(f"overlap bound of (e)/(f) = {bound:.3f}: the lowest if all of (f) - (d) were cross-node reduces sent "
+              f"as each gradient is ready; {late:.0%} of the gradient bytes are ready in the last tenth of backward")
     if breakdown:
         print()
         print(breakdown_table(breakdown))

@@ -71,6 +71,7 @@ def main() -> None:
     runs: dict[tuple[str, str], list[dict[str, list[float]]]] = {}
     cpus: dict[tuple[str, str], list[dict[str, list[float]]]] = {}  # the same, CPU of every rank's process
     faulted: dict[tuple[str, str], list[dict[str, list[int]]]] = {}  # per run, page faults per iteration
+    readiness: dict[tuple[str, str], list[dict | None]] = {}  # per run, when rank 0's gradients are ready
     failed = False
     for run in range(args.runs):
         for place, stand_in in places:
@@ -78,12 +79,13 @@ def main() -> None:
             try:
                 with measured_on(place, stand_in) as (cluster, _net):
                     for m in models:
-                        out, cpu, faults, _ = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
+                        out, cpu, faults, _, ready = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
                                                                    warmup=args.warmup, iters=args.iters,
                                                                    rounds=args.rounds)
                         runs.setdefault((m, place), []).append(bench.round_medians(out, args.rounds))
                         cpus.setdefault((m, place), []).append(bench.round_medians(cpu, args.rounds))
                         faulted.setdefault((m, place), []).append(faults)
+                        readiness.setdefault((m, place), []).append(ready)
             except SpecError as exc:
                 parser.exit(2, f"engine_vs_ddp: {place}: {exc}\n")
             except WorkerFailure as failure:
@@ -116,11 +118,15 @@ def main() -> None:
             # the ratio can go, whatever the overlap.
             floor = time_ratio([t for r in per_run for t in r["compute"]],
                                [t for r in per_run for t in r["hps_blocking"]])
+            bounds = [bench.overlap_bound(ready, statistics.median(r["hps_blocking"]), statistics.median(r["compute"]))
+                      for r, ready in zip(per_run, readiness[(m, place)])]
+            bound = statistics.median(b for b, _late in bounds)
             verdict = "met" if pooled.ratio <= 0.95 else f"missed: {pooled.ratio:.3f}"
-            if pooled.ratio > 0.95 and floor.ratio > 0.95:
-                verdict += " (out of reach: floor above 0.95)"
+            if pooled.ratio > 0.95 and max(floor.ratio, bound) > 0.95:
+                verdict += " (out of reach: a bound above 0.95)"
             hier.append([_short(m), place] + [describe_ratio(r) for r in each]
-                        + [describe_ratio(pooled), describe_ratio(floor), verdict])
+                        + [describe_ratio(pooled), describe_ratio(floor), f"{bound:.2f}",
+                           f"{statistics.median(late for _b, late in bounds):.0%}", verdict])
     n = args.runs
     print(f"engine (Horovod-like builder) / torch DDP, bucket {args.bucket_mb:g} MiB: per run the rounds' paired "
           f"ratio [95%] ({args.rounds} rounds of {args.iters} interleaved iterations), the median of the {n} runs, "
@@ -134,9 +140,12 @@ def main() -> None:
         print()
         print("hierarchical PS, chained stages / blocking stages, the same runs")
         print("floor: compute alone / blocking stages, pooled, the lowest chained / blocking can reach (chained "
-              "stages overlap communication with backward but still compute everything)")
+              "stages overlap communication with backward but still compute everything); overlap bound: the lowest "
+              "if all the blocking stages add over compute were cross-node reduces sent as each gradient is ready "
+              "(benchmarks/engine_overhead.py overlap_bound, median of the runs); late bytes: the share of the "
+              "gradient bytes ready in the last tenth of backward")
         print(markdown_table(["model", "place"] + [f"run {i + 1}" for i in range(n)]
-                             + ["pooled", "floor", "goal <= 0.95"], hier))
+                             + ["pooled", "floor", "overlap bound", "late bytes", "goal <= 0.95"], hier))
     if failed:
         sys.exit(1)
 
