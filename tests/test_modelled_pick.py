@@ -46,7 +46,7 @@ def _budget(spec, gib: float = 1.0) -> MemoryBudget:
                         probe=ActivationFigures({spec.batch_size: [2 * MIB]}), tensor_parallel=True)
 
 
-def _pool(spec, budget: MemoryBudget, simulator=None) -> list[Candidate]:
+def _pool(spec, simulator=None) -> list[Candidate]:
     search = StrategySearch(spec, CLUSTER, _exp(spec), simulator or BoundSimulator(ReplaySimulator(), spec, CLUSTER),
                             memory=None, shard_prob=0.5, tp_prob=0.5)
     return candidate_pool(search, draws=DRAWS, seed=SEED)
@@ -77,8 +77,7 @@ def _assert_pick(pick, pool: list[Candidate], times: np.ndarray, keep) -> None:
 @pytest.fixture(scope="module")
 def scene(llama):
     _workload, spec = llama
-    budget = _budget(spec)
-    pool = _pool(spec, budget)
+    pool = _pool(spec)
     return spec, pool, _seconds(spec, pool)
 
 
@@ -99,7 +98,7 @@ def test_the_pool_holds_the_builders_megatron_and_the_search_samplers_draws(scen
     assert len({c.strategy.hash for c in pool}) == len(pool)
     for c in pool:
         validate(c.strategy, spec, CLUSTER)
-    again = _pool(spec, _budget(spec))
+    again = _pool(spec)
     assert [c.strategy.hash for c in again] == [c.strategy.hash for c in pool]  # seeded
 
 
