@@ -169,6 +169,12 @@ class StrategySearch:
         self.pending[proposal.trial_id] = proposal
         return proposal
 
+    def builder_proposals(self) -> list[Proposal]:
+        """Every builder baseline of the experiment in the search's space, each strategy once (the
+        proposals :attr:`queue` starts from), those the memory budget refuses included: what a
+        tool that chooses from a cost model alone chooses among, judging the budget itself."""
+        return _baseline_proposals(self.model, self.cluster, self.exp, self.project)[0]
+
     def fits(self, strategy: Strategy) -> bool:
         """Whether ``strategy`` fits the memory budget (always, without one); a refusal is counted
         (:attr:`over_budget`)."""

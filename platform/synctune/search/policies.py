@@ -33,7 +33,7 @@ from .sampler import GuidedSampler, RandomSampler
 from .selection import select_diverse
 
 __all__ = ["ROUND_POLICIES", "RoundPolicy", "AutoDistPolicy", "RandomPolicy", "RandomGuidedPolicy",
-           "GeneticPolicy", "CoordinateDescentPolicy", "MCTSPolicy", "round_seed"]
+           "GeneticPolicy", "CoordinateDescentPolicy", "MCTSPolicy", "round_seed", "guided_sampler"]
 
 
 class RoundPolicy(Protocol):
