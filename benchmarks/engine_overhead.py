@@ -130,6 +130,21 @@ def _worker(rank: int, world: int, args: dict) -> dict:
         alone_opt.step()
 
     configs = {"synctune": ours, "ddp": ddp, "raw": raw, "compute": compute}
+    if args.get("twins"):
+        # A/A controls: each side again, on a model and optimizer of its own in the same
+        # processes. Identical work, so their ratio to the original shows what placement alone
+        # (where each instance's memory landed) moves a ratio by.
+        twin_model = model()
+        configs["synctune_twin"] = engine_step(twin_model, StrategyEngine(twin_model, strategy, spec, cluster, sgd))
+        twin_ddp = DDP(model(), bucket_cap_mb=args["bucket_mb"], **{switch: buffers_broadcast(world)})
+        twin_opt = sgd(twin_ddp.parameters())
+
+        def ddp_twin():
+            twin_opt.zero_grad()
+            loss_of(twin_ddp).backward()
+            twin_opt.step()
+
+        configs["ddp_twin"] = ddp_twin
     if len(cluster.nodes) > 1 and any(n.num_devices > 1 for n in cluster.nodes):
         hps = build_strategy("ps-lb", spec, cluster, local_aggregation=True)
         for key, overlap in (("hps_chained", True), ("hps_blocking", False)):
@@ -457,17 +472,17 @@ def buffers_broadcast(world: int) -> bool:
 
 
 def measure(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5, iters: int = 20,
-            rounds: int = 3, device: str = "cpu") -> dict[str, list[float]]:
+            rounds: int = 3, device: str = "cpu", twins: bool = False) -> dict[str, list[float]]:
     """Per configuration, the per-iteration times (slowest rank) of the interleaved runs, in
     order: ``rounds`` consecutive blocks of ``iters`` (:func:`round_medians`). A lab cluster's
     workers run in the lab's namespaces (the lab must be up with that preset)."""
     return measure_with_breakdown(model, cluster_name, bucket_mb=bucket_mb, warmup=warmup, iters=iters,
-                                  rounds=rounds, device=device)[0]
+                                  rounds=rounds, device=device, twins=twins)[0]
 
 
 def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 25.0, warmup: int = 5,
                            iters: int = 20, rounds: int = 3, device: str = "cpu", breakdown_iters: int = 0,
-                           trace: str | None = None
+                           trace: str | None = None, twins: bool = False
                            ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[int]],
                                       dict[str, list[dict]], dict | None]:
     """:func:`measure`'s times; per configuration and iteration, the CPU seconds every rank's
@@ -479,7 +494,8 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
     and, with ``breakdown_iters``,
     that many profiled iterations more of the engine and of DDP on the same processes: per side,
     every rank's iterations' items (:func:`breakdown_of`); ``trace``: a folder for each side's
-    Chrome trace per rank; where hierarchical PS runs, when each gradient is ready in rank 0's
+    Chrome trace per rank; with ``twins``, the A/A controls ``synctune_twin`` and ``ddp_twin`` (each
+    side again on an instance of its own); where hierarchical PS runs, when each gradient is ready in rank 0's
     backward (:func:`_readiness`, for :func:`overlap_bound`), else None."""
     from synctune.engine.local import rank_networks, run_local
     from synctune.spec import resolve_cluster
@@ -494,7 +510,7 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
     args = {"model": model, "root": os.getcwd(), "cluster": cluster_name, "bucket_mb": bucket_mb, "warmup": warmup,
             "iters": iters,
             "rounds": rounds, "device": device, "breakdown_iters": breakdown_iters,
-            "trace": None if trace is None else os.path.abspath(trace)}
+            "trace": None if trace is None else os.path.abspath(trace), "twins": twins}
     backend = "gloo"
     if device == "cuda":
         from synctune.engine.trial import GPU_BACKEND
@@ -541,6 +557,9 @@ def main() -> None:
                         help="after the timing, where each iteration's time goes, engine vs DDP (torch.profiler)")
     parser.add_argument("--breakdown-iters", type=int, default=20,
                         help="profiled iterations of each side for --breakdown")
+    parser.add_argument("--twins", action="store_true",
+                        help="also time each side again on an instance of its own (A/A controls: what placement "
+                             "alone moves a ratio by)")
     parser.add_argument("--trace", metavar="DIR", default=None,
                         help="with --breakdown: write each side's Chrome trace per rank into DIR")
     args = parser.parse_args()
@@ -553,7 +572,7 @@ def main() -> None:
     out, cpu, faults, breakdown, readiness = measure_with_breakdown(
         args.model, args.cluster, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
         rounds=args.rounds, device=args.device, breakdown_iters=args.breakdown_iters if args.breakdown else 0,
-        trace=args.trace)
+        trace=args.trace, twins=args.twins)
     import torch
 
     med = {k: statistics.median(v) for k, v in out.items()}
@@ -575,6 +594,11 @@ def main() -> None:
     r, lo, hi = paired_ratio(out["synctune"], out["ddp"])
     print(f"ratio (a)/(b) = {med['synctune'] / med['ddp']:.3f}   paired per iteration {r:.3f} [95% {lo:.3f}, {hi:.3f}]"
           f"   (goal <= 1.00, upper end <= 1.02; {what})")
+    if args.twins:
+        for twin, key, name in (("synctune_twin", "synctune", "engine"), ("ddp_twin", "ddp", "DDP")):
+            r, lo, hi = paired_ratio(out[twin], out[key])
+            print(f"A/A control: {name} twin / {name} paired per iteration {r:.3f} [95% {lo:.3f}, {hi:.3f}]   "
+                  f"(the same work on another instance)")
     print(f"ratio (a)/(c) = {med['synctune'] / med['raw']:.3f}   ratio (b)/(c) = {med['ddp'] / med['raw']:.3f}")
     print(f"sync overhead over compute: (a) {med['synctune'] - med['compute']:.4f} s, "
           f"(b) {med['ddp'] - med['compute']:.4f} s")

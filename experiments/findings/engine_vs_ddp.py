@@ -16,7 +16,11 @@ Goals: engine / DDP <= 1.00 with the pooled interval's upper end <= 1.02; chaine
 blocking: overlap hides communication, never compute).
 
     python experiments/findings/engine_vs_ddp.py [--model cnn-small --model ...] [--preset lab-2x2]
-        [--cluster local-2x2] [--runs 3] [--rounds 6] [--iters 5]
+        [--cluster local-2x2] [--runs 3] [--rounds 6] [--iters 5] [--twins]
+
+``--twins`` adds A/A controls: each side again on an instance of its own in the same processes,
+the same work, and a table of twin / original. What they move a ratio by is what placement alone
+(where each instance's memory landed) does: the resolution of the goal's 2% on this machine.
 
 Models are zoo names or workload files (``experiments/workloads/hf_gpt2.py:workload``, a Hugging
 Face GPT-2 built from a config). A lab preset needs root (the lab is brought up for each run and
@@ -49,6 +53,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5, help="interleaved iterations per round")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--twins", action="store_true",
+                        help="add A/A controls: each side again on an instance of its own, and their table")
     args = parser.parse_args()
     if args.rounds < 2 or args.iters < 1 or args.runs < 1 or args.warmup < 0:
         parser.error("--rounds must be at least 2 (an interval needs two rounds), --iters and --runs at least 1, "
@@ -81,7 +87,7 @@ def main() -> None:
                     for m in models:
                         out, cpu, faults, _, ready = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
                                                                    warmup=args.warmup, iters=args.iters,
-                                                                   rounds=args.rounds)
+                                                                   rounds=args.rounds, twins=args.twins)
                         runs.setdefault((m, place), []).append(bench.round_medians(out, args.rounds))
                         cpus.setdefault((m, place), []).append(bench.round_medians(cpu, args.rounds))
                         faulted.setdefault((m, place), []).append(faults)
@@ -91,8 +97,16 @@ def main() -> None:
             except WorkerFailure as failure:
                 print(f"{place}: the measurement failed: {failure}", file=sys.stderr)
                 failed = True
-    rows, hier = [], []
+    rows, hier, twins = [], [], []
     for (m, place), per_run in runs.items():
+        if args.twins:
+            cells = []
+            for twin, key in (("synctune_twin", "synctune"), ("ddp_twin", "ddp")):
+                each = [time_ratio(r[twin], r[key]) for r in per_run]
+                pooled = time_ratio([t for r in per_run for t in r[twin]], [t for r in per_run for t in r[key]])
+                spread = max(abs(e.ratio - 1) for e in each)
+                cells += [", ".join(f"{e.ratio:.2f}" for e in each), describe_ratio(pooled), f"{spread:.1%}"]
+            twins.append([_short(m), place] + cells)
         each = [time_ratio(r["synctune"], r["ddp"]) for r in per_run]
         pooled = time_ratio([t for r in per_run for t in r["synctune"]], [t for r in per_run for t in r["ddp"]])
         if pooled.ratio > 1.0:
@@ -136,6 +150,12 @@ def main() -> None:
     print(markdown_table(["model", "place", "engine ms", "DDP ms"] + [f"run {i + 1}" for i in range(n)]
                          + ["median of runs", "pooled", "goal <= 1.00, upper <= 1.02", "CPU, pooled",
                             "page faults, engine / DDP"], rows))
+    if twins:
+        print()
+        print("A/A controls, the same runs: each side again on an instance of its own in the same processes (identical "
+              "work), twin / original; per run, pooled [95%], and the largest distance from 1 of a run")
+        print(markdown_table(["model", "place", "engine twin / engine, runs", "pooled", "largest",
+                              "DDP twin / DDP, runs", "pooled", "largest"], twins))
     if hier:
         print()
         print("hierarchical PS, chained stages / blocking stages, the same runs")
