@@ -14,8 +14,8 @@ Buffers are broadcast alike: by both (DDP before each forward, the engine after 
 several processes, by neither with one. With one process nothing is communicated: (a)/(b) is then
 the hooks' overhead only, and the output says so.
 Goals: (a)/(b) <= 1.00 with the paired interval's upper end <= 1.02; (e)/(f) <= 0.95, printed beside
-what bounds it: compute alone, (d)/(f), and the overlap the gradients' readiness allows
-(:func:`overlap_bound`: a gradient ready when backward ends has nothing to overlap with).
+what bounds it, compute alone, (d)/(f), and what it has to gain from (:func:`readiness_shares`: a
+gradient ready when backward ends has nothing to overlap with).
 ``--model`` is a zoo model or a workload file (``experiments/workloads/hf_gpt2.py:workload``,
 a Hugging Face GPT-2 built from a config), as ``synctune trial --model`` takes it.
 
@@ -199,7 +199,7 @@ def _readiness(module, optimizer, loss_of, iters: int) -> dict:
     """When each gradient is ready in this rank's backward (no synchronization, the compute-alone
     model): ``{"backward_s": median backward time, "params": [(bytes, seconds from ready to the end
     of backward, median), ...]}`` over ``iters`` passes. A gradient ready at the very end leaves
-    nothing to overlap its communication with (:func:`overlap_bound`)."""
+    nothing to overlap its communication with (:func:`readiness_shares`)."""
     import torch
 
     params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -229,23 +229,17 @@ def _readiness(module, optimizer, loss_of, iters: int) -> dict:
             "params": [(sizes[n], statistics.median(w)) for n, w in windows.items() if w]}
 
 
-def overlap_bound(readiness: dict, blocking_s: float, compute_s: float) -> tuple[float, float]:
-    """(the lowest chained / blocking ratio overlap allows, the share of the gradient bytes ready in
-    the last tenth of backward). Optimistic: all of what blocking stages add over compute alone
-    (``blocking_s - compute_s``) taken as cross-node reduces, each variable's share by its bytes,
-    sent one after another as its gradient is ready (``readiness``, :func:`_readiness`); only what
-    a single link finishes before backward ends is hidden."""
+def readiness_shares(readiness: dict) -> tuple[float, float]:
+    """(the share of the gradient bytes ready in the last tenth of backward, the largest single
+    gradient's share of the bytes), from :func:`_readiness`. Chained stages gain over blocking
+    ones by starting a gradient's cross-node stage while backward still runs and by running
+    several gradients' stages at once: the first needs bytes ready early, the second bytes spread
+    over several gradients."""
     backward = readiness["backward_s"]
     params = readiness["params"]
     total = sum(b for b, _w in params) or 1
-    extra = max(blocking_s - compute_s, 0.0)
-    free, hidden = 0.0, 0.0
-    for nbytes, window in sorted(params, key=lambda bw: -bw[1]):  # earliest ready first
-        start = max(free, backward - window)
-        free = start + extra * nbytes / total
-        hidden += max(0.0, min(free, backward) - start)
     late = sum(b for b, w in params if w <= 0.1 * backward) / total
-    return (blocking_s - hidden) / blocking_s, late
+    return late, max((b for b, _w in params), default=0) / total
 
 
 def _profiled(rank: int, args: dict, device, loss_of, module, engine, ddp_model, ddp_opt) -> dict[str, list[dict]]:
@@ -496,7 +490,7 @@ def measure_with_breakdown(model: str, cluster_name: str, *, bucket_mb: float = 
     every rank's iterations' items (:func:`breakdown_of`); ``trace``: a folder for each side's
     Chrome trace per rank; with ``twins``, the A/A controls ``synctune_twin`` and ``ddp_twin`` (each
     side again on an instance of its own); where hierarchical PS runs, when each gradient is ready in rank 0's
-    backward (:func:`_readiness`, for :func:`overlap_bound`), else None."""
+    backward (:func:`_readiness`, for :func:`readiness_shares`), else None."""
     from synctune.engine.local import rank_networks, run_local
     from synctune.spec import resolve_cluster
     from synctune.spec.cluster import is_lab_cluster
@@ -615,9 +609,9 @@ def main() -> None:
         r, lo, hi = paired_ratio(out["compute"], out["hps_blocking"])
         print(f"ratio (d)/(f) = {r:.3f} [95% {lo:.3f}, {hi:.3f}] paired: the floor of (e)/(f), chained stages still "
               f"computing everything (the goal is out of reach where it is above 0.95)")
-        bound, late = overlap_bound(readiness, med["hps_blocking"], med["compute"])
-        print(f"overlap bound of (e)/(f) = {bound:.3f}: the lowest if all of (f) - (d) were cross-node reduces sent "
-              f"as each gradient is ready; {late:.0%} of the gradient bytes are ready in the last tenth of backward")
+        late, largest = readiness_shares(readiness)
+        print(f"gradient bytes ready in the last tenth of backward: {late:.0%}; the largest gradient holds {largest:.0%} "
+              f"of them (chained stages need bytes ready early, or spread over several gradients, to gain)")
     if breakdown:
         print()
         print(breakdown_table(breakdown))

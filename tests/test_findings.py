@@ -101,17 +101,12 @@ def test_means_of_two_sets_one_trial_against_a_mean_of_two_from_either_run(tmp_p
     assert f"another: median {(1 / 10.5 + 1 / 6.5) / 2:.1%}" in out
 
 
-def test_overlap_bound_hides_only_what_one_link_finishes_before_backward_ends():
-    # Worked by hand: blocking stages add 1 s over compute alone (2 s against 1 s); backward takes
-    # 1 s. Gradients ready at its start are hidden whole; one ready at its end not at all; a link
-    # busy with an earlier gradient delays the next (sent one after another).
+def test_readiness_shares_count_the_bytes_ready_late_and_the_largest_gradient():
+    # Worked by hand: backward takes 1 s; a gradient ready 0.05 s before its end is late (last
+    # tenth), one ready 0.1 s before is on the boundary (late), one 0.5 s before is not.
     from _common import load_benchmark
 
-    bound = load_benchmark("engine_overhead").overlap_bound
-    assert bound({"backward_s": 1.0, "params": [(50, 1.0), (50, 1.0)]}, 2.0, 1.0) == (0.5, 0.0)
-    # 90% of the bytes ready at the end: only the 0.1 s of the early 10% is hidden (ready at
-    # 0.1 s, done at 0.2 s); 90% are late.
-    assert bound({"backward_s": 1.0, "params": [(90, 0.0), (10, 0.9)]}, 2.0, 1.0) == pytest.approx((0.95, 0.9))
-    # Two halves ready at 0.6 s and 0.8 s need 0.5 s each: the first runs 0.6-1.0 (0.4 s hidden),
-    # the second queues behind it and starts after backward (nothing hidden).
-    assert bound({"backward_s": 1.0, "params": [(50, 0.4), (50, 0.2)]}, 2.0, 1.0) == pytest.approx((0.8, 0.0))
+    shares = load_benchmark("engine_overhead").readiness_shares
+    ready = {"backward_s": 1.0, "params": [(60, 0.05), (10, 0.1), (30, 0.5)]}
+    assert shares(ready) == pytest.approx((0.7, 0.6))
+    assert shares({"backward_s": 1.0, "params": [(50, 1.0), (50, 0.9)]}) == (0.0, 0.5)
