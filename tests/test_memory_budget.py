@@ -294,6 +294,22 @@ def test_the_single_process_probe_agrees_with_a_real_trials_activation_figure():
         assert probe[batch] == pytest.approx(figure, rel=0.02), (probe, measured)
 
 
+def test_a_split_strategys_breakdown_is_no_reference_for_unsplit_activations():
+    # A Megatron plan's ranks hold a slice of the split blocks' activations: learned as the
+    # strategy-independent figure, it would book every unsplit strategy of that batch too little.
+    from synctune.simulator.memory import reference_activations
+
+    model, cluster = model_spec("transformer-small"), cluster_preset("local-2x2")
+    breakdown = [{"peak_bytes": 1000, "params_bytes": 100, "grads_bytes": 100, "optimizer_state_bytes": 100,
+                  "comm_buffers_bytes": 0}] * cluster.num_devices
+    plain = build_strategy("allreduce", model, cluster)
+    assert reference_activations(plain, breakdown) == [(b, 700) for b in plain.batch_split]
+    split = build_strategy("megatron", model, cluster, dp="allreduce")
+    assert split.tensor_parallel is not None and all(s.synchronizer.kind == "allreduce"
+                                                     for _p, _i, s in split.iter_shards())
+    assert reference_activations(split, breakdown) == []
+
+
 def test_a_budget_nothing_fits_is_refused_before_any_trial(tmp_path):
     exp = tmp_path / "tight.yaml"
     exp.write_text("name: tight\nmodel: bert-tiny\ncluster: local-1x2\nbudget: 3\nsimulator: replay\n"

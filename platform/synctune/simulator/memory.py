@@ -329,8 +329,9 @@ class ActivationFigures:
 def reference_activations(strategy: Strategy, measured: Sequence[Mapping[str, int | None]]) -> list[tuple[int, int]]:
     """(rank's batch, strategy-independent bytes) of each rank of a measured breakdown, where the
     strategy is a reference for it (every shard all-reduced or all-gathered: a PS server, SFB's
-    factors or a shard unit's gathers would add temporaries of their own); [] otherwise."""
-    if strategy.checkpoint or not all(MEMORY_KINDS.get(s.synchronizer.kind).reference
+    factors or a shard unit's gathers would add temporaries of their own; no module split, whose
+    ranks hold a slice of some activations, and none recomputed); [] otherwise."""
+    if strategy.checkpoint or strategy.tensor_parallel is not None or not all(MEMORY_KINDS.get(s.synchronizer.kind).reference
                                        for _p, _i, s in strategy.iter_shards()):
         return []
     out = []
