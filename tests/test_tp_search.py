@@ -372,3 +372,56 @@ def test_a_keras_workload_is_refused_tensor_parallelism():
     with pytest.raises(SpecError, match="tensor parallelism runs on PyTorch workloads only"):
         check_tensor_parallel(_experiment(tensor_parallel=True, simulator="replay"), _budget(50), 0.5, "x.yaml",
                               "tensorflow")
+
+
+def test_every_split_strategy_trains_the_replicated_strategys_global_batch():
+    # Time per iteration compares strategies only at the same work: a TP group trains the samples
+    # its replicas would (the reference: the replicated all-reduce strategy's global batch), and a
+    # split dropped gives each replica its share back.
+    import random
+
+    from synctune.engine.megatron import MEGATRON_DEFAULT, MegatronConfig, megatron_plan
+    from synctune.search.moves import crossover
+    from synctune.strategy.builders import without_tensor_parallel
+
+    spec, cl = model_spec("bert-tiny"), cluster_preset("local-2x2")
+    plain = build_strategy("allreduce", spec, cl)
+    total = plain.global_batch_size
+    assert total == sum(plain.batch_split) == 4 * spec.batch_size
+    built = [build_strategy("megatron", spec, cl, dp=dp, sequence_parallel=sp)
+             for dp in ("allreduce", "shard") for sp in (False, True)]
+    built += [megatron_plan(MEGATRON_DEFAULT, plain, spec),
+              megatron_plan(MegatronConfig(degree=2, sequence_parallel=True, checkpoint="full"), plain, spec)]
+    built.append(megatron_plan(MEGATRON_DEFAULT, built[-2], spec))  # planned again from its own row
+    cols = GuidedSampler(spec, cl, seed=3, tp_prob=0.6, shard_prob=0.3, checkpoint_prob=0.3).sample_columns(60)
+    drawn = [s for s in (cols.strategy(i) for i in range(cols.size)) if s.tensor_parallel is not None]
+    space = ChoiceSpace(spec, cl, split=True)
+    moved = space.tensor_parallelism(plain) + space.tensor_parallelism(built[0])
+    children = crossover([built[0], build_strategy("ps", spec, cl), built[1]], 20, random.Random(0),
+                         GuidedSampler(spec, cl, seed=5, tp_prob=0.5))
+    assert drawn and any(m.tensor_parallel is None for m in moved)
+    for s in built + drawn + moved + children:
+        assert s.global_batch_size == total, (s.summary(), s.batch_split)
+        validate(s, spec, cl)
+    for s in built:
+        t = s.tensor_parallel.degree
+        assert s.batch_split == (t * spec.batch_size,) * 4  # each rank holds its group's batch
+        assert without_tensor_parallel(s).batch_split == plain.batch_split
+
+
+def test_a_split_strategys_batch_moves_over_its_tp_groups():
+    # The replication coordinate on replicas of different speeds: a split strategy's global batch
+    # moves between its TP groups (each rank holding its group's), never below a group's share.
+    spec = model_spec("bert-tiny")
+    cl = cluster_preset("local-2x2")
+    split = build_strategy("megatron", spec, cl, dp="allreduce")
+    guided = GuidedSampler(spec, cl, seed=1)
+    guided.device_speed = {d: (1.0 if i < 2 else 3.0) for i, d in enumerate(cl.devices)}  # node 1 three times faster
+    for t in (0.0, 0.5, 1.0):
+        moved = guided.split_towards_speed(split, t)
+        assert moved.global_batch_size == split.global_batch_size
+        assert moved.batch_split[0] == moved.batch_split[1] and moved.batch_split[2] == moved.batch_split[3]
+        validate(moved, spec, cl)
+    assert guided.split_towards_speed(split, 1.0).batch_split == (8, 8, 24, 24)  # replicas 4, 4, 12, 12
+    alone = guided.on_nodes(split, [1])
+    assert alone.tensor_parallel == split.tensor_parallel and alone.batch_split == (32, 32)

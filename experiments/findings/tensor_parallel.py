@@ -32,18 +32,16 @@ MIB = 1 << 20
 
 def arms(spec, cluster):
     """(name, strategy, runtime) of every arm, at one global batch: the model's batch per replica
-    for data parallelism, a TP group of t replicas training t times that."""
-    import dataclasses
-
+    for data parallelism, a TP group of t replicas training t times that (the ``megatron``
+    builder keeps the replicated strategy's global batch)."""
     from synctune.engine.ddp import DDPRuntime
     from synctune.engine.fsdp import FSDP_DEFAULT, FSDPConfig, FSDPRuntime
     from synctune.engine.runtimes import executor_for
     from synctune.strategy import build_strategy
 
     plain = build_strategy("allreduce", spec, cluster)
-    tp = build_strategy("megatron", spec, cluster, dp="shard")
+    tp = build_strategy("megatron", spec, cluster, dp="shard")  # at the replicated strategy's global batch
     t = tp.tensor_parallel.degree
-    tp = dataclasses.replace(tp, batch_split=tuple(b * t for b in tp.batch_split))
     per_node = min(n.num_devices for n in cluster.nodes)
     # Sequence parallelism, and the loss over vocabulary-split logits where the model has an
     # output layer of its own (Llama's lm_head; BERT's decoder is its embedding).
@@ -53,7 +51,6 @@ def arms(spec, cluster):
     except Exception:  # noqa: BLE001 - no output layer of its own
         sp = build_strategy("megatron", spec, cluster, dp="shard", sequence_parallel=True)
         sp_name = f"TP {t} + SP + FSDP2"
-    sp = dataclasses.replace(sp, batch_split=tuple(b * t for b in sp.batch_split))
     return [("DDP", plain, DDPRuntime()), ("FSDP2", plain, FSDPRuntime(FSDP_DEFAULT)),
             (f"HSDP (shard {per_node})", plain, FSDPRuntime(FSDPConfig(group=per_node))),
             (f"TP {t} + FSDP2 (Megatron)", tp, executor_for(tp, spec)),

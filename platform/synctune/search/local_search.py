@@ -25,7 +25,7 @@ from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
 from ..strategy.checkpoint import checkpoint_blocks
 from ..strategy.compressors import COMPRESSORS
-from ..strategy.builders import megatron_choices
+from ..strategy.builders import megatron_choices, without_tensor_parallel
 from ..strategy.errors import StrategyError
 from ..strategy.schema import Compressor, Strategy
 from ..strategy.tensor_parallel import check_tensor_parallel
@@ -198,7 +198,7 @@ class ChoiceSpace:
                     same = {layout.blocks[j]: ("sequence" if sequence and layout.sequence[other] else "pairs")
                             for j in layout.pairs[other]}
                     options.append((other, same, False, False))
-        out = [dataclasses.replace(strategy, tensor_parallel=None)] if tp is not None else []
+        out = [without_tensor_parallel(strategy)] if tp is not None else []
         for d, blocks, logits, rowwise in options:
             for dp in ("allreduce", "shard") if layout.shardable[d] else ("allreduce",):
                 try:

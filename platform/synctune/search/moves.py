@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from ..strategy.builders import without_tensor_parallel
 from ..strategy.kinds import renumber_units
 from ..strategy.errors import StrategyError
 from ..strategy.schema import Strategy, VariablePlan
@@ -53,7 +54,7 @@ def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: Guide
             try:
                 check_tensor_parallel(child, guided.model, guided.cluster)
             except StrategyError:
-                child = dataclasses.replace(child, tensor_parallel=None)
+                child = without_tensor_parallel(child)
         children.append(child)
     return children
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..spec.cluster import ClusterSpec
 from ..spec.model import ModelSpec
+from ..strategy.builders import tp_batch_split, without_tensor_parallel
 from ..strategy.columns import COLUMN_DTYPES, StrategyColumns
 from ..strategy.compressors import COMPRESSORS, lossy_compressors
 from ..strategy.kinds import renumber_units
@@ -226,7 +227,12 @@ class GuidedSampler:
 
     def split_towards_speed(self, strategy: Strategy, t: float) -> Strategy:
         """``strategy`` with its global batch split a fraction ``t`` of the way from even
-        (``t`` = 0) to proportional to the replicas' measured speeds (``t`` = 1)."""
+        (``t`` = 0) to proportional to the replicas' measured speeds (``t`` = 1); a split
+        strategy's over its TP groups, by the sums of their replicas' shares."""
+        if strategy.tensor_parallel is not None:
+            degree = strategy.tensor_parallel.degree
+            moved = self.split_towards_speed(without_tensor_parallel(strategy), t)
+            return dataclasses.replace(strategy, batch_split=tp_batch_split(moved, degree))
         speeds = [self.device_speed[d] or 1.0 for d in strategy.replicas]
         fastest = max(speeds)
         weights = [(1 - t) + t * x / fastest for x in speeds]
@@ -248,7 +254,12 @@ class GuidedSampler:
         """``strategy`` replicated on every device of the cluster's ``nodes`` only (TAG §4.2:
         which devices hold replicas), the global batch split evenly over them; shards served by
         a node left out (PS shards) move to the kept nodes' first devices in turn (their kind's
-        :attr:`~synctune.search.kinds.SearchKind.relocate`)."""
+        :attr:`~synctune.search.kinds.SearchKind.relocate`). A split strategy keeps its split, its
+        global batch over the kept TP groups (a group lies inside a node)."""
+        if strategy.tensor_parallel is not None:
+            kept = self.on_nodes(without_tensor_parallel(strategy), nodes)
+            return dataclasses.replace(kept, tensor_parallel=strategy.tensor_parallel,
+                                       batch_split=tp_batch_split(kept, strategy.tensor_parallel.degree))
         keep = [d for j in sorted(nodes) for d in self.cluster.nodes[j].devices]
         kept = set(keep)
         servers = [self.servers[j] for j in sorted(nodes)]

@@ -170,6 +170,11 @@ def draw_tensor_parallel(ctx: DrawContext, cols: StrategyColumns) -> StrategyCol
     replaced = {int(i): _base(ctx.model, ctx.cluster, ctx.memo, int(degree[k]), dp[k], reshard[k])
                 for k, i in enumerate(picked)}
     out = splice(cols, replaced)
+    # A TP group trains the samples its replicas would: each rank holds its group's batch (the
+    # rows picked are even), so the split draw keeps the global batch it was drawn at.
+    split = out.splits().copy()
+    split[picked] *= degree[:, None]
+    out = dataclasses.replace(out, batch_split=split)
     out.tp_degree[picked] = degree
     out.tp_blocks[picked] = codes
     out.tp_logits[picked] = logits

@@ -46,6 +46,8 @@ __all__ = [
     "TUNED_BASELINES",
     "parse_builder_options",
     "megatron_block_styles",
+    "tp_batch_split",
+    "without_tensor_parallel",
     "megatron_choices",
     "TP_BLOCK_PLANS",
     "AllReduceOptions",
@@ -811,12 +813,15 @@ def _megatron(model: ModelSpec, cluster: ClusterSpec, opts: MegatronOptions) -> 
 
 def megatron_over(model: ModelSpec, base: Strategy, opts: MegatronOptions) -> Strategy:
     """Megatron's plan (:class:`MegatronOptions`, ``degree`` given: 2 or more) over the replicas,
-    batch split and checkpointing of ``base``, its plans replaced: what the ``megatron`` builder
+    global batch and checkpointing of ``base``, its plans replaced: what the ``megatron`` builder
     writes for a cluster, and what the tuned Megatron baseline runs on a search's skeleton (its
-    runtime knows the strategy, not the cluster)."""
+    runtime knows the strategy, not the cluster). The global batch is ``base``'s (:func:`tp_batch_split`):
+    a TP group trains the samples its replicas would, so that its time per iteration compares
+    with data parallelism's at the same work."""
     degree = opts.degree
     if degree < 2:
         raise StrategyError(f"builder megatron: option degree: expected a TP degree of 2 or more, got {degree!r}")
+    base = dataclasses.replace(base, batch_split=tp_batch_split(base, degree))
     styles = megatron_styles(model, degree)
     if not styles:
         raise StrategyError(f"builder megatron: model {model.name!r} has no attention or MLP pair of linear layers "
@@ -848,6 +853,35 @@ def megatron_over(model: ModelSpec, base: Strategy, opts: MegatronOptions) -> St
     styles = megatron_block_styles(model, degree, {block_of(m + ".weight"): plan for m in styles},
                                    loss_parallel=opts.loss_parallel, embedding=opts.embedding)
     return dataclasses.replace(base, tensor_parallel={"degree": degree, "modules": styles})
+
+
+def tp_batch_split(base: Strategy, degree: int) -> tuple[int, ...]:
+    """The batch split of ``base``'s global batch over TP groups of ``degree`` consecutive
+    replicas: each rank of a group holds the group's batch (its ranks train one batch), the sum
+    of what its replicas train in ``base`` (for a ``base`` already split,
+    :func:`without_tensor_parallel`'s). Refused where the replicas do not fill whole groups."""
+    n = len(base.replicas)
+    if n % degree:
+        raise StrategyError(f"builder megatron: option degree: {n} replicas do not form TP groups of {degree}")
+    per_replica = without_tensor_parallel(base).batch_split
+    groups = [sum(per_replica[g:g + degree]) for g in range(0, n, degree)]
+    return tuple(b for b in groups for _ in range(degree))
+
+
+def without_tensor_parallel(strategy: Strategy) -> Strategy:
+    """``strategy`` with no module split, at its global batch: each TP group's batch spread over
+    its replicas (as evenly as it divides, the first replicas one sample more), so that each
+    replica trains its own; ``strategy`` itself where it splits nothing."""
+    tp = strategy.tensor_parallel
+    if tp is None:
+        return strategy
+    t = tp.degree
+    split = []
+    for b in strategy.batch_split[::t]:
+        if b < t:
+            raise StrategyError(f"batch_split: a TP group's batch of {b} cannot give each of its {t} replicas a sample")
+        split += [b // t + (1 if i < b % t else 0) for i in range(t)]
+    return dataclasses.replace(strategy, tensor_parallel=None, batch_split=tuple(split))
 
 
 # ------------------------------------------------------------------------------------------ entry
