@@ -41,7 +41,7 @@ from .profiles import ensure_profile
 from .simulators import make_search_simulator
 
 __all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
-           "prepare_memory", "split_activations", "cached_split_activations", "check_megatron_baseline",
+           "prepare_memory", "split_batches", "split_activations", "cached_split_activations", "check_megatron_baseline",
            "megatron_baseline", "shard_rate", "tp_rate", "check_tensor_parallel", "SearchFilter",
            "tensorflow_projection"]
 
@@ -89,9 +89,16 @@ def memory_budget(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, workl
             budget.optimizer = probed["optimizer_state"]
         for tp in split:
             budget.split[tp_key(tp)] = cached_split_activations(
-                workload, tp, {model.batch_size, max(1, model.batch_size // 2)}, optimizer=exp.trial.optimizer,
-                seed=exp.seed)
+                workload, tp, split_batches(model, tp.degree), optimizer=exp.trial.optimizer, seed=exp.seed)
     return budget
+
+
+def split_batches(model: Any, degree: int) -> set[int]:
+    """The batches a split plan's activations are measured at: a TP group's at the model's batch
+    per replica (each of its ranks holds the group's, ``degree`` replicas' samples), and half of
+    it, for a line through uneven splits."""
+    group = degree * model.batch_size
+    return {group, max(1, group // 2)}
 
 
 def split_activations(workload: Any, tp: Any, batch_sizes: Sequence[int] | set[int], *, optimizer: str = "sgd",
@@ -212,11 +219,10 @@ def megatron_baseline(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, w
                 continue  # a plan the builder cannot write is never drawn
             plans[tp_key(tp)] = tp
     refused: dict[str, str] = {}
-    batches = {model.batch_size, max(1, model.batch_size // 2)}
     for key, tp in plans.items():
         try:
-            budget.split[key] = cached_split_activations(workload, tp, batches, optimizer=exp.trial.optimizer,
-                                                         seed=exp.seed)
+            budget.split[key] = cached_split_activations(workload, tp, split_batches(model, tp.degree),
+                                                         optimizer=exp.trial.optimizer, seed=exp.seed)
         except SpecError as exc:
             refused[key] = str(exc)
     if len(refused) == len(plans):
@@ -294,12 +300,11 @@ def prepare_memory(exp: Experiment, model: ModelSpec, cluster: ClusterSpec, work
     if split:
         budget.tensor_parallel = True
         if workload.framework == "torch":
-            batches = {model.batch_size, max(1, model.batch_size // 2)}
             for degree in budget.tp_degrees()[0]:
                 tp = _sequence_plan(model, cluster, degree)
                 if tp is not None and tp_key(tp) not in budget.split:
-                    budget.split[tp_key(tp)] = split_activations(workload, tp, batches, optimizer=exp.trial.optimizer,
-                                                                 seed=exp.seed)
+                    budget.split[tp_key(tp)] = split_activations(workload, tp, split_batches(model, degree),
+                                                                 optimizer=exp.trial.optimizer, seed=exp.seed)
     check_budget(budget, where)
     rate = shard_rate(exp, budget, skeleton)
     if exp.search.shard is False and not budget.fits(skeleton):
