@@ -29,7 +29,10 @@ def test_every_builder_validates_on_every_model_and_preset(builder, zoo_specs):
             validate(strategy, model, cluster)
             built += 1
             assert len(strategy.replicas) == cluster.num_devices
-            assert set(strategy.batch_split) == {model.batch_size}
+            # a TP group's ranks each hold the batch its replicas would train together
+            degree = strategy.tensor_parallel.degree if strategy.tensor_parallel is not None else 1
+            assert set(strategy.batch_split) == {model.batch_size * degree}
+            assert strategy.global_batch_size == model.batch_size * cluster.num_devices
     assert built
 
 

@@ -90,7 +90,7 @@ def test_without_tp_prob_the_sampler_draws_no_split_and_its_stream_is_unchanged(
 
 
 def test_under_a_budget_only_a_split_fits_the_sampler_draws_splits_that_fit():
-    budget = _budget(50)
+    budget = _budget(60)
     _only_a_split_fits(budget)
     spec, cl = budget.model, budget.cluster
     cols = GuidedSampler(spec, cl, seed=2, shard_prob=1.0, tp_prob=0.5, fits=budget.fits).sample_columns(40)
@@ -103,7 +103,7 @@ def test_under_a_budget_only_a_split_fits_the_sampler_draws_splits_that_fit():
 
 
 def test_without_tensor_parallelism_in_the_space_nothing_drawn_fits_that_budget():
-    budget = _budget(50, tensor_parallel=False)
+    budget = _budget(60, tensor_parallel=False)
     cols = GuidedSampler(budget.model, budget.cluster, seed=2, shard_prob=1.0, fits=budget.fits).sample_columns(20)
     assert not any(budget.fits(cols.strategy(i)) for i in range(cols.size))
 
@@ -180,9 +180,9 @@ def test_a_budget_nothing_fits_is_refused_with_the_smallest_peak_in_mib_and_the_
     # The split's smallest peak is below sharding's: the levers tried change the figure.
     assert _budget(10, tensor_parallel=True).smallest()[0] < _budget(10, tensor_parallel=False).smallest()[0]
     # A budget a split fits is not refused once tensor parallelism is in the space.
-    check_budget(_budget(50, tensor_parallel=True), "ok.yaml")
+    check_budget(_budget(60, tensor_parallel=True), "ok.yaml")
     with pytest.raises(SpecError, match="nothing fits"):
-        check_budget(_budget(50, tensor_parallel=False), "ok.yaml")
+        check_budget(_budget(60, tensor_parallel=False), "ok.yaml")
 
 
 def test_on_nodes_of_one_device_the_refusal_says_why_tensor_parallelism_was_not_tried():
@@ -202,7 +202,7 @@ def test_the_search_setting_and_what_it_refuses_before_any_trial():
         _experiment(tensor_parallel="yes")
     assert _experiment().search.tensor_parallel is False  # opt-in
     skeleton = build_strategy("allreduce", model_spec("bert-tiny"), cluster_preset("local-1x2"))
-    roomy, tight = _budget(4096), _budget(50)
+    roomy, tight = _budget(4096), _budget(60)
     assert tp_rate(_experiment(tensor_parallel="auto"), roomy, skeleton) == 0.0
     assert tp_rate(_experiment(tensor_parallel="auto"), tight, skeleton) == 0.5
     assert tp_rate(_experiment(tensor_parallel=True), roomy, skeleton) == 0.5
@@ -212,7 +212,7 @@ def test_the_search_setting_and_what_it_refuses_before_any_trial():
         check_tensor_parallel(_experiment(tensor_parallel=True), tight, 0.5, "x.yaml")
     check_tensor_parallel(_experiment(tensor_parallel=True, simulator="replay"), tight, 0.5, "x.yaml")
     check_tensor_parallel(_experiment(tensor_parallel=True, algorithm="random-guided"), tight, 0.5, "x.yaml")
-    ones = _budget(50, cluster="local-2x1")
+    ones = _budget(60, cluster="local-2x1")
     with pytest.raises(SpecError, match=r"search.tensor_parallel: true, but cluster 'local-2x1' has a node of 1 "
                                         r"device\(s\), too few for a TP group; set search.tensor_parallel: false"):
         check_tensor_parallel(_experiment(tensor_parallel=True, simulator="replay"), ones, 0.0, "x.yaml")
@@ -370,7 +370,7 @@ def test_under_a_budget_only_a_split_fits_every_algorithm_proposes_splits_that_f
 
 def test_a_keras_workload_is_refused_tensor_parallelism():
     with pytest.raises(SpecError, match="tensor parallelism runs on PyTorch workloads only"):
-        check_tensor_parallel(_experiment(tensor_parallel=True, simulator="replay"), _budget(50), 0.5, "x.yaml",
+        check_tensor_parallel(_experiment(tensor_parallel=True, simulator="replay"), _budget(60), 0.5, "x.yaml",
                               "tensorflow")
 
 

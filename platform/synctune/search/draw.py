@@ -116,7 +116,7 @@ def _renumbered(sid: np.ndarray, kind: np.ndarray, group: np.ndarray, strategies
 
 def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> StrategyColumns:
     """``cols`` with strategy ``i`` replaced by the single strategy of ``replaced[i]`` (columns
-    of the same domain and replicas: the batch split is ``cols``')."""
+    of the same domain), its batch split included."""
     if not replaced:
         return cols
     names = [name for name in COLUMN_DTYPES if name != "group_order"]
@@ -142,8 +142,16 @@ def splice(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> St
         checkpoint = checkpoint.copy()
         for i in replaced:
             checkpoint[i] = 0
+    batch_split = cols.batch_split
+    if batch_split is not None or any(new.batch_split is not None for new in replaced.values()):
+        batch_split = cols.splits().copy()
+        for i, new in replaced.items():
+            batch_split[i] = new.splits()[0]
+        if (batch_split == cols.model.batch_size).all():
+            batch_split = None
     return dataclasses.replace(cols, offsets=np.r_[0, np.cumsum(counts)].astype(np.int64), group_order=None,
-                               ngroups=None, checkpoint=checkpoint, **_spliced_tp(cols, replaced), **rows)
+                               ngroups=None, checkpoint=checkpoint, batch_split=batch_split,
+                               **_spliced_tp(cols, replaced), **rows)
 
 
 def _spliced_tp(cols: StrategyColumns, replaced: Mapping[int, StrategyColumns]) -> dict[str, np.ndarray | None]:

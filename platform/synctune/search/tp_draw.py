@@ -173,7 +173,7 @@ def draw_tensor_parallel(ctx: DrawContext, cols: StrategyColumns) -> StrategyCol
     # A TP group trains the samples its replicas would: each rank holds its group's batch (the
     # rows picked are even), so the split draw keeps the global batch it was drawn at.
     split = out.splits().copy()
-    split[picked] *= degree[:, None]
+    split[picked] = splits[picked] * degree[:, None]
     out = dataclasses.replace(out, batch_split=split)
     out.tp_degree[picked] = degree
     out.tp_blocks[picked] = codes
