@@ -6,6 +6,7 @@ every trial its probe without moving a result to another trial."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -115,3 +116,19 @@ def test_overlap_bound_hides_only_what_one_link_finishes_before_backward_ends():
     # Two halves ready at 0.6 s and 0.8 s need 0.5 s each: the first runs 0.6-1.0 (0.4 s hidden),
     # the second queues behind it and starts after backward (nothing hidden).
     assert bound({"backward_s": 1.0, "params": [(50, 0.4), (50, 0.2)]}, 2.0, 1.0) == pytest.approx((0.8, 0.0))
+
+
+def test_search_vs_modelled_reads_domains_and_names_the_first_malformed_one():
+    from search_vs_modelled import Domain, parse_domains
+
+    assert parse_domains("transformer-small@lab-2x2, hf_llama@lab-b10c:0.05") == [
+        Domain("transformer-small", "lab-2x2", None), Domain("hf_llama", "lab-b10c", 0.05)]
+    assert str(Domain("cnn-small", "lab-2x2", 0.5)) == "cnn-small@lab-2x2:0.5"
+    for text, named in (("cnn-small", "'cnn-small': expected model@preset"),
+                        ("cnn-small@lab-2x2,", "'': expected model@preset"),
+                        ("@lab-2x2", "'@lab-2x2': expected"), ("cnn-small@:1", "'cnn-small@:1': expected"),
+                        ("cnn-small@lab-2x2:0", "the memory budget '0' is not a positive number"),
+                        ("cnn-small@lab-2x2:many", "the memory budget 'many' is not a positive number"),
+                        ("cnn-small@lab-2x2:nan", "the memory budget 'nan'")):
+        with pytest.raises(ValueError, match=f"^--domains: (.*: )?{re.escape(named)}"):
+            parse_domains(text)
