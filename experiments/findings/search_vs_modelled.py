@@ -156,7 +156,7 @@ def one_seed(domain: Domain, workload, spec, cluster, node_net, seed: int, args)
     summary = run_prepared(context, on_phase=say)
     rec = summary.recommended
     if rec is None:
-        return [str(domain), seed, summary.trials, "none (no trial finished)", pick.origin] + ["n/a"] * 5 + \
+        return [str(domain), seed, summary.all_trials, "none (no trial finished)", pick.origin] + ["n/a"] * 5 + \
             [f"{time.monotonic() - start:.0f}"]
     say(f"recommended: {rec.kind}, {rec.name} ({rec.runtime.name}; {rec.why})")
     picked = (f"{pick.origin}; {pick.predicted_s * 1e3:.1f} ms, {max(pick.peak_bytes) / MIB:.1f} MiB predicted")
@@ -169,11 +169,12 @@ def one_seed(domain: Domain, workload, spec, cluster, node_net, seed: int, args)
         ratio = "1 (the same strategy and runtime)"
     else:
         from synctune.engine.local import WorkerFailure
+        from synctune.spec import SpecError
 
         try:
             got = interleaved_arms(arms, cluster, workload=workload, node_net=node_net, rounds=args.rounds,
                                    warmup=args.warmup, optimizer=args.optimizer)
-        except WorkerFailure as exc:
+        except (WorkerFailure, SpecError) as exc:  # a worker died, or the arms cannot share processes
             times, ratio = [f"n/a ({str(exc)[:80]})"] * 2, "n/a"
         else:
             times = [f"{got.mean_ms(0):.1f}", f"{got.mean_ms(1):.1f}"]
@@ -181,11 +182,11 @@ def one_seed(domain: Domain, workload, spec, cluster, node_net, seed: int, args)
             ratio = describe_ratio(r) + (" (search faster)" if r.high < 1 else " (search slower)" if r.low > 1
                                          else "")
     memory = peak_cells(arms, workload, cluster, node_net, context, untaught, args.optimizer)
-    return [str(domain), seed, summary.trials, handed, picked, *times, ratio, *memory,
+    return [str(domain), seed, summary.all_trials, handed, picked, *times, ratio, *memory,
             f"{time.monotonic() - start:.0f}"]
 
 
-HEADERS = ["domain", "seed", "trials", "recommendation", "modelled pick (origin; predicted)",
+HEADERS = ["domain", "seed", "trials (baselines included)", "recommendation", "modelled pick (origin; predicted)",
            "recommendation ms", "modelled pick ms", "recommendation / modelled pick, time [95%]",
            "recommendation MiB per rank predicted / measured", "modelled pick MiB predicted / measured", "wall s"]
 
