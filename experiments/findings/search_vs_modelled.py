@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     rows = []
     for domain in domains:
         workload = resolve_workload(domain.model if domain.model in MODELS else workload_path(domain.model))
-        spec = workload.check()
+        spec = workload.spec()
         with measured_on(domain.preset, args.stand_in) as (cluster, node_net):
             where = f" (stand-in {cluster.name})" if args.stand_in else ""
             print(f"\n## {domain}{where}", flush=True)
