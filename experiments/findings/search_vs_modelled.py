@@ -21,7 +21,8 @@ preset instead) and per seed:
     beside the memory model's prediction as the search prepared it (before any trial taught it).
 
 Table per domain and seed: the search's trials, the recommendation, the modelled pick (its
-origin, the replay's predicted time, the memory model's predicted peak), each arm's measured ms
+origin, the replay's predicted time, the memory model's predicted peak; each arm with its global
+batch, which a tensor-parallel plan may halve), each arm's measured ms
 per iteration (geometric mean over the rounds of each round's median), the time ratio
 recommendation / modelled pick paired by round with its 95% interval (below 1: the search's
 recommendation is faster; it should never be above), and each arm's peak MiB per rank predicted /
@@ -159,8 +160,11 @@ def one_seed(domain: Domain, workload, spec, cluster, node_net, seed: int, args)
         return [str(domain), seed, summary.all_trials, "none (no trial finished)", pick.origin] + ["n/a"] * 5 + \
             [f"{time.monotonic() - start:.0f}"]
     say(f"recommended: {rec.kind}, {rec.name} ({rec.runtime.name}; {rec.why})")
-    picked = (f"{pick.origin}; {pick.predicted_s * 1e3:.1f} ms, {max(pick.peak_bytes) / MIB:.1f} MiB predicted")
-    handed = f"{rec.kind}: {rec.name} ({rec.runtime.name})"
+    # The global batch beside each: a tensor-parallel group trains one replica's samples, so two
+    # arms' times per iteration may be of different amounts of work.
+    picked = (f"{pick.origin}, global batch {pick.strategy.global_batch_size}; {pick.predicted_s * 1e3:.1f} ms, "
+              f"{max(pick.peak_bytes) / MIB:.1f} MiB predicted")
+    handed = f"{rec.kind}: {rec.name} ({rec.runtime.name}), global batch {rec.strategy.global_batch_size}"
     arms = [(rec.strategy, rec.runtime), (modelled.strategy, modelled.runtime)]
     same = (rec.strategy.hash == modelled.strategy.hash and rec.runtime.name == modelled.runtime.name
             and rec.runtime.config_json() == modelled.runtime.config_json())
