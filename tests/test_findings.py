@@ -6,6 +6,7 @@ every trial its probe without moving a result to another trial."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -110,3 +111,19 @@ def test_readiness_shares_count_the_bytes_ready_late_and_the_largest_gradient():
     ready = {"backward_s": 1.0, "params": [(60, 0.05), (10, 0.1), (30, 0.5)]}
     assert shares(ready) == pytest.approx((0.7, 0.6))
     assert shares({"backward_s": 1.0, "params": [(50, 1.0), (50, 0.9)]}) == (0.0, 0.5)
+
+
+def test_search_vs_modelled_reads_domains_and_names_the_first_malformed_one():
+    from search_vs_modelled import Domain, parse_domains
+
+    assert parse_domains("transformer-small@lab-2x2, hf_llama@lab-b10c:0.05") == [
+        Domain("transformer-small", "lab-2x2", None), Domain("hf_llama", "lab-b10c", 0.05)]
+    assert str(Domain("cnn-small", "lab-2x2", 0.5)) == "cnn-small@lab-2x2:0.5"
+    for text, named in (("cnn-small", "'cnn-small': expected model@preset"),
+                        ("cnn-small@lab-2x2,", "'': expected model@preset"),
+                        ("@lab-2x2", "'@lab-2x2': expected"), ("cnn-small@:1", "'cnn-small@:1': expected"),
+                        ("cnn-small@lab-2x2:0", "the memory budget '0' is not a positive number"),
+                        ("cnn-small@lab-2x2:many", "the memory budget 'many' is not a positive number"),
+                        ("cnn-small@lab-2x2:nan", "the memory budget 'nan'")):
+        with pytest.raises(ValueError, match=f"^--domains: (.*: )?{re.escape(named)}"):
+            parse_domains(text)

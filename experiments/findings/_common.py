@@ -110,13 +110,14 @@ def describe_ratio(r) -> str:
 
 
 def interleaved_arms(strategies: list, cluster, *, workload, node_net=None, rounds: int = 10, per_round: int = 5,
-                     warmup: int = 3) -> ArmTimes:
+                     warmup: int = 3, optimizer: str = "sgd") -> ArmTimes:
     """Measure ``strategies`` (same replicas) as arms of one interleaved re-measurement on one
     set of local worker processes: every arm built and warmed up once, then ``rounds`` rounds in
     each of which every arm runs ``per_round`` iterations, the order rotating between rounds, so
     a drift of the machine weighs on every arm alike (the screening of
     :func:`synctune.engine.trial.run_confirm_local`). An arm is a strategy (run by the engine) or
-    a ``(strategy, runtime)`` pair. Raises :class:`~synctune.engine.local.WorkerFailure` if a
+    a ``(strategy, runtime)`` pair; ``optimizer``: what each arm's iterations step (``sgd``,
+    ``adam``). Raises :class:`~synctune.engine.local.WorkerFailure` if a
     worker fails."""
     from synctune.engine.trial import TrialConfig, run_confirm_local
 
@@ -125,7 +126,7 @@ def interleaved_arms(strategies: list, cluster, *, workload, node_net=None, roun
     if rounds < 2:
         raise ValueError(f"interleaved_arms needs at least 2 rounds for an interval, got {rounds}")
     arms = [s if isinstance(s, tuple) else (s, None) for s in strategies]
-    config = TrialConfig(warmup=warmup, iters=per_round)
+    config = TrialConfig(warmup=warmup, iters=per_round, optimizer=optimizer)
     if len(arms) == 2:
         # Two arms: no screening, the confirmation's own rounds (A B, B A, ...) are the rounds.
         out = run_confirm_local(arms, cluster, config, workload=workload, rounds=rounds, per_round=per_round,
