@@ -198,7 +198,12 @@ class ChoiceSpace:
                     same = {layout.blocks[j]: ("sequence" if sequence and layout.sequence[other] else "pairs")
                             for j in layout.pairs[other]}
                     options.append((other, same, False, False))
-        out = [without_tensor_parallel(strategy)] if tp is not None else []
+        out = []
+        if tp is not None:
+            try:
+                out.append(without_tensor_parallel(strategy))
+            except StrategyError:
+                pass  # a group batch too small to give each replica a sample: no unsplit move
         for d, blocks, logits, rowwise in options:
             for dp in ("allreduce", "shard") if layout.shardable[d] else ("allreduce",):
                 try:

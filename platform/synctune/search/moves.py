@@ -54,7 +54,10 @@ def crossover(parents: list[Strategy], n: int, rng: random.Random, guided: Guide
             try:
                 check_tensor_parallel(child, guided.model, guided.cluster)
             except StrategyError:
-                child = without_tensor_parallel(child)
+                try:
+                    child = without_tensor_parallel(child)
+                except StrategyError:
+                    continue  # its group batch cannot be spread over the replicas: no child
         children.append(child)
     return children
 
