@@ -256,11 +256,14 @@ def test_data_parallel_plans_that_do_not_compose_are_refused():
 
 def test_a_strategy_without_tensor_parallel_keeps_its_schema_and_hash():
     strategy, _spec, _cluster = _megatron("bert-tiny", "local-2x2")
-    plain = dataclasses.replace(strategy, tensor_parallel=None)
+    from synctune.strategy.builders import without_tensor_parallel
+
+    plain = without_tensor_parallel(strategy)
     assert plain == build_strategy("allreduce", workload_of("bert-tiny").spec(), cluster_preset("local-2x2"), chunk=10**6)
     assert plain.schema == 2 and "tensor_parallel" not in plain.to_dict()
     assert strategy.schema == 5 and Strategy.from_json(strategy.to_json()) == strategy
-    assert strategy.global_batch_size == plain.global_batch_size // 2
+    # a TP group trains its replicas' samples: the global batch of the strategy it replaces
+    assert strategy.global_batch_size == plain.global_batch_size
     old = {**strategy.to_dict(), "schema": 4}
     with pytest.raises(StrategyError, match="schema: expected 5 \\(the strategy splits modules"):
         Strategy.from_dict(old)
@@ -669,14 +672,15 @@ def test_tied_embeddings_are_refused_by_validation_and_the_builder_naming_both()
 
 
 def test_without_embedding_splits_strategies_keep_their_hash_and_local_shapes():
-    """The Megatron builder's default leaves the embedding whole: the same strategies, with the
-    hashes they had before embeddings could be split (golden, bert-tiny on local-2x2); local
+    """The Megatron builder's default leaves the embedding whole: the same strategies as with
+    ``embedding="whole"``, their hashes golden (bert-tiny on local-2x2, each TP group at its
+    replicas' batch); local
     shapes of a linear are what they were, an embedding's are split on its own axes."""
     from synctune.strategy.tensor_parallel import local_shape
 
     spec, cluster = workload_of("bert-tiny").spec(), cluster_preset("local-2x2")
-    golden = {False: "37e67deb50f3c8c9cf1136dd182db3de35638a0b06de030289487cbd5fb4ee36",
-              True: "b282beb79a00d3c6deaa46efb1e6ee2e1b86fd21b779620affedb043e86d28db"}
+    golden = {False: "b29d392f8b320cbcc284f978c303ecb7c02bfa9af6d747bd37f6814bae31eaaf",
+              True: "37d7754c025ff5ba1655001d0c725648a5f74d02ce0dc9a51fe5537413f2b6af"}
     for sp, digest in golden.items():
         strategy = build_strategy("megatron", spec, cluster, dp="shard", sequence_parallel=sp)
         assert strategy.hash == digest and strategy == build_strategy("megatron", spec, cluster, dp="shard",

@@ -279,7 +279,9 @@ def test_a_search_with_tensor_parallelism_refuses_a_budget_nothing_fits_before_a
     assert len(lines) == 1 and "Traceback" not in out.stderr, lines
     line = lines[0]
     assert "search.memory_gib: nothing fits 0.01 GiB per device, less 10% headroom (9.2 MiB per rank)" in line
-    assert re.search(r"the smallest predicted peak is \d+\.\d MiB per rank \(megatron:degree=2,", line), line
+    # At the same global batch the smallest is whichever the memory model finds (here sharding with
+    # every block checkpointed; a split at its group's batch holds more), named with its levers.
+    assert re.search(r"the smallest predicted peak is \d+\.\d MiB per rank \((megatron:degree=2,|shard:)", line), line
     assert "tensor parallelism (Megatron, degree 2, with and without sequence parallelism)" in line
     assert "sharding (FSDP2" in line and "checkpointing every block" in line
     assert not list(home.rglob("*.parquet"))
