@@ -610,8 +610,8 @@ def main() -> None:
         print(f"ratio (d)/(f) = {r:.3f} [95% {lo:.3f}, {hi:.3f}] paired: the floor of (e)/(f), chained stages still "
               f"computing everything (the goal is out of reach where it is above 0.95)")
         late, largest = readiness_shares(readiness)
-        print(f"gradient bytes ready in the last tenth of backward: {late:.0%}; the largest gradient holds {largest:.0%} "
-              f"of them (chained stages need bytes ready early, or spread over several gradients, to gain)")
+        print(f"gradient bytes ready in the last tenth of backward: {late:.0%}; the largest gradient holds "
+              f"{largest:.0%} of them (chained stages need bytes ready early, or spread over several gradients, to gain)")
     if breakdown:
         print()
         print(breakdown_table(breakdown))

@@ -85,9 +85,9 @@ def main() -> None:
             try:
                 with measured_on(place, stand_in) as (cluster, _net):
                     for m in models:
-                        out, cpu, faults, _, ready = bench.measure_with_breakdown(m, cluster.name, bucket_mb=args.bucket_mb,
-                                                                   warmup=args.warmup, iters=args.iters,
-                                                                   rounds=args.rounds, twins=args.twins)
+                        out, cpu, faults, _, ready = bench.measure_with_breakdown(
+                            m, cluster.name, bucket_mb=args.bucket_mb, warmup=args.warmup, iters=args.iters,
+                            rounds=args.rounds, twins=args.twins)
                         runs.setdefault((m, place), []).append(bench.round_medians(out, args.rounds))
                         cpus.setdefault((m, place), []).append(bench.round_medians(cpu, args.rounds))
                         faulted.setdefault((m, place), []).append(faults)

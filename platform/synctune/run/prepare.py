@@ -41,7 +41,8 @@ from .profiles import ensure_profile
 from .simulators import make_search_simulator
 
 __all__ = ["SearchContext", "prepare_search", "search_algorithm", "search_id_of", "memory_budget", "check_budget",
-           "prepare_memory", "split_batches", "split_activations", "cached_split_activations", "check_megatron_baseline",
+           "prepare_memory", "split_batches", "split_activations", "cached_split_activations",
+           "check_megatron_baseline",
            "megatron_baseline", "shard_rate", "tp_rate", "check_tensor_parallel", "SearchFilter",
            "tensorflow_projection"]
 

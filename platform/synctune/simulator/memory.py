@@ -331,8 +331,8 @@ def reference_activations(strategy: Strategy, measured: Sequence[Mapping[str, in
     strategy is a reference for it (every shard all-reduced or all-gathered: a PS server, SFB's
     factors or a shard unit's gathers would add temporaries of their own; no module split, whose
     ranks hold a slice of some activations, and none recomputed); [] otherwise."""
-    if strategy.checkpoint or strategy.tensor_parallel is not None or not all(MEMORY_KINDS.get(s.synchronizer.kind).reference
-                                       for _p, _i, s in strategy.iter_shards()):
+    if strategy.checkpoint or strategy.tensor_parallel is not None or not all(
+            MEMORY_KINDS.get(s.synchronizer.kind).reference for _p, _i, s in strategy.iter_shards()):
         return []
     out = []
     for r, m in enumerate(measured):
