@@ -127,3 +127,46 @@ def test_search_vs_modelled_reads_domains_and_names_the_first_malformed_one():
                         ("cnn-small@lab-2x2:nan", "the memory budget 'nan'")):
         with pytest.raises(ValueError, match=f"^--domains: (.*: )?{re.escape(named)}"):
             parse_domains(text)
+
+
+def test_tp_search_oracle_grid_holds_every_setting_users_tune_that_the_budget_admits():
+    """The oracle's grid against an enumeration of its own: DDP's defaults, FSDP2's layouts times
+    every checkpointing mode, Megatron's plan at every setting its builder writes (the modelled
+    pick's own enumeration, ``megatron_candidates``); then only what the budget's judgement admits."""
+    from tp_search import grid
+
+    from synctune.engine.ddp import DDPRuntime
+    from synctune.engine.fsdp import FSDP_CHECKPOINT, FSDPRuntime, fsdp_layouts
+    from synctune.engine.megatron import MegatronRuntime
+    from synctune.run.modelled import megatron_candidates
+
+    workload = zoo_workload("transformer-small")
+    spec, cluster = workload.spec(), cluster_preset("local-2x2")
+    skeleton = build_strategy("allreduce", spec, cluster)
+    module = workload.build_model()
+
+    @dataclasses.dataclass
+    class Context:  # what grid reads of a prepared search
+        admits: object
+        model = spec
+        cluster = cluster_preset("local-2x2")
+        skeleton = build_strategy("allreduce", spec, cluster_preset("local-2x2"))
+
+        def runtime_fits(self, runtime):
+            runtime.plans_of(self.skeleton, lambda: module, self.model)  # refuses a plan its builder cannot write
+            return self.admits(runtime)
+
+    every = grid(Context(lambda runtime: True))
+    kinds = [type(rt) for _s, rt, _o in every]
+    layouts = fsdp_layouts(spec, cluster)
+    megatron = megatron_candidates(spec, cluster)
+    assert megatron and layouts
+    assert kinds.count(DDPRuntime) == 1
+    assert kinds.count(FSDPRuntime) == len(layouts) * len(FSDP_CHECKPOINT)
+    assert kinds.count(MegatronRuntime) == len(megatron)
+    assert {rt.plans_of(skeleton, lambda: module, spec).hash for _s, rt, _o in every
+            if isinstance(rt, MegatronRuntime)} == {c.strategy.hash for c in megatron}
+    assert all(s.hash == skeleton.hash for s, _rt, _o in every)
+    checkpointed = grid(Context(lambda runtime: getattr(runtime.config, "checkpoint", "none") != "none"))
+    assert checkpointed and all(rt.config.checkpoint != "none" for _s, rt, _o in checkpointed)
+    assert len(checkpointed) == len(every) - 1 - len(layouts) - sum(c.strategy.checkpoint == () for c in megatron)

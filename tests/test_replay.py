@@ -78,6 +78,31 @@ def test_a_busy_link_queues_the_next_unit():
     assert events["unit_start"][1] == pytest.approx(events["unit_finish"][0])  # waited on the link
 
 
+def test_the_lower_bound_is_the_larger_of_compute_and_the_links_work_worked_by_hand():
+    model, cluster = _model(b_elems=12_500_000), _cluster()  # 'b': 50 MB, the link busier than compute
+    two = _with_groups(build_strategy("allreduce", model, cluster), {"b": 0, "a": 1})
+    (t,), sim = _replay(model, cluster, [two])
+    d_b = 2 * (1e-4 + 50e6 / (2 * GB)) + 5e-5
+    d_a = 2 * (1e-4 + 1e6 / (2 * GB)) + 5e-5
+    got = sim.lower_bound(two, model, cluster)
+    assert got["compute_s"] == pytest.approx(0.031, rel=1e-9)  # forward 10 ms + backward 21 ms
+    assert got["comm_s"] == pytest.approx(d_b + d_a, rel=1e-9)
+    assert got["bound_s"] == pytest.approx(d_b + d_a, rel=1e-9) and got["bound_s"] < t
+    # Small gradients: compute bounds it, and a link half as fast leaves compute where it was.
+    small = _model()
+    one = build_strategy("allreduce", small, cluster)
+    (t_small,), sim = _replay(small, cluster, [one])
+    fast = sim.lower_bound(one, small, cluster)
+    d_both = 2 * (1e-4 + 1_004_000 / (2 * GB)) + 5e-5
+    assert fast == pytest.approx({"compute_s": 0.031, "comm_s": d_both, "bound_s": 0.031}, rel=1e-9)
+    assert fast["bound_s"] < t_small
+    slow_cluster = ClusterSpec.from_dict({**cluster.to_dict(), "nodes": [
+        {**n, "nic_gbps": 4.0, "single_flow_gbps": 4.0} for n in cluster.to_dict()["nodes"]]})
+    slow = sim.lower_bound(build_strategy("allreduce", small, slow_cluster), small, slow_cluster)
+    assert slow["compute_s"] == pytest.approx(0.031, rel=1e-9)
+    assert slow["comm_s"] == pytest.approx(2 * (1e-4 + 1_004_000 / GB) + 5e-5, rel=1e-9)
+
+
 def test_the_critical_path_names_what_each_unit_waited_for():
     """The figures of the two hand-worked cases above, read as a critical path: with 'b' (50 MB)
     on the link when 'a' is ready, the path is 'b' (waited for its gradients, ready at 12 ms)

@@ -96,15 +96,19 @@ def oracle(workload, cluster, node_net, budget, warmup: int, iters: int, extra: 
     config = TrialConfig(warmup=warmup, iters=iters, optimizer="adam")
     timed = []
     with RayWorkerGroup(cluster, node_net=node_net) as group:
-        for s, rt, origin in arms:
+        for n, (s, rt, origin) in enumerate(arms, 1):
             try:
                 r = group.run_trial(s, config, workload=workload, runtime=rt)
             except SpecError as exc:  # a grid point the runtime refuses (e.g. not a module boundary)
-                print(f"    oracle: {origin}: refused: {str(exc)[:120]}", flush=True)
+                print(f"    oracle {n}/{len(arms)}: {origin}: refused: {str(exc)[:120]}", flush=True)
                 continue
             peaks = ((r.extra or {}).get("memory") or {}).get("peak_bytes") or []
-            if r.ok and budget.over(peaks, s) is None:  # over the budget: an oom arm, never the oracle
+            over = budget.over(peaks, s)
+            if r.ok and over is None:  # over the budget: an oom arm, never the oracle
                 timed.append((r.median_s, s, rt, origin))
+            print(f"    oracle {n}/{len(arms)}: {origin}: "
+                  + (f"{r.median_s * 1e3:.1f} ms" if r.ok else r.status) + (" (over the budget)" if over else ""),
+                  flush=True)
         timed.sort(key=lambda t: t[0])
         top = timed[:5]
         if len(top) < 2:

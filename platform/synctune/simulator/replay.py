@@ -379,11 +379,33 @@ class ReplaySimulator(Simulator):
 
     def timeline(self, batch: StrategyColumns, ctx: DomainContext) -> dict[str, np.ndarray]:
         """Per-unit events of every strategy (``unit_sid``, ``unit_kind``, ``unit_first`` the first
-        member's variable, ``unit_launch``, ``unit_start``, ``unit_finish``, ``unit_s``; a shard's
-        unit is ``shard_unit``), and per
+        member's variable, ``unit_launch``, ``unit_start``, ``unit_finish``, ``unit_s``, of which
+        ``unit_in_node_s`` inside the nodes first; a shard's unit is ``shard_unit``), and per
         strategy ``iteration_s``, ``comm_end`` and ``backward_end``: the critical path is the
         chain of units whose start equals the previous unit's finish (waiting on the link)."""
         return replay_units(batch, ctx, self._domain(ctx), self.constants)
+
+    def lower_bound(self, strategy, model, cluster) -> dict[str, float]:
+        """The least an iteration of ``strategy`` can take as this replay prices it, with perfect
+        overlap: the larger of its compute and its communication. ``compute_s``: forward and
+        backward at its ranks' batches on their nodes (recomputation included, the slowest rank;
+        the optimizer step left out); ``comm_s``: its units' seconds on the links (alpha-beta at
+        the calibrated bandwidths, with their launch costs), those of each link added, the busier
+        link (a strategy's tensor-parallel collectives on its node's link). Returns ``compute_s``,
+        ``comm_s`` and ``bound_s``; a measured time over ``bound_s`` says how much room is left."""
+        ctx = DomainContext(model, cluster)
+        if strategy.tensor_parallel is not None:
+            events = self.tp_timeline(strategy, ctx)
+            split = float(events["tp_forward_s"][0] + events["tp_backward_s"][0])
+        else:
+            events = self.timeline(encode([strategy], ctx), ctx)
+            split = 0.0
+        mine = events["unit_sid"] == 0
+        queue, inside = events["unit_s"][mine], events["unit_in_node_s"][mine]
+        # In the TP timeline backward ends after the TP collectives: they are communication.
+        compute = float(events["backward_end"][0]) - split
+        comm = max(float(inside.sum()) + split, float((queue - inside).sum()))
+        return {"compute_s": compute, "comm_s": comm, "bound_s": max(compute, comm)}
 
     def critical_path(self, strategy, model, cluster) -> dict[str, Any]:
         """:func:`critical_path` of ``strategy`` under this replay."""
@@ -578,7 +600,8 @@ def replay_units(b: StrategyColumns, ctx: DomainContext, dom: _ReplayDomain, k: 
     return {"iteration_s": iteration, "comm_end": comm_end, "backward_end": backward_end,
             "broadcast_s": _added(np.zeros(n), after),
             "unit_sid": usid, "unit_kind": ukind, "unit_first": first, "unit_launch": launch, "unit_start": start,
-            "unit_finish": finish, "unit_s": dur, "shard_unit": position[unit_of], "unit_bytes": rb.ubytes[order]}
+            "unit_finish": finish, "unit_s": dur, "unit_in_node_s": in_node[order], "shard_unit": position[unit_of],
+            "unit_bytes": rb.ubytes[order]}
 
 
 def _units(b: StrategyColumns, entries: list, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
