@@ -128,3 +128,33 @@ def test_interleave_without_screening_compares_the_first_and_last_arms_for_exact
     assert order == [0, 1, 1, 0, 0, 1, 1, 0] and done.stopped == "cap" and len(done.medians[0]) == 4
     with pytest.raises(ValueError, match="no baseline"):
         interleave(timed, 3, rounds=2, screen_rounds=2, candidates=3)
+
+
+def test_a_search_with_nothing_to_confirm_says_so_and_not_that_its_confirmation_failed():
+    """A search whose budget went to the builders has no searched arm: its recommendation (the
+    best baseline) says nothing was confirmed; one whose confirmation broke says it did not finish."""
+    from synctune.data.confirmation import NOTHING_TO_CONFIRM, Confirmation
+    from synctune.run.summary import SearchSummary, recommend
+    from synctune.spec import cluster_preset
+    from synctune.strategy import build_strategy
+    from synctune.workload.zoo import model_spec
+
+    spec = model_spec("cnn-small")
+    skeleton = build_strategy("allreduce", spec, cluster_preset("local-2x2"))
+
+    def why(confirmation):
+        summary = SearchSummary(search_id="s", trials=1, failed=0, best_mean_s=0.02, best_origin="allreduce",
+                                best_strategy=skeleton, best_baseline_s=0.02, speedup_over_best_baseline=1.0,
+                                hit_rate=None, trials_to_1_1x=None, trials_to_1_2x=None, best_builder_baseline_s=0.02,
+                                best_baseline_strategy=skeleton, best_baseline_origin="allreduce",
+                                confirmed=confirmation)
+        chosen = recommend(summary, skeleton)
+        assert chosen.kind == "baseline" and chosen.strategy == skeleton
+        return chosen.why
+
+    nothing = Confirmation.failed(f"{NOTHING_TO_CONFIRM}: no searched strategy and baseline both finished")
+    assert nothing.nothing_to_confirm
+    assert why(nothing).startswith("nothing was confirmed (nothing to confirm: no searched strategy")
+    broken = Confirmation.failed("a worker died: rank 1 exited with -9")
+    assert not broken.nothing_to_confirm
+    assert why(broken) == "the confirmation did not finish (a worker died: rank 1 exited with -9)"

@@ -47,25 +47,41 @@ def lab(preset: str):
         lab_down()
 
 
+def stand_in_error(stand_in: str, option: str = "--stand-in") -> str | None:
+    """Why ``stand_in`` cannot stand in for a lab preset (an unknown cluster, or a lab preset
+    itself), in one line naming the script's ``option``; None when it can."""
+    from synctune.spec import resolve_cluster
+    from synctune.spec.cluster import is_lab_cluster
+    from synctune.spec.errors import SpecError
+
+    try:
+        lab_preset = is_lab_cluster(resolve_cluster(stand_in))
+    except SpecError as exc:
+        return f"{option}: {str(exc).splitlines()[0]}"
+    if lab_preset:
+        return (f"{option} {stand_in}: a lab preset; a stand-in runs over loopback (e.g. local-2x2), and lab presets "
+                f"are named where the script takes its domains")
+    return None
+
+
 @contextlib.contextmanager
-def measured_on(preset: str, stand_in: str | None = None):
+def measured_on(preset: str, stand_in: str | None = None, option: str = "--cluster"):
     """Where a script measures ``preset``'s figures: the lab up with it (:func:`lab`, root
     needed), or, with ``stand_in``, that non-lab cluster preset over loopback (no root, no shaped
-    links: it checks the code path, its figures say nothing about the lab's). Yields (cluster
-    spec, node network or None)."""
+    links: it checks the code path, its figures say nothing about the lab's). ``option``: the
+    script's option that names the stand-in, for the refusal of one that cannot
+    (:func:`stand_in_error`). Yields (cluster spec, node network or None)."""
     if stand_in is None:
         with lab(preset) as got:
             yield got
         return
     from synctune.spec import resolve_cluster
-    from synctune.spec.cluster import is_lab_cluster
     from synctune.spec.errors import SpecError
 
-    cluster = resolve_cluster(stand_in)
-    if is_lab_cluster(cluster):
-        raise SpecError(f"--cluster {stand_in}: a lab preset; name lab presets with --preset (or --domains), "
-                         f"--cluster is for a loopback stand-in such as local-2x2")
-    yield cluster, None
+    why = stand_in_error(stand_in, option)
+    if why is not None:
+        raise SpecError(why)
+    yield resolve_cluster(stand_in), None
 
 
 def time_ratio(times_s: list[float], reference_s: list[float]):

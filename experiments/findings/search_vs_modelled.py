@@ -47,8 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ROOT, describe_ratio, interleaved_arms, markdown_table, measured_on, time_ratio, \
-    use_data_folder  # noqa: E402
+from _common import ROOT, describe_ratio, interleaved_arms, markdown_table, measured_on, stand_in_error, \
+    time_ratio, use_data_folder  # noqa: E402
 
 #: model@preset[:GiB per device]: zoo models without a budget, and one under a budget replicated
 #: Adam training does not fit (memory_budget.py's transformer-small domain, 6 MiB).
@@ -214,8 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--home", help="synctune data folder of this run (default: a new one)")
     args = parser.parse_args(argv)
 
-    from synctune.spec import SpecError, cluster_preset, resolve_cluster
-    from synctune.spec.cluster import is_lab_cluster
+    from synctune.spec import SpecError, cluster_preset
     from synctune.workload.zoo import MODELS
 
     try:
@@ -239,13 +238,8 @@ def main(argv=None) -> int:
             cluster_preset(domain.preset)
         except SpecError as exc:
             parser.error(f"--domains: {domain}: {str(exc).splitlines()[0]}")
-    if args.stand_in is not None:
-        try:
-            lab_preset = is_lab_cluster(resolve_cluster(args.stand_in))
-        except SpecError as exc:
-            parser.error(f"--stand-in: {str(exc).splitlines()[0]}")
-        if lab_preset:
-            parser.error(f"--stand-in: {args.stand_in} is a lab preset; a stand-in runs over loopback (e.g. local-2x2)")
+    if args.stand_in is not None and stand_in_error(args.stand_in) is not None:
+        parser.error(stand_in_error(args.stand_in))
     use_data_folder(args.home, "synctune-svm-")
 
     import ray
@@ -256,7 +250,7 @@ def main(argv=None) -> int:
     for domain in domains:
         workload = resolve_workload(domain.model if domain.model in MODELS else workload_path(domain.model))
         spec = workload.spec()
-        with measured_on(domain.preset, args.stand_in) as (cluster, node_net):
+        with measured_on(domain.preset, args.stand_in, "--stand-in") as (cluster, node_net):
             where = f" (stand-in {cluster.name})" if args.stand_in else ""
             print(f"\n## {domain}{where}", flush=True)
             ray.init(address="local", num_cpus=cluster.num_devices + 1, include_dashboard=False, log_to_driver=False)

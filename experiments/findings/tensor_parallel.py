@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         workload = ImportedWorkload(f"experiments/workloads/{name}.py:workload", str(ROOT))
         spec = workload.check()
         for preset in args.presets:
-            with measured_on(preset, args.stand_in) as (cluster, node_net):
+            with measured_on(preset, args.stand_in, "--stand-in") as (cluster, node_net):
                 domain = arms(spec, cluster)
                 budget = memory_budget(Experiment.from_keys(name="probe", model="bert-tiny", cluster=cluster.name,
                                                             budget=1, memory_gib=1.0, memory_headroom=0.0),

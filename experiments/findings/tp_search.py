@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import markdown_table, measured_on, use_data_folder  # noqa: E402
+from _common import markdown_table, measured_on, stand_in_error, use_data_folder  # noqa: E402
 from memory_budget import oracle, paired  # noqa: E402
 from search_vs_modelled import Domain, parse_domains, workload_path  # noqa: E402
 
@@ -281,6 +281,8 @@ def main(argv=None) -> int:
             cluster_preset(domain.preset)
         except SpecError as exc:
             parser.error(f"--domains: {domain}: {str(exc).splitlines()[0]}")
+    if args.stand_in is not None and stand_in_error(args.stand_in) is not None:
+        parser.error(stand_in_error(args.stand_in))
     use_data_folder(args.home, "synctune-tps-")
 
     import ray
@@ -291,7 +293,7 @@ def main(argv=None) -> int:
     for domain in domains:
         workload = resolve_workload(domain.model if domain.model in MODELS else workload_path(domain.model))
         spec = workload.spec()
-        with measured_on(domain.preset, args.stand_in) as (cluster, node_net):
+        with measured_on(domain.preset, args.stand_in, "--stand-in") as (cluster, node_net):
             print(f"\n## {domain}" + (f" (stand-in {cluster.name})" if args.stand_in else ""), flush=True)
             ray.init(address="local", num_cpus=cluster.num_devices + 1, include_dashboard=False, log_to_driver=False)
             try:

@@ -14,7 +14,10 @@ from typing import Any, Mapping
 
 from ..stats import PairedRatio, SequentialRule
 
-__all__ = ["Confirmation"]
+__all__ = ["Confirmation", "NOTHING_TO_CONFIRM"]
+
+#: How the error of a confirmation that had no arms to re-measure begins.
+NOTHING_TO_CONFIRM = "nothing to confirm"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +76,12 @@ class Confirmation:
     def sequential(self) -> bool:
         """Whether its rule looked more than once (its interval then at each look's level)."""
         return self.rule is not None and self.rule.min_rounds != self.rule.max_rounds
+
+    @property
+    def nothing_to_confirm(self) -> bool:
+        """Whether it was not attempted for want of arms (no searched strategy, or no baseline,
+        finished: :data:`NOTHING_TO_CONFIRM`), rather than attempted and failed."""
+        return not self.measured and (self.error or "").startswith(NOTHING_TO_CONFIRM)
 
     @classmethod
     def failed(cls, error: str) -> "Confirmation":

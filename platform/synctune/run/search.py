@@ -40,7 +40,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from ..cluster.workers import HEAD_RESOURCE
-from ..data.confirmation import Confirmation
+from ..data.confirmation import NOTHING_TO_CONFIRM, Confirmation
 from ..data.paths import data_home
 from ..engine.measure import TrialResult
 from ..engine.runtime import Runtime
@@ -240,7 +240,7 @@ def confirm_best(session: SearchSession) -> Confirmation | None:
     arms = confirmation_arms(s.recorder.trials, s.recorder.ledger, ctx.skeleton, confirm.candidates,
                              confirm.baselines, runtime_of=ctx.executor)
     if arms is None:
-        return Confirmation.failed("nothing to confirm: no searched strategy and baseline both finished")
+        return Confirmation.failed(f"{NOTHING_TO_CONFIRM}: no searched strategy and baseline both finished")
     candidates, baselines = arms
     every = [*candidates, *baselines]
     names, base_names = [a.label for a in candidates], [a.label for a in baselines]

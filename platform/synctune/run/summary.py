@@ -180,7 +180,8 @@ def recommend(summary: SearchSummary, skeleton: Strategy) -> Recommendation | No
                               why=f"the best searched strategy was not confirmed faster ({confirmed.verdict})")
     if confirmed is not None:  # attempted and failed: nothing searched is confirmed, so the best baseline
         base = summary.best_builder_baseline_s
-        why = f"the confirmation did not finish ({(confirmed.error or '')[:120]})"
+        why = (f"nothing was confirmed ({(confirmed.error or '')[:120]})" if confirmed.nothing_to_confirm
+               else f"the confirmation did not finish ({(confirmed.error or '')[:120]})")
         if runtime_best is not None and (base is None or runtime_best.mean_s < base):
             return _baseline(runtime_best, skeleton, why)
         if base is not None and summary.best_baseline_strategy is not None:
