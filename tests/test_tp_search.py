@@ -427,3 +427,46 @@ def test_a_split_strategys_batch_moves_over_its_tp_groups():
     assert guided.split_towards_speed(split, 1.0).batch_split == (8, 8, 24, 24)  # replicas 4, 4, 12, 12
     alone = guided.on_nodes(split, [1])
     assert alone.tensor_parallel == split.tensor_parallel and alone.batch_split == (32, 32)
+
+
+def test_the_growth_splits_or_checkpoints_first_in_the_share_the_measured_costs_set():
+    """Where both a split and checkpointing fit a sharded draw the budget does not hold, the
+    sampler's ``split_share`` of its grown draws split first and the rest checkpoint; half each
+    way until the search has measured both, then the kind measured faster leads."""
+    from synctune.search.draw import takes_turn
+    from synctune.search.policies import SPLIT_LEAD, split_share
+
+    assert [takes_turn(k, 0.5) for k in range(4)] == [True, False, True, False]  # the order before shares
+    for share in (0.0, 0.25, 0.5, 0.75, 1.0):
+        assert sum(takes_turn(k, share) for k in range(100)) == round(100 * share)
+    spec, cl = model_spec("bert-tiny"), cluster_preset("local-1x2")
+
+    def fits(s):  # sharding alone never fits; a split or one checkpointed block does
+        return s.tensor_parallel is not None or bool(s.checkpoint)
+
+    counts = {}
+    for share in (0.0, 0.5, SPLIT_LEAD, 1.0):
+        cols = GuidedSampler(spec, cl, seed=3, shard_prob=1.0, tp_prob=1e-9, fits=fits,
+                             split_share=share).sample_columns(40)
+        drawn = [cols.strategy(i) for i in range(cols.size)]
+        assert all(fits(s) for s in drawn)
+        counts[share] = sum(s.tensor_parallel is not None for s in drawn)
+    assert counts == {0.0: 0, 0.5: 20, SPLIT_LEAD: 30, 1.0: 40}
+    with pytest.raises(ValueError, match="split_share: expected a probability"):
+        GuidedSampler(spec, cl, split_share=1.5)
+
+    skeleton = build_strategy("allreduce", spec, cl)
+    split = build_strategy("megatron", spec, cl)
+    checkpointed = dataclasses.replace(skeleton, checkpoint=(("encoder.layer.0", "full"),))
+
+    @dataclasses.dataclass
+    class Measured:  # what split_share reads of a round's context
+        done: list
+
+        def measured(self, upto=None):
+            return [s for s, _t in self.done], np.array([t for _s, t in self.done], float)
+
+    assert split_share(Measured([])) == 0.5
+    assert split_share(Measured([(split, 0.02), (skeleton, 0.01)])) == 0.5  # no checkpointed one measured
+    assert split_share(Measured([(split, 0.02), (checkpointed, 0.03), (checkpointed, 0.05)])) == SPLIT_LEAD
+    assert split_share(Measured([(split, 0.04), (checkpointed, 0.03)])) == 1.0 - SPLIT_LEAD

@@ -12,6 +12,7 @@ numbered by first appearance, ``group_order`` and ``ngroups`` rebuilt.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -20,7 +21,7 @@ import numpy as np
 from ..strategy.columns import COLUMN_DTYPES, StrategyColumns
 from ..strategy.kinds import SPARSE_GROUP_BASE
 
-__all__ = ["DrawContext", "edited", "first_rows", "splice"]
+__all__ = ["DrawContext", "edited", "first_rows", "splice", "takes_turn"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +34,9 @@ class DrawContext:
     on the domain only (a draw keys it by its own name); ``split``, where the search proposes
     tensor parallelism, the growth step that splits a strategy's blocks until ``fits`` holds it
     (:func:`~synctune.search.tp_draw.grow_split`: a strategy object -> the split one that fits, or
-    None), which the sharded and checkpointed draws' growth takes (None: no split step)."""
+    None), which the sharded and checkpointed draws' growth takes (None: no split step), and
+    ``split_share``, the share of grown sharded draws that split before checkpointing where both
+    would fit (:func:`~synctune.search.shard_draw.grow`)."""
 
     model: Any
     cluster: Any
@@ -43,10 +46,20 @@ class DrawContext:
     fits: Callable[[Any], bool] | None = None
     memo: dict = field(default_factory=dict, compare=False)
     split: Callable[[Any], Any] | None = field(default=None, compare=False)
+    split_share: float = 0.5
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.rate, (int, float)) and 0.0 <= self.rate <= 1.0):
-            raise ValueError(f"DrawContext: rate: expected a probability in [0, 1], got {self.rate!r}")
+        for name in ("rate", "split_share"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"DrawContext: {name}: expected a probability in [0, 1], got {value!r}")
+
+
+def takes_turn(k: int, share: float) -> bool:
+    """Whether the ``k``-th of a run of draws (from 0) is one of the ``share`` of them, spread
+    evenly and without a random draw (so the sampler's stream is the same whatever the share):
+    at 0.5 the even ones, at 1 all, at 0 none."""
+    return math.floor((k + 1) * share + 0.5) > math.floor(k * share + 0.5)
 
 
 def first_rows(cols: StrategyColumns) -> np.ndarray:

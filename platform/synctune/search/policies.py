@@ -33,7 +33,8 @@ from .sampler import GuidedSampler, RandomSampler
 from .selection import select_diverse
 
 __all__ = ["ROUND_POLICIES", "RoundPolicy", "AutoDistPolicy", "RandomPolicy", "RandomGuidedPolicy",
-           "GeneticPolicy", "CoordinateDescentPolicy", "MCTSPolicy", "round_seed", "guided_sampler"]
+           "GeneticPolicy", "CoordinateDescentPolicy", "MCTSPolicy", "round_seed", "guided_sampler", "split_share",
+           "SPLIT_LEAD"]
 
 
 class RoundPolicy(Protocol):
@@ -76,7 +77,26 @@ def guided_sampler(search: RoundContext, seed: int) -> GuidedSampler:
     checkpoint_prob = CHECKPOINT_PROB if _tight(search) else 0.0
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
                          shard_prob=search.shard_prob, fits=search.budget_fits, checkpoint_prob=checkpoint_prob,
-                         tp_prob=search.tp_prob)
+                         tp_prob=search.tp_prob, split_share=split_share(search))
+
+
+#: Once a search has measured both, the share of grown draws that take the step measured faster
+#: first (splitting the blocks, or checkpointing them); the rest keep trying the other.
+SPLIT_LEAD = 0.75
+
+
+def split_share(search: RoundContext) -> float:
+    """The share of a round's grown sharded draws that split their blocks (tensor parallelism with
+    sequence parallelism) before checkpointing them, where both would fit the budget: half until
+    the search has measured a split strategy and a checkpointed unsplit one, then
+    :data:`SPLIT_LEAD` towards whichever of the two kinds' fastest trials was faster, so the growth
+    order follows the measured cost and keeps trying the other."""
+    strategies, times = search.measured()
+    split = [t for s, t in zip(strategies, times) if s.tensor_parallel is not None]
+    checkpointed = [t for s, t in zip(strategies, times) if s.tensor_parallel is None and s.checkpoint]
+    if not split or not checkpointed:
+        return 0.5
+    return SPLIT_LEAD if min(split) < min(checkpointed) else 1.0 - SPLIT_LEAD
 
 
 def choice_space(search: RoundContext) -> ChoiceSpace:

@@ -185,12 +185,16 @@ class GuidedSampler:
     #: (:mod:`synctune.search.tp_draw`; 0: none, the stream stays as it was, and no growth
     #: splits a draw).
     tp_prob: float = 0.0
+    #: Of the sharded draws grown past sharding where both a split and checkpointing would fit,
+    #: the share that split first (:func:`synctune.search.shard_draw.grow`; the others
+    #: checkpoint): a search sets it from what its trials measured of each.
+    split_share: float = 0.5
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.shard_prob, (int, float)) and 0.0 <= self.shard_prob <= 1.0):
-            raise ValueError(f"GuidedSampler: shard_prob: expected a probability in [0, 1], got {self.shard_prob!r}")
-        if not (isinstance(self.tp_prob, (int, float)) and 0.0 <= self.tp_prob <= 1.0):
-            raise ValueError(f"GuidedSampler: tp_prob: expected a probability in [0, 1], got {self.tp_prob!r}")
+        for name in ("shard_prob", "tp_prob", "split_share"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"GuidedSampler: {name}: expected a probability in [0, 1], got {value!r}")
         drawn = [name for name, kind in SEARCH_KINDS.items() if kind.draw is not None and name != _SHARD]
         for name, rate in dict(self.kind_rates).items():
             if name not in drawn:
@@ -329,7 +333,7 @@ class GuidedSampler:
     # ------------------------------------------------------------------ columns
     def _context(self, rate: float) -> DrawContext:
         ctx = DrawContext(model=self.model, cluster=self.cluster, rng=self.np_rng, lossy=self.lossy, rate=rate,
-                          fits=self.fits, memo=self._memo)
+                          fits=self.fits, memo=self._memo, split_share=self.split_share)
         if self.tp_prob > 0 and self.fits is not None:  # growth may split blocks (tensor parallelism with SP)
             ctx = dataclasses.replace(ctx, split=functools.partial(grow_split, ctx))
         return ctx

@@ -22,8 +22,9 @@ draws that do not fit, spliced back into the columns; everything else is drawn f
 strategies at once. Where sharding all of it is not enough, the growth goes on with activation
 checkpointing (:func:`~synctune.search.checkpoint_draw.grow_checkpointing`) or, where the search
 proposes tensor parallelism, with Megatron's plan and sequence parallelism
-(:func:`~synctune.search.tp_draw.grow_split`), whichever fits; where both do, half the draws
-split first.
+(:func:`~synctune.search.tp_draw.grow_split`), whichever fits; where both do, the draw context's
+``split_share`` of the draws split first (half, until the search has measured both: then the
+one measured faster leads, :func:`~synctune.search.policies.split_share`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..strategy.kinds import REDUCE_DTYPES, renumber_units
 from ..strategy.schema import Compressor, ShardPlan, ShardSynchronizer, Strategy, VariablePlan
 from ..strategy.checkpoint import checkpoint_blocks
 from .checkpoint_draw import grow_checkpointing
-from .draw import DrawContext, edited, first_rows, splice
+from .draw import DrawContext, edited, first_rows, splice, takes_turn
 
 __all__ = ["SHARD_MODES", "ModuleDraw", "ShardLayout", "Units", "draw_shard_units", "grow", "hsdp_size", "hsdp_sizes",
            "module_at", "shard_layout", "shardable"]
@@ -270,8 +271,12 @@ def draw_shard_units(ctx: DrawContext, cols: StrategyColumns, mode: str | None =
         if not ctx.fits(made):
             units = Units(layout=layout, depth=int(drawn.depth[k]), group=int(drawn.group[k]),
                           reduce_dtype="bf16" if drawn.bf16[k] else "fp32", base=int(base[i]))
-            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits, checkpoint_first=k % 2 == 1,
-                          split=ctx.split, split_first=k % 2 == 0)
+            # Where a split step exists, a draw either splits first or checkpoints first (the
+            # draw context's split share of them split); else half checkpoint before widening.
+            split_first = ctx.split is not None and takes_turn(k, ctx.split_share)
+            checkpoint_first = not split_first if ctx.split is not None else k % 2 == 1
+            fitted = grow(cols.strategy(i), made, units, drawn.options(k, layout), ctx.fits,
+                          checkpoint_first=checkpoint_first, split=ctx.split, split_first=split_first)
             grown[i] = StrategyColumns.from_strategies(ctx.model, ctx.cluster, [fitted])
     return splice(out, grown)
 
@@ -317,7 +322,8 @@ def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, t
     the sampler grows half its draws each way, and the trials tell which costs less. ``split``:
     where the search proposes tensor parallelism, the step that splits the blocks instead of
     checkpointing them (:func:`~synctune.search.tp_draw.grow_split`: what it returns fits), taken
-    where checkpointing every block does not fit, or first where ``split_first``."""
+    where checkpointing every block does not fit, or first where ``split_first`` (the draw
+    context's ``split_share`` of the draws)."""
     layout, out = units.layout, drawn
     modules = layout.modules[units.depth]
     size = layout.module_bytes[units.depth]
@@ -345,7 +351,7 @@ def grow(strategy: Strategy, drawn: Strategy, units: Units, options: dict[str, t
                 return out
     # Sharding is not enough: checkpoint the blocks, one more at a time, or split them (tensor
     # parallelism with sequence parallelism): whichever the memory model says fits, and where both
-    # do, half the draws each way first (the trials tell which costs less).
+    # do, ``split_first`` says which comes first (the trials' measured costs set its share).
     checkpointed = grow_checkpointing(out, fits, blocks)
     if split is not None and (split_first or not fits(checkpointed)):
         made = split(out)
