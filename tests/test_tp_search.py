@@ -470,3 +470,26 @@ def test_the_growth_splits_or_checkpoints_first_in_the_share_the_measured_costs_
     assert split_share(Measured([(split, 0.02), (skeleton, 0.01)])) == 0.5  # no checkpointed one measured
     assert split_share(Measured([(split, 0.02), (checkpointed, 0.03), (checkpointed, 0.05)])) == SPLIT_LEAD
     assert split_share(Measured([(split, 0.04), (checkpointed, 0.03)])) == 1.0 - SPLIT_LEAD
+
+
+def test_the_search_filter_refuses_a_split_whose_forward_fails_at_a_devices_local_shapes():
+    """transformer-small computes its output on its token embedding's weight outside any module:
+    with that embedding split over the vocabulary, each device's logits cover half the
+    vocabulary and torch's cross-entropy fails on the targets beyond it. Such a plan validates and
+    passes the meta-device module checks, so the filter the search proposes through must run the
+    forward at local shapes (once per plan) and refuse it, where it used to reach a trial."""
+    from synctune.engine.fsdp import meta_model
+    from synctune.engine.tensor_parallel import TP_RUNTIME
+    from synctune.workload import zoo_workload
+
+    workload = zoo_workload("transformer-small")
+    spec, cl = workload.spec(), cluster_preset("local-2x2")
+    module = meta_model(workload)
+    vocab = build_strategy("megatron", spec, cl, embedding="rowwise")
+    assert vocab.tensor_parallel.style_of("embedding") == "rowwise"
+    assert TP_RUNTIME.plans_refusal(vocab, cl, module, spec) is None  # what the filter checked before
+    why = TP_RUNTIME.plans_refusal(vocab, cl, module, spec, workload)
+    assert why is not None and "at a device's local shapes (degree 2)" in why and "out of bounds" in why
+    pairs = build_strategy("megatron", spec, cl)
+    assert pairs.tensor_parallel.style_of("embedding") is None
+    assert TP_RUNTIME.plans_refusal(pairs, cl, module, spec, workload) is None

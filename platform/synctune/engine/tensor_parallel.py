@@ -447,11 +447,15 @@ class TensorParallelRuntime(PlansRuntime):
             check_local_forward(workload, strategy)
 
     def plans_refusal(self, strategy: Any, cluster: Any, module: Any, spec: Any, workload: Any = None) -> str | None:
-        """Why the plan cannot run on ``module`` (the workload's model on the meta device), or None."""
+        """Why the plan cannot run on ``module`` (the workload's model on the meta device), or None;
+        with the ``workload``, also a plan whose forward fails at a device's local shapes
+        (:func:`check_local_forward`, run once per plan), which the workers would refuse."""
         try:
             self.check(strategy, spec, cluster)
             if module is not None:
                 _check_modules(module, strategy, spec)
+            if workload is not None and getattr(workload, "framework", "torch") == "torch":
+                check_local_forward(workload, strategy)
         except SpecError as exc:
             return str(exc)
         return None
