@@ -39,6 +39,7 @@ measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -99,6 +100,86 @@ def workload_path(model: str) -> str | None:
     then, and no such file."""
     path = ROOT / "experiments" / "workloads" / f"{model}.py"
     return f"{path}:workload" if path.is_file() else None
+
+
+def domains_error(domains: list[Domain], stand_in: str | None) -> str | None:
+    """Why ``domains`` (and the ``--stand-in`` preset, if any) cannot be measured, in one line
+    naming the option: a model that is neither a zoo model nor a workload file, an unknown
+    preset, a stand-in that is not a loopback preset; None when they can."""
+    from synctune.spec import SpecError, cluster_preset
+    from synctune.workload.zoo import MODELS
+
+    for domain in domains:
+        if domain.model not in MODELS and workload_path(domain.model) is None:
+            return (f"--domains: {domain}: {domain.model!r} is neither a zoo model nor a workload file of "
+                    f"experiments/workloads/")
+        try:
+            cluster_preset(domain.preset)
+        except SpecError as exc:
+            return f"--domains: {domain}: {str(exc).splitlines()[0]}"
+    return stand_in_error(stand_in) if stand_in is not None else None
+
+
+def domain_workload(domain: Domain):
+    """The workload a domain trains: a zoo model by name, else experiments/workloads/<model>.py."""
+    from synctune.workload import resolve_workload
+    from synctune.workload.zoo import MODELS
+
+    return resolve_workload(domain.model if domain.model in MODELS else workload_path(domain.model))
+
+
+def add_domain_options(parser: argparse.ArgumentParser, domains: tuple[str, ...]) -> None:
+    """The options of a script that runs searches per domain and seed: ``--domains`` (default
+    ``domains``), ``--seeds``, ``--budget``, ``--warmup``, ``--iters``, ``--stand-in``, ``--home``."""
+    parser.add_argument("--domains", default=",".join(domains),
+                        help="model@preset[:GiB per device], comma-separated; a model is a zoo model or a workload "
+                             "file's name under experiments/workloads/")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--budget", type=int, default=30, help="trials of each search (builders included)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--stand-in", help="a non-lab cluster preset to run every domain on (loopback, no root)")
+    parser.add_argument("--home", help="synctune data folder of this run (default: a new one)")
+
+
+def read_domain_options(parser: argparse.ArgumentParser, args, minimums: tuple = ()) -> tuple[list[Domain], list[int]]:
+    """The domains and seeds of :func:`add_domain_options`' options, each option checked (``--budget``
+    and ``--iters`` at least 1, ``--warmup`` at least 0, and the script's own ``minimums``: (option,
+    value, least) triples); a bad one ends the script through ``parser.error`` (one line, exit 2)."""
+    try:
+        domains = parse_domains(args.domains)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: {args.seeds!r}: expected integers, comma-separated")
+    for name, value, low in (("--budget", args.budget, 1), ("--warmup", args.warmup, 0), ("--iters", args.iters, 1),
+                             *minimums):
+        if value < low:
+            parser.error(f"{name}: expected at least {low}, got {value}")
+    why = domains_error(domains, args.stand_in)
+    if why is not None:
+        parser.error(why)
+    return domains, seeds
+
+
+@contextlib.contextmanager
+def measured_domain(domain: Domain, stand_in: str | None):
+    """One domain measured: its cluster up (the lab preset, or the ``--stand-in`` over loopback),
+    its heading printed, a local Ray instance for its searches; all taken down afterwards. Yields
+    (workload, model spec, cluster spec, node network or None)."""
+    import ray
+
+    workload = domain_workload(domain)
+    spec = workload.spec()
+    with measured_on(domain.preset, stand_in, "--stand-in") as (cluster, node_net):
+        print(f"\n## {domain}" + (f" (stand-in {cluster.name})" if stand_in else ""), flush=True)
+        ray.init(address="local", num_cpus=cluster.num_devices + 1, include_dashboard=False, log_to_driver=False)
+        try:
+            yield workload, spec, cluster, node_net
+        finally:
+            ray.shutdown()
 
 
 def experiment(domain: Domain, spec, cluster, seed: int, args):
@@ -197,69 +278,25 @@ HEADERS = ["domain", "seed", "trials (baselines included)", "recommendation", "m
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--domains", default=",".join(DOMAINS),
-                        help="model@preset[:GiB per device], comma-separated; a model is a zoo model or a workload "
-                             "file's name under experiments/workloads/")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--budget", type=int, default=30, help="trials of each search (builders included)")
+    add_domain_options(parser, DOMAINS)
     parser.add_argument("--baseline-trials", type=int, default=6,
                         help="tuned torch DDP trials before each search (tuned FSDP2 takes 8 where it shards)")
     parser.add_argument("--proposals", type=int, default=400,
                         help="the search's proposals per round, and the modelled pick's sampler draws")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the interleaved re-measurement")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    parser.add_argument("--stand-in", help="a non-lab cluster preset to run every domain on (loopback, no root)")
-    parser.add_argument("--home", help="synctune data folder of this run (default: a new one)")
     args = parser.parse_args(argv)
 
-    from synctune.spec import SpecError, cluster_preset
-    from synctune.workload.zoo import MODELS
-
-    try:
-        domains = parse_domains(args.domains)
-    except ValueError as exc:
-        parser.error(str(exc))
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds: {args.seeds!r}: expected integers, comma-separated")
-    for name, value, low in (("--budget", args.budget, 1), ("--baseline-trials", args.baseline_trials, 0),
-                             ("--proposals", args.proposals, 1), ("--rounds", args.rounds, 2),
-                             ("--warmup", args.warmup, 0), ("--iters", args.iters, 1)):
-        if value < low:
-            parser.error(f"{name}: expected at least {low}, got {value}")
-    for domain in domains:
-        if domain.model not in MODELS and workload_path(domain.model) is None:
-            parser.error(f"--domains: {domain}: {domain.model!r} is neither a zoo model nor a workload file of "
-                         f"experiments/workloads/")
-        try:
-            cluster_preset(domain.preset)
-        except SpecError as exc:
-            parser.error(f"--domains: {domain}: {str(exc).splitlines()[0]}")
-    if args.stand_in is not None and stand_in_error(args.stand_in) is not None:
-        parser.error(stand_in_error(args.stand_in))
+    domains, seeds = read_domain_options(parser, args, (("--baseline-trials", args.baseline_trials, 0),
+                                                        ("--proposals", args.proposals, 1), ("--rounds", args.rounds, 2)))
     use_data_folder(args.home, "synctune-svm-")
-
-    import ray
-
-    from synctune.workload import resolve_workload
 
     rows = []
     for domain in domains:
-        workload = resolve_workload(domain.model if domain.model in MODELS else workload_path(domain.model))
-        spec = workload.spec()
-        with measured_on(domain.preset, args.stand_in, "--stand-in") as (cluster, node_net):
-            where = f" (stand-in {cluster.name})" if args.stand_in else ""
-            print(f"\n## {domain}{where}", flush=True)
-            ray.init(address="local", num_cpus=cluster.num_devices + 1, include_dashboard=False, log_to_driver=False)
-            try:
-                for seed in seeds:
-                    rows.append(one_seed(domain, workload, spec, cluster, node_net, seed, args))
-                    print("  " + " | ".join(str(c) for c in rows[-1]), flush=True)
-            finally:
-                ray.shutdown()
+        with measured_domain(domain, args.stand_in) as (workload, spec, cluster, node_net):
+            for seed in seeds:
+                rows.append(one_seed(domain, workload, spec, cluster, node_net, seed, args))
+                print("  " + " | ".join(str(c) for c in rows[-1]), flush=True)
     stand_in = f", every domain on {args.stand_in} over loopback" if args.stand_in else ""
     print(f"\nThe search's recommendation against the modelled pick ({args.optimizer}, {args.budget} trials per "
           f"search, {args.rounds} interleaved rounds of 5 iterations{stand_in}); time: geometric mean of the "

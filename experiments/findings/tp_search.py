@@ -53,9 +53,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import markdown_table, measured_on, stand_in_error, use_data_folder  # noqa: E402
+from _common import markdown_table, use_data_folder  # noqa: E402
 from memory_budget import oracle, paired  # noqa: E402
-from search_vs_modelled import Domain, parse_domains, workload_path  # noqa: E402
+from search_vs_modelled import Domain, add_domain_options, measured_domain, read_domain_options, \
+    workload_path  # noqa: E402
 
 #: Two domains where memory forces sharding, TP or checkpointing (the zoo transformer at 6 MiB,
 #: Hugging Face Llama built from a config at 30 MiB, where FSDP2 without checkpointing does not
@@ -91,7 +92,7 @@ def grid(context) -> list:
     ``memory_budget.sharding_sweep`` inside :func:`memory_budget.oracle`."""
     from synctune.engine.ddp import DDPRuntime
     from synctune.engine.fsdp import FSDP_CHECKPOINT, FSDPRuntime, fsdp_config_of, fsdp_layouts
-    from synctune.engine.megatron import MegatronConfig, MegatronRuntime, megatron_degrees, megatron_refusal
+    from synctune.engine.megatron import MegatronRuntime, megatron_refusal, megatron_settings
     from synctune.spec import SpecError
 
     model, cluster, skeleton = context.model, context.cluster, context.skeleton
@@ -101,13 +102,7 @@ def grid(context) -> list:
             config = fsdp_config_of({"layout": layout, "prefetch": 1, "reduce_dtype": "fp32", "checkpoint": checkpoint})
             runtimes.append((FSDPRuntime(config), f"FSDP2 {layout}, checkpoint {checkpoint}"))
     if megatron_refusal(model, cluster) is None:
-        for degree in megatron_degrees(model, cluster):
-            for sp in (False, True):
-                for reshard in (True, False):
-                    for checkpoint in FSDP_CHECKPOINT:
-                        config = MegatronConfig(degree=degree, sequence_parallel=sp, reshard=reshard,
-                                                checkpoint=checkpoint)
-                        runtimes.append((MegatronRuntime(config), f"Megatron {config.summary()}"))
+        runtimes += [(MegatronRuntime(c), f"Megatron {c.summary()}") for c in megatron_settings(model, cluster)]
     out = []
     for runtime, origin in runtimes:
         try:
@@ -251,65 +246,26 @@ HEADERS = ["seed", "trials", "oom", "recommendation", "confirmed speed-up over t
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--domains", default=",".join(DOMAINS),
-                        help="model@preset[:GiB per device], comma-separated; a model is a zoo model or a workload "
-                             "file's name under experiments/workloads/")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--budget", type=int, default=30, help="trials of each search (builders included)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--stand-in", help="a non-lab cluster preset to run every domain on (loopback, no root)")
-    parser.add_argument("--home", help="synctune data folder of this run (default: a new one)")
+    add_domain_options(parser, DOMAINS)
     args = parser.parse_args(argv)
 
-    from synctune.spec import SpecError, cluster_preset
-    from synctune.workload.zoo import MODELS
-
-    try:
-        domains = parse_domains(args.domains)
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError as exc:
-        parser.error(str(exc).splitlines()[0])
-    for name, value in (("--budget", args.budget), ("--iters", args.iters)):
-        if value < 1:
-            parser.error(f"{name}: expected at least 1, got {value}")
-    for domain in domains:
-        if domain.model not in MODELS and workload_path(domain.model) is None:
-            parser.error(f"--domains: {domain}: {domain.model!r} is neither a zoo model nor a workload file of "
-                         f"experiments/workloads/")
-        try:
-            cluster_preset(domain.preset)
-        except SpecError as exc:
-            parser.error(f"--domains: {domain}: {str(exc).splitlines()[0]}")
-    if args.stand_in is not None and stand_in_error(args.stand_in) is not None:
-        parser.error(stand_in_error(args.stand_in))
+    domains, seeds = read_domain_options(parser, args)
     use_data_folder(args.home, "synctune-tps-")
-
-    import ray
-
-    from synctune.workload import resolve_workload
 
     tables = []
     for domain in domains:
-        workload = resolve_workload(domain.model if domain.model in MODELS else workload_path(domain.model))
-        spec = workload.spec()
-        with measured_on(domain.preset, args.stand_in, "--stand-in") as (cluster, node_net):
-            print(f"\n## {domain}" + (f" (stand-in {cluster.name})" if args.stand_in else ""), flush=True)
-            ray.init(address="local", num_cpus=cluster.num_devices + 1, include_dashboard=False, log_to_driver=False)
-            try:
-                runs = []
-                for seed in seeds:
-                    runs.append(one_search(domain, workload, spec, cluster, node_net, seed, args))
-                    print(f"  seed {seed}: done in {runs[-1]['wall']:.0f} s", flush=True)
-                context = runs[0]["context"]
-                swept = grid(context) + [a for r in runs for a in found_arms(r)]
-                found = oracle(workload, cluster, node_net, context.memory, args.warmup, args.iters, swept)
-                print(f"  oracle {found['median_s'] * 1e3:.1f} ms ({found['origin']}; of {found['swept']})", flush=True)
-                rows = [table_row(r, found, workload, cluster, node_net, args.warmup) for r in runs]
-                for row in rows:
-                    print("  " + " | ".join(str(x) for x in row), flush=True)
-            finally:
-                ray.shutdown()
+        with measured_domain(domain, args.stand_in) as (workload, spec, cluster, node_net):
+            runs = []
+            for seed in seeds:
+                runs.append(one_search(domain, workload, spec, cluster, node_net, seed, args))
+                print(f"  seed {seed}: done in {runs[-1]['wall']:.0f} s", flush=True)
+            context = runs[0]["context"]
+            swept = grid(context) + [a for r in runs for a in found_arms(r)]
+            found = oracle(workload, cluster, node_net, context.memory, args.warmup, args.iters, swept)
+            print(f"  oracle {found['median_s'] * 1e3:.1f} ms ({found['origin']}; of {found['swept']})", flush=True)
+            rows = [table_row(r, found, workload, cluster, node_net, args.warmup) for r in runs]
+            for row in rows:
+                print("  " + " | ".join(str(x) for x in row), flush=True)
         pick = runs[0]["pick"]
         tables.append((domain, found, pick, rows))
     where = f", every domain on {args.stand_in} over loopback" if args.stand_in else ""

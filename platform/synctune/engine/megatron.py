@@ -28,7 +28,7 @@ from .tensor_parallel import TP_RUNTIME
 from .tuning import Categorical, NothingToTune, Tuning, TuningSpace
 
 __all__ = ["MegatronConfig", "MegatronRuntime", "MEGATRON_DEFAULT", "megatron_degrees", "megatron_refusal",
-           "megatron_plan"]
+           "megatron_plan", "megatron_settings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +114,16 @@ def megatron_plan(config: MegatronConfig, strategy: Strategy, spec: Any) -> Stra
     if isinstance(found, SpecError):
         raise SpecError(str(found))
     return found
+
+
+def megatron_settings(model: Any, cluster: Any) -> list[MegatronConfig]:
+    """Every setting of the tuned Megatron baseline's grid in a domain: each TP degree of
+    :func:`megatron_degrees`, sequence parallelism or not, resharded or not, every block
+    checkpointed in each mode of :data:`~synctune.engine.fsdp.FSDP_CHECKPOINT` or none (whether
+    the builder writes each setting's plan for the model is :func:`megatron_plan`'s to say)."""
+    return [MegatronConfig(degree=degree, sequence_parallel=sequence, reshard=reshard, checkpoint=checkpoint)
+            for degree in megatron_degrees(model, cluster) for sequence in (False, True)
+            for reshard in (True, False) for checkpoint in FSDP_CHECKPOINT]
 
 
 def megatron_degrees(model: Any, cluster: Any) -> list[int]:

@@ -89,25 +89,19 @@ def megatron_candidates(model: ModelSpec, cluster: ClusterSpec) -> list[Candidat
     all-reduce skeleton), each setting the builder writes; none where the domain has no
     Megatron-style run (:func:`~synctune.engine.megatron.megatron_refusal`: no pairs of linear
     layers, nodes too small for a TP group, a sparse gradient)."""
-    from ..engine.fsdp import FSDP_CHECKPOINT
-    from ..engine.megatron import MegatronConfig, megatron_degrees, megatron_plan, megatron_refusal
+    from ..engine.megatron import megatron_plan, megatron_refusal, megatron_settings
     from ..strategy.builders import build_strategy
 
     if megatron_refusal(model, cluster) is not None:
         return []
     skeleton = build_strategy("allreduce", model, cluster)
     out = []
-    for degree in megatron_degrees(model, cluster):
-        for sequence in (False, True):
-            for reshard in (True, False):
-                for checkpoint in FSDP_CHECKPOINT:
-                    config = MegatronConfig(degree=degree, sequence_parallel=sequence, reshard=reshard,
-                                            checkpoint=checkpoint)
-                    try:
-                        strategy = megatron_plan(config, skeleton, model)
-                    except SpecError:
-                        continue  # a setting the builder cannot write for this model
-                    out.append(Candidate(strategy=strategy, origin=f"megatron ({config.summary()})"))
+    for config in megatron_settings(model, cluster):
+        try:
+            strategy = megatron_plan(config, skeleton, model)
+        except SpecError:
+            continue  # a setting the builder cannot write for this model
+        out.append(Candidate(strategy=strategy, origin=f"megatron ({config.summary()})"))
     return out
 
 
