@@ -152,7 +152,7 @@ def one_search(domain: Domain, workload, spec, cluster, node_net, seed: int, arg
     context = prepare_search(exp, workload, cluster, model=spec, node_net=node_net, say=say)
     pick = context_pick(context)
     modelled = modelled_arm(context, pick)
-    say(pick.summary())
+    say(f"{pick.summary()}: {what(pick.strategy, spec)}")
     summary = run_prepared(context, on_phase=say)
     rows = sorted(TrialDataset(dataset_dir()).records(search_id=summary.search_id),
                   key=lambda r: (r.created_at, r.record_id))
@@ -162,10 +162,21 @@ def one_search(domain: Domain, workload, spec, cluster, node_net, seed: int, arg
         replay = make_search_simulator(exp, spec, cluster).simulator
         held = rec.runtime.plans_of(rec.strategy, lambda: context.module, context.model)
         bound = replay.lower_bound(held, context.model, cluster)
-        say(f"recommended: {rec.kind}, {rec.name} ({rec.runtime.name}); lower bound {bound['bound_s'] * 1e3:.1f} ms "
+        say(f"recommended: {rec.kind}, {rec.name} ({rec.runtime.name}: {what(held, spec)}); lower bound "
+            f"{bound['bound_s'] * 1e3:.1f} ms "
             f"(compute {bound['compute_s'] * 1e3:.1f}, communication {bound['comm_s'] * 1e3:.1f})")
     return {"seed": seed, "summary": summary, "rows": rows, "pick": pick, "bound": bound, "context": context,
             "modelled": (modelled.strategy, modelled.runtime), "wall": time.monotonic() - start}
+
+
+def what(strategy, spec) -> str:
+    """A strategy in a few words: its tensor parallelism, and what else it does otherwise than
+    torch DDP (sharding, checkpointing, synchronizers)."""
+    from synctune.strategy.explain import differences_from_ddp
+
+    split = strategy.tensor_parallel
+    parts = [f"TP {split.degree}" + (" with SP" if split.sequence_parallel else "")] if split else []
+    return "; ".join(parts + [differences_from_ddp(strategy, spec)])
 
 
 def _paired(workload, cluster, node_net, arm, other, warmup: int) -> dict:
