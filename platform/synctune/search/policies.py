@@ -73,7 +73,9 @@ def guided_sampler(search: RoundContext, seed: int) -> GuidedSampler:
     each sharded draw grown until the search's memory budget holds it. Where the budget, as the
     memory model judges it now (after what the trials taught it), does not hold replicated
     training, half the draws also checkpoint blocks (:data:`CHECKPOINT_PROB`), so a budget that
-    the first trials showed to be tighter than predicted is searched as one known tight."""
+    the first trials showed to be tighter than predicted is searched as one known tight; a grown
+    draw splits its blocks before checkpointing them in the share the trials' measured costs set
+    (:func:`split_share`)."""
     checkpoint_prob = CHECKPOINT_PROB if _tight(search) else 0.0
     return GuidedSampler(search.model, search.cluster, seed=seed, lossy=search.settings.lossy,
                          shard_prob=search.shard_prob, fits=search.budget_fits, checkpoint_prob=checkpoint_prob,
