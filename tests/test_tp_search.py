@@ -493,3 +493,22 @@ def test_the_search_filter_refuses_a_split_whose_forward_fails_at_a_devices_loca
     pairs = build_strategy("megatron", spec, cl)
     assert pairs.tensor_parallel.style_of("embedding") is None
     assert TP_RUNTIME.plans_refusal(pairs, cl, module, spec, workload) is None
+
+
+def test_the_search_filter_admits_a_library_models_split_plans_that_run_at_local_shapes():
+    """Hugging Face Llama (built from a config) keeps its output layer of its own, so Megatron's
+    plans over it, with sequence parallelism and the loss over vocabulary-split logits, run at a
+    device's local shapes: the filter's forward admits them, where transformer-small's
+    vocabulary-split embedding is refused (above)."""
+    from _tp_workers import workload_of
+
+    from synctune.engine.fsdp import meta_model
+    from synctune.engine.tensor_parallel import TP_RUNTIME
+
+    workload = workload_of("hf-llama")
+    spec, cl = workload.spec(), cluster_preset("local-2x2")
+    module = meta_model(workload)
+    for options in ({}, {"sequence_parallel": True, "loss_parallel": True}):
+        plan = build_strategy("megatron", spec, cl, **options)
+        assert plan.tensor_parallel is not None
+        assert TP_RUNTIME.plans_refusal(plan, cl, module, spec, workload) is None, options
