@@ -393,13 +393,12 @@ def test_one_tp_group_is_not_sharded():
     assert {sh.synchronizer.kind for _p, _i, sh in auto.iter_shards()} == {"allreduce"}
 
 
-@pytest.mark.parametrize("model", ["hf-llama", "bert-tiny"])
-def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
+def test_memory_of_tp_trials_is_predicted_within_10_percent():
     """The memory model of a TP strategy (each device's local shapes, FSDP2's layout over the TP
     groups where the plans shard, each plan's activations probed on one TP group of local
-    processes running it) against the highest peak the trials measure: within 10%,
-    all-reduce and FSDP2 on the data-parallel axis of local-2x2, with and without sequence
-    parallelism, and on Llama with the loss over vocabulary-split logits (probed in one process
+    processes running it) against the highest peak the trials measure on Hugging Face Llama:
+    within 10%, all-reduce and FSDP2 on the data-parallel axis of local-2x2, with and without
+    sequence parallelism, and with the loss over vocabulary-split logits (probed in one process
     with the output layer whole, that plan was predicted 9-15% over). With FSDP2 across the
     groups the prediction is an upper bound within 20% here (see below; within 10% on the
     findings' larger models: ``experiments/findings/tensor_parallel.py``)."""
@@ -408,9 +407,9 @@ def test_memory_of_tp_trials_is_predicted_within_10_percent(model):
     from synctune.run.prepare import memory_budget
     from synctune.search.experiment import Experiment
 
-    workload = workload_of(model)
+    workload = workload_of("hf-llama")
     spec, cluster = workload.spec(), cluster_preset("local-2x2")
-    plans = [(False, False), (True, False)] + ([(True, True)] if model == "hf-llama" else [])
+    plans = [(False, False), (True, False), (True, True)]
     strategies = [build_strategy("megatron", spec, cluster, dp=dp, sequence_parallel=sp, loss_parallel=lp)
                   for dp in ("allreduce", "shard") for sp, lp in plans]
     exp = Experiment.from_keys(name="t", model="bert-tiny", cluster=cluster.name, budget=4, memory_gib=1.0,
