@@ -88,61 +88,120 @@ def _check_against_reference(cases: list[dict], outputs: list[list[dict]], world
         assert moved, f"{label}: nothing trained"
 
 
-def test_tp_on_a_1x2_mesh_trains_like_single_process():
-    """t = 2 on 2 processes: mesh (1, 2), one TP group (nothing travels on the data-parallel
-    axis), the zoo's transformers and both library models, SGD and Adam."""
-    cases = [
+def _plain_1x2_cases() -> list[dict]:
+    return [
         _case("transformer-small/allreduce", "transformer-small", "local-1x2"),
         _case("bert-tiny/allreduce", "bert-tiny", "local-1x2"),
         _case("hf-bert/allreduce", "hf-bert", "local-1x2"),
         _case("hf-llama/allreduce", "hf-llama", "local-1x2"),
         _case("hf-llama/adam", "hf-llama", "local-1x2", optimizer="adam", lr=0.01),
     ]
-    outputs = run_local(tp_train_cases, 2, (cases,), timeout_s=900, threads=1)
-    _check_against_reference(cases, outputs, 2)
 
 
-def test_tp_with_fsdp2_on_a_2x2_mesh_trains_like_single_process():
-    """t = 2 on 4 processes: mesh (2, 2), TP inside each node and FSDP2 (or an all-reduce) across
-    the two TP groups, with an uneven split between the groups."""
-    cases = [
+def _fsdp2_2x2_cases() -> list[dict]:
+    return [
         _case("transformer-small/shard", "transformer-small", "local-2x2", dp="shard"),
         _case("bert-tiny/allreduce/uneven", "bert-tiny", "local-2x2", split=(2, 2, 6, 6)),
         _case("hf-bert/shard/uneven", "hf-bert", "local-2x2", dp="shard", split=(3, 3, 5, 5)),
         _case("hf-llama/allreduce", "hf-llama", "local-2x2"),
     ]
-    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
-    _check_against_reference(cases, outputs, 4)
 
 
-def test_sequence_parallel_trains_like_single_process():
-    """Sequence parallelism (the norms on slices of the sequence, the pairs' all-reduces as an
-    all-gather and a reduce-scatter): t = 2 on 4 processes, mesh (2, 2), FSDP2 or an all-reduce
-    across the groups, on the zoo's BERT and Hugging Face's BERT and Llama."""
-    cases = [
+def _sequence_2x2_cases() -> list[dict]:
+    return [
         _case("bert-tiny/sp/shard", "bert-tiny", "local-2x2", dp="shard", sequence_parallel=True),
         _case("hf-bert/sp/allreduce/uneven", "hf-bert", "local-2x2", split=(2, 2, 6, 6), sequence_parallel=True),
         _case("hf-llama/sp/shard", "hf-llama", "local-2x2", dp="shard", sequence_parallel=True),
         _case("hf-llama/sp/adam", "hf-llama", "local-2x2", optimizer="adam", lr=0.01, sequence_parallel=True),
     ]
-    for case in cases:
-        modules = case["strategy"]["tensor_parallel"]["modules"]
-        assert {"sequence", "scatter", "gather"} <= set(modules.values()), case["label"]
-    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
-    _check_against_reference(cases, outputs, 4)
 
 
-def test_a_loss_over_vocabulary_split_logits_trains_like_single_process():
-    """The output layer split over the vocabulary and Hugging Face Llama's own cross-entropy
-    computed on the shards (torch's ``loss_parallel``), with and without sequence parallelism,
-    FSDP2 or an all-reduce across the groups: 4 processes, mesh (2, 2)."""
-    cases = [
+def _logits_2x2_cases() -> list[dict]:
+    return [
         _case("hf-llama/logits/shard", "hf-llama", "local-2x2", dp="shard", loss_parallel=True),
         _case("hf-llama/sp/logits/allreduce", "hf-llama", "local-2x2", sequence_parallel=True, loss_parallel=True),
     ]
+
+
+def _split_model_2x2_cases() -> list[dict]:
+    """Splitting an MLP's first linear of bert-tiny without its second."""
+    strategy, spec, cluster = _megatron("bert-tiny", "local-2x2")
+    broken = dataclasses.replace(strategy, tensor_parallel={"degree": 2, "modules": {
+        "layers.0.ffn.intermediate": "colwise"}})
+    validate(broken, spec, cluster)
+    return [{"label": "broken", "model": "bert-tiny", "strategy": broken.to_dict(), "cluster": cluster.to_dict(),
+             "spec": spec.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 1}]
+
+
+# The training cases of the tests below, by mesh: each mesh's cases run in one start of its worker
+# processes (a start of 4 workers importing torch and transformers costs seconds on 2 cores), the
+# cases one after another on every rank as each test ran its own; each test checks its own cases.
+# The refusals run last, after every case that trains.
+_RUNS = {
+    2: ("plain", "embeddings", "embeddings-refused"),
+    4: ("fsdp2", "sequence", "logits", "embeddings-sp", "split-model"),
+}
+
+
+def _cases_of(name: str) -> list[dict]:
+    return {"plain": _plain_1x2_cases, "fsdp2": _fsdp2_2x2_cases, "sequence": _sequence_2x2_cases,
+            "logits": _logits_2x2_cases, "split-model": _split_model_2x2_cases,
+            "embeddings": _split_embedding_1x2_cases, "embeddings-refused": _refused_embedding_1x2_cases,
+            "embeddings-sp": _split_embedding_2x2_cases}[name]()
+
+
+@pytest.fixture(scope="module")
+def tp_trained():
+    """``tp_trained(name)``: the cases of that name and every rank's outputs of them."""
+    runs: dict[int, dict[str, tuple[list[dict], list[list[dict]]]]] = {}
+
+    def get(name: str):
+        world = next(w for w, names in _RUNS.items() if name in names)
+        if world not in runs:
+            groups = {n: _cases_of(n) for n in _RUNS[world]}
+            cases = [c for g in groups.values() for c in g]
+            outputs = run_local(tp_train_cases, world, (cases,), timeout_s=900, threads=1)
+            runs[world], start = {}, 0
+            for n, g in groups.items():
+                runs[world][n] = (g, [out[start:start + len(g)] for out in outputs])
+                start += len(g)
+        return runs[world][name]
+
+    return get
+
+
+def test_tp_on_a_1x2_mesh_trains_like_single_process(tp_trained):
+    """t = 2 on 2 processes: mesh (1, 2), one TP group (nothing travels on the data-parallel
+    axis), the zoo's transformers and both library models, SGD and Adam."""
+    cases, outputs = tp_trained("plain")
+    _check_against_reference(cases, outputs, 2)
+
+
+def test_tp_with_fsdp2_on_a_2x2_mesh_trains_like_single_process(tp_trained):
+    """t = 2 on 4 processes: mesh (2, 2), TP inside each node and FSDP2 (or an all-reduce) across
+    the two TP groups, with an uneven split between the groups."""
+    cases, outputs = tp_trained("fsdp2")
+    _check_against_reference(cases, outputs, 4)
+
+
+def test_sequence_parallel_trains_like_single_process(tp_trained):
+    """Sequence parallelism (the norms on slices of the sequence, the pairs' all-reduces as an
+    all-gather and a reduce-scatter): t = 2 on 4 processes, mesh (2, 2), FSDP2 or an all-reduce
+    across the groups, on the zoo's BERT and Hugging Face's BERT and Llama."""
+    cases, outputs = tp_trained("sequence")
+    for case in cases:
+        modules = case["strategy"]["tensor_parallel"]["modules"]
+        assert {"sequence", "scatter", "gather"} <= set(modules.values()), case["label"]
+    _check_against_reference(cases, outputs, 4)
+
+
+def test_a_loss_over_vocabulary_split_logits_trains_like_single_process(tp_trained):
+    """The output layer split over the vocabulary and Hugging Face Llama's own cross-entropy
+    computed on the shards (torch's ``loss_parallel``), with and without sequence parallelism,
+    FSDP2 or an all-reduce across the groups: 4 processes, mesh (2, 2)."""
+    cases, outputs = tp_trained("logits")
     for case in cases:
         assert case["strategy"]["tensor_parallel"]["modules"]["lm_head"] == "logits", case["label"]
-    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
     _check_against_reference(cases, outputs, 4)
     cluster = cluster_preset("local-2x2")
     for tied in ("hf-bert", "bert-tiny"):  # the decoder is the word embedding's variable
@@ -311,16 +370,10 @@ def test_attention_reshaped_by_the_head_count_is_refused_before_any_worker():
     check_trial(workload_of("hf-llama"), llama, cluster, executor_for(llama, _spec))
 
 
-def test_a_split_that_changes_the_model_is_refused_on_every_rank_together():
+def test_a_split_that_changes_the_model_is_refused_on_every_rank_together(tp_trained):
     """Splitting an MLP's first linear without its second: the split features reach an unsplit
     layer, so the split forward fails; every rank raises the same refusal, naming the module."""
-    strategy, spec, cluster = _megatron("bert-tiny", "local-2x2")
-    broken = dataclasses.replace(strategy, tensor_parallel={"degree": 2, "modules": {
-        "layers.0.ffn.intermediate": "colwise"}})
-    validate(broken, spec, cluster)
-    case = {"label": "broken", "model": "bert-tiny", "strategy": broken.to_dict(), "cluster": cluster.to_dict(),
-            "spec": spec.to_dict(), "optimizer": "sgd", "lr": 0.1, "steps": 1}
-    outputs = run_local(tp_train_cases, 4, ([case],), timeout_s=300, threads=1)
+    _cases, outputs = tp_trained("split-model")
     messages = {out[0].get("refused") for out in outputs}
     assert len(messages) == 1, messages
     message = messages.pop()
@@ -552,41 +605,21 @@ def test_a_tied_linear_is_not_split():
 # ------------------------------------------------------------------------------ split embeddings
 
 
-def test_split_embeddings_on_a_1x2_mesh_train_like_single_process():
-    """An ``nn.Embedding`` split over its vocabulary (row-wise: whole token ids in, partial sums
-    all-reduced) with Megatron's MLP pairs, on the tiny language model and on Hugging Face's Llama
-    (whose token embedding has a padding row), and split over its features (column-wise) where a
-    row-wise linear takes its output (a factorised embedding's projection): 2 processes, mesh
-    (1, 2). A column-wise embedding whose output reaches a norm, and a row-wise one whose weight
-    the model also uses outside it (the zoo BERT's decoder), are refused on every rank together."""
-    cases = [
+def _split_embedding_1x2_cases() -> list[dict]:
+    return [
         _case("emb-lm/rowwise", "emb-lm", "local-1x2", embedding="rowwise"),
         _case("emb-factorised/colwise", "emb-factorised", "local-1x2", extra={"embed": "colwise", "proj": "rowwise"}),
         _case("hf-llama/rowwise/adam", "hf-llama", "local-1x2", optimizer="adam", lr=0.01, embedding="rowwise"),
     ]
-    broken = [_case("emb-lm/colwise-into-norm", "emb-lm", "local-1x2", extra={"embed": "colwise"}),
-              _case("bert-tiny/rowwise", "bert-tiny", "local-1x2", embedding="rowwise")]
-    outputs = run_local(tp_train_cases, 2, (cases + broken,), timeout_s=900, threads=1)
-    for out in outputs:
-        assert "embed.weight" in out[0]["split"] and "model.embed_tokens.weight" in out[2]["split"]
-    _check_against_reference(cases, [out[:len(cases)] for out in outputs], 2)
-    # the zoo's BERT uses its word embedding's weight in its own forward as the decoder's
-    # (h @ word_embeddings.weight.t()): no parameter is shared, so only the split forward tells
-    for c, where in [(len(cases), "'layers.0.norm'"), (len(cases) + 1, "'root'")]:
-        messages = {out[c].get("refused") for out in outputs}
-        assert len(messages) == 1, messages
-        message = messages.pop()
-        assert message and message.startswith(f"strategy: tensor_parallel: modules: the split model fails in module "
-                                              f"{where}"), message
 
 
-def test_split_embeddings_with_fsdp2_and_sequence_parallelism_train_like_single_process():
-    """A row-wise embedding on a (2, 2) mesh with FSDP2 or an all-reduce across the TP groups, an
-    uneven split, and with sequence parallelism, where its partial sums are reduce-scattered onto
-    the sequence in place of a ``scatter`` module (torchtitan's token embedding): the tiny model
-    and Hugging Face's Llama (with a loss over vocabulary-split logits too); a column-wise one
-    feeding a row-wise projection under FSDP2."""
-    cases = [
+def _refused_embedding_1x2_cases() -> list[dict]:
+    return [_case("emb-lm/colwise-into-norm", "emb-lm", "local-1x2", extra={"embed": "colwise"}),
+            _case("bert-tiny/rowwise", "bert-tiny", "local-1x2", embedding="rowwise")]
+
+
+def _split_embedding_2x2_cases() -> list[dict]:
+    return [
         _case("emb-lm/rowwise/shard", "emb-lm", "local-2x2", dp="shard", embedding="rowwise"),
         _case("emb-lm/rowwise/sp/uneven", "emb-lm", "local-2x2", split=(2, 2, 6, 6), embedding="rowwise",
               sequence_parallel=True),
@@ -597,9 +630,39 @@ def test_split_embeddings_with_fsdp2_and_sequence_parallelism_train_like_single_
         _case("hf-llama/rowwise/sp/logits", "hf-llama", "local-2x2", embedding="rowwise", sequence_parallel=True,
               loss_parallel=True),
     ]
+
+
+def test_split_embeddings_on_a_1x2_mesh_train_like_single_process(tp_trained):
+    """An ``nn.Embedding`` split over its vocabulary (row-wise: whole token ids in, partial sums
+    all-reduced) with Megatron's MLP pairs, on the tiny language model and on Hugging Face's Llama
+    (whose token embedding has a padding row), and split over its features (column-wise) where a
+    row-wise linear takes its output (a factorised embedding's projection): 2 processes, mesh
+    (1, 2). A column-wise embedding whose output reaches a norm, and a row-wise one whose weight
+    the model also uses outside it (the zoo BERT's decoder), are refused on every rank together."""
+    cases, outputs = tp_trained("embeddings")
+    for out in outputs:
+        assert "embed.weight" in out[0]["split"] and "model.embed_tokens.weight" in out[2]["split"]
+    _check_against_reference(cases, outputs, 2)
+    # the zoo's BERT uses its word embedding's weight in its own forward as the decoder's
+    # (h @ word_embeddings.weight.t()): no parameter is shared, so only the split forward tells
+    _broken, refused = tp_trained("embeddings-refused")
+    for c, where in [(0, "'layers.0.norm'"), (1, "'root'")]:
+        messages = {out[c].get("refused") for out in refused}
+        assert len(messages) == 1, messages
+        message = messages.pop()
+        assert message and message.startswith(f"strategy: tensor_parallel: modules: the split model fails in module "
+                                              f"{where}"), message
+
+
+def test_split_embeddings_with_fsdp2_and_sequence_parallelism_train_like_single_process(tp_trained):
+    """A row-wise embedding on a (2, 2) mesh with FSDP2 or an all-reduce across the TP groups, an
+    uneven split, and with sequence parallelism, where its partial sums are reduce-scattered onto
+    the sequence in place of a ``scatter`` module (torchtitan's token embedding): the tiny model
+    and Hugging Face's Llama (with a loss over vocabulary-split logits too); a column-wise one
+    feeding a row-wise projection under FSDP2."""
+    cases, outputs = tp_trained("embeddings-sp")
     for case in cases[1:2] + cases[3:]:
         assert "scatter" not in case["strategy"]["tensor_parallel"]["modules"].values(), case["label"]
-    outputs = run_local(tp_train_cases, 4, (cases,), timeout_s=900, threads=1)
     _check_against_reference(cases, outputs, 4)
 
 
