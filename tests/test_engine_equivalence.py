@@ -66,9 +66,9 @@ def _check(cases: list[dict], outputs: list[list[dict]], rtol: float, atol: floa
             for k, v in outputs[r][c]["params"].items():
                 assert torch.equal(v, first[k]), f"{label}: rank {r} differs from rank 0 on {k}"
         strategy = case["strategy"]
-        args = (strategy["model"]["name"], strategy["batch_split"], case["optimizer"], case["lr"], case["steps"])
-        ref = reference_training(*args)
-        exact = reference_training(*args, dtype=torch.float64)
+        args = (strategy["model"]["name"], tuple(strategy["batch_split"]), case["optimizer"], case["lr"], case["steps"])
+        ref = _reference(*args)
+        exact = _reference(*args, dtype=torch.float64)
         moved = False
         for k, v in first.items():
             # The engine is held to the exact (float64) training as closely as single-process
@@ -88,6 +88,17 @@ def _check(cases: list[dict], outputs: list[list[dict]], rtol: float, atol: floa
 
 
 _INITIAL: dict[str, dict] = {}
+_REFERENCES: dict[tuple, dict] = {}
+
+
+def _reference(*args, dtype: torch.dtype = torch.float32) -> dict:
+    """:func:`reference_training` of these arguments, computed once: most builders split the
+    batch the same way, so many cases share one single-process training (deterministic, and
+    only read)."""
+    key = (*args, dtype)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = reference_training(*args, dtype=dtype)
+    return _REFERENCES[key]
 
 
 def build_initial(model: str) -> dict:
@@ -99,29 +110,72 @@ def build_initial(model: str) -> dict:
     return _INITIAL[model]
 
 
+def _lossy_case(compressor: str, options: dict) -> dict:
+    cluster = cluster_preset("local-1x2")
+    lossy = build_strategy("allreduce", model_spec("cnn-small"), cluster, compressor=compressor, **options)
+    return {"label": compressor, "strategy": lossy.to_dict(), "cluster": cluster.to_dict(), "optimizer": "sgd",
+            "lr": 0.3, "steps": 40, "fixed_batch": True}
+
+
+def _channels_last_case() -> dict:
+    cluster = cluster_preset("local-1x2")
+    s = build_strategy("shard", model_spec("cnn-small"), cluster)
+    return {"label": "shard/cnn-small/channels_last", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
+            "optimizer": "sgd", "lr": 0.1, "steps": STEPS, "channels_last": True}
+
+
+LOSSY = [("fp16", {}), ("powersgd", {"powersgd_rank": 4})]
+NUM_RANDOM = {"local-1x2": 8, "local-2x2": 12}
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """``trained(cluster_name, name)``: the cases of that name and every rank's outputs of them,
+    each cluster's cases trained in one start of its workers (one case after another on every
+    rank, as each test ran its own): ``equivalence`` (:func:`_cases`), and on local-1x2 also
+    each lossy compressor's case and the channels_last one."""
+    runs: dict[str, dict[str, tuple[list[dict], list[list[dict]]]]] = {}
+
+    def get(cluster_name: str, name: str):
+        if cluster_name not in runs:
+            groups = {"equivalence": _cases(cluster_name, NUM_RANDOM[cluster_name], seed=len(cluster_name))}
+            if cluster_name == "local-1x2":
+                groups.update({c: [_lossy_case(c, o)] for c, o in LOSSY})
+                groups["channels_last"] = [_channels_last_case()]
+            cases = [c for g in groups.values() for c in g]
+            outputs = run_local(train_cases, cluster_preset(cluster_name).num_devices, (cases,), timeout_s=900,
+                                threads=1)
+            runs[cluster_name], start = {}, 0
+            for n, g in groups.items():
+                runs[cluster_name][n] = (g, [out[start:start + len(g)] for out in outputs])
+                start += len(g)
+        return runs[cluster_name][name]
+
+    return get
+
+
 @pytest.mark.parametrize("cluster_name, num_random", [("local-1x2", 8), ("local-2x2", 12)])
-def test_strategies_equal_single_process_training(cluster_name, num_random):
-    cases = _cases(cluster_name, num_random, seed=len(cluster_name))
-    world = cluster_preset(cluster_name).num_devices
-    outputs = run_local(train_cases, world, (cases,), timeout_s=900, threads=1)
+def test_strategies_equal_single_process_training(cluster_name, num_random, trained):
+    assert NUM_RANDOM[cluster_name] == num_random
+    cases, outputs = trained(cluster_name, "equivalence")
     _check(cases, outputs, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("compressor, options", [("fp16", {}), ("powersgd", {"powersgd_rank": 4})])
-def test_lossy_compressors_still_train(compressor, options):
+@pytest.mark.parametrize("compressor, options", LOSSY)
+def test_lossy_compressors_still_train(compressor, options, trained):
     """fp16 and PowerSGD change the numbers but must still fit a toy task: memorising one batch
     with 40 SGD steps of cnn-small, compared with lossless training of the same batch."""
     from _engine_workers import batches
     from synctune.models import build_model
 
-    cluster = cluster_preset("local-1x2")
-    spec = model_spec("cnn-small")
-    steps, lr = 40, 0.3
-    lossy = build_strategy("allreduce", spec, cluster, compressor=compressor, **options)
+    from synctune.strategy import Strategy
+
+    cases, outputs = trained("local-1x2", compressor)
+    lossy = Strategy.from_dict(cases[0]["strategy"])
+    steps, lr = cases[0]["steps"], cases[0]["lr"]
+    assert (steps, lr) == (40, 0.3)
     assert not all(shard.compressor.lossless for _p, _i, shard in lossy.iter_shards())
-    cases = [{"label": compressor, "strategy": lossy.to_dict(), "cluster": cluster.to_dict(), "optimizer": "sgd",
-              "lr": lr, "steps": steps, "fixed_batch": True}]
-    params = run_local(train_cases, cluster.num_devices, (cases,), timeout_s=600, threads=1)[0][0]["params"]
+    params = outputs[0][0]["params"]
 
     def loss_of(state) -> float:
         model = build_model("cnn-small")
@@ -140,13 +194,9 @@ def test_lossy_compressors_still_train(compressor, options):
     assert progress >= (0.95 if compressor == "fp16" else 0.5), (start, exact, got)
 
 
-def test_shard_units_keep_channels_last_parameters_in_step():
+def test_shard_units_keep_channels_last_parameters_in_step(trained):
     """A model moved to channels_last has conv weights that are no contiguous (rows, rest) view:
     the rows other ranks updated must still land in them (a write through a reshaped copy would
     be lost, and replicas would drift apart silently)."""
-    cluster = cluster_preset("local-1x2")
-    s = build_strategy("shard", model_spec("cnn-small"), cluster)
-    cases = [{"label": "shard/cnn-small/channels_last", "strategy": s.to_dict(), "cluster": cluster.to_dict(),
-              "optimizer": "sgd", "lr": 0.1, "steps": STEPS, "channels_last": True}]
-    outputs = run_local(train_cases, cluster.num_devices, (cases,), timeout_s=600, threads=1)
+    cases, outputs = trained("local-1x2", "channels_last")
     _check(cases, outputs, rtol=1e-5, atol=2e-6)
