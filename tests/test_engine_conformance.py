@@ -243,17 +243,33 @@ def _sfb_inputs(steps: int, seed: int):
             for n in SFB_SPLIT]
 
 
-@pytest.mark.parametrize("mode", ["plain", "retain", "discard"])
-def test_sfb_conformance(mode):
+SFB_MODES = ("plain", "retain", "discard")
+SFB_MISUSES = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def sfb_results():
+    """The SFB cases of the tests below, every mode and then every misuse, in one start of the 4
+    workers (each case builds its own engine, one after another on every rank; the refusals
+    last): ``{case name: (case, every rank's output of it)}``."""
+    named = [(mode, {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(),
+                     "inputs": _sfb_inputs(steps=2, seed=7), "retain": mode == "retain",
+                     "discard": mode == "discard"}) for mode in SFB_MODES]
+    named += [(f"misuse-{m}", {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(),
+                               "inputs": _sfb_inputs(2, 3), "misuse": True, "misuse_from": m}) for m in SFB_MISUSES]
+    outputs = run_local(sfb_conformance_worker, WORLD, ([case for _n, case in named],), timeout_s=600, threads=1)
+    return {n: (case, [[out[i]] for out in outputs]) for i, (n, case) in enumerate(named)}
+
+
+@pytest.mark.parametrize("mode", SFB_MODES)
+def test_sfb_conformance(mode, sfb_results):
     """SFB gives the weight's gradient sum_r w_r sum(dY_r^T X_r) bit-exactly on every rank, with an
     uneven split (padded factors), a 3-D input, a layer called twice, a call no loss uses, and
     gradient accumulation under no_sync; ``retain``: the last micro-batch backpropagated twice
     (its dY counts twice); ``discard``: a micro-batch dropped by zero_grad first (its factors go
     too). The reference is worked out here from the inputs."""
-    inputs = _sfb_inputs(steps=2, seed=7)
-    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": inputs,
-            "retain": mode == "retain", "discard": mode == "discard"}
-    outputs = run_local(sfb_conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
+    case, outputs = sfb_results[mode]
+    inputs = case["inputs"]
     weights = [n / sum(SFB_SPLIT) for n in SFB_SPLIT]
     for step in range(2):
         w_ref = torch.zeros(12, 8, dtype=torch.float64)
@@ -272,14 +288,12 @@ def test_sfb_conformance(mode):
     assert outputs[0][0]["steps"][0]["fc.weight"].abs().sum() > 0
 
 
-@pytest.mark.parametrize("misuse_from", [0, 1])
-def test_sfb_refuses_a_weight_used_outside_its_layer(misuse_from):
+@pytest.mark.parametrize("misuse_from", SFB_MISUSES)
+def test_sfb_refuses_a_weight_used_outside_its_layer(misuse_from, sfb_results):
     """A weight also passed to F.linear has a gradient part the factors do not carry: the step it
     starts (the first, or a later one) refuses on every rank together, naming the variable and the
     fix, instead of training on a wrong gradient."""
-    case = {"strategy": _sfb_strategy().to_dict(), "cluster": CLUSTER.to_dict(), "inputs": _sfb_inputs(2, 3),
-            "misuse": True, "misuse_from": misuse_from}
-    outputs = run_local(sfb_conformance_worker, WORLD, ([case],), timeout_s=600, threads=1)
+    _case, outputs = sfb_results[f"misuse-{misuse_from}"]
     for r in range(WORLD):
         error = outputs[r][0].get("error", "")
         assert "SynchronizationError" in error and "'fc.weight'" in error and "use allreduce or ps" in error, error
