@@ -77,11 +77,48 @@ def _initial(model: str) -> dict:
     return {k: v.detach().clone() for k, v in build_model(model).state_dict().items()}
 
 
+_REFERENCES: dict[tuple, dict] = {}
+
+
+def _reference(*args, dtype: torch.dtype = torch.float32) -> dict:
+    """:func:`reference_training` of these arguments, computed once (cases that split the batch
+    alike share it; deterministic, and only read)."""
+    key = (*args, dtype)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = reference_training(*args, dtype=dtype)
+    return _REFERENCES[key]
+
+
+def _bf16_cases() -> list[dict]:
+    cluster = cluster_preset("local-2x2")
+    even = build_strategy("allreduce", model_spec("transformer-small"), cluster)
+    return [_case("bf16/1-D", even, cluster, FSDPConfig(reduce_dtype="bf16")),
+            _case("bf16/HSDP", even, cluster, FSDPConfig(group=2, reduce_dtype="bf16", reshard_after_forward=False))]
+
+
+@pytest.fixture(scope="module")
+def fsdp_trained():
+    """``fsdp_trained(cluster_name)``: the cases of :func:`_cases` and, on local-2x2, the bf16
+    reduce's cases after them, each cluster's trained in one start of its workers (as each test
+    ran its own, one case after another on every rank); every rank's outputs."""
+    runs: dict[str, tuple[list[dict], list[list[dict]]]] = {}
+
+    def get(cluster_name: str):
+        if cluster_name not in runs:
+            cases = _cases(cluster_name) + (_bf16_cases() if cluster_name == "local-2x2" else [])
+            world = cluster_preset(cluster_name).num_devices
+            runs[cluster_name] = cases, run_local(fsdp_train_cases, world, (cases,), timeout_s=900, threads=1)
+        return runs[cluster_name]
+
+    return get
+
+
 @pytest.mark.parametrize("cluster_name", ["local-1x2", "local-2x2"])
-def test_fsdp_trains_like_single_process(cluster_name):
+def test_fsdp_trains_like_single_process(cluster_name, fsdp_trained):
     cases = _cases(cluster_name)
     world = cluster_preset(cluster_name).num_devices
-    outputs = run_local(fsdp_train_cases, world, (cases,), timeout_s=900, threads=1)
+    trained, outputs = fsdp_trained(cluster_name)
+    assert [c["label"] for c in trained[:len(cases)]] == [c["label"] for c in cases]
     for c, case in enumerate(cases):
         label, strategy = case["label"], case["strategy"]
         model = strategy["model"]["name"]
@@ -90,8 +127,8 @@ def test_fsdp_trains_like_single_process(cluster_name):
         for r in range(1, world):
             for k, v in outputs[r][c]["params"].items():
                 assert torch.equal(v, first["params"][k]), f"{label}: rank {r} differs from rank 0 on {k}"
-        args = (model, strategy["batch_split"], case["optimizer"], case["lr"], case["steps"])
-        ref, exact = reference_training(*args), reference_training(*args, dtype=torch.float64)
+        args = (model, tuple(strategy["batch_split"]), case["optimizer"], case["lr"], case["steps"])
+        ref, exact = _reference(*args), _reference(*args, dtype=torch.float64)
         # Adam divides by sqrt(v): where a gradient is near zero, summation order alone moves a
         # step by up to ~lr (as in the equivalence suite); held to 1% of one step there.
         # cnn-small (GroupNorm, ReLU): the equivalence suite's 2e-6 for the engine; measured 1.14e-6
@@ -108,7 +145,7 @@ def test_fsdp_trains_like_single_process(cluster_name):
         assert any(not torch.equal(v, start[k]) for k, v in first["params"].items()), f"{label}: nothing trained"
 
 
-def test_bf16_reduce_stays_within_bf16_rounding():
+def test_bf16_reduce_stays_within_bf16_rounding(fsdp_trained):
     """A bf16 reduce rounds each gradient to 8 significant bits before it is summed (relative
     error up to 2^-8 per term), and the rounding carries through 3 steps. Declared tolerance:
     every parameter within 1% of the model's largest update (measured 0.31% on a 1-D mesh, 0.25%
@@ -116,14 +153,15 @@ def test_bf16_reduce_stays_within_bf16_rounding():
     zero gradient in exact arithmetic, so their updates are rounding noise either way.)"""
     cluster = cluster_preset("local-2x2")
     even = build_strategy("allreduce", model_spec("transformer-small"), cluster)
-    cases = [_case("bf16/1-D", even, cluster, FSDPConfig(reduce_dtype="bf16")),
-             _case("bf16/HSDP", even, cluster, FSDPConfig(group=2, reduce_dtype="bf16", reshard_after_forward=False))]
-    outputs = run_local(fsdp_train_cases, 4, (cases,), timeout_s=900, threads=1)
-    ref = reference_training("transformer-small", even.batch_split, "sgd", 0.1, STEPS)
+    cases = _bf16_cases()
+    trained, outputs = fsdp_trained("local-2x2")
+    first = len(trained) - len(cases)
+    assert [c["label"] for c in trained[first:]] == [c["label"] for c in cases]
+    ref = _reference("transformer-small", tuple(even.batch_split), "sgd", 0.1, STEPS)
     start = _initial("transformer-small")
     largest = max((ref[k] - start[k]).abs().max().item() for k in ref)
     for c, case in enumerate(cases):
-        got = outputs[0][c]["params"]
+        got = outputs[0][first + c]["params"]
         for k, v in got.items():
             torch.testing.assert_close(v, ref[k], rtol=0, atol=0.01 * largest,
                                        msg=lambda m: f"{case['label']}: {k}: {m}")
