@@ -428,7 +428,6 @@ def test_cli_trial_records_an_fsdp_row(tmp_path):
 # --- synctune apply: a strategy FSDP2 expresses becomes a plain FSDP2 training file ------------
 
 @pytest.mark.parametrize("cluster_name, sync, split, checkpoint", [
-    ("local-1x2", {"reshard": True, "prefetch": 2}, (1, 3), {}),
     ("local-2x2", {"group": 2, "reshard": False}, (2, 1, 3, 2), {}),
     ("local-1x2", {"reshard": True, "prefetch": 1}, (3, 1),
      {"encoder.0": "full", "encoder.1": "selective", "decoder.1": "full"}),
