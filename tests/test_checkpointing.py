@@ -82,8 +82,7 @@ def _check(cases: list[dict], outputs: list[list[dict]], atol: float) -> None:
         assert any(not torch.equal(v, start[k]) for k, v in first["params"].items()), f"{label}: nothing trained"
 
 
-@pytest.mark.parametrize("cluster_name", ["local-1x2", "local-2x2"])
-def test_engine_with_checkpointing_trains_like_single_process(cluster_name):
+def _engine_cases(cluster_name: str) -> list[dict]:
     cluster = cluster_preset(cluster_name)
     cases = []
     for model in ("transformer-small", "hf-gpt2", "hf-bert"):
@@ -96,7 +95,33 @@ def test_engine_with_checkpointing_trains_like_single_process(cluster_name):
     validate(sfb, workload_of("transformer-small").spec(), cluster)
     cases.append(_case("engine/transformer-small/sfb, all full", "transformer-small", sfb, cluster,
                        checkpoint={b: "full" for b in _blocks(workload_of("transformer-small"))}))
-    outputs = run_local(trial_arm_cases, cluster.num_devices, (cases,), timeout_s=600, threads=1)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def arms_trained():
+    """``arms_trained(cluster_name)``: the engine's cases and FSDP2's (:func:`_engine_cases`,
+    :func:`_fsdp2_cases`), each with every rank's outputs, both trained in one start of the
+    cluster's workers (one case after another on every rank, as each test ran its own)."""
+    runs: dict[str, dict[str, tuple[list[dict], list[list[dict]]]]] = {}
+
+    def get(cluster_name: str, kind: str):
+        if cluster_name not in runs:
+            groups = {"engine": _engine_cases(cluster_name), "fsdp2": _fsdp2_cases(cluster_name)}
+            cases = groups["engine"] + groups["fsdp2"]
+            outputs = run_local(trial_arm_cases, cluster_preset(cluster_name).num_devices, (cases,), timeout_s=600,
+                                threads=1)
+            n = len(groups["engine"])
+            runs[cluster_name] = {"engine": (groups["engine"], [out[:n] for out in outputs]),
+                                  "fsdp2": (groups["fsdp2"], [out[n:] for out in outputs])}
+        return runs[cluster_name][kind]
+
+    return get
+
+
+@pytest.mark.parametrize("cluster_name", ["local-1x2", "local-2x2"])
+def test_engine_with_checkpointing_trains_like_single_process(cluster_name, arms_trained):
+    cases, outputs = arms_trained(cluster_name, "engine")
     _check(cases, outputs, atol=2e-6)
 
 
@@ -111,8 +136,7 @@ def _gpt2_shard_strategy(cluster):
     return dataclasses.replace(base, plans=plans)
 
 
-@pytest.mark.parametrize("cluster_name", ["local-1x2", "local-2x2"])
-def test_fsdp2_with_checkpointing_trains_like_single_process(cluster_name):
+def _fsdp2_cases(cluster_name: str) -> list[dict]:
     cluster = cluster_preset(cluster_name)
     uneven = tuple(range(1, cluster.num_devices + 1))
     small = workload_of("transformer-small")
@@ -135,7 +159,12 @@ def test_fsdp2_with_checkpointing_trains_like_single_process(cluster_name):
     if cluster.num_devices == 4:
         cases.append(_case("fsdp HSDP (2, 2) checkpoint=full/hf-gpt2", "hf-gpt2", gpt2_plain, cluster,
                            FSDPRuntime(FSDPConfig(group=2, checkpoint="full"))))
-    outputs = run_local(trial_arm_cases, cluster.num_devices, (cases,), timeout_s=600, threads=1)
+    return cases
+
+
+@pytest.mark.parametrize("cluster_name", ["local-1x2", "local-2x2"])
+def test_fsdp2_with_checkpointing_trains_like_single_process(cluster_name, arms_trained):
+    cases, outputs = arms_trained(cluster_name, "fsdp2")
     # test_fsdp.py's bound for FSDP2: 1e-6 on transformers, plus float32's own rounding.
     _check(cases, outputs, atol=1e-6)
 
