@@ -96,31 +96,35 @@ def test_search_submitted_as_a_ray_job(ray_head, tmp_path):
     assert len(rows) == 3 and (rows["status"] == "ok").all() and (rows["launcher"] == "ray").all()
 
 
-@pytest.mark.parametrize("token, refusal", [
-    (None, "Authentication required: Unauthorized: Missing authentication token"),
-    ("wrong", "Authentication failed: Forbidden: Invalid authentication token"),
-], ids=["no-token", "wrong-token"])
-def test_job_submit_without_the_token_is_refused(ray_head, tmp_path, token, refusal):
+def test_job_submit_without_the_token_is_refused(ray_head, tmp_path):
     """The head refuses a submission that lacks its token (HTTP 401) or carries another (403), and
-    the job's command never runs; the lines are Ray's own (`format_authentication_http_error`)."""
+    the job's command never runs; the lines are Ray's own (`format_authentication_http_error`).
+    Both refusals first, then one listing of the head's jobs for both."""
     url, head_env, _home = ray_head
-    if token is None:
-        # a client in token mode with no token gives up before asking the head (a line of its own,
-        # whatever the head does); with token auth off on its side it asks without one
-        env = dict({k: v for k, v in head_env.items() if k != "RAY_AUTH_TOKEN"}, RAY_AUTH_MODE="disabled")
-    else:
-        env = dict(head_env, RAY_AUTH_TOKEN=secrets.token_hex(32))
-    marker = tmp_path / "ran"
-    job = subprocess.run(RAY + ["job", "submit", "--address", url, "--", sys.executable, "-c",
-                                f"open({str(marker)!r}, 'w')"],
-                         env=env, capture_output=True, text=True, timeout=120)
-    out = job.stdout + job.stderr
-    assert job.returncode != 0, out[-4000:]
-    # the server's answer, not a client that gave up before asking: each status has its own line
-    assert refusal in out, out[-4000:]
-    # nor was the job queued to run later: the head, asked with its token, lists no such job
+    markers = []
+    for token, refusal in [
+        (None, "Authentication required: Unauthorized: Missing authentication token"),
+        ("wrong", "Authentication failed: Forbidden: Invalid authentication token"),
+    ]:
+        if token is None:
+            # a client in token mode with no token gives up before asking the head (a line of its own,
+            # whatever the head does); with token auth off on its side it asks without one
+            env = dict({k: v for k, v in head_env.items() if k != "RAY_AUTH_TOKEN"}, RAY_AUTH_MODE="disabled")
+        else:
+            env = dict(head_env, RAY_AUTH_TOKEN=secrets.token_hex(32))
+        marker = tmp_path / f"ran-{token or 'no-token'}"
+        markers.append(marker)
+        job = subprocess.run(RAY + ["job", "submit", "--address", url, "--", sys.executable, "-c",
+                                    f"open({str(marker)!r}, 'w')"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        out = job.stdout + job.stderr
+        assert job.returncode != 0, (token, out[-4000:])
+        # the server's answer, not a client that gave up before asking: each status has its own line
+        assert refusal in out, (token, out[-4000:])
+    # nor was either job queued to run later: the head, asked with its token, lists no such job
     listing = subprocess.run(RAY + ["job", "list", "--address", url], env=head_env,
                              capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0, (listing.stdout + listing.stderr)[-4000:]
-    assert str(marker) not in listing.stdout + listing.stderr
-    assert not marker.exists()
+    for marker in markers:
+        assert str(marker) not in listing.stdout + listing.stderr
+        assert not marker.exists()
