@@ -14,8 +14,10 @@ import dataclasses
 import json
 
 import pytest
+from click.testing import CliRunner
 from _optional import optional_mark
 
+from synctune.cli import cli
 from synctune.engine.horovod import HOROVOD_DEFAULT, HorovodConfig, horovod_available, horovod_runtime
 from synctune.engine.trial import TrialConfig, run_confirm_local, run_trial_local
 from synctune.spec import cluster_preset
@@ -121,12 +123,24 @@ def test_trial_cli_runs_and_records_a_horovod_trial(tmp_path):
     (row,) = TrialDataset(home / "dataset").records()
     assert row.runtime == "horovod" and row.origin == "horovod" and row.num_replicas == 4
     assert json.loads(row.runtime_json)["fusion_threshold_mb"] == 32.0
+    # Refused while parsing the command line: the CLI in this process (the run above went through
+    # `python -m synctune`), one line each.
+    runner = CliRunner(env={"SYNCTUNE_HOME": str(home)})
     for args, message in [(("--horovod", "fusion=3"), "--horovod: unknown key 'fusion'"),
                           (("--horovod", "hierarchical_allreduce=true"), "hierarchical_allreduce"),
                           (("--horovod", "cycle_time_ms=soon"), "cycle_time_ms: expected a number")]:
-        bad = _cli(home, "trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "horovod", *args, "--no-record")
-        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        bad = runner.invoke(cli, ["trial", "-m", "cnn-small", "-c", "local-1x2", "--runtime", "horovod", *args,
+                                  "--no-record"])
+        assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert message in bad.stderr
+
+
+def _experiment(tmp_path, baselines: str, budget: int = 3, confirm_rounds: int = 0):
+    path = tmp_path / "hvd.yaml"
+    path.write_text(f"name: hvd\nmodel: cnn-small\ncluster: local-1x2\nbudget: {budget}\nalgorithm: random\n"
+                    f"simulator: analytic\nproposals: 20\ncandidates: 2\nwarmup: 1\niters: 3\nbaselines: {baselines}\n"
+                    f"ddp_trials: 0\nconfirm_rounds: {confirm_rounds}\nconfirm_iters: 2\n")
+    return path
 
 
 def _search(tmp_path, baselines: str, budget: int = 3, confirm_rounds: int = 0):
@@ -135,10 +149,7 @@ def _search(tmp_path, baselines: str, budget: int = 3, confirm_rounds: int = 0):
 
     from _searches import search_env
 
-    path = tmp_path / "hvd.yaml"
-    path.write_text(f"name: hvd\nmodel: cnn-small\ncluster: local-1x2\nbudget: {budget}\nalgorithm: random\n"
-                    f"simulator: analytic\nproposals: 20\ncandidates: 2\nwarmup: 1\niters: 3\nbaselines: {baselines}\n"
-                    f"ddp_trials: 0\nconfirm_rounds: {confirm_rounds}\nconfirm_iters: 2\n")
+    path = _experiment(tmp_path, baselines, budget, confirm_rounds)
     return subprocess.run([sys.executable, "-m", "synctune", "search", str(path)], env=search_env(tmp_path / "home"),
                           capture_output=True, text=True, timeout=600)
 
@@ -167,6 +178,9 @@ def test_a_search_measures_real_horovod_baselines_and_confirms_against_them(tmp_
                                             ("'hvd:cycle_time_ms=fast'", "cycle_time_ms: expected a number"),
                                             ("'hvd:64'", "expected hvd or hvd:KEY=VALUE")])
 def test_bad_horovod_baselines_are_refused_before_anything_runs(tmp_path, entry, message):
-    done = _search(tmp_path, f"[allreduce, {entry}]")
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    # Refused while reading the experiment, before Ray starts: `synctune search` in this process
+    # (the searches above run it as `python -m synctune`).
+    path = _experiment(tmp_path, f"[allreduce, {entry}]")
+    done = CliRunner(env={"SYNCTUNE_HOME": str(tmp_path / "home")}).invoke(cli, ["search", str(path)])
+    assert done.exit_code == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert message in done.stderr and not (tmp_path / "home" / "dataset").exists()

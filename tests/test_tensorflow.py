@@ -178,9 +178,15 @@ def test_trial_cli_runs_and_records_a_tensorflow_trial(tmp_path):
     assert "TensorFlow MultiWorkerMirroredStrategy, ring, bytes_per_pack 0" in done.stdout and "status ok" in done.stdout
     (row,) = TrialDataset(home / "dataset").records()
     assert row.runtime == "tensorflow" and json.loads(row.runtime_json) == {"bytes_per_pack": 0, "implementation": "ring"}
-    bad = _cli(home, "trial", "--runtime", "tensorflow", "-m", "keras-cnn-small", "-c", "local-1x2", "-b", "ps-lb",
-               "--no-record")
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    # Refused before anything runs: the CLI in this process (the run above went through
+    # `python -m synctune`).
+    from click.testing import CliRunner
+
+    from synctune.cli import cli
+
+    bad = CliRunner(env={"SYNCTUNE_HOME": str(home)}).invoke(cli, [
+        "trial", "--runtime", "tensorflow", "-m", "keras-cnn-small", "-c", "local-1x2", "-b", "ps-lb", "--no-record"])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "synchronizer: this runtime runs all-reduce only" in bad.stderr
 
 
