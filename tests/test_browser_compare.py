@@ -41,13 +41,29 @@ CONFIRMED = Confirmation(interval=PairedRatio(ratio=1.2, low=1.1, high=1.3, roun
                          screened=("trial2 (autodist)",), screened_baselines=("builder allreduce", "builder ps-lb"))
 
 
-@pytest.fixture()
-def logged_search(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def logged_search(tmp_path_factory):
     """A search's rows, logged to a fresh SQLite MLflow store and the dataset: two builder
     baselines, a searched trial that was not screened, the confirmed pick and its confirmation
-    (one real trial of cnn-small stands for every row's times: the page, not the figures, is checked)."""
-    monkeypatch.setenv("SYNCTUNE_HOME", str(tmp_path))
+    (one real trial of cnn-small stands for every row's times: the page, not the figures, is checked).
+    Logged once for both tests: (data home, experiment id, search run id)."""
+    home = tmp_path_factory.mktemp("compare-home")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("SYNCTUNE_HOME", str(home))
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        logged = _log_search()
+    return home, *logged
+
+
+@pytest.fixture()
+def search_home(logged_search, monkeypatch):
+    """The logged search, with its data home set for the test."""
+    monkeypatch.setenv("SYNCTUNE_HOME", str(logged_search[0]))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return logged_search
+
+
+def _log_search() -> tuple[str, str]:
     cluster = cluster_preset("local-1x2")
     spec = model_spec("cnn-small")
     logger = MlflowLogger("compare-check")
@@ -69,7 +85,7 @@ def logged_search(tmp_path, monkeypatch):
     return logger.experiment_id, parent
 
 
-def test_the_compared_runs_are_the_pick_its_confirmation_and_the_screened_baselines(logged_search):
+def test_the_compared_runs_are_the_pick_its_confirmation_and_the_screened_baselines(search_home):
     records = TrialDataset(dataset_dir()).records(search_id=SEARCH)
     chosen = compared_records(records, CONFIRMED)
     assert [r.trial_id for r in chosen] == ["confirm-0", "trial2", "trial0", "trial1"]
@@ -85,26 +101,26 @@ def test_the_compared_runs_are_the_pick_its_confirmation_and_the_screened_baseli
     chosen = compared_records(records + ddp, against_ddp)
     assert [r.trial_id for r in chosen] == ["confirm-0", "trial2", "ddp-1", "trial1"]
     # without a confirmation, the link is the search's own run
-    _, parent = logged_search
+    _, _, parent = search_home
     links = _save_links(SimpleNamespace(search_id=SEARCH, mlflow_parent_run=parent, confirmed=None), None)
     assert links.compare == () and links.search_url().endswith(f"/runs/{parent}")
 
 
-def test_synctune_ui_prints_the_latest_search_and_its_compare_view_shows_the_runs(logged_search, tmp_path):
+def test_synctune_ui_prints_the_latest_search_and_its_compare_view_shows_the_runs(search_home, tmp_path):
     from selenium.webdriver.common.by import By
 
-    experiment_id, parent = logged_search
+    home, experiment_id, parent = search_home
     # what `synctune search` does after its summary: the links saved beside the search
     links = _save_links(SimpleNamespace(search_id=SEARCH, mlflow_parent_run=parent, confirmed=CONFIRMED), None)
     records = TrialDataset(dataset_dir()).records(search_id=SEARCH)
     assert links.compare == tuple(r.mlflow_run_id for r in compared_records(records, CONFIRMED))
     assert links.experiment_id == experiment_id and len(links.compare) == 4
-    saved = json.loads(links_path(tmp_path / "searches", SEARCH).read_text())
+    saved = json.loads(links_path(home / "searches", SEARCH).read_text())
     assert SearchLinks.from_dict(saved) == links
 
     port = free_port()
     log = tmp_path / "ui.log"
-    env = dict(os.environ, SYNCTUNE_HOME=str(tmp_path))
+    env = dict(os.environ, SYNCTUNE_HOME=str(home))
     env.pop("MLFLOW_TRACKING_URI", None)
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "synctune", "ui", "--port", str(port)], env=env,

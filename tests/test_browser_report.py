@@ -4,7 +4,6 @@ network; the same report opens inside the MLflow UI's artifact view."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -49,18 +48,19 @@ def test_search_and_dataset_pages_render_offline(tiny_search, tmp_path):
         driver.quit()
 
 
-def test_report_opens_in_the_mlflow_artifact_view(tiny_search):
+def test_report_opens_in_the_mlflow_artifact_view(tiny_search, monkeypatch):
+    from mlflow.tracking import MlflowClient
     from selenium.webdriver.common.by import By
 
+    from synctune.data import MlflowLogger
+
     home = tiny_search[0]
-    out = subprocess.run([sys.executable, "-c", (
-        "import json; from synctune.data import MlflowLogger; from mlflow.tracking import MlflowClient; "
-        "lg = MlflowLogger('tiny'); run = lg.find_search('tiny-seed0'); "
-        "names = [a.path for a in MlflowClient(lg.tracking_uri).list_artifacts(run)]; "
-        "print(json.dumps([lg.experiment_id, run, names]))")],
-        env=search_env(home), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    experiment_id, run_id, artifacts = json.loads(out.stdout.strip().splitlines()[-1])
+    monkeypatch.setenv("SYNCTUNE_HOME", str(home))  # the search's own store, found as the search found it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    lg = MlflowLogger("tiny")
+    run_id = lg.find_search("tiny-seed0")
+    experiment_id = lg.experiment_id
+    artifacts = [a.path for a in MlflowClient(lg.tracking_uri).list_artifacts(run_id)]
     assert "report.html" in artifacts
     with serve_ui(home) as url:
         driver = browser()

@@ -170,23 +170,40 @@ def test_nodes_of_different_compute_speed_run_under_cpu_quotas(lab, tmp_path):
     assert [cgroup_quota(groups[n.name]) for n in cluster.nodes] == [pytest.approx(0.25 * 2), pytest.approx(0.5 * 2)]
     from synctune.lab import calibrate
 
-    def throttled() -> list[int]:
-        # The kernel's count of periods in which a group hit its quota (cgroup v1 cpu.stat).
-        return [int(dict(line.split() for line in (Path(groups[n.name]) / "cpu.stat").read_text().splitlines())
-                    ["nr_throttled"]) for n in cluster.nodes]
+    def cpu_stat() -> list[dict[str, int]]:
+        # The kernel's counts per group (cgroup v1 cpu.stat): periods in which it ran, and periods
+        # in which it hit its quota and was held.
+        return [{k: int(v) for k, v in (line.split() for line in (Path(groups[n.name]) / "cpu.stat").read_text()
+                                         .splitlines())} for n in cluster.nodes]
 
-    before = throttled()
-    spec, figures = calibrate(cluster, state, run_local, nbytes=1 << 20, reps=2)
-    # 1 MiB is less than the g4dn-like link's token bucket (10 ms of 1.5625 Gbit/s): timed after an
-    # idle spell it would leave at once, and the link be measured many times its rate, or not at all.
-    assert all(0.7 < n["efficiency"] < 1.15 for n in figures["nodes"]), figures["nodes"]
-    slow, fast = (n.compute_gflops for n in spec.nodes)
-    bound = [after - b for after, b in zip(throttled(), before)]
     # Quotas alone give 2x; others' work on two shared cores can hold the half-core node under its
-    # half, so the bound sits halfway between no effect of the quotas (1x) and 2x. The kernel's
-    # throttle counts and the load go with a failure, to tell a busy machine from unbound quotas.
-    assert fast / slow >= 1.5, (f"throttled periods {bound}, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
-                                figures["compute"])
+    # half, so the bound sits halfway between no effect of the quotas (1x) and 2x. Such a measurement
+    # shows in the kernel's counts: the fast node's group, short of CPU, reaches its quota in a
+    # smaller share of its periods than the slow node's (alike, over 80 %, on an idle machine). That
+    # one is measured again (3 tries at most); one where both groups were held alike, or the slow
+    # one never, fails at once: then the quotas did not set the speeds.
+    tries = []
+    for _ in range(3):
+        before = cpu_stat()
+        spec, figures = calibrate(cluster, state, run_local, nbytes=1 << 20, reps=2)
+        after = cpu_stat()
+        held = [{k: a[k] - b[k] for k in ("nr_periods", "nr_throttled")} for a, b in zip(after, before)]
+        slow, fast = (n.compute_gflops for n in spec.nodes)
+        tries.append({"throttled": held, "load": round(os.getloadavg()[0], 1), "compute": figures["compute"],
+                      "links": [round(n["efficiency"], 3) for n in figures["nodes"]]})
+        assert held[0]["nr_throttled"] > 0, ("the slow node's quota never held its workers", tries)
+        # 1 MiB is less than the g4dn-like link's token bucket (10 ms of 1.5625 Gbit/s): timed after an
+        # idle spell it would leave at once, and the link be measured many times its rate, or not at all.
+        links = all(0.7 < n["efficiency"] < 1.15 for n in figures["nodes"])
+        if links and fast / slow >= 1.5:
+            break
+        share = [h["nr_throttled"] / max(h["nr_periods"], 1) for h in held]
+        disturbed = share[1] < 0.75 * share[0]
+        if links and not disturbed:
+            break  # both held by their quotas alike, and still not 1.5x apart: fail below
+    assert all(0.7 < n["efficiency"] < 1.15 for n in figures["nodes"]), (figures["nodes"], tries)
+    # The kernel's throttle counts and the load go with a failure, to tell a busy machine from unbound quotas.
+    assert fast / slow >= 1.5, (f"on {os.cpu_count()} CPUs", tries)
     assert [n.cpu_share for n in spec.nodes] == [0.25, 0.5]
     # A trial's workers (launched from the lab's network, as trials are) run inside their node's group.
     from _engine_workers import cpu_cgroup_of

@@ -92,7 +92,7 @@ def test_a_restored_search_goes_on_exactly_as_the_uninterrupted_one(algorithm):
     """Interrupted mid-round (one trial asked, never told), rebuilt from its finished trials only
     (what the dataset holds): it proposes the unfinished trial again and then exactly the
     strategies, in the order, the uninterrupted search of the same seed proposes."""
-    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=60, candidates=4,
+    exp = Experiment.from_keys(name="t", model=MODEL.name, cluster=CLUSTER.name, budget=16, proposals=30, candidates=4,
                                seed=3, algorithm=algorithm)
     sim = analytic if algorithm != "random-guided" else (lambda: None)
     whole = StrategySearch(MODEL, CLUSTER, exp, sim())
