@@ -540,3 +540,17 @@ def cpus_worker(rank: int, world: int) -> dict:
     import os
 
     return {"cpus": sorted(os.sched_getaffinity(0)), "parent": os.getppid()}
+
+
+def run_case_groups(worker, world: int, groups: dict) -> dict:
+    """Every group's cases in one start of ``world`` local workers (``worker(cases)`` returns one
+    output per case on each rank): {group name: (its cases, per rank the outputs of those cases)}."""
+    from synctune.engine.local import run_local
+
+    cases = [c for g in groups.values() for c in g]
+    outputs = run_local(worker, world, (cases,), timeout_s=900, threads=1)
+    split, start = {}, 0
+    for name, group in groups.items():
+        split[name] = (group, [out[start:start + len(group)] for out in outputs])
+        start += len(group)
+    return split

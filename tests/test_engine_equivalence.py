@@ -11,8 +11,7 @@ import random
 import pytest
 import torch
 
-from _engine_workers import random_strategy, reference_training, sfb_strategy, train_cases
-from synctune.engine.local import run_local
+from _engine_workers import random_strategy, reference_training, run_case_groups, sfb_strategy, train_cases
 from synctune.models import model_spec
 from synctune.spec import cluster_preset
 from synctune.strategy import BUILDERS, build_strategy, validate
@@ -142,13 +141,7 @@ def trained():
             if cluster_name == "local-1x2":
                 groups.update({c: [_lossy_case(c, o)] for c, o in LOSSY})
                 groups["channels_last"] = [_channels_last_case()]
-            cases = [c for g in groups.values() for c in g]
-            outputs = run_local(train_cases, cluster_preset(cluster_name).num_devices, (cases,), timeout_s=900,
-                                threads=1)
-            runs[cluster_name], start = {}, 0
-            for n, g in groups.items():
-                runs[cluster_name][n] = (g, [out[start:start + len(g)] for out in outputs])
-                start += len(g)
+            runs[cluster_name] = run_case_groups(train_cases, cluster_preset(cluster_name).num_devices, groups)
         return runs[cluster_name][name]
 
     return get

@@ -14,8 +14,8 @@ import dataclasses
 import pytest
 import torch
 
+from _engine_workers import run_case_groups
 from _tp_workers import reference, tp_train_cases, workload_of
-from synctune.engine.local import run_local
 from synctune.engine.runtimes import executor_for, runtime_from_options
 from synctune.engine.trial import check_trial
 from synctune.spec import cluster_preset
@@ -159,12 +159,7 @@ def tp_trained():
         world = next(w for w, names in _RUNS.items() if name in names)
         if world not in runs:
             groups = {n: _cases_of(n) for n in _RUNS[world]}
-            cases = [c for g in groups.values() for c in g]
-            outputs = run_local(tp_train_cases, world, (cases,), timeout_s=900, threads=1)
-            runs[world], start = {}, 0
-            for n, g in groups.items():
-                runs[world][n] = (g, [out[start:start + len(g)] for out in outputs])
-                start += len(g)
+            runs[world] = run_case_groups(tp_train_cases, world, groups)
         return runs[world][name]
 
     return get
