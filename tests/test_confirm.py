@@ -110,6 +110,69 @@ def test_screening_picks_the_fastest_baseline_not_the_last_one():
     assert done.stopped in ("verdict", "narrow", "cap")
 
 
+def _wrong_pick_rate(screen_max_rounds: int, runs: int, rng: random.Random) -> float:
+    """How often a screening of candidates 5% apart (sd 6% per round and arm) picks a slower
+    candidate than the fastest: 5 rounds fixed, or sequential up to ``screen_max_rounds``."""
+    true_s = [1.05, 1.00, 1.25, 1.30, 1.40]  # candidates 0-2 (1 the fastest), baselines 3-4
+    rule = SequentialRule(min_rounds=10, max_rounds=40, step=5, width=0.10)
+    wrong = 0
+    for _ in range(runs):
+        done = interleave(_arms(true_s, rng, noise=0.06), 5, rule=rule, rounds=2, screen_rounds=5,
+                          screen_max_rounds=screen_max_rounds, candidates=3)
+        wrong += done.picked != 1
+    return wrong / runs
+
+
+def test_a_sequential_screening_tells_apart_the_finds_a_fixed_one_passes_over():
+    """Two searched finds 5% apart, 5-round screenings: the fixed screening picks the slower one
+    about one time in six (what the lab measured twice); adding rounds until the leader is told
+    apart (up to 20) picks it a few times in a hundred at most. The truth is the simulated arms'
+    known times. 400 screenings each; the binomial standard error near 15% is 1.8%."""
+    rng = random.Random(5)
+    fixed = _wrong_pick_rate(0, 400, rng)
+    sequential = _wrong_pick_rate(20, 400, rng)
+    assert fixed > 0.08, fixed
+    assert sequential < 0.05 and sequential < fixed / 2, (sequential, fixed)
+
+
+def test_a_sequential_screening_stops_timing_what_is_clearly_slower_and_stops_when_settled():
+    """Arms far apart are settled at the first look (5 rounds each, no more); between two close
+    candidates the screening goes on, timing only them and the baseline leader, and picks the
+    faster; equal arms measured precisely end as a tie at the first look."""
+    rule = SequentialRule(min_rounds=10, max_rounds=40, step=5, width=0.10)
+    calls = []
+
+    def counted(timed):
+        def inner(which: int) -> float:
+            calls.append(which)
+            return timed(which)
+        return inner
+
+    apart = interleave(counted(_arms([1.0, 2.0, 1.5, 3.0], random.Random(1), noise=0.02)), 4, rule=rule,
+                       screen_rounds=5, screen_max_rounds=20, candidates=2)
+    assert [len(t) for t in apart.screen] == [5, 5, 5, 5] and (apart.picked, apart.picked_baseline) == (0, 2)
+    close = interleave(_arms([1.0, 1.03, 2.0, 1.5, 3.0], random.Random(2), noise=0.03), 5, rule=rule,
+                       screen_rounds=5, screen_max_rounds=20, candidates=3)
+    lengths = [len(t) for t in close.screen]
+    assert lengths[2] == lengths[4] == 5 and lengths[0] == lengths[1] == lengths[3] > 5, lengths
+    assert (close.picked, close.picked_baseline) == (0, 3)
+    tie = interleave(_arms([1.0, 1.0, 1.6], random.Random(3), noise=0.001), 3, rule=rule, screen_rounds=5,
+                     screen_max_rounds=20, candidates=2)
+    assert [len(t) for t in tie.screen] == [5, 5, 5]
+
+
+def test_a_sequential_screening_out_of_range_is_refused_and_the_search_settings_derive_it():
+    from synctune.engine.trial import check_confirm_shape
+    from synctune.search.experiment import ConfirmSection
+    from synctune.spec.errors import SpecError
+
+    with pytest.raises(SpecError, match="screen_max_rounds must be 0 .* got 3 with screen_rounds 5"):
+        check_confirm_shape(4, 5, 5, 2, 3)
+    assert (ConfirmSection().screen_rounds, ConfirmSection().screen_max_rounds) == (5, 20)
+    fixed = ConfirmSection(rounds=10, max_rounds=10)
+    assert fixed.screen_max_rounds == fixed.screen_rounds == 5
+
+
 def test_screen_picks_are_insensitive_to_a_slow_round():
     """One round where the whole machine ran 3x slower changes no pick: each arm is scored
     relative to its round's mean over every arm."""

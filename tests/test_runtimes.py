@@ -230,7 +230,8 @@ def test_screening_confirms_against_the_fastest_baseline_until_the_interval_deci
     the engine itself. The screening must pick the engine baseline, so the confirmation finds
     no real difference (a ratio near 1), where confirming against the slow baseline would have
     claimed a speed-up; the rounds go on past the first look until the interval is narrow or
-    the cap is reached, and the result says which."""
+    the cap is reached, and the result says which. The screening is sequential (2 to 6 rounds):
+    the slow baseline stops being timed once shown slower, the two engine arms go on together."""
     from synctune.stats import SequentialRule
 
     # Equal arms of a few milliseconds differ several-fold on a loaded machine (CI saw a ratio
@@ -239,10 +240,14 @@ def test_screening_confirms_against_the_fastest_baseline_until_the_interval_deci
     workload = ImportedWorkload(f"{tmp_path / 'slow_job.py'}:workload")
     strategy = build_strategy("allreduce", workload.spec(), CLUSTER)
     rule = SequentialRule(min_rounds=3, max_rounds=6, step=3, width=0.0)
+    events = []
     out = run_confirm_local([(strategy, None), (strategy, ddp_runtime(DDP_DEFAULT)), (strategy, None)], CLUSTER,
                             TrialConfig(warmup=1, iters=1), workload=workload, per_round=2, screen_rounds=2,
-                            rule=rule, candidates=1)
+                            screen_max_rounds=6, rule=rule, candidates=1, on_progress=events.append)
     assert (out["picked"], out["picked_baseline"]) == (0, 2), out
+    assert {m["rounds"] for m in events if m.get("event") == "screen_round"} == {6}
+    timed = [len(s) for s in out["screen_s"]]
+    assert 2 <= timed[1] <= timed[0] == timed[2] <= 6, timed
     assert out["low"] < 1.5 and out["ratio"] < 1.3, out  # against the slow baseline it would be ~3x
     assert out["stopped"] in ("verdict", "cap") and out["rounds"] in (3, 6) and len(out["a_s"]) == out["rounds"]
     assert out["rule"]["max_rounds"] == 6 and out["confidence"] == pytest.approx(1 - 0.05 / 2)

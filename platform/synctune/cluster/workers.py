@@ -416,13 +416,14 @@ class RayWorkerGroup:
         return result
 
     def run_confirm(self, arms: list, config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10,
-                    per_round: int = 5, screen_rounds: int = 0, rule=None, candidates: int | None = None,
-                    on_progress: Callable[[dict], None] | None = None, retries: int = 1) -> dict:
+                    per_round: int = 5, screen_rounds: int = 0, screen_max_rounds: int = 0, rule=None,
+                    candidates: int | None = None, on_progress: Callable[[dict], None] | None = None, retries: int = 1) -> dict:
         """Re-measure arms (strategy, runtime or None) interleaved on the group's processes
         (:func:`synctune.engine.trial.confirm_worker`); returns the per-round medians and the
         speed-up of arm A over arm B with its interval. With ``screen_rounds`` and more than two
         arms (the first ``candidates`` candidates, the rest baselines), a screening picks A and
-        B first (``picked``, ``picked_baseline``). ``rule`` (a :class:`~synctune.stats.SequentialRule`)
+        B first (``picked``, ``picked_baseline``; sequential up to ``screen_max_rounds``, see
+        :func:`synctune.engine.trial.interleave`). ``rule`` (a :class:`~synctune.stats.SequentialRule`)
         says when the rounds stop; default exactly ``rounds``.
 
         A confirmation whose worker died is run again from the start on fresh workers, up to
@@ -434,12 +435,13 @@ class RayWorkerGroup:
         from ..engine.trial import check_confirm_shape, confirm_rule
 
         rule = confirm_rule(rounds, rule)
-        check_confirm_shape(len(arms), per_round, screen_rounds, candidates)
+        check_confirm_shape(len(arms), per_round, screen_rounds, candidates, screen_max_rounds)
         failures: list[str] = []
         while True:
             try:
                 out = self._confirm_once(arms, config, workload=workload, rule=rule, per_round=per_round,
-                                         screen_rounds=screen_rounds, candidates=candidates, on_progress=on_progress)
+                                         screen_rounds=screen_rounds, screen_max_rounds=screen_max_rounds,
+                                         candidates=candidates, on_progress=on_progress)
             except ConfirmFailed as exc:
                 if len(failures) >= retries or "a worker died" not in str(exc):
                     raise
@@ -451,31 +453,35 @@ class RayWorkerGroup:
             return out
 
     def _confirm_once(self, arms: list, config: TrialConfig, *, workload, rule, per_round: int,
-                      screen_rounds: int, candidates: int | None, on_progress) -> dict:
+                      screen_rounds: int, screen_max_rounds: int, candidates: int | None, on_progress) -> dict:
         from ..engine.trial import confirm_figures, confirm_payload, confirm_timeout_s
 
         members = [self._check_replicas(strategy) for strategy, _runtime in arms]
         if any(m != members[0] for m in members):
             return self._confirm_across_replica_sets(arms, config, workload=workload, rule=rule,
                                                      per_round=per_round, screen_rounds=screen_rounds,
-                                                     candidates=candidates, on_progress=on_progress)
+                                                     screen_max_rounds=screen_max_rounds, candidates=candidates,
+                                                     on_progress=on_progress)
         members = members[0]
         payload = confirm_payload(workload, arms, self.cluster, config, rounds=rule.min_rounds, per_round=per_round,
-                                  screen_rounds=screen_rounds, rule=rule, candidates=candidates)
+                                  screen_rounds=screen_rounds, screen_max_rounds=screen_max_rounds, rule=rule,
+                                  candidates=candidates)
         payload["gpu_per_rank"] = False
         start = time.monotonic()
         self._fresh_for_single_start([r for _s, r in arms])
         self.start()
         self._form_group(members)
         out, status, message = self._execute(
-            payload, confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms), screen_rounds=screen_rounds),
+            payload, confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms),
+                                       screen_rounds=max(screen_rounds, screen_max_rounds)),
             on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")
         return confirm_figures(out, rule, per_round, "ray", time.monotonic() - start)
 
     def _confirm_across_replica_sets(self, arms: list, config: TrialConfig, *, workload, rule, per_round: int,
-                                     screen_rounds: int, candidates: int | None, on_progress) -> dict:
+                                     screen_rounds: int, screen_max_rounds: int, candidates: int | None,
+                                     on_progress) -> dict:
         """Arms on different replica sets (a subset against every device) cannot share one
         process group, so each round runs each arm as a short trial (``config.warmup`` warm-up
         iterations, ``per_round`` timed ones) on the group re-formed over its replicas, in the
@@ -508,8 +514,8 @@ class RayWorkerGroup:
                 on_progress({"event": "confirm_round", "round": r, "rounds": total, "a_s": medians[0][-1],
                              "b_s": medians[1][-1]})
 
-        measured = interleave(timed, len(arms), rule=rule, screen_rounds=screen_rounds, candidates=candidates,
-                              on_round=on_round)
+        measured = interleave(timed, len(arms), rule=rule, screen_rounds=screen_rounds,
+                              screen_max_rounds=screen_max_rounds, candidates=candidates, on_round=on_round)
         out = {**measured.to_dict(), "backend": self.backend, "device_kind": self.cluster.device_kind,
                "regrouped": True}
         return confirm_figures(out, rule, per_round, "ray", time.monotonic() - start)

@@ -12,7 +12,7 @@ import itertools
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..spec.checks import LIMITS, in_range
 from ..spec.cluster import ClusterSpec
@@ -24,9 +24,12 @@ from .measure import STATUSES, PeakMemory, TrialConfig, TrialResult, device_done
 from .runtime import ArmContext, Runtime, framework_of
 from .runtimes import as_runtime
 
+if TYPE_CHECKING:
+    from ..stats import SequentialRule
+
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
            "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local",
-           "interleave", "Interleaved", "relative_scores", "screen_picks", "timed_iterations"]
+           "interleave", "Interleaved", "relative_scores", "screen_contenders", "screen_picks", "screening_rule", "timed_iterations"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
@@ -229,7 +232,7 @@ def confirm_worker(rank: int, world: int, payload: dict) -> dict:
         report({"event": "confirm_round", "round": r, "rounds": rounds, "a_s": medians[0][-1], "b_s": medians[1][-1]})
 
     done = interleave(timed, len(arms), rule=_payload_rule(payload), screen_rounds=int(payload.get("screen_rounds", 0)),
-                      candidates=payload.get("candidates"),
+                      screen_max_rounds=int(payload.get("screen_max_rounds", 0)), candidates=payload.get("candidates"),
                       on_screen_round=on_screen_round if rank == 0 else None, on_round=on_round if rank == 0 else None)
     for arm in arms:
         arm.close()
@@ -275,24 +278,69 @@ def relative_scores(screen: list[list[float]]) -> list[float]:
     return [statistics.median(arm[r] / means[r] for r in range(rounds)) for arm in screen]
 
 
-def screen_picks(screen: list[list[float]], candidates: int) -> tuple[int, int]:
+def screen_picks(screen: list[list[float]], candidates: int, live: list[int] | None = None) -> tuple[int, int]:
     """The screening's picks: the candidate (among the first ``candidates`` arms) and the
-    baseline (among the rest) with the smallest :func:`relative_scores`."""
-    score = relative_scores(screen)
-    return (min(range(candidates), key=score.__getitem__), min(range(candidates, len(screen)), key=score.__getitem__))
+    baseline (among the rest) with the smallest :func:`relative_scores`, scored among the arms
+    ``live`` (default every arm; those still timed when a sequential screening stopped)."""
+    live = list(range(len(screen))) if live is None else sorted(live)
+    score = dict(zip(live, relative_scores([screen[i] for i in live])))
+    return (min((i for i in live if i < candidates), key=score.__getitem__),
+            min((i for i in live if i >= candidates), key=score.__getitem__))
+
+
+def screening_rule(screen_rounds: int, screen_max_rounds: int, rule) -> "SequentialRule | None":
+    """The looks of a sequential screening (:func:`screen_contenders`): from ``screen_rounds``
+    every ``rule.step`` rounds up to ``screen_max_rounds``, at the confirmation rule's width and
+    error rate; None for a fixed screening (``screen_max_rounds`` 0 or not above ``screen_rounds``)."""
+    from ..stats import SequentialRule
+
+    if screen_max_rounds <= screen_rounds:
+        return None
+    return SequentialRule(min_rounds=screen_rounds, max_rounds=screen_max_rounds, step=rule.step, width=rule.width,
+                          alpha=rule.alpha)
+
+
+def screen_contenders(screen: list[list[float]], live: list[int], candidates: int, rule) -> tuple[list[int], bool]:
+    """One look of a sequential screening over the arms ``live`` (each timed in every round so
+    far): per kind (the first ``candidates`` arms, then the baselines), the leader by
+    :func:`relative_scores`, and every other arm of its kind compared with it, paired by round,
+    at ``rule``'s per-look level. An arm the interval shows slower than its leader is dropped; an
+    arm whose interval is narrower than ``rule.width`` ties with it. Returns the arms still in
+    contention and whether each kind is settled (one arm left, or only ties with the leader)."""
+    score = dict(zip(live, relative_scores([screen[i] for i in live])))
+    kept, settled = [], True
+    for kind in ([i for i in live if i < candidates], [i for i in live if i >= candidates]):
+        leader = min(kind, key=score.__getitem__)
+        kept.append(leader)
+        for arm in kind:
+            if arm == leader:
+                continue
+            found = rule.interval(screen[arm], screen[leader])  # the leader's speed-up over the arm
+            if found.verdict == "faster":
+                continue
+            kept.append(arm)
+            settled = settled and found.width <= rule.width
+    return sorted(kept), settled
 
 
 def interleave(timed: Callable[[int], float], arms: int, *, rule=None, rounds: int | None = None,
-               screen_rounds: int = 0, candidates: int | None = None,
+               screen_rounds: int = 0, screen_max_rounds: int = 0, candidates: int | None = None,
                on_screen_round: Callable[[int, int], None] | None = None,
                on_round: Callable[[int, int, list[list[float]]], None] | None = None) -> Interleaved:
     """The schedule of a confirmation (:func:`confirm_worker`), over ``timed(arm)``, which times
     one round of an arm. The first ``candidates`` arms (default: all but the last) are
-    candidates, the others baselines. With more than two arms and ``screen_rounds``, that many
-    rounds of every arm come first, the order rotating, and pick one candidate and one baseline
+    candidates, the others baselines. With more than two arms and ``screen_rounds``, rounds of
+    every arm come first, the order rotating, and pick one candidate and one baseline
     (:func:`screen_picks`); then rounds of the two picks on fresh iterations, alternating A B,
     B A, until ``rule`` (a :class:`~synctune.stats.SequentialRule`; default exactly ``rounds``)
-    stops them."""
+    stops them.
+
+    The screening runs exactly ``screen_rounds`` rounds, or, with ``screen_max_rounds`` above
+    it, is sequential: from ``screen_rounds`` on, every ``rule.step`` rounds, arms shown slower
+    than the leader of their kind stop being timed, and the screening ends once each kind is
+    settled (:func:`screen_contenders`) or at ``screen_max_rounds``. A fixed screening of a few
+    noisy rounds can pass over a find a few percent faster than the one it picks; this one adds
+    rounds until the contenders are told apart, and spends them only on the contenders."""
     from ..stats import SequentialRule
 
     rule = rule or SequentialRule.fixed(int(rounds))
@@ -300,13 +348,20 @@ def interleave(timed: Callable[[int], float], arms: int, *, rule=None, rounds: i
     if not 1 <= candidates < arms:
         raise ValueError(f"interleave: {candidates} candidate(s) among {arms} arms leaves no baseline")
     screen_rounds = screen_rounds if arms > 2 else 0
+    looks = screening_rule(screen_rounds, screen_max_rounds, rule) if screen_rounds else None
+    cap = looks.max_rounds if looks else screen_rounds
     screen: list[list[float]] = [[] for _ in range(arms)]
-    for r in range(screen_rounds):
-        for which in [(r + j) % arms for j in range(arms)]:
+    live = list(range(arms))
+    for r in range(cap):
+        for which in [live[(r + j) % len(live)] for j in range(len(live))]:
             screen[which].append(timed(which))
         if on_screen_round:
-            on_screen_round(r + 1, screen_rounds)
-    pair = screen_picks(screen, candidates) if screen_rounds else (0, arms - 1)
+            on_screen_round(r + 1, cap)
+        if looks and r + 1 in looks.looks and r + 1 < cap:
+            live, settled = screen_contenders(screen, live, candidates, looks)
+            if settled:
+                break
+    pair = screen_picks(screen, candidates, live) if screen_rounds else (0, arms - 1)
     medians: list[list[float]] = [[], []]
     while True:
         r = len(medians[0])
@@ -437,15 +492,16 @@ def _backend_for(cluster: ClusterSpec, strategy: Strategy) -> str:
 
 
 def confirm_payload(workload, arms: list[tuple[Strategy, Runtime | dict | None]], cluster: ClusterSpec,
-                    config: TrialConfig, *, rounds: int, per_round: int, screen_rounds: int = 0, rule=None,
-                    candidates: int | None = None) -> dict:
+                    config: TrialConfig, *, rounds: int, per_round: int, screen_rounds: int = 0,
+                    screen_max_rounds: int = 0, rule=None, candidates: int | None = None) -> dict:
     """The payload of an interleaved re-measurement of arms (strategy, runtime or None): two, or
     with ``screen_rounds`` several candidates then several baselines (``candidates``: how many
-    come first; default all but the last), :func:`confirm_worker`; every arm is checked as a
-    trial first. All arms must use the same replicas. ``rule`` (a :class:`~synctune.stats.SequentialRule`)
+    come first; default all but the last; ``screen_max_rounds`` above ``screen_rounds``: a
+    sequential screening, see :func:`interleave`), :func:`confirm_worker`; every arm is checked
+    as a trial first. All arms must use the same replicas. ``rule`` (a :class:`~synctune.stats.SequentialRule`)
     says when the rounds stop; default exactly ``rounds``."""
     rule = confirm_rule(rounds, rule)
-    check_confirm_shape(len(arms), per_round, screen_rounds, candidates)
+    check_confirm_shape(len(arms), per_round, screen_rounds, candidates, screen_max_rounds)
     if any(list(s.replicas) != list(arms[0][0].replicas) for s, _r in arms):
         raise SpecError("a confirmation runs its arms on the same processes: their strategies must have the same "
                         f"replicas, got {sorted({tuple(s.replicas) for s, _r in arms})}")
@@ -454,8 +510,8 @@ def confirm_payload(workload, arms: list[tuple[Strategy, Runtime | dict | None]]
     for strategy, runtime in arms:
         spec = check_trial(workload, strategy, cluster, runtime)
     return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rule.min_rounds, per_round=per_round,
-                         screen_rounds=screen_rounds, rule=rule.to_dict(), candidates=candidates,
-                         arms=[{"strategy": s.to_dict(), "runtime": as_runtime(r).to_dict()} for s, r in arms])
+                         screen_rounds=screen_rounds, screen_max_rounds=screen_max_rounds, rule=rule.to_dict(),
+                         candidates=candidates, arms=[{"strategy": s.to_dict(), "runtime": as_runtime(r).to_dict()} for s, r in arms])
 
 
 def confirm_rule(rounds: int, rule=None):
@@ -473,7 +529,8 @@ def confirm_rule(rounds: int, rule=None):
     return rule
 
 
-def check_confirm_shape(arms: int, per_round: int, screen_rounds: int, candidates: int | None) -> None:
+def check_confirm_shape(arms: int, per_round: int, screen_rounds: int, candidates: int | None,
+                        screen_max_rounds: int = 0) -> None:
     """Refuse a confirmation's arm count, iterations per round, screening or candidate count
     out of range."""
     if arms < 2 or (arms > 2 and not screen_rounds):
@@ -481,6 +538,10 @@ def check_confirm_shape(arms: int, per_round: int, screen_rounds: int, candidate
     if not (in_range(per_round, 1, LIMITS["iterations"]) and in_range(screen_rounds, 0, 1000)):
         raise SpecError(f"confirmation: per_round must be an integer from 1 to {LIMITS['iterations']} and "
                         f"screen_rounds from 0 to 1000, got {per_round!r} and {screen_rounds!r}")
+    if not (screen_max_rounds == 0 or (screen_rounds >= 2 and in_range(screen_max_rounds, screen_rounds, 1000))):
+        raise SpecError(f"confirmation: screen_max_rounds must be 0 (a fixed screening) or an integer from "
+                        f"screen_rounds (at least 2) to 1000, got {screen_max_rounds!r} with screen_rounds "
+                        f"{screen_rounds!r}")
     if candidates is not None and not in_range(candidates, 1, arms - 1):
         raise SpecError(f"confirmation: candidates must leave at least one baseline among {arms} arms, got "
                         f"{candidates!r}")
@@ -503,23 +564,25 @@ def check_arms(runtimes: list[Runtime | dict | None]) -> list[Runtime]:
 
 def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluster: ClusterSpec,
                       config: TrialConfig = TrialConfig(), *, workload, rounds: int = 10, per_round: int = 5,
-                      screen_rounds: int = 0, rule=None, candidates: int | None = None, node_net=None,
-                      on_progress: Callable[[dict], None] | None = None) -> dict:
+                      screen_rounds: int = 0, screen_max_rounds: int = 0, rule=None, candidates: int | None = None,
+                      node_net=None, on_progress: Callable[[dict], None] | None = None) -> dict:
     """Re-measure arms interleaved on one set of local worker processes (see
     :func:`confirm_worker`); returns the per-round medians (``a_s``, ``b_s``) and, from them,
     the speed-up of A over B with its interval (:func:`confirm_figures`). With
     ``screen_rounds`` and more than two arms, A and B are the screening's picks (``picked``,
-    ``picked_baseline``). ``rule`` stops the rounds (default exactly ``rounds``). Raises
+    ``picked_baseline``; sequential up to ``screen_max_rounds``, see :func:`interleave`). ``rule`` stops the rounds (default exactly ``rounds``). Raises
     :class:`~synctune.engine.local.WorkerFailure` if a worker fails."""
     from .local import rank_networks, run_local
 
     check_network(cluster, node_net)
     rule = confirm_rule(rounds, rule)
     payload = confirm_payload(workload, arms, cluster, config, rounds=rounds, per_round=per_round,
-                              screen_rounds=screen_rounds, rule=rule, candidates=candidates)
+                              screen_rounds=screen_rounds, screen_max_rounds=screen_max_rounds, rule=rule,
+                              candidates=candidates)
     strategy = arms[0][0]
     start = time.monotonic()
-    total_s = confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms), screen_rounds=screen_rounds)
+    total_s = confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms),
+                                screen_rounds=max(screen_rounds, screen_max_rounds))
     outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
@@ -530,8 +593,8 @@ def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluste
 def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int, *, arms: int = 2,
                       screen_rounds: int = 0) -> float:
     """A confirmation's time limit: the trial timeout scaled by how many more iterations it runs
-    (every arm's warm-up, the screening and every round up to the cap), never below two trials'
-    worth."""
+    (every arm's warm-up, the screening's ``screen_rounds`` (its cap) and every round up to the
+    cap), never below two trials' worth."""
     iterations = arms * config.warmup + (arms * screen_rounds + 2 * rounds) * per_round
     return config.timeout_s * max(2.0, iterations / (config.warmup + config.iters))
 

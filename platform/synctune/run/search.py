@@ -245,18 +245,21 @@ def confirm_best(session: SearchSession) -> Confirmation | None:
     every = [*candidates, *baselines]
     names, base_names = [a.label for a in candidates], [a.label for a in baselines]
     screen_rounds = confirm.screen_rounds if len(every) > 2 else 0
+    screen_max = confirm.screen_max_rounds if screen_rounds else 0
     rule = confirm.rule
     if screen_rounds:
+        extent = (f"{screen_rounds} to {screen_max} interleaved rounds of {confirm.iters} iterations each, an arm "
+                  f"dropped once shown slower than the fastest of its kind" if screen_max > screen_rounds else
+                  f"{screen_rounds} interleaved rounds of {confirm.iters} iterations each, every arm")
         s.say(f"screening the {len(candidates)} fastest searched strategies ({', '.join(names)}) and the "
-              f"{len(baselines)} fastest baselines ({', '.join(base_names)}): {screen_rounds} interleaved rounds of "
-              f"{confirm.iters} iterations each, every arm")
+              f"{len(baselines)} fastest baselines ({', '.join(base_names)}): {extent}")
     s.say(f"confirming {'the picks' if screen_rounds else names[0] + ' against ' + base_names[0]}: "
           f"{rule.min_rounds} to {rule.max_rounds} interleaved rounds of {confirm.iters} iterations each, until the "
           f"interval excludes 1 or is narrower than {rule.width:.0%}")
     try:
         figures = ray.get(s.holders[0].confirm.remote(
             [a.to_payload() for a in every], asdict(ctx.trial_config), rule.to_dict(),
-            confirm.iters, screen_rounds, len(candidates)))
+            confirm.iters, screen_rounds, len(candidates), screen_max))
     except Exception as exc:  # noqa: BLE001 - every trial is recorded; the summary must survive
         figures = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     picked = int(figures.get("picked", 0))

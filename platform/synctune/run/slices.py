@@ -80,9 +80,10 @@ class SliceActor:
                                  "ray", time.monotonic() - start).to_dict()
 
     def confirm(self, arms: list, config: dict, rule: dict, per_round: int, screen_rounds: int = 0,
-                candidates: int | None = None) -> dict:
+                candidates: int | None = None, screen_max_rounds: int = 0) -> dict:
         """Interleaved re-measurement of arms ((strategy dict, runtime dict) pairs: the
-        ``candidates`` first, then the baselines; screened first when more than two), until
+        ``candidates`` first, then the baselines; screened first when more than two, sequentially
+        up to ``screen_max_rounds``), until
         ``rule`` (a :class:`~synctune.stats.SequentialRule`'s plain form) stops it."""
         from ..cluster.workers import ConfirmFailed, SlicePending
         from ..stats import SequentialRule
@@ -90,7 +91,8 @@ class SliceActor:
         try:
             return self.group.run_confirm([(Strategy.from_dict(st), as_runtime(rt)) for st, rt in arms],
                                           TrialConfig(**config), workload=self.workload, rule=SequentialRule(**rule),
-                                          per_round=per_round, screen_rounds=screen_rounds, candidates=candidates)
+                                          per_round=per_round, screen_rounds=screen_rounds,
+                                          screen_max_rounds=screen_max_rounds, candidates=candidates)
         except (ConfirmFailed, SlicePending) as exc:
             return {"error": str(exc)}
 

@@ -446,8 +446,17 @@ class ConfirmSection(_Section):
 
     @property
     def screen_rounds(self) -> int:
-        """Rounds of the screening: half the confirmation's first look, at least 2."""
+        """Rounds of the screening's first look: half the confirmation's first look, at least 2."""
         return max(2, self.rounds // 2)
+
+    @property
+    def screen_max_rounds(self) -> int:
+        """The screening's cap: it adds rounds (a look every ``rounds // 2``, the arms shown slower
+        than the leader of their kind no longer timed) until its picks are told apart from the
+        other contenders, up to half the confirmation's cap; with a fixed confirmation
+        (``max_rounds`` equal to ``rounds``) the screening is fixed too."""
+        cap = self.max_rounds or min(1000, 4 * self.rounds)
+        return max(self.screen_rounds, cap // 2)
 
     @property
     def rule(self):
