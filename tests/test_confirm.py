@@ -221,3 +221,12 @@ def test_a_search_with_nothing_to_confirm_says_so_and_not_that_its_confirmation_
     broken = Confirmation.failed("a worker died: rank 1 exited with -9")
     assert not broken.nothing_to_confirm
     assert why(broken) == "the confirmation did not finish (a worker died: rank 1 exited with -9)"
+
+
+def test_the_screening_line_says_how_long_it_ran_and_what_it_stopped_timing():
+    from synctune.run.search import screening_extent
+
+    assert screening_extent([[1.0] * 5, [1.0] * 10, [1.0] * 10], ["r1-0", "r2-0", "tuned DDP"]) == (
+        " after 10 round(s); shown slower and no longer timed: r1-0 after 5")
+    assert screening_extent([[1.0] * 5] * 3, ["a", "b", "c"]) == " after 5 round(s)"
+    assert screening_extent(None, []) == ""

@@ -266,7 +266,8 @@ def confirm_best(session: SearchSession) -> Confirmation | None:
     picked_base = int(figures.get("picked_baseline", len(candidates))) - len(candidates)
     candidate, baseline = candidates[picked], baselines[picked_base]
     if screen_rounds and "picked" in figures:
-        s.say(f"screening picked {names[picked]} and, among the baselines, {base_names[picked_base]}")
+        s.say(f"screening picked {names[picked]} and, among the baselines, {base_names[picked_base]}"
+              f"{screening_extent(figures.get('screen_s'), [*names, *base_names])}")
     confirmation = Confirmation.from_figures(
         figures, candidate=candidate.label, baseline=baseline.label, candidate_hash=candidate.strategy.hash,
         candidate_strategy=candidate.strategy.to_dict(), baseline_strategy=baseline.strategy.to_dict(),
@@ -276,6 +277,18 @@ def confirm_best(session: SearchSession) -> Confirmation | None:
         s.recorder.record_confirmation(candidate.strategy, confirmation_result(
             confirmation, candidate.strategy, ctx.cluster, warmup=ctx.exp.trial.warmup), candidate.runtime)
     return confirmation
+
+
+def screening_extent(screen_s: list | None, labels: list[str]) -> str:
+    """What a screening's per-arm times say of its course, for the line naming its picks: the
+    rounds it took and the arms it stopped timing as slower (a sequential screening times those
+    for fewer rounds)."""
+    if not screen_s:
+        return ""
+    rounds = max(len(times) for times in screen_s)
+    dropped = [f"{label} after {len(times)}" for label, times in zip(labels, screen_s) if len(times) < rounds]
+    return (f" after {rounds} round(s)" + (f"; shown slower and no longer timed: {', '.join(dropped)}" if dropped
+                                           else ""))
 
 
 def summarize(session: SearchSession, confirmation: Confirmation | None, algorithm: StrategySearch) -> SearchSummary:
