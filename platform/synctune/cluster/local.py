@@ -295,7 +295,8 @@ def _leader_alive(cluster: LocalCluster) -> bool:
 
 def cluster_processes(cluster: LocalCluster) -> list:
     """Every process of ``cluster``: those of its head's process session (started after it),
-    and their descendants (a job's driver runs in a session of its own)."""
+    and their descendants (a job's driver runs in a session of its own); not zombies, which have
+    exited and wait only for their parent to reap them."""
     import psutil
 
     found: dict[int, psutil.Process] = {}
@@ -311,12 +312,13 @@ def cluster_processes(cluster: LocalCluster) -> list:
                 found.setdefault(child.pid, child)
         except psutil.Error:
             continue
-    return list(found.values())
+    return _running(list(found.values()))
 
 
 def stop_local_cluster(state_dir: str | Path, *, timeout_s: float = 20.0) -> int:
     """Stop the local cluster recorded in ``state_dir`` (its head, the nodes its autoscaler
-    launched, their workers and drivers): SIGTERM, then SIGKILL after ``timeout_s``; returns
+    launched, their workers and drivers): SIGTERM to the head, which takes its own processes
+    down in order; then SIGTERM to whatever remains, and SIGKILL after ``timeout_s``; returns
     how many processes it stopped (0: none was running)."""
     import psutil
 
@@ -327,8 +329,19 @@ def stop_local_cluster(state_dir: str | Path, *, timeout_s: float = 20.0) -> int
         cluster = LocalCluster(**json.loads(path.read_text()))
     except (ValueError, TypeError) as exc:
         raise SpecError(f"{path}: not a local cluster record ({exc}); remove it") from None
-    stopped = 0
-    # The head first: with --block it takes its own processes down; then whatever remains.
+    procs = cluster_processes(cluster)
+    stopped = len(procs)
+    # The head first: under --block it stops the GCS, raylets and the rest in order within a few
+    # seconds, where every process signalled at once leaves the GCS running (and the head
+    # waiting on it) until the SIGKILL.
+    head = [p for p in procs if p.pid == cluster.pid]
+    if head:
+        try:
+            head[0].send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+        if not _wait_gone(head, timeout_s):
+            _wait_gone(procs, 2.0)  # its children's last moments
     for sig in (signal.SIGTERM, signal.SIGKILL):
         procs = cluster_processes(cluster)
         if not procs:
@@ -339,11 +352,36 @@ def stop_local_cluster(state_dir: str | Path, *, timeout_s: float = 20.0) -> int
             except psutil.Error:
                 continue
         stopped = max(stopped, len(procs))
-        _gone, alive = psutil.wait_procs(procs, timeout=timeout_s if sig == signal.SIGTERM else 5.0)
-        if not alive:
+        if not _wait_gone(procs, timeout_s if sig == signal.SIGTERM else 5.0):
             break
     left = cluster_processes(cluster)
     if left:
         raise InfraError(f"the local cluster's processes {', '.join(str(p.pid) for p in left[:10])} did not stop")
     path.unlink(missing_ok=True)
     return stopped
+
+
+def _running(procs: list) -> list:
+    """Those of ``procs`` still running: a zombie has exited (only its parent's reaping is left,
+    which no signal hastens)."""
+    import psutil
+
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _wait_gone(procs: list, timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` for ``procs`` to exit (zombies count as exited); returns those
+    still running."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = _running(procs)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
