@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TrialConfig", "TrialResult", "run_trial_local", "run_trials_local", "trial_worker", "trial_payload",
            "check_trial", "PeakMemory", "STATUSES", "confirm_worker", "confirm_payload", "run_confirm_local",
-           "interleave", "Interleaved", "relative_scores", "screen_contenders", "screen_picks", "screening_rule", "timed_iterations"]
+           "interleave", "Interleaved", "relative_scores", "screen_contenders", "screen_picks", "screening_rule",
+           "timed_iterations"]
 
 #: The process-group backend of GPU trials: NCCL for CUDA tensors, gloo beside it for the CPU
 #: tensors a training loop may still hand a collective (a count, a flag).
@@ -511,7 +512,8 @@ def confirm_payload(workload, arms: list[tuple[Strategy, Runtime | dict | None]]
         spec = check_trial(workload, strategy, cluster, runtime)
     return trial_payload(workload, arms[0][0], cluster, config, spec, rounds=rule.min_rounds, per_round=per_round,
                          screen_rounds=screen_rounds, screen_max_rounds=screen_max_rounds, rule=rule.to_dict(),
-                         candidates=candidates, arms=[{"strategy": s.to_dict(), "runtime": as_runtime(r).to_dict()} for s, r in arms])
+                         candidates=candidates,
+                         arms=[{"strategy": s.to_dict(), "runtime": as_runtime(r).to_dict()} for s, r in arms])
 
 
 def confirm_rule(rounds: int, rule=None):
