@@ -473,7 +473,7 @@ class RayWorkerGroup:
         self._form_group(members)
         out, status, message = self._execute(
             payload, confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms),
-                                       screen_rounds=max(screen_rounds, screen_max_rounds)),
+                                       screen_rounds=screen_rounds, screen_max_rounds=screen_max_rounds),
             on_progress)
         if out is None:
             raise ConfirmFailed(f"confirmation {status}: {message}")

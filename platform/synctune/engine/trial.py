@@ -583,8 +583,8 @@ def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluste
                               candidates=candidates)
     strategy = arms[0][0]
     start = time.monotonic()
-    total_s = confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms),
-                                screen_rounds=max(screen_rounds, screen_max_rounds))
+    total_s = confirm_timeout_s(config, rule.max_rounds, per_round, arms=len(arms), screen_rounds=screen_rounds,
+                                screen_max_rounds=screen_max_rounds)
     outs = run_local(trial_worker, len(strategy.replicas), (payload,), backend=_backend_for(cluster, strategy),
                      timeout_s=total_s, collective_timeout_s=config.collective_timeout_s,
                      on_progress=(lambda _rank, msg: on_progress(msg)) if on_progress else None,
@@ -593,11 +593,12 @@ def run_confirm_local(arms: list[tuple[Strategy, Runtime | dict | None]], cluste
 
 
 def confirm_timeout_s(config: TrialConfig, rounds: int, per_round: int, *, arms: int = 2,
-                      screen_rounds: int = 0) -> float:
+                      screen_rounds: int = 0, screen_max_rounds: int = 0) -> float:
     """A confirmation's time limit: the trial timeout scaled by how many more iterations it runs
-    (every arm's warm-up, the screening's ``screen_rounds`` (its cap) and every round up to the
-    cap), never below two trials' worth."""
-    iterations = arms * config.warmup + (arms * screen_rounds + 2 * rounds) * per_round
+    (every arm's warm-up, the screening up to its cap and every round up to the cap), never
+    below two trials' worth."""
+    screen = max(screen_rounds, screen_max_rounds)
+    iterations = arms * config.warmup + (arms * screen + 2 * rounds) * per_round
     return config.timeout_s * max(2.0, iterations / (config.warmup + config.iters))
 
 

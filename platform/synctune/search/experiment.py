@@ -455,8 +455,7 @@ class ConfirmSection(_Section):
         than the leader of their kind no longer timed) until its picks are told apart from the
         other contenders, up to half the confirmation's cap; with a fixed confirmation
         (``max_rounds`` equal to ``rounds``) the screening is fixed too."""
-        cap = self.max_rounds or min(1000, 4 * self.rounds)
-        return max(self.screen_rounds, cap // 2)
+        return max(self.screen_rounds, self.rule.max_rounds // 2) if self.rounds else self.screen_rounds
 
     @property
     def rule(self):
